@@ -1,0 +1,22 @@
+"""Chat environments: messages, the ChatEnv contract, tools, tool-call parsers, and the envs."""
+
+from .core import AssistantTurn, ChatEnv, StepOutcome
+from .messages import Message, ToolCall
+from .parsers import ParsedAction, ToolCallParser, get_parser
+from .tools import Tool, ToolResult, register_tool, run_tool_calls, tool
+
+__all__ = [
+    "AssistantTurn",
+    "ChatEnv",
+    "Message",
+    "ParsedAction",
+    "StepOutcome",
+    "Tool",
+    "ToolCall",
+    "ToolCallParser",
+    "ToolResult",
+    "get_parser",
+    "register_tool",
+    "run_tool_calls",
+    "tool",
+]

@@ -1,0 +1,236 @@
+"""``ChatEnv``: the Gymnasium environment every chatgym env derives from.
+
+Observations are chat messages, actions are assistant turns. ``step`` returns only the NEW messages
+(tool results, a user's reply, a judge's feedback) — the collector appends them to the token stream
+as a chat-template delta, so the history is never re-rendered. ``areset``/``astep`` are the real
+implementation; ``reset``/``step`` run them on a private event loop so a plain Gymnasium loop works.
+
+A subclass provides the data and the scoring:
+
+* ``load_tasks(split) -> Sequence[dict]`` — the dataset rows of a split;
+* ``initial_messages(task) -> list[Message]`` — the opening system/user messages;
+* ``respond(turn) -> StepOutcome`` — what happens after the assistant speaks. The default runs the
+  parsed tool calls and, when the assistant called no tool, ends the episode with ``score(turn)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import gymnasium as gym
+
+from . import messages as M
+from .messages import Message, message_errors
+from .parsers import ParsedAction, ToolCallParser, get_parser
+from .spaces import ActionSpace, MessagesSpace
+from .tools import Tool, ToolOutcome, resolve_tools, run_tool_calls
+
+T = TypeVar("T")
+
+
+@dataclass
+class AssistantTurn:
+    """One assistant turn after parsing: the message as stored in the history, and the parse."""
+
+    message: Message
+    raw_text: str
+    parsed: ParsedAction
+
+
+@dataclass
+class StepOutcome:
+    """What ``respond`` decides: new observation messages, reward, whether the episode ended."""
+
+    messages: list[Message] = field(default_factory=list)
+    reward: float = 0.0
+    terminated: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class ChatEnv(gym.Env):
+    """Base class for chat environments (see the module docstring for the subclass hooks).
+
+    Args:
+        split: which split of the env's dataset ``reset`` draws tasks from.
+        tools: Tools, registered tool names or documented functions offered to the model.
+        parser: tool-call format of the model's text, by name (see ``chatgym.envs.parsers``).
+        max_turns: assistant turns before the episode is truncated.
+        tool_timeout_s: wall-clock limit of one tool call, in seconds.
+        render_mode: ``None`` or ``"ansi"`` (``render`` returns the transcript as text).
+    """
+
+    metadata = {"render_modes": ["ansi"]}
+
+    def __init__(
+        self,
+        *,
+        split: str = "test",
+        tools: Iterable[Tool | str | Any] = (),
+        parser: str | ToolCallParser = "hermes",
+        max_turns: int = 8,
+        tool_timeout_s: float = 60.0,
+        render_mode: str | None = None,
+    ):
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        if render_mode not in (None, "ansi"):
+            raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
+        self.split = split
+        self.tool_map: dict[str, Tool] = resolve_tools(tools)
+        self.parser: ToolCallParser = get_parser(parser) if isinstance(parser, str) else parser
+        self.max_turns = max_turns
+        self.tool_timeout_s = tool_timeout_s
+        self.render_mode = render_mode
+        self.observation_space = MessagesSpace()
+        self.action_space = ActionSpace()
+        self.messages: list[Message] = []
+        self.task: dict[str, Any] | None = None
+        self.turn = 0
+        self._tasks: Sequence[dict[str, Any]] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+
+    # ---- subclass hooks ---------------------------------------------------------------------
+
+    def load_tasks(self, split: str) -> Sequence[dict[str, Any]]:
+        raise NotImplementedError(f"{type(self).__name__} has no dataset; pass options={{'task': row}}")
+
+    def initial_messages(self, task: dict[str, Any]) -> list[Message]:
+        raise NotImplementedError
+
+    async def on_reset(self, task: dict[str, Any]) -> None:
+        """Per-episode set-up (open a sandbox session, copy a database, ...)."""
+
+    async def score(self, turn: AssistantTurn) -> StepOutcome:
+        """Reward for a final answer (a turn with no tool call). Default: 0, episode ends."""
+        return StepOutcome(reward=0.0, terminated=True)
+
+    async def respond(self, turn: AssistantTurn) -> StepOutcome:
+        """Run the turn's tool calls; a turn without calls is the final answer and is scored."""
+        if not turn.parsed.calls and not turn.parsed.errors:
+            return await self.score(turn)
+        outcomes = await self.run_tools(turn)
+        out = StepOutcome(messages=[o.message for o in outcomes])
+        out.info["tool_errors"] = sum(o.error for o in outcomes)
+        for o in outcomes:
+            if o.result is not None:
+                out.reward += o.result.reward or 0.0
+                out.terminated |= o.result.done
+                out.info.update(o.result.info)
+        return out
+
+    # ---- helpers for subclasses -------------------------------------------------------------
+
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        """OpenAI tool schemas of the tools offered in this env."""
+        return [t.schema for t in self.tool_map.values()]
+
+    @property
+    def tasks(self) -> Sequence[dict[str, Any]]:
+        if self._tasks is None:
+            self._tasks = self.load_tasks(self.split)
+        return self._tasks
+
+    async def run_tools(self, turn: AssistantTurn) -> list[ToolOutcome]:
+        """Run parsed calls; parse errors become error ``tool`` messages the model can read."""
+        outcomes = await run_tool_calls(turn.parsed.calls, self.tool_map, self.tool_timeout_s)
+        for i, err in enumerate(turn.parsed.errors):
+            names = ", ".join(self.tool_map) or "(none)"
+            text = f"Error: could not parse tool call: {err}. Available tools: {names}."
+            outcomes.append(ToolOutcome(M.tool(text, f"call_error_{i}"), error=True))
+        return outcomes
+
+    # ---- the Gymnasium API (async first) ----------------------------------------------------
+
+    def _pick_task(self, options: dict[str, Any] | None) -> tuple[dict[str, Any], int | None]:
+        options = options or {}
+        if "task" in options:
+            return dict(options["task"]), None
+        n = len(self.tasks)
+        if n == 0:
+            raise ValueError(f"{type(self).__name__}: split {self.split!r} has no tasks")
+        if "task_index" in options:
+            i = int(options["task_index"])
+            if not 0 <= i < n:
+                raise IndexError(f"task_index {i} out of range for split {self.split!r} ({n} tasks)")
+        else:
+            i = int(self.np_random.integers(n))
+        return self.tasks[i], i
+
+    async def areset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
+        gym.Env.reset(self, seed=seed)
+        self.task, index = self._pick_task(options)
+        self.turn = 0
+        await self.on_reset(self.task)
+        self.messages = list(self.initial_messages(self.task))
+        info = {"task_id": self.task.get("task_id", index), "task_index": index, "tools": self.tools}
+        return [dict(m) for m in self.messages], info
+
+    def _to_turn(self, action: str | Message) -> AssistantTurn:
+        if isinstance(action, str):
+            parsed = self.parser.parse(action)
+            raw = action
+        elif isinstance(action, dict) and action.get("role") == "assistant" and not message_errors(action):
+            raw = action.get("content") or ""
+            if action.get("tool_calls"):  # already structured (an OpenAI-compatible server parsed it)
+                parsed = ParsedAction(raw, list(action["tool_calls"]), [])
+            else:
+                parsed = self.parser.parse(raw)
+        else:
+            raise TypeError(f"action must be a str or an assistant Message, got {action!r:.200}")
+        return AssistantTurn(M.assistant(parsed.content, parsed.calls or None), raw, parsed)
+
+    async def astep(self, action: str | Message) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
+        if self.task is None:
+            raise RuntimeError("call reset() before step()")
+        turn = self._to_turn(action)
+        self.messages.append(turn.message)
+        self.turn += 1
+        out = await self.respond(turn)
+        self.messages.extend(out.messages)
+        truncated = not out.terminated and self.turn >= self.max_turns
+        info = {"turn": self.turn, "tool_calls": len(turn.parsed.calls), **out.info}
+        info.setdefault("tool_errors", 0)
+        return [dict(m) for m in out.messages], float(out.reward), bool(out.terminated), truncated, info
+
+    # ---- sync wrappers ----------------------------------------------------------------------
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        # One private loop per env, on its own thread: works inside Jupyter's running loop too, and
+        # keeps loop-bound resources (subprocess sessions) on the same loop across calls.
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+            self._loop_thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="chatgym-env")
+            self._loop_thread.start()
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        return self._run(self.areset(seed=seed, options=options))
+
+    def step(self, action: str | Message):
+        return self._run(self.astep(action))
+
+    async def aclose(self) -> None:
+        """Release per-env resources (sandbox sessions, connections)."""
+
+    def close(self) -> None:
+        self._run(self.aclose())
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            if self._loop_thread is not None:
+                self._loop_thread.join(timeout=5)
+            self._loop.close()
+            self._loop = None
+        super().close()
+
+    def render(self) -> str | None:
+        if self.render_mode != "ansi":
+            return None
+        return "\n".join(f"[{m['role']}] {m['content']}" for m in self.messages)

@@ -1,0 +1,20 @@
+"""Every chatgym env id, registered with Gymnasium by ``import chatgym``.
+
+Add a row here when adding an env; the tests run ``check_env`` over this table.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+
+# id -> (entry point, default kwargs)
+ENV_SPECS: dict[str, tuple[str, dict]] = {
+    "CodeSandbox-v0": ("chatgym.envs.code_sandbox:CodeSandboxEnv", {}),
+}
+
+
+def register_envs() -> None:
+    for env_id, (entry_point, kwargs) in ENV_SPECS.items():
+        if env_id not in gym.registry:
+            # No TimeLimit wrapper: ChatEnv truncates by assistant turns itself (max_turns).
+            gym.register(id=env_id, entry_point=entry_point, kwargs=kwargs, disable_env_checker=True)

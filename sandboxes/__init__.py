@@ -1,0 +1,1 @@
+"""Backends that run untrusted model-written code with limits."""

@@ -1,0 +1,1 @@
+"""Engines, the rollout collector, RL algorithms, the training loop and evaluation."""
