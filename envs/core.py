@@ -19,7 +19,7 @@ import asyncio
 import threading
 from collections.abc import Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import gymnasium as gym
 
@@ -63,7 +63,7 @@ class ChatEnv(gym.Env):
         render_mode: ``None`` or ``"ansi"`` (``render`` returns the transcript as text).
     """
 
-    metadata = {"render_modes": ["ansi"]}
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}
 
     def __init__(
         self,

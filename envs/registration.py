@@ -10,6 +10,8 @@ import gymnasium as gym
 # id -> (entry point, default kwargs)
 ENV_SPECS: dict[str, tuple[str, dict]] = {
     "CodeSandbox-v0": ("chatgym.envs.code_sandbox:CodeSandboxEnv", {}),
+    "Math-v0": ("chatgym.envs.math_env:MathEnv", {}),
+    "MathCalculator-v0": ("chatgym.envs.math_env:MathEnv", {"calculator": True}),
 }
 
 

