@@ -9,7 +9,7 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from chatgym.envs.registration import register_envs  # noqa: E402
+from chatgym.envs.registration import register_envs
 
 __version__ = "0.1.0"
 
