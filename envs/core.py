@@ -25,7 +25,7 @@ import gymnasium as gym
 
 from . import messages as M
 from .messages import Message, message_errors
-from .parsers import ParsedAction, ToolCallParser, get_parser
+from .parsers import ParsedAction, ToolCallParser, get_parser, parse_openai_message
 from .spaces import ActionSpace, MessagesSpace
 from .tools import Tool, ToolOutcome, resolve_tools, run_tool_calls
 
@@ -179,10 +179,8 @@ class ChatEnv(gym.Env):
             raw = action
         elif isinstance(action, dict) and action.get("role") == "assistant" and not message_errors(action):
             raw = action.get("content") or ""
-            if action.get("tool_calls"):  # already structured (an OpenAI-compatible server parsed it)
-                parsed = ParsedAction(raw, list(action["tool_calls"]), [])
-            else:
-                parsed = self.parser.parse(raw)
+            # Calls already structured by an OpenAI-compatible server get the same argument checks.
+            parsed = parse_openai_message(action) if action.get("tool_calls") else self.parser.parse(raw)
         else:
             raise TypeError(f"action must be a str or an assistant Message, got {action!r:.200}")
         return AssistantTurn(M.assistant(parsed.content, parsed.calls or None), raw, parsed)

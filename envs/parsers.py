@@ -519,6 +519,8 @@ def _pythonic_call(src: str, node: ast.expr, n: int) -> tuple[str, dict[str, Any
     for kw in node.keywords:
         if kw.arg is None:
             return f"tool call {n} ({name}): ** unpacking is not supported; write name=value"
+        if kw.arg in args:  # ast.parse accepts repeated keywords; only the compiler rejects them
+            return f"tool call {n} ({name}): argument {kw.arg!r} is given twice"
         try:
             value = ast.literal_eval(kw.value)
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
