@@ -1,0 +1,372 @@
+"""``LocalSandbox``: run untrusted Python or bash in local processes, forked from a warm zygote.
+
+Every run gets a fresh process (forked from one long-lived helper interpreter, see ``zygote.py``) in a
+fresh work dir, as its own session/process group, with rlimits, an allowlisted environment and,
+where the OS allows, its own unprivileged uid and an empty network namespace. Forking a warm
+interpreter skips the ~10-25 ms start-up of ``python3`` and the imports: a ``print(1)`` round trip
+costs a few milliseconds (see the benchmark numbers in the README / closing note).
+
+What is isolated (Linux):
+
+======================================  ==========================  ===============================
+                                         root (CAP_SYS_ADMIN,        not root, or no namespaces
+                                         CAP_SETUID): the default
+======================================  ==========================  ===============================
+wall-clock limit, whole tree killed      yes (killpg + kill all of   yes (killpg of the process
+                                         the run's uid)              group; a child that setsid()s
+                                                                     away survives)
+CPU time, address space, file size,      yes (rlimits)               yes (rlimits)
+open files, core dumps
+number of processes (fork bombs)         yes: RLIMIT_NPROC per       weak: RLIMIT_NPROC counts all
+                                         sandbox uid                 processes of the host user
+stdout/stderr size                       capped, ``truncated=True``  same
+environment (API keys, tokens)           allowlist only              allowlist only
+network                                  none: empty net namespace   NOT isolated
+                                         (no loopback, no host
+                                         127.0.0.1, no abstract
+                                         unix sockets)
+host files                               read: world-readable files  everything the host user can
+                                         only, /root and /home       read and write
+                                         hidden; write: nothing but
+                                         the work dir and a private
+                                         /tmp, /var/tmp, /dev/shm
+other processes                          invisible (/proc hidepid),  visible; signals/ptrace to the
+                                         cannot be signalled         host user's processes possible
+SysV IPC / POSIX message queues          private namespace           shared
+kernel attack surface, CPU/disk          NOT isolated (no seccomp,   NOT isolated
+bandwidth, time/randomness               no cgroups)
+======================================  ==========================  ===============================
+
+Runs of one sandbox share the zygote's namespaces: two *concurrent* runs could in principle talk
+through a socket in the private /tmp. Each run's uid-owned scratch files are removed when it ends,
+so nothing carries over from one run to the next. Python runs see only the stdlib (``-I -S``) unless
+``site_packages=True``. For stronger isolation (seccomp, a PID namespace, cgroup caps) use a
+container backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import posixpath
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from . import wire
+from .base import ExecResult
+from .client import ZygoteClient, ZygoteDied
+from .slots import SlotPool
+
+DEFAULT_PRELOAD = (
+    "abc", "array", "bisect", "collections", "copy", "dataclasses", "datetime", "decimal", "enum",
+    "fractions", "functools", "hashlib", "heapq", "io", "itertools", "json", "linecache", "math",
+    "numbers", "operator", "random", "re", "statistics", "string", "struct", "textwrap", "time",
+    "traceback", "typing", "unicodedata",
+)  # fmt: skip
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+INHERITED_ENV = ("LANG", "LC_ALL", "LC_CTYPE", "TZ")
+LANGUAGES = ("python", "bash")
+BACKSTOP_S = 30.0  # extra seconds the parent waits beyond timeout_s before giving up on the zygote
+_warned: set[str] = set()
+
+if TYPE_CHECKING:  # session.py imports this module
+    from .session import LocalSession
+
+
+def _warn_once(note: str) -> None:
+    if note not in _warned:
+        _warned.add(note)
+        warnings.warn(f"LocalSandbox: {note}", RuntimeWarning, stacklevel=3)
+
+
+def check_files(files: Mapping[str, str | bytes] | None) -> None:
+    """Validate ``files``: relative paths inside the work dir, str/bytes contents.
+
+    Raises:
+        TypeError, ValueError: naming ``files`` and the offending path.
+    """
+    if files is None:
+        return
+    if not isinstance(files, Mapping):
+        raise TypeError(
+            f"files must be a mapping of relative path -> str | bytes, got {type(files).__name__}"
+        )
+    for path, content in files.items():
+        if not isinstance(path, str) or not path:
+            raise ValueError(f"files: path must be a non-empty str, got {path!r}")
+        norm = posixpath.normpath(path)
+        if path.startswith("/") or norm == ".." or norm.startswith("../") or "\0" in path:
+            raise ValueError(f"files: path {path!r} must be relative and stay inside the work dir")
+        if not isinstance(content, (str, bytes)):
+            raise TypeError(f"files[{path!r}] must be str or bytes, got {type(content).__name__}")
+
+
+class LocalSandbox:
+    """Run code in local processes with limits (see the module docstring for what is isolated).
+
+    Args:
+        max_concurrency: runs (and session calls) executing at once; more wait, and
+            ``ExecResult.queue_s`` reports the wait in seconds.
+        max_output_bytes: cap per stream (stdout, stderr) in bytes; beyond it output is dropped and
+            ``truncated=True``.
+        max_processes: RLIMIT_NPROC per run (processes + threads of the sandbox uid).
+        max_open_files: RLIMIT_NOFILE per process.
+        max_file_mb: RLIMIT_FSIZE, the largest file a run may write, in MiB.
+        network: False (default) cuts the network where namespaces are available.
+        drop_privileges: run children as unprivileged sandbox uids; ``None`` = when running as root;
+            ``True`` fails if impossible.
+        uid_range: ``[lo, hi)`` uids for sandboxes (default 60600-61183: unused by Debian/systemd
+            allocation); one per slot and one per open session, claimed with file locks in /run.
+        tmpfs_mb: size of the private /tmp holding work dirs and scratch files, in MiB.
+        hidden_paths: host directories replaced by an empty tmpfs for children (the interpreter's
+            own prefix is bound back read-only).
+        env: extra environment variables for children; ``inherit_env`` names host variables copied
+            if set. Nothing else from the host environment reaches a child.
+        python: interpreter for the zygote (default: this one); ``site_packages`` lets runs import
+            its installed packages (default: stdlib only); ``preload``: modules imported once in the
+            zygote so runs get them for free.
+
+    Raises:
+        ValueError / TypeError: a bad argument, naming it.
+    """
+
+    def __init__(
+        self,
+        max_concurrency: int = 4,
+        *,
+        max_output_bytes: int = 64 * 1024,
+        max_processes: int = 64,
+        max_open_files: int = 256,
+        max_file_mb: int = 64,
+        network: bool = False,
+        drop_privileges: bool | None = None,
+        uid_range: tuple[int, int] = (60600, 61184),
+        tmpfs_mb: int = 1024,
+        hidden_paths: Sequence[str] = ("/root", "/home"),
+        env: Mapping[str, str] | None = None,
+        inherit_env: Sequence[str] = INHERITED_ENV,
+        python: str | None = None,
+        site_packages: bool = False,
+        preload: Sequence[str] = DEFAULT_PRELOAD,
+    ) -> None:
+        for name, value, lo in (
+            ("max_concurrency", max_concurrency, 1),
+            ("max_output_bytes", max_output_bytes, 0),
+            ("max_processes", max_processes, 1),
+            ("max_open_files", max_open_files, 8),
+            ("max_file_mb", max_file_mb, 1),
+            ("tmpfs_mb", tmpfs_mb, 1),
+        ):
+            if not isinstance(value, int) or isinstance(value, bool) or value < lo:
+                raise ValueError(f"{name} must be an int >= {lo}, got {value!r}")
+        lo_uid, hi_uid = uid_range
+        if not (0 < lo_uid < hi_uid) or hi_uid - lo_uid < max_concurrency:
+            raise ValueError(f"uid_range must be [lo, hi) with 0 < lo and room for {max_concurrency} uids")
+        self.max_concurrency = max_concurrency
+        self.max_output_bytes = max_output_bytes
+        python = python or sys.executable
+        child_env = {"PATH": f"{os.path.dirname(python)}:{SYSTEM_PATH}", "LANG": "C.UTF-8"}
+        child_env.update({k: os.environ[k] for k in inherit_env if k in os.environ})
+        for k, v in (env or {}).items():
+            if not isinstance(k, str) or not isinstance(v, str) or "=" in k or not k:
+                raise ValueError(f"env: entries must be str NAME -> str value, got {k!r}: {v!r}")
+            child_env[k] = v
+        self._config = {
+            "drop_privileges": drop_privileges,
+            "uid_range": [lo_uid, hi_uid],
+            "gid": 65534,
+            "slots": max_concurrency,
+            "network": bool(network),
+            "tmpfs_mb": tmpfs_mb,
+            "hidden_paths": list(hidden_paths),
+            "preload": list(preload),
+            "env": child_env,
+            "max_processes": max_processes,
+            "max_open_files": max_open_files,
+            "max_file_bytes": max_file_mb << 20,
+            "bash": "/bin/bash" if os.path.exists("/bin/bash") else "/usr/bin/bash",
+        }
+        self._argv = [python, "-I"] if site_packages else [python, "-I", "-S"]
+        self._zygote_env = {"PATH": SYSTEM_PATH, "LANG": "C.UTF-8"}
+        self._slots = SlotPool(max_concurrency)
+        self._client: ZygoteClient | None = None
+        self._start_lock = threading.Lock()
+        self._closed = False
+
+    # ---- life cycle ----------------------------------------------------------------------------
+
+    async def start(self) -> dict:
+        """Start the zygote now (otherwise the first run does). Returns what isolation it got:
+        ``uids``, ``network_isolated``, ``mount_ns``, ``proc_hidden``, ``notes``."""
+        return (await self._ensure_client()).info
+
+    @property
+    def isolation(self) -> dict:
+        """The zygote's isolation report (empty before it started)."""
+        return dict(self._client.info) if self._client else {}
+
+    async def _ensure_client(self) -> ZygoteClient:
+        client = self._client
+        if client is not None and not client.dead:
+            return client
+        if self._closed:
+            raise RuntimeError("LocalSandbox is closed")
+        return await asyncio.to_thread(self._start_blocking)
+
+    def _start_blocking(self) -> ZygoteClient:
+        with self._start_lock:
+            if self._closed:
+                raise RuntimeError("LocalSandbox is closed")
+            if self._client is not None and not self._client.dead:
+                return self._client
+            if self._client is not None:
+                self._client.close()
+            client = ZygoteClient(self._config, self._argv, self._zygote_env)
+            client.start()
+            for note in client.info.get("notes", []):
+                _warn_once(note)
+            self._client = client
+            return client
+
+    async def close(self) -> None:
+        """Stop the zygote (killing any run still going) and release its uids. Idempotent."""
+        self._closed = True
+        client, self._client = self._client, None
+        if client is not None:
+            await asyncio.to_thread(client.close)
+
+    async def __aenter__(self) -> LocalSandbox:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    # ---- running code --------------------------------------------------------------------------
+
+    async def run(
+        self,
+        code: str,
+        language: str = "python",
+        stdin: str = "",
+        files: dict[str, str | bytes] | None = None,
+        timeout_s: float = 10.0,
+        memory_mb: int = 1024,
+    ) -> ExecResult:
+        """Run ``code`` once in a fresh process and work dir.
+
+        Args:
+            code: Python source (run as ``__main__``, file name ``<solution>``) or a bash script.
+            language: ``"python"`` or ``"bash"``.
+            stdin: text fed to standard input (UTF-8).
+            files: relative path -> contents, written into the work dir (the cwd) before the run;
+                Python can import them (the work dir is on ``sys.path``).
+            timeout_s: wall-clock limit in seconds, from the moment the process starts (queueing
+                excluded); the CPU limit is ``ceil(timeout_s) + 1`` seconds.
+            memory_mb: address-space limit (RLIMIT_AS) in MiB; for Python runs it includes the
+                forked interpreter's ~30 MiB.
+
+        Returns:
+            ExecResult. ``status``: ok / error (non-zero exit, e.g. an exception: traceback in
+            stderr) / timeout / oom (MemoryError or allocation failure) / killed (other signal).
+            ``info``: ``cpu_s``, ``max_rss_kb``, ``stdout_bytes``/``stderr_bytes`` (sizes before the
+            cap), and ``internal=True`` when the failure was the sandbox's, not the code's.
+
+        Raises:
+            TypeError / ValueError: a bad argument (naming it). Problems of the code itself never
+            raise; they are reported in the result.
+            RuntimeError: the sandbox was closed.
+        """
+        self._check_run_args(code, language, stdin, files, timeout_s, memory_mb)
+        msg = {
+            "op": "run", "code": code, "language": language, "stdin": stdin,
+            "files": wire.pack_files(files), "timeout_s": float(timeout_s), "memory_mb": int(memory_mb),
+            "max_output_bytes": self.max_output_bytes,
+        }  # fmt: skip
+        return await self._request(msg, timeout_s)
+
+    def _check_run_args(self, code, language, stdin, files, timeout_s, memory_mb) -> None:
+        if not isinstance(code, str):
+            raise TypeError(f"code must be str, got {type(code).__name__}")
+        if language not in LANGUAGES:
+            raise ValueError(f"language must be one of {LANGUAGES}, got {language!r}")
+        if not isinstance(stdin, str):
+            raise TypeError(f"stdin must be str, got {type(stdin).__name__}")
+        check_files(files)
+        check_timeout(timeout_s)
+        if not isinstance(memory_mb, int) or isinstance(memory_mb, bool) or memory_mb < 16:
+            raise ValueError(f"memory_mb must be an int >= 16 (MiB), got {memory_mb!r}")
+
+    async def _request(self, msg: dict, timeout_s: float, slot_needed: bool = True) -> ExecResult:
+        """Send one request under the concurrency limit and turn the reply into an ExecResult."""
+        client = await self._ensure_client()
+        t0 = time.monotonic()
+        slot = await self._slots.acquire() if slot_needed else None
+        queue_s = time.monotonic() - t0
+        msg = dict(msg, id=client.next_id(), slot=slot)
+        release = (lambda _f: self._slots.release(slot)) if slot is not None else (lambda _f: None)
+        try:
+            fut = client.submit(msg)
+        except ZygoteDied as e:
+            release(None)
+            return died_result(e, queue_s)
+        fut.add_done_callback(_consume)
+        # The slot (= uid) is released only when the zygote reports the run over, even if we stop
+        # waiting: reusing the uid earlier could let the old run's clean-up kill the new run.
+        fut.add_done_callback(release)
+        try:
+            done, _ = await asyncio.wait({fut}, timeout=timeout_s + BACKSTOP_S)
+        except asyncio.CancelledError:
+            client.send({"op": "kill", "id": msg["id"]})
+            raise
+        if not done:
+            client.send({"op": "kill", "id": msg["id"]})
+            return ExecResult("timeout", stderr="chatgym sandbox: no reply from the zygote\n",
+                              queue_s=queue_s, info={"internal": True})  # fmt: skip
+        if fut.exception() is not None:
+            return died_result(fut.exception(), queue_s)
+        return to_result(fut.result(), queue_s)
+
+    async def open_session(self, memory_mb: int = 1024) -> LocalSession:
+        """A stateful Python interpreter kept across calls (see ``LocalSession``)."""
+        from .session import LocalSession
+
+        if not isinstance(memory_mb, int) or isinstance(memory_mb, bool) or memory_mb < 16:
+            raise ValueError(f"memory_mb must be an int >= 16 (MiB), got {memory_mb!r}")
+        return await LocalSession.open(self, memory_mb)
+
+
+def check_timeout(timeout_s: float) -> None:
+    if (
+        isinstance(timeout_s, bool)
+        or not isinstance(timeout_s, (int, float))
+        or not (timeout_s > 0 and math.isfinite(timeout_s))
+    ):
+        raise ValueError(f"timeout_s must be a finite number of seconds > 0, got {timeout_s!r}")
+
+
+def _consume(fut: asyncio.Future) -> None:
+    if not fut.cancelled():
+        fut.exception()  # mark retrieved: a zygote death while nobody waits is not an error to log
+
+
+def died_result(exc: BaseException, queue_s: float) -> ExecResult:
+    return ExecResult("killed", stderr=f"chatgym sandbox: {exc}\n", queue_s=queue_s, info={"internal": True})
+
+
+def to_result(reply: dict, queue_s: float) -> ExecResult:
+    return ExecResult(
+        status=reply["status"],
+        stdout=reply.get("stdout", ""),
+        stderr=reply.get("stderr", ""),
+        exit_code=reply.get("exit_code"),
+        duration_s=reply.get("duration_s", 0.0),
+        truncated=reply.get("truncated", False),
+        queue_s=queue_s,
+        info=reply.get("info", {}),
+    )

@@ -1,0 +1,437 @@
+"""The fork server ("zygote") behind ``LocalSandbox``: one warm interpreter that forks a child per run.
+
+Started once per sandbox as ``python -I -S -c <bootstrap> <socket fd>`` with an allowlisted
+environment (see ``local.py``). It sets up isolation once (``isolation.setup``: namespaces, private
+/tmp, sandbox uids), pre-imports common stdlib modules, freezes the GC (so children do not dirty every
+page) and then serves frames (``wire.py``) from the parent over a unix socket:
+
+* ``run``: make a work dir, fork; the child (``child.start``) drops privileges, applies rlimits and
+  runs the code. The zygote reads the child's stdout/stderr pipes up to the output cap (draining and
+  counting the rest, so a chatty program is never blocked or changed by the cap), waits for exit on a
+  pidfd, enforces the wall-clock deadline with ``killpg(SIGKILL)``, cleans up and replies ``result``.
+* ``kill``: end a run early (its caller was cancelled); the reply still comes.
+* ``sopen`` / ``scall`` / ``sclose``: stateful Python sessions (``repl.py``).
+* ``shutdown`` or EOF on the socket (the parent died): kill every child and exit.
+
+One single-threaded ``selectors`` loop multiplexes every run, so runs overlap freely; the parent's
+concurrency limit decides how many are in flight. Python 3.10+, Linux only (pidfd, memfd).
+"""
+
+from __future__ import annotations
+
+import gc
+import heapq
+import itertools
+import os
+import re
+import selectors
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+from . import child, isolation, repl, wire
+
+GRACE_S = 0.1  # after the child exits and its group is killed, how long its pipes may stay open
+OOM_RE = re.compile(rb"(^MemoryError\b|[Cc]annot allocate memory|std::bad_alloc|[Oo]ut of memory)", re.M)
+WORK_BASE_NS = "/tmp/.chatgym-work"
+
+
+@dataclass
+class Output:
+    """One captured stream: the first ``cap`` bytes, and how many bytes the program wrote in all."""
+
+    cap: int
+    data: bytearray = field(default_factory=bytearray)
+    total: int = 0
+
+    def add(self, chunk: bytes) -> None:
+        room = self.cap - len(self.data)
+        if room > 0:
+            self.data += chunk[:room]
+        self.total += len(chunk)
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > self.cap
+
+    def text(self) -> str:
+        return self.data.decode("utf-8", "replace")
+
+
+def classify(exit_code: int | None, timed_out: bool, stderr_tail: bytes) -> str:
+    """ExecResult status from how a process ended.
+
+    ``timeout`` for the wall deadline or the CPU limit (SIGXCPU); ``oom`` when the program reported
+    an allocation failure (Python's ``MemoryError`` traceback, libc's "Cannot allocate memory", C++
+    ``std::bad_alloc``) — under RLIMIT_AS that is how running out of memory looks; ``killed`` for any
+    other signal; ``error`` for a non-zero exit.
+    """
+    if timed_out or exit_code == -signal.SIGXCPU:
+        return "timeout"
+    if exit_code == 0:
+        return "ok"
+    if OOM_RE.search(stderr_tail):
+        return "oom"
+    return "killed" if exit_code is not None and exit_code < 0 else "error"
+
+
+@dataclass
+class Job:
+    """One forked run (or one session call, see ``repl.py``) the zygote is watching."""
+
+    id: int
+    pid: int
+    pidfd: int
+    out: Output
+    err: Output
+    deadline: float
+    started: float
+    uid: int | None = None
+    workdir: str | None = None
+    pipes: dict[int, Output] = field(default_factory=dict)  # open read ends
+    exit_code: int | None = None
+    timed_out: bool = False
+    info: dict = field(default_factory=dict)
+    done: bool = False
+
+
+class Zygote:
+    def __init__(self, sock: socket.socket, cfg: dict, iso: isolation.Isolation, decoder: wire.FrameDecoder):
+        self.sock = sock
+        self.cfg = cfg
+        self.iso = iso
+        self.decoder = decoder
+        self.sel = selectors.DefaultSelector()
+        self.jobs: dict[int, Job] = {}
+        self.timers: list = []
+        self.seq = itertools.count()
+        self.work_base = cfg["work_base"]
+        self.sessions = repl.Sessions(self)
+        self.running = True
+        sock.setblocking(False)
+        self.sel.register(sock, selectors.EVENT_READ, (self.on_control, None))
+
+    # ---- plumbing ------------------------------------------------------------------------------
+
+    def send(self, msg: dict) -> None:
+        data = wire.encode(msg)
+        self.sock.setblocking(True)  # the parent's reader thread always drains; a block is short
+        try:
+            self.sock.sendall(data)
+        except OSError:
+            self.running = False
+        finally:
+            self.sock.setblocking(False)
+
+    def at(self, when: float, fn, arg) -> None:
+        heapq.heappush(self.timers, (when, next(self.seq), fn, arg))
+
+    def loop(self) -> None:
+        while self.running:
+            timeout = None
+            if self.timers:
+                timeout = max(0.0, self.timers[0][0] - time.monotonic())
+            for key, _ in self.sel.select(timeout):
+                fn, arg = key.data
+                fn(arg)
+            now = time.monotonic()
+            while self.timers and self.timers[0][0] <= now:
+                _, _, fn, arg = heapq.heappop(self.timers)
+                fn(arg)
+        self.shutdown()
+
+    def on_control(self, _) -> None:
+        try:
+            data = self.sock.recv(1 << 20)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.running = False
+            return
+        for msg in self.decoder.feed(data):
+            try:
+                self.dispatch(msg)
+            except Exception as e:  # a bad request must not take the zygote down
+                self.send(
+                    {
+                        "op": "result",
+                        "id": msg.get("id"),
+                        "status": "error",
+                        "exit_code": None,
+                        "stderr": f"chatgym sandbox: {type(e).__name__}: {e}\n",
+                        "info": {"internal": True},
+                    }
+                )
+
+    def dispatch(self, msg: dict) -> None:
+        op = msg["op"]
+        if op == "run":
+            self.start_run(msg)
+        elif op == "kill":
+            job = self.jobs.get(msg["id"])
+            if job is not None:
+                self.kill_job(job, reason="cancelled")
+        elif op == "shutdown":
+            self.running = False
+        else:
+            self.sessions.dispatch(msg)
+
+    # ---- runs ----------------------------------------------------------------------------------
+
+    def limits(self, msg: dict) -> dict:
+        nproc = self.cfg["max_processes"]
+        if not self.iso.uids:  # RLIMIT_NPROC counts every process of the uid: leave room for the host's
+            nproc += self.cfg["host_processes"]
+        return {
+            "cpu_s": int(msg["timeout_s"]) + 1,
+            "memory_bytes": int(msg["memory_mb"]) << 20,
+            "nproc": nproc,
+            "nofile": self.cfg["max_open_files"],
+            "fsize_bytes": self.cfg["max_file_bytes"],
+        }
+
+    def make_workdir(self, name: str, uid: int | None) -> str:
+        path = os.path.join(self.work_base, name)
+        os.mkdir(path, 0o700)
+        if uid is not None:
+            os.chown(path, uid, self.iso.gid)
+        return path
+
+    def start_run(self, msg: dict) -> None:
+        uid = self.iso.uids[msg["slot"]] if self.iso.uids else None
+        workdir = self.make_workdir(f"r{msg['id']}", uid)
+        req = dict(msg, uid=uid, workdir=workdir, limits=self.limits(msg))
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        started = time.monotonic()
+        pid = os.fork()
+        if pid == 0:  # the child never returns from here
+            try:
+                child.start(req, out_w, err_w, self.cfg)
+            finally:
+                os._exit(child.SETUP_FAILED)
+        os.close(out_w)
+        os.close(err_w)
+        cap = int(msg["max_output_bytes"])
+        job = Job(
+            msg["id"],
+            pid,
+            os.pidfd_open(pid),
+            Output(cap),
+            Output(cap),
+            started + float(msg["timeout_s"]),
+            started,
+            uid,
+            workdir,
+        )
+        self.watch(job, out_r, err_r)
+        self.at(job.deadline, self.on_deadline, job)
+
+    def watch(self, job: Job, out_r: int, err_r: int) -> None:
+        self.jobs[job.id] = job
+        for fd, buf in ((out_r, job.out), (err_r, job.err)):
+            os.set_blocking(fd, False)
+            job.pipes[fd] = buf
+            self.sel.register(fd, selectors.EVENT_READ, (self.on_pipe, (job, fd)))
+        self.sel.register(job.pidfd, selectors.EVENT_READ, (self.on_exit, job))
+
+    def on_pipe(self, arg) -> None:
+        job, fd = arg
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return
+        if chunk:
+            job.pipes[fd].add(chunk)
+            return
+        self.close_pipe(job, fd)
+        self.maybe_finish(job)
+
+    def close_pipe(self, job: Job, fd: int) -> None:
+        self.sel.unregister(fd)
+        os.close(fd)
+        del job.pipes[fd]
+
+    def on_exit(self, job: Job) -> None:
+        # The child is a zombie until wait4: its pid (= its process group id) cannot be reused yet,
+        # so this killpg cannot hit a stranger. It ends background jobs left in the group.
+        self.killpg(job.pid)
+        _, status, ru = os.wait4(job.pid, 0)
+        self.sel.unregister(job.pidfd)
+        os.close(job.pidfd)
+        job.exit_code = os.waitstatus_to_exitcode(status)
+        job.info.update(cpu_s=round(ru.ru_utime + ru.ru_stime, 6), max_rss_kb=ru.ru_maxrss)
+        job.info["duration_s"] = time.monotonic() - job.started
+        if job.pipes:  # someone still holds the pipes: a descendant that left the process group
+            self.at(time.monotonic() + GRACE_S, self.on_grace, job)
+        self.maybe_finish(job)
+
+    def on_grace(self, job: Job) -> None:
+        if job.done or not job.pipes:
+            return
+        job.info["escaped_processes"] = True
+        if job.uid is not None:
+            self.reap_uid(job.uid)
+        for fd in list(job.pipes):
+            self.drain(job, fd)
+            self.close_pipe(job, fd)
+        self.maybe_finish(job)
+
+    def drain(self, job: Job, fd: int) -> None:
+        try:
+            while chunk := os.read(fd, 1 << 16):
+                job.pipes[fd].add(chunk)
+        except BlockingIOError:
+            pass
+
+    def on_deadline(self, job: Job) -> None:
+        if job.exit_code is None and not job.done:
+            self.kill_job(job, reason="timeout")
+
+    def kill_job(self, job: Job, reason: str) -> None:
+        if job.exit_code is not None:
+            return
+        job.timed_out = job.timed_out or reason == "timeout"
+        job.info.setdefault("killed_by", reason)
+        self.killpg(job.pid)
+        if job.uid is not None:
+            self.reap_uid(job.uid)
+
+    def killpg(self, pgid: int) -> None:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def reap_uid(self, uid: int) -> None:
+        """SIGKILL every process of ``uid`` (escapees of setsid/double-fork): a throwaway child
+        becomes ``uid`` and calls ``kill(-1)``, which reaches exactly that uid's processes."""
+        pid = os.fork()
+        if pid == 0:
+            try:
+                child.drop_to(uid, self.iso.gid)
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+
+    def maybe_finish(self, job: Job) -> None:
+        if job.done or job.exit_code is None or job.pipes:
+            return
+        job.done = True
+        del self.jobs[job.id]
+        self.cleanup(job.workdir, job.uid)
+        self.send(self.result(job))
+
+    def result(self, job: Job) -> dict:
+        status = classify(job.exit_code, job.timed_out, bytes(job.err.data[-4096:]))
+        info = dict(job.info, stdout_bytes=job.out.total, stderr_bytes=job.err.total)
+        if job.exit_code == child.SETUP_FAILED and job.err.data.startswith(b"chatgym sandbox: set-up failed"):
+            info["internal"] = True
+        return {
+            "op": "result", "id": job.id, "status": status, "exit_code": job.exit_code,
+            "stdout": job.out.text(), "stderr": job.err.text(), "duration_s": info.pop("duration_s"),
+            "truncated": job.out.truncated or job.err.truncated, "info": info,
+        }  # fmt: skip
+
+    def cleanup(self, workdir: str | None, uid: int | None) -> None:
+        """Remove the work dir, and (in the private /tmp) scratch files the run's uid left behind."""
+        if workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+        if uid is None or not self.iso.mount_ns:
+            return
+        for d in isolation.SCRATCH_DIRS:
+            try:
+                entries = list(os.scandir(d))
+            except OSError:
+                continue
+            for e in entries:
+                try:
+                    if e.stat(follow_symlinks=False).st_uid != uid:
+                        continue
+                    if e.is_dir(follow_symlinks=False):
+                        shutil.rmtree(e.path, ignore_errors=True)
+                    else:
+                        os.unlink(e.path)
+                except OSError:
+                    pass
+
+    def shutdown(self) -> None:
+        for job in list(self.jobs.values()):
+            self.killpg(job.pid)
+        self.sessions.close_all()
+        for uid in self.iso.uids:
+            self.reap_uid(uid)
+        shutil.rmtree(self.work_base, ignore_errors=True)
+
+
+def count_processes(uid: int) -> int:
+    n = 0
+    for name in os.listdir("/proc"):
+        try:
+            if name.isdigit() and os.stat(f"/proc/{name}").st_uid == uid:
+                n += 1
+        except OSError:
+            pass
+    return n
+
+
+def stdlib_readable(uid: int, gid: int) -> bool:
+    """Whether a sandbox uid can read the stdlib (else only pre-imported modules would import)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            child.drop_to(uid, gid)
+            with open(os.__file__, "rb"):
+                os._exit(0)
+        finally:
+            os._exit(1)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+
+def main(fd: int) -> None:
+    sock = socket.socket(fileno=fd)
+    decoder = wire.FrameDecoder()
+    msgs: list[dict] = []
+    while not msgs:
+        data = sock.recv(1 << 20)
+        if not data:
+            return
+        msgs = decoder.feed(data)
+    cfg = msgs[0]
+    if cfg.get("pdeathsig"):
+        isolation.set_pdeathsig(signal.SIGKILL)
+    iso = isolation.setup(
+        drop_privileges=cfg["drop_privileges"], uid_range=tuple(cfg["uid_range"]), gid=cfg["gid"],
+        n_uids=cfg["slots"], network=cfg["network"], tmpfs_mb=cfg["tmpfs_mb"],
+        hidden_paths=cfg["hidden_paths"], keep_paths=[sys.prefix, sys.base_prefix, sys.exec_prefix],
+    )  # fmt: skip
+    if iso.uids and not stdlib_readable(iso.uids[0], iso.gid):
+        iso.notes.append(f"the stdlib ({os.path.dirname(os.__file__)}) is not readable by sandbox uids: "
+                         "only pre-imported modules can be imported")  # fmt: skip
+    if iso.mount_ns:  # inside the private /tmp: gone with the namespace even if we are SIGKILLed
+        cfg["work_base"] = WORK_BASE_NS
+        os.makedirs(WORK_BASE_NS, mode=0o711, exist_ok=True)
+    else:
+        cfg["work_base"] = tempfile.mkdtemp(prefix="chatgym-sandbox-")
+    os.chmod(cfg["work_base"], 0o711)  # sandbox uids may enter their own dir, not list the others
+    cfg["gid"] = iso.gid
+    cfg["host_processes"] = 0 if iso.uids else count_processes(os.getuid())
+    for name in cfg["preload"]:
+        try:
+            __import__(name)
+        except ImportError:
+            pass
+    gc.collect()
+    gc.freeze()  # children share these pages instead of copying them at their first GC pass
+    zygote = Zygote(sock, cfg, iso, decoder)
+    zygote.send({"op": "ready", "pid": os.getpid(), "work_base": cfg["work_base"], "uids": iso.uids, "network_isolated": iso.network_isolated,
+                 "mount_ns": iso.mount_ns, "proc_hidden": iso.proc_hidden, "notes": iso.notes})  # fmt: skip
+    for msg in msgs[1:]:
+        zygote.dispatch(msg)
+    zygote.loop()
