@@ -59,7 +59,7 @@ class Tool:
 
     def __post_init__(self) -> None:
         jsonschema.Draft202012Validator.check_schema(self.parameters)
-        self._validator = jsonschema.Draft202012Validator(self.parameters)
+        self._validator = jsonschema.Draft202012Validator(_nullable_to_null_type(self.parameters))
 
     @classmethod
     def from_function(cls, fn: Callable[..., Any], name: str | None = None, **kwargs: Any) -> Tool:
@@ -108,6 +108,23 @@ class Tool:
             if inspect.isawaitable(out):
                 out = await out
         return out
+
+
+def _nullable_to_null_type(schema: Any) -> Any:
+    """A copy of ``schema`` where OpenAPI's ``"nullable": true`` (which transformers' ``get_json_schema``
+    writes for ``Optional`` parameters, and JSON Schema ignores) also allows ``null`` in ``type``."""
+    if isinstance(schema, list):
+        return [_nullable_to_null_type(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _nullable_to_null_type(v) for k, v in schema.items()}
+    if out.get("nullable") is True:
+        if "type" in out:
+            types = out["type"] if isinstance(out["type"], list) else [out["type"]]
+            out["type"] = types if "null" in types else [*types, "null"]
+        if isinstance(out.get("enum"), list) and None not in out["enum"]:
+            out["enum"] = [*out["enum"], None]
+    return out
 
 
 def _json_type(value: Any) -> str:
@@ -164,6 +181,8 @@ def resolve_tools(tools: Iterable[Tool | str | Callable[..., Any]]) -> dict[str,
             t = get_tool(t)
         elif not isinstance(t, Tool):
             t = Tool.from_function(t)
+        if t.name in out and out[t.name] is not t:
+            raise ValueError(f"two tools are named {t.name!r}; tool names must be unique in an env")
         out[t.name] = t
     return out
 
@@ -194,6 +213,21 @@ def decode_arguments(call: ToolCall) -> tuple[dict[str, Any] | None, str | None]
     return args, None
 
 
+@dataclass
+class _Raised:
+    exc: Exception
+
+
+async def _call_catching(t: Tool, args: dict[str, Any]) -> str | ToolResult | _Raised:
+    # The tool's own exceptions come back as a value, so the only TimeoutError reaching wait_for's
+    # caller is wait_for's (since Python 3.11 asyncio.TimeoutError is the builtin TimeoutError that
+    # a tool's socket read also raises).
+    try:
+        return await t(**args)
+    except Exception as exc:
+        return _Raised(exc)
+
+
 async def run_tool_call(call: ToolCall, tools: Mapping[str, Tool], timeout_s: float | None = None) -> ToolOutcome:
     """Validate and run one call; every failure becomes an error ``tool`` message, never an exception."""
     name = call["function"]["name"]
@@ -212,11 +246,11 @@ async def run_tool_call(call: ToolCall, tools: Mapping[str, Tool], timeout_s: fl
     if errors:
         return fail(f"{name}: invalid arguments: " + "; ".join(errors))
     try:
-        out = await asyncio.wait_for(t(**args), timeout_s)
+        out = await asyncio.wait_for(_call_catching(t, args), timeout_s)
     except asyncio.TimeoutError:
         return fail(f"{name} timed out after {timeout_s} s")
-    except Exception as exc:  # a tool's bug is the model's observation, not the batch's crash
-        return fail(f"{name} raised {type(exc).__name__}: {exc}")
+    if isinstance(out, _Raised):  # a tool's bug is the model's observation, not the batch's crash
+        return fail(f"{name} raised {type(out.exc).__name__}: {out.exc}")
     result = out if isinstance(out, ToolResult) else ToolResult(content=str(out))
     return ToolOutcome(tool_message(result.content, call_id, name), error=result.is_error, result=result)
 
