@@ -1,0 +1,98 @@
+"""``ReplayEngine``: a deterministic, scripted policy behind the Engine contract.
+
+It emits fixed token ids chosen by a function of the prompt, so tests can assert exact token
+streams (ids the model "sampled" that a tokenizer would never produce, cut completions, EOS
+variants) and benchmarks can measure the collector without model compute. It honours
+``max_tokens`` and ``stop_token_ids`` like a real engine: the output is cut at the first stop id
+(kept) or after ``max_tokens`` ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from .base import Completion, SamplingParams
+
+Script = Callable[[list[int]], Sequence[int]]
+
+
+def replay_logprob(token_id: int) -> float:
+    """The logprob ReplayEngine reports for ``token_id``: ``-(token_id % 997 + 1) / 1000``.
+
+    A fixed function of the id, so a test can check logprob/token alignment position by position.
+    """
+    return -(token_id % 997 + 1) / 1000
+
+
+class ReplayEngine:
+    """Scripted engine.
+
+    Args:
+        script: ``script(prompt_ids) -> ids`` the "model" would write next, before cutting; e.g.
+            :func:`turn_script` picks the i-th scripted turn by counting assistant headers.
+        tokenizer: optional, used only to fill ``Completion.text``.
+        delay_s: seconds each ``generate`` call waits before answering (0: answer at once).
+
+    ``Completion.finish_reason``: ``stop`` when the output ends on a stop id (or the script ended),
+    ``length`` when it was cut at ``max_tokens``.
+    """
+
+    def __init__(self, script: Script, tokenizer: Any = None, delay_s: float = 0.0):
+        self.script = script
+        self.tokenizer = tokenizer
+        self.delay_s = delay_s
+        self.calls: list[tuple[list[int], SamplingParams]] = []
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+        self.calls.append((list(prompt_ids), params))
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        wanted = list(self.script(list(prompt_ids)))
+        stops = set(params.stop_token_ids)
+        out: list[int] = []
+        finish = "stop"
+        for tid in wanted:
+            if len(out) == params.max_tokens:
+                finish = "length"
+                break
+            out.append(int(tid))
+            if tid in stops:
+                break
+        text = self.tokenizer.decode(out, skip_special_tokens=True) if self.tokenizer is not None else ""
+        logprobs = [replay_logprob(t) for t in out] if params.logprobs else []
+        return Completion(out, logprobs, finish, text)  # type: ignore[arg-type]
+
+    def update_weights(self, weights: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
+        raise TypeError("ReplayEngine is a scripted policy and has no weights to update")
+
+    async def close(self) -> None:
+        return None
+
+
+def count_subsequence(ids: Sequence[int], pattern: Sequence[int]) -> int:
+    """Non-overlapping occurrences of ``pattern`` in ``ids``."""
+    n, m, i, count = len(ids), len(pattern), 0, 0
+    while m and i + m <= n:
+        if list(ids[i : i + m]) == list(pattern):
+            count += 1
+            i += m
+        else:
+            i += 1
+    return count
+
+
+def turn_script(turns: Sequence[Sequence[int]], header_ids: Sequence[int]) -> Script:
+    """A script that answers the k-th assistant turn of an episode with ``turns[k]``.
+
+    ``k`` is the number of ``header_ids`` (the template's assistant header, e.g. the ids of
+    ``"<|im_start|>assistant\\n"``) in the prompt minus one; past the last scripted turn the last one
+    is repeated.
+    """
+
+    def script(prompt_ids: list[int]) -> Sequence[int]:
+        k = max(count_subsequence(prompt_ids, header_ids) - 1, 0)
+        return turns[min(k, len(turns) - 1)]
+
+    return script

@@ -1,0 +1,527 @@
+"""The vectorized async rollout collector: many episodes at once, token-exact trajectories.
+
+Each episode is one asyncio task::
+
+    areset -> prompt ids -> loop { engine.generate -> decode -> env.astep(text)
+                                   -> closing ids + chat-template delta of the new messages }
+
+Episodes never wait for each other: while one waits for a slow tool, the others generate (the
+engine batches whatever requests are in flight). Sync envs run in a thread pool (``env_runner``).
+
+**Token-in/token-out.** The sampled ids are appended exactly as the engine returned them (never
+decoded and re-encoded), with their logprobs 1:1 and loss mask 1. Everything else — prompt, the
+tokens that close a turn, observation messages, the next assistant header — has loss mask 0 and
+logprob 0.0; it comes from :mod:`chatgym.trainer.chat_delta` (its docstring says exactly which
+tokens sit between a completion and the next observation). The chat template is probed at start-up
+and the collector refuses one that is not prefix-preserving.
+
+**Budgets** (all in tokens, checked before each turn):
+
+* ``max_tokens`` — per turn;
+* ``max_response_tokens`` — generated tokens over the whole trajectory;
+* ``max_model_len`` — the whole sequence (prompt + completions + observations).
+
+Turn ``k`` may generate ``min(max_tokens, max_response_tokens - generated, max_model_len - len(ids))``
+tokens. If that is <= 0 the episode ends ``truncated`` with ``info["truncated_by"]`` naming the budget
+(``max_model_len`` is reported when both are spent). A completion cut by any budget is still given to
+the env (like any text). An observation is appended only if at least one token of context is left
+after it; otherwise the episode ends truncated by ``max_model_len`` and the observation is dropped
+(``info["dropped_observation_tokens"]``). A prompt that alone fills the context is kept, with no turn.
+Each observation message's content is cut to ``max_observation_tokens`` tokens with a visible marker.
+An env's own truncation (``max_turns``) is reported as ``truncated_by="env"``.
+
+**EOS** is judged on the completion's ids only: a turn's ``finish_reason`` is ``stop`` iff its last
+sampled id is one of the model's EOS ids, ``length`` if it has ``max_tokens`` ids without one, else the
+engine's reason (``abort`` fails the episode).
+
+**Failure isolation.** Per episode: an exception in the env fails that trajectory only (``error`` =
+``"env_error: ..."``, kept with what it had); ``episode_timeout_s`` cancels a stuck episode (``"timeout:
+..."``); engine and template errors likewise (``engine_error``, ``engine_abort``, ``template_error``).
+:class:`CollectStats` counts them. Trajectories are returned in (group, sample) order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from chatgym.envs.messages import Message, message_errors
+
+from .chat_delta import (
+    ChatRenderer,
+    TemplateError,
+    closing_ids,
+    probe_template,
+    resolve_eos_ids,
+    truncate_text_tokens,
+)
+from .engines.base import Engine, SamplingParams
+from .env_runner import EnvRunner, EnvSpec, env_name, make_env
+from .trace import TraceWriter
+from .types import Trajectory
+
+
+@dataclass(frozen=True)
+class CollectorConfig:
+    """Settings of the collector (token counts are tokens of the model's tokenizer).
+
+    Attributes:
+        max_model_len: context length: most tokens in a trajectory (prompt included).
+        max_response_tokens: most generated tokens per trajectory (all turns together).
+        max_tokens: most generated tokens per turn.
+        max_observation_tokens: each observation message's content is cut to this many tokens.
+        temperature, top_p, top_k: sampling (temperature 0 = greedy; top_k -1 = off).
+        seed: base seed of per-request sampling seeds (None: engine's own randomness).
+        episode_timeout_s: wall-clock seconds one episode may take before it is cancelled (None: none).
+        max_concurrent_episodes: episodes in flight at once (the rest wait their turn).
+        env_threads: worker threads for sync envs.
+        eos_token_ids: every EOS id of the model; empty: the tokenizer's and the generation config's.
+        chat_template: Jinja template text overriding the tokenizer's (None: the tokenizer's).
+        trace_path: JSONL file that traced trajectories are appended to (None: no trace).
+        trace_fraction: share of trajectories traced, in [0, 1].
+    """
+
+    max_model_len: int = 4096
+    max_response_tokens: int = 2048
+    max_tokens: int = 512
+    max_observation_tokens: int = 1024
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+    episode_timeout_s: float | None = 600.0
+    max_concurrent_episodes: int = 256
+    env_threads: int = 16
+    eos_token_ids: tuple[int, ...] = ()
+    chat_template: str | None = None
+    trace_path: str | None = None
+    trace_fraction: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_model_len",
+            "max_response_tokens",
+            "max_tokens",
+            "max_observation_tokens",
+            "max_concurrent_episodes",
+            "env_threads",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"CollectorConfig.{name} must be an int >= 1, got {value!r}")
+        if self.episode_timeout_s is not None and not self.episode_timeout_s > 0:
+            raise ValueError(
+                f"CollectorConfig.episode_timeout_s must be > 0 or None, got {self.episode_timeout_s}"
+            )
+        if not 0.0 <= self.trace_fraction <= 1.0:
+            raise ValueError(f"CollectorConfig.trace_fraction must be in [0, 1], got {self.trace_fraction}")
+        # SamplingParams validates temperature/top_p; build one now so a bad value fails here.
+        try:
+            SamplingParams(max_tokens=1, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
+        except ValueError as exc:
+            raise ValueError(f"CollectorConfig: {exc}") from None
+
+
+@dataclass
+class CollectStats:
+    """Counts of one ``collect`` call.
+
+    Attributes:
+        episodes: trajectories returned.
+        failed: trajectories with ``error`` set; ``failed_by_kind`` splits them (``timeout``,
+            ``env_error``, ``engine_error``, ``engine_abort``, ``template_error``, ``internal_error``).
+        truncated: trajectories ended by a budget or the env's limit; ``truncated_by`` splits them.
+        turns, generated_tokens, total_tokens: sums over trajectories.
+        wall_s: seconds from the call to the last trajectory.
+        generated_tokens_per_s: ``generated_tokens / wall_s``.
+        mean_reward: mean ``reward`` of the trajectories that did not fail (0.0 if none).
+    """
+
+    episodes: int = 0
+    failed: int = 0
+    failed_by_kind: dict[str, int] = field(default_factory=dict)
+    truncated: int = 0
+    truncated_by: dict[str, int] = field(default_factory=dict)
+    turns: int = 0
+    generated_tokens: int = 0
+    total_tokens: int = 0
+    wall_s: float = 0.0
+    generated_tokens_per_s: float = 0.0
+    mean_reward: float = 0.0
+
+
+def summarize(trajectories: Sequence[Trajectory], wall_s: float) -> CollectStats:
+    """:class:`CollectStats` of ``trajectories`` collected in ``wall_s`` seconds."""
+    ok = [t for t in trajectories if not t.failed]
+    generated = sum(t.response_tokens for t in trajectories)
+    return CollectStats(
+        episodes=len(trajectories),
+        failed=len(trajectories) - len(ok),
+        failed_by_kind=dict(Counter(t.info.get("error_kind", "unknown") for t in trajectories if t.failed)),
+        truncated=sum(t.truncated for t in trajectories),
+        truncated_by=dict(Counter(t.info.get("truncated_by", "env") for t in trajectories if t.truncated)),
+        turns=sum(t.num_turns for t in trajectories),
+        generated_tokens=generated,
+        total_tokens=sum(len(t.token_ids) for t in trajectories),
+        wall_s=wall_s,
+        generated_tokens_per_s=generated / wall_s if wall_s > 0 else 0.0,
+        mean_reward=sum(t.reward for t in ok) / len(ok) if ok else 0.0,
+    )
+
+
+class EpisodeFailure(Exception):
+    """Ends one episode; ``kind`` is stored in ``info["error_kind"]``."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass
+class _EpisodeSpec:
+    env: EnvSpec
+    options: dict[str, Any] | None
+    seed: int | None
+    group_id: int
+    sample_index: int
+
+
+def _task_options(task: Any, i: int) -> dict[str, Any]:
+    if isinstance(task, bool) or not isinstance(task, (int, Mapping)):
+        raise TypeError(f"tasks[{i}] must be a task index (int) or a task row (dict), got {task!r:.100}")
+    return {"task_index": task} if isinstance(task, int) else {"task": dict(task)}
+
+
+def _request_seed(base: int | None, *parts: int) -> int | None:
+    # Tuples of ints hash the same in every process (no hash randomisation for ints).
+    return None if base is None else hash((base, *parts)) % (2**31)
+
+
+class Collector:
+    """Collects trajectories from envs with an engine.
+
+    Args:
+        engine: anything implementing the Engine contract (``async generate(prompt_ids, params)``).
+        tokenizer: the model's Hugging Face tokenizer (with a chat template, or pass
+            ``config.chat_template``).
+        config: :class:`CollectorConfig`.
+        generation_config: the model's ``GenerationConfig`` (its ``eos_token_id`` list is used when
+            ``config.eos_token_ids`` is empty).
+
+    Raises:
+        TemplateError: at construction, if the chat template is not prefix-preserving or does not end
+            assistant turns with an EOS id (see :func:`chat_delta.probe_template`).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Any,
+        config: CollectorConfig | None = None,
+        generation_config: Any = None,
+    ):
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.config = config or CollectorConfig()
+        self.eos_token_ids = self.config.eos_token_ids or resolve_eos_ids(tokenizer, generation_config)
+        self._eos = frozenset(self.eos_token_ids)
+        self.renderer = ChatRenderer(tokenizer, self.config.chat_template)
+        self.probe = probe_template(self.renderer, self.eos_token_ids)
+        self._pool: ThreadPoolExecutor | None = None
+        self.tracer = (
+            TraceWriter(self.config.trace_path, self.config.trace_fraction, self.config.seed or 0, tokenizer)
+            if self.config.trace_path
+            else None
+        )
+        self.batches = 0
+        self.last_stats: CollectStats | None = None
+
+    @property
+    def pool(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.config.env_threads, thread_name_prefix="chatgym-env")
+        return self._pool
+
+    def close(self) -> None:
+        """Stop the sync-env threads and close the trace file (the engine is the caller's)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+        if self.tracer is not None:
+            self.tracer.close()
+
+    async def collect(
+        self,
+        envs: EnvSpec | Sequence[EnvSpec],
+        tasks: int | Sequence[int | Mapping[str, Any]],
+        group_size: int = 1,
+        *,
+        env_kwargs: Mapping[str, Any] | None = None,
+        seed: int | None = None,
+        on_trajectory: Callable[[Trajectory], None] | None = None,
+    ) -> list[Trajectory]:
+        """Run ``group_size`` episodes of every task concurrently and return their trajectories.
+
+        Args:
+            envs: an env id / factory used for every task, or one per task (same length as ``tasks``).
+                Each episode gets a fresh env instance, closed when the episode ends.
+            tasks: task indices of the env's split (``options={"task_index": i}``) or task rows
+                (``options={"task": row}``); an int ``n`` means indices ``0..n-1``.
+            group_size: G, samples per task. Trajectories of task ``i`` share ``group_id = i`` and have
+                ``sample_index`` 0..G-1 (GRPO groups).
+            env_kwargs: keyword arguments of ``gym.make`` for env ids.
+            seed: reset seed of group ``i`` is ``seed + i`` (same for all its samples); None: unseeded.
+            on_trajectory: called with each trajectory as it finishes (progress bars).
+
+        Returns:
+            ``len(tasks) * group_size`` trajectories ordered by (group_id, sample_index); failed ones
+            included with ``error`` set. Counts are in ``self.last_stats``.
+
+        Raises:
+            ValueError / TypeError: for bad arguments (naming the argument).
+        """
+        if not isinstance(group_size, int) or group_size < 1:
+            raise ValueError(f"group_size must be an int >= 1, got {group_size!r}")
+        task_list: list[Any] = list(range(tasks)) if isinstance(tasks, int) else list(tasks)
+        if isinstance(envs, str) or callable(envs):
+            env_list: list[EnvSpec] = [envs] * len(task_list)  # type: ignore[list-item]
+        else:
+            env_list = list(envs)
+            if len(env_list) != len(task_list):
+                raise ValueError(
+                    f"envs has {len(env_list)} entries but tasks has {len(task_list)}; give one env or one per task"
+                )
+        specs = [
+            _EpisodeSpec(env_list[g], _task_options(task, g), None if seed is None else seed + g, g, s)
+            for g, task in enumerate(task_list)
+            for s in range(group_size)
+        ]
+        batch = self.batches
+        self.batches += 1
+        sem = asyncio.Semaphore(self.config.max_concurrent_episodes)
+        t0 = time.perf_counter()
+
+        async def one(spec: _EpisodeSpec) -> Trajectory:
+            queued = time.perf_counter()
+            async with sem:
+                traj = await self._run_episode(spec, dict(env_kwargs or {}), t0)
+            traj.timing["queue_s"] = traj.timing.get("start_s", 0.0) - (queued - t0)
+            if self.tracer is not None:
+                self.tracer.write(traj, batch)
+            if on_trajectory is not None:
+                on_trajectory(traj)
+            return traj
+
+        trajectories = await asyncio.gather(*(one(s) for s in specs))
+        self.last_stats = summarize(trajectories, time.perf_counter() - t0)
+        return list(trajectories)
+
+    async def _run_episode(self, spec: _EpisodeSpec, env_kwargs: dict[str, Any], t0: float) -> Trajectory:
+        name = spec.env if isinstance(spec.env, str) else env_name(spec.env, None)
+        traj = Trajectory(env_id=name, task_id=None, group_id=spec.group_id, sample_index=spec.sample_index)
+        traj.timing.update(start_s=time.perf_counter() - t0, generate_s=0.0, env_s=0.0, render_s=0.0)
+        state: dict[str, Any] = {}
+        try:
+            coro = self._episode(spec, env_kwargs, traj, state)
+            if self.config.episode_timeout_s is None:
+                await coro
+            else:
+                await asyncio.wait_for(coro, self.config.episode_timeout_s)
+        except asyncio.TimeoutError:
+            self._fail(traj, "timeout", f"episode exceeded episode_timeout_s={self.config.episode_timeout_s}")
+        except EpisodeFailure as exc:
+            self._fail(traj, exc.kind, str(exc))
+        except Exception as exc:  # a bug here must not take the batch down; it is reported per episode
+            self._fail(traj, "internal_error", f"{type(exc).__name__}: {exc}")
+        finally:
+            runner: EnvRunner | None = state.get("runner")
+            if runner is not None:
+                try:
+                    await asyncio.wait_for(runner.close(), 5.0)
+                except Exception as exc:
+                    traj.info["close_error"] = f"{type(exc).__name__}: {exc}"
+        traj.reward = float(sum(traj.rewards))
+        traj.timing["end_s"] = time.perf_counter() - t0
+        traj.timing["total_s"] = traj.timing["end_s"] - traj.timing["start_s"]
+        return traj
+
+    @staticmethod
+    def _fail(traj: Trajectory, kind: str, message: str) -> None:
+        traj.error = f"{kind}: {message}"
+        traj.info["error_kind"] = kind
+
+    async def _env_call(self, traj: Trajectory, coro: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return await coro
+        except (asyncio.CancelledError, EpisodeFailure):
+            raise
+        except Exception as exc:
+            raise EpisodeFailure("env_error", f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            traj.timing["env_s"] += time.perf_counter() - t
+
+    def _render(self, traj: Trajectory, fn: Callable[..., Any], *args: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return fn(*args)
+        except TemplateError as exc:
+            raise EpisodeFailure("template_error", str(exc)) from exc
+        finally:
+            traj.timing["render_s"] += time.perf_counter() - t
+
+    def _cut_observation(self, messages: list[Message], traj: Trajectory) -> list[Message]:
+        out = []
+        for m in messages:
+            content, cut = truncate_text_tokens(
+                self.tokenizer, m["content"], self.config.max_observation_tokens
+            )
+            if cut:
+                m = {**m, "content": content}
+                traj.info["observation_tokens_cut"] = traj.info.get("observation_tokens_cut", 0) + cut
+            out.append(m)
+        return out
+
+    async def _episode(
+        self, spec: _EpisodeSpec, env_kwargs: dict[str, Any], traj: Trajectory, state: dict
+    ) -> None:
+        cfg = self.config
+        env = await self._env_call(
+            traj, asyncio.get_running_loop().run_in_executor(self.pool, make_env, spec.env, env_kwargs)
+        )
+        runner = state["runner"] = EnvRunner(env, self.pool)
+        traj.env_id = env_name(spec.env, env)
+        obs, reset_info = await self._env_call(traj, runner.reset(spec.seed, spec.options))
+        obs = _check_observation(obs, "reset")
+        traj.task_id = reset_info.get("task_id", (spec.options or {}).get("task_index"))
+        tools = reset_info.get("tools") or getattr(getattr(env, "unwrapped", env), "tools", None) or None
+        self.renderer.warn_if_tools_ignored(self.probe, tools)
+
+        history: list[Message] = list(obs)
+        traj.messages = history
+        ids, mask, logprobs = traj.token_ids, traj.loss_mask, traj.logprobs
+        prompt = self._render(traj, self.renderer.prompt_ids, history, tools)
+        ids.extend(prompt)
+        mask.extend([0] * len(prompt))
+        logprobs.extend([0.0] * len(prompt))
+        traj.prompt_len = len(prompt)
+        turns: list[dict[str, Any]] = []
+        traj.info["turns"] = turns
+        generated = 0
+        tool_errors = 0
+
+        while True:
+            ctx_left = cfg.max_model_len - len(ids)
+            resp_left = cfg.max_response_tokens - generated
+            limit = min(cfg.max_tokens, resp_left, ctx_left)
+            if limit <= 0:
+                traj.truncated = True
+                traj.info["truncated_by"] = "max_model_len" if ctx_left <= 0 else "max_response_tokens"
+                break
+            turn = len(turns)
+            params = SamplingParams(
+                max_tokens=limit,
+                temperature=cfg.temperature,
+                top_p=cfg.top_p,
+                top_k=cfg.top_k,
+                stop_token_ids=self.eos_token_ids,
+                seed=_request_seed(cfg.seed, spec.group_id, spec.sample_index, turn),
+                logprobs=True,
+            )
+            t = time.perf_counter()
+            try:
+                completion = await self.engine.generate(list(ids), params)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                raise EpisodeFailure("engine_error", f"{type(exc).__name__}: {exc}") from exc
+            gen_s = time.perf_counter() - t
+            traj.timing["generate_s"] += gen_s
+            new_ids = [int(i) for i in completion.token_ids]
+            new_lps = [float(x) for x in completion.logprobs]
+            if len(new_lps) != len(new_ids):
+                raise EpisodeFailure(
+                    "engine_error", f"engine returned {len(new_lps)} logprobs for {len(new_ids)} tokens"
+                )
+            if len(new_ids) > limit:
+                raise EpisodeFailure(
+                    "engine_error", f"engine returned {len(new_ids)} tokens for max_tokens={limit}"
+                )
+            ended_eos = bool(new_ids) and new_ids[-1] in self._eos
+            if ended_eos:
+                finish = "stop"
+            elif len(new_ids) >= limit:
+                finish = "length"
+            else:
+                finish = completion.finish_reason
+            start = len(ids)
+            ids.extend(new_ids)
+            mask.extend([1] * len(new_ids))
+            logprobs.extend(new_lps)
+            generated += len(new_ids)
+            traj.finish_reasons.append(finish)
+            record: dict[str, Any] = {
+                "turn": turn,
+                "start": start,
+                "completion_tokens": len(new_ids),
+                "max_tokens": limit,
+                "finish_reason": finish,
+                "generate_s": gen_s,
+            }
+            turns.append(record)
+            if finish == "abort":
+                raise EpisodeFailure("engine_abort", f"engine aborted turn {turn}")
+
+            text = self.tokenizer.decode(new_ids[:-1] if ended_eos else new_ids, skip_special_tokens=False)
+            history.append({"role": "assistant", "content": text})
+            t = time.perf_counter()
+            obs, reward, terminated, truncated, info = await self._env_call(traj, runner.step(text))
+            record["env_s"] = time.perf_counter() - t
+            obs = _check_observation(obs, "step")
+            traj.rewards.append(float(reward))
+            record["reward"] = float(reward)
+            tool_errors += int(info.get("tool_errors", 0) or 0) if isinstance(info, dict) else 0
+            traj.info.update({k: v for k, v in (info or {}).items() if k not in ("turns", "truncated_by")})
+            traj.info["tool_errors_total"] = tool_errors
+            if terminated or truncated:
+                traj.terminated, traj.truncated = bool(terminated), bool(truncated)
+                if truncated:
+                    traj.info["truncated_by"] = "env"
+                break
+
+            obs = self._cut_observation(obs, traj)
+            closing = closing_ids(self.probe, new_ids)
+            delta_text = self._render(traj, self.renderer.delta_text, history, obs, tools)
+            delta = self._render(traj, self.renderer.encode, delta_text)
+            added = closing + delta
+            if len(ids) + len(added) >= cfg.max_model_len:
+                traj.truncated = True
+                traj.info["truncated_by"] = "max_model_len"
+                traj.info["dropped_observation_tokens"] = len(added)
+                break
+            history.extend(obs)
+            record["closing_tokens"] = len(closing)
+            record["observation_tokens"] = len(delta)
+            ids.extend(added)
+            mask.extend([0] * len(added))
+            logprobs.extend([0.0] * len(added))
+
+
+def _check_observation(obs: Any, where: str) -> list[Message]:
+    if not isinstance(obs, list):
+        raise EpisodeFailure(
+            "env_error",
+            f"{where} returned an observation of type {type(obs).__name__}, not a list of messages",
+        )
+    for i, m in enumerate(obs):
+        errors = message_errors(m)
+        if errors:
+            raise EpisodeFailure(
+                "env_error", f"{where} returned an invalid message at index {i}: {'; '.join(errors)}"
+            )
+    return [dict(m) for m in obs]  # type: ignore[misc]
