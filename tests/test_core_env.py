@@ -1,0 +1,306 @@
+"""The ChatEnv contract, on a small env defined here, and check_env over every registered env id."""
+
+from __future__ import annotations
+
+import asyncio
+import warnings
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import chatgym  # noqa: F401  (registers the env ids)
+from chatgym.envs import ChatEnv, StepOutcome
+from chatgym.envs import messages as M
+from chatgym.envs.registration import ENV_SPECS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: The first addend.
+        b: The second addend.
+    """
+    return a + b
+
+
+TASKS = [{"task_id": f"t{i}", "a": i, "b": 10 * i} for i in range(5)]
+
+
+class SumEnv(ChatEnv):
+    """Five tasks "a + b"; an `add` tool; a final answer equal to a + b earns 1."""
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("tools", [add])
+        super().__init__(**kwargs)
+        self.closed = 0
+
+    def load_tasks(self, split):
+        return TASKS if split == "test" else []
+
+    def initial_messages(self, task):
+        return [M.system("Add the numbers. Tool: add."), M.user(f"What is {task['a']} + {task['b']}?")]
+
+    async def score(self, turn):
+        right = turn.message["content"].strip() == str(self.task["a"] + self.task["b"])
+        return StepOutcome(
+            reward=1.0 if right else 0.0, terminated=True, info={"reward_components": {"exact": right}}
+        )
+
+    async def aclose(self):
+        self.closed += 1
+
+
+ADD_3_30 = '<tool_call>{"name": "add", "arguments": {"a": 3, "b": 30}}</tool_call>'
+
+
+@pytest.fixture
+def env():
+    e = SumEnv()
+    yield e
+    e.close()
+
+
+def test_observations_are_only_the_new_messages(env):
+    obs, info = env.reset(options={"task_index": 3})
+    assert obs == [
+        {"role": "system", "content": "Add the numbers. Tool: add."},
+        {"role": "user", "content": "What is 3 + 30?"},
+    ]
+    assert info == {"task_id": "t3", "task_index": 3, "tools": env.tools}
+    assert env.tools[0]["function"]["name"] == "add"
+
+    obs, reward, terminated, truncated, info = env.step(ADD_3_30)
+    assert obs == [{"role": "tool", "content": "33", "tool_call_id": "call_0", "name": "add"}]
+    assert (reward, terminated, truncated) == (0.0, False, False)
+    assert (info["turn"], info["tool_calls"], info["tool_errors"]) == (1, 1, 0)
+
+    obs, reward, terminated, truncated, info = env.step("33")
+    assert obs == []
+    assert (reward, terminated, truncated) == (1.0, True, False)
+    assert info["reward_components"] == {"exact": True}
+
+    # The full history lives on the env, with the assistant turns as parsed.
+    assert env.messages == [
+        {"role": "system", "content": "Add the numbers. Tool: add."},
+        {"role": "user", "content": "What is 3 + 30?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "call_0",
+                    "type": "function",
+                    "function": {"name": "add", "arguments": '{"a": 3, "b": 30}'},
+                }
+            ],
+        },
+        {"role": "tool", "content": "33", "tool_call_id": "call_0", "name": "add"},
+        {"role": "assistant", "content": "33"},
+    ]
+
+
+def test_returned_messages_are_copies(env):
+    obs, _ = env.reset(options={"task_index": 0})
+    obs[0]["content"] = "changed"
+    assert env.messages[0]["content"] == "Add the numbers. Tool: add."
+
+
+def test_task_selection_by_index_row_and_seed():
+    env, other = SumEnv(), SumEnv()
+    try:
+        assert env.reset(options={"task_index": 4})[1]["task_id"] == "t4"
+        _, info = env.reset(options={"task": {"task_id": "mine", "a": 7, "b": 8}})
+        assert (info["task_id"], info["task_index"], env.messages[1]["content"]) == (
+            "mine",
+            None,
+            "What is 7 + 8?",
+        )
+        with pytest.raises(IndexError, match="task_index 5 out of range for split 'test' \\(5 tasks\\)"):
+            env.reset(options={"task_index": 5})
+        for seed in range(8):
+            # Gymnasium seeds np_random with PCG64(SeedSequence(seed)); the env draws integers(5).
+            expected = int(np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed))).integers(5))
+            assert env.reset(seed=seed)[1]["task_index"] == expected
+            assert other.reset(seed=seed)[1]["task_index"] == expected
+        assert len({env.reset(seed=s)[1]["task_index"] for s in range(20)}) > 1
+    finally:
+        env.close()
+        other.close()
+
+
+def test_empty_split_is_a_clear_error():
+    env = SumEnv(split="train")
+    try:
+        with pytest.raises(ValueError, match="SumEnv: split 'train' has no tasks"):
+            env.reset(seed=0)
+    finally:
+        env.close()
+
+
+def test_truncation_at_max_turns():
+    env = SumEnv(max_turns=2)
+    try:
+        env.reset(options={"task_index": 3})
+        assert env.step(ADD_3_30)[2:4] == (False, False)
+        _, _, terminated, truncated, info = env.step(ADD_3_30)
+        assert (terminated, truncated, info["turn"]) == (False, True, 2)
+        # A final answer on the last turn terminates; it is not also truncated.
+        env.reset(options={"task_index": 3})
+        env.step(ADD_3_30)
+        assert env.step("33")[1:4] == (1.0, True, False)
+    finally:
+        env.close()
+    with pytest.raises(ValueError, match="max_turns must be >= 1, got 0"):
+        SumEnv(max_turns=0)
+
+
+ACTIONS = [ADD_3_30, '<tool_call>{"name": "add", "arguments": {"a": "3"}}</tool_call>', "33"]
+
+
+def test_sync_and_async_apis_give_the_same_results():
+    sync_env, async_env = SumEnv(), SumEnv()
+    try:
+        sync_trace = [sync_env.reset(seed=11)] + [sync_env.step(a) for a in ACTIONS]
+
+        async def run():
+            return [await async_env.areset(seed=11)] + [await async_env.astep(a) for a in ACTIONS]
+
+        async_trace = asyncio.run(run())
+        assert sync_trace == async_trace
+        assert sync_env.messages == async_env.messages
+        # The bad call (a string for an int, b missing) came back as an error message, not a raise.
+        assert async_trace[2][0][0]["content"] == (
+            "Error: add: invalid arguments: 'b' is a required property; a: '3' is not of type 'integer'"
+        )
+    finally:
+        sync_env.close()
+        async_env.close()
+
+
+async def test_sync_api_works_inside_a_running_event_loop(env):
+    # As in Jupyter: a loop is running in this thread, and the user calls the plain Gymnasium API.
+    obs, _ = env.reset(options={"task_index": 1})
+    assert obs[1]["content"] == "What is 1 + 10?"
+    obs, *_ = env.step('<tool_call>{"name": "add", "arguments": {"a": 1, "b": 10}}</tool_call>')
+    assert obs[0]["content"] == "11"
+    assert env.step("11")[1:3] == (1.0, True)
+
+
+def check_env_warnings(env: gym.Env) -> list[str]:
+    """Run Gymnasium's full check_env (render modes included) and return its warnings.
+
+    The one about ``metadata["render_fps"]`` is dropped: it concerns frame pacing of "human"
+    rendering, and a chat transcript rendered as text has no frame rate.
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check_env(env, skip_render_check=False)
+    return [str(w.message) for w in caught if "render_fps" not in str(w.message)]
+
+
+def test_check_env_passes_without_warnings():
+    # Made through gym.make so check_env can also re-create it in each render mode from its spec.
+    if "chatgym-test/Sum-v0" not in gym.registry:
+        gym.register(id="chatgym-test/Sum-v0", entry_point=SumEnv, disable_env_checker=True)
+    env = gym.make("chatgym-test/Sum-v0").unwrapped
+    try:
+        assert check_env_warnings(env) == []
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize(
+    "action",
+    [42, None, b"bytes", ["list"], {"role": "user", "content": "hi"}, {"role": "assistant", "content": 3}],
+)
+def test_malformed_action_type_raises_type_error(env, action):
+    env.reset(seed=0)
+    with pytest.raises(TypeError, match="action must be a str or an assistant Message, got"):
+        env.step(action)
+
+
+def test_assistant_message_actions_are_accepted(env):
+    env.reset(options={"task_index": 2})
+    obs, *_ = env.step({"role": "assistant", "content": ADD_3_30.replace("3, ", "2, ").replace("30", "20")})
+    assert obs[0]["content"] == "22"
+    assert env.step({"role": "assistant", "content": "22"})[1] == 1.0
+
+
+def test_step_before_reset_is_a_clear_error(env):
+    with pytest.raises(RuntimeError, match=r"call reset\(\) before step\(\)"):
+        env.step("hi")
+
+
+def test_close_with_and_without_reset():
+    fresh = SumEnv()
+    fresh.close()
+    assert fresh.closed == 1
+    used = SumEnv()
+    used.reset(seed=0)
+    used.step(ADD_3_30)
+    used.close()
+    used.close()  # closing twice is harmless
+    assert used.closed == 2
+    assert used._loop is None
+
+
+def test_render_ansi():
+    env = SumEnv(render_mode="ansi")
+    try:
+        env.reset(options={"task_index": 0})
+        assert env.render() == "[system] Add the numbers. Tool: add.\n[user] What is 0 + 0?"
+    finally:
+        env.close()
+    with pytest.raises(ValueError, match="render_mode must be None or 'ansi', got 'human'"):
+        SumEnv(render_mode="human")
+
+
+# ---- every registered env ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("env_id", sorted(ENV_SPECS))
+def test_every_registered_env_passes_check_env(env_id):
+    assert env_id in gym.registry
+    env = gym.make(env_id).unwrapped
+    try:
+        assert isinstance(env, ChatEnv)
+        assert check_env_warnings(env) == []
+    finally:
+        env.close()
+
+
+# ---- packaging -----------------------------------------------------------------------------------
+
+
+def _declared_packages() -> tuple[list[str], dict[str, str]]:
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    return config["packages"], config["package-dir"]
+
+
+def test_every_package_folder_is_listed_in_pyproject():
+    packages, package_dir = _declared_packages()
+    found = set()
+    for top in package_dir.values():
+        for init in (ROOT / top).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / top)
+            root_pkg = next(k for k, v in package_dir.items() if v == top)
+            found.add(".".join([root_pkg, *rel.parts]))
+    assert {"chatgym.envs", "chatgym.sandboxes", "chatgym.retrievers", "chatgym.trainer"} <= found
+    assert sorted(found - set(packages)) == [], "add these to [tool.setuptools] packages in pyproject.toml"
+
+
+def test_every_listed_package_exists():
+    packages, package_dir = _declared_packages()
+    for pkg in packages:
+        root = max((k for k in package_dir if pkg == k or pkg.startswith(k + ".")), key=len)
+        folder = ROOT / package_dir[root] / Path(*pkg[len(root) + 1 :].split(".") if pkg != root else ())
+        assert (folder / "__init__.py").is_file(), (
+            f"{pkg} is listed in pyproject but {folder} has no __init__.py"
+        )
