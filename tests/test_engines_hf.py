@@ -1,0 +1,197 @@
+"""TransformersEngine on the real SmolLM2 (fp32, CPU): ids, logprobs, finish reasons, batching, seeds,
+weight updates. Reference values come from an independent full forward pass of the same model."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from chatgym.trainer.engines import SamplingParams
+from chatgym.trainer.engines.hf import TransformersEngine
+from chatgym.trainer.models import random_model
+
+GREEDY = SamplingParams(max_tokens=8, temperature=0)
+LOGPROB_ATOL = 1e-4  # fp32: padded/cached decoding vs one unpadded forward differ by float rounding (~1e-5)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    eng = TransformersEngine("smollm2", dtype="float32", device="cpu")
+    yield eng
+    asyncio.run(eng.close())
+
+
+def chat_ids(engine, question: str) -> list[int]:
+    return engine.tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+
+
+def reference(model, prompt: list[int], completion: list[int]) -> tuple[list[int], torch.Tensor]:
+    """Argmax ids and log-softmax(raw logits) of the completion under one full, unpadded forward pass."""
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + completion], device=device)).logits[0].float().cpu()
+    steps = logits[len(prompt) - 1 : -1]
+    logprobs = torch.log_softmax(steps, -1).gather(1, torch.tensor(completion)[:, None])[:, 0]
+    return steps.argmax(-1).tolist(), logprobs
+
+
+async def test_greedy_ids_and_logprobs_match_a_full_forward_pass(engine):
+    prompt = chat_ids(engine, "What is 2+2?")
+    out = await engine.generate(prompt, GREEDY)
+    argmax, logprobs = reference(engine.model, prompt, out.token_ids)
+    assert out.token_ids == argmax
+    assert len(out.logprobs) == len(out.token_ids)
+    assert torch.allclose(torch.tensor(out.logprobs), logprobs, atol=LOGPROB_ATOL)
+    # SmolLM2 answers this one in 7 tokens ending with <|im_end|> (id 2); the text leaves the EOS out.
+    assert out.token_ids == [504, 2988, 314, 216, 36, 30, 2]
+    assert out.finish_reason == "stop"
+    assert out.text == "The answer is 4."
+    assert out.info["prompt_tokens"] == len(prompt)
+
+
+async def test_concurrent_requests_are_batched_and_match_single_runs(engine):
+    questions = ["What is 2+2?", "Name a color.", "Say hi", "Count to three."]
+    prompts = [chat_ids(engine, q) for q in questions]  # different lengths: left padding is exercised
+    assert len({len(p) for p in prompts}) > 1
+    singles = [await engine.generate(p, GREEDY) for p in prompts]
+    before = engine.batches_run
+    batched = await asyncio.gather(*(engine.generate(p, GREEDY) for p in prompts))
+    assert engine.batches_run == before + 1  # all four in one batch
+    for one, many in zip(singles, batched, strict=True):
+        assert many.token_ids == one.token_ids
+        assert many.finish_reason == one.finish_reason
+        assert torch.allclose(torch.tensor(many.logprobs), torch.tensor(one.logprobs), atol=LOGPROB_ATOL)
+
+
+async def test_finish_reason_length_and_stop_ids(engine):
+    prompt = chat_ids(engine, "Say hi")
+    full = await engine.generate(prompt, SamplingParams(max_tokens=6, temperature=0))
+    assert full.finish_reason == "length" and len(full.token_ids) == 6
+    # A stop id ends generation right after it is sampled, and is kept.
+    stop_at = full.token_ids[2]
+    assert stop_at not in full.token_ids[:2]
+    stopped = await engine.generate(
+        prompt, SamplingParams(max_tokens=6, temperature=0, stop_token_ids=(stop_at,))
+    )
+    assert stopped.token_ids == full.token_ids[:3]
+    assert stopped.finish_reason == "stop"
+    assert len(stopped.logprobs) == 3
+
+
+async def test_truncated_completion_is_length_even_when_the_prompt_has_eos(engine):
+    prompt = chat_ids(engine, "Say hi")
+    assert 2 in prompt  # every <|im_end|> of the template is the EOS id
+    out = await engine.generate(prompt, SamplingParams(max_tokens=2, temperature=0))
+    assert out.finish_reason == "length"
+    assert 2 not in out.token_ids
+
+
+async def test_max_model_len_caps_the_completion(engine):
+    prompt = chat_ids(engine, "Say hi")
+    small = TransformersEngine(engine.model, engine.tokenizer, max_model_len=len(prompt) + 3)
+    out = await small.generate(prompt, SamplingParams(max_tokens=50, temperature=0))
+    assert len(out.token_ids) == 3 and out.finish_reason == "length"
+    with pytest.raises(ValueError, match="max_model_len"):
+        await small.generate([*prompt, 1, 2, 3], GREEDY)
+    await small.close()
+
+
+async def test_seed_is_honoured_and_top_k_1_is_greedy(engine):
+    prompt = chat_ids(engine, "Tell me a story.")
+    sample = SamplingParams(max_tokens=8, temperature=1.0, seed=5)
+    a, b, c = await asyncio.gather(
+        engine.generate(prompt, sample),
+        engine.generate(prompt, sample),
+        engine.generate(prompt, SamplingParams(max_tokens=8, temperature=1.0, seed=6)),
+    )
+    assert a.token_ids == b.token_ids  # same seed, same batch position-independent draws
+    assert a.token_ids != c.token_ids
+    # Sampled ids still get the model's raw (temperature-1) logprobs.
+    _, logprobs = reference(engine.model, prompt, a.token_ids)
+    assert torch.allclose(torch.tensor(a.logprobs), logprobs, atol=LOGPROB_ATOL)
+    # top-k 1 and a tiny top-p each leave only the argmax, so sampling reduces to greedy.
+    greedy = await engine.generate(prompt, GREEDY)
+    for params in (
+        SamplingParams(max_tokens=8, temperature=1.5, top_k=1, seed=1),
+        SamplingParams(max_tokens=8, temperature=1.5, top_p=1e-6, seed=1),
+    ):
+        assert (await engine.generate(prompt, params)).token_ids == greedy.token_ids
+
+
+async def test_logprobs_can_be_left_out(engine):
+    out = await engine.generate(
+        chat_ids(engine, "Say hi"), SamplingParams(max_tokens=2, temperature=0, logprobs=False)
+    )
+    assert out.logprobs == [] and len(out.token_ids) == 2
+
+
+async def test_bad_prompts_are_clear_errors(engine):
+    with pytest.raises(ValueError, match="empty"):
+        await engine.generate([], GREEDY)
+    with pytest.raises(TypeError, match="list of token ids"):
+        await engine.generate("hello", GREEDY)
+    with pytest.raises(ValueError, match="outside"):
+        await engine.generate([1, 49152], GREEDY)
+    with pytest.raises(TypeError, match="SamplingParams"):
+        await engine.generate([1, 2], {"max_tokens": 3})
+
+
+async def test_update_weights_makes_the_engine_match_the_trainer_model(engine):
+    # Two small random models of SmolLM2's architecture: the engine starts from seed 0, the "trainer"
+    # holds seed 1. After update_weights the engine's logprobs must be the trainer's.
+    policy = random_model("smollm2", num_hidden_layers=2, seed=0)
+    trainer = random_model("smollm2", num_hidden_layers=2, seed=1)
+    eng = TransformersEngine(policy, engine.tokenizer)
+    prompt = chat_ids(engine, "Say hi")
+    before = await eng.generate(prompt, GREEDY)
+    eng.update_weights(trainer.state_dict())
+    after = await eng.generate(prompt, GREEDY)
+    argmax, logprobs = reference(trainer, prompt, after.token_ids)
+    assert after.token_ids == argmax
+    assert torch.allclose(torch.tensor(after.logprobs), logprobs, atol=LOGPROB_ATOL)
+    assert after.token_ids != before.token_ids
+    # An iterator of (name, tensor) works too, and so does a subset; bad names/shapes are refused.
+    eng.update_weights(iter([("model.norm.weight", torch.full((576,), 2.0))]))
+    assert torch.equal(eng.model.model.norm.weight, torch.full((576,), 2.0))
+    with pytest.raises(KeyError, match="no_such"):
+        eng.update_weights({"no_such.weight": torch.zeros(1)})
+    with pytest.raises(ValueError, match="shape"):
+        eng.update_weights({"model.norm.weight": torch.zeros(3)})
+    with pytest.raises(TypeError, match="weights"):
+        eng.update_weights(42)
+    await eng.close()
+
+
+def test_engine_survives_a_new_event_loop(engine):
+    prompt = chat_ids(engine, "Say hi")
+    first = asyncio.run(engine.generate(prompt, SamplingParams(max_tokens=2, temperature=0)))
+    second = asyncio.run(engine.generate(prompt, SamplingParams(max_tokens=2, temperature=0)))
+    assert first.token_ids == second.token_ids
+
+
+async def test_cancelled_request_does_not_break_the_batcher(engine):
+    prompt = chat_ids(engine, "Say hi")
+    task = asyncio.ensure_future(engine.generate(prompt, SamplingParams(max_tokens=4, temperature=0)))
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    out = await engine.generate(prompt, SamplingParams(max_tokens=2, temperature=0))
+    assert len(out.token_ids) == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+async def test_cuda_bf16_matches_cpu_first_tokens(engine):
+    prompt = chat_ids(engine, "What is 2+2?")
+    cpu = await engine.generate(prompt, GREEDY)
+    gpu = TransformersEngine("smollm2", dtype="bfloat16", device="cuda")
+    out = await gpu.generate(prompt, GREEDY)
+    assert out.token_ids[:4] == cpu.token_ids[:4]
+    _, logprobs = reference(gpu.model, prompt, out.token_ids)
+    assert torch.allclose(torch.tensor(out.logprobs), logprobs, atol=0.1)  # bf16 rounding
+    await gpu.close()
