@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 from gymnasium import spaces
+from gymnasium.vector.utils import create_empty_array
 
 from .messages import message_errors
 
@@ -68,3 +69,13 @@ class ActionSpace(spaces.Space[Any]):
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, ActionSpace)
+
+
+# Gymnasium's vector envs (``gym.make_vec``) batch observations through singledispatch helpers.
+# Their generic ``Space`` fallbacks already batch our spaces as tuples (one message list / action per
+# env) except ``create_empty_array``, which SyncVectorEnv and AsyncVectorEnv call at start-up.
+# AsyncVectorEnv also needs ``vector_kwargs={"shared_memory": False}``: message lists have no fixed
+# size, so they cannot live in a shared-memory buffer.
+@create_empty_array.register(MessagesSpace)
+def _empty_messages_batch(space: MessagesSpace, n: int = 1, fn: Any = np.zeros) -> tuple[list, ...]:
+    return tuple([] for _ in range(n))
