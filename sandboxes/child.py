@@ -3,7 +3,8 @@
 Stdlib only (imported standalone by the zygote). The order matters:
 
 1. ``setsid()``: the child leads a new session and process group, so one ``killpg`` ends its tree.
-2. switch to the sandbox uid/gid (when the zygote claimed one), then ``kill(-1, SIGKILL)`` as that uid:
+   A pre-forked "spare" does this, then blocks until the zygote writes it a request.
+2. create the work dir (as root), switch to the sandbox uid/gid (when the zygote claimed one), then ``kill(-1, SIGKILL)`` as that uid:
    it ends any process a previous run on this uid left behind (``kill(-1)`` skips the caller).
 3. ``PR_SET_PDEATHSIG`` (set after the uid switch, which clears it): the child dies with the zygote.
 4. umask 077, chdir into the fresh work dir, write ``files``; stdin becomes a memfd holding ``stdin``.
@@ -27,14 +28,18 @@ import types
 from . import isolation, wire
 
 SOLUTION = "<solution>"
+_OWN_PREFIX = __name__.rpartition(".")[0] + "."  # frames of our own modules are hidden in tracebacks
 SETUP_FAILED = 125  # exit code when the sandbox itself could not be set up (never user code's fault)
+MAX_FD = 1 << 20  # closerange bound (close_range(2) makes the size free)
 ARG_MAX_SAFE = 100_000  # bytes; a longer bash script goes through a memfd (one execve arg <= 128 KiB)
 
 
 def set_rlimits(lim: dict) -> None:
-    """Apply the run's limits (``lim`` keys: cpu_s, memory_bytes, nproc, nofile, fsize_bytes)."""
-    cpu = int(lim["cpu_s"])
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # SIGXCPU at soft, SIGKILL at hard
+    """Apply the run's limits (``lim`` keys: cpu_s, memory_bytes, nproc, nofile, fsize_bytes; a
+    missing/None cpu_s, memory_bytes or nproc leaves that limit as it is)."""
+    if lim.get("cpu_s"):
+        cpu = int(lim["cpu_s"])
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # SIGXCPU at soft, SIGKILL at hard
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_FSIZE, (lim["fsize_bytes"], lim["fsize_bytes"]))
     resource.setrlimit(resource.RLIMIT_NOFILE, (lim["nofile"], lim["nofile"]))
@@ -114,7 +119,7 @@ def exit_code_of(exc: SystemExit) -> int:
 def print_exception(exc: BaseException) -> None:
     """Print ``exc`` like the interpreter would, without the sandbox's own frames."""
     tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename != SOLUTION:
+    while tb is not None and tb.tb_frame.f_globals.get("__name__", "").startswith(_OWN_PREFIX):
         tb = tb.tb_next
     traceback.print_exception(type(exc), exc, tb, file=sys.stderr)
 
@@ -171,45 +176,62 @@ def run_bash(code: str, env: dict, bash: str) -> None:
     os.execve(bash, ["bash", f"/dev/fd/{fd}"], env)
 
 
-def start(req: dict, out_fd: int, err_fd: int, cfg: dict) -> None:
-    """Entry point in the forked child of one ``run`` request. Never returns.
+def spare(cmd_fd: int, out_fd: int, err_fd: int, workdir: str, cfg: dict) -> None:
+    """Entry point of a pre-forked child: do what needs no request, wait for one, run it. Never returns.
+
+    The zygote forks spares ahead of time, so a request costs a pipe write rather than a fork, and
+    the set-up done here (fds, environment, ``sys.std*``) is off the request's critical path.
 
     Args:
-        req: the request frame (``code``, ``language``, ``stdin``, ``files``, ``limits``, ``uid``,
-            ``workdir``).
+        cmd_fd: read end of the pipe the request arrives on (EOF = retire quietly).
         out_fd, err_fd: write ends of the stdout/stderr pipes the zygote reads.
-        cfg: the zygote's configuration (``gid``, ``env``, ``bash``).
+        workdir: the work dir this child will create and run in.
+        cfg: the zygote's configuration (``gid``, ``bash``).
     """
     try:
+        os.setsid()
+        os.dup2(cmd_fd, 0)
         os.dup2(out_fd, 1)
         os.dup2(err_fd, 2)
-        prepare(req, cfg)
-        env = dict(cfg["env"], HOME=req["workdir"], TMPDIR=req["workdir"], PWD=req["workdir"])
-        if req["language"] == "bash":
-            run_bash(req["code"], env, cfg["bash"])
-        os.environ.clear()
-        os.environ.update(env)
+        os.closerange(3, MAX_FD)
+        # The zygote's own environment is the allowlist (see client.py); add the per-run entries.
+        os.environ.update(HOME=workdir, TMPDIR=workdir, PWD=workdir)
         fresh_std_streams()
-        run_python(req["code"], req["workdir"])
+        req = wire.read_marshal_fd(0)
+        if req is None:
+            os._exit(0)
+        prepare(req, workdir, cfg)
+        if req["language"] == "bash":
+            run_bash(req["code"], dict(os.environ), cfg["bash"])
     except BaseException as e:
-        try:
-            os.write(2, f"chatgym sandbox: set-up failed: {type(e).__name__}: {e}\n".encode())
-        finally:
-            os._exit(SETUP_FAILED)
+        setup_failed(e)
+    run_python(req["code"], workdir)
 
 
-def prepare(req: dict, cfg: dict) -> None:
-    """Steps 1-5 of the module docstring (everything before the code runs)."""
-    os.setsid()
-    if req.get("uid") is not None:
-        drop_to(req["uid"], cfg["gid"])
+def setup_failed(exc: BaseException) -> None:
+    try:
+        os.write(2, f"chatgym sandbox: set-up failed: {type(exc).__name__}: {exc}\n".encode())
+    finally:
+        os._exit(SETUP_FAILED)
+
+
+def prepare(req: dict, workdir: str, cfg: dict, stdin_fd: int | None = None) -> None:
+    """Steps 2-5 of the module docstring (everything before the code runs); fds 1 and 2 are set.
+
+    ``req`` fields used: ``uid`` (None = keep ours), ``files``, ``stdin``, ``limits``."""
+    uid = req.get("uid")
+    os.mkdir(workdir, 0o700)
+    if uid is not None:
+        os.chown(workdir, uid, cfg["gid"])
+        drop_to(uid, cfg["gid"])
     isolation.set_pdeathsig(signal.SIGKILL)
     os.umask(0o077)
-    os.chdir(req["workdir"])
-    write_files(req["workdir"], req.get("files") or [])
-    stdin = req.get("stdin") or ""
-    fd = memfd_with(stdin.encode(), "stdin") if stdin else os.open(os.devnull, os.O_RDONLY)
-    os.dup2(fd, 0)
-    os.closerange(3, 1 << 20)
+    os.chdir(workdir)
+    write_files(workdir, req.get("files") or [])
+    if stdin_fd is None:
+        stdin = req.get("stdin") or ""
+        stdin_fd = memfd_with(stdin.encode(), "stdin") if stdin else os.open(os.devnull, os.O_RDONLY)
+    os.dup2(stdin_fd, 0)
+    os.closerange(3, MAX_FD)
     reset_signals()
     set_rlimits(req["limits"])

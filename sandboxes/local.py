@@ -181,18 +181,18 @@ class LocalSandbox:
             "uid_range": [lo_uid, hi_uid],
             "gid": 65534,
             "slots": max_concurrency,
+            "spares": min(max_concurrency, 4),
             "network": bool(network),
             "tmpfs_mb": tmpfs_mb,
             "hidden_paths": list(hidden_paths),
             "preload": list(preload),
-            "env": child_env,
             "max_processes": max_processes,
             "max_open_files": max_open_files,
             "max_file_bytes": max_file_mb << 20,
             "bash": "/bin/bash" if os.path.exists("/bin/bash") else "/usr/bin/bash",
         }
         self._argv = [python, "-I"] if site_packages else [python, "-I", "-S"]
-        self._zygote_env = {"PATH": SYSTEM_PATH, "LANG": "C.UTF-8"}
+        self._zygote_env = child_env  # children inherit it; each adds only HOME, TMPDIR and PWD
         self._slots = SlotPool(max_concurrency)
         self._client: ZygoteClient | None = None
         self._start_lock = threading.Lock()
@@ -302,14 +302,17 @@ class LocalSandbox:
         if not isinstance(memory_mb, int) or isinstance(memory_mb, bool) or memory_mb < 16:
             raise ValueError(f"memory_mb must be an int >= 16 (MiB), got {memory_mb!r}")
 
-    async def _request(self, msg: dict, timeout_s: float, slot_needed: bool = True) -> ExecResult:
+    async def _request(self, msg: dict, timeout_s: float, client: ZygoteClient | None = None) -> ExecResult:
         """Send one request under the concurrency limit and turn the reply into an ExecResult."""
-        client = await self._ensure_client()
+        client = client or await self._ensure_client()
         t0 = time.monotonic()
-        slot = await self._slots.acquire() if slot_needed else None
+        slot = await self._slots.acquire()
         queue_s = time.monotonic() - t0
         msg = dict(msg, id=client.next_id(), slot=slot)
-        release = (lambda _f: self._slots.release(slot)) if slot is not None else (lambda _f: None)
+
+        def release(_fut: object) -> None:
+            self._slots.release(slot)
+
         try:
             fut = client.submit(msg)
         except ZygoteDied as e:

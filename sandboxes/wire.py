@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import base64
 import json
+import marshal
+import os
 import struct
 
 HEADER = struct.Struct(">I")
@@ -38,6 +40,35 @@ def read_frame(stream) -> dict | None:
     if len(data) != n:
         raise ValueError(f"truncated frame: expected {n} bytes, got {len(data)}")
     return json.loads(data)
+
+
+def encode_marshal(msg: dict) -> bytes:
+    """A frame with a ``marshal`` payload: for zygote -> child only, where the writer is trusted
+    and decoding speed matters (``marshal`` must never read data from a less trusted writer)."""
+    data = marshal.dumps(msg)
+    return HEADER.pack(len(data)) + data
+
+
+def read_marshal_fd(fd: int) -> dict | None:
+    """Read one ``encode_marshal`` frame from a blocking fd; ``None`` at EOF."""
+    head = _read_exact(fd, HEADER.size)
+    if not head:
+        return None
+    (n,) = HEADER.unpack(head)
+    data = _read_exact(fd, n)
+    if len(data) != n:
+        raise ValueError(f"truncated frame: expected {n} bytes, got {len(data)}")
+    return marshal.loads(data)
+
+
+def _read_exact(fd: int, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = os.read(fd, n - len(buf))
+        if not chunk:
+            break
+        buf += chunk
+    return bytes(buf)
 
 
 class FrameDecoder:

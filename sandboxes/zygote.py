@@ -80,6 +80,24 @@ def classify(exit_code: int | None, timed_out: bool, stderr_tail: bytes) -> str:
 
 
 @dataclass
+class Spare:
+    """A pre-forked child blocked on ``cmd_w``'s pipe, with its stdout/stderr pipes already made."""
+
+    pid: int
+    pidfd: int
+    cmd_w: int
+    out_r: int
+    err_r: int
+    workdir: str
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+@dataclass
 class Job:
     """One forked run (or one session call, see ``repl.py``) the zygote is watching."""
 
@@ -100,6 +118,9 @@ class Job:
 
 
 class Zygote:
+    output = staticmethod(Output)
+    classify = staticmethod(classify)
+
     def __init__(self, sock: socket.socket, cfg: dict, iso: isolation.Isolation, decoder: wire.FrameDecoder):
         self.sock = sock
         self.cfg = cfg
@@ -111,21 +132,18 @@ class Zygote:
         self.seq = itertools.count()
         self.work_base = cfg["work_base"]
         self.sessions = repl.Sessions(self)
+        self.spares: list[Spare] = []
+        self.n_spares = int(cfg["spares"])
         self.running = True
-        sock.setblocking(False)
         self.sel.register(sock, selectors.EVENT_READ, (self.on_control, None))
 
     # ---- plumbing ------------------------------------------------------------------------------
 
     def send(self, msg: dict) -> None:
-        data = wire.encode(msg)
-        self.sock.setblocking(True)  # the parent's reader thread always drains; a block is short
-        try:
-            self.sock.sendall(data)
+        try:  # blocking: the parent's reader thread always drains the socket, so a block is short
+            self.sock.sendall(wire.encode(msg))
         except OSError:
             self.running = False
-        finally:
-            self.sock.setblocking(False)
 
     def at(self, when: float, fn, arg) -> None:
         heapq.heappush(self.timers, (when, next(self.seq), fn, arg))
@@ -135,9 +153,14 @@ class Zygote:
             timeout = None
             if self.timers:
                 timeout = max(0.0, self.timers[0][0] - time.monotonic())
-            for key, _ in self.sel.select(timeout):
+            if len(self.spares) < self.n_spares:
+                timeout = 0.0  # events first; fork a spare only when there is nothing to handle
+            events = self.sel.select(timeout)
+            for key, _ in events:
                 fn, arg = key.data
                 fn(arg)
+            if not events and len(self.spares) < self.n_spares and self.running:
+                self.spares.append(self.fork_spare())
             now = time.monotonic()
             while self.timers and self.timers[0][0] <= now:
                 _, _, fn, arg = heapq.heappop(self.timers)
@@ -146,9 +169,7 @@ class Zygote:
 
     def on_control(self, _) -> None:
         try:
-            data = self.sock.recv(1 << 20)
-        except BlockingIOError:
-            return
+            data = self.sock.recv(1 << 20)  # readable, so this does not block
         except OSError:
             data = b""
         if not data:
@@ -203,34 +224,53 @@ class Zygote:
             os.chown(path, uid, self.iso.gid)
         return path
 
-    def start_run(self, msg: dict) -> None:
-        uid = self.iso.uids[msg["slot"]] if self.iso.uids else None
-        workdir = self.make_workdir(f"r{msg['id']}", uid)
-        req = dict(msg, uid=uid, workdir=workdir, limits=self.limits(msg))
+    def fork_spare(self) -> Spare:
+        """Fork a child that waits for a request (``child.spare``); see ``Spare``."""
+        cmd_r, cmd_w = os.pipe()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        started = time.monotonic()
+        workdir = os.path.join(self.work_base, f"w{next(self.seq)}")
         pid = os.fork()
         if pid == 0:  # the child never returns from here
             try:
-                child.start(req, out_w, err_w, self.cfg)
+                self.forget_state()
+                child.spare(cmd_r, out_w, err_w, workdir, self.cfg)
             finally:
                 os._exit(child.SETUP_FAILED)
-        os.close(out_w)
-        os.close(err_w)
+        for fd in (cmd_r, out_w, err_w):
+            os.close(fd)
+        return Spare(pid, os.pidfd_open(pid), cmd_w, out_r, err_r, workdir)
+
+    def forget_state(self) -> None:
+        """In a fresh child: drop references to other runs' data (their code, stdin, output)."""
+        self.jobs.clear()
+        self.spares.clear()
+        self.timers.clear()
+        self.decoder = None
+        self.sessions.forget()
+
+    def discard_spare(self, spare: Spare) -> None:
+        for fd in (spare.cmd_w, spare.out_r, spare.err_r, spare.pidfd):
+            os.close(fd)
+        self.killpg(spare.pid)
+        os.waitpid(spare.pid, 0)
+
+    def start_run(self, msg: dict) -> None:
+        uid = self.iso.uids[msg["slot"]] if self.iso.uids else None
+        frame = wire.encode_marshal(dict(msg, uid=uid, limits=self.limits(msg)))
+        while True:
+            spare = self.spares.pop() if self.spares else self.fork_spare()
+            started = time.monotonic()
+            try:
+                _write_all(spare.cmd_w, frame)
+                break
+            except BrokenPipeError:  # that spare died while idle (killed from outside): use another
+                self.discard_spare(spare)
+        os.close(spare.cmd_w)
         cap = int(msg["max_output_bytes"])
-        job = Job(
-            msg["id"],
-            pid,
-            os.pidfd_open(pid),
-            Output(cap),
-            Output(cap),
-            started + float(msg["timeout_s"]),
-            started,
-            uid,
-            workdir,
-        )
-        self.watch(job, out_r, err_r)
+        job = Job(msg["id"], spare.pid, spare.pidfd, Output(cap), Output(cap),
+                  started + float(msg["timeout_s"]), started, uid, spare.workdir)  # fmt: skip
+        self.watch(job, spare.out_r, spare.err_r)
         self.at(job.deadline, self.on_deadline, job)
 
     def watch(self, job: Job, out_r: int, err_r: int) -> None:
@@ -325,8 +365,10 @@ class Zygote:
             return
         job.done = True
         del self.jobs[job.id]
-        self.cleanup(job.workdir, job.uid)
+        # Reply first, clean up second: the parent reuses this uid only after reading the reply and
+        # sending a new request, which this single-threaded loop reads after the clean-up.
         self.send(self.result(job))
+        self.cleanup(job.workdir, job.uid)
 
     def result(self, job: Job) -> dict:
         status = classify(job.exit_code, job.timed_out, bytes(job.err.data[-4096:]))
@@ -364,6 +406,8 @@ class Zygote:
     def shutdown(self) -> None:
         for job in list(self.jobs.values()):
             self.killpg(job.pid)
+        for spare in self.spares:
+            self.discard_spare(spare)
         self.sessions.close_all()
         for uid in self.iso.uids:
             self.reap_uid(uid)
@@ -430,6 +474,7 @@ def main(fd: int) -> None:
     gc.collect()
     gc.freeze()  # children share these pages instead of copying them at their first GC pass
     zygote = Zygote(sock, cfg, iso, decoder)
+    zygote.spares = [zygote.fork_spare() for _ in range(zygote.n_spares)]
     zygote.send({"op": "ready", "pid": os.getpid(), "work_base": cfg["work_base"], "uids": iso.uids, "network_isolated": iso.network_isolated,
                  "mount_ns": iso.mount_ns, "proc_hidden": iso.proc_hidden, "notes": iso.notes})  # fmt: skip
     for msg in msgs[1:]:
