@@ -1,0 +1,124 @@
+"""What every parser returns and the checks they share: a call object -> (name, arguments) or an error."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..messages import ToolCall, make_tool_call
+from .lenient_json import json_error, loads
+
+_SNIPPET_CHARS = 120
+
+
+@dataclass
+class ParsedAction:
+    """An assistant turn, parsed.
+
+    Attributes:
+        content: text outside the tool calls (reasoning included), stripped.
+        calls: valid tool calls in the order written (OpenAI shape, arguments as JSON text).
+        errors: one message per malformed call, written for the model to read.
+    """
+
+    content: str
+    calls: list[ToolCall] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+class ToolCallParser(Protocol):
+    """A tool-call format: ``name`` (its key in ``PARSERS``) and ``parse(text) -> ParsedAction``,
+    which never raises on a ``str`` (``TypeError`` for anything else)."""
+
+    name: str
+
+    def parse(self, text: str) -> ParsedAction: ...
+
+
+def check_text(text: Any) -> None:
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+
+
+def json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return {str: "a string", list: "an array", dict: "an object"}.get(type(value), type(value).__name__)
+
+
+def snippet(text: str) -> str:
+    text = text.strip()
+    if len(text) > _SNIPPET_CHARS:
+        text = text[: _SNIPPET_CHARS - 3] + "..."
+    return repr(text)
+
+
+def normalise_arguments(raw: Any) -> tuple[dict[str, Any] | None, str | None]:
+    """Turn a call's ``arguments`` into an object: ``(arguments, None)`` or ``(None, error)``.
+
+    A dict is kept; a string holding JSON is decoded once (an empty string means ``{}``); anything
+    that is not, or does not decode to, an object is an error message for the model.
+    """
+    if isinstance(raw, dict):
+        return raw, None
+    if isinstance(raw, str):
+        if not raw.strip():
+            return {}, None
+        try:
+            value = loads(raw)
+        except ValueError as exc:
+            return None, f"arguments is a string that is not valid JSON ({json_error(exc)}): {snippet(raw)}"
+        if isinstance(value, dict):
+            return value, None
+        return None, f"arguments must be a JSON object; got a string holding {json_type(value)}"
+    return None, f"arguments must be a JSON object, got {json_type(raw)}"
+
+
+def is_call_object(value: Any) -> bool:
+    return isinstance(value, dict) and ("name" in value or isinstance(value.get("function"), dict))
+
+
+def call_from_object(obj: Any, n: int) -> tuple[str, dict[str, Any]] | str:
+    """``(name, arguments)`` from ``{"name", "arguments"|"parameters"}``, or an error message."""
+    if isinstance(obj, dict) and "name" not in obj and isinstance(obj.get("function"), dict):
+        obj = obj["function"]  # an OpenAI-shaped call written out as text
+    if not isinstance(obj, dict):
+        return f'tool call {n}: expected a JSON object {{"name": ..., "arguments": {{...}}}}, got {json_type(obj)}'
+    name = obj.get("name")
+    if not isinstance(name, str) or not name.strip():
+        return f'tool call {n}: "name" must be a non-empty string, got {json_type(name)}'
+    name = name.strip()
+    raw = obj["arguments"] if "arguments" in obj else obj.get("parameters", {})
+    args, err = normalise_arguments(raw)
+    if err:
+        return f"tool call {n} ({name}): {err}"
+    return name, args
+
+
+@dataclass
+class CallList:
+    """Accumulates the calls and errors of one turn, numbering attempts and call ids."""
+
+    calls: list[ToolCall] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    attempts: int = 0
+
+    def next_attempt(self) -> int:
+        self.attempts += 1
+        return self.attempts
+
+    def add(self, result: tuple[str, dict[str, Any]] | str, call_id: str | None = None) -> None:
+        if isinstance(result, str):
+            self.errors.append(result)
+        else:
+            name, args = result
+            try:
+                call = make_tool_call(name, args, call_id or f"call_{len(self.calls)}")
+            except (ValueError, RecursionError) as exc:  # nesting the decoder took but the encoder refuses
+                self.errors.append(f"tool call {self.attempts} ({name}): arguments cannot be encoded ({exc})")
+                return
+            self.calls.append(call)

@@ -1,0 +1,68 @@
+"""The ``openai`` format: tool calls already structured by an OpenAI-compatible server."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ..messages import ToolCall
+from .base import CallList, ParsedAction, call_from_object, check_text, json_type, snippet
+from .lenient_json import json_error, loads
+
+
+def parse_openai_tool_calls(tool_calls: Any) -> tuple[list[ToolCall], list[str]]:
+    """Validate structured ``tool_calls`` from an OpenAI-compatible server.
+
+    Args:
+        tool_calls: a list of ``{"id", "type": "function", "function": {"name", "arguments"}}``;
+            ``arguments`` is JSON text (as on the wire) or already an object.
+
+    Returns:
+        ``(calls, errors)``: calls rebuilt in canonical form (arguments re-serialised, the server's id
+        kept, ``call_<i>`` where it has none) and error messages for the model. Never raises.
+    """
+    out = CallList()
+    if not isinstance(tool_calls, list):
+        out.add(f"tool_calls must be a list, got {json_type(tool_calls)}")
+        return out.calls, out.errors
+    for call in tool_calls:
+        n = out.next_attempt()
+        fn = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(fn, Mapping):
+            out.add(f'tool call {n}: expected {{"function": {{"name": ..., "arguments": ...}}}}')
+            continue
+        raw = fn.get("arguments", "{}")
+        if isinstance(raw, str) and raw.strip():
+            try:  # the wire format: JSON text; a string inside it is then decoded once more
+                raw = loads(raw)
+            except ValueError as exc:
+                out.add(f"tool call {n}: arguments are not valid JSON ({json_error(exc)}): {snippet(raw)}")
+                continue
+        call_id = call.get("id")
+        out.add(
+            call_from_object({"name": fn.get("name"), "arguments": raw}, n),
+            call_id if isinstance(call_id, str) and call_id else None,
+        )
+    return out.calls, out.errors
+
+
+def parse_openai_message(message: Mapping[str, Any]) -> ParsedAction:
+    """A ``ParsedAction`` from an assistant Message whose ``tool_calls`` a server already parsed."""
+    content = message.get("content")
+    calls, errors = parse_openai_tool_calls(message.get("tool_calls") or [])
+    return ParsedAction(content.strip() if isinstance(content, str) else "", calls, errors)
+
+
+@dataclass
+class OpenAIParser:
+    """Calls structured by an OpenAI-compatible server; plain text carries none."""
+
+    name: ClassVar[str] = "openai"
+
+    def parse(self, text: str) -> ParsedAction:
+        check_text(text)
+        return ParsedAction(text.strip())
+
+    def parse_message(self, message: Mapping[str, Any]) -> ParsedAction:
+        return parse_openai_message(message)
