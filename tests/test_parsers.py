@@ -280,6 +280,37 @@ def test_json_non_object_parameters_are_errors():
     )
 
 
+def test_json_broken_second_call_is_an_error_and_the_first_still_counts():
+    text = '{"name": "a", "parameters": {}}; {"name": "b", bad}'
+    assert llama_json.parse(text) == ParsedAction(
+        "",
+        [call(0, "a", "{}")],
+        [
+            'tool call 2: invalid JSON (Expecting property name enclosed in double quotes): \'{"name": "b", bad}\''
+        ],
+    )
+
+
+def test_deep_nesting_is_an_error_not_a_crash():
+    deep = "[" * 5000 + "]" * 5000  # deeper than the JSON decoder's recursion allows
+    assert hermes.parse(f'<tool_call>{{"name": "f", "arguments": {{"a": {deep}}}}}</tool_call>').errors == [
+        "tool call 1: invalid JSON in <tool_call> (JSON nested too deeply): "
+        + repr('{"name": "f", "arguments": {"a": ' + "[" * 84 + "...")
+    ]
+    assert (
+        llama_json.parse('{"name": "f", "parameters": ' + deep + "}")
+        .errors[0]
+        .startswith("tool call 1: invalid JSON (JSON nested too deeply)")
+    )
+    assert (
+        pythonic.parse("[f(a=" + "[" * 300 + "]" * 300 + ")]")
+        .errors[0]
+        .startswith("tool call 1: invalid Python call list (too many nested parentheses)")
+    )
+    for parser in (hermes, llama_json, pythonic):
+        assert parser.parse("[" * 100_000).calls == []
+
+
 # ---- pythonic ------------------------------------------------------------------------------------
 
 
