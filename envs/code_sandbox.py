@@ -23,6 +23,7 @@ fooled by ``sys.exit``, always-equal objects, output floods or hangs), else 0.0.
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Sequence
 from importlib import resources
 from typing import Any
@@ -33,21 +34,29 @@ from . import messages as M
 from .core import AssistantTurn, ChatEnv, StepOutcome
 from .datasets.humaneval import load_humaneval
 from .graders.code import GradeResult, grade_function
+from .parsers import ToolCallParser
 from .tools import Tool, ToolResult
 
 _CODE_BLOCK = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\r?\n(.*?)```", re.S | re.I)
 
 _DEFAULT_SANDBOX: Sandbox | None = None
+_DEFAULT_LOCK = threading.Lock()
 
 
 def default_sandbox() -> Sandbox:
-    """The process-wide :class:`chatgym.sandboxes.local.LocalSandbox` shared by envs given none."""
-    global _DEFAULT_SANDBOX
-    if _DEFAULT_SANDBOX is None:
-        from chatgym.sandboxes.local import LocalSandbox
+    """The process-wide :class:`chatgym.sandboxes.local.LocalSandbox` shared by envs given none.
 
-        _DEFAULT_SANDBOX = LocalSandbox()
-    return _DEFAULT_SANDBOX
+    One per process, so many envs (each stepping on its own event loop) share one warm zygote and
+    one concurrency limit; ``LocalSandbox`` is safe across loops and threads. Its zygote ends with
+    the process.
+    """
+    global _DEFAULT_SANDBOX
+    with _DEFAULT_LOCK:
+        if _DEFAULT_SANDBOX is None:
+            from chatgym.sandboxes.local import LocalSandbox
+
+            _DEFAULT_SANDBOX = LocalSandbox()
+        return _DEFAULT_SANDBOX
 
 
 def extract_code(text: str) -> str | None:
@@ -141,7 +150,7 @@ class CodeSandboxEnv(ChatEnv):
         memory_mb: int = 1024,
         max_output_chars: int = 2000,
         max_turns: int = 4,
-        parser: str = "hermes",
+        parser: str | ToolCallParser = "hermes",
         **kwargs: Any,
     ):
         for name, value in (

@@ -182,6 +182,32 @@ async def test_solution_cannot_read_the_nonce_from_stdin():
     assert (g.reward, g.status) == (0.0, "exited_early")
 
 
+async def test_solution_cannot_lift_the_nonce_from_the_sandbox_request():
+    # The fork-server child keeps the request that carried stdin in a caller frame. This solution
+    # collects every `stdin` text reachable from its frames and from gc, writes the first line of
+    # each to every fd, and exits 0; without the harness's scrub it forged a pass (checked by hand).
+    task = BY_ID["HumanEval/2"]
+    lift = (
+        "import gc, os, sys\n"
+        "texts = []\n"
+        "f = sys._getframe()\n"
+        "while f is not None:\n"
+        "    texts += [v.get('stdin') for v in list(f.f_locals.values()) if isinstance(v, dict)]\n"
+        "    f = f.f_back\n"
+        "texts += [o.get('stdin') for o in gc.get_objects() if isinstance(o, dict)]\n"
+        "lines = {t.split('\\n', 1)[0] for t in texts if isinstance(t, str) and t}\n"
+        "for fd in range(3, 40):\n"
+        "    for line in lines:\n"
+        "        try:\n"
+        "            os.write(fd, (line + '\\n').encode())\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "os._exit(0)\n"
+    )
+    g = await grade(task, lift)
+    assert (g.reward, g.status) == (0.0, "exited_early")
+
+
 async def test_patching_builtins_does_not_change_the_tests():
     # HumanEval/2's test: `candidate(3.5) == 0.5`, then `abs(candidate(1.33) - 0.33) < 1e-6`. Always
     # returning 0.5 passes the first; with `builtins.abs = lambda x: 0` it would pass the others too

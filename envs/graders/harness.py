@@ -21,9 +21,11 @@ importing ``json`` — and with it ``re`` — costs more than the rest of a typi
    ``chatgym-grade: <category>`` and the traceback to the private stderr and exits 1.
 
 Limits (honest): the solution runs in this same interpreter, so code written *on purpose* to attack
-the grader — walking ``gc.get_objects()`` or frame locals for the nonce, patching this module via
-``sys.modules["__main__"]``, writing to the private fds found in ``/proc/self/fd``, or monkeypatching
-shared modules such as ``math`` that the test imports — can still forge a pass. Closing that needs
+the grader can still forge a pass: finding the nonce in memory (this program's own ``main`` frame
+holds it; ``sys._getframe()`` / ``gc`` reach it) and writing it to the private stdout fd (listed in
+``/proc/self/fd``), patching this module through ``sys.modules["__main__"]``, or monkeypatching a
+shared module such as ``math`` that the test uses. What it does close is the cheap route: copies of
+stdin the sandbox itself left reachable (see :func:`_scrub_request_copies`). Closing the rest needs
 the solution and the test in separate processes exchanging plain data.
 """
 
@@ -63,6 +65,37 @@ def _plain_data_violation(
     return None
 
 
+def _scrub_request_copies(nonce):
+    """Blank copies of our stdin that the sandbox left reachable from Python.
+
+    A fork-server sandbox can still hold the request that carried stdin in a caller's frame (the
+    local ``LocalSandbox`` child does), where ``sys._getframe()`` or ``gc`` would find the nonce.
+    Every dict or list slot holding that text is set to ``""`` before untrusted code runs.
+    """
+    import gc
+
+    prefix = nonce.decode("ascii", "replace")
+    found = []
+    frame = sys._getframe(1)
+    while frame is not None:
+        for value in list(frame.f_locals.values()):
+            text = value.get("stdin") if type(value) is dict else None
+            if type(text) in (str, bytes) and text[: len(prefix)] in (prefix, nonce):
+                found.append(text)
+        frame = frame.f_back
+    for text in found:
+        for ref in gc.get_referrers(text):
+            if type(ref) is dict:
+                for key, value in list(ref.items()):
+                    if value is text:
+                        ref[key] = ""
+            elif type(ref) is list and ref is not found:
+                for i, value in enumerate(ref):
+                    if value is text:
+                        ref[i] = ""
+    found.clear()
+
+
 def main():
     # Everything the verdict depends on is bound here, before the solution can rebind it.
     write, exit_now, dup2 = os.write, os._exit, os.dup2
@@ -80,6 +113,7 @@ def main():
         job[key] = rest[pos : pos + int(size)].decode("utf-8")
         pos += int(size)
     raw = rest = None
+    _scrub_request_copies(nonce)
 
     import builtins
 
