@@ -725,7 +725,7 @@ _json_values = st.recursive(
 _arguments = st.dictionaries(_names, _json_values, max_size=4)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(name=_names, args=_arguments, prose=_strings.filter(lambda s: "<tool_call>" not in s))
 def test_roundtrip_hermes(name, args, prose):
     text = f"{prose}<tool_call>{json.dumps({'name': name, 'arguments': args})}</tool_call>"
@@ -737,7 +737,7 @@ def test_roundtrip_hermes(name, args, prose):
     assert parsed.content == prose.strip()
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(calls=st.lists(st.tuples(_names, _arguments), min_size=1, max_size=3))
 def test_roundtrip_json(calls):
     text = json.dumps([{"name": n, "parameters": a} for n, a in calls])
@@ -746,7 +746,7 @@ def test_roundtrip_json(calls):
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in parsed.calls] == calls
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(calls=st.lists(st.tuples(_names, _arguments), min_size=1, max_size=3))
 def test_roundtrip_pythonic(calls):
     # repr() of JSON-like Python values is a Python literal (floats repr round-trip exactly).
@@ -766,7 +766,7 @@ _suffixes = st.one_of(st.text(max_size=40), _fragment_texts).filter(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(suffix=_suffixes, fmt=st.sampled_from(["hermes", "json", "pythonic"]))
 def test_fuzz_text_after_the_last_call_is_content(suffix, fmt):
     head = {
