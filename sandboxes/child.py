@@ -86,8 +86,12 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def reset_signals() -> None:
-    for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
+    """The dispositions a new Python interpreter starts with (SIGPIPE and SIGXFSZ ignored, so a
+    closed pipe or RLIMIT_FSIZE raise OSError; SIGINT raises KeyboardInterrupt)."""
+    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(sig, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
@@ -169,6 +173,10 @@ def run_python(code: str, workdir: str) -> None:
 
 
 def run_bash(code: str, env: dict, bash: str) -> None:
+    # What subprocess's restore_signals does: ignored dispositions survive execve, and a shell
+    # pipeline (`yes | head`) needs the default SIGPIPE.
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(sig, signal.SIG_DFL)
     if len(code.encode()) < ARG_MAX_SAFE:
         os.execve(bash, ["bash", "-c", code], env)
     fd = memfd_with(code.encode(), "script")

@@ -29,6 +29,7 @@ CLONE_NEWNET = 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 SCRATCH_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 LOCK_DIRS = ("/run/chatgym-sandbox", "/var/lock/chatgym-sandbox", "/tmp/chatgym-sandbox-locks")
 
@@ -56,6 +57,11 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int, data:
 def set_pdeathsig(sig: int) -> None:
     """Ask the kernel to send ``sig`` to this process when its parent (thread) exits."""
     _check(_libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
+
+
+def set_child_subreaper() -> None:
+    """Become the parent of orphaned descendants (instead of PID 1), so we can reap them."""
+    _check(_libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "prctl(PR_SET_CHILD_SUBREAPER)")
 
 
 @dataclass

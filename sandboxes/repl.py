@@ -49,7 +49,6 @@ class Session:
     workdir: str
     memory_mb: int
     pid: int | None = None
-    pidfd: int = -1
     cmd_w: int = -1
     fds: dict = field(default_factory=dict)  # read fd -> "out" | "err" | "res"
     res_buf: bytearray = field(default_factory=bytearray)
@@ -141,13 +140,13 @@ class Sessions:
                 os._exit(child.SETUP_FAILED)
         for fd in (cmd_r, res_w, out_w, err_w):
             os.close(fd)
-        s.pid, s.pidfd, s.cmd_w, s.started_once = pid, os.pidfd_open(pid), cmd_w, True
+        s.pid, s.cmd_w, s.started_once = pid, cmd_w, True
+        self.z.children[pid] = lambda _pid: self.on_exit(s)
         s.fds = {out_r: "out", err_r: "err", res_r: "res"}
         s.res_buf.clear()
         for fd in s.fds:
             os.set_blocking(fd, False)
             self.z.sel.register(fd, selectors.EVENT_READ, (self.on_pipe, (s, fd)))
-        self.z.sel.register(s.pidfd, selectors.EVENT_READ, (self.on_exit, s))
 
     def on_pipe(self, arg) -> None:
         s, fd = arg
@@ -189,13 +188,11 @@ class Sessions:
         if s.uid is not None:
             self.z.reap_uid(s.uid)
         self.drain(s)
-        self.z.sel.unregister(s.pidfd)
-        os.close(s.pidfd)
         for fd in list(s.fds):
             self.z.sel.unregister(fd)
             os.close(fd)
         os.close(s.cmd_w)
-        s.fds, s.pid, s.pidfd, s.cmd_w = {}, None, -1, -1
+        s.fds, s.pid, s.cmd_w = {}, None, -1
         call = s.call
         if call is not None:
             s.end_reason = "timeout" if call.timed_out else f"exit code {code}"
@@ -246,9 +243,11 @@ class Sessions:
         """Reap a session process we killed, answering its pending call (if any) as killed."""
         if s.call is not None:
             s.call.err.add(b"\n[chatgym sandbox: the session was closed]\n")
+        self.z.children.pop(s.pid, None)
         self.on_exit(s)
 
     def close_all(self) -> None:
+        """At shutdown: kill every session process (the zygote reaps them with its other children)."""
         for s in list(self.table.values()):
             if s.pid is not None:
                 self.z.killpg(s.pid)

@@ -5,16 +5,19 @@ environment (see ``local.py``). It sets up isolation once (``isolation.setup``: 
 /tmp, sandbox uids), pre-imports common stdlib modules, freezes the GC (so children do not dirty every
 page) and then serves frames (``wire.py``) from the parent over a unix socket:
 
-* ``run``: make a work dir, fork; the child (``child.start``) drops privileges, applies rlimits and
-  runs the code. The zygote reads the child's stdout/stderr pipes up to the output cap (draining and
-  counting the rest, so a chatty program is never blocked or changed by the cap), waits for exit on a
-  pidfd, enforces the wall-clock deadline with ``killpg(SIGKILL)``, cleans up and replies ``result``.
+* ``run``: hand the request to a pre-forked spare child (``child.spare``: it makes the work dir,
+  drops privileges, applies rlimits and runs the code) and fork a replacement when idle. The zygote
+  reads the child's stdout/stderr pipes up to the output cap (draining and counting the rest, so a
+  chatty program is never blocked or changed by the cap), learns of its exit from SIGCHLD,
+  enforces the wall-clock deadline with ``killpg(SIGKILL)``, replies ``result`` and cleans up.
 * ``kill``: end a run early (its caller was cancelled); the reply still comes.
 * ``sopen`` / ``scall`` / ``sclose``: stateful Python sessions (``repl.py``).
 * ``shutdown`` or EOF on the socket (the parent died): kill every child and exit.
 
 One single-threaded ``selectors`` loop multiplexes every run, so runs overlap freely; the parent's
-concurrency limit decides how many are in flight. Python 3.10+, Linux only (pidfd, memfd).
+concurrency limit decides how many are in flight. The zygote is a child subreaper: processes that
+a run orphans are re-parented to it (not to PID 1, which in a container may never reap them), and
+it reaps them. Linux only (memfd, PR_SET_CHILD_SUBREAPER).
 """
 
 from __future__ import annotations
@@ -84,7 +87,6 @@ class Spare:
     """A pre-forked child blocked on ``cmd_w``'s pipe, with its stdout/stderr pipes already made."""
 
     pid: int
-    pidfd: int
     cmd_w: int
     out_r: int
     err_r: int
@@ -103,7 +105,6 @@ class Job:
 
     id: int
     pid: int
-    pidfd: int
     out: Output
     err: Output
     deadline: float
@@ -134,8 +135,16 @@ class Zygote:
         self.sessions = repl.Sessions(self)
         self.spares: list[Spare] = []
         self.n_spares = int(cfg["spares"])
+        self.children: dict[int, object] = {}  # pid -> callback(pid) that reaps it
         self.running = True
         self.sel.register(sock, selectors.EVENT_READ, (self.on_control, None))
+        # SIGCHLD -> a byte on this pipe (CPython's wakeup fd) -> on_sigchld in the loop.
+        self.wake_r, wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        self.sel.register(self.wake_r, selectors.EVENT_READ, (self.on_sigchld, None))
 
     # ---- plumbing ------------------------------------------------------------------------------
 
@@ -239,21 +248,49 @@ class Zygote:
                 os._exit(child.SETUP_FAILED)
         for fd in (cmd_r, out_w, err_w):
             os.close(fd)
-        return Spare(pid, os.pidfd_open(pid), cmd_w, out_r, err_r, workdir)
+        spare = Spare(pid, cmd_w, out_r, err_r, workdir)
+        self.children[pid] = lambda _pid: self.discard_spare(spare)
+        return spare
 
     def forget_state(self) -> None:
-        """In a fresh child: drop references to other runs' data (their code, stdin, output)."""
+        """In a fresh child: drop references to other runs' data (their code, stdin, output) and
+        the zygote's signal plumbing."""
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         self.jobs.clear()
         self.spares.clear()
+        self.children.clear()
         self.timers.clear()
         self.decoder = None
         self.sessions.forget()
 
     def discard_spare(self, spare: Spare) -> None:
-        for fd in (spare.cmd_w, spare.out_r, spare.err_r, spare.pidfd):
+        """Retire a spare (unused, or found dead when a request was written to it) and reap it."""
+        if spare in self.spares:
+            self.spares.remove(spare)
+        self.children.pop(spare.pid, None)
+        for fd in (spare.cmd_w, spare.out_r, spare.err_r):
             os.close(fd)
         self.killpg(spare.pid)
         os.waitpid(spare.pid, 0)
+
+    def on_sigchld(self, _) -> None:
+        try:
+            os.read(self.wake_r, 4096)
+        except BlockingIOError:
+            pass
+        while True:
+            try:  # peek (WNOWAIT): the child stays a zombie, so its pid and group id stay reserved
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if info is None or info.si_pid == 0:
+                return
+            callback = self.children.pop(info.si_pid, None)
+            if callback is None:
+                os.waitpid(info.si_pid, 0)  # an orphan of some run, adopted by us as subreaper
+            else:
+                callback(info.si_pid)  # reaps it
 
     def start_run(self, msg: dict) -> None:
         uid = self.iso.uids[msg["slot"]] if self.iso.uids else None
@@ -268,18 +305,15 @@ class Zygote:
                 self.discard_spare(spare)
         os.close(spare.cmd_w)
         cap = int(msg["max_output_bytes"])
-        job = Job(msg["id"], spare.pid, spare.pidfd, Output(cap), Output(cap),
+        job = Job(msg["id"], spare.pid, Output(cap), Output(cap),
                   started + float(msg["timeout_s"]), started, uid, spare.workdir)  # fmt: skip
-        self.watch(job, spare.out_r, spare.err_r)
-        self.at(job.deadline, self.on_deadline, job)
-
-    def watch(self, job: Job, out_r: int, err_r: int) -> None:
         self.jobs[job.id] = job
-        for fd, buf in ((out_r, job.out), (err_r, job.err)):
+        self.children[job.pid] = lambda _pid: self.on_exit(job)
+        for fd, buf in ((spare.out_r, job.out), (spare.err_r, job.err)):
             os.set_blocking(fd, False)
             job.pipes[fd] = buf
             self.sel.register(fd, selectors.EVENT_READ, (self.on_pipe, (job, fd)))
-        self.sel.register(job.pidfd, selectors.EVENT_READ, (self.on_exit, job))
+        self.at(job.deadline, self.on_deadline, job)
 
     def on_pipe(self, arg) -> None:
         job, fd = arg
@@ -303,8 +337,6 @@ class Zygote:
         # so this killpg cannot hit a stranger. It ends background jobs left in the group.
         self.killpg(job.pid)
         _, status, ru = os.wait4(job.pid, 0)
-        self.sel.unregister(job.pidfd)
-        os.close(job.pidfd)
         job.exit_code = os.waitstatus_to_exitcode(status)
         job.info.update(cpu_s=round(ru.ru_utime + ru.ru_stime, 6), max_rss_kb=ru.ru_maxrss)
         job.info["duration_s"] = time.monotonic() - job.started
@@ -404,13 +436,15 @@ class Zygote:
                     pass
 
     def shutdown(self) -> None:
-        for job in list(self.jobs.values()):
-            self.killpg(job.pid)
-        for spare in self.spares:
+        for spare in list(self.spares):
             self.discard_spare(spare)
+        for pid in list(self.children):
+            self.killpg(pid)
         self.sessions.close_all()
         for uid in self.iso.uids:
             self.reap_uid(uid)
+        for pid in list(self.children):
+            os.waitpid(pid, 0)
         shutil.rmtree(self.work_base, ignore_errors=True)
 
 
@@ -450,6 +484,7 @@ def main(fd: int) -> None:
     cfg = msgs[0]
     if cfg.get("pdeathsig"):
         isolation.set_pdeathsig(signal.SIGKILL)
+    isolation.set_child_subreaper()
     iso = isolation.setup(
         drop_privileges=cfg["drop_privileges"], uid_range=tuple(cfg["uid_range"]), gid=cfg["gid"],
         n_uids=cfg["slots"], network=cfg["network"], tmpfs_mb=cfg["tmpfs_mb"],
