@@ -80,7 +80,8 @@ class CollectorConfig:
         episode_timeout_s: wall-clock seconds one episode may take before it is cancelled (None: none).
         max_concurrent_episodes: episodes in flight at once (the rest wait their turn).
         env_threads: worker threads for sync envs.
-        eos_token_ids: every EOS id of the model; empty: the tokenizer's and the generation config's.
+        eos_token_ids: every EOS id of the model; empty: the engine's, else the tokenizer's and the
+            generation config's.
         chat_template: Jinja template text overriding the tokenizer's (None: the tokenizer's).
         trace_path: JSONL file that traced trajectories are appended to (None: no trace).
         trace_fraction: share of trajectories traced, in [0, 1].
@@ -210,8 +211,9 @@ class Collector:
         tokenizer: the model's Hugging Face tokenizer (with a chat template, or pass
             ``config.chat_template``).
         config: :class:`CollectorConfig`.
-        generation_config: the model's ``GenerationConfig`` (its ``eos_token_id`` list is used when
-            ``config.eos_token_ids`` is empty).
+        generation_config: the model's ``GenerationConfig``. EOS ids come from
+            ``config.eos_token_ids``, else the engine's ``eos_token_ids`` attribute, else this config's
+            ``eos_token_id`` list plus the tokenizer's ``eos_token_id``.
 
     Raises:
         TemplateError: at construction, if the chat template is not prefix-preserving or does not end
@@ -228,7 +230,11 @@ class Collector:
         self.engine = engine
         self.tokenizer = tokenizer
         self.config = config or CollectorConfig()
-        self.eos_token_ids = self.config.eos_token_ids or resolve_eos_ids(tokenizer, generation_config)
+        # The engine knows its model's EOS ids (generation config); the tokenizer's is a fallback.
+        engine_eos = tuple(sorted(getattr(engine, "eos_token_ids", None) or ()))
+        self.eos_token_ids = (
+            self.config.eos_token_ids or engine_eos or resolve_eos_ids(tokenizer, generation_config)
+        )
         self._eos = frozenset(self.eos_token_ids)
         self.renderer = ChatRenderer(tokenizer, self.config.chat_template)
         self.probe = probe_template(self.renderer, self.eos_token_ids)

@@ -1,0 +1,122 @@
+"""``chatgym rollout``: collect trajectories from an env with a model and write them as JSONL.
+
+    chatgym rollout --env CodeSandbox-v0 --engine vllm --model smollm2 -n 16 --out t.jsonl
+
+Runs tasks ``0..n-1`` of the env's split (``-g`` samples each) through the collector with a progress
+bar, writes one JSON line per trajectory (the trace format of :mod:`chatgym.trainer.trace`) and
+prints a summary (:class:`~chatgym.trainer.rollout.CollectStats`) as JSON on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import yaml
+
+from .engines import ENGINES
+
+
+def _key_values(items: Sequence[str], flag: str) -> dict[str, Any]:
+    """``["a=1", "b=x"]`` -> ``{"a": 1, "b": "x"}`` (values parsed as YAML scalars)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"chatgym rollout: {flag} expects key=value, got {item!r}")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="chatgym rollout", description=__doc__.split("\n\n")[0])
+    p.add_argument("--env", required=True, help="Gymnasium env id, e.g. CodeSandbox-v0")
+    p.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE", help="gym.make keyword")
+    p.add_argument(
+        "--engine", default="vllm", choices=sorted(ENGINES), help="inference engine (default vllm)"
+    )
+    p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE", help="engine keyword")
+    p.add_argument("--model", default="smollm2", help="packaged model name or local model directory")
+    p.add_argument("--chat-template", default="auto", help="auto | model | chatml_tools | path.jinja")
+    p.add_argument("-n", "--num-tasks", type=int, default=16, help="tasks 0..n-1 of the split")
+    p.add_argument("-g", "--group-size", type=int, default=1, help="samples per task")
+    p.add_argument("--out", required=True, help="JSONL file for the trajectories (appended)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-tokens", type=int, default=512, help="per turn")
+    p.add_argument("--max-response-tokens", type=int, default=2048, help="per trajectory")
+    p.add_argument("--max-model-len", type=int, default=4096, help="context, tokens")
+    p.add_argument("--max-observation-tokens", type=int, default=1024)
+    p.add_argument("--episode-timeout", type=float, default=600.0, help="seconds per episode")
+    p.add_argument("--max-concurrent", type=int, default=256, help="episodes in flight")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+async def _run(args: argparse.Namespace) -> dict[str, Any]:
+    from tqdm import tqdm
+
+    import chatgym  # noqa: F401  (registers the env ids)
+
+    from .engines import make_engine
+    from .rollout import Collector, CollectorConfig
+    from .tokenizer import get_tokenizer
+    from .trace import TraceWriter
+
+    if args.num_tasks < 1:
+        raise SystemExit(f"chatgym rollout: -n/--num-tasks must be >= 1, got {args.num_tasks}")
+    config = CollectorConfig(
+        max_model_len=args.max_model_len,
+        max_response_tokens=args.max_response_tokens,
+        max_tokens=args.max_tokens,
+        max_observation_tokens=args.max_observation_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+        episode_timeout_s=args.episode_timeout,
+        max_concurrent_episodes=args.max_concurrent,
+    )
+    tokenizer = get_tokenizer(args.model, args.chat_template)
+    engine = make_engine(args.engine, args.model, **_key_values(args.engine_arg, "--engine-arg"))
+    collector = Collector(engine, tokenizer, config)
+    writer = TraceWriter(args.out, 1.0, args.seed, tokenizer)
+    bar = tqdm(total=args.num_tasks * args.group_size, unit="ep", disable=args.no_progress, file=sys.stderr)
+    failed = 0
+
+    def done(traj: Any) -> None:
+        nonlocal failed
+        failed += traj.failed
+        writer.write(traj)
+        bar.set_postfix(failed=failed, refresh=False)
+        bar.update(1)
+
+    try:
+        await collector.collect(
+            args.env,
+            args.num_tasks,
+            args.group_size,
+            env_kwargs=_key_values(args.env_arg, "--env-arg"),
+            seed=args.seed,
+            on_trajectory=done,
+        )
+    finally:
+        bar.close()
+        writer.close()
+        collector.close()
+        await engine.close()
+    assert collector.last_stats is not None
+    return dataclasses.asdict(collector.last_stats)
+
+
+def cli_main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``chatgym rollout``; returns 0, or 1 when every episode failed."""
+    args = build_parser().parse_args(argv)
+    stats = asyncio.run(_run(args))
+    print(json.dumps(stats, indent=2))
+    return 1 if stats["episodes"] and stats["failed"] == stats["episodes"] else 0
