@@ -1,0 +1,76 @@
+"""Training config: YAML + ``key.sub=value`` overrides; bad keys/values fail with the dotted field name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from chatgym.trainer.config import Config, ConfigError, config_to_dict, from_dict, load_config, save_config
+from chatgym.trainer.train import main
+
+EXAMPLES = sorted((Path(__file__).parent.parent / "examples" / "configs").glob("*.yaml"))
+
+
+def test_yaml_then_overrides(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("algo:\n  advantage: rloo\n  kl_coef: 0.05\noptim:\n  lr: 1e-5\ntrain:\n  max_steps: 7\n")
+    cfg = load_config(
+        path, ["train.max_steps=3", "lora.target_modules=[q_proj, v_proj]", "env.kwargs.size=50"]
+    )
+    assert cfg.algo.advantage == "rloo" and cfg.algo.kl_coef == 0.05
+    assert cfg.optim.lr == 1e-5  # YAML 1.1 reads "1e-5" as a string; float fields accept it
+    assert cfg.train.max_steps == 3  # the override wins over the file
+    assert cfg.lora.target_modules == ("q_proj", "v_proj")
+    assert cfg.env.kwargs == {"size": 50}
+    assert cfg.algo.tis_cap == 2.0 and cfg.rollout.max_tokens == 512  # untouched defaults
+    assert load_config(None, ["algo.tis_cap=null"]).algo.tis_cap is None
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("train.max_step=3", r"^train\.max_step: unknown config key; did you mean train\.max_steps\?"),
+        ("trian.max_steps=3", r"^trian: unknown config key; did you mean train\?"),
+        ("algo.kl_coef=abc", r"^algo\.kl_coef: expected a number, got 'abc'"),
+        ("train.max_steps=2.5", r"^train\.max_steps: expected an integer, got 2\.5"),
+        ("model.gradient_checkpointing=yes please", r"^model\.gradient_checkpointing: expected true/false"),
+        ("optim.schedule=exp", r"^optim\.schedule: must be one of \['constant', 'linear', 'cosine'\]"),
+        ("optim.betas=[0.9]", r"^optim\.betas: expected 2 items, got 1"),
+        ("algo.advantage=ppo", r"^algo\.advantage: unknown 'ppo'; choose one of \['dr_grpo', 'gae', 'grpo'"),
+        ("algo.policy_loss=vanilla", r"^algo\.policy_loss: unknown 'vanilla'"),
+        ("algo.tis_cap=0", r"^algo\.tis_cap must be > 0, got 0"),
+        ("engine.backend=tgi", r"^engine\.backend: unknown 'tgi'"),
+        ("rollout.max_tokens=0", r"^rollout\.max_tokens must be an int >= 1, got 0"),
+        ("rollout.temperature=-1", r"^rollout\.temperature: .*temperature must be >= 0"),
+        ("env.kwargs.split=train", r"^env\.kwargs must not set 'split'"),
+        ("train.trace_fraction=2", r"^train\.trace_fraction must be in \[0, 1\]"),
+        ("algo.advantage=gae", r"^model\.value_head must be true with algo\.advantage 'gae'"),
+        ("train=3", r"^train: expected a mapping of TrainConfig fields"),
+        ("algo.kl_coef", r"^override 'algo\.kl_coef': expected key\.sub=value"),
+    ],
+)
+def test_bad_key_or_value_names_the_field(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [override])
+
+
+def test_round_trip_through_yaml(tmp_path):
+    cfg = load_config(None, ["algo.policy_loss_kwargs={eps_high: 0.3}", "optim.betas=[0.9, 0.95]"])
+    save_config(cfg, tmp_path / "config.yaml")
+    assert load_config(tmp_path / "config.yaml") == cfg
+    assert from_dict(Config, config_to_dict(cfg)) == cfg
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_example_configs_load(path):
+    cfg = load_config(path)
+    assert cfg.train.output_dir.startswith("runs/")
+
+
+def test_cli_rejects_a_bad_key_before_doing_anything(tmp_path, capsys):
+    out = tmp_path / "never"
+    assert main(["algo.kl_coeff=0.1", "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "algo.kl_coeff: unknown config key; did you mean algo.kl_coef?" in err
+    assert not out.exists()

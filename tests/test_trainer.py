@@ -1,0 +1,354 @@
+"""The training loop's parts (batching, reward placement, logprobs, update, checkpoints, schedule,
+task sampling) and two real steps of the loop on a tiny random-init Llama with the transformers
+engine. Values are derived by hand in comments or checked against an independent computation."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import pytest
+import torch
+from train_helpers import LETTERS_ENV_ID, TINY_LLAMA, register
+
+from chatgym.trainer.algos import get_advantage_estimator
+from chatgym.trainer.batch import collate, micro_batches
+from chatgym.trainer.checkpoint import latest_checkpoint, load_trainer_state
+from chatgym.trainer.config import AlgoConfig, OptimConfig, load_config
+from chatgym.trainer.logprobs import logits_to_keep, token_logprobs
+from chatgym.trainer.optim import lr_factor
+from chatgym.trainer.sampler import tasks_for_step
+from chatgym.trainer.types import Trajectory
+from chatgym.trainer.update import (
+    Models,
+    forward_logprobs,
+    hit_budget,
+    informative_groups,
+    place_turn_rewards,
+    shape_rewards,
+    update,
+)
+
+
+def traj(ids, mask, *, reward=0.0, rewards=None, group=0, finish=("stop",), **kw) -> Trajectory:
+    return Trajectory(
+        env_id="test",
+        task_id=f"t{group}",
+        group_id=group,
+        token_ids=list(ids),
+        loss_mask=list(mask),
+        logprobs=[-0.5 if m else 0.0 for m in mask],
+        reward=reward,
+        rewards=list(rewards if rewards is not None else [reward]),
+        finish_reasons=list(finish),
+        **kw,
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    from chatgym.trainer.models import load_model_path, random_model
+
+    try:
+        load_model_path("smollm2")
+    except ModuleNotFoundError as exc:
+        pytest.skip(str(exc))
+    torch.manual_seed(0)
+    return random_model("smollm2", seed=0, **TINY_LLAMA).train()
+
+
+# ---------------------------------------------------------------------------------- batch + rewards
+
+
+def test_collate_pads_right_and_never_trains_position_zero():
+    batch = collate([traj([5, 6, 7], [1, 1, 1]), traj([1, 2, 3, 4, 9], [0, 0, 1, 1, 0])], pad_id=0)
+    assert batch.input_ids.tolist() == [[5, 6, 7, 0, 0], [1, 2, 3, 4, 9]]
+    assert batch.attention_mask.tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]
+    # Token 0 has no prefix to be predicted from, so it is dropped from the loss even if generated.
+    assert batch.loss_mask.tolist() == [[False, True, True, False, False], [False, False, True, True, False]]
+    assert batch.engine_logprobs.tolist() == [[-0.5, -0.5, -0.5, 0, 0], [0, 0, -0.5, -0.5, 0]]
+    # select() drops columns that are padding for every selected row.
+    assert batch.select([0]).input_ids.tolist() == [[5, 6, 7]]
+    with pytest.raises(ValueError, match="token_ids has 2 entries but loss_mask has 1"):
+        collate([Trajectory(env_id="x", task_id=3, token_ids=[1, 2], loss_mask=[1], logprobs=[0.0, 0.0])], 0)
+
+
+def test_micro_batches_group_similar_lengths():
+    assert micro_batches([3, 9, 5, 9, 1], 2) == [[1, 3], [2, 0], [4]]
+
+
+def test_place_turn_rewards_on_each_turns_last_token():
+    # Two assistant turns (generated runs at 2-3 and 6); turn rewards [0.5, 1.0]; the shaped reward is
+    # 1.3 (a -0.2 penalty), so the last generated token gets 1.0 + (1.3 - 1.5) = 0.8.
+    t = traj(
+        [1, 2, 3, 4, 5, 6, 7, 8],
+        [0, 0, 1, 1, 0, 0, 1, 0],
+        reward=1.5,
+        rewards=[0.5, 1.0],
+        finish=("stop", "stop"),
+    )
+    # A row with no generated token keeps its reward on its last real position (outcome estimators sum rows).
+    empty = traj([1, 2, 3], [0, 0, 0], reward=2.0)
+    batch = collate([t, empty], pad_id=0)
+    out = place_turn_rewards([t, empty], torch.tensor([1.3, 2.0]), batch)
+    assert out[0].tolist() == pytest.approx([0, 0, 0, 0.5, 0, 0, 0.8, 0])
+    assert out[1].tolist() == [0, 0, 2.0, 0, 0, 0, 0, 0]
+
+
+def test_hit_budget_groups_and_reward_shaping():
+    assert hit_budget(traj([1, 2], [0, 1], finish=("stop", "length")))
+    assert not hit_budget(traj([1, 2], [0, 1], truncated=True, info={"truncated_by": "env"}))
+    assert hit_budget(traj([1, 2], [0, 1], truncated=True, info={"truncated_by": "max_model_len"}))
+    # Groups 0 (1, 1) and 2 (one sample) carry no signal; group 1 (0, 1) does.
+    assert informative_groups([0, 0, 1, 1, 2], torch.tensor([1.0, 1.0, 0.0, 1.0, 5.0])) == [2, 3]
+    # L_max 20, L_cache 4: 18 tokens -> (16 - 18)/4 = -0.5; a no-EOS completion also loses 0.25.
+    algo = AlgoConfig(missing_eos_penalty=0.25, overlong_buffer=4)
+    trajs = [
+        traj([0] * 19, [0] + [1] * 18, reward=1.0),
+        traj([0] * 11, [0] + [1] * 10, reward=1.0, finish=("length",)),
+    ]
+    assert shape_rewards(trajs, algo, max_response_tokens=20).tolist() == [0.5, 0.75]
+
+
+# ----------------------------------------------------------------------------------------- logprobs
+
+
+def test_token_logprobs_alignment_and_logits_to_keep(tiny_model):
+    ids = torch.randint(0, 49152, (2, 9), generator=torch.Generator().manual_seed(1))
+    mask = torch.zeros(2, 9, dtype=torch.bool)
+    mask[0, 6:] = True
+    mask[1, 4:8] = True
+    with torch.no_grad():
+        full = torch.log_softmax(tiny_model(ids).logits.float(), dim=-1)
+        # Independent reference: token t's logprob comes from the logits at t-1.
+        expected = torch.zeros(2, 9)
+        expected[:, 1:] = full[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
+        lp, ent = token_logprobs(tiny_model(ids).logits, ids, with_entropy=True)
+        # First trained position is 4, so 9 - 4 + 1 = 6 trailing positions of logits are enough.
+        assert logits_to_keep(mask) == 6
+        batch = collate([traj(ids[i].tolist(), mask[i].int().tolist()) for i in range(2)], pad_id=0)
+        kept, _ = forward_logprobs(tiny_model, batch, with_entropy=False)
+    torch.testing.assert_close(lp, expected, rtol=0, atol=1e-5)
+    torch.testing.assert_close(kept[mask], expected[mask], rtol=0, atol=1e-5)
+    categorical = torch.distributions.Categorical(logits=full[:, :-1]).entropy()
+    torch.testing.assert_close(ent[:, 1:], categorical, rtol=0, atol=1e-4)
+
+
+# ------------------------------------------------------------------------------------------- update
+
+
+def _update_batch(seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    trajs = []
+    for i, (n_prompt, n_gen) in enumerate([(3, 4), (5, 2), (2, 6), (4, 3)]):
+        ids = torch.randint(0, 49152, (n_prompt + n_gen,), generator=gen).tolist()
+        trajs.append(traj(ids, [0] * n_prompt + [1] * n_gen, reward=float(i % 2), group=0))
+    batch = collate(trajs, pad_id=0)
+    batch.advantages = torch.where(batch.loss_mask, torch.tensor([[1.0], [-1.0], [0.5], [-0.5]]), 0.0)
+    return batch
+
+
+def _sgd_models(model, lr):
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    return Models(model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0))
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
+def test_update_gradient_accumulation_matches_one_big_batch(tiny_model, mode):
+    # With global token/sequence counts, micro-batches of 1 and one micro-batch of 4 give the same
+    # gradient, so plain SGD moves the weights identically.
+    algo = AlgoConfig(loss_agg=mode, tis_cap=None)
+    results = []
+    for micro in (1, 4):
+        model = copy.deepcopy(tiny_model)
+        update(
+            _sgd_models(model, 0.1),
+            _update_batch(),
+            algo,
+            micro_batch_size=micro,
+            max_grad_norm=None,
+            device=torch.device("cpu"),
+            generator=torch.Generator().manual_seed(0),
+        )
+        results.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    moved = (results[0] - torch.cat([p.detach().flatten() for p in tiny_model.parameters()])).abs().max()
+    assert moved > 1e-4
+    torch.testing.assert_close(results[0], results[1], rtol=0, atol=1e-6)
+
+
+def test_update_raises_positive_and_lowers_negative_advantage_sequences(tiny_model):
+    model = copy.deepcopy(tiny_model)
+    batch = _update_batch()
+    with torch.no_grad():
+        before, _ = forward_logprobs(model, batch, with_entropy=False)
+    metrics = update(
+        _sgd_models(model, 0.05),
+        batch,
+        AlgoConfig(),
+        micro_batch_size=2,
+        max_grad_norm=None,
+        device=torch.device("cpu"),
+        generator=torch.Generator().manual_seed(0),
+    )
+    with torch.no_grad():
+        after, _ = forward_logprobs(model, batch, with_entropy=False)
+    change = ((after - before) * batch.loss_mask).sum(dim=1)
+    assert change[0] > 0 and change[2] > 0  # advantages +1, +0.5
+    assert change[1] < 0 and change[3] < 0  # advantages -1, -0.5
+    # Single update: old logprobs = current ones, so every ratio is exactly 1 and nothing is clipped.
+    assert metrics["actor/ratio_max"] == 1.0 and metrics["actor/clip_frac"] == 0.0
+    assert metrics["actor/optimizer_steps"] == 1
+    assert all(math.isfinite(v) for v in metrics.values())
+
+
+def test_gae_through_place_turn_rewards():
+    # End-to-end reward placement + GAE (gamma 1, lam 1, V = 0): every generated token's advantage is
+    # the trajectory's reward to go: turn 1 tokens see 0.5 + 1.0, turn 2 tokens see 1.0.
+    t = traj([1, 2, 3, 4, 5, 6], [0, 1, 1, 0, 1, 1], reward=1.5, rewards=[0.5, 1.0], finish=("stop", "stop"))
+    batch = collate([t], pad_id=0)
+    token_rewards = place_turn_rewards([t], torch.tensor([1.5]), batch)
+    adv, _ = get_advantage_estimator("gae")(
+        token_rewards.double(),
+        batch.loss_mask,
+        values=torch.zeros(1, 6, dtype=torch.float64),
+        gamma=1.0,
+        lam=1.0,
+        whiten=False,
+    )
+    assert adv.tolist() == [[0.0, 1.5, 1.5, 0.0, 1.0, 1.0]]
+
+
+# --------------------------------------------------------------------------------- schedule, tasks
+
+
+def test_lr_factor_warmup_then_linear_and_cosine():
+    linear = OptimConfig(warmup_steps=2, schedule="linear")
+    assert [lr_factor(s, 6, linear) for s in range(6)] == pytest.approx([0.5, 1.0, 1.0, 2 / 3, 1 / 3, 0.0])
+    # cosine, min 0.1: progress p over 3 steps after warm-up -> 0.1 + 0.9 * (1 + cos(pi p)) / 2
+    cosine = OptimConfig(warmup_steps=2, schedule="cosine", min_lr_ratio=0.1)
+    expected = [0.5, 1.0, *[0.1 + 0.9 * (1 + math.cos(math.pi * p)) / 2 for p in (0, 1 / 3, 2 / 3, 1)][:4]]
+    assert [lr_factor(s, 6, cosine) for s in range(6)] == pytest.approx(expected)
+
+
+def test_tasks_for_step_is_a_pure_function_covering_each_epoch():
+    steps = [tasks_for_step(s, 3, 5, seed=7) for s in range(5)]  # 15 draws = 3 epochs of 5 tasks
+    flat = [i for s in steps for i in s]
+    for epoch in range(3):
+        assert sorted(flat[5 * epoch : 5 * epoch + 5]) == [0, 1, 2, 3, 4]
+    assert tasks_for_step(3, 3, 5, seed=7) == steps[3]  # no state: a resumed run gets the same batch
+    assert tasks_for_step(3, 3, 5, seed=8) != steps[3]
+
+
+# ------------------------------------------------------------------------------------ the loop
+
+
+def tiny_config(tmp_path, *extra: str, steps: int = 2):
+    register()
+    return load_config(
+        None,
+        [
+            "model.random_init=true",
+            "model.config_overrides=" + json.dumps(TINY_LLAMA),
+            "engine.backend=hf",
+            "engine.dtype=float32",
+            f"env.id={LETTERS_ENV_ID}",
+            "env.eval_tasks=3",
+            "rollout.max_tokens=8",
+            "rollout.max_response_tokens=8",
+            "rollout.max_model_len=128",
+            f"train.max_steps={steps}",
+            "train.prompts_per_step=2",
+            "train.group_size=4",
+            "train.micro_batch_size=3",
+            "train.trace_fraction=1.0",
+            "train.progress=false",
+            f"train.output_dir={tmp_path}",
+            "optim.lr=1e-3",
+            "algo.kl_coef=0.01",
+            *extra,
+        ],
+    )
+
+
+def test_two_training_steps_tiny_model(tmp_path, tiny_model):
+    from chatgym.trainer.train import Trainer
+
+    trainer = Trainer(tiny_config(tmp_path))
+    try:
+        initial = {n: p.detach().clone() for n, p in trainer.policy.named_parameters()}
+        summary = trainer.train()
+        policy = dict(trainer.policy.named_parameters())
+        assert any(not torch.equal(initial[n], p) for n, p in policy.items()), "no parameter moved"
+        # The engine holds exactly the trainer's weights after the last sync ...
+        engine_model = trainer.engine.model
+        for name, param in engine_model.named_parameters():
+            assert torch.equal(param, policy[name]), name
+        # ... so both give the same logits on a probe prompt.
+        probe = torch.tensor(
+            [
+                trainer.tokenizer.apply_chat_template(
+                    [{"role": "user", "content": "hi"}],
+                    tokenize=True,
+                    add_generation_prompt=True,
+                    return_dict=False,
+                )
+            ]
+        )
+        with torch.no_grad():
+            torch.testing.assert_close(
+                engine_model(probe).logits, trainer.policy(probe).logits, rtol=0, atol=1e-6
+            )
+    finally:
+        trainer.close()
+
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2, 2]  # eval before, two steps, eval after
+    for row in rows[1:3]:
+        assert row["batch/trajectories"] == 8 and row["batch/failed"] == 0
+        assert row["actor/optimizer_steps"] == 1
+        assert row["actor/kl"] >= 0 and row["actor/entropy"] > 0
+        assert all(v is None or math.isfinite(v) for v in row.values() if isinstance(v, float))
+    assert rows[1]["actor/kl"] == pytest.approx(0.0, abs=1e-6)  # step 1 runs before any update
+    assert (tmp_path / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    assert len((tmp_path / "traces.jsonl").read_text().splitlines()) == 16
+    ckpt = latest_checkpoint(tmp_path)
+    assert ckpt is not None and ckpt.name == "step_000002" and load_trainer_state(ckpt)["step"] == 2
+    assert summary["checkpoint"] == str(ckpt) and summary["eval_after"]["eval/tasks"] == 3
+
+
+def test_resume_continues_with_the_same_batch_and_weights(tmp_path, tiny_model):
+    from chatgym.trainer.train import Trainer
+
+    def run(out, steps, resume):
+        trainer = Trainer(tiny_config(out, "env.eval_tasks=0", steps=steps), resume=resume)
+        seen = {}
+        collect = trainer.collect
+
+        def recording(step):
+            seen[step] = collect(step)
+            return seen[step]
+
+        trainer.collect = recording
+        try:
+            trainer.train()
+            weights = {n: p.detach().clone() for n, p in trainer.policy.named_parameters()}
+        finally:
+            trainer.close()
+        return seen, weights
+
+    full, full_weights = run(tmp_path / "full", 3, False)
+    run(tmp_path / "split", 2, False)
+    with pytest.raises(FileExistsError, match="--resume"):
+        Trainer(tiny_config(tmp_path / "split", steps=3))
+    resumed, resumed_weights = run(tmp_path / "split", 3, True)
+    assert list(resumed) == [2]  # only step 3 (index 2) was run after resuming
+    assert [t.task_id for t in resumed[2]] == [t.task_id for t in full[2]]
+    assert [t.token_ids for t in resumed[2]] == [t.token_ids for t in full[2]]
+    for name, value in full_weights.items():
+        torch.testing.assert_close(resumed_weights[name], value, rtol=0, atol=1e-6)
+    steps = [
+        json.loads(line)["step"] for line in (tmp_path / "split" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert steps == [1, 2, 3]

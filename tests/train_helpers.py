@@ -1,0 +1,46 @@
+"""A tiny env and model for training-loop tests (no dataset, no real weights)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+
+from chatgym.envs import messages as M
+from chatgym.envs.core import AssistantTurn, ChatEnv, StepOutcome
+
+LETTERS_ENV_ID = "ChatgymTestLetters-v0"
+
+# 2 layers, width 64: ~3.2 M parameters (mostly SmolLM2's 49,152-token embedding), fast on CPU.
+TINY_LLAMA = {
+    "num_hidden_layers": 2,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+
+
+class LettersEnv(ChatEnv):
+    """One turn; reward = share of ASCII letters in the reply, so samples of a random model get
+    different rewards (non-zero GRPO advantages) without any dataset."""
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(max_turns=1, **kwargs)
+
+    def load_tasks(self, split: str) -> list[dict[str, Any]]:
+        count = 6 if split == "train" else 3
+        return [{"task_id": f"{split}/{i}", "prompt": f"Write word number {i}."} for i in range(count)]
+
+    def initial_messages(self, task: dict[str, Any]) -> list[M.Message]:
+        return [M.user(task["prompt"])]
+
+    async def score(self, turn: AssistantTurn) -> StepOutcome:
+        text = turn.raw_text
+        share = sum(c.isascii() and c.isalpha() for c in text) / max(len(text), 1)
+        return StepOutcome(reward=share, terminated=True, info={"reward_components": {"letters": share}})
+
+
+def register() -> None:
+    if LETTERS_ENV_ID not in gym.registry:
+        gym.register(id=LETTERS_ENV_ID, entry_point=LettersEnv, disable_env_checker=True)

@@ -1,0 +1,129 @@
+"""Checkpoints: model weights, optimizer and scheduler states, RNG states and the step, written
+atomically; ``--resume`` restores them so the run continues from the same step with the same next
+batch.
+
+Layout of ``<output_dir>/checkpoints/step_000010/``::
+
+    policy/             save_pretrained of the policy (a LoRA policy: its adapters) + tokenizer
+    critic/             the value model (PPO only)
+    trainer_state.pt    {"step", "optimizer", "scheduler", "rng", "config"}
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+STATE_FILE = "trainer_state.pt"
+
+
+def checkpoint_root(output_dir: str | Path) -> Path:
+    return Path(output_dir) / "checkpoints"
+
+
+def list_checkpoints(output_dir: str | Path) -> list[Path]:
+    """Complete checkpoints under ``output_dir``, oldest first (a half-written one is never listed)."""
+    root = checkpoint_root(output_dir)
+    if not root.is_dir():
+        return []
+    found = [
+        (int(m.group(1)), p)
+        for p in root.iterdir()
+        if (m := _STEP_DIR.match(p.name)) and (p / STATE_FILE).is_file()
+    ]
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(output_dir: str | Path) -> Path | None:
+    ckpts = list_checkpoints(output_dir)
+    return ckpts[-1] if ckpts else None
+
+
+def rng_state() -> dict[str, Any]:
+    """Python, NumPy, torch CPU and CUDA generator states."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(
+    output_dir: str | Path,
+    step: int,
+    *,
+    policy: Any,
+    tokenizer: Any,
+    optimizer: Any,
+    scheduler: Any,
+    critic: Any = None,
+    config: dict[str, Any] | None = None,
+    keep: int = 2,
+    rng_extra: dict[str, Any] | None = None,
+) -> Path:
+    """Write the checkpoint of completed step ``step`` and keep only the newest ``keep``.
+
+    ``optimizer`` and ``scheduler`` are anything with ``state_dict()``; ``rng_extra`` adds generator
+    states of the caller's (e.g. its shuffling generator) to the saved RNG states.
+
+    The files go to a temporary directory that is renamed into place at the end, so a crash never
+    leaves a checkpoint that :func:`latest_checkpoint` would pick up half-written.
+
+    Returns:
+        The checkpoint directory.
+    """
+    root = checkpoint_root(output_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step_{step:06d}"
+    tmp = Path(tempfile.mkdtemp(prefix=f".step_{step:06d}.", dir=root))
+    try:
+        policy.save_pretrained(tmp / "policy", safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp / "policy")
+        if critic is not None:
+            critic.save_pretrained(tmp / "critic", safe_serialization=True)
+        state = {
+            "step": step,
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "rng": {**rng_state(), **(rng_extra or {})},
+            "config": config,
+        }
+        torch.save(state, tmp / STATE_FILE)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    for old in list_checkpoints(output_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load_trainer_state(path: str | Path) -> dict[str, Any]:
+    """The ``trainer_state.pt`` of checkpoint directory ``path`` (loaded on CPU).
+
+    Raises:
+        FileNotFoundError: ``path`` is not a complete checkpoint.
+    """
+    file = Path(path) / STATE_FILE
+    if not file.is_file():
+        raise FileNotFoundError(f"{path} is not a chatgym checkpoint (no {STATE_FILE})")
+    # Our own file: it holds RNG states (numpy arrays, tuples), which weights_only=True rejects.
+    return torch.load(file, map_location="cpu", weights_only=False)

@@ -1,0 +1,480 @@
+"""The training run's configuration: frozen dataclasses, loaded from YAML with ``key.sub=value``
+overrides, checked field by field so a bad key or value fails at start with its dotted name.
+
+    cfg = load_config("examples/configs/math_grpo.yaml", ["algo.kl_coef=0.01", "train.max_steps=3"])
+
+Rules of the loader (:func:`from_dict`):
+
+- an unknown key fails with its dotted name and the close matches (``train.max_step`` -> did you mean
+  ``train.max_steps``?);
+- a value is checked against the field's annotation: ``int`` (not bool), ``float`` (an int or a
+  number written as a string, since YAML 1.1 reads ``1e-6`` as a string), ``bool``, ``str``,
+  ``X | None``, ``tuple[X, ...]``, ``Literal[...]``, ``dict[str, Any]`` and nested dataclasses;
+- each dataclass's own ``__post_init__`` checks (ranges, registered names) run, and their errors
+  are prefixed with the section's dotted name.
+
+Override values are parsed as YAML (``train.max_steps=5`` is an int, ``algo.tis_cap=null`` is None,
+``lora.target_modules=[q_proj,v_proj]`` a list).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from .algos import ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES
+from .rollout import CollectorConfig
+
+
+class ConfigError(ValueError):
+    """A bad config key or value; the message starts with the field's dotted name."""
+
+
+def _positive(section: str, **values: float | int | None) -> None:
+    for name, value in values.items():
+        if value is not None and not value > 0:
+            raise ValueError(f"{section}.{name} must be > 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The policy model.
+
+    Attributes:
+        path: a packaged model name (``smollm2``) or a local Hugging Face model directory.
+        dtype: training dtype (``float32`` or ``bfloat16``; optimizer states follow it).
+        device: ``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda``, ``cuda:1``.
+        gradient_checkpointing: recompute activations in the backward pass (saves memory).
+        random_init: random weights of ``path``'s architecture (GPU checks without the weights).
+        config_overrides: architecture changes for ``random_init`` (e.g. ``num_hidden_layers: 2``).
+        value_head: add a scalar value head (needed by the ``gae`` advantage estimator).
+    """
+
+    path: str = "smollm2"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: str = "auto"
+    gradient_checkpointing: bool = False
+    random_init: bool = False
+    config_overrides: dict[str, Any] = field(default_factory=dict)
+    value_head: bool = False
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """Optional LoRA adapters (peft) instead of full fine-tuning.
+
+    Attributes:
+        enabled: train LoRA adapters only; the engine receives the merged weights.
+        r, alpha, dropout: rank, scaling numerator (scale = alpha / r) and dropout of the adapters.
+        target_modules: names of the linear layers that get adapters.
+    """
+
+    enabled: bool = False
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = (
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    )
+
+    def __post_init__(self) -> None:
+        _positive("lora", r=self.r, alpha=self.alpha)
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"lora.dropout must be in [0, 1), got {self.dropout}")
+        if not self.target_modules:
+            raise ValueError("lora.target_modules must name at least one module")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The inference engine that generates rollouts.
+
+    Attributes:
+        backend: an engine name of :data:`chatgym.trainer.engines.ENGINES` (``vllm``: in-process vLLM,
+            ``hf``: transformers).
+        dtype: the engine's dtype (``bfloat16`` on CPUs with AVX-512 BF16 and on GPUs).
+        options: backend-specific keyword arguments (e.g. ``enforce_eager``, ``kv_cache_gib``).
+    """
+
+    backend: str = "vllm"
+    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from .engines import ENGINES
+
+        if self.backend not in ENGINES:
+            raise ValueError(f"engine.backend: unknown {self.backend!r}; choose one of {sorted(ENGINES)}")
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """The environment and its task splits.
+
+    Attributes:
+        id: a registered Gymnasium env id (``Math-v0``, ``CodeSandbox-v0``, ...).
+        kwargs: keyword arguments of ``gym.make`` (both splits).
+        train_split, eval_split: the env's split names for training and held-out evaluation.
+        eval_tasks: held-out tasks evaluated before and after training (0: no evaluation).
+        eval_every: also evaluate every N steps (0: only before and after).
+        eval_temperature: sampling temperature of evaluation (0: greedy).
+    """
+
+    id: str = "Math-v0"
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    train_split: str = "train"
+    eval_split: str = "test"
+    eval_tasks: int = 64
+    eval_every: int = 0
+    eval_temperature: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("eval_tasks", "eval_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"env.{name} must be >= 0, got {getattr(self, name)}")
+        if "split" in self.kwargs:
+            raise ValueError("env.kwargs must not set 'split'; use env.train_split / env.eval_split")
+
+
+@dataclass(frozen=True)
+class AlgoConfig:
+    """The RL algorithm (names are those registered in :mod:`chatgym.trainer.algos`).
+
+    Attributes:
+        advantage: advantage estimator (``grpo``, ``dr_grpo``, ``rloo``, ``reinforce_plus_plus``,
+            ``reinforce_plus_plus_baseline``, ``gae``); ``advantage_kwargs`` its parameters.
+        policy_loss: ``ppo_clip``, ``clip_higher`` or ``dual_clip``; ``policy_loss_kwargs`` its ε/c.
+        loss_agg: loss aggregation mode; ``loss_norm_constant`` its C (``seq-mean-token-sum-norm``).
+        kl_coef: β of the KL to the reference model (0: no reference model is loaded).
+        kl_estimator: ``k1``, ``k2`` or ``k3``; ``kl_in_reward``: subtract β·KL from the token
+            rewards instead of adding β·KL to the loss.
+        entropy_coef: weight of an entropy bonus (subtracted from the loss).
+        tis_cap: truncated importance-sampling cap C for the engine-vs-trainer mismatch (None: off).
+        ppo_epochs: passes over each rollout batch; mini_batches: optimizer steps per pass.
+        dynamic_sampling: drop groups whose rewards are all equal (DAPO) before the update.
+        mask_truncated: zero the loss mask of completions cut by a token budget (DAPO).
+        missing_eos_penalty: subtracted from the reward of completions without EOS (0: off).
+        overlong_buffer: DAPO's L_cache in tokens (0: off), with ``overlong_penalty`` as the factor;
+            L_max is ``rollout.max_response_tokens``.
+        value_loss_coef, value_clip: weight and clip range of the value loss (``gae`` only).
+    """
+
+    advantage: str = "grpo"
+    advantage_kwargs: dict[str, Any] = field(default_factory=dict)
+    policy_loss: str = "ppo_clip"
+    policy_loss_kwargs: dict[str, Any] = field(default_factory=dict)
+    loss_agg: str = "token-mean"
+    loss_norm_constant: float | None = None
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    kl_in_reward: bool = False
+    entropy_coef: float = 0.0
+    tis_cap: float | None = 2.0
+    ppo_epochs: int = 1
+    mini_batches: int = 1
+    dynamic_sampling: bool = False
+    mask_truncated: bool = False
+    missing_eos_penalty: float = 0.0
+    overlong_buffer: int = 0
+    overlong_penalty: float = 1.0
+    value_loss_coef: float = 0.5
+    value_clip: float | None = 0.2
+
+    def __post_init__(self) -> None:
+        for name, table in (
+            ("advantage", ADVANTAGE_ESTIMATORS),
+            ("policy_loss", POLICY_LOSSES),
+            ("loss_agg", AGGREGATION_MODES),
+            ("kl_estimator", KL_ESTIMATORS),
+        ):
+            value = getattr(self, name)
+            if value not in table:
+                raise ValueError(f"algo.{name}: unknown {value!r}; choose one of {sorted(table)}")
+        if self.loss_agg == "seq-mean-token-sum-norm" and self.loss_norm_constant is None:
+            raise ValueError("algo.loss_norm_constant is required with loss_agg 'seq-mean-token-sum-norm'")
+        for name in ("kl_coef", "entropy_coef", "missing_eos_penalty", "overlong_penalty", "value_loss_coef"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"algo.{name} must be >= 0, got {getattr(self, name)}")
+        if self.overlong_buffer < 0:
+            raise ValueError(f"algo.overlong_buffer must be >= 0, got {self.overlong_buffer}")
+        _positive("algo", tis_cap=self.tis_cap, ppo_epochs=self.ppo_epochs, mini_batches=self.mini_batches)
+        _positive("algo", loss_norm_constant=self.loss_norm_constant, value_clip=self.value_clip)
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW with a warm-up then constant / linear / cosine learning-rate schedule.
+
+    Attributes:
+        lr: peak learning rate; value_lr: the value head's (None: same as ``lr``).
+        weight_decay, betas, eps: AdamW's.
+        warmup_steps: optimizer steps of linear warm-up from 0 to ``lr``.
+        schedule: shape after warm-up; decays reach ``min_lr_ratio · lr`` at the last step.
+        max_grad_norm: clip the global gradient norm (None: no clipping).
+    """
+
+    lr: float = 1e-6
+    value_lr: float | None = None
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    warmup_steps: int = 0
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    min_lr_ratio: float = 0.0
+    max_grad_norm: float | None = 1.0
+
+    def __post_init__(self) -> None:
+        _positive("optim", lr=self.lr, value_lr=self.value_lr, eps=self.eps, max_grad_norm=self.max_grad_norm)
+        if self.weight_decay < 0:
+            raise ValueError(f"optim.weight_decay must be >= 0, got {self.weight_decay}")
+        if not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"optim.betas must be in [0, 1), got {self.betas}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"optim.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The loop, its outputs and its reproducibility.
+
+    Attributes:
+        max_steps: training steps (one rollout batch each).
+        prompts_per_step: tasks per step; group_size: samples per task (GRPO's G).
+        micro_batch_size: trajectories per forward/backward (gradients are accumulated).
+        seed: seeds torch, task sampling and the engine's sampling.
+        output_dir: where metrics, curves, traces and checkpoints go.
+        save_every: checkpoint every N steps (0: only at the end); keep_checkpoints: how many kept.
+        trace_fraction: share of rollouts written to ``traces.jsonl``.
+        tensorboard, wandb: also log there (wandb only if installed); wandb_project: its project.
+        progress: show a progress bar.
+    """
+
+    max_steps: int = 10
+    prompts_per_step: int = 8
+    group_size: int = 8
+    micro_batch_size: int = 8
+    seed: int = 0
+    output_dir: str = "runs/default"
+    save_every: int = 0
+    keep_checkpoints: int = 2
+    trace_fraction: float = 0.1
+    tensorboard: bool = True
+    wandb: bool = False
+    wandb_project: str = "chatgym"
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        _positive(
+            "train",
+            max_steps=self.max_steps,
+            prompts_per_step=self.prompts_per_step,
+            group_size=self.group_size,
+            micro_batch_size=self.micro_batch_size,
+            keep_checkpoints=self.keep_checkpoints,
+        )
+        if self.save_every < 0:
+            raise ValueError(f"train.save_every must be >= 0, got {self.save_every}")
+        if not 0.0 <= self.trace_fraction <= 1.0:
+            raise ValueError(f"train.trace_fraction must be in [0, 1], got {self.trace_fraction}")
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole run (see each section's class for its fields)."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    rollout: CollectorConfig = field(default_factory=CollectorConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def __post_init__(self) -> None:
+        if self.algo.advantage == "gae" and not self.model.value_head:
+            raise ValueError("model.value_head must be true with algo.advantage 'gae' (a value model)")
+
+
+# ------------------------------------------------------------------------------------------ loader
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _convert(value: Any, tp: Any, name: str) -> Any:
+    """``value`` checked (and minimally converted) against annotation ``tp``; ConfigError names ``name``."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _convert(value, arg, name)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{name}: {value!r} matches none of {tp}")
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{name}: must be one of {list(args)}, got {value!r}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{name}: expected a mapping of {tp.__name__} fields, got {value!r}")
+        return from_dict(tp, value, prefix=name)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{name}: expected a list, got {value!r}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_convert(v, args[0], f"{name}[{i}]") for i, v in enumerate(value))
+        if len(value) != len(args):
+            raise ConfigError(f"{name}: expected {len(args)} items, got {len(value)}")
+        return tuple(_convert(v, a, f"{name}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=True)))
+    if origin in (dict, Mapping) or tp is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{name}: expected a mapping, got {value!r}")
+        return dict(value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name}: expected true/false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{name}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                raise ConfigError(f"{name}: expected a number, got {value!r}") from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{name}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{name}: expected a string, got {value!r}")
+        return value
+    raise ConfigError(f"{name}: unsupported field type {_type_name(tp)}")
+
+
+def from_dict(cls: type, data: Mapping[str, Any], prefix: str = "") -> Any:
+    """Build dataclass ``cls`` from ``data`` (missing keys keep their defaults).
+
+    Raises:
+        ConfigError: an unknown key, a value of the wrong type, or a failed ``__post_init__`` check;
+            the message starts with the dotted field name.
+    """
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    kwargs = {}
+    for key, value in data.items():
+        dotted = f"{prefix}.{key}" if prefix else str(key)
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=1)
+            hint = f"; did you mean {prefix + '.' if prefix else ''}{close[0]}?" if close else ""
+            raise ConfigError(f"{dotted}: unknown config key{hint} (valid: {', '.join(fields)})")
+        kwargs[key] = _convert(value, hints[key], dotted)
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(_name_field(str(exc), cls, prefix, list(fields))) from None
+
+
+def _name_field(message: str, cls: type, prefix: str, fields: list[str]) -> str:
+    """Make a ``__post_init__`` message start with the dotted field name.
+
+    Our sections already write ``algo.kl_coef ...``; a reused dataclass (``CollectorConfig``) writes
+    ``CollectorConfig.max_tokens ...`` or names the field inside a longer message.
+    """
+    if not prefix or message.startswith(prefix + "."):
+        return message
+    message = message.replace(f"{cls.__name__}.", f"{prefix}.")
+    if message.startswith(prefix + "."):
+        return message
+    named = [f for f in fields if re.search(rf"\b{re.escape(f)}\b", message)]
+    return f"{prefix}.{named[0] if len(named) == 1 else ''}: {message}".replace(".: ", ": ")
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Set ``key.sub=value`` pairs into a nested dict (a copy); values are parsed as YAML.
+
+    Raises:
+        ConfigError: an override without ``=`` or with an empty key.
+    """
+    out = yaml.safe_load(yaml.safe_dump(data)) or {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise ConfigError(f"override {item!r}: expected key.sub=value")
+        value = yaml.safe_load(raw) if raw.strip() else ""
+        node = out
+        parts = key.split(".")
+        for i, part in enumerate(parts[:-1]):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"{'.'.join(parts[: i + 1])}: is a value, cannot set {key}")
+            node = child
+        node[parts[-1]] = value
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
+    """Load a :class:`Config` from a YAML file (or defaults when None) plus overrides.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ConfigError: bad YAML shape, unknown key, wrong type or value (names the dotted field).
+    """
+    data: Any = {}
+    if path is not None:
+        text = Path(path).read_text()
+        data = yaml.safe_load(text) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(
+                f"{path}: the top level must be a mapping of sections, got {type(data).__name__}"
+            )
+    return from_dict(Config, apply_overrides(data, overrides))
+
+
+def config_to_dict(config: Any) -> dict[str, Any]:
+    """Plain nested dict of a config (tuples as lists), loadable again by :func:`from_dict`."""
+    return yaml.safe_load(yaml.safe_dump(_plain(dataclasses.asdict(config)))) or {}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def save_config(config: Config, path: str | Path) -> None:
+    """Write ``config`` as YAML (the resolved config of a run, for ``--resume`` and records)."""
+    Path(path).write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))

@@ -1,0 +1,139 @@
+"""Run outputs a user watches: metrics as JSONL (+ TensorBoard, + wandb when installed and asked
+for) and a learning-curve PNG redrawn during the run."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+CURVE_KEYS = (
+    ("reward/mean", "reward (train)"),
+    ("reward/accuracy", "accuracy (train)"),
+    ("eval/score", "held-out score"),
+    ("actor/kl", "KL to reference"),
+    ("actor/entropy", "entropy (nats)"),
+    ("response/length_mean", "response length (tokens)"),
+    ("actor/clip_frac", "clip fraction"),
+    ("timing/step_s", "seconds per step"),
+)
+
+
+class MetricsLogger:
+    """Appends one JSON object per step to ``metrics.jsonl`` and mirrors scalars to TensorBoard/wandb.
+
+    Args:
+        output_dir: the run's directory.
+        tensorboard: write event files under ``output_dir/tensorboard`` (needs the ``tensorboard``
+            package; skipped with a warning when missing).
+        wandb: log to Weights & Biases when the package is installed (skipped otherwise).
+        wandb_project, run_config: passed to ``wandb.init``.
+        resume_step: drop lines of steps >= this from an existing ``metrics.jsonl`` (a resumed run
+            rewrites them).
+    """
+
+    def __init__(
+        self,
+        output_dir: str | Path,
+        *,
+        tensorboard: bool = True,
+        wandb: bool = False,
+        wandb_project: str = "chatgym",
+        run_config: Mapping[str, Any] | None = None,
+        resume_step: int | None = None,
+    ):
+        self.dir = Path(output_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.dir / "metrics.jsonl"
+        self.history: list[dict[str, Any]] = []
+        if self.path.is_file():
+            for line in self.path.read_text().splitlines():
+                if line.strip():
+                    row = json.loads(line)
+                    if resume_step is None or row.get("step", 0) < resume_step:
+                        self.history.append(row)
+            self.path.write_text("".join(json.dumps(r) + "\n" for r in self.history))
+        self.warnings: list[str] = []
+        self._tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(str(self.dir / "tensorboard"))
+            except ImportError:
+                self.warnings.append(
+                    "tensorboard is not installed: pip install tensorboard (metrics stay in JSONL)"
+                )
+        self._wandb = None
+        if wandb:
+            try:
+                import wandb as _wandb
+
+                self._wandb = _wandb
+                _wandb.init(project=wandb_project, config=dict(run_config or {}), dir=str(self.dir))
+            except ImportError:
+                self.warnings.append("wandb is not installed: pip install wandb (metrics stay in JSONL)")
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Record ``metrics`` (flat ``name -> number``) of ``step``; non-finite numbers become null."""
+        row: dict[str, Any] = {"step": step}
+        for key, value in metrics.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                value = None
+            row[key] = value
+        self.history.append(row)
+        with self.path.open("a") as fh:
+            fh.write(json.dumps(row) + "\n")
+        scalars = {
+            k: v
+            for k, v in row.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"
+        }
+        if self._tb is not None:
+            for key, value in scalars.items():
+                self._tb.add_scalar(key, value, step)
+            self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log(scalars, step=step)
+
+    def plot(self, path: str | Path | None = None) -> Path:
+        """Draw the learning curves of :data:`CURVE_KEYS` that have data into a PNG; returns its path."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
+
+        out = Path(path) if path is not None else self.dir / "learning_curve.png"
+        panels = []
+        for key, label in CURVE_KEYS:
+            points = [(r["step"], r[key]) for r in self.history if isinstance(r.get(key), (int, float))]
+            if points:
+                panels.append((label, points))
+        cols = 3
+        rows = max(1, math.ceil(len(panels) / cols))
+        fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
+        for ax in axes.flat[len(panels) :]:
+            ax.axis("off")
+        for ax, (label, points) in zip(axes.flat, panels, strict=False):
+            xs, ys = zip(*points, strict=True)
+            ax.plot(xs, ys, marker="o", markersize=3)
+            ax.set_title(label)
+            ax.set_xlabel("step")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.ticklabel_format(axis="y", useOffset=False)
+            ax.grid(alpha=0.3)
+        fig.tight_layout()
+        tmp = out.with_suffix(".tmp.png")
+        fig.savefig(tmp, dpi=100)
+        plt.close(fig)
+        tmp.replace(out)
+        return out
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()

@@ -1,0 +1,137 @@
+"""The models a run trains or reads: the policy (optionally with LoRA), a frozen reference copy, and
+a critic (value model), plus the weights the engine receives after each update.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from .config import LoraConfig, ModelConfig
+from .models import load_model_path, random_model, resolve_dtype
+
+
+def resolve_device(device: str) -> torch.device:
+    """``auto`` -> ``cuda`` when available, else ``cpu``; anything else as given.
+
+    Raises:
+        ValueError: ``cuda`` asked for on a machine without CUDA (names ``model.device``).
+    """
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"model.device is {device!r} but CUDA is not available")
+    return dev
+
+
+def load_policy(cfg: ModelConfig, lora: LoraConfig, device: torch.device) -> Any:
+    """The trainable policy: a transformers causal LM in train mode (a peft model with ``lora.enabled``).
+
+    Raises:
+        ModuleNotFoundError: LoRA asked for without ``peft`` installed (names the extra).
+    """
+    from transformers import AutoModelForCausalLM
+
+    dtype = resolve_dtype(cfg.dtype)
+    if cfg.random_init:
+        model = random_model(cfg.path, dtype=dtype, device=device, **cfg.config_overrides)
+    else:
+        path = load_model_path(cfg.path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    # The KV cache is useless in a training forward and costs memory.
+    model.config.use_cache = False
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # With frozen embeddings (LoRA) checkpointed blocks would otherwise see no input requiring grad.
+        model.enable_input_require_grads()
+    if lora.enabled:
+        try:
+            from peft import LoraConfig as PeftLoraConfig
+            from peft import get_peft_model
+        except ModuleNotFoundError as exc:
+            raise ModuleNotFoundError("lora.enabled needs peft: pip install 'chatgym[train]'") from exc
+        peft_cfg = PeftLoraConfig(
+            r=lora.r,
+            lora_alpha=lora.alpha,
+            lora_dropout=lora.dropout,
+            target_modules=list(lora.target_modules),
+            task_type="CAUSAL_LM",
+        )
+        model = get_peft_model(model, peft_cfg)
+    return model.train()
+
+
+def load_reference(policy: Any) -> Any:
+    """A frozen copy of the policy's initial weights (eval mode, no gradients).
+
+    For a LoRA policy no copy is made: the base model with adapters disabled is the reference
+    (see :func:`reference_logits_context`), so this returns None.
+    """
+    if _is_peft(policy):
+        return None
+    import copy
+
+    ref = copy.deepcopy(policy).eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
+def load_critic(cfg: ModelConfig, device: torch.device) -> Any:
+    """A value model: the policy's architecture and weights with a scalar head per token
+    (``AutoModelForTokenClassification``, one label; the head starts at random, the trunk from the
+    policy's weights, as OpenRLHF's critic)."""
+    from transformers import AutoConfig, AutoModelForTokenClassification
+
+    dtype = resolve_dtype(cfg.dtype)
+    if cfg.random_init:
+        config = random_model(cfg.path, dtype=dtype, **cfg.config_overrides).config
+        config.num_labels = 1
+        torch.manual_seed(1)
+        critic = AutoModelForTokenClassification.from_config(config, dtype=dtype)
+    else:
+        path = load_model_path(cfg.path)
+        config = AutoConfig.from_pretrained(path, num_labels=1)
+        critic = AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=dtype)
+    critic.config.use_cache = False
+    if cfg.gradient_checkpointing:
+        critic.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return critic.to(device).train()
+
+
+def _is_peft(model: Any) -> bool:
+    return hasattr(model, "get_base_model") and hasattr(model, "peft_config")
+
+
+def export_weights(policy: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """The policy's full weights under the base model's parameter names, for ``engine.update_weights``.
+
+    A LoRA policy's adapters are merged into the base weights for the duration of the iteration (then
+    unmerged), and peft's wrapper names (``base_model.model.``, ``.base_layer``) are removed, so the
+    engine sees the plain Hugging Face names. Tensors are detached views: consume them before the
+    next optimizer step.
+    """
+    if not _is_peft(policy):
+        for name, param in policy.named_parameters():
+            yield name, param.detach()
+        return
+    policy.merge_adapter()
+    try:
+        for name, param in policy.get_base_model().named_parameters():
+            if "lora_" in name:
+                continue
+            yield name.replace(".base_layer", ""), param.detach()
+    finally:
+        policy.unmerge_adapter()
+
+
+def reference_logits_context(policy: Any) -> Any:
+    """Context manager under which a LoRA policy computes the reference model's logits (adapters off)."""
+    return policy.disable_adapter()
+
+
+def trainable_parameters(model: Any) -> list[torch.nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]
