@@ -1,0 +1,48 @@
+"""The ``chatgym`` command: a table of subcommands, each implemented in its own package.
+
+``chatgym <subcommand> [args...]`` imports the subcommand's ``cli_main(argv) -> int`` lazily (so
+``chatgym --help`` never imports torch or faiss) and passes it the remaining arguments. Add a
+subcommand by adding a row to :data:`SUBCOMMANDS`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+# name -> ("module:function", one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "rollout": (
+        "chatgym.trainer.rollout_cli:cli_main",
+        "collect trajectories from an env with a model, as JSONL (progress bar, summary)",
+    ),
+    "serve-retriever": (
+        "chatgym.retrievers.server:cli_main",
+        "serve a BM25 / dense / hybrid index over HTTP (Search-R1 /retrieve shape)",
+    ),
+}
+
+
+def _usage() -> str:
+    width = max(map(len, SUBCOMMANDS))
+    rows = "\n".join(f"  {name:<{width}}  {help_}" for name, (_, help_) in sorted(SUBCOMMANDS.items()))
+    return f"usage: chatgym <subcommand> [args...]\n\nsubcommands:\n{rows}\n\n'chatgym <subcommand> --help' for details."
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Dispatch to a subcommand; returns its exit code (2 for an unknown subcommand)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if args else 2
+    name, rest = args[0], args[1:]
+    if name not in SUBCOMMANDS:
+        print(f"chatgym: unknown subcommand {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module, func = SUBCOMMANDS[name][0].split(":")
+    return int(getattr(importlib.import_module(module), func)(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

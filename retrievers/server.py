@@ -1,0 +1,266 @@
+"""A retrieval server over HTTP (aiohttp), with Search-R1's ``/retrieve`` request and response shape.
+
+Endpoints:
+
+* ``POST /retrieve`` with ``{"queries": [str, ...], "topk": int (optional), "return_scores": bool}``
+  answers ``{"result": [[hit, ...] per query]}``; a hit is ``{"document": doc, "score": float}`` when
+  ``return_scores`` is true, else the bare ``doc``; ``doc`` is
+  ``{"id", "contents": "title\\ntext", "text", "meta"}`` (``contents`` as in Search-R1's corpora).
+  A malformed request gets HTTP 400 with ``{"error": "..."}`` naming the bad field.
+* ``GET /health`` answers ``{"status": "ok", "kind", "num_docs", "topk"}``.
+
+Searches run on one worker thread so the event loop keeps accepting requests; queries of requests
+that arrive while a search runs are coalesced into the next ``search_batch`` call (same ``topk``),
+which is where a dense retriever's batched encoder pays off.
+
+Run it with ``chatgym serve-retriever --index wiki --kind bm25 --port 8000`` (see :func:`cli_main`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import contextlib
+import signal
+import sys
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from .base import Passage, Retriever, check_queries
+
+MAX_BODY_BYTES = 64 * 2**20
+
+
+def passage_to_document(p: Passage) -> dict[str, Any]:
+    """The JSON ``document`` of a hit (inverse: :func:`document_to_passage`)."""
+    contents = f"{p.title}\n{p.text}" if p.title else p.text
+    return {"id": p.id, "contents": contents, "text": p.text, "meta": p.meta}
+
+
+def document_to_passage(doc: dict[str, Any], score: float) -> Passage:
+    """A :class:`Passage` from a ``/retrieve`` document (ours, or Search-R1's ``id``/``contents``)."""
+    if "text" in doc:
+        return Passage(str(doc["id"]), doc["text"], float(score), dict(doc.get("meta") or {}))
+    title, _, text = str(doc.get("contents", "")).partition("\n")
+    return Passage(str(doc.get("id", "")), text, float(score), {"title": title})
+
+
+@dataclass
+class _Pending:
+    queries: list[str]
+    k: int
+    future: asyncio.Future = field(repr=False)
+
+
+class BatchingSearcher:
+    """Runs a retriever's ``search_batch`` on one worker thread, coalescing queued requests.
+
+    Args:
+        retriever: any in-process retriever.
+        max_batch: most queries sent to one ``search_batch`` call.
+    """
+
+    def __init__(self, retriever: Retriever, max_batch: int = 512):
+        self.retriever = retriever
+        self.max_batch = max_batch
+        self._queue: asyncio.Queue[_Pending] | None = None
+        self._task: asyncio.Task | None = None
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="retriever")
+
+    async def start(self) -> None:
+        self._queue = asyncio.Queue()
+        self._task = asyncio.create_task(self._worker())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def search(self, queries: list[str], k: int) -> list[list[Passage]]:
+        assert self._queue is not None, "call start() first"
+        fut = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait(_Pending(queries, k, fut))
+        return await fut
+
+    async def _worker(self) -> None:
+        assert self._queue is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            items = [await self._queue.get()]
+            n = len(items[0].queries)
+            while n < self.max_batch and not self._queue.empty():
+                items.append(self._queue.get_nowait())
+                n += len(items[-1].queries)
+            by_k: dict[int, list[_Pending]] = defaultdict(list)
+            for it in items:
+                by_k[it.k].append(it)
+            for k, group in by_k.items():
+                queries = [q for it in group for q in it.queries]
+                try:
+                    results = await loop.run_in_executor(self._pool, self.retriever.search_batch, queries, k)
+                except Exception as exc:
+                    for it in group:
+                        if not it.future.done():
+                            it.future.set_exception(exc)
+                    continue
+                start = 0
+                for it in group:
+                    if not it.future.done():  # the client may have gone away
+                        it.future.set_result(results[start : start + len(it.queries)])
+                    start += len(it.queries)
+
+
+def parse_retrieve_request(body: Any, default_topk: int) -> tuple[list[str], int, bool]:
+    """Validate a ``/retrieve`` body; returns ``(queries, topk, return_scores)``.
+
+    Raises:
+        ValueError: with a message naming the bad field (``queries``, ``queries[i]``, ``topk``,
+            ``return_scores``).
+    """
+    if not isinstance(body, dict):
+        raise ValueError("request body must be a JSON object")
+    queries = body.get("queries")
+    if not isinstance(queries, list):
+        raise ValueError("queries: must be a list of strings")
+    topk = body.get("topk")
+    topk = default_topk if topk is None else topk
+    if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
+        raise ValueError(f"topk: must be an integer >= 1, got {topk!r}")
+    return_scores = body.get("return_scores", False)
+    if not isinstance(return_scores, bool):
+        raise ValueError(f"return_scores: must be a boolean, got {return_scores!r}")
+    try:
+        check_queries(queries, topk)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(str(exc)) from None
+    return queries, topk, return_scores
+
+
+def make_app(retriever: Retriever, *, default_topk: int = 3, max_batch: int = 512) -> web.Application:
+    """The aiohttp application serving ``retriever`` (see the module docstring)."""
+    searcher = BatchingSearcher(retriever, max_batch)
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+
+    async def retrieve(request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except ValueError as exc:
+            return web.json_response({"error": f"request body is not valid JSON ({exc})"}, status=400)
+        try:
+            queries, topk, return_scores = parse_retrieve_request(body, default_topk)
+        except ValueError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        try:
+            results = await searcher.search(queries, topk)
+        except Exception as exc:  # a retriever bug is the client's 500, not the server's crash
+            return web.json_response({"error": f"search failed: {type(exc).__name__}: {exc}"}, status=500)
+        if return_scores:
+            out = [[{"document": passage_to_document(p), "score": p.score} for p in hits] for hits in results]
+        else:
+            out = [[passage_to_document(p) for p in hits] for hits in results]
+        return web.json_response({"result": out})
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response(
+            {"status": "ok", "kind": retriever.kind, "num_docs": len(retriever.docs), "topk": default_topk}
+        )
+
+    async def on_startup(app: web.Application) -> None:
+        await searcher.start()
+
+    async def on_cleanup(app: web.Application) -> None:
+        await searcher.stop()
+
+    app.router.add_post("/retrieve", retrieve)
+    app.router.add_get("/health", health)
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    return app
+
+
+async def serve(
+    retriever: Retriever, host: str = "127.0.0.1", port: int = 8000, default_topk: int = 3
+) -> None:
+    """Serve until SIGINT/SIGTERM. Prints ``listening on http://HOST:PORT`` (the real port when 0)."""
+    runner = web.AppRunner(make_app(retriever, default_topk=default_topk), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = runner.addresses[0]
+    print(
+        f"chatgym retrieval server: kind={retriever.kind} docs={len(retriever.docs)} "
+        f"listening on http://{bound[0]}:{bound[1]}",
+        flush=True,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def load_retriever(
+    index: str,
+    kind: str = "bm25",
+    *,
+    cache_dir: str | None = None,
+    model: str | None = None,
+    device: str = "cpu",
+) -> Retriever:
+    """The retriever for ``--index``: a saved index directory, ``wiki`` (the bundled Wikipedia
+    corpus) or a ``.jsonl`` corpus file; the last two are built once into the cache as ``kind``.
+
+    Raises:
+        FileNotFoundError: ``index`` is neither a known corpus name, an index directory nor a file.
+    """
+    from .build import cached_retriever
+    from .corpora import load_jsonl_corpus, wiki_corpus
+    from .store import load_index, read_meta
+
+    dense_kw: dict[str, Any] = {"device": device, **({"model": model} if model else {})}
+    path = Path(index)
+    if index == "wiki":
+        docs = wiki_corpus()
+    elif path.is_dir():  # a saved index: its own kind, whatever --kind says
+        return load_index(path, **(dense_kw if read_meta(path).get("kind") != "bm25" else {}))
+    elif path.is_file():
+        docs = load_jsonl_corpus(path)
+    else:
+        raise FileNotFoundError(f"--index {index!r}: not 'wiki', an index directory or a JSONL corpus file")
+    return cached_retriever(kind, docs, cache_dir=cache_dir, dense=dense_kw)
+
+
+def cli_main(argv: Sequence[str] | None = None) -> int:
+    """``chatgym serve-retriever``: serve an index on 127.0.0.1 (see ``--help``)."""
+    p = argparse.ArgumentParser(prog="chatgym serve-retriever", description=__doc__.split("\n")[0])
+    p.add_argument("--index", required=True, help="index directory, 'wiki', or a JSONL corpus file")
+    p.add_argument("--kind", default="bm25", choices=["bm25", "dense", "hybrid"], help="for 'wiki' / JSONL")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed on start)")
+    p.add_argument("--topk", type=int, default=3, help="default topk when a request gives none")
+    p.add_argument("--model", default=None, help="sentence-transformers model directory (dense/hybrid)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--cache-dir", default=None, help="index cache root (default $CHATGYM_CACHE)")
+    args = p.parse_args(argv)
+    if args.topk < 1:
+        p.error(f"--topk must be >= 1, got {args.topk}")
+    try:
+        retriever = load_retriever(
+            args.index, args.kind, cache_dir=args.cache_dir, model=args.model, device=args.device
+        )
+    except (FileNotFoundError, ValueError, ImportError) as exc:
+        print(f"chatgym serve-retriever: {exc}", file=sys.stderr)
+        return 2
+    asyncio.run(serve(retriever, args.host, args.port, args.topk))
+    return 0
