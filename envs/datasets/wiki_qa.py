@@ -6,8 +6,8 @@ the split, which is drawn from a seed. Every answer is an article title (plus th
 parenthetical qualifier, e.g. ``Dune`` for ``Dune (novel)``). Three kinds of question:
 
 * ``describe`` (one hop): ``Which entity has the Wikipedia short description "<description>"?``
-  — built from each article whose Wikidata short description is non-empty, unique in the corpus and
-  does not contain the title. The description is **not** indexed (only title + lead text are), so
+  — built from each article whose Wikidata short description is non-empty and unique in the corpus,
+  unless the question would contain the title. The description is **not** indexed (only title + lead text are), so
   the search must match it against the lead section's wording.
 * ``define`` (one hop): the lead's first sentence with its subject removed, e.g. ``What was a 1968
   epic science fiction film produced and directed by Stanley Kubrick ...?`` — kept when the sentence
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import re
-import string
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any
@@ -49,6 +48,7 @@ _SENTENCE_END = re.compile(
 )
 _COPULA = re.compile(r"\s(is|was|are|were)\s")
 _WORDS = re.compile(r"\w+")
+_NON_WORD = re.compile(r"[\W_]+")
 
 
 def base_title(title: str) -> str:
@@ -57,12 +57,12 @@ def base_title(title: str) -> str:
 
 
 def _norm(text: str) -> str:
-    text = "".join(ch for ch in text.lower() if ch not in string.punctuation)
-    return " ".join(text.split())
+    # Any non-word character (en dashes and curly quotes too) separates words.
+    return " ".join(_NON_WORD.sub(" ", text.lower()).split())
 
 
 def _contains(haystack: str, needle: str) -> bool:
-    """Whole-word, case- and punctuation-insensitive containment."""
+    """Whole-word, case-insensitive containment, ignoring punctuation."""
     return f" {_norm(needle)} " in f" {_norm(haystack)} "
 
 
@@ -75,13 +75,14 @@ def _describe(docs: Sequence[Document], desc_count: Counter) -> list[dict[str, A
     rows = []
     for d in docs:
         desc = d.meta.get("description", "")
-        if not desc or desc_count[desc] != 1 or _contains(desc, base_title(d.id)):
+        question = f'Which entity has the Wikipedia short description "{desc}"?'
+        if not desc or desc_count[desc] != 1 or _contains(question, base_title(d.id)):
             continue
         rows.append(
             {
                 "task_id": f"wikiqa/describe/{d.id}",
                 "type": "describe",
-                "question": f'Which entity has the Wikipedia short description "{desc}"?',
+                "question": question,
                 "answers": _answers(d.id),
                 "support": [d.id],
             }
