@@ -97,3 +97,78 @@ def iter_weights(weights: Any) -> Iterable[tuple[str, Any]]:
             f"weights must be a state dict or an iterable of (name, tensor), got {type(weights).__name__}"
         )
     return weights
+
+
+def save_weights(weights: Any, directory: Any, config_from: Any = None) -> Any:
+    """Write weights as ``<directory>/model.safetensors`` for a server to load from disk.
+
+    Args:
+        weights: a state dict or an iterable of ``(name, tensor)`` (Hugging Face checkpoint names).
+        directory: where to write (created; an existing ``model.safetensors`` is replaced atomically).
+        config_from: a model directory whose ``config.json`` / ``generation_config.json`` are copied
+            alongside, for servers that load a whole model directory (SGLang).
+
+    Returns:
+        The directory as a ``Path``. Tensors are copied to CPU (tied weights become separate copies,
+        which safetensors requires).
+    """
+    import os
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    if config_from is not None:
+        for name in ("config.json", "generation_config.json"):
+            if (Path(config_from) / name).is_file():
+                shutil.copyfile(Path(config_from) / name, directory / name)
+    tensors = {name: t.detach().to("cpu").contiguous().clone() for name, t in iter_weights(weights)}
+    fd, tmp = tempfile.mkstemp(suffix=".safetensors.tmp", dir=directory)
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata={"format": "pt"})
+        os.replace(tmp, directory / "model.safetensors")
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return directory
+
+
+def local_model_info(model: Any, tokenizer: Any = None) -> tuple[Any, Any, frozenset[int]]:
+    """``(path, tokenizer, eos_ids)`` of a model a server serves, when it is also on this machine.
+
+    Server engines use the local copy for ``Completion.text`` and to judge ``finish_reason`` on the
+    ids with the model's own EOS list. A model that is not local (a remote server's name) gives
+    ``(None, tokenizer, frozenset())`` and the server's finish reason is used instead.
+    """
+    from ..models import load_model_path
+
+    try:
+        path = load_model_path(model)
+    except (FileNotFoundError, ModuleNotFoundError):
+        return None, tokenizer, frozenset()
+    from transformers import AutoConfig, GenerationConfig
+
+    if tokenizer is None:
+        from ..tokenizer import get_tokenizer
+
+        tokenizer = get_tokenizer(path)
+    try:
+        gen_config = GenerationConfig.from_pretrained(path)
+    except OSError:
+        gen_config = None
+    return path, tokenizer, eos_token_ids(gen_config, AutoConfig.from_pretrained(path), tokenizer)
+
+
+def server_finish(
+    token_ids: Sequence[int], stop: frozenset[int], eos_known: bool, server_reason: Any
+) -> FinishReason:
+    """Finish reason of a server completion: judged on the ids when the EOS ids are known, else the
+    server's own ``stop``/``length`` (anything else, e.g. ``abort``, becomes ``abort``)."""
+    if eos_known:
+        return judge_finish(token_ids, stop)
+    reason = server_reason.get("type") if isinstance(server_reason, dict) else server_reason
+    return reason if reason in ("stop", "length") else "abort"

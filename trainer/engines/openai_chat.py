@@ -1,0 +1,147 @@
+"""An OpenAI-compatible chat API (OpenAI, a vLLM/SGLang server's ``/v1/chat/completions``, ...):
+messages in, an assistant message out — for EVALUATING API models only.
+
+The server applies its own chat template and tokenizer, so token ids and their logprobs are not
+available: ``generate`` and ``update_weights`` raise. Use it for evaluation, or as a simulated user /
+judge (``respond(messages)`` is the protocol ``chatgym.envs`` expects).
+
+Configuration: ``base_url`` (default ``$OPENAI_BASE_URL``, else ``https://api.openai.com/v1``) and
+``api_key`` (default ``$OPENAI_API_KEY``). The base URL includes the ``/v1`` part, as in the OpenAI SDK.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from chatgym.envs.messages import Message, ToolCall
+
+from .base import Completion, SamplingParams
+from .http import JSONClient, ServerError
+
+
+class OpenAIChatEngine:
+    """Chat with an API model.
+
+    Args:
+        model: the API's model name (e.g. ``"gpt-4o-mini"``, or a vLLM server's served name).
+        base_url: API root including ``/v1``.
+        api_key: bearer token.
+        params: default sampling settings for ``chat`` (``max_tokens``, ``temperature``, ``top_p``,
+            ``seed``; ``top_k``/``stop_token_ids`` are not part of the OpenAI API and are not sent).
+        timeout_s, retries: per-request timeout (seconds) and retries (429/5xx/connection errors).
+
+    Attributes:
+        usage: running totals of ``prompt_tokens`` / ``completion_tokens`` reported by the API.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        params: SamplingParams | None = None,
+        timeout_s: float = 600.0,
+        retries: int = 3,
+    ) -> None:
+        if not isinstance(model, str) or not model:
+            raise ValueError(f"model must be the API's model name, got {model!r}")
+        self.model = model
+        self.params = params or SamplingParams(max_tokens=1024, temperature=0.0)
+        self.client = JSONClient(
+            base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1",
+            api_key=api_key if api_key is not None else os.environ.get("OPENAI_API_KEY"),
+            timeout_s=timeout_s,
+            retries=retries,
+        )
+        self.usage = {"prompt_tokens": 0, "completion_tokens": 0}
+
+    def request_body(
+        self, messages: list[Message], tools: list[dict[str, Any]] | None, params: SamplingParams
+    ) -> dict[str, Any]:
+        """The ``/chat/completions`` JSON body."""
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": list(messages),
+            "max_tokens": params.max_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+        }
+        if params.seed is not None:
+            body["seed"] = params.seed
+        if tools:
+            body["tools"] = tools
+        return body
+
+    async def chat(
+        self,
+        messages: list[Message],
+        tools: list[dict[str, Any]] | None = None,
+        params: SamplingParams | None = None,
+    ) -> Message:
+        """One assistant turn.
+
+        Args:
+            messages: the conversation (OpenAI chat format).
+            tools: OpenAI tool schemas the model may call.
+            params: sampling settings (default: the engine's ``params``).
+
+        Returns:
+            An assistant :class:`~chatgym.envs.messages.Message`; ``tool_calls`` (if any) in the OpenAI
+            shape with ``arguments`` as JSON text.
+
+        Raises:
+            ServerError: the API refused or failed (after retries), or answered without a message.
+        """
+        response = await self.client.post(
+            "/chat/completions", self.request_body(messages, tools, params or self.params)
+        )
+        return self.parse_response(response)
+
+    def parse_response(self, response: Any) -> Message:
+        """The assistant message of a ``/chat/completions`` answer (usage is added to ``self.usage``)."""
+        try:
+            message = response["choices"][0]["message"]
+        except (KeyError, IndexError, TypeError) as exc:
+            raise ServerError(f"/chat/completions answer has no message: {str(response)[:500]}") from exc
+        usage = response.get("usage") or {}
+        for key in self.usage:
+            self.usage[key] += int(usage.get(key) or 0)
+        out: Message = {"role": "assistant", "content": message.get("content") or ""}
+        calls: list[ToolCall] = []
+        for i, call in enumerate(message.get("tool_calls") or []):
+            fn = call.get("function") or {}
+            arguments = fn.get("arguments", "{}")
+            if not isinstance(arguments, str):  # some servers send the object itself
+                arguments = json.dumps(arguments, ensure_ascii=False)
+            calls.append(
+                {
+                    "id": call.get("id") or f"call_{i}",
+                    "type": "function",
+                    "function": {"name": fn.get("name", ""), "arguments": arguments},
+                }
+            )
+        if calls:
+            out["tool_calls"] = calls
+        return out
+
+    async def respond(self, messages: list[Message]) -> Message:
+        """The ``respond(messages) -> Message`` protocol of simulated users and judges in ``chatgym.envs``."""
+        return await self.chat(messages)
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+        """Not available: raises ``NotImplementedError`` (a chat API neither takes nor returns token ids)."""
+        raise NotImplementedError(
+            "OpenAIChatEngine is for evaluating API models: a chat API takes messages, not token ids, "
+            "and returns no token ids/logprobs to train on; use chat(messages, tools), or the vllm / "
+            "vllm-server / sglang / hf engines for rollouts"
+        )
+
+    def update_weights(self, weights: Any) -> None:
+        """Not available: an API model's weights cannot be changed."""
+        raise NotImplementedError("OpenAIChatEngine serves an API model; its weights cannot be updated")
+
+    async def close(self) -> None:
+        await self.client.close()
