@@ -111,10 +111,14 @@ def run_theirs(check: Any, rows: list[dict], timeout: float, workers: int) -> tu
     else:
         with ThreadPoolExecutor(workers) as pool:
             results = list(pool.map(lambda r: check(r, r["canonical_solution"], timeout), rows))
+    FAILURES.extend(f"theirs {r['task_id']}: {r['result']}" for r in results if not r["passed"])
     return time.perf_counter() - start, sum(r["passed"] for r in results)
 
 
 # ---- ours -------------------------------------------------------------------------------------
+
+
+FAILURES: list[str] = []  # "side task_id: result" of every canonical solution that did not pass
 
 
 async def run_ours(
@@ -132,6 +136,8 @@ async def run_ours(
                 prelude=r["prompt"],
                 timeout_s=timeout,
             )
+            if not g.passed:
+                FAILURES.append(f"ours {r['task_id']}: {g.status}")
             return g.passed
 
     start = time.perf_counter()
@@ -171,6 +177,8 @@ async def main(repeats: int, timeout: float) -> None:
     print(f"theirs = {which}")
     for c in cases:
         print(f"  {c:<20} {med[c]:8.1f} tasks/s   passed {sorted(passes[c])}")
+    if FAILURES:
+        print(f"  not passed (a loaded machine can push a task past --timeout): {FAILURES}")
     print("ratios (ours / theirs)")
     print(f"  sequential:           {med['ours sequential'] / med['theirs sequential']:.2f}x")
     print(f"  concurrent (4 vs 4):  {med['ours concurrency 4'] / med['theirs 4 threads']:.2f}x")
