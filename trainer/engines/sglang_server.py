@@ -31,6 +31,7 @@ server can read, then ``POST /update_weights_from_disk {"model_path": dir}`` and
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,7 @@ class SGLangServerEngine:
             retries=retries,
         )
         self._weights_dir = Path(weights_dir) if weights_dir else None
+        self._owns_weights_dir = False  # a temp dir we made is removed on close()
 
     @staticmethod
     def request_body(prompt_ids: list[int], params: SamplingParams) -> dict[str, Any]:
@@ -156,6 +158,7 @@ class SGLangServerEngine:
             root = cache_dir() / "weights"
             root.mkdir(parents=True, exist_ok=True)
             self._weights_dir = Path(tempfile.mkdtemp(prefix="sglang-", dir=root))
+            self._owns_weights_dir = True
         directory = save_weights(weights, self._weights_dir, config_from=self.model_path)
         answer = self.client.post_sync("/update_weights_from_disk", {"model_path": str(directory)})
         if not (isinstance(answer, dict) and answer.get("success")):
@@ -163,4 +166,7 @@ class SGLangServerEngine:
         self.client.post_sync("/flush_cache", {})
 
     async def close(self) -> None:
+        """Close the HTTP sessions and remove the temp weights dir this engine made (if any)."""
         await self.client.close()
+        if self._owns_weights_dir and self._weights_dir is not None:
+            shutil.rmtree(self._weights_dir, ignore_errors=True)

@@ -20,6 +20,7 @@ weights. Both endpoints exist only on a server started with ``VLLM_SERVER_DEV_MO
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -71,6 +72,7 @@ class VLLMServerEngine:
         )
         self.served_model_name = served_model_name
         self._weights_dir = Path(weights_dir) if weights_dir else None
+        self._owns_weights_dir = False  # a temp dir we made is removed on close()
 
     async def _model_name(self) -> str:
         if self.served_model_name is None:
@@ -175,6 +177,7 @@ class VLLMServerEngine:
             root = cache_dir() / "weights"
             root.mkdir(parents=True, exist_ok=True)
             self._weights_dir = Path(tempfile.mkdtemp(prefix="vllm-server-", dir=root))
+            self._owns_weights_dir = True
         directory = save_weights(weights, self._weights_dir, config_from=self.model_path)
         try:
             self.client.post_sync(
@@ -190,7 +193,10 @@ class VLLMServerEngine:
         self.client.post_sync("/reset_prefix_cache", {})
 
     async def close(self) -> None:
+        """Close the HTTP sessions and remove the temp weights dir this engine made (if any)."""
         await self.client.close()
+        if self._owns_weights_dir and self._weights_dir is not None:
+            shutil.rmtree(self._weights_dir, ignore_errors=True)
 
 
 # ---- running a server ---------------------------------------------------------------------------

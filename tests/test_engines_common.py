@@ -1,0 +1,149 @@
+"""Engine-independent rules (finish reason, prompt checks, weights on disk), the factory, the OpenAI
+chat mapping, and the HTTP client's input checks."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from chatgym.trainer.engines import ENGINES, SamplingParams, engine_class, make_engine
+from chatgym.trainer.engines.common import (
+    check_prompt,
+    completion_text,
+    eos_token_ids,
+    judge_finish,
+    save_weights,
+    server_finish,
+    stop_ids,
+)
+from chatgym.trainer.engines.http import JSONClient
+from chatgym.trainer.engines.openai_chat import OpenAIChatEngine
+
+
+def test_finish_reason_is_judged_on_the_completion_only():
+    stop = stop_ids({2}, SamplingParams(stop_token_ids=(7,)))
+    assert stop == {2, 7}
+    assert judge_finish([5, 6, 2], stop) == "stop"
+    assert judge_finish([5, 7], stop) == "stop"
+    assert judge_finish([2, 5], stop) == "length"  # an EOS earlier than the end does not count
+    assert judge_finish([], stop) == "length"
+
+
+def test_server_finish_falls_back_to_the_servers_reason():
+    assert server_finish([5, 2], frozenset({2}), True, "length") == "stop"  # ids win when EOS is known
+    assert server_finish([5], frozenset(), False, {"type": "stop", "matched": 9}) == "stop"
+    assert server_finish([5], frozenset(), False, "length") == "length"
+    assert server_finish([5], frozenset(), False, {"type": "abort"}) == "abort"
+
+
+def test_eos_ids_from_generation_config_first():
+    class Cfg:
+        def __init__(self, eos):
+            self.eos_token_id = eos
+
+    assert eos_token_ids(Cfg([2, 0]), Cfg(5)) == {0, 2}
+    assert eos_token_ids(Cfg(None), Cfg(5)) == {5}
+    assert eos_token_ids(None, None, Cfg(3)) == {3}
+    assert eos_token_ids() == frozenset()
+
+
+def test_check_prompt():
+    assert check_prompt((1, 2, 3)) == [1, 2, 3]
+    with pytest.raises(ValueError, match="empty"):
+        check_prompt([])
+    with pytest.raises(TypeError, match="list of token ids"):
+        check_prompt("hello")
+    with pytest.raises(ValueError, match=r"outside \[0, 10\)"):
+        check_prompt([3, 10], vocab_size=10)
+    with pytest.raises(ValueError, match="max_model_len is 3"):
+        check_prompt([1, 2, 3], max_model_len=3)
+
+
+def test_completion_text_drops_only_the_final_stop_id():
+    class Tok:
+        def decode(self, ids, skip_special_tokens):
+            assert skip_special_tokens is False
+            return "|".join(map(str, ids))
+
+    assert completion_text(Tok(), [4, 2, 5, 2], "stop") == "4|2|5"
+    assert completion_text(Tok(), [4, 2], "length") == "4|2"
+    assert completion_text(None, [4], "stop") == ""
+
+
+def test_save_weights_writes_tied_tensors_atomically(tmp_path):
+    shared = torch.arange(6.0).reshape(2, 3)
+    save_weights({"a.weight": shared, "b.weight": shared}, tmp_path)  # tied: safetensors needs copies
+    loaded = load_file(tmp_path / "model.safetensors")
+    assert torch.equal(loaded["a.weight"], shared) and torch.equal(loaded["b.weight"], shared)
+    save_weights(iter([("a.weight", torch.zeros(1))]), tmp_path)
+    assert set(load_file(tmp_path / "model.safetensors")) == {"a.weight"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]  # no temp file left
+
+
+def test_factory_names():
+    assert set(ENGINES) == {"vllm", "vllm-server", "sglang", "hf", "openai"}
+    assert engine_class("hf").__name__ == "TransformersEngine"
+    assert engine_class("sglang").__name__ == "SGLangServerEngine"
+    assert engine_class("vllm-server").__name__ == "VLLMServerEngine"
+    assert engine_class("openai").__name__ == "OpenAIChatEngine"
+    with pytest.raises(ValueError, match="choose one of"):
+        make_engine("tgi")
+
+
+def test_openai_chat_maps_tool_calls_and_refuses_token_ids(monkeypatch):
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:1/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "k")
+    chat = OpenAIChatEngine("gpt-test")
+    assert chat.client.base_url == "http://127.0.0.1:1/v1" and chat.client.api_key == "k"
+    answer = {
+        "choices": [
+            {
+                "message": {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "c1",
+                            "type": "function",
+                            "function": {"name": "add", "arguments": '{"a": 1}'},
+                        },
+                        {"type": "function", "function": {"name": "echo", "arguments": {"x": "é"}}},
+                    ],
+                }
+            }
+        ],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 5},
+    }
+    assert chat.parse_response(answer) == {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}},
+            {"id": "call_1", "type": "function", "function": {"name": "echo", "arguments": '{"x": "é"}'}},
+        ],
+    }
+    assert chat.usage == {"prompt_tokens": 12, "completion_tokens": 5}
+    body = chat.request_body([{"role": "user", "content": "hi"}], None, SamplingParams(max_tokens=3, seed=4))
+    assert body == {
+        "model": "gpt-test",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 3,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "seed": 4,
+    }
+    with pytest.raises(NotImplementedError, match="token ids"):
+        asyncio.run(chat.generate([1, 2], SamplingParams()))
+    with pytest.raises(NotImplementedError, match="weights"):
+        chat.update_weights({})
+    with pytest.raises(ValueError, match="model"):
+        OpenAIChatEngine("")
+
+
+def test_json_client_checks_its_url():
+    with pytest.raises(ValueError, match="base_url"):
+        JSONClient("127.0.0.1:8000")
+    assert JSONClient("http://h:1/").base_url == "http://h:1"
