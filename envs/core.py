@@ -63,7 +63,7 @@ class ChatEnv(gym.Env):
         render_mode: ``None`` or ``"ansi"`` (``render`` returns the transcript as text).
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": None}
 
     def __init__(
         self,
@@ -174,6 +174,9 @@ class ChatEnv(gym.Env):
         return [dict(m) for m in self.messages], info
 
     def _to_turn(self, action: str | Message) -> AssistantTurn:
+        if isinstance(action, dict) and action.get("content") is None and action.get("tool_calls"):
+            # OpenAI-compatible servers send `"content": null` next to tool_calls.
+            action = {**action, "content": ""}
         if isinstance(action, str):
             parsed = self.parser.parse(action)
             raw = action

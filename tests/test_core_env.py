@@ -304,3 +304,19 @@ def test_every_listed_package_exists():
         assert (folder / "__init__.py").is_file(), (
             f"{pkg} is listed in pyproject but {folder} has no __init__.py"
         )
+
+
+def test_openai_message_with_null_content_and_tool_calls_is_accepted():
+    # Regression: OpenAI-compatible servers send "content": null beside tool_calls; step must not raise.
+    env = SumEnv()
+    env.reset(options={"task_index": 0})
+    action = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}],
+    }
+    obs, reward, terminated, truncated, _ = env.step(action)
+    assert obs == [{"role": "tool", "content": "5", "tool_call_id": "c1", "name": "add"}]
+    assert (reward, terminated, truncated) == (0.0, False, False)
+    assert env.messages[-2]["content"] == ""
+    env.close()
