@@ -52,7 +52,7 @@ class Document:
         return cls(id=str(obj["id"]), text=str(obj["text"]), meta=dict(obj.get("meta") or {}))
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Passage:
     """One search hit.
 
@@ -114,8 +114,16 @@ def rank_passages(docs: Sequence[Document], indices: Iterable[int], scores: Iter
     The explicit tie-break makes results identical across processes and library versions, which the
     server-vs-in-process equality test relies on.
     """
-    pairs = sorted(zip(indices, scores, strict=True), key=lambda p: (-p[1], p[0]))
-    return [Passage(docs[i].id, docs[i].text, float(s), dict(docs[i].meta)) for i, s in pairs]
+    pairs = sorted(zip(indices, scores, strict=True), key=_rank_key)
+    out = []
+    for i, s in pairs:
+        d = docs[i]
+        out.append(Passage(d.id, d.text, s, dict(d.meta)))
+    return out
+
+
+def _rank_key(pair: tuple[int, float]) -> tuple[float, int]:
+    return (-pair[1], pair[0])
 
 
 def corpus_fingerprint(docs: Sequence[Document]) -> str:

@@ -12,7 +12,9 @@ from typing import Any
 import aiohttp
 
 from .base import Passage, check_queries
-from .server import document_to_passage
+from .server import document_to_passage, dumps, loads
+
+_JSON = {"Content-Type": "application/json"}
 
 
 class RetrievalError(RuntimeError):
@@ -78,16 +80,17 @@ class RetrievalClient:
             if attempt:
                 await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
             try:
-                async with sem, session.request(method, self.url + path, json=payload) as resp:
+                data = None if payload is None else dumps(payload)
+                async with sem, session.request(method, self.url + path, data=data, headers=_JSON) as resp:
                     if resp.status < 400:
-                        return await resp.json()
+                        return loads(await resp.read())
                     text = await resp.text()
                     if resp.status >= 500 or resp.status == 429:
                         last = RetrievalError(f"{self.url}{path}: HTTP {resp.status}: {text[:500]}")
                         continue
                     try:
-                        message = (await resp.json()).get("error", text)
-                    except (aiohttp.ContentTypeError, ValueError):
+                        message = loads(text).get("error", text)
+                    except (ValueError, AttributeError):
                         message = text
                     raise ValueError(f"{self.url}{path}: HTTP {resp.status}: {message}")
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError) as exc:

@@ -302,3 +302,30 @@ def test_cli_dispatch():
     assert out.returncode == 2 and "not 'wiki', an index directory or a JSONL corpus file" in out.stderr
     out = chatgym("serve-retriever", "--help")
     assert out.returncode == 0 and "--index" in out.stdout
+
+
+def test_document_round_trip():
+    from chatgym.retrievers.base import Passage
+    from chatgym.retrievers.server import document_to_passage, passage_to_document
+
+    for p in [
+        Passage("a", "line one\nline two", 1.25, {"title": "T", "topic": "x"}),
+        Passage("b", "no title\nbut a newline", 0.5, {}),
+        Passage("c", "Zürich — 東京", -0.25, {"title": "Ünïcode"}),
+    ]:
+        doc = passage_to_document(p)
+        assert doc["contents"] == (f"{p.title}\n{p.text}" if p.title else p.text)
+        assert document_to_passage(doc, p.score) == p
+    # Search-R1's corpora: {"id", "contents"} with the title on the first line.
+    assert document_to_passage({"id": 7, "contents": "Paris\nCapital."}, 2) == Passage(
+        "7", "Capital.", 2.0, {"title": "Paris"}
+    )
+
+
+async def test_stats_count_coalesced_batches(server):
+    url, _ = server
+    async with RetrievalClient(url) as c:
+        await asyncio.gather(*(c.search(f"river {i}", 2) for i in range(8)))
+    async with aiohttp.ClientSession() as s, s.get(f"{url}/stats") as r:
+        stats = await r.json()
+    assert stats["queries"] >= stats["requests"] >= 8 and 1 <= stats["batches"] <= stats["requests"]

@@ -381,3 +381,19 @@ def test_fingerprint_changes_with_any_field():
 def test_missing_index_dir_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="not a chatgym index directory"):
         load_index(tmp_path)
+
+
+def test_recall_at_k_hand_computed():
+    from chatgym.retrievers import recall_at_k
+
+    def hits(*ids):
+        return [Passage(i, "", 0.0) for i in ids]
+
+    results = [hits("a", "b", "c"), hits("x", "y", "b"), hits("q")]
+    gold = [["b"], ["a", "b"], ["z"]]
+    # k=1: 0 + 0 + 0; k=2: 1 + 0 + 0; k=3: 1 + 1/2 + 0   (then divided by 3 questions)
+    assert recall_at_k(results, gold, [1, 2, 3]) == pytest.approx({1: 0.0, 2: 1 / 3, 3: 0.5})
+    with pytest.raises(ValueError, match=r"gold\[0\] is empty"):
+        recall_at_k([hits("a")], [[]], [1])
+    with pytest.raises(ValueError, match="results has 1 entries but gold has 2"):
+        recall_at_k([hits("a")], [["a"], ["b"]], [1])

@@ -20,16 +20,16 @@ def rows():
 
 
 def test_sizes_are_fixed(rows):
-    assert Counter(r["type"] for r in rows) == {"describe": 8988, "define": 7588, "bridge": 2203}
+    assert Counter(r["type"] for r in rows) == {"describe": 8989, "define": 7588, "bridge": 2203}
     train, test = load_wiki_qa("train"), load_wiki_qa("test")
-    assert len(train) + len(test) == len(rows) == 18_779
+    assert len(train) + len(test) == len(rows) == 18_780
     assert len({r["task_id"] for r in rows}) == len(rows)
 
 
 def test_examples_by_hand():
     by_id = {r["task_id"]: r for r in _all_questions()}
     r = by_id["wikiqa/describe/2001: A Space Odyssey"]
-    assert r["question"] == 'Which entity has the Wikipedia short description "1968 film by Stanley Kubrick"?'
+    assert r["question"] == 'What is "1968 film by Stanley Kubrick"?'
     assert (
         r["answers"] == ["2001: A Space Odyssey"]
         and r["support"] == ["2001: A Space Odyssey"]
@@ -45,9 +45,9 @@ def test_examples_by_hand():
     assert by_id["wikiqa/define/Dune (novel)"]["answers"] == ["Dune (novel)", "Dune"]
     # Achilles ("Greek mythological hero") names the Iliad, whose description is shared with the Odyssey.
     r = by_id["wikiqa/bridge/Achilles/Iliad"]
-    assert r["question"] == (
-        'Which "Epic poem attributed to Homer" is mentioned in the Wikipedia article whose short description '
-        'is "Greek mythological hero"?'
+    assert (
+        r["question"]
+        == 'Which "Epic poem attributed to Homer" is mentioned in the article about "Greek mythological hero"?'
     )
     assert r["support"] == ["Achilles", "Iliad"] and r["hops"] == 2 and r["answers"] == ["Iliad"]
     # "Louvre Museum" in the Venus de Milo lead is part of a longer name: not a mention of "Louvre".
@@ -62,7 +62,7 @@ def test_every_answer_is_supported_by_the_corpus(rows):
         # The answer never appears in its question (whole words, case-insensitive).
         assert not re.search(rf"(?<!\w){re.escape(base_title(answer).lower())}(?!\w)", r["question"].lower())
         if r["type"] == "describe":
-            assert f'"{DOCS[answer].meta["description"]}"' in r["question"]
+            assert r["question"].endswith(f' is "{DOCS[answer].meta["description"]}"?')
             assert descriptions[DOCS[answer].meta["description"]] == 1
         elif r["type"] == "bridge":
             a, b = r["support"]

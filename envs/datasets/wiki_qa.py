@@ -5,20 +5,21 @@ Built deterministically from the 10,033 lead sections of ``ovos-skill-wiki-offli
 the split, which is drawn from a seed. Every answer is an article title (plus the title without its
 parenthetical qualifier, e.g. ``Dune`` for ``Dune (novel)``). Three kinds of question:
 
-* ``describe`` (one hop): ``Which entity has the Wikipedia short description "<description>"?``
-  — built from each article whose Wikidata short description is non-empty and unique in the corpus,
-  unless the question would contain the title. The description is **not** indexed (only title + lead text are), so
-  the search must match it against the lead section's wording.
+* ``describe`` (one hop): ``What is "<description>"?`` (``Who`` for the ``People`` topic), where
+  ``<description>`` is the article's Wikidata short description — built from each article whose
+  description is non-empty and unique in the corpus, unless the question would contain the title.
+  The description is **not** indexed (only title + lead text are), so the search must match it
+  against the lead section's wording.
 * ``define`` (one hop): the lead's first sentence with its subject removed, e.g. ``What was a 1968
   epic science fiction film produced and directed by Stanley Kubrick ...?`` — kept when the sentence
   has the form ``<subject> is/was/are/were <predicate>``, the subject (at most 12 words) contains the
   title and the predicate does not. ``Who`` for the ``People`` topic, ``What`` otherwise.
 * ``bridge`` (two hops, after HotpotQA's bridge questions): ``Which "<description of B>" is
-  mentioned in the Wikipedia article whose short description is "<description of A>"?`` — article A
-  has a unique description; B's title occurs in A's lead as a standalone name (word boundaries, not
-  part of a longer capitalised name); B's description is shared by two or more articles of the
-  corpus (so it cannot be searched for alone) but by no other article mentioned in A (so the answer
-  is unique). Supporting documents: ``[A, B]``.
+  mentioned in the article about "<description of A>"?`` — article A has a unique description; B's
+  title occurs in A's lead as a standalone name (word boundaries, not part of a longer capitalised
+  name); B's description is shared by two or more articles of the corpus (so it cannot be searched
+  for alone) but by no other article mentioned in A (so the answer is unique). Supporting
+  documents: ``[A, B]``.
 
 Splits: answers (article titles) are shuffled with ``numpy.random.default_rng(seed)`` and the first
 ``test_fraction`` of them go to ``test``, so no test answer is ever a train answer.
@@ -75,7 +76,8 @@ def _describe(docs: Sequence[Document], desc_count: Counter) -> list[dict[str, A
     rows = []
     for d in docs:
         desc = d.meta.get("description", "")
-        question = f'Which entity has the Wikipedia short description "{desc}"?'
+        wh = "Who" if d.meta.get("topic") == "People" else "What"
+        question = f'{wh} is "{desc}"?'
         if not desc or desc_count[desc] != 1 or _contains(question, base_title(d.id)):
             continue
         rows.append(
@@ -169,7 +171,7 @@ def _bridge(docs: Sequence[Document], desc_count: Counter) -> list[dict[str, Any
             if len(bs) != 1:
                 continue
             b = bs[0]
-            question = f'Which "{b_desc}" is mentioned in the Wikipedia article whose short description is "{a_desc}"?'
+            question = f'Which "{b_desc}" is mentioned in the article about "{a_desc}"?'
             if _contains(question, base_title(b)):
                 continue
             rows.append(
