@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import builtins
 import io
+import marshal
 import os
 import resource
 import signal
@@ -95,8 +96,10 @@ def reset_signals() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def fresh_std_streams() -> None:
-    """New ``sys.std*`` objects over fds 0-2 (what a new interpreter would make for pipes)."""
+def own_std_streams() -> None:
+    """New ``sys.std*`` objects over fds 0-2 (what a new interpreter makes for pipes: UTF-8,
+    block-buffered stdout, line-buffered stderr). Made once in the zygote, which never writes to
+    them, so each child inherits them with empty buffers and points fds 0-2 at its own pipes."""
     sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)), "utf-8")
     sys.stdout = sys.__stdout__ = io.TextIOWrapper(
         io.BufferedWriter(io.FileIO(1, "w", closefd=False)), "utf-8"
@@ -156,13 +159,20 @@ def finish(code: int) -> None:
     os._exit(code)
 
 
-def run_python(code: str, workdir: str) -> None:
+def compile_solution(code: str):
+    """``code`` compiled as the file ``<solution>``, with no ``__future__`` flags of ours leaking in."""
+    return compile(code, SOLUTION, "exec", dont_inherit=True)
+
+
+def run_python(code: str, workdir: str, compiled: bytes | None = None) -> None:
+    """Run ``code`` as ``__main__`` and exit like ``python3 file.py`` would. ``compiled``: the
+    zygote's cached ``marshal`` of ``compile_solution(code)``, when it has one."""
     import linecache
 
     main = new_main_module(workdir)
     linecache.cache[SOLUTION] = (len(code), None, code.splitlines(True), SOLUTION)
     try:
-        exec(compile(code, SOLUTION, "exec"), main.__dict__)
+        exec(marshal.loads(compiled) if compiled else compile_solution(code), main.__dict__)
         status = 0
     except SystemExit as e:
         status = exit_code_of(e)
@@ -204,16 +214,17 @@ def spare(cmd_fd: int, out_fd: int, err_fd: int, workdir: str, cfg: dict) -> Non
         os.closerange(3, MAX_FD)
         # The zygote's own environment is the allowlist (see client.py); add the per-run entries.
         os.environ.update(HOME=workdir, TMPDIR=workdir, PWD=workdir)
-        fresh_std_streams()
         req = wire.read_marshal_fd(0)
         if req is None:
             os._exit(0)
         prepare(req, workdir, cfg)
+        code, compiled = req["code"], req.get("compiled")
         if req["language"] == "bash":
-            run_bash(req["code"], dict(os.environ), cfg["bash"])
+            run_bash(code, dict(os.environ), cfg["bash"])
+        req = None  # the request (stdin, files) must not stay reachable from the code's frames
     except BaseException as e:
         setup_failed(e)
-    run_python(req["code"], workdir)
+    run_python(code, workdir, compiled)
 
 
 def setup_failed(exc: BaseException) -> None:

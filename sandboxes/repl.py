@@ -55,6 +55,8 @@ class Session:
     call: Call | None = None
     queue: list = field(default_factory=list)
     started_once: bool = False
+    spawn_pending: bool = False
+    fresh_note: str = ""
     end_reason: str = ""
 
 
@@ -105,14 +107,13 @@ class Sessions:
 
     def next_call(self, s: Session) -> None:
         while s.queue and s.call is None:
+            if s.pid is None:  # fork from the top of the zygote's loop, then come back
+                if not s.spawn_pending:
+                    s.spawn_pending = True
+                    self.z.defer(lambda: self.spawn_then_call(s))
+                return
             msg = s.queue.pop(0)
-            note = ""
-            if s.pid is None:
-                if s.started_once:
-                    note = (f"[chatgym sandbox: this is a fresh interpreter; the previous one ended "
-                            f"({s.end_reason}): earlier variables, imports and definitions are gone; "
-                            f"files in the work dir are kept]\n")  # fmt: skip
-                self.spawn(s)
+            note, s.fresh_note = s.fresh_note, ""
             now = time.monotonic()
             cap = int(msg["max_output_bytes"])
             s.call = Call(
@@ -125,6 +126,17 @@ class Sessions:
             self.z.at(s.call.deadline, self.on_deadline, (s, s.call))
 
     # ---- the session process -------------------------------------------------------------------
+
+    def spawn_then_call(self, s: Session) -> None:
+        s.spawn_pending = False
+        if s.sid not in self.table or s.pid is not None:
+            return
+        if s.started_once:
+            s.fresh_note = (f"[chatgym sandbox: this is a fresh interpreter; the previous one ended "
+                            f"({s.end_reason}): earlier variables, imports and definitions are gone; "
+                            f"files in the work dir are kept]\n")  # fmt: skip
+        self.spawn(s)
+        self.next_call(s)
 
     def spawn(self, s: Session) -> None:
         cmd_r, cmd_w = os.pipe()
@@ -265,7 +277,6 @@ def session_main(cmd_fd: int, res_fd: int, out_fd: int, err_fd: int, s: Session,
         os.dup2(cmd_fd, CMD_FD)
         os.dup2(res_fd, RES_FD)
         os.environ.update(HOME=s.workdir, TMPDIR=s.workdir, PWD=s.workdir)
-        child.fresh_std_streams()
         limits = {"memory_bytes": s.memory_mb << 20, "nproc": cfg["max_processes"] + cfg["host_processes"],
                   "nofile": cfg["max_open_files"], "fsize_bytes": cfg["max_file_bytes"]}  # fmt: skip
         if s.uid is not None:
@@ -316,9 +327,9 @@ def run_cell(code: str, name: str, ns: dict) -> int:
         last = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):
             last = ast.Expression(tree.body.pop().value)
-        exec(compile(tree, name, "exec"), ns)
+        exec(compile(tree, name, "exec", dont_inherit=True), ns)
         if last is not None:
-            value = eval(compile(last, name, "eval"), ns)
+            value = eval(compile(last, name, "eval", dont_inherit=True), ns)
             if value is not None:
                 sys.displayhook(value)
         return 0
