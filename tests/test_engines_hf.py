@@ -122,6 +122,26 @@ async def test_seed_is_honoured_and_top_k_1_is_greedy(engine):
         assert (await engine.generate(prompt, params)).token_ids == greedy.token_ids
 
 
+def test_sampling_filters_keep_exactly_the_documented_sets(engine):
+    # p = [0.5, 0.3, 0.15, 0.05]. top_p=0.7 keeps the smallest prefix reaching 0.7: {0, 1}
+    # (0.5 < 0.7, 0.5 + 0.3 >= 0.7); top_k=3 keeps {0, 1, 2}; both at once keep {0, 1}.
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).repeat(4000, 1)
+    cases = {
+        SamplingParams(top_p=0.7): ({0, 1}, 0.5 / 0.8),
+        SamplingParams(top_k=3): ({0, 1, 2}, 0.5 / 0.95),
+        SamplingParams(top_k=3, top_p=0.7): ({0, 1}, 0.5 / 0.8),
+        SamplingParams(): ({0, 1, 2, 3}, 0.5),
+    }
+    for params, (kept, p0) in cases.items():
+        drawn = engine._sample(logits, [params] * len(logits), [engine._generator] * len(logits))
+        assert set(drawn.tolist()) == kept
+        # 4000 draws: the share of id 0 is within 4 standard errors (≤ 0.032) of the renormalised p.
+        assert abs((drawn == 0).float().mean().item() - p0) < 0.032
+    # Temperature 0.5 squares-and-renormalises p: p0 = 0.25 / (0.25 + 0.09 + 0.0225 + 0.0025) = 0.6849.
+    drawn = engine._sample(logits, [SamplingParams(temperature=0.5)] * 4000, [engine._generator] * 4000)
+    assert abs((drawn == 0).float().mean().item() - 0.6849) < 0.03
+
+
 async def test_logprobs_can_be_left_out(engine):
     out = await engine.generate(
         chat_ids(engine, "Say hi"), SamplingParams(max_tokens=2, temperature=0, logprobs=False)
@@ -195,3 +215,53 @@ async def test_cuda_bf16_matches_cpu_first_tokens(engine):
     _, logprobs = reference(gpu.model, prompt, out.token_ids)
     assert torch.allclose(torch.tensor(out.logprobs), logprobs, atol=0.1)  # bf16 rounding
     await gpu.close()
+
+
+def smollm2_shaped_config(num_hidden_layers: int = 30):
+    """SmolLM2-135M's architecture written out (no files needed), for random-weight GPU checks."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        max_position_embeddings=8192,
+        rope_theta=100000.0,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+async def test_cuda_bf16_random_model_batched_greedy_logprobs_and_update():
+    policy = random_model(smollm2_shaped_config(), dtype="bfloat16", device="cuda", seed=0)
+    eng = TransformersEngine(policy, None, max_batch_size=64)
+    assert eng.device.type == "cuda"
+    gen = torch.Generator().manual_seed(0)
+    prompts = [
+        torch.randint(3, 49152, (int(n),), generator=gen).tolist()
+        for n in torch.randint(5, 40, (16,), generator=gen)
+    ]
+    params = SamplingParams(max_tokens=16, temperature=0)
+    outs = await asyncio.gather(*(eng.generate(p, params) for p in prompts))
+    assert eng.batches_run == 1
+    for prompt, out in zip(prompts, outs, strict=True):
+        argmax, logprobs = reference(policy, prompt, out.token_ids)
+        # bf16: padded+cached vs unpadded logits differ by rounding; random weights give flat
+        # distributions, so near-ties can flip an argmax late in a sequence — the first 4 must agree.
+        assert out.token_ids[:4] == argmax[:4]
+        assert torch.allclose(torch.tensor(out.logprobs[:4]), logprobs[:4], atol=0.05)
+    trainer = random_model(smollm2_shaped_config(), dtype="float32", device="cpu", seed=1)
+    eng.update_weights(trainer.state_dict())
+    after = await eng.generate(prompts[0], SamplingParams(max_tokens=4, temperature=0))
+    trainer_bf16 = trainer.to(device="cuda", dtype=torch.bfloat16)
+    argmax, logprobs = reference(trainer_bf16, prompts[0], after.token_ids)
+    assert after.token_ids[:2] == argmax[:2]
+    assert torch.allclose(torch.tensor(after.logprobs[:2]), logprobs[:2], atol=0.05)
+    await eng.close()

@@ -17,6 +17,7 @@ setting and one seed to a whole batch, and its ``output_scores`` are the process
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import threading
 from dataclasses import dataclass
@@ -101,6 +102,9 @@ class TransformersEngine:
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
         # One lock for the model: decoding (in a worker thread) and weight updates never interleave.
         self._model_lock = threading.Lock()
+        # One long-lived decode thread: CUDA/cuBLAS and PyTorch keep per-thread state, and a fresh
+        # thread per batch (asyncio.to_thread after a new event loop) paid seconds of set-up on a GPU.
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: asyncio.Queue[_Request] | None = None
         self._batcher: asyncio.Task[None] | None = None
@@ -163,7 +167,7 @@ class TransformersEngine:
                 target.copy_(tensor)
 
     async def close(self) -> None:
-        """Stop the batcher; pending requests fail with ``CancelledError``."""
+        """Stop the batcher (pending requests fail with ``CancelledError``); the engine can be used again."""
         if self._batcher is not None and not self._batcher.done():
             self._batcher.cancel()
             try:
@@ -208,8 +212,11 @@ class TransformersEngine:
                 if not batch:
                     continue
                 try:
-                    results = await asyncio.to_thread(
-                        self._generate_batch, [r.prompt_ids for r in batch], [r.params for r in batch]
+                    results = await loop.run_in_executor(
+                        self._executor,
+                        self._generate_batch,
+                        [r.prompt_ids for r in batch],
+                        [r.params for r in batch],
                     )
                 except Exception as exc:  # the whole batch failed: every caller sees why
                     error = RuntimeError(f"TransformersEngine: batch of {len(batch)} failed: {exc!r}")
@@ -317,28 +324,40 @@ class TransformersEngine:
             )
         return completions
 
-    @staticmethod
-    def _sample(logits: Any, params: list[SamplingParams], generators: list[Any]) -> Any:
-        """One id per row: argmax for temperature 0, else temperature → top-k → top-p → multinomial."""
+    def _sample(self, logits: Any, params: list[SamplingParams], generators: list[Any]) -> Any:
+        """One id per row: argmax for temperature 0, else temperature → top-k → top-p → multinomial.
+
+        Filtering is batched over the sampling rows; rows drawing from the engine's shared generator
+        are sampled in one ``multinomial`` call, rows with their own ``seed`` one by one (so their
+        draws do not depend on the rest of the batch).
+        """
         import torch
 
         tokens = logits.argmax(dim=-1)
-        for r, (sp, gen) in enumerate(zip(params, generators, strict=True)):
-            if sp.temperature == 0:
-                continue
-            row = logits[r] / sp.temperature
-            if sp.top_k > 0 and sp.top_k < row.numel():
-                kth = torch.topk(row, sp.top_k).values[-1]
-                row = row.masked_fill(row < kth, float("-inf"))
-            if sp.top_p < 1.0:
-                sorted_logits, order = torch.sort(row, descending=True)
-                probs = torch.softmax(sorted_logits, dim=-1)
-                # Drop a token when the tokens ranked above it already hold top_p of the mass, so the
-                # kept set is the smallest prefix reaching top_p (the top token is always kept).
-                drop = (probs.cumsum(-1) - probs) >= sp.top_p
-                row = row.scatter(0, order, sorted_logits.masked_fill(drop, float("-inf")))
-            probs = torch.softmax(row, dim=-1)
-            tokens[r] = torch.multinomial(probs, 1, generator=gen)[0]
+        rows = [r for r, sp in enumerate(params) if sp.temperature > 0]
+        if not rows:
+            return tokens
+        device, vocab = logits.device, logits.shape[-1]
+        x = logits[rows] / torch.tensor([params[r].temperature for r in rows], device=device)[:, None]
+        top_k = [params[r].top_k if 0 < params[r].top_k < vocab else vocab for r in rows]
+        top_p = [params[r].top_p for r in rows]
+        if min(top_k) < vocab or min(top_p) < 1.0:
+            sorted_x, order = torch.sort(x, dim=-1, descending=True)
+            ranks = torch.arange(vocab, device=device)[None, :]
+            drop = ranks >= torch.tensor(top_k, device=device)[:, None]
+            probs = torch.softmax(sorted_x.masked_fill(drop, float("-inf")), dim=-1)
+            # Top-p drops a token when the tokens ranked above it already hold top_p of the mass: the
+            # kept set is the smallest prefix reaching top_p (the top token is always kept).
+            drop |= (probs.cumsum(-1) - probs) >= torch.tensor(top_p, device=device)[:, None]
+            x = x.scatter(1, order, sorted_x.masked_fill(drop, float("-inf")))
+        probs = torch.softmax(x, dim=-1)
+        shared = [i for i, r in enumerate(rows) if generators[r] is self._generator]
+        if shared:
+            drawn = torch.multinomial(probs[shared], 1, generator=self._generator)[:, 0]
+            tokens[torch.tensor([rows[i] for i in shared], device=device)] = drawn
+        for i, r in enumerate(rows):
+            if generators[r] is not self._generator:
+                tokens[r] = torch.multinomial(probs[i], 1, generator=generators[r])[0]
         return tokens
 
 
