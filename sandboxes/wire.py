@@ -6,7 +6,6 @@ Stdlib only: the zygote imports this module standalone, outside the ``chatgym`` 
 
 from __future__ import annotations
 
-import base64
 import json
 import marshal
 import os
@@ -93,6 +92,8 @@ class FrameDecoder:
 
 def pack_files(files: dict[str, str | bytes] | None) -> list[list[str]]:
     """``{path: str | bytes}`` as JSON-safe ``[path, "t"|"b", text-or-base64]`` triples."""
+    import base64  # lazily: the zygote (and so every fork) need not load binascii
+
     out = []
     for path, content in (files or {}).items():
         if isinstance(content, bytes):
@@ -104,4 +105,8 @@ def pack_files(files: dict[str, str | bytes] | None) -> list[list[str]]:
 
 def unpack_file(kind: str, payload: str) -> bytes:
     """Inverse of one ``pack_files`` entry: the file's bytes (text is written as UTF-8)."""
-    return base64.b64decode(payload) if kind == "b" else payload.encode()
+    if kind != "b":
+        return payload.encode()
+    import base64
+
+    return base64.b64decode(payload)
