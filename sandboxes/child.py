@@ -213,7 +213,9 @@ def spare(cmd_fd: int, out_fd: int, err_fd: int, workdir: str, cfg: dict) -> Non
         os.dup2(err_fd, 2)
         os.closerange(3, MAX_FD)
         # The zygote's own environment is the allowlist (see client.py); add the per-run entries.
-        os.environ.update(HOME=workdir, TMPDIR=workdir, PWD=workdir)
+        # (Item by item: MutableMapping.update's ABC checks cost ~0.2 ms of page faults in a fork.)
+        env = os.environ
+        env["HOME"] = env["TMPDIR"] = env["PWD"] = workdir
         req = wire.read_marshal_fd(0)
         if req is None:
             os._exit(0)

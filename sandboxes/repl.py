@@ -222,7 +222,7 @@ class Sessions:
 
     def kill(self, s: Session, reason: str) -> None:
         s.end_reason = reason
-        self.z.killpg(s.pid)
+        self.z.kill_tree(s.pid)
         if s.uid is not None:
             self.z.reap_uid(s.uid)
 
@@ -262,7 +262,7 @@ class Sessions:
         """At shutdown: kill every session process (the zygote reaps them with its other children)."""
         for s in list(self.table.values()):
             if s.pid is not None:
-                self.z.killpg(s.pid)
+                self.z.kill_tree(s.pid)
                 if s.uid is not None:
                     self.z.reap_uid(s.uid)
         self.table.clear()
@@ -276,7 +276,8 @@ def session_main(cmd_fd: int, res_fd: int, out_fd: int, err_fd: int, s: Session,
         os.dup2(err_fd, 2)
         os.dup2(cmd_fd, CMD_FD)
         os.dup2(res_fd, RES_FD)
-        os.environ.update(HOME=s.workdir, TMPDIR=s.workdir, PWD=s.workdir)
+        env = os.environ
+        env["HOME"] = env["TMPDIR"] = env["PWD"] = s.workdir
         limits = {"memory_bytes": s.memory_mb << 20, "nproc": cfg["max_processes"] + cfg["host_processes"],
                   "nofile": cfg["max_open_files"], "fsize_bytes": cfg["max_file_bytes"]}  # fmt: skip
         if s.uid is not None:

