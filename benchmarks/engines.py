@@ -6,7 +6,7 @@ engine is warmed up, then timed ``--repeats`` times; the median tokens/s of each
 printed. Tokens counted are the ids actually generated (requests may stop early at EOS; the prompts
 ask for long stories so most run to ``--max-tokens``).
 
-    .venv/bin/python benchmarks/engines.py                 # 32 prompts x 128 tokens, bf16
+    .venv/bin/python benchmarks/engines.py                 # 32 prompts x 128 tokens
     .venv/bin/python benchmarks/engines.py --enforce-eager --repeats 1   # quick check (vLLM slower)
 """
 
@@ -97,7 +97,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dtype", default="auto", help="auto: bf16 where the CPU has native bf16, else fp32")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
         "--enforce-eager", action="store_true", help="vLLM without torch.compile (fast start)"
@@ -107,7 +107,10 @@ def main() -> None:
 
     from chatgym.trainer.engines.hf import TransformersEngine
     from chatgym.trainer.engines.vllm_inproc import VLLMEngine
+    from chatgym.trainer.models import fast_dtype
 
+    if args.dtype == "auto":
+        args.dtype = fast_dtype()
     params = SamplingParams(max_tokens=args.max_tokens, temperature=1.0, seed=0)
     print(
         f"SmolLM2 generation: {args.prompts} prompts x {args.max_tokens} tokens, {args.dtype}, "

@@ -191,3 +191,14 @@ def test_real_conversion_in_two_processes(tmp_path):
         ".smollm2-135m-instruct.lock",
         "smollm2-135m-instruct",
     ]
+
+
+def test_fast_dtype_follows_the_hardware(monkeypatch):
+    from chatgym.trainer.models import fast_dtype
+
+    flags = Path("/proc/cpuinfo").read_text()
+    native = "avx512_bf16" in flags or "amx_bf16" in flags
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert fast_dtype() == ("bfloat16" if native else "float32")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert fast_dtype() == "bfloat16"

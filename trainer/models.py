@@ -242,6 +242,24 @@ def resolve_dtype(dtype: Any) -> Any:
     return resolved
 
 
+def fast_dtype() -> str:
+    """The faster inference dtype here: ``"bfloat16"`` on CUDA or a CPU with native bf16 matmuls
+    (AVX-512 BF16 / AMX), else ``"float32"``.
+
+    Without native support PyTorch and vLLM emulate bf16: on this project's AVX2-only AMD EPYC a
+    bf16 576x1536 matmul took 5.7x longer than the fp32 one.
+    """
+    import torch
+
+    if torch.cuda.is_available():
+        return "bfloat16"
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "float32"
+    return "bfloat16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "float32"
+
+
 def random_model(
     config_name_or_path: str | os.PathLike[str] | Any,
     dtype: Any = "float32",

@@ -40,7 +40,7 @@ class TransformersEngine:
     Args:
         model: packaged model name (``"smollm2"``), a local model directory, or a loaded
             ``PreTrainedModel`` (used as is, e.g. the trainer's own model; the engine then shares its
-            weights and ``update_weights`` is not needed).
+            weights and ``update_weights`` is not needed; its train/eval mode is left alone).
         tokenizer: a tokenizer for ``Completion.text``; loaded from ``model`` when it is a name/path,
             else none (text is empty).
         dtype: ``torch.dtype`` or name, when the engine loads the model (``"float32"`` default;
@@ -85,8 +85,9 @@ class TransformersEngine:
                 from ..tokenizer import get_tokenizer
 
                 tokenizer = get_tokenizer(model)
-            model = load_model(model, dtype=dtype, device=device)
-        self.model = model.eval()
+            model = load_model(model, dtype=dtype, device=device)  # in eval mode
+        # A model passed in is used as is (train/eval mode included): it may be the trainer's own.
+        self.model = model
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
         config = model.config

@@ -83,7 +83,8 @@ class VLLMEngine:
     Args:
         model: packaged model name (``"smollm2"``) or a local Hugging Face model directory.
         tokenizer: tokenizer for ``Completion.text`` (default: the model's, via ``get_tokenizer``).
-        dtype: ``"bfloat16"`` (default; fastest on AVX-512-BF16 CPUs and GPUs), ``"float32"``, ...
+        dtype: ``"auto"`` (default: ``models.fast_dtype()`` — bf16 on GPUs and CPUs with native bf16,
+            else float32), or any vLLM dtype (``"bfloat16"``, ``"float32"``, ...).
         max_model_len: context length in tokens (prompt + completion).
         enforce_eager: skip torch.compile / CUDA graphs (start-up ~10 s instead of ~1 min on CPU,
             generation several times slower: fine for tests).
@@ -102,17 +103,19 @@ class VLLMEngine:
         model: Any = "smollm2",
         tokenizer: Any = None,
         *,
-        dtype: str = "bfloat16",
+        dtype: str = "auto",
         max_model_len: int = 4096,
         enforce_eager: bool = False,
         kv_cache_gib: float | None = None,
         seed: int = 0,
         **llm_kwargs: Any,
     ) -> None:
-        from ..models import load_model_path
+        from ..models import fast_dtype, load_model_path
         from ..tokenizer import get_tokenizer
 
         path = load_model_path(model)
+        if dtype == "auto":
+            dtype = fast_dtype()
         if kv_cache_gib is not None:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
         vllm = import_vllm()
