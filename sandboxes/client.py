@@ -99,6 +99,17 @@ class ZygoteClient:
             self.dead = True
             self._ready.set()
             self._fail_pending()
+            self._reap()
+
+    def _reap(self) -> None:
+        """The stream ended: the zygote is exiting (or broken). Collect it so no zombie stays."""
+        if self._proc is None:
+            return
+        try:
+            self._proc.wait(5.0)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
 
     def _deliver(self, msg: dict) -> None:
         with self._lock:
@@ -142,6 +153,11 @@ class ZygoteClient:
         if base and not self.info.get("mount_ns"):  # backstop if the zygote was killed mid-run
             shutil.rmtree(base, ignore_errors=True)
         self.dead = True
+
+    def close_nowait(self) -> None:
+        """Ask the zygote to stop without waiting (for finalizers); the reader thread reaps it."""
+        if self._sock is not None and not self.dead:
+            self.send({"op": "shutdown"})
 
     # ---- requests ------------------------------------------------------------------------------
 

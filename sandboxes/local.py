@@ -54,6 +54,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -233,6 +234,8 @@ class LocalSandbox:
             for note in client.info.get("notes", []):
                 _warn_once(note)
             self._client = client
+            # A sandbox dropped without close() still stops its zygote (without blocking the GC).
+            weakref.finalize(self, client.close_nowait)
             return client
 
     async def close(self) -> None:

@@ -427,6 +427,19 @@ async def test_close_stops_the_zygote():
         await sandbox.run("print(1)")
 
 
+async def test_dropped_sandbox_stops_its_zygote():
+    import gc
+
+    sandbox = LocalSandbox(max_concurrency=1)
+    pid = (await sandbox.start())["pid"]
+    del sandbox
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while alive(pid) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert not alive(pid)
+
+
 def test_zygote_dies_with_its_parent():
     script = (
         "import asyncio, os\n"
