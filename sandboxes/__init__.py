@@ -2,5 +2,6 @@
 
 from .base import ExecResult, Sandbox, Session
 from .local import LocalSandbox
+from .session import LocalSession
 
-__all__ = ["ExecResult", "LocalSandbox", "Sandbox", "Session"]
+__all__ = ["ExecResult", "LocalSandbox", "LocalSession", "Sandbox", "Session"]

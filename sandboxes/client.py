@@ -55,6 +55,7 @@ class ZygoteClient:
         self._error: BaseException | None = None
         self.dead = False
         self.info: dict = {}
+        self.owner_pid = os.getpid()  # after a fork of the host process, the copy starts its own zygote
 
     # ---- life cycle ----------------------------------------------------------------------------
 
@@ -152,6 +153,12 @@ class ZygoteClient:
         base = self.info.get("work_base")
         if base and not self.info.get("mount_ns"):  # backstop if the zygote was killed mid-run
             shutil.rmtree(base, ignore_errors=True)
+        self.dead = True
+
+    def abandon(self) -> None:
+        """In a forked copy of the host process: drop our copy of the socket, leave the zygote be."""
+        if self._sock is not None:
+            self._sock.close()  # closes only this process's fd; the original keeps its connection
         self.dead = True
 
     def close_nowait(self) -> None:

@@ -215,7 +215,7 @@ class LocalSandbox:
 
     async def _ensure_client(self) -> ZygoteClient:
         client = self._client
-        if client is not None and not client.dead:
+        if client is not None and not client.dead and client.owner_pid == os.getpid():
             return client
         if self._closed:
             raise RuntimeError("LocalSandbox is closed")
@@ -225,10 +225,12 @@ class LocalSandbox:
         with self._start_lock:
             if self._closed:
                 raise RuntimeError("LocalSandbox is closed")
-            if self._client is not None and not self._client.dead:
+            if self._client is not None and not self._client.dead and self._client.owner_pid == os.getpid():
                 return self._client
-            if self._client is not None:
+            if self._client is not None and self._client.owner_pid == os.getpid():
                 self._client.close()
+            elif self._client is not None:
+                self._client.abandon()  # a forked copy of the host: the zygote is the original's
             client = ZygoteClient(self._config, self._argv, self._zygote_env)
             client.start()
             for note in client.info.get("notes", []):

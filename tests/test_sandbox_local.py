@@ -440,6 +440,26 @@ async def test_dropped_sandbox_stops_its_zygote():
     assert not alive(pid)
 
 
+async def test_forked_host_gets_its_own_zygote(sb):
+    # A forked copy of the host (multiprocessing's fork) must start its own zygote and leave the
+    # original's alone.
+    first = (await sb.start())["pid"]
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            res = asyncio.run(sb.run("print(7)"))
+            os.write(w, f"{res.stdout.strip()} {sb.isolation['pid']}".encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    os.waitpid(pid, 0)
+    out, child_zygote = os.read(r, 100).decode().split()
+    os.close(r)
+    assert out == "7" and int(child_zygote) != first
+    assert (await sb.run("print(8)")).stdout == "8\n" and sb.isolation["pid"] == first
+
+
 def test_zygote_dies_with_its_parent():
     script = (
         "import asyncio, os\n"
