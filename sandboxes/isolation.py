@@ -6,7 +6,7 @@ inherits it for free. Linux only. Each step is best-effort: what could not be se
 
 * ``unshare(CLONE_NEWNET)``: an empty network namespace (loopback down): no TCP/UDP to anything,
   the host's 127.0.0.1 included. Abstract unix sockets are per network namespace, so they are cut too.
-* ``unshare(CLONE_NEWNS)`` + private tmpfs on ``/tmp``, ``/var/tmp``, ``/dev/shm``: scratch files never
+* ``unshare(CLONE_NEWNS)`` + private tmpfs on ``/tmp``, ``/var/tmp``, ``/dev/shm``, ``/run/lock``: scratch files never
   reach the host and vanish with the zygote; ``hidden_paths`` (``/root``, ``/home``) get an empty tmpfs,
   with the interpreter's own prefix bound back read-only so the stdlib stays importable; ``/proc`` is
   remounted with ``hidepid=invisible`` so sandbox uids see only their own processes.
@@ -30,7 +30,7 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
-SCRATCH_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
+SCRATCH_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")  # the world-writable dirs of a Debian host
 LOCK_DIRS = ("/run/chatgym-sandbox", "/var/lock/chatgym-sandbox", "/tmp/chatgym-sandbox-locks")
 
 _libc = ctypes.CDLL(None, use_errno=True)

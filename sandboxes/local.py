@@ -4,17 +4,17 @@ Every run gets a fresh process (forked from one long-lived helper interpreter, s
 fresh work dir, as its own session/process group, with rlimits, an allowlisted environment and,
 where the OS allows, its own unprivileged uid and an empty network namespace. Forking a warm
 interpreter skips the ~10-25 ms start-up of ``python3`` and the imports: a ``print(1)`` round trip
-costs a few milliseconds (see the benchmark numbers in the README / closing note).
+took 2.5 ms on 2 quiet cores (``benchmarks/sandbox_latency.py``). Linux only.
 
-What is isolated (Linux):
+What is isolated:
 
 ======================================  ==========================  ===============================
-                                         root (CAP_SYS_ADMIN,        not root, or no namespaces
-                                         CAP_SETUID): the default
+                                         root (CAP_SYS_ADMIN,        not root (rlimits + process
+                                         CAP_SETUID): the default    group only)
 ======================================  ==========================  ===============================
-wall-clock limit, whole tree killed      yes (killpg + kill all of   yes (killpg of the process
-                                         the run's uid)              group; a child that setsid()s
-                                                                     away survives)
+wall-clock limit, whole tree killed      yes: killpg, and on a       killpg only: a child that
+                                         timeout every process of    setsid()s away survives
+                                         the run's own uid
 CPU time, address space, file size,      yes (rlimits)               yes (rlimits)
 open files, core dumps
 number of processes (fork bombs)         yes: RLIMIT_NPROC per       weak: RLIMIT_NPROC counts all
@@ -26,10 +26,10 @@ network                                  none: empty net namespace   NOT isolate
                                          127.0.0.1, no abstract
                                          unix sockets)
 host files                               read: world-readable files  everything the host user can
-                                         only, /root and /home       read and write
-                                         hidden; write: nothing but
-                                         the work dir and a private
-                                         /tmp, /var/tmp, /dev/shm
+                                         only; /root and /home       read and write
+                                         hidden. write: the work dir
+                                         and private /tmp, /var/tmp,
+                                         /dev/shm, /run/lock only
 other processes                          invisible (/proc hidepid),  visible; signals/ptrace to the
                                          cannot be signalled         host user's processes possible
 SysV IPC / POSIX message queues          private namespace           shared
@@ -37,11 +37,15 @@ kernel attack surface, CPU/disk          NOT isolated (no seccomp,   NOT isolate
 bandwidth, time/randomness               no cgroups)
 ======================================  ==========================  ===============================
 
-Runs of one sandbox share the zygote's namespaces: two *concurrent* runs could in principle talk
-through a socket in the private /tmp. Each run's uid-owned scratch files are removed when it ends,
-so nothing carries over from one run to the next. Python runs see only the stdlib (``-I -S``) unless
-``site_packages=True``. For stronger isolation (seccomp, a PID namespace, cgroup caps) use a
-container backend.
+As root without CAP_SYS_ADMIN (a default Docker container) the uid rows of the first column hold
+and the namespace rows (network, files, /proc, IPC) those of the second; ``isolation`` / the
+warning at start say which. Runs of one sandbox share the zygote's namespaces: two *concurrent*
+runs could talk through a socket in the private /tmp. A run's uid-owned scratch files are removed
+when it ends, so nothing carries over to the next run. A process that leaves the run's process
+group *and* closes its stdout/stderr outlives a run that ends normally until the next run on that
+uid starts (it kills every process of its uid first) or the sandbox closes. Python runs see only
+the stdlib (``-I -S``) unless ``site_packages=True``. For stronger isolation (seccomp, a PID
+namespace, cgroup caps) use a container backend.
 """
 
 from __future__ import annotations
