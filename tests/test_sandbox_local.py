@@ -356,6 +356,14 @@ async def test_session_keeps_state_and_restarts_after_timeout(sb):
         await session.run("1")
 
 
+async def test_session_calls_run_in_order(sb):
+    async with await sb.open_session() as session:
+        slow, fast = await asyncio.gather(
+            session.run("import time; time.sleep(0.2); x = 'first'"), session.run("print(x)")
+        )
+        assert (slow.status, fast.stdout) == ("ok", "first\n")  # one interpreter, calls in FIFO order
+
+
 async def test_sessions_are_separate(sb):
     a, b = await sb.open_session(), await sb.open_session()
     try:
