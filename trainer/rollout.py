@@ -329,7 +329,12 @@ class Collector:
 
     async def _run_episode(self, spec: _EpisodeSpec, env_kwargs: dict[str, Any], t0: float) -> Trajectory:
         name = spec.env if isinstance(spec.env, str) else env_name(spec.env, None)
-        traj = Trajectory(env_id=name, task_id=None, group_id=spec.group_id, sample_index=spec.sample_index)
+        options = spec.options or {}
+        # Known before reset, so a trajectory whose env fails to start still names its task.
+        task_id = options["task"].get("task_id") if "task" in options else options.get("task_index")
+        traj = Trajectory(
+            env_id=name, task_id=task_id, group_id=spec.group_id, sample_index=spec.sample_index
+        )
         traj.timing.update(start_s=time.perf_counter() - t0, generate_s=0.0, env_s=0.0, render_s=0.0)
         state: dict[str, Any] = {}
         try:
@@ -404,7 +409,7 @@ class Collector:
         traj.env_id = env_name(spec.env, env)
         obs, reset_info = await self._env_call(traj, runner.reset(spec.seed, spec.options))
         obs = _check_observation(obs, "reset")
-        traj.task_id = reset_info.get("task_id", (spec.options or {}).get("task_index"))
+        traj.task_id = reset_info.get("task_id", traj.task_id)
         tools = reset_info.get("tools") or getattr(getattr(env, "unwrapped", env), "tools", None) or None
         self.renderer.warn_if_tools_ignored(self.probe, tools)
 
