@@ -9,13 +9,14 @@ Queries: the first 200 questions of WikiQA's test split; k = 10; each figure is 
   ``1 - ours/raw`` (target <= 10%).
 * dense — our ``DenseRetriever.search_batch`` (encode + faiss flat) vs the same encoder + a numpy
   brute-force ``emb @ q`` top-k; and the search step alone (faiss vs numpy, queries pre-encoded).
-* server — ``chatgym serve-retriever`` started as a real process on 127.0.0.1, driven by
-  ``RetrievalClient`` at concurrency 32 with one query per request (what an env sends): requests/s
-  and p50/p99 latency, as a share of the in-process batch throughput (target >= 70%).
+* server — ``chatgym serve-retriever`` started as a real process on 127.0.0.1 (with 1 and with
+  ``--workers`` processes, default one per CPU), driven by ``RetrievalClient`` from this process at
+  concurrency 32 with one query per request (what an env sends), and with 10 queries per request:
+  requests/s and p50/p99 latency, as a share of the in-process batch throughput (target >= 70%).
 * ``--quality`` — recall@1/5/10 of BM25, dense and hybrid on the whole WikiQA test split, by
   question type (support recall: a two-hop question counts each of its two documents).
 
-    python benchmarks/retrieval.py [--repeats 5] [--requests 2000] [--skip-dense] [--skip-server] [--quality]
+    python benchmarks/retrieval.py [--repeats 5] [--requests 2000] [--workers N] [--skip-dense] [--skip-server] [--quality]
 
 The dense index over the full corpus is built once into ``$CHATGYM_CACHE`` (minutes on 2 cores).
 """
@@ -184,8 +185,9 @@ def bench_dense(docs, queries: list[str], repeats: int) -> DenseRetriever:
 # ---- server -------------------------------------------------------------------------------------
 
 
-def start_server(index_dir: Path) -> tuple[subprocess.Popen, str]:
+def start_server(index_dir: Path, workers: int = 1) -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, "-m", "chatgym.cli", "serve-retriever", "--index", str(index_dir), "--port", "0"]
+    cmd += ["--workers", str(workers)]
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env={**os.environ}
     )
@@ -223,42 +225,53 @@ async def drive(
 
 
 def bench_server(
-    name: str, retriever, queries: list[str], n_requests: int, repeats: int, concurrency: int = 32
+    name: str,
+    retriever,
+    queries: list[str],
+    n_requests: int,
+    repeats: int,
+    workers: list[int],
+    concurrency: int = 32,
 ) -> None:
-    # In-process throughput measured before and after the server run, so slow drift of the load from
+    # In-process throughput measured before and after the server runs, so slow drift of the load from
     # other processes does not favour either side.
     before = median_rate(lambda: retriever.search_batch(queries, K), len(queries), repeats)
+    runs = []
     with tempfile.TemporaryDirectory() as tmp:
         retriever.save(Path(tmp) / "index")
-        proc, url = start_server(Path(tmp) / "index")
-        try:
-            rate, lat = asyncio.run(drive(url, queries, n_requests, concurrency))
-            rate10, lat10 = asyncio.run(
-                drive(url, queries, max(1, n_requests // 10), concurrency, per_request=10)
-            )
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+        for w in workers:
+            proc, url = start_server(Path(tmp) / "index", w)
+            try:
+                single = asyncio.run(drive(url, queries, n_requests, concurrency))
+                batched = asyncio.run(
+                    drive(url, queries, max(1, n_requests // 10), concurrency, per_request=10)
+                )
+            finally:
+                proc.terminate()
+                proc.wait(timeout=30)
+            runs.append((w, single, batched))
     in_process = (before + median_rate(lambda: retriever.search_batch(queries, K), len(queries), repeats)) / 2
-    print(f"\nserver ({name}), concurrency {concurrency}, k=10")
+    print(f"\nserver ({name}), concurrency {concurrency}, k=10; client in this process")
     row("in-process search_batch (batch of 200)", in_process)
-    p50, p99 = np.percentile(np.array(lat) * 1000, [50, 99])
-    row(
-        f"server, 1 query/request ({n_requests} requests)",
-        rate,
-        "req/s",
-        f"p50 {p50:.1f} ms, p99 {p99:.1f} ms",
-    )
-    p50, p99 = np.percentile(np.array(lat10) * 1000, [50, 99])
-    row(
-        f"server, 10 queries/request ({len(lat10)} requests)",
-        rate10 * 10,
-        "q/s",
-        f"p50 {p50:.1f} ms, p99 {p99:.1f} ms",
-    )
-    print(
-        f"  server / in-process batch = {rate / in_process:.2f} (1 query/request), {rate10 * 10 / in_process:.2f} (10/request)"
-    )
+    for w, (rate, lat), (rate10, lat10) in runs:
+        p50, p99 = np.percentile(np.array(lat) * 1000, [50, 99])
+        row(
+            f"{w} worker(s), 1 query/request ({len(lat)} req)",
+            rate,
+            "req/s",
+            f"p50 {p50:.1f} ms, p99 {p99:.1f} ms",
+        )
+        p50, p99 = np.percentile(np.array(lat10) * 1000, [50, 99])
+        row(
+            f"{w} worker(s), 10 queries/request ({len(lat10)} req)",
+            rate10 * 10,
+            "q/s",
+            f"p50 {p50:.1f} ms, p99 {p99:.1f} ms",
+        )
+        print(
+            f"  {w} worker(s): server / in-process batch = {rate / in_process:.2f} (1 query/request), "
+            f"{rate10 * 10 / in_process:.2f} (10 queries/request)"
+        )
 
 
 # ---- quality ------------------------------------------------------------------------------------
@@ -282,6 +295,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--requests", type=int, default=2000, help="server requests for BM25 (dense: a fifth)")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="server processes (also run: 1)")
     p.add_argument("--skip-dense", action="store_true")
     p.add_argument("--skip-server", action="store_true")
     p.add_argument("--quality", action="store_true", help="also print recall@1/5/10 (needs the dense index)")
@@ -293,9 +307,10 @@ def main() -> None:
     bm25 = bench_bm25(docs, queries, args.repeats)
     dense = None if args.skip_dense else bench_dense(docs, queries, args.repeats)
     if not args.skip_server:
-        bench_server("BM25", bm25, queries, args.requests, args.repeats)
+        workers = sorted({1, args.workers})
+        bench_server("BM25", bm25, queries, args.requests, args.repeats, workers)
         if dense is not None:
-            bench_server("dense", dense, queries, max(200, args.requests // 5), args.repeats)
+            bench_server("dense", dense, queries, max(200, args.requests // 5), args.repeats, workers)
     if args.quality and dense is not None:
         quality(docs, bm25, dense)
 

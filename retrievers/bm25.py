@@ -25,7 +25,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .base import Document, Passage, check_queries, check_unique_ids, corpus_fingerprint, rank_passages
+import numpy as np
+
+from .base import Document, Passage, check_queries, check_unique_ids, corpus_fingerprint
 from .store import atomic_dir, cache_key, cache_root, load_docs, read_meta, save_docs, write_meta
 
 
@@ -85,6 +87,7 @@ class BM25Retriever:
             raise ValueError(f"k1 must be >= 0, got {k1}")
         check_unique_ids(docs)
         self.docs = list(docs)
+        self._rows = [(d.id, d.text, d.meta) for d in self.docs]
         self.settings = {"k1": k1, "b": b, "stopwords": stopwords, "stemmer": stemmer, "method": "lucene"}
         self._bm25s = _import_bm25s()
         self._stemmer = make_stemmer(stemmer)
@@ -122,14 +125,26 @@ class BM25Retriever:
         check_queries(queries, k)
         if self._index is None or not queries:
             return [[] for _ in queries]
-        tokens = self.tokenize(queries)
-        kk = min(k, len(self.docs))
-        idx, scores = self._index.retrieve(tokens, k=kk, show_progress=False, n_threads=0)
-        out = []
-        for row_idx, row_scores in zip(idx.tolist(), scores.tolist(), strict=True):
-            hits = [(i, s) for i, s in zip(row_idx, row_scores, strict=True) if s > 0.0]
-            out.append(rank_passages(self.docs, [i for i, _ in hits], [s for _, s in hits]))
-        return out
+        # bm25s's own token-id form (as its README calls it); retrieve() maps it onto the index vocab.
+        tokens = self._bm25s.tokenize(
+            list(queries),
+            stopwords=self.settings["stopwords"] or [],
+            stemmer=self._stemmer,
+            show_progress=False,
+        )
+        idx, scores = self._index.retrieve(tokens, k=min(k, len(self.docs)), show_progress=False, n_threads=0)
+        # Rows come sorted by score; re-sort by (score desc, corpus position) so ties are deterministic.
+        order = np.lexsort((idx, -scores), axis=-1)
+        idx, scores = np.take_along_axis(idx, order, -1), np.take_along_axis(scores, order, -1)
+        rows = self._rows
+        return [
+            [
+                Passage(rows[i][0], rows[i][1], s, rows[i][2])
+                for i, s in zip(row_i, row_s, strict=True)
+                if s > 0.0
+            ]
+            for row_i, row_s in zip(idx.tolist(), scores.tolist(), strict=True)
+        ]
 
     # ---- persistence --------------------------------------------------------------------------
 

@@ -107,7 +107,7 @@ class HybridRetriever:
                 [[p.id for p in lex], [p.id for p in sem]], self.settings["c"], self.settings["weights"]
             )[:k]
             docs = self._by_id
-            out.append([Passage(i, docs[i].text, s, dict(docs[i].meta)) for i, s in fused])
+            out.append([Passage(i, docs[i].text, s, docs[i].meta) for i, s in fused])
         return out
 
     def save(self, path: str | Path) -> None:

@@ -16,6 +16,8 @@ that arrive while a search runs are coalesced into the next ``search_batch`` cal
 which is where a dense retriever's batched encoder pays off.
 
 Run it with ``chatgym serve-retriever --index wiki --kind bm25 --port 8000`` (see :func:`cli_main`).
+One process serves about one core's worth of searches (the GIL); ``--workers N`` forks N processes
+that share the listening socket, each with its own copy of the index (``/stats`` is per process).
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ import asyncio
 import concurrent.futures
 import contextlib
 import json
+import os
 import signal
+import socket
 import sys
 from collections import defaultdict
 from collections.abc import Sequence
@@ -221,19 +225,30 @@ def make_app(retriever: Retriever, *, default_topk: int = 3, max_batch: int = 51
 
 
 async def serve(
-    retriever: Retriever, host: str = "127.0.0.1", port: int = 8000, default_topk: int = 3
+    retriever: Retriever,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    default_topk: int = 3,
+    *,
+    sock: socket.socket | None = None,
+    announce: bool = True,
 ) -> None:
-    """Serve until SIGINT/SIGTERM. Prints ``listening on http://HOST:PORT`` (the real port when 0)."""
+    """Serve until SIGINT/SIGTERM; print ``listening on http://HOST:PORT`` (the real port when 0).
+
+    ``sock``: an already listening socket to serve on instead of binding ``host:port`` (the
+    ``--workers`` processes share one); ``announce=False`` skips the print.
+    """
     runner = web.AppRunner(make_app(retriever, default_topk=default_topk), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.SockSite(runner, sock) if sock is not None else web.TCPSite(runner, host, port)
     await site.start()
-    bound = runner.addresses[0]
-    print(
-        f"chatgym retrieval server: kind={retriever.kind} docs={len(retriever.docs)} "
-        f"listening on http://{bound[0]}:{bound[1]}",
-        flush=True,
-    )
+    if announce:
+        bound = runner.addresses[0]
+        print(
+            f"chatgym retrieval server: kind={retriever.kind} docs={len(retriever.docs)} "
+            f"listening on http://{bound[0]}:{bound[1]}",
+            flush=True,
+        )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -242,6 +257,27 @@ async def serve(
         await stop.wait()
     finally:
         await runner.cleanup()
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A non-blocking TCP socket bound to ``host:port`` (0: a free port) and listening."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock
+
+
+def _die_with_parent() -> None:
+    """Linux: deliver SIGTERM to this (forked worker) process when its parent dies."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def load_retriever(
@@ -286,9 +322,41 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--model", default=None, help="sentence-transformers model directory (dense/hybrid)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--cache-dir", default=None, help="index cache root (default $CHATGYM_CACHE)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="server processes sharing the port (each loads the index; one process uses about one core)",
+    )
     args = p.parse_args(argv)
     if args.topk < 1:
         p.error(f"--topk must be >= 1, got {args.topk}")
+    if args.workers < 1:
+        p.error(f"--workers must be >= 1, got {args.workers}")
+    sock = listening_socket(args.host, args.port) if args.workers > 1 else None
+    children = []
+    # Fork before anything heavy (torch, faiss) is loaded; every process then loads its own index.
+    for _ in range(args.workers - 1):
+        pid = os.fork()
+        if pid == 0:  # a worker: serve, then leave without ever returning into the parent's code
+            code = 1
+            try:
+                _die_with_parent()
+                code = _run(args, sock, announce=False)
+            finally:
+                os._exit(code)
+        children.append(pid)
+    try:
+        return _run(args, sock, announce=True)
+    finally:
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        for pid in children:
+            os.waitpid(pid, 0)
+
+
+def _run(args: argparse.Namespace, sock: socket.socket | None, announce: bool) -> int:
     try:
         retriever = load_retriever(
             args.index, args.kind, cache_dir=args.cache_dir, model=args.model, device=args.device
@@ -296,5 +364,5 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
     except (FileNotFoundError, ValueError, ImportError) as exc:
         print(f"chatgym serve-retriever: {exc}", file=sys.stderr)
         return 2
-    asyncio.run(serve(retriever, args.host, args.port, args.topk))
+    asyncio.run(serve(retriever, args.host, args.port, args.topk, sock=sock, announce=announce))
     return 0

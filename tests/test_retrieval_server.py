@@ -370,3 +370,63 @@ def test_hybrid_server_equals_in_process(tmp_path):
             ]
     finally:
         stop(proc)
+
+
+def children_of(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:  # field 4: parent pid
+                out.append(int(entry.name))
+    return out
+
+
+def test_workers_share_the_port_and_stop_together(bm25, tmp_path):
+    bm25.save(tmp_path / "index")
+    cmd = [sys.executable, "-m", "chatgym.cli", "serve-retriever", "--index", str(tmp_path / "index")]
+    proc, url = start([*cmd, "--port", "0", "--workers", "2"], tmp_path / "server.log")
+    try:
+        wait_healthy(url)
+        (worker,) = children_of(proc.pid)
+        queries = ["Kubrick", "Seurat painting", "river in Egypt", "Kraków"]
+
+        async def remote():
+            async with RetrievalClient(url, max_concurrency=8) as c:
+                return await asyncio.gather(*(c.search_batch([q], 5) for q in queries * 10))
+
+        got = asyncio.run(remote())
+        assert got == [bm25.search_batch([q], 5) for q in queries * 10]
+    finally:
+        stop(proc)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{worker}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{worker}").exists()  # the parent reaped its worker
+
+
+def test_worker_dies_with_a_killed_parent(bm25, tmp_path):
+    bm25.save(tmp_path / "index")
+    cmd = [sys.executable, "-m", "chatgym.cli", "serve-retriever", "--index", str(tmp_path / "index")]
+    proc, url = start([*cmd, "--port", "0", "--workers", "2"], tmp_path / "server.log")
+    try:
+        wait_healthy(url)
+        (worker,) = children_of(proc.pid)
+        proc.kill()  # SIGKILL: no cleanup in the parent; PR_SET_PDEATHSIG must stop the worker
+        proc.wait()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                state = Path(f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                break
+            if state == "Z":
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail(f"worker {worker} outlived its killed parent")
+    finally:
+        stop(proc)

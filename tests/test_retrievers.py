@@ -139,8 +139,7 @@ def test_title_is_indexed_and_passages_carry_meta():
     assert hit == [
         Passage("x", "A small town.", hit[0].score, {"title": "Springfield", "topic": "Geography"})
     ]
-    hit[0].meta["topic"] = "changed"  # passages hold copies
-    assert docs[0].meta["topic"] == "Geography"
+    assert hit[0].meta is docs[0].meta  # shared, read-only by contract (no per-hit copy)
 
 
 def test_duplicate_ids_and_bad_settings_are_rejected():
