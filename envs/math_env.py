@@ -13,6 +13,8 @@ With ``calculator=True`` the model may call a ``calculate`` tool before answerin
 
 from __future__ import annotations
 
+import functools
+import json
 import re
 from collections.abc import Sequence
 from importlib import resources
@@ -52,6 +54,33 @@ def extract_answer(text: str) -> tuple[str | None, bool]:
         return tags[-1].strip(), True
     numbers = _NUMBER.findall(text)
     return (numbers[-1].replace(",", "") if numbers else None), False
+
+
+def _reasoning_gym() -> Any:
+    try:
+        import reasoning_gym
+    except ImportError as exc:
+        raise ImportError("Math-v0 needs reasoning-gym: pip install 'chatgym[math]'") from exc
+    return reasoning_gym
+
+
+def _generate(dataset: str, config: str, size: int, seed: int) -> list[dict[str, Any]]:
+    return list(_reasoning_gym().create_dataset(dataset, size=size, seed=seed, **json.loads(config)))
+
+
+# Envs are made per episode by the collector: generating 5,000 tasks each time would cost ~0.2 s per
+# episode, so each split is generated once per process. Rows are shared: treat them as read-only.
+@functools.lru_cache(maxsize=8)
+def _split_rows(dataset: str, config: str, size: int, seed: int, split: str) -> tuple[dict[str, Any], ...]:
+    if split == "train":
+        rows = _generate(dataset, config, size, seed + SPLIT_SEEDS["train"])
+        return tuple(dict(e, task_id=f"{dataset}/train/{i}") for i, e in enumerate(rows))
+    # Test: draw extra candidates and keep the first `size` whose question is not a train question,
+    # so a held-out score never rewards memorised training items.
+    seen = {e["question"] for e in _split_rows(dataset, config, SPLIT_SIZES["train"], seed, "train")}
+    rows = _generate(dataset, config, size * 4, seed + SPLIT_SEEDS[split])
+    fresh = (dict(e, task_id=f"{dataset}/{split}/{i}") for i, e in enumerate(rows))
+    return tuple(r for r in fresh if r["question"] not in seen)[:size]
 
 
 def _load_prompt(name: str) -> str:
@@ -96,38 +125,18 @@ class MathEnv(ChatEnv):
         self.size = size
         self.seed = seed
         self.system_prompt = _load_prompt("math_system_calculator.txt" if calculator else "math_system.txt")
-        self._generator: Any = None
-
-    def _make(self, split: str, size: int | None = None) -> Any:
-        try:
-            import reasoning_gym
-        except ImportError as exc:
-            raise ImportError("Math-v0 needs reasoning-gym: pip install 'chatgym[math]'") from exc
-        size = size or self.size or SPLIT_SIZES[split]
-        return reasoning_gym.create_dataset(
-            self.dataset_name, size=size, seed=self.seed + SPLIT_SEEDS[split], **self.dataset_config
-        )
 
     def load_tasks(self, split: str) -> Sequence[dict[str, Any]]:
-        size = self.size or SPLIT_SIZES[split]
-        if split == "train":
-            self._generator = self._make(split)
-            return [dict(e, task_id=f"{self.dataset_name}/train/{i}") for i, e in enumerate(self._generator)]
-        # Test: draw extra candidates and keep the first `size` whose question is not a train question,
-        # so a held-out score never rewards memorised training items.
-        self._generator = self._make(split, size * 4)
-        seen = {e["question"] for e in self._make("train")}
-        rows = [dict(e, task_id=f"{self.dataset_name}/test/{i}") for i, e in enumerate(self._generator)]
-        return [r for r in rows if r["question"] not in seen][:size]
+        config = json.dumps(self.dataset_config, sort_keys=True)
+        return _split_rows(self.dataset_name, config, self.size or SPLIT_SIZES[split], self.seed, split)
 
     def initial_messages(self, task: dict[str, Any]) -> list[M.Message]:
         return [M.system(self.system_prompt), M.user(task["question"])]
 
     async def score(self, turn: AssistantTurn) -> StepOutcome:
         answer, tagged = extract_answer(turn.raw_text)
-        if self._generator is None:  # a task given directly via options={"task": row}
-            self._generator = self._make(self.split)
-        correct = float(self._generator.score_answer(answer, self.task)) if answer is not None else 0.0
+        score_answer = _reasoning_gym().get_score_answer_fn(self.task["metadata"]["source_dataset"])
+        correct = float(score_answer(answer, self.task)) if answer is not None else 0.0
         info = {
             "answer": answer,
             "expected": self.task["answer"],

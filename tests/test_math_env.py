@@ -87,3 +87,12 @@ def test_calculator_env_multi_turn():
     _, reward, terminated, _, _ = env.step(f"<answer>{obs[0]['content']}</answer>")
     assert (reward, terminated) == (1.0, True)
     env.close()
+
+
+def test_split_is_generated_once_per_process():
+    # Regression: the collector makes an env per episode; regenerating 5,000 tasks each time cost
+    # seconds per training step. Two envs with the same settings share one tuple of rows.
+    a = gym.make("Math-v0", split="train").unwrapped.tasks
+    b = gym.make("Math-v0", split="train").unwrapped.tasks
+    assert a is b
+    assert gym.make("Math-v0", split="train", seed=1).unwrapped.tasks is not a
