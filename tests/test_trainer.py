@@ -352,3 +352,33 @@ def test_resume_continues_with_the_same_batch_and_weights(tmp_path, tiny_model):
         json.loads(line)["step"] for line in (tmp_path / "split" / "metrics.jsonl").read_text().splitlines()
     ]
     assert steps == [1, 2, 3]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_training_steps_on_cuda_in_bf16(tmp_path, tiny_model):
+    from chatgym.trainer.train import Trainer
+
+    # fp32 master weights, bf16 autocast, gradient checkpointing, a bf16 engine on the same GPU.
+    cfg = tiny_config(
+        tmp_path,
+        "model.device=cuda",
+        "model.gradient_checkpointing=true",
+        "engine.dtype=bfloat16",
+        "env.eval_tasks=0",
+    )
+    trainer = Trainer(cfg)
+    try:
+        assert trainer.device.type == "cuda"
+        initial = {n: p.detach().clone() for n, p in trainer.policy.named_parameters()}
+        trainer.train()
+        policy = dict(trainer.policy.named_parameters())
+        assert any(not torch.equal(initial[n], p) for n, p in policy.items())
+        for name, param in trainer.engine.model.named_parameters():
+            assert param.dtype == torch.bfloat16
+            assert torch.equal(param, policy[name].detach().to(torch.bfloat16)), name
+    finally:
+        trainer.close()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(math.isfinite(r["actor/grad_norm"]) and r["actor/entropy"] > 0 for r in rows)

@@ -57,10 +57,14 @@ class ModelConfig:
         random_init: random weights of ``path``'s architecture (GPU checks without the weights).
         config_overrides: architecture changes for ``random_init`` (e.g. ``num_hidden_layers: 2``).
         value_head: add a scalar value head (needed by the ``gae`` advantage estimator).
+        compute_dtype: dtype of the matrix products in forward/backward (``torch.autocast``), the
+            weights staying in ``dtype``. ``auto``: bfloat16 on CUDA with float32 weights (mixed
+            precision), else the weights' dtype. ``bfloat16`` on a CPU with AVX-512 BF16 / AMX also helps.
     """
 
     path: str = "smollm2"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    compute_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     device: str = "auto"
     gradient_checkpointing: bool = False
     random_init: bool = False

@@ -63,11 +63,11 @@ from .update import (
 )
 
 
-def build_engine(cfg: EngineConfig, model_path: Path, tokenizer: Any, seed: int) -> Any:
+def build_engine(cfg: EngineConfig, model_path: Path, tokenizer: Any, seed: int, max_model_len: int) -> Any:
     """Build the engine named by ``engine.backend`` with :func:`chatgym.trainer.engines.engine_class`.
 
-    ``dtype``, ``tokenizer`` and ``seed`` are passed when the engine's constructor takes them, then
-    ``engine.options`` (which win).
+    ``dtype``, ``tokenizer``, ``seed`` and ``max_model_len`` (tokens) are passed when the engine's
+    constructor takes them, then ``engine.options`` (which win).
 
     Raises:
         ModuleNotFoundError: the backend's package is missing (e.g. vLLM: ``pip install 'chatgym[vllm]'``).
@@ -76,9 +76,8 @@ def build_engine(cfg: EngineConfig, model_path: Path, tokenizer: Any, seed: int)
 
     cls = engine_class(cfg.backend)
     accepted = inspect.signature(cls).parameters
-    kwargs = {
-        k: v for k, v in {"dtype": cfg.dtype, "tokenizer": tokenizer, "seed": seed}.items() if k in accepted
-    }
+    candidates = {"dtype": cfg.dtype, "tokenizer": tokenizer, "seed": seed, "max_model_len": max_model_len}
+    kwargs = {k: v for k, v in candidates.items() if k in accepted}
     kwargs.update(cfg.options)
     return cls(str(model_path), **kwargs)
 
@@ -156,7 +155,13 @@ class Trainer:
 
         self.loop = asyncio.new_event_loop()
         if engine is None:
-            engine = build_engine(cfg.engine, self._engine_model_path(), self.tokenizer, cfg.train.seed)
+            engine = build_engine(
+                cfg.engine,
+                self._engine_model_path(),
+                self.tokenizer,
+                cfg.train.seed,
+                cfg.rollout.max_model_len,
+            )
         self.engine = engine
         self.sync_weights()
         generation_config = getattr(self._base_model(), "generation_config", None)
@@ -256,17 +261,23 @@ class Trainer:
             env.close()
 
     def _autocast(self) -> Any:
-        # fp32 master weights with bf16 compute on CUDA; elsewhere the model's own dtype.
-        if self.device.type == "cuda" and self.cfg.model.dtype == "float32":
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+        """Mixed precision per ``model.compute_dtype`` (see :class:`~chatgym.trainer.config.ModelConfig`)."""
+        compute, weights = self.cfg.model.compute_dtype, self.cfg.model.dtype
+        if compute == "auto":
+            compute = "bfloat16" if self.device.type == "cuda" and weights == "float32" else weights
+        if compute == weights:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=getattr(torch, compute))
 
     # ---- pieces of a step -----------------------------------------------------------------------
 
     def sync_weights(self) -> float:
         """Send the policy's weights to the engine; returns the seconds it took."""
         t0 = time.perf_counter()
-        self.engine.update_weights(export_weights(self.policy))
+        # Cast on the way (fp32 master weights -> the engine's bf16): half the bytes to move and no
+        # dtype conversion inside the engine's loaders.
+        dtype = getattr(torch, self.cfg.engine.dtype)
+        self.engine.update_weights((name, tensor.to(dtype)) for name, tensor in export_weights(self.policy))
         return time.perf_counter() - t0
 
     def collect(self, step: int) -> list[Trajectory]:
@@ -590,6 +601,9 @@ def _print_summary(summary: dict[str, Any]) -> None:
     print(f"  learning curve: {summary['learning_curve']}")
     print(f"  checkpoint:     {summary['checkpoint']}")
     print(f"  metrics:        {summary['metrics']}")
+
+
+cli_main = main  # the ``chatgym train`` subcommand (chatgym/cli.py)
 
 
 if __name__ == "__main__":
