@@ -208,9 +208,11 @@ class SearchEnv(ChatEnv):
             from .datasets.freshqa import load_freshqa
 
             return load_freshqa(split)
-        from .datasets.wiki_qa import QA_TYPES, load_wiki_qa
+        from .datasets.wiki_qa import QA_TYPES, TEST_FRACTION, load_wiki_qa, split_rows
 
-        return load_wiki_qa(split, seed=self.seed, types=self.qa_types or QA_TYPES)
+        types = self.qa_types or QA_TYPES
+        load_wiki_qa(split, seed=self.seed, types=types, limit=0)  # validates the arguments
+        return split_rows(split, self.seed, TEST_FRACTION, tuple(types))
 
     def initial_messages(self, task: dict[str, Any]) -> list[M.Message]:
         return [M.system(self.system_prompt), M.user(f"Question: {task['question']}")]

@@ -40,6 +40,7 @@ from chatgym.retrievers.corpora import wiki_corpus
 
 QA_TYPES = ("describe", "define", "bridge")
 SPLITS = ("train", "test")
+TEST_FRACTION = 0.2
 
 _PAREN = re.compile(r"\s*\([^)]*\)")
 # Sentence end: ., ! or ? then a capital; not after an initial ("Herman J. Mankiewicz") or a
@@ -200,7 +201,7 @@ def load_wiki_qa(
     split: str = "test",
     *,
     seed: int = 0,
-    test_fraction: float = 0.2,
+    test_fraction: float = TEST_FRACTION,
     types: Sequence[str] = QA_TYPES,
     limit: int | None = None,
 ) -> list[dict[str, Any]]:
@@ -227,13 +228,20 @@ def load_wiki_qa(
         raise ValueError(f"types: unknown question type(s) {sorted(bad)}; choose from {QA_TYPES}")
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    rows = split_rows(split, seed, test_fraction, tuple(types))
+    return [dict(r) for r in (rows[:limit] if limit is not None else rows)]
+
+
+@functools.lru_cache(maxsize=16)
+def split_rows(
+    split: str, seed: int, test_fraction: float, types: tuple[str, ...]
+) -> tuple[dict[str, Any], ...]:
+    """The rows of :func:`load_wiki_qa`, computed once per process and shared (treat as read-only:
+    the collector builds an env per episode, and each env reads its split from here)."""
     rows = _all_questions()
     answers = sorted({r["answers"][0] for r in rows})
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(answers))
     test_answers = {answers[i] for i in order[: round(len(answers) * test_fraction)]}
-    keep = [
-        dict(r) for r in rows if r["type"] in types and (r["answers"][0] in test_answers) == (split == "test")
-    ]
-    keep = [keep[i] for i in rng.permutation(len(keep))]
-    return keep[:limit] if limit is not None else keep
+    keep = [r for r in rows if r["type"] in types and (r["answers"][0] in test_answers) == (split == "test")]
+    return tuple(keep[i] for i in rng.permutation(len(keep)))
