@@ -102,7 +102,7 @@ def main() -> None:
     parser.add_argument(
         "--enforce-eager", action="store_true", help="vLLM without torch.compile (fast start)"
     )
-    parser.add_argument("--kv-cache-gib", type=float, default=2.0)
+    parser.add_argument("--kv-cache-gib", type=int, default=2)
     args = parser.parse_args()
 
     from chatgym.trainer.engines.hf import TransformersEngine

@@ -88,8 +88,8 @@ class VLLMEngine:
         max_model_len: context length in tokens (prompt + completion).
         enforce_eager: skip torch.compile / CUDA graphs (start-up ~10 s instead of ~1 min on CPU,
             generation several times slower: fine for tests).
-        kv_cache_gib: KV cache size in GiB on CPU (sets ``VLLM_CPU_KVCACHE_SPACE``); None keeps vLLM's
-            default / the environment's value.
+        kv_cache_gib: KV cache size in whole GiB on CPU (sets ``VLLM_CPU_KVCACHE_SPACE``, which vLLM
+            parses as an int); None keeps vLLM's default / the environment's value.
         seed: engine seed (requests without their own ``seed`` draw from it).
         **llm_kwargs: more ``vllm.EngineArgs`` (e.g. ``gpu_memory_utilization=0.3``,
             ``max_num_seqs=64``, ``enable_prefix_caching=True``).
@@ -106,7 +106,7 @@ class VLLMEngine:
         dtype: str = "auto",
         max_model_len: int = 4096,
         enforce_eager: bool = False,
-        kv_cache_gib: float | None = None,
+        kv_cache_gib: int | None = None,
         seed: int = 0,
         **llm_kwargs: Any,
     ) -> None:
@@ -117,7 +117,9 @@ class VLLMEngine:
         if dtype == "auto":
             dtype = fast_dtype()
         if kv_cache_gib is not None:
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
+            if int(kv_cache_gib) != kv_cache_gib or kv_cache_gib < 1:
+                raise ValueError(f"kv_cache_gib must be a whole number of GiB >= 1, got {kv_cache_gib!r}")
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(int(kv_cache_gib))
         vllm = import_vllm()
         self.tokenizer = tokenizer if tokenizer is not None else get_tokenizer(path)
         self.max_model_len = max_model_len
