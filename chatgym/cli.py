@@ -17,6 +17,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "chatgym.trainer.rollout_cli:cli_main",
         "collect trajectories from an env with a model, as JSONL (progress bar, summary)",
     ),
+    "train": (
+        "chatgym.trainer.train:main",
+        "train a policy with GRPO/PPO from a YAML config (key.sub=value overrides, --resume)",
+    ),
     "serve-retriever": (
         "chatgym.retrievers.server:cli_main",
         "serve a BM25 / dense / hybrid index over HTTP (Search-R1 /retrieve shape)",
