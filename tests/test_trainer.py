@@ -13,7 +13,7 @@ import torch
 from train_helpers import LETTERS_ENV_ID, TINY_LLAMA, register
 
 from chatgym.trainer.algos import get_advantage_estimator
-from chatgym.trainer.batch import collate, micro_batches
+from chatgym.trainer.batch import collate, micro_batches, shared_prefix_batches
 from chatgym.trainer.checkpoint import latest_checkpoint, load_trainer_state
 from chatgym.trainer.config import AlgoConfig, OptimConfig, load_config
 from chatgym.trainer.logprobs import logits_to_keep, token_logprobs
@@ -23,6 +23,7 @@ from chatgym.trainer.types import Trajectory
 from chatgym.trainer.update import (
     Models,
     forward_logprobs,
+    forward_logprobs_shared,
     hit_budget,
     informative_groups,
     place_turn_rewards,
@@ -174,6 +175,63 @@ def test_update_gradient_accumulation_matches_one_big_batch(tiny_model, mode):
         results.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
     moved = (results[0] - torch.cat([p.detach().flatten() for p in tiny_model.parameters()])).abs().max()
     assert moved > 1e-4
+    torch.testing.assert_close(results[0], results[1], rtol=0, atol=1e-6)
+
+
+def _group_batch():
+    """Two GRPO groups: 3 samples of prompt A (4 tokens), 2 of prompt B (6 tokens), then one lone row."""
+    gen = torch.Generator().manual_seed(3)
+    prompts = [
+        torch.randint(0, 49152, (4,), generator=gen).tolist(),
+        torch.randint(0, 49152, (6,), generator=gen).tolist(),
+    ]
+    trajs = []
+    for group, n_gen in [(0, 5), (0, 2), (0, 4), (1, 3), (1, 6), (2, 3)]:
+        prompt = prompts[group] if group < 2 else [7, 8, 9]
+        ids = prompt + torch.randint(0, 49152, (n_gen,), generator=gen).tolist()
+        trajs.append(traj(ids, [0] * len(prompt) + [1] * n_gen, group=group, prompt_len=len(prompt)))
+    batch = collate(trajs, pad_id=0)
+    batch.advantages = torch.where(
+        batch.loss_mask, torch.tensor([[1.0], [-1.0], [0.5], [-0.5], [0.25], [2.0]]), 0.0
+    )
+    return batch
+
+
+def test_shared_prefix_plan_groups_rows_by_prompt():
+    batch = _group_batch()
+    # Group 0 (rows 0-2, longest first: 0, 2, 1) in chunks of 2; group 1 (rows 4, 3); lone row 5 unshared.
+    assert shared_prefix_batches(batch, 2) == [([0, 2], 4), ([1], 0), ([4, 3], 6), ([5], 0)]
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum"])
+def test_shared_prefix_forward_gives_the_same_update(tiny_model, mode):
+    # Forwarding a group's prompt once (KV cache repeated per sample) must not change logprobs or
+    # gradients: compare the weights after one plain-SGD step with and without sharing.
+    batch = _group_batch()
+    with torch.no_grad():
+        plain, _ = forward_logprobs(tiny_model, batch, with_entropy=False)
+        group0 = batch.select([0, 1, 2])
+        shared, _ = forward_logprobs_shared(tiny_model, group0, 4, with_entropy=False)
+    torch.testing.assert_close(
+        shared[group0.loss_mask],
+        plain[[0, 1, 2]][:, : group0.input_ids.shape[1]][group0.loss_mask],
+        rtol=0,
+        atol=1e-5,
+    )
+    results = []
+    for share in (False, True):
+        model = copy.deepcopy(tiny_model)
+        update(
+            _sgd_models(model, 0.1),
+            _group_batch(),
+            AlgoConfig(loss_agg=mode, tis_cap=None),
+            micro_batch_size=3,
+            max_grad_norm=None,
+            device=torch.device("cpu"),
+            generator=torch.Generator().manual_seed(0),
+            share_prefix=share,
+        )
+        results.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
     torch.testing.assert_close(results[0], results[1], rtol=0, atol=1e-6)
 
 

@@ -29,6 +29,7 @@ class TokenBatch:
         advantages, returns: float32, filled by the trainer (None until then).
         old_logprobs, ref_logprobs, old_values: float32, the behaviour policy's logprobs, the
             reference model's and the critic's values at rollout time (None when unused).
+        prompt_lens: (B,) long, tokens of each row's opening prompt (``Trajectory.prompt_len``).
     """
 
     input_ids: torch.Tensor
@@ -40,6 +41,7 @@ class TokenBatch:
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
     old_values: torch.Tensor | None = None
+    prompt_lens: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -60,7 +62,9 @@ class TokenBatch:
         """The given rows, with the columns that are padding in all of them dropped."""
         index = torch.as_tensor(rows, dtype=torch.long, device=self.input_ids.device)
         width = int(self.attention_mask[index].sum(dim=1).max()) if len(index) else 0
-        return TokenBatch(**{k: v[index, :width] for k, v in self._tensors().items()})
+        return TokenBatch(
+            **{k: v[index, :width] if v.dim() == 2 else v[index] for k, v in self._tensors().items()}
+        )
 
     def to(self, device: torch.device | str) -> TokenBatch:
         return TokenBatch(**{k: v.to(device) for k, v in self._tensors().items()})
@@ -99,7 +103,37 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int) -> TokenBatch:
         logprobs[i, :n] = torch.tensor(traj.logprobs, dtype=torch.float32)
     # A generated token at position 0 has no prefix to predict it from: it cannot be trained on.
     loss_mask[:, 0] = False
-    return TokenBatch(input_ids, attention, loss_mask, logprobs)
+    prompt_lens = torch.tensor([t.prompt_len for t in trajectories], dtype=torch.long)
+    return TokenBatch(input_ids, attention, loss_mask, logprobs, prompt_lens=prompt_lens)
+
+
+def shared_prefix_batches(batch: TokenBatch, size: int) -> list[tuple[list[int], int]]:
+    """Micro-batches of rows that share their opening prompt (a GRPO group), with that prompt's length.
+
+    Rows with the same prompt tokens are taken ``size`` at a time, longest first; a chunk of one row,
+    or rows whose prompt may be trained on (loss mask set inside it), get prefix length 0 (no sharing).
+
+    Returns:
+        ``[(rows, prefix_len), ...]`` covering every row exactly once.
+    """
+    if size < 1:
+        raise ValueError(f"size must be >= 1, got {size}")
+    if batch.prompt_lens is None:
+        return [(rows, 0) for rows in micro_batches(batch.lengths, size)]
+    lengths = batch.lengths.tolist()
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, p in enumerate(batch.prompt_lens.tolist()):
+        p = min(p, lengths[i])
+        groups.setdefault((p, *batch.input_ids[i, :p].tolist()), []).append(i)
+    plan = []
+    for key, rows in groups.items():
+        prefix = key[0]
+        rows.sort(key=lambda r: -lengths[r])
+        for start in range(0, len(rows), size):
+            chunk = rows[start : start + size]
+            shareable = len(chunk) > 1 and prefix > 0 and not bool(batch.loss_mask[chunk, :prefix].any())
+            plan.append((chunk, prefix if shareable else 0))
+    return plan
 
 
 def micro_batches(lengths: Sequence[int] | torch.Tensor, size: int) -> list[list[int]]:

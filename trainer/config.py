@@ -262,6 +262,8 @@ class TrainConfig:
         max_steps: training steps (one rollout batch each).
         prompts_per_step: tasks per step; group_size: samples per task (GRPO's G).
         micro_batch_size: trajectories per forward/backward (gradients are accumulated).
+        share_prompt_prefix: forward a group's common prompt once for all its samples (exact; about
+            G times fewer prompt tokens; off under gradient checkpointing).
         seed: seeds torch, task sampling and the engine's sampling.
         output_dir: where metrics, curves, traces and checkpoints go.
         save_every: checkpoint every N steps (0: only at the end); keep_checkpoints: how many kept.
@@ -274,6 +276,7 @@ class TrainConfig:
     prompts_per_step: int = 8
     group_size: int = 8
     micro_batch_size: int = 8
+    share_prompt_prefix: bool = True
     seed: int = 0
     output_dir: str = "runs/default"
     save_every: int = 0

@@ -50,13 +50,13 @@ from .types import Trajectory
 from .update import (
     Models,
     compute_advantages,
-    forward_logprobs,
     forward_values,
     hit_budget,
     informative_groups,
     is_correct,
     per_token_pass,
     place_turn_rewards,
+    policy_logprobs,
     shape_rewards,
     truncation_mask,
     update,
@@ -324,20 +324,25 @@ class Trainer:
             "timing/eval_s": time.perf_counter() - t0,
         }
 
-    def _reference_logprobs(self, mb: TokenBatch) -> torch.Tensor:
+    def _reference_logprobs(self, mb: TokenBatch, prefix_len: int) -> torch.Tensor:
         if self.reference == "adapters-off":
             with reference_logits_context(self.policy), self._autocast():
-                return forward_logprobs(self.policy, mb, with_entropy=False)[0]
+                return policy_logprobs(self.policy, mb, prefix_len, with_entropy=False)[0]
         with self._autocast():
-            return forward_logprobs(self.reference, mb, with_entropy=False)[0]
+            return policy_logprobs(self.reference, mb, prefix_len, with_entropy=False)[0]
 
-    def _old_logprobs(self, mb: TokenBatch) -> torch.Tensor:
+    def _old_logprobs(self, mb: TokenBatch, prefix_len: int) -> torch.Tensor:
         with self._autocast():
-            return forward_logprobs(self.policy, mb, with_entropy=False)[0]
+            return policy_logprobs(self.policy, mb, prefix_len, with_entropy=False)[0]
 
-    def _values(self, mb: TokenBatch) -> torch.Tensor:
+    def _values(self, mb: TokenBatch, prefix_len: int) -> torch.Tensor:
         with self._autocast():
             return forward_values(self.critic, mb)
+
+    @property
+    def share_prefix(self) -> bool:
+        # Gradient checkpointing makes transformers drop the KV cache the shared forward relies on.
+        return self.cfg.train.share_prompt_prefix and not self.cfg.model.gradient_checkpointing
 
     def step(self, step: int) -> dict[str, float]:
         """One training step; returns its metrics."""
@@ -365,10 +370,13 @@ class Trainer:
             if algo.mask_truncated:
                 batch = truncation_mask(batch, trained)
             mb_size = cfg.train.micro_batch_size
+            share = self.share_prefix
             if self.reference is not None:
-                batch.ref_logprobs = per_token_pass(self._reference_logprobs, batch, mb_size, self.device)
+                batch.ref_logprobs = per_token_pass(
+                    self._reference_logprobs, batch, mb_size, self.device, share
+                )
             if algo.ppo_epochs * algo.mini_batches > 1:
-                batch.old_logprobs = per_token_pass(self._old_logprobs, batch, mb_size, self.device)
+                batch.old_logprobs = per_token_pass(self._old_logprobs, batch, mb_size, self.device, share)
             if self.critic is not None:
                 batch.old_values = per_token_pass(self._values, batch, mb_size, self.device)
             group_ids = torch.tensor([t.group_id for t in trained])
@@ -396,6 +404,7 @@ class Trainer:
                 device=self.device,
                 generator=self.update_generator,
                 autocast=self._autocast,
+                share_prefix=self.share_prefix,
             )
             update_s = time.perf_counter() - t1
             passes = algo.ppo_epochs * (2 if self.critic is not None else 1)

@@ -33,7 +33,7 @@ from .algos import (
     truncated_is_weights,
 )
 from .algos.masked import masked_sum
-from .batch import TokenBatch, micro_batches
+from .batch import TokenBatch, micro_batches, shared_prefix_batches
 from .config import AlgoConfig
 from .logprobs import logits_to_keep, token_logprobs
 from .types import Trajectory
@@ -130,6 +130,45 @@ def forward_logprobs(
     return token_logprobs(out.logits, mb.input_ids, with_entropy=with_entropy)
 
 
+def forward_logprobs_shared(
+    model: Any, mb: TokenBatch, prefix_len: int, *, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """As :func:`forward_logprobs` for rows that all start with the same ``prefix_len`` prompt tokens:
+    the prompt is run once and its KV cache repeated for every row (the gradient flows through the
+    cache into the prompt's computation, so the result is the same as separate forwards up to float
+    rounding, for G times fewer prompt tokens). Positions before ``prefix_len`` get 0 (never trained).
+
+    Peers: Unsloth's "PrefixGrouper" (unslothai/unsloth#6871) and NeMo-RL's shared-prefix GRPO
+    training (NVIDIA-NeMo/RL#4008) do the same with custom attention masks; here the stock KV cache
+    does it for any Hugging Face causal LM. Checked against plain forwards in ``tests/test_trainer.py``.
+    """
+    from transformers import DynamicCache
+
+    rows, length = mb.input_ids.shape
+    config = getattr(model, "config", None)
+    cache = DynamicCache(config=config)
+    prompt = mb.input_ids[:1, :prefix_len]
+    head = model(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    cache.batch_repeat_interleave(rows)
+    suffix = mb.input_ids[:, prefix_len:]
+    positions = torch.arange(prefix_len, length, device=suffix.device).expand(rows, -1)
+    tail = model(
+        input_ids=suffix,
+        attention_mask=mb.attention_mask,
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+    )
+    # Positions prefix_len-1 .. T-1: the prompt's last one (predicts token prefix_len), then the
+    # suffix's (the very last predicts nothing and is dropped by token_logprobs).
+    logits = torch.cat([head.logits[:, -1:].expand(rows, 1, -1), tail.logits], dim=1)
+    lp, ent = token_logprobs(logits, mb.input_ids[:, prefix_len - 1 :], with_entropy=with_entropy)
+    pad = (prefix_len - 1, 0)
+    logprobs = torch.nn.functional.pad(lp, pad)
+    entropy = torch.nn.functional.pad(ent, pad) if ent is not None else None
+    return logprobs, entropy
+
+
 def forward_values(critic: Any, mb: TokenBatch) -> torch.Tensor:
     """(B, T) float32 values aligned like logprobs: position t holds V(tokens < t) (head on t−1)."""
     out = critic(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
@@ -139,14 +178,37 @@ def forward_values(critic: Any, mb: TokenBatch) -> torch.Tensor:
 
 @torch.no_grad()
 def per_token_pass(
-    fn: Callable[[TokenBatch], torch.Tensor], batch: TokenBatch, micro_batch_size: int, device: torch.device
+    fn: Callable[[TokenBatch, int], torch.Tensor],
+    batch: TokenBatch,
+    micro_batch_size: int,
+    device: torch.device,
+    share_prefix: bool = False,
 ) -> torch.Tensor:
-    """Run ``fn`` (no gradient) over ``batch`` in micro-batches; returns its (B, T) output on CPU."""
+    """Run ``fn(micro_batch, prefix_len)`` (no gradient) over ``batch``; returns its (B, T) output on
+    CPU. ``prefix_len`` is the shared prompt length of the micro-batch's rows (0: not shared)."""
     out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
-    for rows in micro_batches(batch.lengths, micro_batch_size):
+    for rows, prefix_len in micro_batch_plan(batch, micro_batch_size, share_prefix):
         mb = batch.select(rows).to(device)
-        out[rows, : mb.input_ids.shape[1]] = fn(mb).float().cpu()
+        out[rows, : mb.input_ids.shape[1]] = fn(mb, prefix_len).float().cpu()
     return out
+
+
+def micro_batch_plan(
+    batch: TokenBatch, micro_batch_size: int, share_prefix: bool
+) -> list[tuple[list[int], int]]:
+    """``[(rows, prefix_len)]``: groups sharing a prompt when ``share_prefix``, else length-sorted rows."""
+    if share_prefix:
+        return shared_prefix_batches(batch, micro_batch_size)
+    return [(rows, 0) for rows in micro_batches(batch.lengths, micro_batch_size)]
+
+
+def policy_logprobs(
+    model: Any, mb: TokenBatch, prefix_len: int, *, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`forward_logprobs_shared` when ``prefix_len`` > 0, else :func:`forward_logprobs`."""
+    if prefix_len:
+        return forward_logprobs_shared(model, mb, prefix_len, with_entropy=with_entropy)
+    return forward_logprobs(model, mb, with_entropy=with_entropy)
 
 
 def compute_advantages(
@@ -221,10 +283,14 @@ def update(
     device: torch.device,
     generator: torch.Generator,
     autocast: Callable[[], Any] = contextlib.nullcontext,
+    share_prefix: bool = False,
 ) -> dict[str, float]:
     """``ppo_epochs`` passes of ``mini_batches`` optimizer steps over ``batch`` (on CPU; micro-batches
     are moved to ``device``). ``batch`` must carry ``advantages`` (and ``returns``/``old_values`` for
     a critic, ``ref_logprobs`` for a KL loss, ``old_logprobs`` when there is more than one step).
+    With ``share_prefix``, the rows of a GRPO group are forwarded together with their common prompt
+    computed once (:func:`forward_logprobs_shared`; not with gradient checkpointing, which turns the
+    KV cache off).
 
     Returns:
         Metrics (token-weighted means over the batch): ``actor/pg_loss``, ``actor/kl``,
@@ -249,11 +315,11 @@ def update(
             if n_tokens == 0:
                 continue
             totals = {"num_tokens": n_tokens, "num_sequences": n_seqs}
-            for rows in micro_batches(mini.lengths, micro_batch_size):
+            for rows, prefix_len in micro_batch_plan(mini, micro_batch_size, share_prefix):
                 mb = mini.select(rows).to(device)
                 mask = mb.loss_mask
                 with autocast():
-                    logp, entropy = forward_logprobs(models.policy, mb, with_entropy=True)
+                    logp, entropy = policy_logprobs(models.policy, mb, prefix_len, with_entropy=True)
                 old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
                 weights = (
                     truncated_is_weights(old, mb.engine_logprobs, mask, cap=algo.tis_cap)
