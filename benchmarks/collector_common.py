@@ -34,9 +34,16 @@ TASKS = [{"task_id": i, "question": QUESTIONS[i % len(QUESTIONS)].format(i=i)} f
 
 
 def make_engine(
-    name: str, model: str, tokenizer: Any, *, device: str | None, dtype: str, delay_s: float
+    name: str,
+    model: str,
+    tokenizer: Any,
+    *,
+    device: str | None,
+    dtype: str,
+    delay_s: float,
+    threads: int | None = None,
 ) -> Any:
-    """An engine by benchmark name (see the module docstring)."""
+    """An engine by benchmark name (see the module docstring); ``threads``: torch CPU threads (hf)."""
     if name == "replay":
         from chatgym.trainer.engines.replay import ReplayEngine
 
@@ -47,11 +54,13 @@ def make_engine(
         from chatgym.trainer.engines.hf import TransformersEngine
 
         if name == "hf":
-            return TransformersEngine(model, tokenizer, dtype=dtype, device=device, max_batch_size=256)
+            return TransformersEngine(
+                model, tokenizer, dtype=dtype, device=device, max_batch_size=256, num_threads=threads
+            )
         from chatgym.trainer.models import random_model
 
         net = random_model(model, dtype=dtype, device=device or "cpu")
-        return TransformersEngine(net, tokenizer, max_batch_size=256)
+        return TransformersEngine(net, tokenizer, max_batch_size=256, num_threads=threads)
     if name == "vllm":
         from chatgym.trainer.engines.vllm_inproc import VLLMEngine
 

@@ -4,7 +4,8 @@ Same prompts (``OneTurnEnv``: one user question per episode, rendered with the c
 sampling settings (greedy, ``max_tokens``, the model's EOS ids as stop ids), same engine. The raw side
 sends every prompt to ``engine.generate`` at once (``asyncio.gather``); the collector side runs the
 same tasks as episodes (env creation, reset, rendering, generate, decode, step, trajectory assembly).
-Runs alternate (raw, collector, raw, ...) so drift in machine load hits both; medians are compared.
+Runs come in pairs in alternating order so drift in machine load hits both; the median of the
+per-pair ratios is reported, with process CPU seconds beside wall time.
 
 With ``--engine replay`` (a scripted engine with no compute) the difference is the collector's own
 cost per episode, printed in milliseconds.
@@ -35,17 +36,24 @@ async def main() -> None:
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--device", default=None)
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads of the hf engine")
     ap.add_argument("--replay-delay", type=float, default=0.0)
     ap.add_argument("--episodes", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=6, help="pairs of runs")
     args = ap.parse_args()
 
     from chatgym.trainer.tokenizer import get_tokenizer
 
     tokenizer = get_tokenizer(args.model)
     engine = make_engine(
-        args.engine, args.model, tokenizer, device=args.device, dtype=args.dtype, delay_s=args.replay_delay
+        args.engine,
+        args.model,
+        tokenizer,
+        device=args.device,
+        dtype=args.dtype,
+        delay_s=args.replay_delay,
+        threads=args.threads,
     )
     cfg = CollectorConfig(
         temperature=0.0,
@@ -78,29 +86,44 @@ async def main() -> None:
         return sum(t.response_tokens for t in trajs), wall
 
     await raw()  # warm-up (first batch pays allocation / compilation)
-    raw_tps, col_tps, raw_s, col_s, raw_tok, col_tok = [], [], [], [], [], []
-    for _ in range(args.repeats):
-        n, s = await raw()
-        raw_tok.append(n)
-        raw_s.append(s)
-        raw_tps.append(n / s)
-        n, s = await through_collector()
-        col_tok.append(n)
-        col_s.append(s)
-        col_tps.append(n / s)
+    # Pairs of runs in alternating order (raw first, then collector first, ...), so drift in a shared
+    # machine's load hits both sides; each pair gives one ratio. Process CPU seconds (all threads) are
+    # reported too: they move far less than wall time when other jobs compete for the cores.
+    pairs = []
+    for k in range(args.repeats):
+        sides = [("raw", raw), ("collector", through_collector)]
+        result = {}
+        for name, fn in sides if k % 2 == 0 else sides[::-1]:
+            c0 = time.process_time()
+            n, wall = await fn()
+            result[name] = (n, wall, time.process_time() - c0)
+        pairs.append(result)
     await engine.close()
     collector.close()
 
-    r, c = median(raw_tps), median(col_tps)
+    raw_tps = [p["raw"][0] / p["raw"][1] for p in pairs]
+    col_tps = [p["collector"][0] / p["collector"][1] for p in pairs]
+    ratios = [c / r for c, r in zip(col_tps, raw_tps, strict=True)]
+    cpu_ratio = [p["collector"][2] / p["raw"][2] for p in pairs]
     print(
         f"collector_overhead: engine={args.engine} model={args.model} dtype={args.dtype} "
-        f"episodes={args.episodes} max_tokens={args.max_tokens} repeats={args.repeats}"
+        f"episodes={args.episodes} max_tokens={args.max_tokens} pairs={args.repeats} "
+        f"(load average {os.getloadavg()[0]:.2f})"
     )
-    print(f"raw engine.generate : tokens {raw_tok}, wall s [{fmt_runs(raw_s)}], tok/s median {r:.1f}")
-    print(f"through collector   : tokens {col_tok}, wall s [{fmt_runs(col_s)}], tok/s median {c:.1f}")
-    print(f"overhead: {100 * (1 - c / r):.2f}% of raw tokens/s  (target <= 5%)")
-    extra_ms = 1000 * (median(col_s) - median(raw_s)) / args.episodes
-    print(f"collector wall minus raw wall, per episode: {extra_ms:.3f} ms")
+    for name in ("raw", "collector"):
+        toks = [p[name][0] for p in pairs]
+        print(
+            f"{name:>9}: tokens {toks[0] if len(set(toks)) == 1 else toks}, wall s [{fmt_runs([p[name][1] for p in pairs])}], "
+            f"cpu s [{fmt_runs([p[name][2] for p in pairs])}]"
+        )
+    print(f"tok/s medians: raw {median(raw_tps):.1f}, collector {median(col_tps):.1f}")
+    print(f"collector / raw tok/s per pair: [{fmt_runs(ratios)}]")
+    print(f"overhead (1 - median pair ratio): {100 * (1 - median(ratios)):.2f}%  (target <= 5%)")
+    print(
+        f"collector / raw process CPU seconds per pair: [{fmt_runs(cpu_ratio)}], median {median(cpu_ratio):.3f}"
+    )
+    extra_ms = 1000 * median([p["collector"][1] - p["raw"][1] for p in pairs]) / args.episodes
+    print(f"collector wall minus raw wall, per episode (median over pairs): {extra_ms:.3f} ms")
 
 
 if __name__ == "__main__":

@@ -89,6 +89,7 @@ async def main() -> None:
     ap.add_argument("--model", default="smollm2", help="model name or directory (hf-random: its config)")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--device", default=None)
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads of the hf engine")
     ap.add_argument(
         "--replay-delay", type=float, default=0.02, help="replay engine: seconds per generate call"
     )
@@ -106,7 +107,13 @@ async def main() -> None:
 
     tokenizer = get_tokenizer(args.model)
     engine = make_engine(
-        args.engine, args.model, tokenizer, device=args.device, dtype=args.dtype, delay_s=args.replay_delay
+        args.engine,
+        args.model,
+        tokenizer,
+        device=args.device,
+        dtype=args.dtype,
+        delay_s=args.replay_delay,
+        threads=args.threads,
     )
     n, seeds = args.episodes, list(range(args.repeats))
 
