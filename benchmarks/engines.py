@@ -103,6 +103,14 @@ def main() -> None:
         "--enforce-eager", action="store_true", help="vLLM without torch.compile (fast start)"
     )
     parser.add_argument("--kv-cache-gib", type=int, default=2)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="CPU threads for each engine (torch threads / vLLM's VLLM_CPU_OMP_THREADS_BIND=0-(n-1)); "
+        "0 = the libraries' defaults. 1 is steadier on a shared, busy machine, where OpenMP threads "
+        "that wait for a descheduled partner spin for whole time slices",
+    )
     args = parser.parse_args()
 
     from chatgym.trainer.engines.hf import TransformersEngine
@@ -114,12 +122,21 @@ def main() -> None:
     params = SamplingParams(max_tokens=args.max_tokens, temperature=1.0, seed=0)
     print(
         f"SmolLM2 generation: {args.prompts} prompts x {args.max_tokens} tokens, {args.dtype}, "
-        f"temperature 1, {args.repeats} repeats, {os.cpu_count()} CPUs, load average "
+        f"temperature 1, {args.repeats} repeats, threads {args.threads or 'default'}, {os.cpu_count()} CPUs, "
+        f"load average "
         f"{os.getloadavg()[0]:.2f} at start",
         flush=True,
     )
 
-    hf = TransformersEngine(args.model, dtype=args.dtype, device="cpu", max_batch_size=args.prompts)
+    if args.threads:
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{args.threads - 1}" if args.threads > 1 else "0"
+    hf = TransformersEngine(
+        args.model,
+        dtype=args.dtype,
+        device="cpu",
+        max_batch_size=args.prompts,
+        num_threads=args.threads or None,
+    )
     prompts = build_prompts(hf.tokenizer, args.prompts)
     hf_rate = measure("transformers", hf, prompts, params, args.repeats)
     asyncio.run(hf.close())
