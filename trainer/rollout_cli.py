@@ -71,6 +71,8 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.num_tasks < 1:
         raise SystemExit(f"chatgym rollout: -n/--num-tasks must be >= 1, got {args.num_tasks}")
+    engine_kwargs = _key_values(args.engine_arg, "--engine-arg")
+    env_kwargs = _key_values(args.env_arg, "--env-arg")
     config = CollectorConfig(
         max_model_len=args.max_model_len,
         max_response_tokens=args.max_response_tokens,
@@ -83,7 +85,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         max_concurrent_episodes=args.max_concurrent,
     )
     tokenizer = get_tokenizer(args.model, args.chat_template)
-    engine = make_engine(args.engine, args.model, **_key_values(args.engine_arg, "--engine-arg"))
+    engine = make_engine(args.engine, args.model, **engine_kwargs)
     collector = Collector(engine, tokenizer, config)
     writer = TraceWriter(args.out, 1.0, args.seed, tokenizer)
     bar = tqdm(total=args.num_tasks * args.group_size, unit="ep", disable=args.no_progress, file=sys.stderr)
@@ -101,7 +103,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
             args.env,
             args.num_tasks,
             args.group_size,
-            env_kwargs=_key_values(args.env_arg, "--env-arg"),
+            env_kwargs=env_kwargs,
             seed=args.seed,
             on_trajectory=done,
         )
