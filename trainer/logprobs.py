@@ -13,7 +13,12 @@ from .algos.entropy import entropy_from_logits
 
 
 def token_logprobs(
-    logits: torch.Tensor, input_ids: torch.Tensor, *, with_entropy: bool = False, chunk_rows: int = 1
+    logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    *,
+    with_entropy: bool = False,
+    entropy_grad: bool = True,
+    chunk_rows: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprob of each token under the model that produced ``logits``.
 
@@ -23,6 +28,8 @@ def token_logprobs(
             ``logits_to_keep=K`` to skip the prompt).
         input_ids: (B, T) long.
         with_entropy: also return the entropy (nats) of each token's predictive distribution.
+        entropy_grad: keep the entropy differentiable (an entropy bonus); False computes it as a
+            metric only, so no autograd graph over the (B, K, V) softmax is kept alive.
         chunk_rows: rows upcast to float32 at a time (bounds the extra memory to chunk_rows·K·V·4
             bytes).
 
@@ -48,7 +55,8 @@ def token_logprobs(
         tgt = targets[start : start + chunk_rows].unsqueeze(-1)
         lp_parts.append(rows.gather(-1, tgt).squeeze(-1) - torch.logsumexp(rows, dim=-1))
         if with_entropy:
-            ent_parts.append(entropy_from_logits(rows))
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                ent_parts.append(entropy_from_logits(rows))
     pad = (first + 1, 0)
     logprobs = torch.nn.functional.pad(torch.cat(lp_parts), pad)
     entropy = torch.nn.functional.pad(torch.cat(ent_parts), pad) if with_entropy else None

@@ -117,7 +117,7 @@ def place_turn_rewards(trajs: Sequence[Trajectory], rewards: torch.Tensor, batch
 
 
 def forward_logprobs(
-    model: Any, mb: TokenBatch, *, with_entropy: bool
+    model: Any, mb: TokenBatch, *, with_entropy: bool, entropy_grad: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(B, T) logprobs (and entropies) of ``mb``'s tokens under ``model``; logits are only computed
     from the first trained position on (``logits_to_keep``), skipping the prompt."""
@@ -127,11 +127,11 @@ def forward_logprobs(
         logits_to_keep=logits_to_keep(mb.loss_mask),
         use_cache=False,
     )
-    return token_logprobs(out.logits, mb.input_ids, with_entropy=with_entropy)
+    return token_logprobs(out.logits, mb.input_ids, with_entropy=with_entropy, entropy_grad=entropy_grad)
 
 
 def forward_logprobs_shared(
-    model: Any, mb: TokenBatch, prefix_len: int, *, with_entropy: bool
+    model: Any, mb: TokenBatch, prefix_len: int, *, with_entropy: bool, entropy_grad: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """As :func:`forward_logprobs` for rows that all start with the same ``prefix_len`` prompt tokens:
     the prompt is run once and its KV cache repeated for every row (the gradient flows through the
@@ -162,7 +162,9 @@ def forward_logprobs_shared(
     # Positions prefix_len-1 .. T-1: the prompt's last one (predicts token prefix_len), then the
     # suffix's (the very last predicts nothing and is dropped by token_logprobs).
     logits = torch.cat([head.logits[:, -1:].expand(rows, 1, -1), tail.logits], dim=1)
-    lp, ent = token_logprobs(logits, mb.input_ids[:, prefix_len - 1 :], with_entropy=with_entropy)
+    lp, ent = token_logprobs(
+        logits, mb.input_ids[:, prefix_len - 1 :], with_entropy=with_entropy, entropy_grad=entropy_grad
+    )
     pad = (prefix_len - 1, 0)
     logprobs = torch.nn.functional.pad(lp, pad)
     entropy = torch.nn.functional.pad(ent, pad) if ent is not None else None
@@ -203,12 +205,14 @@ def micro_batch_plan(
 
 
 def policy_logprobs(
-    model: Any, mb: TokenBatch, prefix_len: int, *, with_entropy: bool
+    model: Any, mb: TokenBatch, prefix_len: int, *, with_entropy: bool, entropy_grad: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`forward_logprobs_shared` when ``prefix_len`` > 0, else :func:`forward_logprobs`."""
     if prefix_len:
-        return forward_logprobs_shared(model, mb, prefix_len, with_entropy=with_entropy)
-    return forward_logprobs(model, mb, with_entropy=with_entropy)
+        return forward_logprobs_shared(
+            model, mb, prefix_len, with_entropy=with_entropy, entropy_grad=entropy_grad
+        )
+    return forward_logprobs(model, mb, with_entropy=with_entropy, entropy_grad=entropy_grad)
 
 
 def compute_advantages(
@@ -319,7 +323,9 @@ def update(
                 mb = mini.select(rows).to(device)
                 mask = mb.loss_mask
                 with autocast():
-                    logp, entropy = policy_logprobs(models.policy, mb, prefix_len, with_entropy=True)
+                    logp, entropy = policy_logprobs(
+                        models.policy, mb, prefix_len, with_entropy=True, entropy_grad=algo.entropy_coef > 0
+                    )
                 old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
                 weights = (
                     truncated_is_weights(old, mb.engine_logprobs, mask, cap=algo.tis_cap)
