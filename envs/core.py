@@ -90,6 +90,7 @@ class ChatEnv(gym.Env):
         self.messages: list[Message] = []
         self.task: dict[str, Any] | None = None
         self.turn = 0
+        self._done = False
         self._tasks: Sequence[dict[str, Any]] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
@@ -168,6 +169,7 @@ class ChatEnv(gym.Env):
         gym.Env.reset(self, seed=seed)
         self.task, index = self._pick_task(options)
         self.turn = 0
+        self._done = False
         await self.on_reset(self.task)
         self.messages = list(self.initial_messages(self.task))
         info = {"task_id": self.task.get("task_id", index), "task_index": index, "tools": self.tools}
@@ -191,12 +193,16 @@ class ChatEnv(gym.Env):
     async def astep(self, action: str | Message) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
         if self.task is None:
             raise RuntimeError("call reset() before step()")
+        if self._done:
+            # Stepping a finished episode would score the task again and count its reward twice.
+            raise RuntimeError("the episode has ended (terminated or truncated); call reset() before step()")
         turn = self._to_turn(action)
         self.messages.append(turn.message)
         self.turn += 1
         out = await self.respond(turn)
         self.messages.extend(out.messages)
         truncated = not out.terminated and self.turn >= self.max_turns
+        self._done = out.terminated or truncated
         info = {"turn": self.turn, "tool_calls": len(turn.parsed.calls), **out.info}
         info.setdefault("tool_errors", 0)
         return [dict(m) for m in out.messages], float(out.reward), bool(out.terminated), truncated, info

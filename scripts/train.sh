@@ -5,4 +5,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+export VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-WARNING}  # vLLM's INFO lines drown the progress bar
 exec .venv/bin/chatgym train examples/configs/math_grpo.yaml "$@"

@@ -320,3 +320,16 @@ def test_openai_message_with_null_content_and_tool_calls_is_accepted():
     assert (reward, terminated, truncated) == (0.0, False, False)
     assert env.messages[-2]["content"] == ""
     env.close()
+
+
+def test_step_after_the_episode_ended_raises():
+    # Regression: a finished episode accepted more steps and scored the task again (reward counted twice).
+    env = SumEnv()
+    env.reset(options={"task_index": 0})
+    *_, terminated, truncated, _ = env.step("0")
+    assert terminated or truncated
+    with pytest.raises(RuntimeError, match="call reset"):
+        env.step("0")
+    env.reset(options={"task_index": 0})  # a new episode steps again
+    env.step("0")
+    env.close()

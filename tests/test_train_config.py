@@ -89,3 +89,12 @@ def test_engine_dtype_auto_resolves_to_the_fast_dtype_of_this_machine():
     native = torch.cuda.is_available() or "avx512_bf16" in flags or "amx_bf16" in flags
     assert EngineConfig(dtype="auto").dtype == ("bfloat16" if native else "float32")
     assert EngineConfig(dtype="bfloat16").dtype == "bfloat16"
+
+
+def test_unknown_env_id_fails_at_config_load_naming_the_field():
+    # Regression: a bad env.id was only found after the engine had started (minutes on CPU).
+    from chatgym.trainer.config import EnvConfig
+
+    with pytest.raises(ValueError, match=r"env\.id: unknown env 'Nope-v0'"):
+        EnvConfig(id="Nope-v0")
+    assert EnvConfig(id="CodeSandbox-v0").id == "CodeSandbox-v0"

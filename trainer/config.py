@@ -159,6 +159,16 @@ class EnvConfig:
                 raise ValueError(f"env.{name} must be >= 0, got {getattr(self, name)}")
         if "split" in self.kwargs:
             raise ValueError("env.kwargs must not set 'split'; use env.train_split / env.eval_split")
+        import gymnasium as gym
+
+        import chatgym  # noqa: F401  (registers the env ids)
+
+        # Fail here, before minutes of engine start-up, not at the first gym.make.
+        if self.id not in gym.registry:
+            from chatgym.envs.registration import ENV_SPECS
+
+            known = ", ".join(sorted(ENV_SPECS))
+            raise ValueError(f"env.id: unknown env {self.id!r}; chatgym envs: {known}")
 
 
 @dataclass(frozen=True)
