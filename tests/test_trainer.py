@@ -440,3 +440,58 @@ def test_training_steps_on_cuda_in_bf16(tmp_path, tiny_model):
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     assert all(math.isfinite(r["actor/grad_norm"]) and r["actor/entropy"] > 0 for r in rows)
+
+
+def test_ppo_with_critic_and_several_updates(tmp_path, tiny_model):
+    from chatgym.trainer.train import Trainer
+
+    cfg = tiny_config(
+        tmp_path,
+        "model.value_head=true",
+        "algo.advantage=gae",
+        "algo.ppo_epochs=2",
+        "algo.mini_batches=2",
+        "algo.kl_in_reward=true",
+        "algo.kl_estimator=k1",
+        "env.eval_tasks=0",
+        steps=1,
+    )
+    trainer = Trainer(cfg)
+    try:
+        critic_before = {n: p.detach().clone() for n, p in trainer.critic.named_parameters()}
+        trainer.train()
+        assert any(not torch.equal(critic_before[n], p) for n, p in trainer.critic.named_parameters())
+    finally:
+        trainer.close()
+    (row,) = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    # 2 epochs x 2 mini-batches = 4 optimizer steps; after the first, ratios leave 1.
+    assert row["actor/optimizer_steps"] == 4
+    assert row["actor/ratio_max"] > 1.0
+    for key in ("critic/value_loss", "critic/grad_norm", "critic/clip_frac", "reward/kl_penalty"):
+        assert math.isfinite(row[key]), key
+    assert (tmp_path / "checkpoints" / "step_000001" / "critic" / "config.json").is_file()
+
+
+def test_lora_policy_syncs_merged_weights(tmp_path, tiny_model):
+    from chatgym.trainer.modeling import export_weights
+    from chatgym.trainer.train import Trainer
+
+    cfg = tiny_config(tmp_path, "lora.enabled=true", "lora.r=4", "optim.lr=1e-2", "env.eval_tasks=0", steps=1)
+    trainer = Trainer(cfg)
+    try:
+        base_before = {n: p.detach().clone() for n, p in export_weights(trainer.policy)}
+        trainer.train()
+        merged = dict(export_weights(trainer.policy))
+        engine = dict(trainer.engine.model.named_parameters())
+        assert set(merged) == set(engine)
+        for name, value in merged.items():
+            assert torch.equal(engine[name], value), name
+        # Only adapters train: the merged q_proj moved, the (un-adapted) embedding did not.
+        q = "model.layers.0.self_attn.q_proj.weight"
+        assert not torch.equal(merged[q], base_before[q])
+        assert torch.equal(merged["model.embed_tokens.weight"], base_before["model.embed_tokens.weight"])
+        # The KL reference is the base model with adapters off, not a copy.
+        assert trainer.reference == "adapters-off"
+    finally:
+        trainer.close()
+    assert (tmp_path / "checkpoints" / "step_000001" / "policy" / "adapter_config.json").is_file()

@@ -111,8 +111,9 @@ def export_weights(policy: Any) -> Iterator[tuple[str, torch.Tensor]]:
 
     A LoRA policy's adapters are merged into the base weights for the duration of the iteration (then
     unmerged), and peft's wrapper names (``base_model.model.``, ``.base_layer``) are removed, so the
-    engine sees the plain Hugging Face names. Tensors are detached views: consume them before the
-    next optimizer step.
+    engine sees the plain Hugging Face names; those tensors are copies (one at a time), so a consumer
+    that collects them before copying still gets the merged values. A full model's tensors are
+    detached views: consume them before the next optimizer step.
     """
     if not _is_peft(policy):
         for name, param in policy.named_parameters():
@@ -123,7 +124,7 @@ def export_weights(policy: Any) -> Iterator[tuple[str, torch.Tensor]]:
         for name, param in policy.get_base_model().named_parameters():
             if "lora_" in name:
                 continue
-            yield name.replace(".base_layer", ""), param.detach()
+            yield name.replace(".base_layer", ""), param.detach().clone()
     finally:
         policy.unmerge_adapter()
 

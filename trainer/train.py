@@ -242,7 +242,9 @@ class Trainer:
         if not self.cfg.model.random_init:
             return self.model_path
         path = self.out / "init_model"
-        self._base_model().save_pretrained(path, safe_serialization=True)
+        # The plain model's names and (for LoRA) merged weights, whatever wraps the policy.
+        state = {name: tensor.contiguous() for name, tensor in export_weights(self.policy)}
+        self._base_model().save_pretrained(path, state_dict=state, safe_serialization=True)
         self.tokenizer.save_pretrained(path)
         return path
 
