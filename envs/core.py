@@ -124,6 +124,21 @@ class ChatEnv(gym.Env):
                 out.info.update(o.result.info)
         return out
 
+    def reference_action(self) -> str | Message:
+        """The scripted reference policy's next action for the current state (after ``reset``).
+
+        Envs that know a correct behaviour (a canonical solution, the task's expected tool calls, the
+        gold answer) override this; evaluation uses it as the "reference" row of the leaderboard and
+        tests use it to show the env's maximum reward is reachable.
+
+        Returns:
+            An assistant turn: text, or an assistant message dict (with ``tool_calls``).
+
+        Raises:
+            NotImplementedError: the env has no scripted reference policy.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no scripted reference policy")
+
     # ---- helpers for subclasses -------------------------------------------------------------
 
     @property
