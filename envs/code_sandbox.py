@@ -22,6 +22,7 @@ fooled by ``sys.exit``, always-equal objects, output floods or hangs), else 0.0.
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 from collections.abc import Sequence
@@ -218,6 +219,24 @@ class CodeSandboxEnv(ChatEnv):
         code = extract_code(turn.parsed.content)
         grade = await self.grade(code or "")
         return StepOutcome(reward=grade.reward, terminated=True, info=self._grade_info(grade, "answer"))
+
+    def reference_action(self) -> M.Message:
+        """A ``submit`` tool call with HumanEval's canonical solution (prompt + reference body).
+
+        A structured call rather than a fenced block: the canonical code is sent as the tool's
+        ``code`` argument, so backticks in a docstring cannot break it.
+
+        Raises:
+            RuntimeError: called before ``reset``.
+        """
+        task = self._require_task()
+        code = task["prompt"] + task["canonical_solution"]
+        call = {
+            "id": "call_reference",
+            "type": "function",
+            "function": {"name": "submit", "arguments": json.dumps({"code": code})},
+        }
+        return M.assistant("", [call])
 
     # ---- grading and tools ------------------------------------------------------------------
 

@@ -144,3 +144,13 @@ class MathEnv(ChatEnv):
             "reward_components": {"correct": correct, "format": float(tagged)},
         }
         return StepOutcome(reward=correct, terminated=True, info=info)
+
+    def reference_action(self) -> str:
+        """The gold answer in ``<answer>`` tags (what the scorer reads); no calculator call needed.
+
+        Raises:
+            RuntimeError: called before ``reset``.
+        """
+        if self.task is None:
+            raise RuntimeError("call reset() before reference_action()")
+        return f"<answer>{self.task['answer']}</answer>"

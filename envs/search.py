@@ -304,6 +304,16 @@ class SearchEnv(ChatEnv):
             return self._grade(tags[-1].strip(), True)
         return self._grade(turn.parsed.content.strip(), False)
 
+    def reference_action(self) -> str:
+        """The task's first reference answer in ``<answer>`` tags (read the same way in both modes).
+
+        Raises:
+            RuntimeError: called before ``reset``.
+        """
+        if self.task is None:
+            raise RuntimeError("call reset() before reference_action()")
+        return f"<answer>{self.task['answers'][0]}</answer>"
+
     async def respond(self, turn: AssistantTurn) -> StepOutcome:
         if self.mode == "tool":
             out = await super().respond(turn)
