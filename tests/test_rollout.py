@@ -14,7 +14,7 @@ from rollout_helpers import ASSISTANT_HEADER, TASKS, AddEnv, OkEnv, SyncEchoEnv,
 
 from chatgym.trainer.chat_delta import ChatRenderer, TemplateError
 from chatgym.trainer.engines.replay import ReplayEngine, replay_logprob, turn_script
-from chatgym.trainer.rollout import Collector, CollectorConfig
+from chatgym.trainer.rollout import Collector, CollectorConfig, _request_seed
 from chatgym.trainer.trace import read_trace
 
 IM_START, IM_END, NL, ENDOFTEXT = 1, 2, 198, 0  # SmolLM2 ids of <|im_start|>, <|im_end|>, "\n", <|endoftext|>
@@ -341,6 +341,21 @@ async def test_groups_share_task_and_reset_seed(tok):
     )
     assert [x.task_id for x in trajs] == ["add-0"] * 3 + ["add-1"] * 3 + ["row"] * 3
     assert [x.reward for x in trajs] == [1.0] * 3 + [0.0] * 6  # the script always answers 9
+
+
+async def test_only_runs_a_subset_of_the_grid_with_the_full_grids_seeds(tok):
+    # Resuming an evaluation: a subset of the tasks x G grid samples exactly as in the full grid.
+    full = make_collector(tok, scripted(tok, ["9"]), seed=7)
+    await full.collect(AddEnv, 3, group_size=2, seed=5)
+    part = make_collector(tok, scripted(tok, ["9"]), seed=7)
+    trajs = await part.collect(AddEnv, 3, group_size=2, seed=5, only={(2, 1), (0, 0)})
+    assert [(t.group_id, t.sample_index, t.task_id) for t in trajs] == [(0, 0, "add-0"), (2, 1, "add-2")]
+    assert part.last_stats.episodes == 2
+    seeds_full = sorted(p.seed for _, p in full.engine.calls)
+    seeds_part = sorted(p.seed for _, p in part.engine.calls)
+    assert len(seeds_full) == 6 and len(set(seeds_full)) == 6  # one turn per episode, distinct seeds
+    assert seeds_part == sorted([_request_seed(7, 0, 0, 0), _request_seed(7, 2, 1, 0)])
+    assert set(seeds_part) <= set(seeds_full)
 
 
 async def test_trace_jsonl(tok, tmp_path):

@@ -45,7 +45,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -270,6 +270,7 @@ class Collector:
         env_kwargs: Mapping[str, Any] | None = None,
         seed: int | None = None,
         on_trajectory: Callable[[Trajectory], None] | None = None,
+        only: Collection[tuple[int, int]] | None = None,
     ) -> list[Trajectory]:
         """Run ``group_size`` episodes of every task concurrently and return their trajectories.
 
@@ -283,9 +284,13 @@ class Collector:
             env_kwargs: keyword arguments of ``gym.make`` for env ids.
             seed: reset seed of group ``i`` is ``seed + i`` (same for all its samples); None: unseeded.
             on_trajectory: called with each trajectory as it finishes (progress bars).
+            only: run just these ``(group_id, sample_index)`` episodes of the tasks x group_size grid
+                (resuming a partial evaluation). Seeds depend on the position in the grid, so an
+                episode samples the same way whichever subset of the grid runs with it.
 
         Returns:
-            ``len(tasks) * group_size`` trajectories ordered by (group_id, sample_index); failed ones
+            ``len(tasks) * group_size`` trajectories (those in ``only`` when given) ordered by
+            (group_id, sample_index); failed ones
             included with ``error`` set. Counts are in ``self.last_stats``.
 
         Raises:
@@ -306,6 +311,7 @@ class Collector:
             _EpisodeSpec(env_list[g], _task_options(task, g), None if seed is None else seed + g, g, s)
             for g, task in enumerate(task_list)
             for s in range(group_size)
+            if only is None or (g, s) in only
         ]
         batch = self.batches
         self.batches += 1
