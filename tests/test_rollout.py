@@ -105,6 +105,7 @@ async def test_three_turn_tool_episode_is_token_exact(tok):
         "assistant",
     ]
     assert traj.task_id == "add-0" and traj.env_id == "AddEnv"
+    assert traj.info["tool_results_total"] == 2 and traj.info["tool_errors_total"] == 0
     assert col.last_stats.failed == 0 and col.last_stats.generated_tokens == n_gen
 
 

@@ -38,6 +38,9 @@ engine's reason (``abort`` fails the episode).
 ``"env_error: ..."``, kept with what it had); ``episode_timeout_s`` cancels a stuck episode (``"timeout:
 ..."``); engine and template errors likewise (``engine_error``, ``engine_abort``, ``template_error``).
 :class:`CollectStats` counts them. Trajectories are returned in (group, sample) order.
+
+``info["tool_results_total"]`` counts the ``tool`` messages the env returned over the episode (one per
+tool call, malformed calls included) and ``info["tool_errors_total"]`` the env's ``tool_errors``.
 """
 
 from __future__ import annotations
@@ -431,6 +434,7 @@ class Collector:
         traj.info["turns"] = turns
         generated = 0
         tool_errors = 0
+        tool_results = 0  # tool messages returned: one per tool call, well-formed or not
 
         while True:
             ctx_left = cfg.max_model_len - len(ids)
@@ -500,6 +504,8 @@ class Collector:
             obs, reward, terminated, truncated, info = await self._env_call(traj, runner.step(text))
             record["env_s"] = time.perf_counter() - t
             obs = _check_observation(obs, "step")
+            tool_results += sum(m["role"] == "tool" for m in obs)
+            traj.info["tool_results_total"] = tool_results
             traj.rewards.append(float(reward))
             record["reward"] = float(reward)
             tool_errors += int(info.get("tool_errors", 0) or 0) if isinstance(info, dict) else 0
