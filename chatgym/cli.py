@@ -25,6 +25,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "chatgym.retrievers.server:cli_main",
         "serve a BM25 / dense / hybrid index over HTTP (Search-R1 /retrieve shape)",
     ),
+    "serve-sandbox": (
+        "chatgym.sandboxes.service:cli_main",
+        "run untrusted code over HTTP, SandboxFusion API (/run_code, /run_jupyter); local/bwrap/docker",
+    ),
 }
 
 

@@ -65,6 +65,7 @@ from typing import TYPE_CHECKING
 from . import wire
 from .base import ExecResult
 from .client import ZygoteClient, ZygoteDied
+from .limits import Limiter, global_limiter
 from .slots import SlotPool
 
 # Pure-Python or already-loaded modules that model-written code imports most. Each extension module
@@ -137,10 +138,15 @@ class LocalSandbox:
         python: interpreter for the zygote (default: this one); ``site_packages`` lets runs import
             its installed packages (default: stdlib only); ``preload``: modules imported once in the
             zygote so runs get them for free.
+        limiter: the :class:`~chatgym.sandboxes.limits.Limiter` every run passes first (default:
+            the process-wide ``global_limiter()``, shared by all sandboxes); its wait is part of
+            ``queue_s`` and reported as ``info["limiter_wait_s"]``.
 
     Raises:
         ValueError / TypeError: a bad argument, naming it.
     """
+
+    languages = LANGUAGES
 
     def __init__(
         self,
@@ -160,6 +166,7 @@ class LocalSandbox:
         python: str | None = None,
         site_packages: bool = False,
         preload: Sequence[str] = DEFAULT_PRELOAD,
+        limiter: Limiter | None = None,
     ) -> None:
         for name, value, lo in (
             ("max_concurrency", max_concurrency, 1),
@@ -176,6 +183,7 @@ class LocalSandbox:
             raise ValueError(f"uid_range must be [lo, hi) with 0 < lo and room for {max_concurrency} uids")
         self.max_concurrency = max_concurrency
         self.max_output_bytes = max_output_bytes
+        self.limiter = limiter
         python = python or sys.executable
         child_env = {"PATH": f"{os.path.dirname(python)}:{SYSTEM_PATH}", "LANG": "C.UTF-8"}
         child_env.update({k: os.environ[k] for k in inherit_env if k in os.environ})
@@ -314,7 +322,17 @@ class LocalSandbox:
             raise ValueError(f"memory_mb must be an int >= 16 (MiB), got {memory_mb!r}")
 
     async def _request(self, msg: dict, timeout_s: float, client: ZygoteClient | None = None) -> ExecResult:
-        """Send one request under the concurrency limit and turn the reply into an ExecResult."""
+        """Send one request under the limiter and the concurrency limit; the reply as an ExecResult."""
+        limiter = self.limiter or global_limiter()
+        if limiter.unlimited:
+            return await self._request_slot(msg, timeout_s, client)
+        async with limiter.hold() as waited:
+            res = await self._request_slot(msg, timeout_s, client)
+        res.queue_s += waited()
+        res.info["limiter_wait_s"] = waited()
+        return res
+
+    async def _request_slot(self, msg: dict, timeout_s: float, client: ZygoteClient | None) -> ExecResult:
         client = client or await self._ensure_client()
         t0 = time.monotonic()
         slot = await self._slots.acquire()
