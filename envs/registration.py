@@ -13,6 +13,7 @@ ENV_SPECS: dict[str, tuple[str, dict]] = {
     "Math-v0": ("chatgym.envs.math_env:MathEnv", {}),
     "MathCalculator-v0": ("chatgym.envs.math_env:MathEnv", {"calculator": True}),
     "Search-v0": ("chatgym.envs.search:SearchEnv", {}),
+    "UserSim-v0": ("chatgym.envs.usersim.env:UserSimEnv", {}),
     "ToolUse-v0": ("chatgym.envs.tool_use:ToolUseEnv", {}),
 }
 

