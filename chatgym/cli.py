@@ -21,6 +21,14 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "chatgym.trainer.train:main",
         "train a policy with GRPO/PPO from a YAML config (key.sub=value overrides, --resume)",
     ),
+    "eval": (
+        "chatgym.trainer.eval.cli:eval_main",
+        "evaluate a model or the reference policy on envs into a SQLite results store (resumable)",
+    ),
+    "leaderboard": (
+        "chatgym.trainer.eval.cli:leaderboard_main",
+        "print the models x envs leaderboard and write it as a static HTML page",
+    ),
     "serve-retriever": (
         "chatgym.retrievers.server:cli_main",
         "serve a BM25 / dense / hybrid index over HTTP (Search-R1 /retrieve shape)",

@@ -1,0 +1,8 @@
+"""Evaluation: ``chatgym eval`` (run a model or the reference policy on envs, resumable), the SQLite
+results store, metrics (pass@k, mean reward with CI, ...) and ``chatgym leaderboard`` (rich table and
+a static HTML page)."""
+
+from .metrics import CellMetrics, cell_metrics, mean_ci, pass_at_k
+from .store import SCHEMA_VERSION, ResultsStore
+
+__all__ = ["SCHEMA_VERSION", "CellMetrics", "ResultsStore", "cell_metrics", "mean_ci", "pass_at_k"]

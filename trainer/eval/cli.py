@@ -1,0 +1,168 @@
+"""``chatgym eval`` and ``chatgym leaderboard``.
+
+chatgym eval --engine vllm --model smollm2 --env Math-v0 CodeSandbox-v0 --max-tasks 16
+chatgym eval --engine reference --env all --max-tasks 16
+chatgym leaderboard --db results/eval.sqlite --html results/leaderboard.html
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import yaml
+
+DEFAULT_DB = "results/eval.sqlite"
+
+
+def _key_values(items: Sequence[str], flag: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"chatgym eval: {flag} expects key=value, got {item!r}")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def eval_parser() -> argparse.ArgumentParser:
+    from ..engines import ENGINES
+    from .run import REFERENCE
+
+    p = argparse.ArgumentParser(
+        prog="chatgym eval",
+        description="Evaluate a model (or the scripted reference policy) on envs; one SQLite row per "
+        "episode; rerunning the same command resumes an interrupted evaluation.",
+    )
+    p.add_argument("--engine", default="vllm", choices=[*sorted(ENGINES), REFERENCE])
+    p.add_argument(
+        "--model", default="smollm2", help="packaged name / local dir (vllm, hf) or served model name"
+    )
+    p.add_argument("--model-name", help="display name (default: --model)")
+    p.add_argument("--model-hash", help="weights identity for server/API engines (default api:<engine>)")
+    p.add_argument(
+        "--env", nargs="+", default=["all"], help="env ids, or 'all' (every registered chatgym env)"
+    )
+    p.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE", help="gym.make keyword")
+    p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE", help="engine keyword")
+    p.add_argument("--split", default="auto", help="split name; auto: test where the env has one")
+    p.add_argument("-n", "--n-samples", type=int, default=1, help="samples per task (n of pass@k)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-tasks", type=int, help="first N tasks of the split (default: all)")
+    p.add_argument("--db", default=DEFAULT_DB, help=f"SQLite results file (default {DEFAULT_DB})")
+    p.add_argument("--traces-dir", help="JSONL traces (default: traces/ next to --db)")
+    p.add_argument("--temperature", type=float, help="default: 0 with -n 1, else 1.0")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-tokens", type=int, default=512, help="per turn")
+    p.add_argument("--max-response-tokens", type=int, default=2048, help="per episode")
+    p.add_argument("--max-model-len", type=int, default=4096, help="context, tokens")
+    p.add_argument("--chat-template", default="auto")
+    p.add_argument("--episode-timeout", type=float, default=600.0, help="seconds per episode")
+    p.add_argument("--max-concurrent", type=int, default=64, help="episodes in flight")
+    p.add_argument("--success-threshold", type=float, default=1.0, help="reward counted as a pass")
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def eval_main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``chatgym eval``: prints a JSON report per env; 1 when nothing could be evaluated."""
+    from .run import EvalConfig, evaluate, report_dicts
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = eval_parser().parse_args(argv)
+    try:
+        config = EvalConfig(
+            engine=args.engine,
+            model=args.model,
+            model_name=args.model_name,
+            model_hash=args.model_hash,
+            envs=tuple(args.env),
+            split=args.split,
+            n_samples=args.n_samples,
+            seed=args.seed,
+            max_tasks=args.max_tasks,
+            db=args.db,
+            traces_dir=args.traces_dir,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            max_tokens=args.max_tokens,
+            max_response_tokens=args.max_response_tokens,
+            max_model_len=args.max_model_len,
+            chat_template=args.chat_template,
+            episode_timeout_s=args.episode_timeout,
+            max_concurrent=args.max_concurrent,
+            success_threshold=args.success_threshold,
+            env_kwargs=_key_values(args.env_arg, "--env-arg"),
+            engine_kwargs=_key_values(args.engine_arg, "--engine-arg"),
+        )
+        from .run import resolve_env_ids
+
+        resolve_env_ids(config.envs)
+    except ValueError as exc:
+        raise SystemExit(f"chatgym eval: {exc}") from None
+    reports = asyncio.run(evaluate(config, progress=not args.no_progress, argv=["chatgym", "eval", *argv]))
+    print(json.dumps(report_dicts(reports), indent=2))
+    _print_board(config.db, models=[], env_ids=[r.env_id for r in reports if not r.skipped])
+    return 0 if any(not r.skipped for r in reports) else 1
+
+
+def _print_board(db: str, **filters: Any) -> Any:
+    from rich.console import Console
+
+    from .leaderboard import build_leaderboard, rich_tables
+    from .store import ResultsStore
+
+    with ResultsStore(db) as store:
+        board = build_leaderboard(store, **filters)
+    console = Console(stderr=False, width=200)
+    for table in rich_tables(board):
+        console.print(table)
+    return board
+
+
+def leaderboard_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="chatgym leaderboard",
+        description="Print the models x envs leaderboard of a results store and write it as a static HTML page.",
+    )
+    p.add_argument("--db", default=DEFAULT_DB, help=f"SQLite results file (default {DEFAULT_DB})")
+    p.add_argument("--html", help="write the page here (default: leaderboard.html next to --db)")
+    p.add_argument("--k", type=int, help="pass@k budget (default: the most samples per task of any cell)")
+    p.add_argument("--env", nargs="*", default=[], help="only these env ids")
+    p.add_argument("--model", nargs="*", default=[], help="only these model names")
+    p.add_argument("--title", default="chatgym leaderboard")
+    return p
+
+
+def leaderboard_main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``chatgym leaderboard``; 1 when the store holds no episodes."""
+    from pathlib import Path
+
+    from .leaderboard import build_leaderboard, rich_tables
+    from .page import render_html
+    from .store import ResultsStore
+
+    args = leaderboard_parser().parse_args(argv)
+    if not Path(args.db).expanduser().is_file():
+        raise SystemExit(f"chatgym leaderboard: no results file at {args.db} (run chatgym eval first)")
+    if args.k is not None and args.k < 1:
+        raise SystemExit(f"chatgym leaderboard: --k must be >= 1, got {args.k}")
+    with ResultsStore(args.db) as store:
+        board = build_leaderboard(store, k=args.k, env_ids=args.env, models=args.model)
+    if not board.cells:
+        print(f"chatgym leaderboard: {args.db} holds no episodes (after filters)", file=sys.stderr)
+        return 1
+    from rich.console import Console
+
+    console = Console(width=200)
+    for table in rich_tables(board):
+        console.print(table)
+    out = Path(args.html) if args.html else Path(args.db).expanduser().parent / "leaderboard.html"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_html(board, title=args.title, source=str(args.db)), encoding="utf-8")
+    print(f"wrote {out}")
+    return 0

@@ -1,0 +1,483 @@
+"""Evaluate a model (or the scripted reference policy) on envs and store one row per episode.
+
+For each env: resolve its identity (version + dataset hash, see :mod:`.identity`), build the grid
+``tasks 0..T-1 x samples 0..n-1``, drop the episodes the store already holds for that grid, run the
+rest — token engines through the rollout collector (``Collector.collect(only=...)``: each episode
+samples with the seed of its grid position, whatever subset runs), the ``openai`` engine and the
+``reference`` policy through :mod:`.chat_policy` — and store each episode as it finishes (trace line
+first, then the row). An interrupted evaluation therefore loses only the episodes in flight, and a
+restart runs exactly the missing ones.
+
+Success (for pass@k): the env's ``info["success"]`` when it reports a bool, else
+``reward >= success_threshold`` (default 1.0, the maximum reward of the built-in envs). A failed
+episode (env crash, timeout, engine error) is never a success.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+
+from ..types import Trajectory
+from .identity import EnvId, ModelId, canonical_json, dataset_hash, env_version, run_key, weights_hash
+from .store import ResultsStore
+
+REFERENCE = "reference"
+TOKEN_ENGINES = ("vllm", "vllm-server", "sglang", "hf")
+LOCAL_WEIGHT_ENGINES = ("vllm", "hf")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Settings of one ``chatgym eval`` (token counts in the model's tokens; seconds).
+
+    Attributes:
+        engine: an engine name of :data:`chatgym.trainer.engines.ENGINES` or ``"reference"``.
+        model: packaged model name / local directory (vllm, hf) or the served model's name.
+        model_name: display name (default: ``model``; ``"reference"`` for the reference policy).
+        model_hash: override of the weights hash (server/API engines cannot compute one).
+        envs: env ids, or ``("all",)`` for every id in ``chatgym.envs.registration.ENV_SPECS``.
+        split: a split name, or ``"auto"``: ``test`` where the env accepts it, else its default split.
+        n_samples: samples per task (n of pass@k).
+        seed: reset seed of task i is ``seed + i``; sampling seeds derive from it.
+        max_tasks: first tasks of the split to use (None: all).
+        db: the SQLite results file.
+        traces_dir: where JSONL traces go (default: ``traces/`` next to ``db``).
+        temperature: None: 0 (greedy) when ``n_samples == 1``, else 1.0.
+        success_threshold: reward at or above which an episode counts as correct.
+        env_kwargs, engine_kwargs: extra ``gym.make`` / engine keywords (env keywords are part of the
+            env's identity).
+    """
+
+    engine: str = "vllm"
+    model: str = "smollm2"
+    model_name: str | None = None
+    model_hash: str | None = None
+    envs: tuple[str, ...] = ("all",)
+    split: str = "auto"
+    n_samples: int = 1
+    seed: int = 0
+    max_tasks: int | None = None
+    db: str = "results/eval.sqlite"
+    traces_dir: str | None = None
+    temperature: float | None = None
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 512
+    max_response_tokens: int = 2048
+    max_model_len: int = 4096
+    max_observation_tokens: int = 1024
+    chat_template: str = "auto"
+    episode_timeout_s: float = 600.0
+    max_concurrent: int = 64
+    success_threshold: float = 1.0
+    env_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    engine_kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from ..engines import ENGINES
+
+        if self.engine != REFERENCE and self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {[*sorted(ENGINES), REFERENCE]}, got {self.engine!r}")
+        for name in ("n_samples", "max_tokens", "max_response_tokens", "max_model_len", "max_concurrent"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if self.max_tasks is not None and self.max_tasks < 1:
+            raise ValueError(f"max_tasks must be >= 1, got {self.max_tasks}")
+        if not self.envs:
+            raise ValueError("envs: give at least one env id (or 'all')")
+
+    @property
+    def sampling_temperature(self) -> float:
+        if self.temperature is not None:
+            return self.temperature
+        return 0.0 if self.n_samples == 1 else 1.0
+
+    def sampling(self) -> dict[str, Any]:
+        """The sampling settings stored with every row (empty for the reference policy)."""
+        if self.engine == REFERENCE:
+            return {}
+        out: dict[str, Any] = {
+            "temperature": self.sampling_temperature,
+            "top_p": self.top_p,
+            "max_tokens": self.max_tokens,
+        }
+        if self.engine in TOKEN_ENGINES:
+            out.update(
+                top_k=self.top_k,
+                max_response_tokens=self.max_response_tokens,
+                max_model_len=self.max_model_len,
+                max_observation_tokens=self.max_observation_tokens,
+                chat_template=self.chat_template,
+            )
+        return out
+
+
+@dataclass
+class EnvReport:
+    """What happened to one env: ``skipped`` holds the reason when it was not evaluated."""
+
+    env_id: str
+    column: str = ""
+    run_key: str = ""
+    grid: int = 0
+    already_done: int = 0
+    ran: int = 0
+    failed: int = 0
+    wall_s: float = 0.0
+    skipped: str | None = None
+
+
+def resolve_env_ids(names: Sequence[str]) -> list[str]:
+    """``["all"]`` -> every id of ``ENV_SPECS`` (envs added later included); others checked against the
+    Gymnasium registry.
+
+    Raises:
+        ValueError: an unknown id (named).
+    """
+    import chatgym  # noqa: F401  (registers the env ids)
+    from chatgym.envs.registration import ENV_SPECS
+
+    out: list[str] = []
+    for name in names:
+        ids = list(ENV_SPECS) if name == "all" else [name]
+        for env_id in ids:
+            if env_id not in gym.registry:
+                raise ValueError(f"unknown env id {env_id!r}; registered chatgym envs: {sorted(ENV_SPECS)}")
+            if env_id not in out:
+                out.append(env_id)
+    return out
+
+
+def make_eval_env(env_id: str, split: str, env_kwargs: Mapping[str, Any]) -> tuple[gym.Env, dict[str, Any]]:
+    """The env and the ``gym.make`` keywords that build it for ``split`` (``auto``: ``test`` where the
+    env accepts it, else the env's default split).
+
+    Raises:
+        whatever ``gym.make`` raises for an explicit split or bad keywords.
+    """
+    kwargs = dict(env_kwargs)
+    if split != "auto":
+        return gym.make(env_id, split=split, **kwargs), {**kwargs, "split": split}
+    try:
+        return gym.make(env_id, split="test", **kwargs), {**kwargs, "split": "test"}
+    except (TypeError, ValueError):
+        return gym.make(env_id, **kwargs), kwargs
+
+
+def env_identity(env_id: str, split: str, env_kwargs: Mapping[str, Any]) -> tuple[EnvId, dict[str, Any]]:
+    """The env's identity and its ``gym.make`` keywords.
+
+    Raises:
+        NotImplementedError: the env has no task list (nothing to enumerate).
+    """
+    env, kwargs = make_eval_env(env_id, split, env_kwargs)
+    try:
+        core = env.unwrapped
+        tasks = core.tasks
+        used_split = str(getattr(core, "split", kwargs.get("split", "default")))
+    finally:
+        env.close()
+    extra = {k: v for k, v in kwargs.items() if k != "split"}
+    ident = EnvId(
+        env_id, env_version(env_id), dataset_hash(tasks), used_split, canonical_json(extra), len(tasks)
+    )
+    return ident, kwargs
+
+
+def model_identity(config: EvalConfig) -> ModelId:
+    """Name, weights hash and engine of the evaluated model (see :mod:`.identity`)."""
+    if config.engine == REFERENCE:
+        return ModelId(config.model_name or REFERENCE, config.model_hash or "scripted", REFERENCE)
+    name = config.model_name or Path(str(config.model)).name
+    if config.model_hash:
+        return ModelId(name, config.model_hash, config.engine)
+    if config.engine in LOCAL_WEIGHT_ENGINES:
+        from ..models import load_model_path
+
+        return ModelId(name, weights_hash(load_model_path(config.model)), config.engine)
+    return ModelId(name, f"api:{config.engine}", config.engine)
+
+
+def episode_row(
+    traj: Trajectory, *, token_level: bool, success_threshold: float, common: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The store row of one finished episode (``common``: the grid's identity columns)."""
+    info = traj.info
+    if traj.failed:
+        success = False
+    elif isinstance(info.get("success"), bool):
+        success = info["success"]
+    else:
+        success = traj.reward >= success_threshold
+    generated = traj.response_tokens if token_level else info.get("generated_tokens")
+    return {
+        **common,
+        "task_index": traj.group_id,
+        "task_id": None if traj.task_id is None else str(traj.task_id),
+        "sample_index": traj.sample_index,
+        "reward": float(traj.reward),
+        "success": int(success),
+        "turns": traj.num_turns,
+        "generated_tokens": generated,
+        "total_tokens": len(traj.token_ids) if token_level else None,
+        "tool_calls": int(info.get("tool_results_total", 0) or 0),
+        "tool_errors": int(info.get("tool_errors_total", 0) or 0),
+        "failed": int(traj.failed),
+        "error": traj.error,
+        "truncated": int(traj.truncated),
+        "wall_s": float(traj.timing.get("total_s", 0.0)),
+    }
+
+
+class _Backend:
+    """The policy side: an engine + collector, or a message-level policy; built once for all envs."""
+
+    def __init__(self, config: EvalConfig):
+        self.config = config
+        self.engine: Any = None
+        self.tokenizer: Any = None
+        self.collector: Any = None
+        self.pool = ThreadPoolExecutor(16, thread_name_prefix="chatgym-eval-env")
+
+    @property
+    def token_level(self) -> bool:
+        return self.config.engine in TOKEN_ENGINES
+
+    def start(self) -> None:
+        cfg = self.config
+        if cfg.engine == REFERENCE:
+            return
+        from ..engines import make_engine
+
+        if self.token_level:
+            from ..rollout import Collector, CollectorConfig
+            from ..tokenizer import get_tokenizer
+
+            tok_source = cfg.engine_kwargs.get("tokenizer", cfg.model)
+            self.tokenizer = get_tokenizer(tok_source, cfg.chat_template)
+            kwargs = {k: v for k, v in cfg.engine_kwargs.items() if k != "tokenizer"}
+            self.engine = make_engine(cfg.engine, cfg.model, **kwargs)
+            self.collector = Collector(
+                self.engine,
+                self.tokenizer,
+                CollectorConfig(
+                    max_model_len=cfg.max_model_len,
+                    max_response_tokens=cfg.max_response_tokens,
+                    max_tokens=cfg.max_tokens,
+                    max_observation_tokens=cfg.max_observation_tokens,
+                    temperature=cfg.sampling_temperature,
+                    top_p=cfg.top_p,
+                    top_k=cfg.top_k,
+                    seed=cfg.seed,
+                    episode_timeout_s=cfg.episode_timeout_s,
+                    max_concurrent_episodes=cfg.max_concurrent,
+                ),
+            )
+        else:
+            self.engine = make_engine(cfg.engine, cfg.model, **dict(cfg.engine_kwargs))
+
+    async def close(self) -> None:
+        if self.collector is not None:
+            self.collector.close()
+        if self.engine is not None:
+            await self.engine.close()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    async def has_reference(self, env_id: str, kwargs: Mapping[str, Any]) -> str | None:
+        """None when the env's reference policy answers on task 0, else why not."""
+        env = gym.make(env_id, **kwargs)
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                self.pool, lambda: env.reset(seed=self.config.seed, options={"task_index": 0})
+            )
+            env.unwrapped.reference_action()
+        except NotImplementedError as exc:
+            return f"no scripted reference policy ({exc})"
+        finally:
+            env.close()
+        return None
+
+    async def run(
+        self,
+        env_id: str,
+        kwargs: dict[str, Any],
+        num_tasks: int,
+        todo: set[tuple[int, int]],
+        on_episode: Callable[[Trajectory], None],
+    ) -> None:
+        cfg = self.config
+        if self.token_level:
+            await self.collector.collect(
+                env_id,
+                num_tasks,
+                cfg.n_samples,
+                env_kwargs=kwargs,
+                seed=cfg.seed,
+                on_trajectory=on_episode,
+                only=todo,
+            )
+            return
+        from .chat_policy import api_act, reference_act, run_chat_episode
+
+        if cfg.engine == REFERENCE:
+            act = reference_act
+        else:
+            from ..engines.base import SamplingParams
+
+            params = SamplingParams(
+                max_tokens=cfg.max_tokens, temperature=cfg.sampling_temperature, top_p=cfg.top_p
+            )
+            act = api_act(self.engine, params)
+        sem = asyncio.Semaphore(cfg.max_concurrent)
+
+        async def one(task: int, sample: int) -> None:
+            async with sem:
+                traj = await run_chat_episode(
+                    act, env_id, kwargs, task, sample, cfg.seed, self.pool, cfg.episode_timeout_s
+                )
+            on_episode(traj)
+
+        await asyncio.gather(*(one(t, s) for t, s in sorted(todo)))
+
+
+async def evaluate(
+    config: EvalConfig,
+    *,
+    progress: bool = True,
+    argv: Sequence[str] = (),
+    log: Callable[[str], None] | None = None,
+) -> list[EnvReport]:
+    """Run (or resume) the evaluation of ``config``; returns one report per env.
+
+    Raises:
+        ValueError: an unknown env id or bad config (before anything runs).
+    """
+    from tqdm import tqdm
+
+    from chatgym import __version__
+
+    from ..trace import TraceWriter
+
+    log = log or (lambda msg: print(msg, file=sys.stderr))
+    env_ids = resolve_env_ids(config.envs)
+    model = model_identity(config)
+    sampling = config.sampling()
+    db = Path(config.db).expanduser()
+    traces_dir = Path(config.traces_dir).expanduser() if config.traces_dir else db.parent / "traces"
+    store = ResultsStore(db)
+    backend = _Backend(config)
+    reports: list[EnvReport] = []
+    started = False
+    try:
+        for env_id in env_ids:
+            report = EnvReport(env_id)
+            reports.append(report)
+            try:
+                ident, kwargs = env_identity(env_id, config.split, config.env_kwargs)
+            except Exception as exc:  # one env that cannot start must not stop the others
+                report.skipped = f"cannot build the env: {type(exc).__name__}: {exc}"
+                log(f"chatgym eval: {env_id}: skipped, {report.skipped}")
+                continue
+            report.column = ident.column
+            num_tasks = min(config.max_tasks or ident.num_tasks, ident.num_tasks)
+            if num_tasks == 0:
+                report.skipped = f"split {ident.split!r} has no tasks"
+                log(f"chatgym eval: {env_id}: skipped, {report.skipped}")
+                continue
+            key = report.run_key = run_key(model, ident, config.seed, config.n_samples, sampling)
+            grid = {(t, s) for t in range(num_tasks) for s in range(config.n_samples)}
+            done = store.done(key) & grid
+            todo = grid - done
+            report.grid, report.already_done = len(grid), len(done)
+            if config.engine == REFERENCE:
+                reason = await backend.has_reference(env_id, kwargs)
+                if reason:
+                    report.skipped = reason
+                    log(f"chatgym eval: {env_id}: skipped, {reason}")
+                    continue
+            if not todo:
+                log(f"chatgym eval: {env_id}: all {len(grid)} episodes already stored (grid {key[:12]})")
+                continue
+            if not started:
+                backend.start()
+                started = True
+            if done:
+                log(
+                    f"chatgym eval: {env_id}: resuming grid {key[:12]}: {len(done)} stored, {len(todo)} to run"
+                )
+            session = store.start_session(key, argv)
+            trace_path = traces_dir / f"{env_id}-{key[:12]}.jsonl"
+            writer = TraceWriter(trace_path, 1.0, config.seed, backend.tokenizer)
+            common = {
+                "run_key": key,
+                "model_name": model.name,
+                "model_hash": model.weights_hash,
+                "engine": model.engine,
+                "env_id": ident.env_id,
+                "env_version": ident.version,
+                "dataset_hash": ident.dataset_hash,
+                "split": ident.split,
+                "env_kwargs": ident.env_kwargs,
+                "seed": config.seed,
+                "sampling": canonical_json(sampling),
+                "trace_path": str(trace_path),
+                "chatgym_version": __version__,
+                "session_id": session,
+            }
+            bar = tqdm(
+                total=len(grid),
+                initial=len(done),
+                desc=env_id,
+                unit="ep",
+                disable=not progress,
+                file=sys.stderr,
+            )
+            t0 = time.perf_counter()
+
+            def on_episode(
+                traj: Trajectory,
+                report: EnvReport = report,
+                writer: Any = writer,
+                common: Any = common,
+                bar: Any = bar,
+            ) -> None:
+                # Trace before row: a kill in between leaves an extra trace line, never a row
+                # without its trace; the rerun of that episode appends a second line.
+                writer.write(traj)
+                row = episode_row(
+                    traj,
+                    token_level=backend.token_level,
+                    success_threshold=config.success_threshold,
+                    common=common,
+                )
+                store.add_episode(row)
+                report.ran += 1
+                report.failed += traj.failed
+                bar.set_postfix(failed=report.failed, refresh=False)
+                bar.update(1)
+
+            try:
+                await backend.run(env_id, kwargs, num_tasks, todo, on_episode)
+            finally:
+                bar.close()
+                writer.close()
+                report.wall_s = time.perf_counter() - t0
+    finally:
+        await backend.close()
+        store.close()
+    return reports
+
+
+def report_dicts(reports: Sequence[EnvReport]) -> list[dict[str, Any]]:
+    return [dataclasses.asdict(r) for r in reports]
