@@ -11,6 +11,10 @@ PIP=".venv/bin/pip"
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! command -v bwrap >/dev/null; then
   (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null) || echo "setup: bubblewrap not installed (sandbox falls back to rlimits)"
 fi
+# Headless Chromium opens the generated leaderboard page in its test (skipped without it).
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! command -v chromium >/dev/null; then
+  (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "setup: chromium not installed (leaderboard page test skipped)"
+fi
 
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 $PIP install -q -U pip

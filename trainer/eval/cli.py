@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-DEFAULT_DB = "results/eval.sqlite"
+DEFAULT_DB = "runs/eval/results.sqlite"
 
 
 def _key_values(items: Sequence[str], flag: str) -> dict[str, Any]:

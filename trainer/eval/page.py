@@ -43,6 +43,8 @@ document.querySelectorAll('#leaderboard th').forEach((th,i)=>th.addEventListener
   const cur=document.getElementById('leaderboard').dataset.sort||'';
   sortTable(i, cur===i+'-desc'?'asc':'desc');}));
 const m=/sort=(\\d+)-(asc|desc)/.exec(location.hash); if(m) sortTable(parseInt(m[1]), m[2]);
+function openTrace(){const d=document.getElementById(location.hash.slice(1)); if(d&&d.tagName==='DETAILS') d.open=true;}
+window.addEventListener('hashchange', openTrace); openTrace();
 """
 
 

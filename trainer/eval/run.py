@@ -67,7 +67,7 @@ class EvalConfig:
     n_samples: int = 1
     seed: int = 0
     max_tasks: int | None = None
-    db: str = "results/eval.sqlite"
+    db: str = "runs/eval/results.sqlite"
     traces_dir: str | None = None
     temperature: float | None = None
     top_p: float = 1.0
