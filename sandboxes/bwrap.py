@@ -4,7 +4,7 @@ The zygote and every run it forks live in a bwrap sandbox made once per ``BwrapS
 
 * a new root that is a read-only tmpfs holding only read-only binds of the system (``/usr``, ``/etc``
   and the ``/bin``, ``/lib*``, ``/sbin`` links), the interpreter's own prefix and this package's
-  directory: the user's home, the project checkout and every other host path are simply absent;
+  directory (bound at ``/opt/chatgym-sandbox``): the user's home, the project checkout and every other host path are simply absent;
 * a private ``/tmp``, ``/var/tmp``, ``/dev/shm`` (work dirs live there) and a minimal ``/dev``;
 * new PID, IPC, UTS (and, where the kernel allows, cgroup) namespaces: host processes do not exist
   for the code; the zygote is not PID 1 (bwrap's init is) and reaps what runs orphan;
@@ -34,12 +34,19 @@ from .client import SANDBOX_DIR, ZygoteClient
 from .isolation import LOCK_DIRS
 from .local import LocalSandbox
 
+PACKAGE_MOUNT = "/opt/chatgym-sandbox"
 SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _probed: dict[tuple, str] = {}  # bwrap argv -> "" (works) or why not
 
 
 def bwrap_args(
-    bwrap: str, *, network: bool, keep: Sequence[str], lock_dirs: Sequence[str] = (), caps: bool = False
+    bwrap: str,
+    *,
+    network: bool,
+    keep: Sequence[str],
+    lock_dirs: Sequence[str] = (),
+    caps: bool = False,
+    package: str | None = None,
 ) -> list[str]:
     """The ``bwrap`` command line (up to and including ``--``) for the layout in the module docstring.
 
@@ -49,6 +56,8 @@ def bwrap_args(
         keep: host directories bound read-only at the same path (interpreter prefix, this package).
         lock_dirs: host directories bound read-write (the uid lock files shared with other sandboxes).
         caps: keep all capabilities (as root: the zygote needs them for uid switching and mounts).
+        package: this package's directory, bound read-only at ``PACKAGE_MOUNT`` (so the checkout
+            or site-packages that holds it stays invisible).
     """
     args = [bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
     args += ["--unshare-cgroup-try", "--hostname", "sandbox"]
@@ -64,6 +73,8 @@ def bwrap_args(
             args += ["--ro-bind", d, d]
     args += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--tmpfs", "/var/tmp", "--tmpfs", "/run"]
     args += ["--dir", "/run/lock"]
+    if package:
+        args += ["--ro-bind", package, PACKAGE_MOUNT]
     for d in lock_dirs:  # /run was just replaced by a tmpfs: bind the lock dirs again on top
         args += ["--bind", d, d]
     if caps:
@@ -117,7 +128,9 @@ class BwrapSandbox(LocalSandbox):
             # With -I -S a venv adds nothing: run the base interpreter, so the venv (and the project
             # that holds it) need not be visible.
             python = os.path.realpath(python)
-        keep = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, SANDBOX_DIR]
+        keep = [sys.base_prefix, sys.base_exec_prefix]
+        if kwargs.get("site_packages"):  # the venv (site-packages) must then be visible, read-only
+            keep += [sys.prefix, sys.exec_prefix]
         keep.append(os.path.dirname(os.path.dirname(os.path.realpath(python))))
         self.bwrap = bwrap or shutil.which("bwrap") or "bwrap"
         self._bwrap_args = bwrap_args(
@@ -125,9 +138,11 @@ class BwrapSandbox(LocalSandbox):
             network=bool(kwargs.get("network", False)),
             keep=keep,
             lock_dirs=_lock_dirs(),
+            package=SANDBOX_DIR,
             caps=os.geteuid() == 0,
         )
         self._plain_argv = list(self._argv)
+        self._sandbox_dir = PACKAGE_MOUNT
         self._argv = [*self._bwrap_args, python, *self._argv[1:]]
         self._bwrap_note = ""
 
@@ -137,7 +152,7 @@ class BwrapSandbox(LocalSandbox):
             self._bwrap_note = f"bwrap unavailable ({why}); falling back to the plain local sandbox (rlimits, and namespaces only where it can make them)"
             if self._argv != self._plain_argv:
                 warnings.warn(f"BwrapSandbox: {self._bwrap_note}", RuntimeWarning, stacklevel=4)
-            self._argv = self._plain_argv
+            self._argv, self._sandbox_dir = self._plain_argv, SANDBOX_DIR
         client = super()._start_blocking()
         client.info["bwrap"] = not why
         if why:

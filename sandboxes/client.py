@@ -38,11 +38,14 @@ class ZygoteClient:
         config: the ``config`` frame (see ``LocalSandbox._config``).
         argv_prefix: interpreter command, e.g. ``[python, "-I", "-S"]``.
         env: the zygote's whole environment (an allowlist; nothing else reaches it or its children).
+        sandbox_dir: where the zygote finds this package's modules (its own view of the file system).
     """
 
-    def __init__(self, config: dict, argv_prefix: list[str], env: dict[str, str]) -> None:
+    def __init__(
+        self, config: dict, argv_prefix: list[str], env: dict[str, str], sandbox_dir: str = SANDBOX_DIR
+    ) -> None:
         self._config = config
-        self._argv = [*argv_prefix, "-c", BOOTSTRAP, SANDBOX_DIR]
+        self._argv = [*argv_prefix, "-c", BOOTSTRAP, sandbox_dir]
         self._env = env
         self._ids = itertools.count(1)
         self._pending: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}

@@ -64,7 +64,7 @@ from typing import TYPE_CHECKING
 
 from . import wire
 from .base import ExecResult
-from .client import ZygoteClient, ZygoteDied
+from .client import SANDBOX_DIR, ZygoteClient, ZygoteDied
 from .limits import Limiter, global_limiter
 from .slots import SlotPool
 
@@ -208,6 +208,7 @@ class LocalSandbox:
         }
         self._argv = [python, "-I"] if site_packages else [python, "-I", "-S"]
         self._zygote_env = child_env  # children inherit it; each adds only HOME, TMPDIR and PWD
+        self._sandbox_dir = SANDBOX_DIR
         self._slots = SlotPool(max_concurrency)
         self._client: ZygoteClient | None = None
         self._start_lock = threading.Lock()
@@ -243,7 +244,7 @@ class LocalSandbox:
                 self._client.close()
             elif self._client is not None:
                 self._client.abandon()  # a forked copy of the host: the zygote is the original's
-            client = ZygoteClient(self._config, self._argv, self._zygote_env)
+            client = ZygoteClient(self._config, self._argv, self._zygote_env, self._sandbox_dir)
             client.start()
             for note in client.info.get("notes", []):
                 _warn_once(note)

@@ -235,6 +235,7 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--memory-mb", type=int, default=1024, help="memory cap when a request gives none (MiB)")
     p.add_argument("--max-output-bytes", type=int, default=1 << 20, help="cap per stream (bytes)")
+    p.add_argument("--tmpfs-mb", type=int, default=None, help="size of the private /tmp (MiB; local/bwrap)")
     p.add_argument("--image", default=None, help="container image (docker backend)")
     args = p.parse_args(argv)
     for name in ("max_concurrency", "memory_mb", "max_output_bytes"):
@@ -246,6 +247,8 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
                   "limiter": limiter}  # fmt: skip
         if args.image:
             kwargs["image"] = args.image
+        if args.tmpfs_mb is not None:
+            kwargs["tmpfs_mb"] = args.tmpfs_mb
         sandbox = make_backend(args.backend, **kwargs)
     except (ValueError, TypeError, ImportError) as e:
         print(f"chatgym serve-sandbox: {e}", file=sys.stderr)

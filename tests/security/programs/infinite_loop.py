@@ -1,0 +1,3 @@
+# Spin forever. Expected: timeout at the wall-clock limit.
+while True:
+    pass
