@@ -1,0 +1,106 @@
+"""Engines as simulated users / judges (``chatgym.trainer.engines.responder``): prompt rendering,
+reply decoding, traces for co-training; the chat-API adapter against a real local HTTP server."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+from aiohttp import web
+
+from chatgym.envs import messages as M
+from chatgym.envs.agents import ask
+from chatgym.envs.judge import JudgeEnv
+from chatgym.trainer.engines.openai_chat import OpenAIChatEngine
+from chatgym.trainer.engines.replay import ReplayEngine, replay_logprob
+from chatgym.trainer.engines.responder import ChatResponder, EngineResponder, as_responder
+from chatgym.trainer.tokenizer import get_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return get_tokenizer("smollm2")
+
+
+def test_engine_responder_renders_generates_and_decodes(tokenizer):
+    reply_ids = tokenizer.encode("Rating: [[7]]", add_special_tokens=False)
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    # The script would go on after <|im_end|>; the engine must stop there (EOS in stop ids).
+    engine = ReplayEngine(lambda prompt: [*reply_ids, end, 42, 43], tokenizer)
+    responder = EngineResponder(engine, tokenizer, trace=True)
+    conversation = [M.system("You judge."), M.user("Rate: 2+2=4")]
+    message, trace = asyncio.run(ask(responder, conversation))
+    assert message == M.assistant("Rating: [[7]]")
+    # Prompt ids computed independently with the tokenizer's own chat template call.
+    expected_prompt = tokenizer.apply_chat_template(
+        conversation, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    assert engine.calls[0][0] == expected_prompt == trace["prompt_ids"]
+    assert trace["token_ids"] == [*reply_ids, end]
+    assert trace["logprobs"] == [replay_logprob(t) for t in [*reply_ids, end]]
+    assert trace["finish_reason"] == "stop" and trace["messages"] == conversation
+    assert end in engine.calls[0][1].stop_token_ids
+
+
+def test_untraced_responder_and_prompt_limit(tokenizer):
+    engine = ReplayEngine(lambda prompt: tokenizer.encode("hi", add_special_tokens=False), tokenizer)
+    responder = EngineResponder(engine, tokenizer, max_prompt_tokens=5)
+    with pytest.raises(ValueError, match="max_prompt_tokens=5"):
+        asyncio.run(responder.respond([M.user("a long enough conversation to pass five tokens")]))
+    responder.max_prompt_tokens = None
+    assert asyncio.run(ask(responder, [M.user("x")])) == (M.assistant("hi"), None)
+
+
+def test_engine_without_tokenizer_is_refused():
+    with pytest.raises(ValueError, match="pass tokenizer="):
+        EngineResponder(ReplayEngine(lambda p: []))
+
+
+def test_traced_engine_judge_in_judge_env(tokenizer):
+    ids = tokenizer.encode("Fine. Rating: [[8]]", add_special_tokens=False)
+    judge = EngineResponder(ReplayEngine(lambda p: ids, tokenizer), tokenizer, trace=True)
+    env = JudgeEnv(split="all", judge=judge)
+    env.reset(options={"task_index": 0})
+    _, reward, *_, info = env.step("An answer.")
+    assert reward == pytest.approx(7 / 9 / 2)
+    [trace] = info["judge_traces"]
+    assert trace["token_ids"] == ids and trace["rating"] == 8.0 and trace["question_turn"] == 0
+    assert "An answer." in tokenizer.decode(trace["prompt_ids"])
+    env.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_chat_responder_talks_to_a_real_http_server():
+    received = []
+
+    async def completions(request: web.Request) -> web.Response:
+        body = await request.json()
+        received.append(body)
+        last = body["messages"][-1]["content"]
+        return web.json_response(
+            {"choices": [{"message": {"role": "assistant", "content": f"echo: {last}"}}]}
+        )
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", completions)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = _free_port()
+    site = web.TCPSite(runner, "127.0.0.1", port)
+    await site.start()
+    engine = OpenAIChatEngine("judge-model", base_url=f"http://127.0.0.1:{port}/v1", api_key="k")
+    try:
+        responder = as_responder(engine)
+        assert isinstance(responder, ChatResponder)
+        assert await responder.respond([M.user("hello")]) == M.assistant("echo: hello")
+        assert received[0]["model"] == "judge-model" and received[0]["messages"] == [M.user("hello")]
+        assert "tools" not in received[0]
+    finally:
+        await engine.close()
+        await runner.cleanup()
