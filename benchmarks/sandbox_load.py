@@ -1,0 +1,212 @@
+"""Load test of ``chatgym serve-sandbox``: N executions at concurrency C, leaks counted before/after.
+
+Starts the service (a real process, ``--backend local`` or ``bwrap``) on 127.0.0.1, warms it up,
+takes a census, sends N ``/run_code`` requests through ``SandboxFusionSandbox`` with C in flight,
+waits for the service to settle and takes the census again. The census counts
+
+* processes in the service's tree (the zygote, its spares, bwrap's init), zombies among them, and
+  processes owned by the sandbox uids (a run's leftovers);
+* open file descriptors of the service process and of the zygote;
+* temp dirs: host ``/tmp`` entries named ``chatgym*`` and work dirs in the zygote's private /tmp
+  (read through ``/proc/<zygote>/root``).
+
+Every request is checked (the mix: 90 % ``print(sum(range(k)))`` with a known answer, 10 % a raised
+exception). Prints p50/p99 latency (ms, client side, queueing included), throughput (runs/s), the
+status counts, the load average, and each census difference (all must be 0).
+
+    python benchmarks/sandbox_load.py [--runs 1000] [--concurrency 32] [--backend local|bwrap]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from chatgym.sandboxes.fusion_client import SandboxFusionSandbox
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def start_service(backend: str, concurrency: int) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "chatgym.cli", "serve-sandbox", "--port", "0", "--backend", backend,
+         "--max-concurrency", str(concurrency)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        if select.select([proc.stdout], [], [], 0.5)[0]:
+            line = proc.stdout.readline()
+            if "http://" in line:
+                return proc, "http://" + line.rsplit("http://", 1)[1].strip()
+    proc.kill()
+    proc.wait()
+    raise RuntimeError("serve-sandbox did not start")
+
+
+def stop_service(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _stat(pid: int) -> tuple[int, str, int] | None:
+    """(pid, state, ppid) from /proc/PID/stat, or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            rest = f.read().rsplit(") ", 1)[1].split()
+        return pid, rest[0], int(rest[1])
+    except (OSError, IndexError):
+        return None
+
+
+def tree(root: int) -> dict[int, str]:
+    """pid -> state of every descendant of ``root`` (not ``root`` itself)."""
+    stats = [s for p in os.listdir("/proc") if p.isdigit() and (s := _stat(int(p)))]
+    children: dict[int, list[tuple[int, str]]] = {}
+    for pid, state, ppid in stats:
+        children.setdefault(ppid, []).append((pid, state))
+    out, todo = {}, [root]
+    while todo:
+        for pid, state in children.get(todo.pop(), []):
+            out[pid] = state
+            todo.append(pid)
+    return out
+
+
+def _count(path: str) -> int:
+    try:
+        return len(os.listdir(path))
+    except OSError:
+        return -1
+
+
+def census(server_pid: int, uids: list[int]) -> dict[str, int]:
+    procs = tree(server_pid)
+    boot = set()
+    for pid in procs:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            if b"_chatgym_sandbox" in b" ".join(argv) and not argv[0].endswith(b"bwrap"):
+                boot.add(pid)
+        except OSError:
+            pass
+    # The zygote runs the bootstrap (bwrap's own processes carry it in argv too, but are not python)
+    # and its parent does not (its forked spares have the zygote as parent).
+    zygote = next((p for p in sorted(boot) if (s := _stat(p)) and s[2] not in boot), None)
+    uid_procs = 0
+    for p in os.listdir("/proc"):
+        try:
+            if p.isdigit() and os.stat(f"/proc/{p}").st_uid in uids:
+                uid_procs += 1
+        except OSError:
+            pass
+    return {
+        "service tree processes": len(procs),
+        "zombies in the tree": sum(s == "Z" for s in procs.values()),
+        "processes of sandbox uids": uid_procs,
+        "service fds": _count(f"/proc/{server_pid}/fd"),
+        "zygote fds": _count(f"/proc/{zygote}/fd") if zygote else -1,
+        "host /tmp chatgym* entries": sum(n.startswith("chatgym") for n in os.listdir("/tmp")),
+        "zygote work dirs": _count(f"/proc/{zygote}/root/tmp/.chatgym-work") if zygote else -1,
+    }
+
+
+def settled_census(server_pid: int, uids: list[int], like: dict | None = None, wait_s: float = 10.0) -> dict:
+    """A census taken once two in a row agree (and agree with ``like`` if given), or after ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    prev = census(server_pid, uids)
+    while time.monotonic() < deadline:
+        time.sleep(0.25)
+        cur = census(server_pid, uids)
+        if cur == prev and (like is None or cur == like):
+            return cur
+        prev = cur
+    return prev
+
+
+def job(i: int) -> tuple[str, str, str]:
+    """(code, expected status, expected stdout) of request ``i``."""
+    if i % 10 == 9:
+        return f"raise ValueError({i})", "error", ""
+    k = 1000 + i
+    return f"print(sum(range({k})))", "ok", f"{k * (k - 1) // 2}\n"
+
+
+async def drive(url: str, runs: int, concurrency: int) -> dict:
+    latencies, statuses, wrong = [], {}, []
+    sem = asyncio.Semaphore(concurrency)
+    async with SandboxFusionSandbox(url, max_concurrency=concurrency) as sb:
+
+        async def one(i: int) -> None:
+            code, want_status, want_out = job(i)
+            async with sem:
+                t0 = time.perf_counter()
+                res = await sb.run(code, timeout_s=30)
+                latencies.append(time.perf_counter() - t0)
+            statuses[res.status] = statuses.get(res.status, 0) + 1
+            if res.status != want_status or res.stdout != want_out:
+                wrong.append((i, res.status, res.stdout[:80], res.stderr[-200:]))
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one(i) for i in range(runs)))
+        wall = time.perf_counter() - t0
+    latencies.sort()
+    pick = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1e3  # noqa: E731
+    return {"runs": runs, "concurrency": concurrency, "wall_s": wall, "throughput": runs / wall,
+            "p50_ms": pick(0.50), "p99_ms": pick(0.99), "max_ms": latencies[-1] * 1e3,
+            "statuses": statuses, "wrong": wrong}  # fmt: skip
+
+
+def load_test(backend: str = "local", runs: int = 1000, concurrency: int = 32) -> dict:
+    """Run the whole load test; returns the figures, the censuses and their differences."""
+    proc, url = start_service(backend, concurrency)
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=10) as r:
+            uids = json.load(r)["isolation"].get("uids", [])
+        asyncio.run(drive(url, 2 * concurrency, concurrency))  # warm-up: every slot used once
+        before = settled_census(proc.pid, uids)
+        load_before = os.getloadavg()
+        figures = asyncio.run(drive(url, runs, concurrency))
+        load_after = os.getloadavg()
+        after = settled_census(proc.pid, uids, like=before)
+    finally:
+        stop_service(proc)
+    leaks = {k: after[k] - before[k] for k in before}
+    return dict(figures, backend=backend, before=before, after=after, leaks=leaks,
+                loadavg_before=load_before, loadavg_after=load_after)  # fmt: skip
+
+
+def report(r: dict) -> None:
+    print(f"backend={r['backend']} runs={r['runs']} concurrency={r['concurrency']} (client: SandboxFusionSandbox)")
+    print(f"  wall {r['wall_s']:.2f} s   throughput {r['throughput']:.1f} runs/s")
+    print(f"  latency p50 {r['p50_ms']:.1f} ms   p99 {r['p99_ms']:.1f} ms   max {r['max_ms']:.1f} ms")
+    print(f"  statuses {r['statuses']}   wrong results {len(r['wrong'])} {r['wrong'][:3]}")
+    print(f"  load average before {r['loadavg_before']}  after {r['loadavg_after']}  ({os.cpu_count()} cores)")
+    print("  census            before  after  leak")
+    for k in r["before"]:
+        print(f"    {k:<28} {r['before'][k]:>5} {r['after'][k]:>6} {r['leaks'][k]:>5}")
+    print("  leaks: " + ("none" if not any(r["leaks"].values()) else "FOUND"))
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=1000)
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--backend", default="local", choices=["local", "bwrap"])
+    args = ap.parse_args()
+    result = load_test(args.backend, args.runs, args.concurrency)
+    report(result)
+    sys.exit(1 if any(result["leaks"].values()) or result["wrong"] else 0)
