@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -258,7 +259,7 @@ class _Backend:
         cfg = self.config
         if cfg.engine == REFERENCE:
             return
-        from ..engines import make_engine
+        from ..engines import engine_class, make_engine
 
         if self.token_level:
             from ..rollout import Collector, CollectorConfig
@@ -267,6 +268,10 @@ class _Backend:
             tok_source = cfg.engine_kwargs.get("tokenizer", cfg.model)
             self.tokenizer = get_tokenizer(tok_source, cfg.chat_template)
             kwargs = {k: v for k, v in cfg.engine_kwargs.items() if k != "tokenizer"}
+            # The engine's own context limit follows --max-model-len unless given (vLLM sizes its
+            # KV cache by it).
+            if "max_model_len" in inspect.signature(engine_class(cfg.engine)).parameters:
+                kwargs.setdefault("max_model_len", cfg.max_model_len)
             self.engine = make_engine(cfg.engine, cfg.model, **kwargs)
             self.collector = Collector(
                 self.engine,
