@@ -16,6 +16,7 @@ A subclass provides the data and the scoring:
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -27,7 +28,8 @@ from . import messages as M
 from .messages import Message, message_errors
 from .parsers import ParsedAction, ToolCallParser, get_parser, parse_openai_message
 from .spaces import ActionSpace, MessagesSpace
-from .tools import Tool, ToolOutcome, resolve_tools, run_tool_calls
+from .tool_config import LoadedTools, load_tools, parse_tools_config, read_tools_config
+from .tools import Tool, ToolOutcome, register_tool, resolve_tools, run_tool_calls
 
 T = TypeVar("T")
 
@@ -61,6 +63,9 @@ class ChatEnv(gym.Env):
         max_turns: assistant turns before the episode is truncated.
         tool_timeout_s: wall-clock limit of one tool call, in seconds.
         render_mode: ``None`` or ``"ansi"`` (``render`` returns the transcript as text).
+        tools_config: a YAML tool configuration (path, or the parsed mapping) whose tools (native
+            functions, MCP servers) are added to the env's own; see ``chatgym.envs.tool_config``.
+            MCP servers it declares are started here and stopped by ``close()``.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": None}
@@ -74,6 +79,7 @@ class ChatEnv(gym.Env):
         max_turns: int = 8,
         tool_timeout_s: float = 60.0,
         render_mode: str | None = None,
+        tools_config: str | os.PathLike[str] | dict[str, Any] | None = None,
     ):
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
@@ -81,6 +87,9 @@ class ChatEnv(gym.Env):
             raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
         self.split = split
         self.tool_map: dict[str, Tool] = resolve_tools(tools)
+        self._loaded_tools: LoadedTools | None = None
+        if tools_config is not None:
+            self._add_configured_tools(tools_config)
         self.parser: ToolCallParser = get_parser(parser) if isinstance(parser, str) else parser
         self.max_turns = max_turns
         self.tool_timeout_s = tool_timeout_s
@@ -94,6 +103,18 @@ class ChatEnv(gym.Env):
         self._tasks: Sequence[dict[str, Any]] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
+
+    def _add_configured_tools(self, tools_config: str | os.PathLike[str] | dict[str, Any]) -> None:
+        config = parse_tools_config(tools_config) if isinstance(tools_config, dict) else read_tools_config(tools_config)
+        loaded = load_tools(config, register=False)
+        clash = sorted(set(self.tool_map) & {t.name for t in loaded.tools})
+        if clash:
+            loaded.close()
+            raise ValueError(f"{config.source}: tool {clash[0]!r} is already one of {type(self).__name__}'s tools")
+        for t in loaded.tools:
+            register_tool(t, overwrite=True)
+        self._loaded_tools = loaded
+        self.tool_map.update({t.name: t for t in loaded.tools})
 
     # ---- subclass hooks ---------------------------------------------------------------------
 
@@ -240,7 +261,10 @@ class ChatEnv(gym.Env):
         return self._run(self.astep(action))
 
     async def aclose(self) -> None:
-        """Release per-env resources (sandbox sessions, connections)."""
+        """Release per-env resources (sandbox sessions, connections). Overrides must also
+        ``await super().aclose()``: it stops the MCP servers started for ``tools_config``."""
+        if self._loaded_tools is not None:
+            await asyncio.to_thread(self._loaded_tools.close)
 
     def close(self) -> None:
         self._run(self.aclose())

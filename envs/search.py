@@ -332,3 +332,4 @@ class SearchEnv(ChatEnv):
         if self._owns_client and self._retriever is not None:
             await self._retriever.aclose()
             self._retriever = None
+        await super().aclose()

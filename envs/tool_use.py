@@ -116,8 +116,8 @@ class ToolUseEnv(ChatEnv):
     ):
         if split != "test":
             raise ValueError(f"ToolUse-v0: BFCL has only a 'test' split, got {split!r}")
-        if kwargs.get("tools"):
-            raise ValueError("ToolUse-v0: tools come from each BFCL entry; do not pass tools=")
+        if kwargs.get("tools") or kwargs.get("tools_config") is not None:
+            raise ValueError("ToolUse-v0: tools come from each BFCL entry; do not pass tools= or tools_config=")
         self.category = canonical_category(category)
         self.kind = CATEGORIES[self.category][1]
         if max_steps_per_turn < 1:
