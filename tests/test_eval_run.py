@@ -85,6 +85,44 @@ class NoReferenceEnv(ChatEnv):
         return StepOutcome(reward=1.0, terminated=True)
 
 
+class CrashOnTaskOneEnv(ChatEnv):
+    """Three tasks; the reference answers "ok"; scoring task 1 raises."""
+
+    def load_tasks(self, split):
+        return [{"task_id": f"t{i}", "i": i} for i in range(3)]
+
+    def initial_messages(self, task):
+        return [M.user("say ok")]
+
+    def reference_action(self):
+        return "ok"
+
+    async def score(self, turn):
+        if self.task["i"] == 1:
+            raise RuntimeError("boom")
+        return StepOutcome(reward=1.0, terminated=True)
+
+
+def test_a_crashing_episode_fails_alone(tmp_path):
+    gym.register("EvalTestCrash-v1", entry_point=CrashOnTaskOneEnv, disable_env_checker=True)
+    try:
+        [report] = run_eval(envs=("EvalTestCrash-v1",), n_samples=2, db=str(tmp_path / "c.sqlite"))
+    finally:
+        del gym.registry["EvalTestCrash-v1"]
+    assert (report.grid, report.ran, report.failed) == (6, 6, 2)
+    with ResultsStore(tmp_path / "c.sqlite") as store:
+        rows = sorted(store.episodes(), key=lambda r: (r["task_index"], r["sample_index"]))
+        board = build_leaderboard(store)
+    assert [(r["task_index"], r["failed"], r["success"], r["reward"]) for r in rows] == [
+        (0, 0, 1, 1.0), (0, 0, 1, 1.0), (1, 1, 0, 0.0), (1, 1, 0, 0.0), (2, 0, 1, 1.0), (2, 0, 1, 1.0)
+    ]  # fmt: skip
+    assert "RuntimeError: boom" in rows[2]["error"] and rows[2]["env_version"] == "v1"
+    [cell] = board.cells.values()
+    assert cell.metrics.failure_rate == pytest.approx(2 / 6) and cell.metrics.pass_at_1 == pytest.approx(
+        2 / 3
+    )
+
+
 def test_every_registered_env_appears_and_missing_reference_is_skipped(tmp_path):
     gym.register("EvalTestNoReference-v3", entry_point=NoReferenceEnv, disable_env_checker=True)
     try:

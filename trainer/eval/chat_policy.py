@@ -109,6 +109,7 @@ async def run_chat_episode(
                 raise _PolicyError(f"{type(exc).__name__}: {exc}") from exc
             if n_tokens is not None:
                 tokens.append(n_tokens)
+                traj.info["generated_tokens"] = sum(tokens)
             history.append(action if isinstance(action, dict) else {"role": "assistant", "content": action})
             obs, reward, terminated, truncated, step_info = await runner.step(action)
             traj.rewards.append(float(reward))
@@ -117,14 +118,12 @@ async def run_chat_episode(
             tool_errors += int(step_info.get("tool_errors", 0) or 0)
             traj.info.update(step_info)
             tool_results += sum(m.get("role") == "tool" for m in obs)
+            traj.info["tool_errors_total"] = tool_errors
+            traj.info["tool_results_total"] = tool_results
             history.extend(obs)
             if terminated or truncated:
                 traj.terminated, traj.truncated = bool(terminated), bool(truncated)
                 break
-        traj.info["tool_errors_total"] = tool_errors
-        traj.info["tool_results_total"] = tool_results
-        if tokens:
-            traj.info["generated_tokens"] = sum(tokens)
 
     try:
         if timeout_s is None:
