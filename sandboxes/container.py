@@ -6,7 +6,7 @@ takes one, copies the request in (``put_archive``: code, stdin, files as one JSO
 :data:`RUNNER` in it, and the container is then removed while a replacement starts in the background.
 So nothing of one run (processes, files) reaches the next, and the start-up cost is off the run's path.
 
-Inside, the runner (root in the container) makes a work dir, drops the program to uid/gid 65534 in
+Inside, the runner (root in the container) makes a work dir in /tmp (a ``tmpfs_mb`` tmpfs), drops the program to uid/gid 65534 in
 its own session with rlimits (address space = ``memory_mb``, CPU, file size, open files, no core),
 enforces the wall-clock limit with ``killpg``, caps each stream at ``max_output_bytes`` (counting
 the rest) and prints one JSON result line. The status rules are ``outputs.classify``, the same as
@@ -20,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import posixpath
+import secrets
 import tarfile
 import threading
 import time
@@ -31,7 +33,8 @@ from .limits import Limiter, global_limiter
 from .local import check_files, check_timeout
 from .slots import SlotPool
 
-REQUEST_PATH = "/tmp/chatgym-request.json"
+REQUEST_PATH = "/chatgym-request.json"  # on the container's own file system: `put_archive`
+# cannot write into a tmpfs mount, and /tmp is one
 SLACK_S = 30.0
 LABEL = "chatgym.sandbox"
 
@@ -44,7 +47,7 @@ def _main(path):
     with open(path) as f:
         req = json.load(f)
     os.unlink(path)
-    work = os.path.join(os.path.dirname(path), "chatgym-work")
+    work = req["work_dir"]
     os.makedirs(work, mode=0o700)
     for rel, b64 in req["files"].items():
         dest = os.path.join(work, rel)
@@ -99,6 +102,8 @@ def _main(path):
     except OSError:
         pass
     code = proc.wait()
+    import shutil
+    shutil.rmtree(work, ignore_errors=True)
     out, err = outs[proc.stdout], outs[proc.stderr]
     print(json.dumps({"status": classify(code, timed_out, bytes(err.data[-4096:])), "exit_code": code,
                       "stdout": out.text(), "stderr": err.text(), "truncated": out.truncated or err.truncated,
@@ -132,6 +137,7 @@ class DockerSandbox:
             ``memory_mb`` (RLIMIT_AS) should stay below it.
         cpus: CPU share per container; pids_limit: processes + threads per container.
         max_file_mb: RLIMIT_FSIZE (MiB). uid: the uid/gid programs run as.
+        tmpfs_mb: size of the container's /tmp (a tmpfs holding the work dir), MiB.
         client: a ``docker.DockerClient`` (default ``docker.from_env()``).
         limiter: process-wide limiter (default ``global_limiter()``).
 
@@ -156,7 +162,7 @@ class DockerSandbox:
         uid: int = 65534,
         client=None,
         limiter: Limiter | None = None,
-        tmpfs_mb: int | None = None,  # accepted for CLI symmetry; /tmp is the container's own
+        tmpfs_mb: int = 256,
     ) -> None:
         for name, value in (("max_concurrency", max_concurrency), ("memory_limit_mb", memory_limit_mb),
                             ("pids_limit", pids_limit), ("max_file_mb", max_file_mb)):  # fmt: skip
@@ -185,6 +191,7 @@ class DockerSandbox:
             "cap_drop": ["ALL"],
             "cap_add": ["SETUID", "SETGID", "CHOWN", "KILL"],
             "security_opt": ["no-new-privileges"],
+            "tmpfs": {"/tmp": f"size={tmpfs_mb}m,mode=1777"},
             "labels": {LABEL: "1"},
             "detach": True,
             "auto_remove": False,
@@ -292,6 +299,7 @@ class DockerSandbox:
         req = {
             "code": code, "language": language, "stdin": stdin, "files": packed, "timeout_s": float(timeout_s),
             "uid": self.uid, "max_output_bytes": self.max_output_bytes,
+            "work_dir": f"/tmp/chatgym-work-{secrets.token_hex(8)}",
             "limits": {"cpu_s": int(timeout_s) + 1, "memory_bytes": memory_mb << 20,
                        "fsize_bytes": self.max_file_mb << 20},
         }  # fmt: skip
@@ -308,8 +316,8 @@ class DockerSandbox:
     async def _run_in_container(self, req: dict, timeout_s: float, queue_s: float) -> ExecResult:
         container = await asyncio.to_thread(self._take)
         try:
-            data = _tar(REQUEST_PATH.rsplit("/", 1)[1], json.dumps(req).encode())
-            await asyncio.to_thread(container.put_archive, REQUEST_PATH.rsplit("/", 1)[0], data)
+            data = _tar(posixpath.basename(REQUEST_PATH), json.dumps(req).encode())
+            await asyncio.to_thread(container.put_archive, posixpath.dirname(REQUEST_PATH), data)
             cmd = ["python3", "-I", "-S", "-c", RUNNER, REQUEST_PATH]
             job = asyncio.to_thread(container.exec_run, cmd, user="0", demux=True)
             try:

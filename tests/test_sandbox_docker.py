@@ -19,7 +19,8 @@ from chatgym.sandboxes.container import REQUEST_PATH, DockerSandbox
 
 
 class FakeContainer:
-    """FAKE docker container: a temp dir standing for the container's /tmp."""
+    """FAKE docker container: a temp dir standing for the container's root (the request file lands
+    there); the runner's work dir is then a real dir in the host's /tmp, removed by the runner."""
 
     def __init__(self, kwargs: dict) -> None:
         self.kwargs = kwargs
@@ -29,7 +30,7 @@ class FakeContainer:
         self.execs = 0
 
     def put_archive(self, path: str, data: bytes) -> bool:
-        assert path == os.path.dirname(REQUEST_PATH)
+        assert path == os.path.dirname(REQUEST_PATH)  # "/": the FAKE's root dir stands for it
         with tarfile.open(fileobj=__import__("io").BytesIO(data)) as tar:
             tar.extractall(self.root, filter="data")
         return True
@@ -40,8 +41,7 @@ class FakeContainer:
         # An interpreter uid 65534 may run, as the image's python3 would be (this venv's is under /root).
         python = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
         local = [
-            python if c == "python3" else c.replace(REQUEST_PATH, f"{self.root}/chatgym-request.json")
-            for c in cmd
+            python if c == "python3" else c.replace(REQUEST_PATH, f"{self.root}{REQUEST_PATH}") for c in cmd
         ]
         r = subprocess.run(local, capture_output=True, timeout=120)
         return r.returncode, (r.stdout or None, r.stderr or None)
@@ -80,14 +80,16 @@ async def test_pool_and_container_arguments(fake):
     kw = client.created[0].kwargs
     assert kw["network_mode"] == "none" and kw["mem_limit"] == kw["memswap_limit"] == "2048m"
     assert kw["pids_limit"] == 64 and kw["nano_cpus"] == 1_000_000_000 and kw["cap_drop"] == ["ALL"]
-    assert kw["security_opt"] == ["no-new-privileges"]
+    assert kw["security_opt"] == ["no-new-privileges"] and kw["tmpfs"] == {"/tmp": "size=256m,mode=1777"}
 
 
 async def test_each_run_gets_a_fresh_container(fake):
     sb, client = fake
-    res = await sb.run("import os, sys; print(sys.stdin.read(), open('d/f').read(), os.getuid())",
+    res = await sb.run("import os, sys; print(sys.stdin.read(), open('d/f').read(), os.getuid(), os.getcwd()[:18])",
                        stdin="in", files={"d/f": "file"})  # fmt: skip
-    assert (res.status, res.stdout, res.exit_code) == ("ok", "in file 65534\n", 0), res.stderr
+    assert (res.status, res.stdout, res.exit_code) == ("ok", "in file 65534 /tmp/chatgym-work-\n", 0), (
+        res.stderr
+    )
     await sb.run("print(2)")
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and sum(not c.removed for c in client.created) != 2:
