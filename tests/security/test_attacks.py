@@ -124,7 +124,7 @@ def backend(request):
         else:
             from chatgym.sandboxes.container import DockerSandbox
 
-            sb = DockerSandbox(max_concurrency=2, max_output_bytes=OUTPUT_CAP)
+            sb = DockerSandbox(max_concurrency=2, max_output_bytes=OUTPUT_CAP, tmpfs_mb=TMPFS_MB)
             b = Backend(name, sb, [], expect=BWRAP_EXPECT)
         b.loop = loop
         yield b
@@ -190,22 +190,22 @@ def run_code(b: Backend, code: str, **kwargs):
 
 def test_fork_bomb(backend, clean):
     res = run(backend, "fork_bomb", timeout_s=2)
-    assert res.status == "timeout"
+    assert res.status == "timeout", res
 
 
 def test_memory_bomb(backend, clean):
     res = run(backend, "memory_bomb", memory_mb=256)
-    assert res.status == "oom" and "MemoryError" in res.stderr
+    assert res.status == "oom" and "MemoryError" in res.stderr, res
 
 
 def test_infinite_loop(backend, clean):
     res = run(backend, "infinite_loop", timeout_s=1)
-    assert res.status == "timeout" and 1.0 <= res.duration_s < 4.0
+    assert res.status == "timeout" and 1.0 <= res.duration_s < 4.0, res
 
 
 def test_cpu_burning_threads(backend, clean):
     res = run(backend, "cpu_threads", timeout_s=1)
-    assert res.status == "timeout" and res.duration_s < 4.0
+    assert res.status == "timeout" and res.duration_s < 4.0, res
 
 
 def test_huge_file(backend, clean):
@@ -287,13 +287,13 @@ def test_kill_parent_and_others(backend, clean):
 
 def test_setsid_double_fork_escape(backend, clean):
     res = run(backend, "setsid_escape", timeout_s=1)
-    assert (res.status, res.stdout) == ("timeout", "escaped\n")
+    assert (res.status, res.stdout) == ("timeout", "escaped\n"), res
     # the `clean` fixture then finds no process of the sandbox uids: the escaped grandchild is gone
 
 
 def test_zombies(backend, clean):
     res = run(backend, "zombies")
-    assert (res.status, res.stdout) == ("ok", "left 20 zombies\n")
+    assert (res.status, res.stdout) == ("ok", "left 20 zombies\n"), res
 
 
 # ---- the grader -----------------------------------------------------------------------------------
