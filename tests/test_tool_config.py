@@ -92,3 +92,11 @@ def test_bad_function_fails_at_start_up(function, message):
 
 def test_parse_accepts_empty_config():
     assert parse_tools_config(None).tools == () and parse_tools_config({}).mcp_servers == ()
+
+
+def test_missing_mcp_sdk_names_the_extra(monkeypatch):
+    from chatgym.envs.mcp_tools import MCPToolset
+
+    monkeypatch.setitem(sys.modules, "mcp", None)  # as if the extra were not installed
+    with pytest.raises(ImportError, match=r"MCP tools need the mcp SDK: pip install 'chatgym\[mcp\]'"):
+        MCPToolset("python").start()

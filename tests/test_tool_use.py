@@ -324,3 +324,17 @@ def test_openai_message_action():
     action = M.assistant("", [M.make_tool_call("math.factorial", {"number": 5}, "c1")])
     assert env.step(action)[1] == 1.0
     env.close()
+
+
+@pytest.mark.parametrize("category", ["irrelevance", "multi_turn_miss_func"])
+def test_check_env_on_other_categories(category):
+    import warnings
+
+    from gymnasium.utils.env_checker import check_env
+
+    env = gym.make("ToolUse-v0", category=category).unwrapped  # with a spec: render modes are checked too
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check_env(env, skip_render_check=False)
+    assert [str(w.message) for w in caught if "render_fps" not in str(w.message)] == []
+    env.close()
