@@ -248,7 +248,10 @@ class ToolUseEnv(ChatEnv):
 
     def reference_action(self) -> str | M.Message:
         """The ground-truth calls (single-turn categories: all at once; multi-turn: the current user
-        turn's calls, then a reply without calls that ends the turn); no call for irrelevance."""
+        turn's calls, then a reply without calls that ends the turn); no call for irrelevance.
+
+        Multi-turn: the reference remembers that it sent the turn's calls, so call it once per step.
+        """
         if self.task is None:
             raise RuntimeError("call reset() before reference_action()")
         if self.kind == "irrelevance":
