@@ -55,7 +55,7 @@ async def test_rate_limit_spaces_starts():
     await asyncio.gather(*(one() for _ in range(4)))
     offsets = sorted(s - t0 for s, _ in starts)
     for got, want in zip(offsets, [0.0, 0.05, 0.10, 0.15], strict=True):
-        assert want - 0.002 <= got <= want + 0.05  # never early; late only by scheduling
+        assert want - 0.002 <= got <= want + 0.5  # never early; late only by scheduling (busy CI)
     assert lim.in_flight == 0
 
 
@@ -90,11 +90,11 @@ async def test_global_limit_is_shared_by_separate_sandboxes(global_limit):
     a, b = LocalSandbox(max_concurrency=2), LocalSandbox(max_concurrency=2)
     try:
         await asyncio.gather(a.start(), b.start())
-        code = "import time; time.sleep(0.5)"
+        code = "import time; time.sleep(0.3)"
         ra, rb = await asyncio.gather(a.run(code), b.run(code))
         waits = sorted([ra.info["limiter_wait_s"], rb.info["limiter_wait_s"]])
-        # One global slot: the second run waits for the whole first run (>= its 0.5 s sleep).
-        assert waits[0] < 0.1 and waits[1] >= 0.5
+        # One global slot: the second run waits for the whole first run (>= its 0.3 s sleep).
+        assert waits[0] < 0.1 and waits[1] >= 0.3
         assert max(ra.queue_s, rb.queue_s) >= waits[1]  # queue_s includes the limiter's wait
         assert ra.ok and rb.ok and global_limit.in_flight == 0
     finally:
@@ -104,7 +104,7 @@ async def test_global_limit_is_shared_by_separate_sandboxes(global_limit):
 async def test_sandbox_specific_limiter():
     lim = Limiter(max_concurrency=1)
     async with LocalSandbox(max_concurrency=3, limiter=lim) as sb:
-        res = await asyncio.gather(*(sb.run("import time; time.sleep(0.3)") for _ in range(3)))
+        res = await asyncio.gather(*(sb.run("import time; time.sleep(0.2)") for _ in range(3)))
     waits = sorted(r.info["limiter_wait_s"] for r in res)
-    # Serialised by the limiter, not by the sandbox's 3 slots: about 0, 0.3, 0.6 s.
-    assert waits[0] < 0.1 and 0.3 <= waits[1] < waits[2] and waits[2] >= 0.6
+    # Serialised by the limiter, not by the sandbox's 3 slots: about 0, 0.2, 0.4 s.
+    assert waits[0] < 0.1 and 0.2 <= waits[1] < waits[2] and waits[2] >= 0.4

@@ -1,4 +1,4 @@
-"""A small version of ``benchmarks/sandbox_load.py``: 150 executions at concurrency 16 through a real
+"""A small version of ``benchmarks/sandbox_load.py``: 100 executions at concurrency 16 through a real
 ``chatgym serve-sandbox`` process; every result is right and nothing leaks (processes, zombies,
 descriptors, temp dirs counted before and after)."""
 
@@ -22,11 +22,18 @@ BWRAP_WHY = probe(bwrap_args(BWRAP, network=False, keep=[])) if BWRAP else "no b
 
 @pytest.mark.parametrize(
     "backend",
-    ["local", pytest.param("bwrap", marks=pytest.mark.skipif(bool(BWRAP_WHY), reason=f"bwrap: {BWRAP_WHY}"))],
+    [
+        "local",
+        # The same through bwrap: slow (about 10 s more on a busy 2-core machine).
+        pytest.param(
+            "bwrap",
+            marks=[pytest.mark.slow, pytest.mark.skipif(bool(BWRAP_WHY), reason=f"bwrap: {BWRAP_WHY}")],
+        ),
+    ],
 )
 def test_no_leaks_under_load(backend):
-    r = sandbox_load.load_test(backend, runs=150, concurrency=16)
-    assert r["wrong"] == [] and r["statuses"] == {"ok": 135, "error": 15}  # every 10th request raises
+    r = sandbox_load.load_test(backend, runs=100, concurrency=16)
+    assert r["wrong"] == [] and r["statuses"] == {"ok": 90, "error": 10}  # every 10th request raises
     assert r["leaks"] == dict.fromkeys(r["before"], 0), r
     assert r["before"]["processes of sandbox uids"] == 0 and r["before"]["zombies in the tree"] == 0
     assert r["before"]["zygote fds"] > 0 and r["before"]["zygote work dirs"] == 0  # the census saw the zygote

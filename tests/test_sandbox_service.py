@@ -81,7 +81,8 @@ async def test_official_async_client_bash_and_timeout(service):
         sf.RunCodeRequest(code="while True: pass", language="python", run_timeout=0.5), endpoint=service
     )
     assert t.status == sf.RunStatus.Failed and t.run_result.status == sf.CommandRunStatus.TimeLimitExceeded
-    assert 0.5 <= t.run_result.execution_time < 5
+    # Upper bound loose: with no cgroup CPU share, a machine at load 15+ once delayed the kill to 16 s.
+    assert 0.5 <= t.run_result.execution_time < 30
 
 
 def test_official_client_run_jupyter(service):
