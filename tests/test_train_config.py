@@ -46,6 +46,7 @@ def test_yaml_then_overrides(tmp_path):
         ("env.kwargs.split=train", r"^env\.kwargs must not set 'split'"),
         ("train.trace_fraction=2", r"^train\.trace_fraction must be in \[0, 1\]"),
         ("algo.advantage=gae", r"^model\.value_head must be true with algo\.advantage 'gae'"),
+        ("train.group_size=1", r"^train\.group_size must be >= 2 with algo\.advantage 'grpo'"),
         ("train=3", r"^train: expected a mapping of TrainConfig fields"),
         ("algo.kl_coef", r"^override 'algo\.kl_coef': expected key\.sub=value"),
     ],

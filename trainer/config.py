@@ -318,6 +318,10 @@ class TrainConfig:
             raise ValueError(f"train.trace_fraction must be in [0, 1], got {self.trace_fraction}")
 
 
+# Estimators whose baseline is the other samples of the same task's group.
+GROUP_RELATIVE_ADVANTAGES = frozenset({"grpo", "dr_grpo", "rloo"})
+
+
 @dataclass(frozen=True)
 class Config:
     """The whole run (see each section's class for its fields)."""
@@ -332,6 +336,12 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def __post_init__(self) -> None:
+        if self.algo.advantage in GROUP_RELATIVE_ADVANTAGES and self.train.group_size < 2:
+            # A group of one is its own baseline: advantage 0 for every sample, so nothing is learned.
+            raise ValueError(
+                f"train.group_size must be >= 2 with algo.advantage {self.algo.advantage!r} "
+                f"(group-relative baseline), got {self.train.group_size}"
+            )
         if self.algo.advantage == "gae" and not self.model.value_head:
             raise ValueError("model.value_head must be true with algo.advantage 'gae' (a value model)")
 
