@@ -9,8 +9,8 @@ on PyPI), verl/SkyRL-style SandboxFusion tools and our :class:`SandboxFusionSand
   dir. ``compile_timeout`` is accepted and unused (nothing is compiled). ``fetch_files`` is not
   supported (a non-empty list is answered with ``SandboxError``).
 * ``POST /run_jupyter`` — the cells run one after another in one stateful interpreter
-  (``open_session``); a cell's last expression is echoed into its ``stdout`` (REPL-style), not
-  into ``display``; an exception fills ``error`` (``ename``, ``evalue``, ``traceback``) and the next
+  (``open_session``); a cell's last expression value goes to ``display`` as
+  ``{"text/plain": repr}`` (Jupyter's execute_result, no rich formats); an exception fills ``error`` (``ename``, ``evalue``, ``traceback``) and the next
   cell still runs; a timeout ends the request (later cells are not run, ``driver.status`` is
   ``TimeLimitExceeded``).
 * ``GET /v1/ping`` -> ``"pong"``; ``GET /health`` -> backend, isolation report, limiter state.
@@ -25,6 +25,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import re
+import secrets
 import signal
 import socket
 import sys
@@ -141,16 +144,32 @@ def make_app(
     return app
 
 
-WRITE_FILES = """def _chatgym_write_files(files):
-    import base64, os
+# Run first in every /run_jupyter session (one hidden call): write the request's files, and make the
+# REPL's echo of a cell's last value a marked line, which the service moves to the cell's `display`.
+SESSION_SETUP = """def _chatgym_setup(files, marker):
+    import base64, builtins, json, os, sys
     for path, data in files.items():
         if os.path.dirname(path):
             os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "wb") as f:
             f.write(base64.b64decode(data))
-_chatgym_write_files({files!r})
-del _chatgym_write_files
+
+    def displayhook(value):
+        if value is not None:
+            builtins._ = value
+            sys.stdout.write(marker + json.dumps(repr(value)) + chr(10))
+
+    sys.displayhook = displayhook
+_chatgym_setup({files!r}, {marker!r})
+del _chatgym_setup
 """
+
+
+def split_display(stdout: str, marker: str) -> tuple[str, list[dict]]:
+    """Move the marked display lines out of ``stdout``: ``(stdout, [{"text/plain": repr}, ...])``."""
+    pattern = re.compile(re.escape(marker) + r'("(?:[^"\\]|\\.)*")\n')
+    shown = [{"text/plain": json.loads(m)} for m in pattern.findall(stdout)]
+    return pattern.sub("", stdout), shown
 
 
 async def _jupyter(sandbox, req: dict, memory_mb: int, pod: str) -> dict:
@@ -159,19 +178,18 @@ async def _jupyter(sandbox, req: dict, memory_mb: int, pod: str) -> dict:
 
     t0 = time.monotonic()
     deadline = t0 + req["total_timeout_s"]
+    marker = f"\x1echatgym-display-{secrets.token_hex(8)}:"
     try:
         session = await asyncio.wait_for(sandbox.open_session(memory_mb=memory_mb), SESSION_OPEN_TIMEOUT_S)
     except (RuntimeError, OSError, asyncio.TimeoutError) as e:
         return fusion.error_response(f"could not open a session: {e}")
     cells, ext, timed_out = [], [], False
     try:
-        if req["files"]:
-            packed = {p: base64.b64encode(b).decode() for p, b in req["files"].items()}
-            res = await session.run(
-                WRITE_FILES.format(files=packed), timeout_s=max(1.0, deadline - time.monotonic())
-            )
-            if res.status != "ok":
-                return fusion.error_response(f"could not write files: {res.stderr[-500:]}")
+        packed = {p: base64.b64encode(b).decode() for p, b in req["files"].items()}
+        setup = SESSION_SETUP.format(files=packed, marker=marker)
+        res = await session.run(setup, timeout_s=max(1.0, deadline - time.monotonic()))
+        if res.status != "ok":
+            return fusion.error_response(f"could not set up the session: {res.stderr[-500:]}")
         for code in req["cells"]:
             left = deadline - time.monotonic()
             budget = min(left, req["cell_timeout_s"] or left)
@@ -184,8 +202,9 @@ async def _jupyter(sandbox, req: dict, memory_mb: int, pod: str) -> dict:
             if res.status == "timeout":
                 timed_out = True
                 break
+            stdout, shown = split_display(res.stdout, marker)
             cells.append({
-                "stdout": res.stdout, "stderr": res.stderr, "display": [],
+                "stdout": stdout, "stderr": res.stderr, "display": shown,
                 "error": fusion.split_traceback(res.stderr) if res.status != "ok" else [],
             })  # fmt: skip
             ext.append({"status": res.status, "exit_code": res.exit_code, "truncated": res.truncated,

@@ -86,17 +86,31 @@ async def test_official_async_client_bash_and_timeout(service):
 
 
 def test_official_client_run_jupyter(service):
-    cells = ["a = 123", "a", "print(a + 1)", 'raise RuntimeError("error message")', "a * 2"]
+    cells = [
+        "a = 123",
+        "a",
+        "print(a + 1)",
+        'raise RuntimeError("error message")',
+        "print('p', end=''); [a, 'x\\ny']",
+    ]
     r = sf.run_jupyter(sf.RunJupyterRequest(cells=cells), endpoint=service)
     assert r.status == sf.RunStatus.Failed  # one cell raised
-    assert [c.stdout for c in r.cells] == ["", "123\n", "124\n", "", "246\n"]
+    assert [c.stdout for c in r.cells] == ["", "", "124\n", "", "p"]
+    # A cell's last value is Jupyter's execute_result: its repr in `display`, not in stdout.
+    assert [c.display for c in r.cells] == [
+        [],
+        [{"text/plain": "123"}],
+        [],
+        [],
+        [{"text/plain": "[123, 'x\\ny']"}],
+    ]
     assert [len(c.error) for c in r.cells] == [0, 0, 0, 1, 0]
     err = r.cells[3].error[0]
     assert (err["ename"], err["evalue"]) == ("RuntimeError", "error message")
     assert r.driver.status == sf.CommandRunStatus.Finished
     files = {"m.py": base64.b64encode(b"X = 7\n").decode()}
     r = sf.run_jupyter(sf.RunJupyterRequest(cells=["import m", "m.X"], files=files), endpoint=service)
-    assert r.status == sf.RunStatus.Success and [c.stdout for c in r.cells] == ["", "7\n"]
+    assert r.status == sf.RunStatus.Success and [c.display for c in r.cells] == [[], [{"text/plain": "7"}]]
     r = sf.run_jupyter(
         sf.RunJupyterRequest(cells=["x = 1", "while True: pass", "x"], cell_timeout=0.5), endpoint=service
     )
