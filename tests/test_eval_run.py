@@ -118,9 +118,21 @@ def test_a_crashing_episode_fails_alone(tmp_path):
     ]  # fmt: skip
     assert "RuntimeError: boom" in rows[2]["error"] and rows[2]["env_version"] == "v1"
     [cell] = board.cells.values()
-    assert cell.metrics.failure_rate == pytest.approx(2 / 6) and cell.metrics.pass_at_1 == pytest.approx(
-        2 / 3
-    )
+    assert cell.metrics.failure_rate == pytest.approx(2 / 6)
+    assert cell.metrics.pass_at_1 == pytest.approx(2 / 3)
+
+    # A failed episode is a stored result (a resume keeps it) unless asked to run it again.
+    db = str(tmp_path / "c.sqlite")
+    gym.register("EvalTestCrash-v1", entry_point=CrashOnTaskOneEnv, disable_env_checker=True)
+    try:
+        [kept] = run_eval(envs=("EvalTestCrash-v1",), n_samples=2, db=db)
+        [again] = run_eval(envs=("EvalTestCrash-v1",), n_samples=2, db=db, retry_failed=True)
+    finally:
+        del gym.registry["EvalTestCrash-v1"]
+    assert (kept.already_done, kept.ran) == (6, 0)
+    assert (again.already_done, again.ran, again.failed) == (4, 2, 2)
+    with ResultsStore(db) as store:
+        assert len(store.episodes()) == 6
 
 
 def test_every_registered_env_appears_and_missing_reference_is_skipped(tmp_path):

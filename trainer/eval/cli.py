@@ -64,6 +64,7 @@ def eval_parser() -> argparse.ArgumentParser:
     p.add_argument("--episode-timeout", type=float, default=600.0, help="seconds per episode")
     p.add_argument("--max-concurrent", type=int, default=64, help="episodes in flight")
     p.add_argument("--success-threshold", type=float, default=1.0, help="reward counted as a pass")
+    p.add_argument("--retry-failed", action="store_true", help="run stored failed episodes again")
     p.add_argument("--no-progress", action="store_true")
     return p
 
@@ -96,6 +97,7 @@ def eval_main(argv: Sequence[str] | None = None) -> int:
             episode_timeout_s=args.episode_timeout,
             max_concurrent=args.max_concurrent,
             success_threshold=args.success_threshold,
+            retry_failed=args.retry_failed,
             env_kwargs=_key_values(args.env_arg, "--env-arg"),
             engine_kwargs=_key_values(args.engine_arg, "--engine-arg"),
         )

@@ -162,7 +162,7 @@ def metric_columns(m: CellMetrics) -> list[tuple[str, str]]:
     """``(header, text)`` of every metric of a cell, in display order."""
     return [
         ("pass@1", fmt(m.pass_at_1)),
-        (f"pass@{m.k}", fmt(m.pass_at_k)),
+        (f"pass@{m.k}" if m.k > 1 else "pass@k (k=1)", fmt(m.pass_at_k)),
         ("mean reward", fmt(m.mean_reward)),
         ("95% CI", ci_text(m) or "-"),
         ("turns", fmt(m.mean_turns, 2)),

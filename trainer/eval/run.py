@@ -55,6 +55,8 @@ class EvalConfig:
         traces_dir: where JSONL traces go (default: ``traces/`` next to ``db``).
         temperature: None: 0 (greedy) when ``n_samples == 1``, else 1.0.
         success_threshold: reward at or above which an episode counts as correct.
+        retry_failed: run the grid's stored failed episodes (crash, timeout, engine error) again; by
+            default a failed episode is a result like any other and is kept.
         env_kwargs, engine_kwargs: extra ``gym.make`` / engine keywords (env keywords are part of the
             env's identity).
     """
@@ -81,6 +83,7 @@ class EvalConfig:
     episode_timeout_s: float = 600.0
     max_concurrent: int = 64
     success_threshold: float = 1.0
+    retry_failed: bool = False
     env_kwargs: Mapping[str, Any] = field(default_factory=dict)
     engine_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
@@ -402,6 +405,8 @@ async def evaluate(
                 continue
             key = report.run_key = run_key(model, ident, config.seed, config.n_samples, sampling)
             grid = {(t, s) for t in range(num_tasks) for s in range(config.n_samples)}
+            if config.retry_failed and (dropped := store.drop_failed(key)):
+                log(f"chatgym eval: {env_id}: {dropped} failed episodes will run again")
             done = store.done(key) & grid
             todo = grid - done
             report.grid, report.already_done = len(grid), len(done)

@@ -217,6 +217,11 @@ class ResultsStore:
         )
         return cur.rowcount == 1
 
+    def drop_failed(self, run_key: str) -> int:
+        """Delete grid ``run_key``'s failed episodes (so a resumed evaluation runs them again);
+        returns how many were deleted."""
+        return self.conn.execute("DELETE FROM episodes WHERE run_key = ? AND failed = 1", (run_key,)).rowcount
+
     # ---- reading -------------------------------------------------------------------------------
 
     def done(self, run_key: str) -> set[tuple[int, int]]:
