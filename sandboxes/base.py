@@ -23,7 +23,8 @@ class ExecResult:
         exit_code: the process's exit code, or ``-signal`` when killed by a signal; None if it never ran.
         duration_s: wall-clock seconds of the execution (not counting queueing).
         truncated: True when stdout or stderr was cut at the output limit.
-        queue_s: seconds spent waiting for a free slot in the backend's concurrency limit.
+        queue_s: seconds spent waiting before the execution started: the process-wide limiter
+            (``limits.py``; its part is also in ``info["limiter_wait_s"]``) and the backend's own slots.
     """
 
     status: Status

@@ -314,7 +314,11 @@ class DockerSandbox:
                 self._slots.release(slot)
 
     async def _run_in_container(self, req: dict, timeout_s: float, queue_s: float) -> ExecResult:
-        container = await asyncio.to_thread(self._take)
+        try:
+            container = await asyncio.to_thread(self._take)
+        except Exception as e:  # the engine refused (no image, engine gone): the sandbox's failure
+            return ExecResult("killed", stderr=f"chatgym sandbox: no container: {type(e).__name__}: {e}\n",
+                              queue_s=queue_s, info={"internal": True})  # fmt: skip
         try:
             data = _tar(posixpath.basename(REQUEST_PATH), json.dumps(req).encode())
             await asyncio.to_thread(container.put_archive, posixpath.dirname(REQUEST_PATH), data)

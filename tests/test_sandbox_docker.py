@@ -128,6 +128,13 @@ async def test_runner_failure_is_internal():
     assert res.status == "killed" and res.info["internal"] and "boom" in res.stderr
 
 
+async def test_engine_failure_is_internal():
+    client = FakeDockerClient()
+    sb = DockerSandbox(client=client, pool_size=0, image="no-such-image")  # the FAKE refuses other images
+    res = await sb.run("print(1)")
+    assert res.status == "killed" and res.info["internal"] and "no container: AssertionError" in res.stderr
+
+
 async def test_no_sessions():
     sb = DockerSandbox(client=FakeDockerClient(), pool_size=0)
     with pytest.raises(NotImplementedError):
