@@ -152,6 +152,19 @@ def test_bad_tool_calls_are_observations():
     env.close()
 
 
+def test_too_many_tool_errors_end_the_episode_with_zero():
+    env = UserSimEnv(domain="airline", split="base", max_tool_errors=3)
+    env.reset(options={"task_index": 0})  # task 0 expects no change: a clean end would score 1
+    bad = '<tool_call>{"name": "get_user_details", "arguments": {"user_id": "nobody"}}</tool_call>'
+    assert env.step(bad + bad)[1:4] == (0.0, False, False)
+    obs, reward, terminated, truncated, info = env.step(bad)
+    assert obs[0]["content"] == "Error: User nobody not found"
+    assert (reward, terminated, truncated, info["termination"]) == (0.0, True, False, "too_many_errors")
+    with pytest.raises(ValueError, match="max_tool_errors"):
+        UserSimEnv(max_tool_errors=0)
+    env.close()
+
+
 def test_each_episode_gets_a_fresh_database():
     env = UserSimEnv(domain="airline", split="base")
     env.reset(options={"task_index": 0})

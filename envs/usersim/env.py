@@ -10,7 +10,8 @@ episode's private copy of the domain database; results come back as ``tool`` mes
 to the user (the user's reply comes back as a ``user`` message). The episode ends when the user's
 reply holds a stop signal (``###STOP###``, ``###TRANSFER###``, ``###OUT-OF-SCOPE###``) or the agent
 writes ``###STOP###``; ``max_turns`` agent turns without an ending truncate it with reward 0 (tau2
-gives 0 to a conversation that ends prematurely).
+gives 0 to a conversation that ends prematurely; its limit of 100 messages is about 50 agent turns),
+and so does the ``max_tool_errors``-th failed tool call (tau2's ``max_errors``, 10), which ends it.
 
 The simulated user is any :class:`~chatgym.envs.agents.Responder`: it sees
 ``prompts/usersim_user_system.txt`` (tau2's user-simulator guidelines with the task's scenario) and
@@ -158,6 +159,7 @@ class UserSimEnv(ChatEnv):
         user: the simulated user: a :class:`~chatgym.envs.agents.Responder` shared by episodes, a
             callable ``task -> Responder`` called at each reset, or None for :func:`scripted_user`.
         max_turns: agent turns (tool-call turns and messages) before truncation.
+        max_tool_errors: failed tool calls that end the episode with reward 0 (tau2: 10).
         kwargs: passed to :class:`ChatEnv` (``parser``, ``tool_timeout_s``, ``render_mode``).
 
     Raises:
@@ -170,7 +172,8 @@ class UserSimEnv(ChatEnv):
         domain: str = "airline",
         split: str = "test",
         user: Responder | Callable[[dict[str, Any]], Responder] | None = None,
-        max_turns: int = 30,
+        max_turns: int = 50,
+        max_tool_errors: int = 10,
         **kwargs: Any,
     ):
         if domain not in _TOOLKITS:
@@ -181,6 +184,9 @@ class UserSimEnv(ChatEnv):
         self.domain = domain
         self.toolkit = cls()
         super().__init__(split=split, tools=bind_tools(self.toolkit, specs), max_turns=max_turns, **kwargs)
+        if max_tool_errors < 1:
+            raise ValueError(f"max_tool_errors must be >= 1, got {max_tool_errors}")
+        self.max_tool_errors = max_tool_errors
         self.user_spec = user
         self.user: Responder | None = None
         self.user_traces: list[dict[str, Any]] = []
@@ -208,6 +214,7 @@ class UserSimEnv(ChatEnv):
         self.toolkit.db = data.fresh_db(self.domain)
         self.user = self._make_user(task)
         self.user_traces = []
+        self.tool_errors = 0
         self._opening = await self._user_turn(task, [M.assistant(GREETING)])
 
     def initial_messages(self, task: dict[str, Any]) -> list[Message]:
@@ -224,9 +231,15 @@ class UserSimEnv(ChatEnv):
     async def respond(self, turn: AssistantTurn) -> StepOutcome:
         if turn.parsed.calls or turn.parsed.errors:
             outcomes = await self.run_tools(turn)
-            return StepOutcome(
-                messages=[o.message for o in outcomes], info={"tool_errors": sum(o.error for o in outcomes)}
-            )
+            errors = sum(o.error for o in outcomes)
+            self.tool_errors += errors
+            out = StepOutcome(messages=[o.message for o in outcomes], info={"tool_errors": errors})
+            if self.tool_errors >= self.max_tool_errors:  # tau2: TOO_MANY_ERRORS, scored 0
+                out.terminated = True
+                out.info.update(
+                    termination="too_many_errors", reward_components={"db": 0.0, "communicate": 0.0}
+                )
+            return out
         if STOP in turn.message["content"]:
             return self._finish([], "agent_stop")
         reply = await self._user_turn(self.task, self.messages)
