@@ -16,6 +16,7 @@ A subclass provides the data and the scoring:
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import threading
 from collections.abc import Coroutine, Iterable, Sequence
@@ -25,7 +26,7 @@ from typing import Any, ClassVar, TypeVar
 import gymnasium as gym
 
 from . import messages as M
-from .messages import Message, message_errors
+from .messages import Message, ToolCall, message_errors
 from .parsers import ParsedAction, ToolCallParser, get_parser, parse_openai_message
 from .spaces import ActionSpace, MessagesSpace
 from .tool_config import LoadedTools, load_tools, parse_tools_config, read_tools_config
@@ -51,6 +52,33 @@ class StepOutcome:
     reward: float = 0.0
     terminated: bool = False
     info: dict[str, Any] = field(default_factory=dict)
+
+
+def _history_calls(server_calls: list[Any], parsed: ParsedAction) -> list[ToolCall]:
+    """The assistant turn's calls for the history, in the server's order: each valid call in canonical
+    form, each malformed call that has a server id as sent (name and arguments as text), so that every
+    ``tool`` message that follows answers a call of this turn."""
+    valid = {c["id"]: c for c in parsed.calls}
+    bad = {i for i in parsed.error_ids if i}
+    out: list[ToolCall] = []
+    for call in server_calls:
+        call_id = call.get("id") if isinstance(call, dict) else None
+        if call_id in valid:
+            out.append(valid.pop(call_id))
+        elif call_id in bad:
+            fn = call.get("function") if isinstance(call.get("function"), dict) else {}
+            args = fn.get("arguments", "")
+            out.append(
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {
+                        "name": str(fn.get("name", "")),
+                        "arguments": args if isinstance(args, str) else json.dumps(args, default=str),
+                    },
+                }
+            )
+    return out + list(valid.values())
 
 
 class ChatEnv(gym.Env):
@@ -176,10 +204,14 @@ class ChatEnv(gym.Env):
     async def run_tools(self, turn: AssistantTurn) -> list[ToolOutcome]:
         """Run parsed calls; parse errors become error ``tool`` messages the model can read."""
         outcomes = await run_tool_calls(turn.parsed.calls, self.tool_map, self.tool_timeout_s)
+        ids = turn.parsed.error_ids
         for i, err in enumerate(turn.parsed.errors):
             names = ", ".join(self.tool_map) or "(none)"
             text = f"Error: could not parse tool call: {err}. Available tools: {names}."
-            outcomes.append(ToolOutcome(M.tool(text, f"call_error_{i}"), error=True))
+            # A server-given id is answered by that id: strict chat APIs reject a tool message whose id
+            # matches no call of the assistant turn. Text-parsed calls have none to answer.
+            call_id = (ids[i] if i < len(ids) else None) or f"call_error_{i}"
+            outcomes.append(ToolOutcome(M.tool(text, call_id), error=True))
         return outcomes
 
     # ---- the Gymnasium API (async first) ----------------------------------------------------
@@ -224,7 +256,10 @@ class ChatEnv(gym.Env):
             parsed = parse_openai_message(action) if action.get("tool_calls") else self.parser.parse(raw)
         else:
             raise TypeError(f"action must be a str or an assistant Message, got {action!r:.200}")
-        return AssistantTurn(M.assistant(parsed.content, parsed.calls or None), raw, parsed)
+        calls = parsed.calls
+        if any(parsed.error_ids):
+            calls = _history_calls(action["tool_calls"], parsed)
+        return AssistantTurn(M.assistant(parsed.content, calls or None), raw, parsed)
 
     async def astep(self, action: str | Message) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
         if self.task is None:

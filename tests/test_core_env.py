@@ -333,3 +333,29 @@ def test_step_after_the_episode_ended_raises():
     env.reset(options={"task_index": 0})  # a new episode steps again
     env.step("0")
     env.close()
+
+
+def test_malformed_server_call_is_answered_by_its_own_id():
+    # Regression: a server-structured call with bad JSON got a tool message "call_error_0" that matched
+    # no call of the assistant turn (strict chat APIs reject that history on the next request).
+    env = SumEnv()
+    env.reset(options={"task_index": 0})
+    bad = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": '}}
+    good = {"id": "c2", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
+    obs, *_ = env.step({"role": "assistant", "content": None, "tool_calls": [bad, good]})
+    assert [m["tool_call_id"] for m in obs] == ["c2", "c1"]
+    assert obs[0]["content"] == "5"
+    assert obs[1]["content"].startswith("Error: could not parse tool call: tool call 1: arguments are not valid JSON")
+    assistant = env.messages[-3]
+    assert [c["id"] for c in assistant["tool_calls"]] == ["c1", "c2"]  # the server's order
+    assert assistant["tool_calls"][0] == bad  # kept as sent, so the error above answers a real call
+    env.close()
+
+
+def test_text_parsed_malformed_call_keeps_error_id():
+    env = SumEnv()
+    env.reset(options={"task_index": 0})
+    obs, *_ = env.step('<tool_call>{"name": "add", "arguments": {"a": 1,</tool_call>')
+    assert [m["tool_call_id"] for m in obs] == ["call_error_0"]
+    assert "tool_calls" not in env.messages[-2]
+    env.close()

@@ -415,6 +415,7 @@ def test_openai_message_keeps_server_ids_and_validates_arguments():
             "tool call 4: arguments are not valid JSON (Expecting property name enclosed in double quotes): '{oops'",
             'tool call 7: expected {"function": {"name": ..., "arguments": ...}}',
         ],
+        ["x", "y", "v"],  # each error answers its server id
     )
 
 
@@ -424,7 +425,7 @@ def test_openai_parser_text_has_no_calls():
     assert parser.parse(text) == ParsedAction(text, [], [])
     assert parser.parse_message(
         {"role": "assistant", "content": " hi ", "tool_calls": "nope"}
-    ) == ParsedAction("hi", [], ["tool_calls must be a list, got a string"])
+    ) == ParsedAction("hi", [], ["tool_calls must be a list, got a string"], [None])
 
 
 def test_get_parser():

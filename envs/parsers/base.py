@@ -19,11 +19,15 @@ class ParsedAction:
         content: text outside the tool calls (reasoning included), stripped.
         calls: valid tool calls in the order written (OpenAI shape, arguments as JSON text).
         errors: one message per malformed call, written for the model to read.
+        error_ids: the server's call id of each malformed call, where the turn came structured from an
+            OpenAI-compatible server (so the error's ``tool`` message answers that id); empty for
+            text-parsed turns.
     """
 
     content: str
     calls: list[ToolCall] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    error_ids: list[str | None] = field(default_factory=list)
 
 
 class ToolCallParser(Protocol):
@@ -105,6 +109,7 @@ class CallList:
 
     calls: list[ToolCall] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    error_ids: list[str | None] = field(default_factory=list)
     attempts: int = 0
 
     def next_attempt(self) -> int:
@@ -114,11 +119,13 @@ class CallList:
     def add(self, result: tuple[str, dict[str, Any]] | str, call_id: str | None = None) -> None:
         if isinstance(result, str):
             self.errors.append(result)
+            self.error_ids.append(call_id)
         else:
             name, args = result
             try:
                 call = make_tool_call(name, args, call_id or f"call_{len(self.calls)}")
             except (ValueError, RecursionError) as exc:  # nesting the decoder took but the encoder refuses
                 self.errors.append(f"tool call {self.attempts} ({name}): arguments cannot be encoded ({exc})")
+                self.error_ids.append(call_id)
                 return
             self.calls.append(call)

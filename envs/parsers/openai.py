@@ -22,36 +22,43 @@ def parse_openai_tool_calls(tool_calls: Any) -> tuple[list[ToolCall], list[str]]
         ``(calls, errors)``: calls rebuilt in canonical form (arguments re-serialised, the server's id
         kept, ``call_<i>`` where it has none) and error messages for the model. Never raises.
     """
+    out = _parse_calls(tool_calls)
+    return out.calls, out.errors
+
+
+def _parse_calls(tool_calls: Any) -> CallList:
     out = CallList()
     if not isinstance(tool_calls, list):
         out.add(f"tool_calls must be a list, got {json_type(tool_calls)}")
-        return out.calls, out.errors
+        return out
     for call in tool_calls:
         n = out.next_attempt()
+        call_id = call.get("id") if isinstance(call, Mapping) else None
+        call_id = call_id if isinstance(call_id, str) and call_id else None
         fn = call.get("function") if isinstance(call, Mapping) else None
         if not isinstance(fn, Mapping):
-            out.add(f'tool call {n}: expected {{"function": {{"name": ..., "arguments": ...}}}}')
+            out.add(f'tool call {n}: expected {{"function": {{"name": ..., "arguments": ...}}}}', call_id)
             continue
         raw = fn.get("arguments", "{}")
         if isinstance(raw, str) and raw.strip():
             try:  # the wire format: JSON text; a string inside it is then decoded once more
                 raw = loads(raw)
             except ValueError as exc:
-                out.add(f"tool call {n}: arguments are not valid JSON ({json_error(exc)}): {snippet(raw)}")
+                out.add(
+                    f"tool call {n}: arguments are not valid JSON ({json_error(exc)}): {snippet(raw)}",
+                    call_id,
+                )
                 continue
-        call_id = call.get("id")
-        out.add(
-            call_from_object({"name": fn.get("name"), "arguments": raw}, n),
-            call_id if isinstance(call_id, str) and call_id else None,
-        )
-    return out.calls, out.errors
+        out.add(call_from_object({"name": fn.get("name"), "arguments": raw}, n), call_id)
+    return out
 
 
 def parse_openai_message(message: Mapping[str, Any]) -> ParsedAction:
     """A ``ParsedAction`` from an assistant Message whose ``tool_calls`` a server already parsed."""
     content = message.get("content")
-    calls, errors = parse_openai_tool_calls(message.get("tool_calls") or [])
-    return ParsedAction(content.strip() if isinstance(content, str) else "", calls, errors)
+    out = _parse_calls(message.get("tool_calls") or [])
+    text = content.strip() if isinstance(content, str) else ""
+    return ParsedAction(text, out.calls, out.errors, out.error_ids)
 
 
 @dataclass
