@@ -93,8 +93,10 @@ def _bar_chart(board: Leaderboard, col: tuple[Any, ...], j: int) -> str:
         )
     axis_y = height - 18
     parts.append(f'<path d="M{label_w},{axis_y}H{label_w + plot_w}" stroke="#8c959f"/>')
-    for v in (lo, (lo + hi) / 2, hi):
-        parts.append(f'<text x="{x(v):.1f}" y="{axis_y + 14}" text-anchor="middle">{v:g}</text>')
+    ticks = sorted({lo, 0.0, hi} | ({0.5} if lo <= 0.5 <= hi else set()))
+    for v in ticks:
+        parts.append(f'<text x="{x(v):.1f}" y="{axis_y + 14}" text-anchor="middle">{v:.3g}</text>')
+        parts.append(f'<path d="M{x(v):.1f},{axis_y}v4" stroke="#8c959f"/>')
     parts.append("</svg>")
     return "".join(parts)
 
