@@ -59,6 +59,8 @@ def stop_service(proc: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
 
 
 def _stat(pid: int) -> tuple[int, str, int] | None:

@@ -46,6 +46,8 @@ def stop_service(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
 
 
 @pytest.fixture(scope="module")
@@ -229,3 +231,33 @@ async def test_many_concurrent_requests(service):
     async with SandboxFusionSandbox(service, max_concurrency=16) as sb:
         res = await asyncio.gather(*(sb.run(f"print({i} * {i})") for i in range(64)))
     assert [r.stdout for r in res] == [f"{i * i}\n" for i in range(64)]
+
+
+def test_code_env_over_the_service(service):
+    """CodeSandbox-v0 with the service as its sandbox: the tool run and the hidden-test grading both
+    go through /run_code (the env steps on its own event loop; the client keeps one pool per loop)."""
+    import json
+
+    import gymnasium as gym
+
+    import chatgym  # noqa: F401  (registers the env ids)
+    from chatgym.envs.datasets.humaneval import load_humaneval
+
+    task = load_humaneval("all")[0]
+    solution = task["prompt"] + task["canonical_solution"]
+    env = gym.make("CodeSandbox-v0", split="all", sandbox=SandboxFusionSandbox(service))
+    env.reset(options={"task_index": 0})
+    tool = (
+        "<tool_call>"
+        + json.dumps({"name": "run_python", "arguments": {"code": "print(6 * 7)"}})
+        + "</tool_call>"
+    )
+    obs, reward, terminated, *_ = env.step(tool)
+    assert obs[0]["content"] == "status: ok (exit code 0)\nstdout:\n42" and (reward, terminated) == (
+        0.0,
+        False,
+    )
+    submit = "<tool_call>" + json.dumps({"name": "submit", "arguments": {"code": solution}}) + "</tool_call>"
+    obs, reward, terminated, *_ = env.step(submit)
+    assert (reward, terminated, obs[0]["content"]) == (1.0, True, "Submitted. Hidden tests: passed.")
+    env.close()

@@ -50,12 +50,18 @@ def bwrap_why() -> str:
 
 
 def docker_why() -> str:
+    if not os.environ.get("DOCKER_HOST") and not os.path.exists("/var/run/docker.sock"):
+        return "no Docker engine socket (/var/run/docker.sock) and no DOCKER_HOST"
     try:
         import docker
 
-        docker.from_env().ping()
+        client = docker.from_env()
+        try:
+            client.ping()
+        finally:
+            client.close()
         return ""
-    except Exception as e:  # no SDK, no socket, no engine
+    except Exception as e:  # no SDK, engine not answering
         return f"{type(e).__name__}: {e}"
 
 
@@ -134,6 +140,7 @@ def backend(request):
         if proc is not None:
             proc.terminate()
             proc.wait(15)
+            proc.stdout.close()
         loop.close()
 
 
