@@ -1,6 +1,7 @@
 """``SandboxFusionSandbox``: the :class:`Sandbox` contract over any SandboxFusion HTTP service.
 
-Works with ByteDance's SandboxFusion server and with ``chatgym serve-sandbox``. Each ``run`` is one
+Speaks the SandboxFusion API (the official ``sandbox-fusion`` client's models); tested against
+``chatgym serve-sandbox`` (ByteDance's own server is not on PyPI, so not run here). Each ``run`` is one
 ``POST /run_code``; ``open_session()`` gives a :class:`FusionSession`, which emulates a stateful
 interpreter over the stateless ``POST /run_jupyter``: every call sends the cells that ran before plus
 the new one and reports only the new cell. So a session call costs the replay of its history, and
