@@ -119,3 +119,11 @@ def page_matches_sqlite(db: Path, page: Path, tmp_path: Path, fragment: str = ""
         # model, pass@1, pass@k, mean reward, CI, turns, tokens/ep, tool err, fail, wall, episodes, tasks x n
         assert (row[0], row[1], row[3], row[10]) == (model, p1, mean, str(episodes))
     return parsed
+
+
+def report_json(stdout: str) -> str:
+    """The JSON report ``chatgym eval`` prints (from a line ``[`` to a line ``]``), out of a stdout
+    that may also hold an engine's log lines."""
+    lines = stdout.splitlines()
+    start = lines.index("[")
+    return "\n".join(lines[start : lines.index("]", start) + 1])

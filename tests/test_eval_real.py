@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from leaderboard_helpers import CHROMIUM, page_matches_sqlite
+from leaderboard_helpers import CHROMIUM, page_matches_sqlite, report_json
 
 from chatgym.trainer.eval.cli import leaderboard_main
 from chatgym.trainer.eval.identity import weights_hash
@@ -35,7 +35,7 @@ def test_smollm2_vllm_on_two_envs_and_page(tmp_path):
     ]  # fmt: skip
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     assert res.returncode == 0, res.stderr[-3000:]
-    reports = json.loads(res.stdout[: res.stdout.index("\n]") + 2])
+    reports = json.loads(report_json(res.stdout))
     assert [(r["env_id"], r["ran"], r["skipped"]) for r in reports] == [
         ("Math-v0", TASKS, None),
         ("CodeSandbox-v0", TASKS, None),

@@ -17,6 +17,7 @@ from typing import Any
 
 import gymnasium as gym
 import pytest
+from leaderboard_helpers import report_json
 
 import chatgym  # noqa: F401
 from chatgym.envs import messages as M
@@ -221,7 +222,7 @@ def test_sigkill_mid_run_then_restart_matches_an_uninterrupted_run(tmp_path):
 
     resumed = subprocess.run(_cmd(db), capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    [report] = json.loads(resumed.stdout[: resumed.stdout.index("\n]") + 2])
+    [report] = json.loads(report_json(resumed.stdout))
     assert (report["already_done"], report["ran"], report["grid"]) == (at_kill, GRID - at_kill, GRID)
     assert _count(db) == GRID
 
