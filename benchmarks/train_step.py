@@ -9,6 +9,10 @@ the transformers engine in bf16 on the same GPU.
 
     python benchmarks/train_step.py --steps 6            # CUDA if available, else CPU
     python benchmarks/train_step.py --steps 3 --real-weights --engine vllm
+    # the H200 check: Math-v0 (reasoning-gym basic_arithmetic), real weights, HF engine with
+    # continuous batching, then the same with the static policy (new requests wait for the batch)
+    python benchmarks/train_step.py --real-weights --env Math-v0 --lr 1e-5 --steps 20 \
+        --engine-options '{continuous: true}' --then-options '{continuous: false}' --then-steps 6
 
 Prints each step's split (rollout / update / sync), then medians over steps 2.. (step 1 pays warm-up).
 """
@@ -26,12 +30,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 KEYS = (
+    "reward/mean",
+    "response/length_mean",
     "timing/step_s",
     "timing/rollout_s",
     "timing/update_s",
     "timing/sync_s",
     "throughput/gen_tokens_per_s",
     "throughput/train_tokens_per_s",
+    "timing/generate_s_mean",
+    "timing/env_s_mean",
 )
 
 
@@ -42,8 +50,21 @@ def main() -> None:
         "--real-weights", action="store_true", help="SmolLM2's weights instead of random init"
     )
     parser.add_argument("--engine", default="hf", help="engine backend (hf, vllm)")
+    parser.add_argument("--env", default=None, help="env id (default: the tests' letters env)")
+    parser.add_argument("--lr", type=float, default=1e-6)
+    parser.add_argument("--engine-options", default="{}", help="engine.options, YAML flow mapping")
+    parser.add_argument("--then-options", default=None, help="a second run with these engine.options")
+    parser.add_argument("--then-steps", type=int, default=None, help="steps of the second run")
+    parser.add_argument("--save", default=None, help="copy each run's metrics.jsonl into this folder")
     args = parser.parse_args()
+    runs = [(args.engine_options, args.steps)]
+    if args.then_options is not None:
+        runs.append((args.then_options, args.then_steps or args.steps))
+    for options, steps in runs:
+        run(args, options, steps)
 
+
+def run(args: argparse.Namespace, options: str, steps: int) -> None:
     import torch
     import train_helpers
 
@@ -51,6 +72,7 @@ def main() -> None:
     from chatgym.trainer.train import Trainer
 
     train_helpers.register()
+    env_id = args.env or train_helpers.LETTERS_ENV_ID
     cuda = torch.cuda.is_available()
     out = Path(tempfile.mkdtemp(prefix="chatgym-train-step-"))
     cfg = load_config(
@@ -61,21 +83,25 @@ def main() -> None:
             f"model.gradient_checkpointing={str(cuda).lower()}",
             f"engine.backend={args.engine}",
             f"engine.dtype={'bfloat16' if cuda else 'float32'}",
-            f"env.id={train_helpers.LETTERS_ENV_ID}",
+            f"engine.options={options}",
+            f"env.id={env_id}",
             "env.eval_tasks=0",
             "rollout.max_tokens=128",
             "rollout.max_response_tokens=128",
             "rollout.max_model_len=512",
-            f"train.max_steps={args.steps}",
+            f"train.max_steps={steps}",
             "train.prompts_per_step=8",
             "train.group_size=8",
             f"train.micro_batch_size={64 if cuda else 8}",
             f"train.output_dir={out}",
             "train.progress=false",
             "train.tensorboard=false",
-            "optim.lr=1e-6",
+            f"optim.lr={args.lr}",
         ],
     )
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    print(f"== env {env_id}, engine {args.engine} options {options}, {steps} steps", flush=True)
     t0 = time.perf_counter()
     trainer = Trainer(cfg)
     print(f"set-up {time.perf_counter() - t0:.1f} s on {trainer.device}", flush=True)
@@ -83,12 +109,19 @@ def main() -> None:
         trainer.train()
     finally:
         trainer.close()
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    text = (out / "metrics.jsonl").read_text()
+    if args.save:
+        Path(args.save).mkdir(parents=True, exist_ok=True)
+        tag = "".join(c for c in options if c.isalnum() or c in "_-") or "default"
+        (Path(args.save) / f"metrics_{tag}.jsonl").write_text(text)
+    rows = [row for row in map(json.loads, text.splitlines()) if "timing/step_s" in row]
     for row in rows:
         print(row["step"], {k.split("/")[-1]: round(row[k], 3) for k in KEYS if k in row})
     later = rows[1:] or rows
     for key in KEYS:
-        print(f"median over steps 2..{len(rows)}: {key} = {statistics.median(r[key] for r in later):.3f}")
+        values = [r[key] for r in later if key in r]
+        if values:
+            print(f"median over steps 2..{len(rows)}: {key} = {statistics.median(values):.3f}")
     if cuda:
         print(f"peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
 

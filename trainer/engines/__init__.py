@@ -5,7 +5,7 @@
 | ``vllm``      | VLLMEngine          | ``vllm_inproc``    | default: vLLM in this process (needs ``vllm``)  |
 | ``vllm-server`` | VLLMServerEngine  | ``vllm_server``    | a running vLLM OpenAI server, token ids in/out  |
 | ``sglang``    | SGLangServerEngine  | ``sglang_server``  | a running SGLang server (``/generate``)         |
-| ``hf``        | TransformersEngine  | ``hf``             | transformers decode loop with request batching  |
+| ``hf``        | TransformersEngine  | ``hf``             | transformers decode loop, continuous batching   |
 | ``openai``    | OpenAIChatEngine    | ``openai_chat``    | API chat models, evaluation only (no token ids) |
 
 Backends are imported only when asked for, so ``import chatgym.trainer.engines`` needs neither vLLM
