@@ -34,13 +34,26 @@ def test_pass_at_k_rejects_bad_arguments(n, c, k):
 
 
 def test_mean_ci_hand_values():
-    # [0, 1, 1, 0]: mean 0.5, sample sd sqrt((4 * 0.25) / 3) = sqrt(1/3), half-width z * sd / 2.
-    mean, lo, hi = mean_ci([0.0, 1.0, 1.0, 0.0])
-    half = Z_95 * math.sqrt(1 / 3) / 2
+    # [0, 0.5, 1, 0.5]: mean 0.5, sample sd sqrt((0.25 + 0 + 0.25 + 0) / 3) = sqrt(1/6), half z * sd / 2.
+    mean, lo, hi = mean_ci([0.0, 0.5, 1.0, 0.5])
+    half = Z_95 * math.sqrt(1 / 6) / 2
     assert mean == 0.5 and lo == pytest.approx(0.5 - half) and hi == pytest.approx(0.5 + half)
-    assert half == pytest.approx(0.565792, abs=1e-6)
+    assert half == pytest.approx(0.400076, abs=1e-6)
     assert mean_ci([0.25]) == (0.25, None, None)
-    assert mean_ci([1.0, 1.0, 1.0]) == (1.0, 1.0, 1.0)
+
+
+def test_mean_ci_of_pass_fail_tasks_is_wilson():
+    # Regression: 2 of 10 tasks solved gave the normal interval [-0.061, 0.461] (below 0) on the
+    # leaderboard. Wilson, by hand with z^2 = 3.841459: center (0.2 + 0.192073) / 1.384146 = 0.283260,
+    # half 1.959964 / 1.384146 * sqrt(0.016 + 0.009604) = 0.226578 -> [0.056682, 0.509838].
+    mean, lo, hi = mean_ci([1.0, 1.0] + [0.0] * 8)
+    assert mean == 0.2 and lo == pytest.approx(0.056682, abs=1e-6) and hi == pytest.approx(0.509838, abs=1e-6)
+    # 2 of 4: [0.150038, 0.849962] (symmetric about 0.5).
+    _, lo, hi = mean_ci([0.0, 1.0, 1.0, 0.0])
+    assert lo == pytest.approx(0.150038, abs=1e-6) and hi == pytest.approx(0.849962, abs=1e-6)
+    # 3 of 3: not the degenerate [1, 1]; low = 3 / (3 + z^2) = 0.438503.
+    _, lo, hi = mean_ci([1.0, 1.0, 1.0])
+    assert lo == pytest.approx(0.438503, abs=1e-6) and hi == 1.0
     with pytest.raises(ValueError):
         mean_ci([])
 

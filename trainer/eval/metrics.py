@@ -7,7 +7,11 @@
 * mean reward with a 95% confidence interval — the mean over tasks of each task's mean reward, and
   ``mean ± 1.96 · s / sqrt(T)`` with ``s`` the sample standard deviation (ddof 1) of the ``T`` task
   means (normal approximation). Tasks, not episodes, are the independent units: samples of one task
-  are correlated. With a single task the interval is undefined (``None``).
+  are correlated. When every task mean is 0 or 1 (one sample per task of a pass/fail reward) the
+  interval is Wilson's score interval instead (E. B. Wilson 1927, "Probable inference, the law of
+  succession, and statistical inference"): it stays inside [0, 1] and is not degenerate at 0/T or
+  T/T, where the normal approximation gives intervals below 0 or of width 0 on small T. With a single
+  task the interval is undefined (``None``).
 * mean turns, generated tokens per episode, tool-call error rate (tool errors / tool calls over all
   episodes), episode failure rate (episodes that crashed or timed out / episodes), wall time.
 """
@@ -62,9 +66,19 @@ def mean_ci(values: Sequence[float]) -> tuple[float, float | None, float | None]
     mean = sum(values) / n
     if n < 2:
         return mean, None, None
+    if all(v in (0.0, 1.0) for v in values):
+        return (mean, *wilson_interval(mean, n))
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
     half = Z_95 * sd / math.sqrt(n)
     return mean, mean - half, mean + half
+
+
+def wilson_interval(p: float, n: int, z: float = Z_95) -> tuple[float, float]:
+    """Wilson score interval ``(low, high)`` for a proportion ``p`` of ``n`` trials (see module docstring)."""
+    z2n = z * z / n
+    center = (p + z2n / 2) / (1 + z2n)
+    half = z / (1 + z2n) * math.sqrt(p * (1 - p) / n + z2n / (4 * n))
+    return max(0.0, center - half), min(1.0, center + half)
 
 
 @dataclass
