@@ -48,6 +48,38 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
     return ckpts[-1] if ckpts else None
 
 
+def find_checkpoint(output_dir: str | Path, resume: bool | str | Path) -> Path | None:
+    """The checkpoint a run starts from, checked without loading anything.
+
+    Args:
+        output_dir: the run's output directory.
+        resume: False (fresh run), True (newest checkpoint in ``output_dir``, or None when there is
+            none), or a checkpoint directory.
+
+    Raises:
+        FileExistsError: a fresh run into an ``output_dir`` that already holds checkpoints.
+        FileNotFoundError: ``resume`` names a directory that is not a complete checkpoint.
+    """
+    if resume is False:
+        if latest_checkpoint(output_dir) is not None:
+            raise FileExistsError(
+                f"{output_dir} already holds checkpoints; pass --resume to continue or choose another --output-dir"
+            )
+        return None
+    if resume is True:
+        return latest_checkpoint(output_dir)
+    path = Path(resume)
+    if not (path / STATE_FILE).is_file():
+        raise FileNotFoundError(f"{path} is not a chatgym checkpoint (no {STATE_FILE})")
+    return path
+
+
+def checkpoint_step(path: str | Path) -> int | None:
+    """The step of a checkpoint directory named ``step_NNNNNN`` (None for another name)."""
+    m = _STEP_DIR.match(Path(path).name)
+    return int(m.group(1)) if m else None
+
+
 def rng_state() -> dict[str, Any]:
     """Python, NumPy, torch CPU and CUDA generator states."""
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}

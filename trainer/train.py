@@ -29,9 +29,10 @@ from typing import Any
 
 import numpy as np
 import torch
+import yaml
 
 from .batch import TokenBatch, collate
-from .checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint, set_rng_state
+from .checkpoint import checkpoint_step, find_checkpoint, load_trainer_state, save_checkpoint, set_rng_state
 from .config import Config, ConfigError, EngineConfig, config_to_dict, load_config, save_config
 from .metrics import MetricsLogger
 from .modeling import (
@@ -112,8 +113,8 @@ class Trainer:
     def __init__(self, config: Config, *, engine: Any = None, resume: bool | str | Path = False):
         self.cfg = cfg = config
         self.out = Path(cfg.train.output_dir)
+        ckpt = find_checkpoint(self.out, resume)  # before mkdir: a refused run leaves nothing behind
         self.out.mkdir(parents=True, exist_ok=True)
-        ckpt = self._find_checkpoint(resume)
         seed_everything(cfg.train.seed)
         self.device = resolve_device(cfg.model.device)
         self.model_path = load_model_path(cfg.model.path)
@@ -191,19 +192,6 @@ class Trainer:
             print(f"chatgym: {warning}", file=sys.stderr)
 
     # ---- set-up -------------------------------------------------------------------------------
-
-    def _find_checkpoint(self, resume: bool | str | Path) -> Path | None:
-        if resume is False:
-            if latest_checkpoint(self.out) is not None:
-                raise FileExistsError(
-                    f"{self.out} already holds checkpoints; pass --resume to continue or choose another --output-dir"
-                )
-            return None
-        if resume is True:
-            return latest_checkpoint(self.out)
-        path = Path(resume)
-        load_trainer_state(path)  # raises FileNotFoundError naming the path when it is not a checkpoint
-        return path
 
     def _load_policy(self, ckpt: Path | None) -> Any:
         cfg = self.cfg
@@ -471,6 +459,7 @@ class Trainer:
         ``summary.json``)."""
         cfg = self.cfg
         t_run = time.perf_counter()
+        start_step = self.start_step
         first: dict[str, float] | None = None
         last: dict[str, float] | None = None
         eval_before = None
@@ -509,6 +498,7 @@ class Trainer:
         summary = {
             "output_dir": str(self.out),
             "steps": cfg.train.max_steps,
+            "steps_run": cfg.train.max_steps - start_step,
             "resumed_from": str(self.resumed_from) if self.resumed_from else None,
             "wall_s": time.perf_counter() - t_run,
             "first_step": first,
@@ -550,7 +540,11 @@ def _progress(start: int, total: int, enabled: bool) -> Any:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``chatgym train CONFIG [key.sub=value ...] [--max-steps N] [--output-dir DIR] [--resume [CKPT]]``."""
+    """``chatgym train CONFIG [key.sub=value ...] [--max-steps N] [--output-dir DIR] [--resume | --resume-from CKPT]``.
+
+    Overrides and options may come in any order. Returns the exit status: 0 done (or nothing left to
+    do), 2 a bad config, output dir or checkpoint — reported before any model loads.
+    """
     parser = argparse.ArgumentParser(
         prog="chatgym train", description="Train a policy with PPO/GRPO on a chatgym env."
     )
@@ -561,13 +555,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-steps", type=int, help="cap the run at N steps (train.max_steps)")
     parser.add_argument("--output-dir", help="where metrics, curves and checkpoints go (train.output_dir)")
     parser.add_argument(
-        "--resume",
-        nargs="?",
-        const=True,
-        default=False,
-        help="continue from the newest checkpoint (or the one given)",
+        "--resume", action="store_true", help="continue from the newest checkpoint in the output dir"
     )
-    args = parser.parse_args(argv)
+    parser.add_argument("--resume-from", metavar="CKPT", help="continue from this checkpoint directory")
+    # Intermixed: `--output-dir runs/x algo.kl_coef=0.01` must not leave the override unrecognised.
+    args = parser.parse_intermixed_args(argv)
     overrides = list(args.overrides)
     if args.config and "=" in args.config:  # only overrides, no file
         overrides.insert(0, args.config)
@@ -576,12 +568,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         overrides.append(f"train.max_steps={args.max_steps}")
     if args.output_dir is not None:
         overrides.append(f"train.output_dir={args.output_dir}")
+    resume = args.resume_from or args.resume
     try:
         config = load_config(args.config, overrides)
-    except (ConfigError, FileNotFoundError) as exc:
+        ckpt = find_checkpoint(config.train.output_dir, resume)
+    except (ConfigError, OSError, yaml.YAMLError) as exc:  # OSError: missing file, a directory, ...
         print(f"chatgym train: {exc}", file=sys.stderr)
         return 2
-    trainer = Trainer(config, resume=args.resume)
+    done = checkpoint_step(ckpt) if ckpt is not None else None
+    if done is not None and done >= config.train.max_steps:
+        print(
+            f"chatgym train: {ckpt} is at step {done} and train.max_steps is {config.train.max_steps}: "
+            "nothing to do (raise train.max_steps to continue)"
+        )
+        return 0
+    trainer = Trainer(config, resume=resume)
     try:
         summary = trainer.train()
     finally:
@@ -604,7 +605,9 @@ def _print_summary(summary: dict[str, Any]) -> None:
         "response/length_mean",
         "timing/step_s",
     )
-    print(f"done: {summary['steps']} steps in {summary['wall_s']:.0f} s")
+    start = summary["steps"] - summary["steps_run"]
+    resumed = f" (resumed at step {start})" if start else ""
+    print(f"done: {summary['steps_run']} steps{resumed}, now at step {summary['steps']}, in {summary['wall_s']:.0f} s")
     print(f"  first step: {pick(summary['first_step'], *keys)}")
     print(f"  last step:  {pick(summary['last_step'], *keys)}")
     print(f"  held-out before: {pick(summary['eval_before'], 'eval/score', 'eval/accuracy')}")

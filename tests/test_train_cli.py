@@ -1,0 +1,66 @@
+"""`chatgym train` command line: argument order, resume, and errors reported before any model loads.
+
+Every case here returns before the Trainer is built, so no model or engine starts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from chatgym.trainer.checkpoint import STATE_FILE
+from chatgym.trainer.train import main
+
+CONFIG = str(Path(__file__).resolve().parent.parent / "examples" / "configs" / "math_grpo.yaml")
+
+
+def fake_checkpoint(out: Path, step: int) -> Path:
+    ckpt = out / "checkpoints" / f"step_{step:06d}"
+    ckpt.mkdir(parents=True)
+    (ckpt / STATE_FILE).write_bytes(b"")  # presence is what marks a complete checkpoint
+    return ckpt
+
+
+def test_override_after_an_option_is_parsed(tmp_path, capsys):
+    # Regression: argparse rejected `--output-dir X key=value` ("unrecognized arguments").
+    assert main([CONFIG, "--output-dir", str(tmp_path / "run"), "algo.kl_coef=abc"]) == 2
+    assert capsys.readouterr().err.strip() == "chatgym train: algo.kl_coef: expected a number, got 'abc'"
+
+
+def test_resume_flag_does_not_swallow_an_override(tmp_path, capsys):
+    # Regression: `--resume train.max_steps=2` took the override as a checkpoint path.
+    ckpt = fake_checkpoint(tmp_path, 2)
+    assert main([CONFIG, "--output-dir", str(tmp_path), "--resume", "train.max_steps=2"]) == 0
+    assert capsys.readouterr().out.strip() == (
+        f"chatgym train: {ckpt} is at step 2 and train.max_steps is 2: nothing to do "
+        "(raise train.max_steps to continue)"
+    )
+
+
+def test_fresh_run_into_a_directory_with_checkpoints_fails_cleanly(tmp_path, capsys):
+    fake_checkpoint(tmp_path, 1)
+    assert main([CONFIG, "--output-dir", str(tmp_path)]) == 2
+    assert "already holds checkpoints; pass --resume" in capsys.readouterr().err
+
+
+def test_missing_checkpoint_fails_before_creating_the_output_dir(tmp_path, capsys):
+    out = tmp_path / "never"
+    assert main([CONFIG, "--output-dir", str(out), "--resume-from", str(tmp_path / "nope")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"chatgym train: {tmp_path / 'nope'} is not a chatgym checkpoint (no {STATE_FILE})"
+    )
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("kind", ["malformed", "directory"])
+def test_unreadable_config_is_a_clean_error(tmp_path, capsys, kind):
+    path = tmp_path / "c.yaml"
+    if kind == "malformed":
+        path.write_text("train:\n  max_steps: [1\n")
+    else:
+        path.mkdir()
+    assert main([str(path), "--output-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("chatgym train: ") and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
