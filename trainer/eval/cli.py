@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -40,7 +41,9 @@ def eval_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--engine", default="vllm", choices=[*sorted(ENGINES), REFERENCE])
     p.add_argument(
-        "--model", default="smollm2", help="packaged name / local dir (vllm, hf) or served model name"
+        "--model",
+        help="packaged name / local dir (vllm, hf; default smollm2) or the served model's name (required "
+        "for vllm-server, sglang, openai)",
     )
     p.add_argument("--model-name", help="display name (default: --model)")
     p.add_argument("--model-hash", help="weights identity for server/API engines (default api:<engine>)")
@@ -76,6 +79,7 @@ def eval_main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = eval_parser().parse_args(argv)
     try:
+        args.model = _model_for(args.engine, args.model, _key_values(args.engine_arg, "--engine-arg"))
         config = EvalConfig(
             engine=args.engine,
             model=args.model,
@@ -106,10 +110,44 @@ def eval_main(argv: Sequence[str] | None = None) -> int:
         resolve_env_ids(config.envs)
     except ValueError as exc:
         raise SystemExit(f"chatgym eval: {exc}") from None
-    reports = asyncio.run(evaluate(config, progress=not args.no_progress, argv=["chatgym", "eval", *argv]))
+    try:
+        reports = asyncio.run(evaluate(config, progress=not args.no_progress, argv=["chatgym", "eval", *argv]))
+    except KeyboardInterrupt:
+        print(
+            f"chatgym eval: interrupted; finished episodes are stored in {config.db} — run the same "
+            "command again to resume",
+            file=sys.stderr,
+        )
+        return 130
     print(json.dumps(report_dicts(reports), indent=2))
-    _print_board(config.db, models=[], env_ids=[r.env_id for r in reports if not r.skipped])
-    return 0 if any(not r.skipped for r in reports) else 1
+    ran = [r for r in reports if not r.skipped]
+    if ran:
+        _print_board(config.db, models=[], env_ids=[r.env_id for r in ran])
+    if ran and all(r.ran and r.failed == r.ran for r in ran):
+        # Every episode of this run failed: an engine/API outage, not a score (failed rows are re-run
+        # with --retry-failed).
+        print("chatgym eval: every episode failed (see the traces); rerun with --retry-failed", file=sys.stderr)
+        return 1
+    return 0 if ran else 1
+
+
+def _model_for(engine: str, model: str | None, engine_kwargs: dict[str, Any]) -> str:
+    """The model to evaluate; server/API engines must be told which one (and, for the OpenAI API,
+    where it is), so that an unreachable default never lands in the store as a model's score.
+
+    Raises:
+        ValueError: a missing ``--model`` or, for ``openai``, no base URL and no API key.
+    """
+    if engine in ("vllm-server", "sglang", "openai") and not model:
+        raise ValueError(f"--engine {engine} needs --model (the served model's name)")
+    if engine == "openai" and not (
+        engine_kwargs.get("base_url") or os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_KEY")
+    ):
+        raise ValueError(
+            "--engine openai needs $OPENAI_BASE_URL (an OpenAI-compatible server) or $OPENAI_API_KEY "
+            "(api.openai.com), or --engine-arg base_url=..."
+        )
+    return model or "smollm2"
 
 
 def _print_board(db: str, **filters: Any) -> Any:
