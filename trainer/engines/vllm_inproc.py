@@ -68,6 +68,34 @@ class QuietExpectedReloadWarnings(logging.Filter):
         return not (record.msg == self.MESSAGE and args and args[0] in self.layers)
 
 
+# On a CPU-only machine vLLM reserves gpu_memory_utilization x RAM (default 0.92) and checks it is free at
+# start-up; a small model needs far less, so the engine asks for this unless told otherwise.
+CPU_DEFAULTS = {"gpu_memory_utilization": 0.25, "kv_cache_gib": 2}
+
+
+def cpu_memory_defaults(
+    kv_cache_gib: int | None,
+    llm_kwargs: dict[str, Any],
+    *,
+    cuda: bool | None = None,
+    environ: Any = os.environ,
+) -> tuple[int | None, dict[str, Any]]:
+    """``(kv_cache_gib, llm_kwargs)`` with :data:`CPU_DEFAULTS` filled in where the caller (or
+    ``$VLLM_CPU_KVCACHE_SPACE``) left them unset and the machine has no CUDA device (``cuda=None``
+    asks torch)."""
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    if cuda:
+        return kv_cache_gib, llm_kwargs
+    kwargs = dict(llm_kwargs)
+    kwargs.setdefault("gpu_memory_utilization", CPU_DEFAULTS["gpu_memory_utilization"])
+    if kv_cache_gib is None and not environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        kv_cache_gib = CPU_DEFAULTS["kv_cache_gib"]
+    return kv_cache_gib, kwargs
+
+
 def import_vllm() -> Any:
     """Import vLLM for in-process use (sets ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` first).
 
@@ -113,7 +141,9 @@ class VLLMEngine:
         enforce_eager: skip torch.compile / CUDA graphs (start-up ~10 s instead of ~1 min on CPU,
             generation several times slower: fine for tests).
         kv_cache_gib: KV cache size in whole GiB on CPU (sets ``VLLM_CPU_KVCACHE_SPACE``, which vLLM
-            parses as an int); None keeps vLLM's default / the environment's value.
+            parses as an int); None: the environment's value, else on a CPU-only machine
+            :data:`CPU_DEFAULTS` (vLLM's own default sizes the cache from 92% of RAM and refuses to
+            start when anything else holds a few GiB).
         seed: engine seed (requests without their own ``seed`` draw from it).
         **llm_kwargs: more ``vllm.EngineArgs`` (e.g. ``gpu_memory_utilization=0.3``,
             ``max_num_seqs=64``, ``enable_prefix_caching=True``).
@@ -140,6 +170,7 @@ class VLLMEngine:
         path = load_model_path(model)
         if dtype == "auto":
             dtype = fast_dtype()
+        kv_cache_gib, llm_kwargs = cpu_memory_defaults(kv_cache_gib, llm_kwargs)
         if kv_cache_gib is not None:
             if int(kv_cache_gib) != kv_cache_gib or kv_cache_gib < 1:
                 raise ValueError(f"kv_cache_gib must be a whole number of GiB >= 1, got {kv_cache_gib!r}")
