@@ -17,6 +17,6 @@ N_SAMPLES=${N_SAMPLES:-1}
 .venv/bin/chatgym eval --engine reference --env all --max-tasks "$MAX_TASKS" -n "$N_SAMPLES" --db "$DB" || true
 # SmolLM2-135M-Instruct through vLLM in this process (greedy with -n 1, else temperature 1).
 .venv/bin/chatgym eval --engine vllm --model smollm2 --env all --max-tasks "$MAX_TASKS" -n "$N_SAMPLES" \
-  --max-tokens 256 --max-response-tokens 768 --max-model-len 2048 \
-  --engine-arg kv_cache_gib=2 --db "$DB"
+  --max-tokens 256 --max-response-tokens 768 --max-model-len 8192 \
+  --engine-arg kv_cache_gib=2 --db "$DB"   # 8192: UserSim-v0's airline policy prompt alone is ~4,800 tokens
 .venv/bin/chatgym leaderboard --db "$DB" --html "$OUT/leaderboard.html"

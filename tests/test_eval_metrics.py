@@ -40,6 +40,12 @@ def test_mean_ci_hand_values():
     assert mean == 0.5 and lo == pytest.approx(0.5 - half) and hi == pytest.approx(0.5 + half)
     assert half == pytest.approx(0.400076, abs=1e-6)
     assert mean_ci([0.25]) == (0.25, None, None)
+    # Rewards in [0, 1]: [0, 0.25] has mean 0.125, sd 0.25 / sqrt(2), half z * 0.125 = 0.244995 -> the low
+    # end is clipped at 0 (the leaderboard printed [-0.024, 0.302] for Judge-v0 before).
+    mean, lo, hi = mean_ci([0.0, 0.25])
+    assert (mean, lo) == (0.125, 0.0) and hi == pytest.approx(0.125 + Z_95 * 0.125)
+    _, lo, _ = mean_ci([-1.0, 0.25])  # outside [0, 1]: no clipping
+    assert lo == pytest.approx(-0.375 - Z_95 * 1.25 / math.sqrt(2) / math.sqrt(2))
 
 
 def test_mean_ci_of_pass_fail_tasks_is_wilson():
@@ -89,9 +95,8 @@ def test_cell_metrics_hand_values():
     # Task-mean rewards 2/3 and 1/6 -> mean 5/12; sd of two values = |a - b| / sqrt(2) = 0.5 / sqrt(2).
     assert m.mean_reward == pytest.approx(5 / 12)
     half = Z_95 * (0.5 / math.sqrt(2)) / math.sqrt(2)
-    assert m.reward_ci_low == pytest.approx(5 / 12 - half) and m.reward_ci_high == pytest.approx(
-        5 / 12 + half
-    )
+    # 5/12 - half = -0.073 is clipped to 0 (rewards in [0, 1]); 5/12 + half = 0.9067 stays.
+    assert m.reward_ci_low == 0.0 and m.reward_ci_high == pytest.approx(5 / 12 + half)
     assert m.mean_turns == pytest.approx(12 / 6)
     assert m.tokens_per_episode == pytest.approx(150 / 5)  # the row without a count is left out
     assert (m.tool_calls, m.tool_errors) == (4, 2) and m.tool_error_rate == 0.5

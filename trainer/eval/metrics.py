@@ -10,7 +10,8 @@
   are correlated. When every task mean is 0 or 1 (one sample per task of a pass/fail reward) the
   interval is Wilson's score interval instead (E. B. Wilson 1927, "Probable inference, the law of
   succession, and statistical inference"): it stays inside [0, 1] and is not degenerate at 0/T or
-  T/T, where the normal approximation gives intervals below 0 or of width 0 on small T. With a single
+  T/T, where the normal approximation gives intervals below 0 or of width 0 on small T; other
+  task means in [0, 1] get the normal interval clipped to [0, 1]. With a single
   task the interval is undefined (``None``).
 * mean turns, generated tokens per episode, tool-call error rate (tool errors / tool calls over all
   episodes), episode failure rate (episodes that crashed or timed out / episodes), wall time.
@@ -70,6 +71,8 @@ def mean_ci(values: Sequence[float]) -> tuple[float, float | None, float | None]
         return (mean, *wilson_interval(mean, n))
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
     half = Z_95 * sd / math.sqrt(n)
+    if all(0.0 <= v <= 1.0 for v in values):  # a mean of values in [0, 1] cannot leave [0, 1]
+        return mean, max(0.0, mean - half), min(1.0, mean + half)
     return mean, mean - half, mean + half
 
 
