@@ -17,6 +17,17 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! command -v chromium 
 fi
 
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
+
+# Re-runs skip the pip steps while this script and pyproject.toml are unchanged (chatgym is installed
+# editable, so code changes need no reinstall). CHATGYM_FORCE_SETUP=1 reinstalls anyway.
+STAMP=.venv/.chatgym-setup-stamp
+WANT="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1) ${CHATGYM_SKIP_VLLM:-}"
+if [ -z "${CHATGYM_FORCE_SETUP:-}" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] \
+  && .venv/bin/python -c "import chatgym" 2>/dev/null; then
+  echo "setup: up to date (CHATGYM_FORCE_SETUP=1 to reinstall)"
+  exit 0
+fi
+
 $PIP install -q -U pip
 
 # CPU torch: the machine's own wheel where there is one (no multi-GB CUDA download).
@@ -38,4 +49,5 @@ if [ "$HAS_CUDA" = 0 ]; then
   $PIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
 
+echo "$WANT" > "$STAMP"
 echo "setup: done ($(.venv/bin/python -c 'import chatgym; print("chatgym", chatgym.__version__)'))"
