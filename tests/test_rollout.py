@@ -238,11 +238,14 @@ async def test_context_budget_truncates_with_exact_counts(tok):
     [traj] = await col.collect(OkEnv, [0])
     assert [r["max_tokens"] for r in traj.info["turns"]] == [len(answer) + obs + 1, 1]
 
-    # The prompt alone fills the context: kept, no turn.
+    # The prompt alone fills the context: kept, no turn, and failed (regression: it was a plain reward-0
+    # episode, which the leaderboard counted as the model's score).
     col = make_collector(tok, [answer], max_model_len=len(prompt))
     [traj] = await col.collect(OkEnv, [0])
     assert traj.token_ids == prompt and traj.num_turns == 0
     assert traj.truncated and traj.info["truncated_by"] == "max_model_len"
+    assert traj.error == f"prompt_too_long: the prompt has {len(prompt)} tokens and max_model_len is {len(prompt)}"
+    assert traj.info["error_kind"] == "prompt_too_long"
 
 
 async def test_observation_is_cut_in_tokens_with_marker(tok):

@@ -26,7 +26,8 @@ tokens. If that is <= 0 the episode ends ``truncated`` with ``info["truncated_by
 (``max_model_len`` is reported when both are spent). A completion cut by any budget is still given to
 the env (like any text). An observation is appended only if at least one token of context is left
 after it; otherwise the episode ends truncated by ``max_model_len`` and the observation is dropped
-(``info["dropped_observation_tokens"]``). A prompt that alone fills the context is kept, with no turn.
+(``info["dropped_observation_tokens"]``). A prompt that alone fills the context is kept, with no turn,
+as a failed trajectory (``error_kind`` ``prompt_too_long``): the policy never acted.
 Each observation message's content is cut to ``max_observation_tokens`` tokens with a visible marker.
 An env's own truncation (``max_turns``) is reported as ``truncated_by="env"``.
 
@@ -443,6 +444,13 @@ class Collector:
             if limit <= 0:
                 traj.truncated = True
                 traj.info["truncated_by"] = "max_model_len" if ctx_left <= 0 else "max_response_tokens"
+                if not turns:
+                    # The policy never acted: a 0 reward here would score the set-up, not the model.
+                    self._fail(
+                        traj,
+                        "prompt_too_long",
+                        f"the prompt has {len(prompt)} tokens and max_model_len is {cfg.max_model_len}",
+                    )
                 break
             turn = len(turns)
             params = SamplingParams(
