@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import threading
 from collections.abc import Coroutine, Mapping, Sequence
@@ -182,6 +183,14 @@ class MCPToolset:
         try:
             return await asyncio.wait_for(asyncio.shield(ready), self.startup_timeout_s)
         except asyncio.TimeoutError:
+            # Cancel the session here, on its own task: leaving it pending made close() wait out its
+            # own timeouts, and its late failure went unretrieved.
+            self._task.cancel()
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(self._task, 10)
+            self._task = None
+            if ready.done() and not ready.cancelled():
+                ready.exception()  # retrieved: no "Future exception was never retrieved"
             raise RuntimeError(
                 f"MCP server {self.name!r} ({self.command} {' '.join(self.args)}) did not list its tools "
                 f"within {self.startup_timeout_s} s"

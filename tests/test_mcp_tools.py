@@ -105,3 +105,21 @@ def test_server_that_does_not_start_is_a_clear_error():
     with pytest.raises(RuntimeError, match="MCP server 'broken'"):
         ts.start()
     ts.close()
+
+
+def test_hung_server_times_out_on_time_and_is_stopped(recwarn):
+    # Regression: a server that never answered failed after ~88 s (startup_timeout_s 60) and left a
+    # "Future exception was never retrieved" message behind.
+    import subprocess
+    import time
+
+    marker = f"chatgym-hung-mcp-{os.getpid()}"
+    ts = MCPToolset(sys.executable, ["-c", f"import time; time.sleep(600)  # {marker}"], name="hung",
+                    startup_timeout_s=2)  # fmt: skip
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"^MCP server 'hung' .* did not list its tools within 2 s$"):
+        ts.start()
+    assert time.monotonic() - t0 < 10
+    ts.close()
+    left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+    assert left == []
