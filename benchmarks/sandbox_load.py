@@ -23,44 +23,12 @@ import argparse
 import asyncio
 import json
 import os
-import select
-import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 from chatgym.sandboxes.fusion_client import SandboxFusionSandbox
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def start_service(backend: str, concurrency: int) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "chatgym.cli", "serve-sandbox", "--port", "0", "--backend", backend,
-         "--max-concurrency", str(concurrency)],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO,
-    )  # fmt: skip
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and proc.poll() is None:
-        if select.select([proc.stdout], [], [], 0.5)[0]:
-            line = proc.stdout.readline()
-            if "http://" in line:
-                return proc, "http://" + line.rsplit("http://", 1)[1].strip()
-    proc.kill()
-    proc.wait()
-    raise RuntimeError("serve-sandbox did not start")
-
-
-def stop_service(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    if proc.stdout is not None:
-        proc.stdout.close()
+from chatgym.sandboxes.service import start_service, stop_service
 
 
 def _stat(pid: int) -> tuple[int, str, int] | None:
@@ -174,7 +142,7 @@ async def drive(url: str, runs: int, concurrency: int) -> dict:
 
 def load_test(backend: str = "local", runs: int = 1000, concurrency: int = 32) -> dict:
     """Run the whole load test; returns the figures, the censuses and their differences."""
-    proc, url = start_service(backend, concurrency)
+    proc, url = start_service("--backend", backend, "--max-concurrency", str(concurrency))
     try:
         with urllib.request.urlopen(url + "/health", timeout=10) as r:
             uids = json.load(r)["isolation"].get("uids", [])

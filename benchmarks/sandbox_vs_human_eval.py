@@ -170,11 +170,10 @@ async def make_ours(backend: str):
         import json
         import urllib.request
 
-        from sandbox_load import start_service, stop_service
-
         from chatgym.sandboxes.fusion_client import SandboxFusionSandbox
+        from chatgym.sandboxes.service import start_service, stop_service
 
-        proc, url = start_service("local", 8)
+        proc, url = start_service("--backend", "local", "--max-concurrency", "8")
         with urllib.request.urlopen(url + "/health", timeout=10) as r:
             iso = json.load(r)["isolation"]
         sandbox = SandboxFusionSandbox(url)

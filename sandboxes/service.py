@@ -28,8 +28,10 @@ import asyncio
 import json
 import re
 import secrets
+import select
 import signal
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -278,3 +280,40 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(cli_main())
+
+
+def start_service(*args: str, timeout_s: float = 60.0) -> tuple[subprocess.Popen, str]:
+    """Start ``chatgym serve-sandbox --port 0 ARGS`` as a child process (tests, benchmarks, scripts).
+
+    Returns:
+        ``(process, url)``: the process (stop it with :func:`stop_service`) and the ``http://host:port``
+        it printed once listening.
+
+    Raises:
+        RuntimeError: it exited or printed no URL within ``timeout_s`` seconds (it is stopped).
+    """
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "chatgym.cli", "serve-sandbox", "--port", "0", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        if select.select([proc.stdout], [], [], 0.5)[0]:
+            line = proc.stdout.readline()
+            if "http://" in line:
+                return proc, "http://" + line.rsplit("http://", 1)[1].strip()
+    stop_service(proc)
+    raise RuntimeError("serve-sandbox did not start")
+
+
+def stop_service(proc: subprocess.Popen) -> None:
+    """SIGTERM (the service closes its backend), SIGKILL after 15 s; closes the stdout pipe."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()

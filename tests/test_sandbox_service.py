@@ -4,10 +4,8 @@ client (``sandbox_fusion`` from PyPI) and by our ``SandboxFusionSandbox``."""
 import asyncio
 import base64
 import os
-import select
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import aiohttp
@@ -18,36 +16,9 @@ sf = pytest.importorskip("sandbox_fusion", reason="pip install sandbox-fusion (t
 from chatgym.sandboxes.base import Sandbox, Session  # noqa: E402
 from chatgym.sandboxes.fusion import exec_result  # noqa: E402
 from chatgym.sandboxes.fusion_client import SandboxFusionSandbox  # noqa: E402
+from chatgym.sandboxes.service import start_service, stop_service  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def start_service(*args: str, timeout_s: float = 60.0) -> tuple[subprocess.Popen, str]:
-    """Start ``chatgym serve-sandbox --port 0 ARGS``; return the process and its URL."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "chatgym.cli", "serve-sandbox", "--port", "0", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO,
-    )  # fmt: skip
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and proc.poll() is None:
-        if select.select([proc.stdout], [], [], 0.5)[0]:
-            line = proc.stdout.readline()
-            if "http://" in line:
-                return proc, "http://" + line.rsplit("http://", 1)[1].strip()
-    stop_service(proc)
-    raise RuntimeError("serve-sandbox did not start")
-
-
-def stop_service(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    if proc.stdout is not None:
-        proc.stdout.close()
 
 
 @pytest.fixture(scope="module")

@@ -12,10 +12,7 @@ import asyncio
 import json
 import os
 import secrets
-import select
 import socket
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +24,7 @@ from chatgym.envs.graders.code import grade_function
 from chatgym.sandboxes.bwrap import BwrapSandbox, bwrap_args, probe
 from chatgym.sandboxes.fusion_client import SandboxFusionSandbox
 from chatgym.sandboxes.local import LocalSandbox
+from chatgym.sandboxes.service import start_service, stop_service
 
 REPO = Path(__file__).resolve().parents[2]
 PROGRAMS = Path(__file__).parent / "programs"
@@ -74,23 +72,6 @@ class Backend:
     expect: dict = field(default_factory=dict)
 
 
-def start_service() -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "chatgym.cli", "serve-sandbox", "--port", "0", "--max-concurrency", "2",
-         "--tmpfs-mb", str(TMPFS_MB), "--max-output-bytes", str(OUTPUT_CAP)],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO,
-    )  # fmt: skip
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and proc.poll() is None:
-        if select.select([proc.stdout], [], [], 0.5)[0]:
-            line = proc.stdout.readline()
-            if "http://" in line:
-                return proc, "http://" + line.rsplit("http://", 1)[1].strip()
-    proc.kill()
-    proc.wait()
-    raise RuntimeError("serve-sandbox did not start")
-
-
 async def get_json(url: str):
     async with aiohttp.ClientSession() as http, http.get(url) as resp:
         return await resp.json()
@@ -129,7 +110,9 @@ def backend(request):
             sb = BwrapSandbox(**kw)
             b = Backend(name, sb, loop.run_until_complete(sb.start())["uids"], expect=BWRAP_EXPECT)
         elif name == "service":
-            proc, url = start_service()
+            proc, url = start_service(
+                "--max-concurrency", "2", "--tmpfs-mb", str(TMPFS_MB), "--max-output-bytes", str(OUTPUT_CAP)
+            )
             sb = SandboxFusionSandbox(url, max_output_bytes=1 << 20)  # the service's cap is the one hit
             health = loop.run_until_complete(get_json(url + "/health"))
             b = Backend(name, sb, health["isolation"]["uids"], url, expect=LOCAL_EXPECT)
@@ -144,9 +127,7 @@ def backend(request):
     finally:
         del os.environ["CHATGYM_TEST_SECRET_TOKEN"]
         if proc is not None:
-            proc.terminate()
-            proc.wait(15)
-            proc.stdout.close()
+            stop_service(proc)
         loop.close()
 
 
