@@ -22,13 +22,17 @@ import yaml
 from .engines import ENGINES
 
 
-def _key_values(items: Sequence[str], flag: str) -> dict[str, Any]:
-    """``["a=1", "b=x"]`` -> ``{"a": 1, "b": "x"}`` (values parsed as YAML scalars)."""
+def key_values(items: Sequence[str], flag: str, prog: str = "chatgym rollout") -> dict[str, Any]:
+    """``["a=1", "b=x"]`` -> ``{"a": 1, "b": "x"}`` (values parsed as YAML scalars).
+
+    Raises:
+        SystemExit: an item without ``=`` (the message names ``prog`` and ``flag``).
+    """
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise SystemExit(f"chatgym rollout: {flag} expects key=value, got {item!r}")
+            raise SystemExit(f"{prog}: {flag} expects key=value, got {item!r}")
         out[key] = yaml.safe_load(value)
     return out
 
@@ -71,8 +75,8 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.num_tasks < 1:
         raise SystemExit(f"chatgym rollout: -n/--num-tasks must be >= 1, got {args.num_tasks}")
-    engine_kwargs = _key_values(args.engine_arg, "--engine-arg")
-    env_kwargs = _key_values(args.env_arg, "--env-arg")
+    engine_kwargs = key_values(args.engine_arg, "--engine-arg")
+    env_kwargs = key_values(args.env_arg, "--env-arg")
     config = CollectorConfig(
         max_model_len=args.max_model_len,
         max_response_tokens=args.max_response_tokens,

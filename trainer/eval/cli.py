@@ -15,19 +15,13 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-import yaml
+from ..rollout_cli import key_values
 
 DEFAULT_DB = "runs/eval/results.sqlite"
 
 
 def _key_values(items: Sequence[str], flag: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"chatgym eval: {flag} expects key=value, got {item!r}")
-        out[key] = yaml.safe_load(value)
-    return out
+    return key_values(items, flag, prog="chatgym eval")
 
 
 def eval_parser() -> argparse.ArgumentParser:
@@ -78,8 +72,9 @@ def eval_main(argv: Sequence[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = eval_parser().parse_args(argv)
+    engine_kwargs = _key_values(args.engine_arg, "--engine-arg")
     try:
-        args.model = _model_for(args.engine, args.model, _key_values(args.engine_arg, "--engine-arg"))
+        args.model = _model_for(args.engine, args.model, engine_kwargs)
         config = EvalConfig(
             engine=args.engine,
             model=args.model,
@@ -103,7 +98,7 @@ def eval_main(argv: Sequence[str] | None = None) -> int:
             success_threshold=args.success_threshold,
             retry_failed=args.retry_failed,
             env_kwargs=_key_values(args.env_arg, "--env-arg"),
-            engine_kwargs=_key_values(args.engine_arg, "--engine-arg"),
+            engine_kwargs=engine_kwargs,
         )
         from .run import resolve_env_ids
 
