@@ -582,7 +582,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "nothing to do (raise train.max_steps to continue)"
         )
         return 0
-    trainer = Trainer(config, resume=resume)
+    trainer = Trainer(config, resume=ckpt or False)  # already found and checked above
     try:
         summary = trainer.train()
     finally:
