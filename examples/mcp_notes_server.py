@@ -1,6 +1,6 @@
 """An example MCP server (stdio) built with the mcp SDK: a small note store plus a word counter.
 
-Run by chatgym through ``MCPToolset`` or a tool configuration file (examples/configs/tools.yaml)::
+Run by chatgym through ``MCPToolset`` or a tool configuration file (examples/tools.yaml)::
 
     python examples/mcp_notes_server.py        # speaks MCP on stdin/stdout
 

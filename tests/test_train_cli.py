@@ -53,6 +53,37 @@ def test_missing_checkpoint_fails_before_creating_the_output_dir(tmp_path, capsy
     assert not out.exists()
 
 
+def test_malformed_yaml_is_one_line_with_file_line_and_column(tmp_path, capsys):
+    # Regression: 8 lines of PyYAML text pointing at "<unicode string>" instead of the file.
+    path = tmp_path / "bad.yaml"
+    path.write_text("train:\n  max_steps: [1\n")
+    assert main([str(path)]) == 2
+    assert capsys.readouterr().err == f"chatgym train: {path}:3:1: expected ',' or ']', but got '<stream end>'\n"
+
+
+def test_unknown_model_fails_before_the_output_dir_is_made(tmp_path, capsys):
+    # Regression: a traceback (rc 1) from inside the Trainer, after it had created the output dir.
+    out = tmp_path / "run"
+    assert main([CONFIG, "--output-dir", str(out), "model.path=/nonexistent"]) == 2
+    assert capsys.readouterr().err.startswith(
+        "chatgym train: model '/nonexistent' is neither a packaged model (['smollm2'])"
+    )
+    assert not out.exists()
+
+
+def test_fresh_run_drops_metrics_of_an_interrupted_run(tmp_path):
+    # Regression: a fresh run into a dir without checkpoints appended to the old metrics.jsonl
+    # (steps 0,1,2,3 then 0,1,...). The Trainer passes resume_step=0 for a fresh run.
+    from chatgym.trainer.metrics import MetricsLogger
+
+    (tmp_path / "metrics.jsonl").write_text("".join(f'{{"step": {i}}}\n' for i in range(4)))
+    fresh = MetricsLogger(tmp_path, tensorboard=False, resume_step=0)
+    assert fresh.history == [] and (tmp_path / "metrics.jsonl").read_text() == ""
+    (tmp_path / "metrics.jsonl").write_text("".join(f'{{"step": {i}}}\n' for i in range(4)))
+    resumed = MetricsLogger(tmp_path, tensorboard=False, resume_step=3)  # from the step-2 checkpoint
+    assert [r["step"] for r in resumed.history] == [0, 1, 2]
+
+
 @pytest.mark.parametrize("kind", ["malformed", "directory"])
 def test_unreadable_config_is_a_clean_error(tmp_path, capsys, kind):
     path = tmp_path / "c.yaml"

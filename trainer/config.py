@@ -482,12 +482,18 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        ConfigError: bad YAML shape, unknown key, wrong type or value (names the dotted field).
+        ConfigError: malformed YAML (file:line:column), bad YAML shape, unknown key, wrong type or value
+            (names the dotted field).
     """
     data: Any = {}
     if path is not None:
         text = Path(path).read_text()
-        data = yaml.safe_load(text) or {}
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.MarkedYAMLError as exc:
+            mark = exc.problem_mark
+            at = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+            raise ConfigError(f"{path}{at}: {exc.problem or exc}") from None
         if not isinstance(data, dict):
             raise ConfigError(
                 f"{path}: the top level must be a mapping of sections, got {type(data).__name__}"

@@ -32,7 +32,14 @@ import torch
 import yaml
 
 from .batch import TokenBatch, collate
-from .checkpoint import checkpoint_step, find_checkpoint, load_trainer_state, save_checkpoint, set_rng_state
+from .checkpoint import (
+    checkpoint_step,
+    find_checkpoint,
+    latest_checkpoint,
+    load_trainer_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from .config import Config, ConfigError, EngineConfig, config_to_dict, load_config, save_config
 from .metrics import MetricsLogger
 from .modeling import (
@@ -186,7 +193,8 @@ class Trainer:
             wandb=cfg.train.wandb,
             wandb_project=cfg.train.wandb_project,
             run_config=config_to_dict(cfg),
-            resume_step=self.start_step + 1 if ckpt is not None else None,
+            # A fresh run drops rows an earlier, interrupted run left in metrics.jsonl.
+            resume_step=self.start_step + 1 if ckpt is not None else 0,
         )
         for warning in self.metrics.warnings:
             print(f"chatgym: {warning}", file=sys.stderr)
@@ -582,9 +590,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             "nothing to do (raise train.max_steps to continue)"
         )
         return 0
+    try:
+        load_model_path(config.model.path)  # an unknown model fails here, not after the output dir is made
+    except FileNotFoundError as exc:
+        print(f"chatgym train: {exc}", file=sys.stderr)
+        return 2
     trainer = Trainer(config, resume=ckpt or False)  # already found and checked above
     try:
         summary = trainer.train()
+    except KeyboardInterrupt:
+        last = latest_checkpoint(config.train.output_dir)
+        where = f"the last checkpoint is {last} (continue with --resume)" if last else "no checkpoint was saved yet"
+        print(f"\nchatgym train: interrupted; {where}", file=sys.stderr)
+        return 130
     finally:
         trainer.close()
     _print_summary(summary)
