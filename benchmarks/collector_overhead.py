@@ -25,9 +25,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from collector_common import OneTurnEnv, fmt_runs, make_engine, median
 
-from chatgym.trainer.chat_delta import ChatRenderer
 from chatgym.trainer.engines.base import SamplingParams
-from chatgym.trainer.rollout import Collector, CollectorConfig
+from chatgym.trainer.rollout.collector import Collector, CollectorConfig
+from chatgym.trainer.rollout.chat_delta import ChatRenderer
 
 
 async def main() -> None:
@@ -43,7 +43,7 @@ async def main() -> None:
     ap.add_argument("--repeats", type=int, default=6, help="pairs of runs")
     args = ap.parse_args()
 
-    from chatgym.trainer.tokenizer import get_tokenizer
+    from chatgym.trainer.rollout.tokenizer import get_tokenizer
 
     tokenizer = get_tokenizer(args.model)
     engine = make_engine(

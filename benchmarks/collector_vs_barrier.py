@@ -27,9 +27,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from collector_common import LatencyEnv, fmt_runs, make_engine, median
 
-from chatgym.trainer.chat_delta import ChatRenderer, closing_ids, probe_template
 from chatgym.trainer.engines.base import SamplingParams
-from chatgym.trainer.rollout import Collector, CollectorConfig
+from chatgym.trainer.rollout.collector import Collector, CollectorConfig
+from chatgym.trainer.rollout.chat_delta import ChatRenderer, closing_ids, probe_template
 
 
 async def barrier_rollout(
@@ -103,7 +103,7 @@ async def main() -> None:
     ap.add_argument("--warmup", action="store_true", help="one short untimed round first (GPU warm-up)")
     args = ap.parse_args()
 
-    from chatgym.trainer.tokenizer import get_tokenizer
+    from chatgym.trainer.rollout.tokenizer import get_tokenizer
 
     tokenizer = get_tokenizer(args.model)
     engine = make_engine(

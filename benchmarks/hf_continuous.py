@@ -42,7 +42,7 @@ def main() -> None:
     from chatgym.trainer.engines import SamplingParams
     from chatgym.trainer.engines.hf import TransformersEngine
     from chatgym.trainer.models import load_model
-    from chatgym.trainer.tokenizer import get_tokenizer
+    from chatgym.trainer.rollout.tokenizer import get_tokenizer
 
     if args.threads:
         torch.set_num_threads(args.threads)

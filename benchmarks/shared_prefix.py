@@ -14,10 +14,10 @@ import time
 
 import torch
 
-from chatgym.trainer.batch import collate
+from chatgym.trainer.learner.batch import collate
+from chatgym.trainer.learner.update import forward_logprobs, forward_logprobs_shared
 from chatgym.trainer.models import load_model
-from chatgym.trainer.types import Trajectory
-from chatgym.trainer.update import forward_logprobs, forward_logprobs_shared
+from chatgym.trainer.rollout.types import Trajectory
 
 
 def main() -> None:

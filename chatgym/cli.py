@@ -14,7 +14,7 @@ from collections.abc import Sequence
 # name -> ("module:function", one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "rollout": (
-        "chatgym.trainer.rollout_cli:cli_main",
+        "chatgym.trainer.rollout.cli:cli_main",
         "collect trajectories from an env with a model, as JSONL (progress bar, summary)",
     ),
     "train": (

@@ -26,7 +26,7 @@ from chatgym.envs.registration import ENV_SPECS
 from chatgym.trainer.eval.leaderboard import build_leaderboard
 from chatgym.trainer.eval.run import EvalConfig, evaluate
 from chatgym.trainer.eval.store import ResultsStore
-from chatgym.trainer.trace import read_trace
+from chatgym.trainer.rollout.trace import read_trace
 
 
 def run_eval(**kwargs: Any):

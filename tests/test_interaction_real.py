@@ -15,7 +15,7 @@ import pytest
 
 from chatgym.trainer.engines.base import SamplingParams
 from chatgym.trainer.engines.responder import EngineResponder
-from chatgym.trainer.rollout import Collector, CollectorConfig
+from chatgym.trainer.rollout.collector import Collector, CollectorConfig
 
 pytestmark = [
     pytest.mark.slow,
@@ -25,7 +25,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def tok():
-    from chatgym.trainer.tokenizer import get_tokenizer
+    from chatgym.trainer.rollout.tokenizer import get_tokenizer
 
     return get_tokenizer("smollm2")
 

@@ -15,7 +15,7 @@ from chatgym.envs.judge import JudgeEnv
 from chatgym.trainer.engines.openai_chat import OpenAIChatEngine
 from chatgym.trainer.engines.replay import ReplayEngine, replay_logprob
 from chatgym.trainer.engines.responder import ChatResponder, EngineResponder, as_responder
-from chatgym.trainer.tokenizer import get_tokenizer
+from chatgym.trainer.rollout.tokenizer import get_tokenizer
 
 
 @pytest.fixture(scope="module")

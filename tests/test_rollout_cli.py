@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from chatgym.trainer.rollout_cli import build_parser, cli_main
+from chatgym.trainer.rollout.cli import build_parser, cli_main
 
 
 def test_help_lists_the_budgets():

@@ -14,15 +14,15 @@ import importlib.util
 import pytest
 from rollout_helpers import AddEnv
 
-from chatgym.trainer.chat_delta import ChatRenderer
-from chatgym.trainer.rollout import Collector, CollectorConfig
+from chatgym.trainer.rollout.collector import Collector, CollectorConfig
+from chatgym.trainer.rollout.chat_delta import ChatRenderer
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def tok():
-    from chatgym.trainer.tokenizer import get_tokenizer
+    from chatgym.trainer.rollout.tokenizer import get_tokenizer
 
     return get_tokenizer("smollm2")
 

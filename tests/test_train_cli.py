@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from chatgym.trainer.checkpoint import STATE_FILE
+from chatgym.trainer.learner.checkpoint import STATE_FILE
 from chatgym.trainer.train import main
 
 CONFIG = str(Path(__file__).resolve().parent.parent / "examples" / "configs" / "math_grpo.yaml")

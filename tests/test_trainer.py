@@ -12,15 +12,13 @@ import pytest
 import torch
 from train_helpers import LETTERS_ENV_ID, TINY_LLAMA, register
 
-from chatgym.trainer.algos import get_advantage_estimator
-from chatgym.trainer.batch import collate, micro_batches, shared_prefix_batches
-from chatgym.trainer.checkpoint import latest_checkpoint, load_trainer_state
 from chatgym.trainer.config import AlgoConfig, OptimConfig, load_config
-from chatgym.trainer.logprobs import logits_to_keep, token_logprobs
-from chatgym.trainer.optim import lr_factor
-from chatgym.trainer.sampler import tasks_for_step
-from chatgym.trainer.types import Trajectory
-from chatgym.trainer.update import (
+from chatgym.trainer.learner.algos import get_advantage_estimator
+from chatgym.trainer.learner.batch import collate, micro_batches, shared_prefix_batches
+from chatgym.trainer.learner.checkpoint import latest_checkpoint, load_trainer_state
+from chatgym.trainer.learner.logprobs import logits_to_keep, token_logprobs
+from chatgym.trainer.learner.optim import lr_factor
+from chatgym.trainer.learner.update import (
     Models,
     forward_logprobs,
     forward_logprobs_shared,
@@ -30,6 +28,8 @@ from chatgym.trainer.update import (
     shape_rewards,
     update,
 )
+from chatgym.trainer.rollout.types import Trajectory
+from chatgym.trainer.sampler import tasks_for_step
 
 
 def traj(ids, mask, *, reward=0.0, rewards=None, group=0, finish=("stop",), **kw) -> Trajectory:
@@ -473,7 +473,7 @@ def test_ppo_with_critic_and_several_updates(tmp_path, tiny_model):
 
 
 def test_lora_policy_syncs_merged_weights(tmp_path, tiny_model):
-    from chatgym.trainer.modeling import export_weights
+    from chatgym.trainer.learner.policy import export_weights
     from chatgym.trainer.train import Trainer
 
     cfg = tiny_config(tmp_path, "lora.enabled=true", "lora.r=4", "optim.lr=1e-2", "env.eval_tasks=0", steps=1)

@@ -31,8 +31,8 @@ from typing import Any, Literal
 
 import yaml
 
-from .algos import ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES
-from .rollout import CollectorConfig
+from .learner.algos import ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES
+from .rollout.collector import CollectorConfig
 
 
 class ConfigError(ValueError):
@@ -173,7 +173,7 @@ class EnvConfig:
 
 @dataclass(frozen=True)
 class AlgoConfig:
-    """The RL algorithm (names are those registered in :mod:`chatgym.trainer.algos`).
+    """The RL algorithm (names are those registered in :mod:`chatgym.trainer.learner.algos`).
 
     Attributes:
         advantage: advantage estimator (``grpo``, ``dr_grpo``, ``rloo``, ``reinforce_plus_plus``,

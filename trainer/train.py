@@ -31,8 +31,9 @@ import numpy as np
 import torch
 import yaml
 
-from .batch import TokenBatch, collate
-from .checkpoint import (
+from .config import Config, ConfigError, EngineConfig, config_to_dict, load_config, save_config
+from .learner.batch import TokenBatch, collate
+from .learner.checkpoint import (
     checkpoint_step,
     find_checkpoint,
     latest_checkpoint,
@@ -40,9 +41,8 @@ from .checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from .config import Config, ConfigError, EngineConfig, config_to_dict, load_config, save_config
-from .metrics import MetricsLogger
-from .modeling import (
+from .learner.optim import build_optimizer
+from .learner.policy import (
     export_weights,
     load_critic,
     load_policy,
@@ -50,12 +50,7 @@ from .modeling import (
     resolve_device,
     trainable_parameters,
 )
-from .models import load_model_path
-from .optim import build_optimizer
-from .rollout import Collector
-from .sampler import tasks_for_step
-from .types import Trajectory
-from .update import (
+from .learner.update import (
     Models,
     compute_advantages,
     forward_values,
@@ -69,6 +64,11 @@ from .update import (
     truncation_mask,
     update,
 )
+from .metrics import MetricsLogger
+from .models import load_model_path
+from .rollout.collector import Collector
+from .rollout.types import Trajectory
+from .sampler import tasks_for_step
 
 
 def build_engine(cfg: EngineConfig, model_path: Path, tokenizer: Any, seed: int, max_model_len: int) -> Any:
@@ -125,7 +125,7 @@ class Trainer:
         seed_everything(cfg.train.seed)
         self.device = resolve_device(cfg.model.device)
         self.model_path = load_model_path(cfg.model.path)
-        from .tokenizer import get_tokenizer
+        from .rollout.tokenizer import get_tokenizer
 
         self.tokenizer = get_tokenizer(self.model_path)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0

@@ -153,7 +153,7 @@ def local_model_info(model: Any, tokenizer: Any = None) -> tuple[Any, Any, froze
     from transformers import AutoConfig, GenerationConfig
 
     if tokenizer is None:
-        from ..tokenizer import get_tokenizer
+        from ..rollout.tokenizer import get_tokenizer
 
         tokenizer = get_tokenizer(path)
     try:

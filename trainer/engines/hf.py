@@ -124,7 +124,7 @@ class TransformersEngine:
         if isinstance(model, (str, os.PathLike)):
             device = device or ("cuda" if torch.cuda.is_available() else "cpu")
             if tokenizer is None:
-                from ..tokenizer import get_tokenizer
+                from ..rollout.tokenizer import get_tokenizer
 
                 tokenizer = get_tokenizer(model)
             model = load_model(model, dtype=dtype, device=device)  # in eval mode

@@ -22,7 +22,7 @@ from typing import Any
 
 from chatgym.envs.messages import Message
 
-from ..chat_delta import ChatRenderer, resolve_eos_ids
+from ..rollout.chat_delta import ChatRenderer, resolve_eos_ids
 from .base import SamplingParams
 
 

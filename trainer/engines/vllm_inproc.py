@@ -165,7 +165,7 @@ class VLLMEngine:
         **llm_kwargs: Any,
     ) -> None:
         from ..models import fast_dtype, load_model_path
-        from ..tokenizer import get_tokenizer
+        from ..rollout.tokenizer import get_tokenizer
 
         path = load_model_path(model)
         if dtype == "auto":

@@ -5,7 +5,7 @@ The token-level engines go through the rollout collector; these two cannot (a ch
 own template and returns no ids; the reference policy writes text, not tokens), so this loop plays
 the same role: fresh env per episode, reset seed ``seed + task_index``, one action per turn until the
 env terminates or truncates, a crash or timeout failing only its own episode. The result is a
-:class:`~chatgym.trainer.types.Trajectory` without token ids; ``info["generated_tokens"]`` holds the
+:class:`~chatgym.trainer.rollout.types.Trajectory` without token ids; ``info["generated_tokens"]`` holds the
 API's reported completion tokens (absent for the reference policy).
 """
 
@@ -20,8 +20,8 @@ from typing import Any
 from chatgym.envs.messages import Message
 
 from ..engines.base import SamplingParams
-from ..env_runner import EnvRunner, make_env
-from ..types import Trajectory
+from ..rollout.env_runner import EnvRunner, make_env
+from ..rollout.types import Trajectory
 
 # act(env, history, tools, turn) -> (assistant action, completion tokens or None)
 Act = Callable[[Any, list[Message], list[dict[str, Any]] | None, int], Awaitable[tuple[Any, int | None]]]

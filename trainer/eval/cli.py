@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ..rollout_cli import key_values
+from ..rollout.cli import key_values
 
 DEFAULT_DB = "runs/eval/results.sqlite"
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from ..types import Trajectory
+from ..rollout.types import Trajectory
 from .identity import EnvId, ModelId, canonical_json, dataset_hash, env_version, run_key, weights_hash
 from .store import ResultsStore
 
@@ -265,8 +265,8 @@ class _Backend:
         from ..engines import engine_class, make_engine
 
         if self.token_level:
-            from ..rollout import Collector, CollectorConfig
-            from ..tokenizer import get_tokenizer
+            from ..rollout.collector import Collector, CollectorConfig
+            from ..rollout.tokenizer import get_tokenizer
 
             tok_source = cfg.engine_kwargs.get("tokenizer", cfg.model)
             self.tokenizer = get_tokenizer(tok_source, cfg.chat_template)
@@ -375,7 +375,7 @@ async def evaluate(
 
     from chatgym import __version__
 
-    from ..trace import TraceWriter
+    from ..rollout.trace import TraceWriter
 
     log = log or (lambda msg: print(msg, file=sys.stderr))
     env_ids = resolve_env_ids(config.envs)

@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from .config import LoraConfig, ModelConfig
-from .models import load_model_path, random_model, resolve_dtype
+from ..config import LoraConfig, ModelConfig
+from ..models import load_model_path, random_model, resolve_dtype
 
 
 def resolve_device(device: str) -> torch.device:

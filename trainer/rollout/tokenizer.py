@@ -14,7 +14,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from .models import load_model_path
+from ..models import load_model_path
 
 TEMPLATES_DIR = Path(__file__).parent / "templates"
 CHATML_TOOLS = "chatml_tools"

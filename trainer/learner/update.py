@@ -1,5 +1,5 @@
 """One RL update on a batch of trajectories: rewards -> advantages -> policy (and value) loss ->
-optimizer step. Pure orchestration of :mod:`chatgym.trainer.algos` around the models; the loop in
+optimizer step. Pure orchestration of :mod:`chatgym.trainer.learner.algos` around the models; the loop in
 :mod:`chatgym.trainer.train` calls these.
 
 Logprobs of the behaviour policy: when each rollout batch is used for exactly one optimizer step
@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from ..config import AlgoConfig
+from ..rollout.types import Trajectory
 from .algos import (
     aggregate_loss,
     apply_kl_penalty,
@@ -34,9 +36,7 @@ from .algos import (
 )
 from .algos.masked import masked_sum
 from .batch import TokenBatch, micro_batches, shared_prefix_batches
-from .config import AlgoConfig
 from .logprobs import logits_to_keep, token_logprobs
-from .types import Trajectory
 
 BUDGETS = ("max_tokens", "max_response_tokens", "max_model_len")
 

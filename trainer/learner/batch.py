@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .types import Trajectory
+from ..rollout.types import Trajectory
 
 
 @dataclass

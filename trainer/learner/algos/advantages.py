@@ -9,7 +9,7 @@ Shapes and conventions, shared by all of them:
 
 - ``token_rewards``: (B, T) float, the reward of each token position. An outcome reward sits on the
   last generated token (:func:`place_outcome_rewards`); a per-token KL penalty
-  (:func:`chatgym.trainer.algos.kl.apply_kl_penalty`) may be added on generated tokens.
+  (:func:`chatgym.trainer.learner.algos.kl.apply_kl_penalty`) may be added on generated tokens.
 - ``mask``: (B, T) loss mask, nonzero on generated tokens.
 - ``group_ids``: (B,) integer; samples of the same task in one batch share an id (GRPO's group).
 - ``values``: (B, T) float, the value model's estimates (GAE only; the others ignore it).

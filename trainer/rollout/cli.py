@@ -3,7 +3,7 @@
     chatgym rollout --env CodeSandbox-v0 --engine vllm --model smollm2 -n 16 --out t.jsonl
 
 Runs tasks ``0..n-1`` of the env's split (``-g`` samples each) through the collector with a progress
-bar, writes one JSON line per trajectory (the trace format of :mod:`chatgym.trainer.trace`) and
+bar, writes one JSON line per trajectory (the trace format of :mod:`chatgym.trainer.rollout.trace`) and
 prints a summary (:class:`~chatgym.trainer.rollout.CollectStats`) as JSON on stdout.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from .engines import ENGINES
+from ..engines import ENGINES
 
 
 def key_values(items: Sequence[str], flag: str, prog: str = "chatgym rollout") -> dict[str, Any]:
@@ -68,8 +68,8 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
 
     import chatgym  # noqa: F401  (registers the env ids)
 
-    from .engines import make_engine
-    from .rollout import Collector, CollectorConfig
+    from ..engines import make_engine
+    from .collector import Collector, CollectorConfig
     from .tokenizer import get_tokenizer
     from .trace import TraceWriter
 
