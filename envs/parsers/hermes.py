@@ -40,7 +40,7 @@ class HermesParser:
             kept.append(text[cursor:start])
             cursor = self._read_block(text, start, out)
         kept.append(text[cursor:])
-        return ParsedAction("".join(kept).strip(), out.calls, out.errors)
+        return out.action("".join(kept).strip())
 
     def _read_block(self, text: str, start: int, out: CallList) -> int:
         """Parse the block opening at ``start`` into ``out``; return the index just past it."""

@@ -70,7 +70,7 @@ class JsonParser:
         if text.startswith(("{", "["), pos):
             end = _read_json_calls(text, pos, out)
             if end is not None:
-                return ParsedAction((text[:start] + text[end:]).strip(), out.calls, out.errors)
+                return out.action((text[:start] + text[end:]).strip())
         return self._parse_fenced(text)
 
     def _parse_fenced(self, text: str) -> ParsedAction:
@@ -89,4 +89,4 @@ class JsonParser:
             kept.append(text[cursor : m.start()])
             cursor = end
         kept.append(text[cursor:])
-        return ParsedAction("".join(kept).strip(), out.calls, out.errors)
+        return out.action("".join(kept).strip())
