@@ -35,6 +35,16 @@ An env's own truncation (``max_turns``) is reported as ``truncated_by="env"``.
 sampled id is one of the model's EOS ids, ``length`` if it has ``max_tokens`` ids without one, else the
 engine's reason (``abort`` fails the episode).
 
+**Stop strings.** An env's ``stop_strings`` attribute (Search-v0 tags mode: ``["</search>",
+"</answer>"]``) is sent with every request (``SamplingParams.stop``), so a turn ends after its first
+action. The turn keeps every sampled id through the one that completed the stop string (the rule of
+``engines.common.StopStringChecker``; the stop string is content, so the env sees it and the whole
+turn suffix, EOS included, closes the turn as for a cut completion). The collector checks the rule
+on the ids itself: a completion that runs past a stop string (an engine that ignored ``stop``) is
+cut there, the extra ids dropped (``turns[k]["stop_cut_tokens"]``). The turn's ``finish_reason`` is
+then ``stop`` and ``Trajectory.stop_reasons`` / ``turns[k]["stop_reason"]`` name the stop string;
+for an EOS ending they hold the EOS id.
+
 **Failure isolation.** Per episode: an exception in the env fails that trajectory only (``error`` =
 ``"env_error: ..."``, kept with what it had); ``episode_timeout_s`` cancels a stuck episode (``"timeout:
 ..."``); engine and template errors likewise (``engine_error``, ``engine_abort``, ``template_error``).
@@ -65,6 +75,7 @@ from .chat_delta import (
     truncate_text_tokens,
 )
 from .engines.base import Engine, SamplingParams
+from .engines.common import first_stop_cut
 from .env_runner import EnvRunner, EnvSpec, env_name, make_env
 from .trace import TraceWriter
 from .types import Trajectory
@@ -422,6 +433,7 @@ class Collector:
         traj.task_id = reset_info.get("task_id", traj.task_id)
         tools = reset_info.get("tools") or getattr(getattr(env, "unwrapped", env), "tools", None) or None
         self.renderer.warn_if_tools_ignored(self.probe, tools)
+        stop_strings = _env_stop_strings(env)
 
         history: list[Message] = list(obs)
         traj.messages = history
@@ -461,6 +473,7 @@ class Collector:
                 stop_token_ids=self.eos_token_ids,
                 seed=_request_seed(cfg.seed, spec.group_id, spec.sample_index, turn),
                 logprobs=True,
+                stop=stop_strings,
             )
             t = time.perf_counter()
             try:
@@ -481,27 +494,41 @@ class Collector:
                 raise EpisodeFailure(
                     "engine_error", f"engine returned {len(new_ids)} tokens for max_tokens={limit}"
                 )
+            stop_cut = 0
+            cut = first_stop_cut(self.tokenizer, new_ids, stop_strings) if stop_strings else None
+            if cut is not None and cut[0] < len(new_ids):
+                # The engine went past a stop string: the turn ends where the rule says.
+                stop_cut = len(new_ids) - cut[0]
+                new_ids, new_lps = new_ids[: cut[0]], new_lps[: cut[0]]
             ended_eos = bool(new_ids) and new_ids[-1] in self._eos
+            stop_reason: int | str | None = None
             if ended_eos:
-                finish = "stop"
+                finish, stop_reason = "stop", new_ids[-1]
+            elif cut is not None:
+                finish, stop_reason = "stop", cut[1]
             elif len(new_ids) >= limit:
                 finish = "length"
             else:
                 finish = completion.finish_reason
+                stop_reason = completion.stop_reason if finish == "stop" else None
             start = len(ids)
             ids.extend(new_ids)
             mask.extend([1] * len(new_ids))
             logprobs.extend(new_lps)
             generated += len(new_ids)
             traj.finish_reasons.append(finish)
+            traj.stop_reasons.append(stop_reason)
             record: dict[str, Any] = {
                 "turn": turn,
                 "start": start,
                 "completion_tokens": len(new_ids),
                 "max_tokens": limit,
                 "finish_reason": finish,
+                "stop_reason": stop_reason,
                 "generate_s": gen_s,
             }
+            if stop_cut:
+                record["stop_cut_tokens"] = stop_cut
             turns.append(record)
             if finish == "abort":
                 raise EpisodeFailure("engine_abort", f"engine aborted turn {turn}")
@@ -541,6 +568,23 @@ class Collector:
             ids.extend(added)
             mask.extend([0] * len(added))
             logprobs.extend([0.0] * len(added))
+
+
+def _env_stop_strings(env: Any) -> tuple[str, ...]:
+    """The env's ``stop_strings`` (on the env or under its Gymnasium wrappers), as a tuple.
+
+    Raises:
+        EpisodeFailure: ``env_error`` when they are not a list of non-empty strings.
+    """
+    raw = getattr(env, "stop_strings", None)
+    if raw is None:
+        raw = getattr(getattr(env, "unwrapped", None), "stop_strings", None)
+    if raw is None:
+        return ()
+    stops = (raw,) if isinstance(raw, str) else tuple(raw)
+    if not all(isinstance(s, str) and s for s in stops):
+        raise EpisodeFailure("env_error", f"env.stop_strings must be non-empty strings, got {raw!r:.200}")
+    return stops
 
 
 def _check_observation(obs: Any, where: str) -> list[Message]:
