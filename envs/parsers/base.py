@@ -44,8 +44,10 @@ class ParsedAction:
         """
         n = len(self.calls) + len(self.errors)
         positions = self.error_positions
-        if len(positions) != len(self.errors) or len(set(positions)) != len(positions) or any(
-            not 0 <= p < n for p in positions
+        if (
+            len(positions) != len(self.errors)
+            or len(set(positions)) != len(positions)
+            or any(not 0 <= p < n for p in positions)
         ):
             positions = list(range(len(self.calls), n))
         error_at = {p: j for j, p in enumerate(positions)}
@@ -112,8 +114,25 @@ def normalise_arguments(raw: Any) -> tuple[dict[str, Any] | None, str | None]:
     return None, f"arguments must be a JSON object, got {json_type(raw)}"
 
 
+# Keys a written-out call may hold besides its name and arguments; anything else (a "description", a
+# "version", an "age") makes the object data or a tool definition, not a call.
+_CALL_KEYS = frozenset({"name", "arguments", "parameters", "type", "id"})
+_WRAPPED_CALL_KEYS = frozenset({"function", "type", "id"})
+
+
 def is_call_object(value: Any) -> bool:
-    return isinstance(value, dict) and ("name" in value or isinstance(value.get("function"), dict))
+    """Whether a JSON value has the shape of a written-out call: ``{"name": ..., "arguments": ...}``
+    (or ``"parameters"``, Llama's key), optionally with ``"type"`` / ``"id"``, or that object wrapped
+    OpenAI-style as ``{"type": "function", "function": {...}}``.
+
+    ``{"name": "my-app", "version": "1.0.0"}`` and ``{"name": "alice", "age": 30}`` are data, and
+    ``{"name": ..., "description": ..., "parameters": {...}}`` is a tool's definition: none is a call.
+    """
+    if not isinstance(value, dict):
+        return False
+    if "name" not in value and isinstance(value.get("function"), dict):
+        return value.keys() <= _WRAPPED_CALL_KEYS and is_call_object(value["function"])
+    return "name" in value and ("arguments" in value or "parameters" in value) and value.keys() <= _CALL_KEYS
 
 
 def call_from_object(obj: Any, n: int) -> tuple[str, dict[str, Any]] | str:
@@ -165,6 +184,8 @@ class CallList:
             try:
                 call = make_tool_call(name, args, call_id or f"call_{len(self.calls)}")
             except (ValueError, RecursionError) as exc:  # nesting the decoder took but the encoder refuses
-                self._error(f"tool call {self.attempts} ({name}): arguments cannot be encoded ({exc})", call_id)
+                self._error(
+                    f"tool call {self.attempts} ({name}): arguments cannot be encoded ({exc})", call_id
+                )
                 return
             self.calls.append(call)
