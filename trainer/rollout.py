@@ -12,8 +12,10 @@ engine batches whatever requests are in flight). Sync envs run in a thread pool 
 decoded and re-encoded), with their logprobs 1:1 and loss mask 1. Everything else — prompt, the
 tokens that close a turn, observation messages, the next assistant header — has loss mask 0 and
 logprob 0.0; it comes from :mod:`chatgym.trainer.chat_delta` (its docstring says exactly which
-tokens sit between a completion and the next observation). The chat template is probed at start-up
-and the collector refuses one that is not prefix-preserving.
+tokens sit between a completion and the next observation). Message text is always encoded as plain
+text: the only control ids are those the chat template writes. The chat template is probed at
+start-up; one that re-renders history (Qwen3 drops earlier ``<think>`` blocks) gets its observation
+deltas rendered after a fixed base conversation, and one that fits neither way is refused.
 
 **Budgets** (all in tokens, checked before each turn):
 
@@ -554,8 +556,7 @@ class Collector:
 
             obs = self._cut_observation(obs, traj)
             closing = closing_ids(self.probe, new_ids)
-            delta_text = self._render(traj, self.renderer.delta_text, history, obs, tools)
-            delta = self._render(traj, self.renderer.encode, delta_text)
+            delta = self._render(traj, self.renderer.delta_ids, history, obs, tools, self.probe)
             added = closing + delta
             if len(ids) + len(added) >= cfg.max_model_len:
                 traj.truncated = True
