@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from chatgym.trainer.engines import SamplingParams
+from chatgym.trainer.engines.common import first_stop_cut
 from chatgym.trainer.engines.hf import TransformersEngine
 from chatgym.trainer.models import random_model
 
@@ -80,6 +81,44 @@ async def test_finish_reason_length_and_stop_ids(engine):
     assert stopped.token_ids == full.token_ids[:3]
     assert stopped.finish_reason == "stop"
     assert len(stopped.logprobs) == 3
+
+
+async def test_stop_strings_end_the_row_on_the_completing_token(engine):
+    # Greedy "The answer is 4.<|im_end|>" = ['The', ' answer', ' is', ' ', '4', '.', EOS] (ids above).
+    prompt = chat_ids(engine, "What is 2+2?")
+    greedy = dict(max_tokens=8, temperature=0)
+    full, mid, first, later = await asyncio.gather(  # one batch: rows with and without stop strings
+        engine.generate(prompt, SamplingParams(**greedy)),
+        engine.generate(prompt, SamplingParams(**greedy, stop=["answ"])),
+        engine.generate(prompt, SamplingParams(**greedy, stop=[" is 4", "answer is"])),
+        engine.generate(prompt, SamplingParams(**greedy, stop=[" is 4"])),
+    )
+    assert full.token_ids == [504, 2988, 314, 216, 36, 30, 2] and full.stop_reason == 2
+    # "answ" ends inside ' answer': that token is kept whole, and the text runs to its end.
+    assert (mid.token_ids, mid.finish_reason, mid.stop_reason) == ([504, 2988], "stop", "answ")
+    assert mid.text == "The answer"
+    # "answer is" (completed by ' is') ends before " is 4" (completed by '4'): it wins.
+    assert (first.token_ids, first.stop_reason, first.text) == (
+        [504, 2988, 314],
+        "answer is",
+        "The answer is",
+    )
+    assert (later.token_ids, later.stop_reason, later.text) == (
+        [504, 2988, 314, 216, 36],
+        " is 4",
+        "The answer is 4",
+    )
+    for out in (mid, first, later):  # the kept ids are the greedy run's, logprobs aligned 1:1
+        n = len(out.token_ids)
+        assert first_stop_cut(engine.tokenizer, full.token_ids, out.stop_reason) is not None
+        assert len(out.logprobs) == n
+        assert torch.allclose(torch.tensor(out.logprobs), torch.tensor(full.logprobs[:n]), atol=LOGPROB_ATOL)
+    # Independent: the rule applied to the full greedy run cuts at the same places.
+    assert first_stop_cut(engine.tokenizer, full.token_ids, ["answ"]) == (2, "answ")
+    assert first_stop_cut(engine.tokenizer, full.token_ids, [" is 4", "answer is"]) == (3, "answer is")
+    no_tok = TransformersEngine(engine.model)  # no tokenizer: stop strings cannot be matched
+    with pytest.raises(ValueError, match="tokenizer"):
+        await no_tok.generate(prompt, SamplingParams(**greedy, stop=["x"]))
 
 
 async def test_truncated_completion_is_length_even_when_the_prompt_has_eos(engine):
