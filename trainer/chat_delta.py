@@ -157,7 +157,7 @@ class ChatRenderer:
         add_generation_prompt: bool = False,
     ) -> str:
         """:meth:`render` of the messages and tools with their control-token texts protected; pass the
-        result to :meth:`encode_marked` (or ``codec.unmark`` for the plain text)."""
+        result to :meth:`encode_marked` (or :meth:`unmark` for the plain text)."""
         tools = self.codec.protect(list(tools)) if tools else None
         return self._apply(self.codec.protect_messages(messages), tools, add_generation_prompt)
 
@@ -165,6 +165,24 @@ class ChatRenderer:
         """Ids of text the template wrote (no message text in it): every control-token text is a
         control id. Text that holds message content goes through :meth:`encode_marked`."""
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def unmark(self, marked: str) -> str:
+        """The plain text of :meth:`render_marked` output.
+
+        Raises:
+            TemplateError: the template cut a protected marker apart.
+        """
+        try:
+            return self.codec.unmark(marked)
+        except ValueError as exc:
+            raise TemplateError(str(exc)) from None
+
+    def _shown(self, marked: str) -> str:
+        # For error messages: a cut may split a sentinel; show what can be restored.
+        try:
+            return self.codec.unmark(marked)
+        except ValueError:
+            return marked
 
     def encode_marked(self, marked: str) -> list[int]:
         """Ids of :meth:`render_marked` output: the one way rendered message text becomes token ids.
@@ -188,7 +206,7 @@ class ChatRenderer:
         after = self.render_marked([*history, *new], tools, add_generation_prompt=True)
         if not after.startswith(before):
             at = _first_difference(before, after)
-            before, after = self.codec.unmark(before[:at + 40]), self.codec.unmark(after[:at + 40])
+            before, after = self._shown(before[: at + 40]), self._shown(after[: at + 40])
             at = _first_difference(before, after)
             raise TemplateError(
                 "chat template is not prefix-preserving: rendering the history plus "
@@ -207,7 +225,7 @@ class ChatRenderer:
         rest = text[at + len(BASE_STUB) :]
         if not rest.startswith(turn_suffix):
             raise TemplateError(
-                f"chat template ends an assistant turn with {self.codec.unmark(rest[:40])!r} before "
+                f"chat template ends an assistant turn with {self._shown(rest[:40])!r} before "
                 f"{len(new)} new message(s), not with its turn suffix {turn_suffix!r}"
             )
         return rest[len(turn_suffix) :]
@@ -235,7 +253,7 @@ class ChatRenderer:
                 ``render(history + new)``; ``"base"`` mode and the template does not end the base
                 assistant turn with ``probe.turn_suffix``.
         """
-        return self.codec.unmark(self._delta_marked(history, new, tools, probe))
+        return self.unmark(self._delta_marked(history, new, tools, probe))
 
     def delta_ids(
         self,
@@ -461,7 +479,11 @@ def _probe_plain_content(renderer: ChatRenderer, probe: TemplateProbe) -> None:
     clean = [{**m, "content": m["content"].split(" ")[0]} for m in conv]
     text = renderer.render(conv, PROBE_TOOLS, add_generation_prompt=True)
     marked = renderer.render_marked(conv, PROBE_TOOLS, add_generation_prompt=True)
-    if codec.unmark(marked) != text:
+    try:
+        same = renderer.unmark(marked) == text
+    except TemplateError:
+        same = False
+    if not same:
         raise TemplateError(
             "chat template changes message text that holds control-token text (it parses or slices "
             "content), so chatgym cannot keep that text plain"
