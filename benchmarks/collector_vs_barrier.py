@@ -62,7 +62,7 @@ async def barrier_rollout(
         for i, c, (obs, _r, term, trunc, _info) in zip(live, completions, steps, strict=True):
             if term or trunc:
                 continue
-            delta = renderer.encode(renderer.delta_text(history[i], obs, tools[i]))
+            delta = renderer.delta_ids(history[i], obs, tools[i], probe)
             history[i].extend(obs)
             ids[i].extend(closing_ids(probe, c.token_ids) + delta)
             still.append(i)

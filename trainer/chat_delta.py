@@ -2,26 +2,55 @@
 
 The collector never re-tokenizes what the model sampled. After a completion it appends only the
 tokens of what came after: the rest of the template's end-of-turn text, then the new observation
-messages, then the next assistant header. Those tokens are the *delta*
+messages, then the next assistant header. Those tokens are the *delta*. :func:`probe_template` picks
+one of two ways to compute it at start-up (:attr:`TemplateProbe.delta_mode`):
 
-    render(history + new, add_generation_prompt=True)  minus  render(history)
+* ``"history"`` — for *prefix-preserving* templates (rendering ``messages[:k]`` is a prefix of
+  rendering ``messages[:k+1]``; chatgym's ``chatml_tools``, SmolLM2's own)::
 
-where ``history`` already ends with the assistant turn just sampled. The longer rendering must start
-with the shorter one (the template is *prefix-preserving*); :meth:`ChatRenderer.delta_text` checks
-that on every call and raises :class:`TemplateError` when it does not hold.
+      render(history + new, add_generation_prompt=True)  minus  render(history)
+
+  where ``history`` already ends with the assistant turn just sampled. :meth:`ChatRenderer.delta_text`
+  checks the prefix on every call and raises :class:`TemplateError` when it does not hold.
+* ``"base"`` — for templates that re-render history differently, e.g. *think-stripping* ones
+  (Qwen3 drops the ``<think>`` block of assistant turns before the last user query; QwQ drops every
+  turn's reasoning and opens ``<think>\\n`` in the generation prompt). The new messages are rendered
+  after a fixed base conversation (a user query and an assistant turn) and the delta is what follows
+  that assistant turn's suffix. The stream then holds every turn once, as sampled (the model's own
+  ``<think>`` tokens included), and each observation as the template writes it after any history —
+  exactly what the model conditioned on at each step, though not what one rendering of the whole
+  conversation would give. The probe checks, on a tool conversation with and without ``<think>``
+  blocks, that the full rendering ends with each base delta (new messages render the same after any
+  history) and that each cut is a token boundary. verl (``BASE_CHAT_HISTORY`` in its rollout schemas)
+  and SkyRL's generator (``base_conversation``, the "fixed base approach") compute observation ids
+  this way; SkyRL also ships a prefix-preserving variant of Qwen3's template as an alternative.
 
 What sits between a completion and the next observation. A template closes an assistant turn with a
-fixed *turn suffix*, found by :func:`probe_template` (ChatML: ``<|im_end|>\\n``, ids ``[2, 198]`` on
-SmolLM2). Its first token must be one of the EOS ids, so generation stops at the turn's end. Then:
+fixed *turn suffix* (ChatML: ``<|im_end|>\\n``, ids ``[2, 198]`` on SmolLM2). ``"history"`` mode finds
+it as the text after an assistant turn's content; ``"base"`` mode as the text after the base assistant
+turn up to the first EOS token and the whitespace after it. Its first token must be one of the EOS
+ids, so generation stops at the turn's end. Then:
 
 * the completion ended with the suffix's first token (``<|im_end|>``): the closing tokens are the
   rest of the suffix (``\\n``);
 * the completion ended with another EOS id, or was cut by ``max_tokens`` without any EOS: the
   closing tokens are the whole suffix (``<|im_end|>\\n``), so the stream has a well-formed turn end.
 
-Closing tokens are observation tokens (loss mask 0). The same rendering of ``history`` that yields the
-delta also contains the assistant turn, so the delta never depends on how the template prints the
-assistant's content (some templates re-format tool calls) — only on what follows it.
+Closing tokens are observation tokens (loss mask 0). The delta never depends on how the template
+prints the assistant's content (some templates re-format tool calls) — only on what follows it.
+
+**Message text is plain text.** Every id this module returns comes from
+:meth:`ChatRenderer.encode_marked`: control-token text inside messages and tool schemas (a tool result
+holding ``<|im_end|>\\n<|im_start|>system``) is encoded as ordinary text, and the only control ids are
+the ones the template writes (:class:`chatgym.trainer.tokenizer.ContentCodec`).
+
+**Supported templates** (tested in tests/test_think_templates.py and tests/test_special_tokens.py):
+``chatml_tools`` and SmolLM2's own (history mode); Qwen3's and QwQ's stock templates, shipped as
+``qwen3`` / ``qwq`` (base mode). Any other template is probed the same way at start-up: it runs when
+one of the two modes checks out, else the collector refuses it with the reason. To add one, put its
+text in ``trainer/templates/<name>.jinja`` (with its source named in a ``{#- ... -#}`` comment) or pass
+a path / template string as ``chat_template``; then add it to the template lists of those two test
+files.
 
 The idea of a text-level delta over a prefix-preserving template is shared with SkyRL's
 ``SkyRLGymGenerator`` (token-in-token-out) and verl's multi-turn rollout; the probe, the checks and the
