@@ -33,6 +33,7 @@ is ~75 MB and imports in ~1-2 s.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import hashlib
 import io
@@ -472,6 +473,71 @@ def build_image(client=None, *, python: str | None = None) -> str:
     )  # fmt: skip
     client.images.get(name)  # raises if the import did not make it
     return name
+
+
+# ---- an engine for a test session or a benchmark ----------------------------------------------
+
+
+@dataclass
+class Engine:
+    """An engine to run containers on: ``host`` (``DOCKER_HOST``), ``image`` (the offline image's tag),
+    ``daemon`` (the private daemon started for it, or ``None`` for the user's own engine)."""
+
+    host: str
+    image: str
+    daemon: Daemon | None
+
+
+@contextlib.contextmanager
+def provide(name: str = "run"):
+    """An engine for the duration of the ``with`` block, with ``DOCKER_HOST`` and
+    ``CHATGYM_DOCKER_IMAGE`` set in ``os.environ`` (child processes see them) and restored after.
+
+    ``DOCKER_HOST`` already set: that engine, used as it is (never stopped here). Otherwise a private
+    daemon in ``cache_dir()/f"{name}-{pid}"`` that dies with this process, stopped on leaving the
+    block (whatever happened) and its directory removed; leaving raises ``RuntimeError`` if any of
+    its processes or mounts is left.
+
+    Raises:
+        RuntimeError: no engine can run here (the reason), or the daemon did not start.
+        ImportError: no docker SDK. ``docker.errors.DockerException``: the engine failed.
+    """
+    import docker
+
+    saved = {k: os.environ.get(k) for k in ("DOCKER_HOST", "CHATGYM_DOCKER_IMAGE")}
+    daemon = None
+    if saved["DOCKER_HOST"]:
+        host = saved["DOCKER_HOST"]
+    else:
+        if why := why_no_daemon():
+            raise RuntimeError(why)
+        root = cache_dir() / f"{name}-{os.getpid()}"
+        try:
+            daemon = start_daemon(root, die_with_parent=True)
+        except RuntimeError:
+            stop_daemon(root, remove=True)
+            raise
+        host = daemon.host
+    try:
+        client = docker.DockerClient(base_url=host)
+        try:
+            client.ping()
+            image = build_image(client)
+        finally:
+            client.close()
+        os.environ["DOCKER_HOST"], os.environ["CHATGYM_DOCKER_IMAGE"] = host, image
+        yield Engine(host, image, daemon)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        if daemon is not None:
+            found = stop_daemon(daemon.root, remove=True)
+            left = leftovers(daemon.root)
+            if left["processes"] or left["mounts"] or daemon.root.exists():
+                raise RuntimeError(f"the private dockerd left {left} (cleaned after it exited: {found})")
 
 
 # ---- command line ------------------------------------------------------------------------------

@@ -239,7 +239,7 @@ async def test_serve_sandbox_docker_backend(docker_engine):
 
 
 def test_daemon_cli_start_status_stop(docker_engine, tmp_path):
-    if not docker_engine.private:
+    if docker_engine.daemon is None:
         pytest.skip("DOCKER_HOST is set: the private daemon is not used")
     root = de.cache_dir() / f"cli-{os.getpid()}"
     cli = [sys.executable, "-m", "chatgym.sandboxes.docker_engine"]
