@@ -48,6 +48,7 @@ from typing import Any
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
 _ANSWER_PHRASE = re.compile(r"\banswer\s*(?:is|:|=)\s*:?\s*(.+?)(?:\.(?:\s|$)|\n|$)", re.I | re.S)
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_LATEX_MATH = re.compile(r"\\[a-zA-Z]+|\^")
 
 # Separators that group thousands (each followed by exactly three digits).
 _SEP = r"(?:,|\{,\}|\\,|\\ |~|\\;|\\!|\u2009|\u202f|\u00a0|\\thinspace\s*)"
@@ -69,7 +70,7 @@ _CURRENCY = re.compile(r"^(?:\\\$|\$|US\$|USD\s*|€|£|¥|\\euro\s*|\\pounds\s*
 _PERCENT = re.compile(r"\s*(?:\\%|%|\\text\{\s*percent\s*\}|percent)$")
 # A trailing unit: a \text{...} unit, or words after a space ("12 apples"; "0xabc" is not 12 + unit).
 _UNIT = re.compile(
-    rf"^(?P<num>.*?\d[}}$)]*)(?:\s*{_TEXT_COMMANDS}\s*\{{\s*[A-Za-z][A-Za-z .\-/^0-9]*\}}|\s+[A-Za-z][A-Za-z .\-/]*)$",
+    rf"^(?P<num>.*?\d[}}$)]*)(?:\s*{_TEXT_COMMANDS}\s*\{{\s*[A-Za-z][A-Za-z .\-/^0-9]*\}}|\s+(?!.*\b(?:or|and|not|maybe|plus|minus|times)\b)[A-Za-z][A-Za-z .\-/]*)$",
     re.S,
 )
 
@@ -181,7 +182,11 @@ def _final_span(text: str) -> tuple[str | None, bool]:
     if boxed is not None:
         return boxed, False
     phrases = _ANSWER_PHRASE.findall(text)
-    if phrases:
+    # A phrase counts when it is a number or LaTeX; "answer: first compute 3+4=7. So 7." is prose,
+    # and its last number is the answer.
+    if phrases and (
+        _number_text(phrases[-1], spaces_group=True) is not None or _LATEX_MATH.search(phrases[-1])
+    ):
         return phrases[-1], False
     numbers = _NUMBER_IN_TEXT.findall(text)
     return (numbers[-1] if numbers else None), False
@@ -257,7 +262,6 @@ def answers_equal(answer: str | None, gold: str, question: str = "") -> bool:
 # ---- math-verify, guarded ------------------------------------------------------------------------
 
 _MAX_CHARS = 200
-_LATEX_MATH = re.compile(r"\\[a-zA-Z]+|\^")
 _RISKY = re.compile(r"\d{4,}\s*!|\^\s*\{?\s*-?\d{4,}|\^\s*\{[^{}]*\^|\\underbrace|\\overbrace")
 _PARTIAL_COMPARE = re.compile(
     r"=|:|\\ldots|\\cdots|\\dots|\.\.\.|\u2026|\\approx|<|>|\\(?:le|ge|leq|geq|neq|ne)(?![a-zA-Z])"

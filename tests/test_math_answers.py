@@ -60,6 +60,8 @@ mv = pytest.importorskip("math_verify")
         ("first <answer>1</answer> then <answer> -7 </answer>", ("-7", True)),
         ("\\boxed{3} and later \\boxed{4}", ("4", False)),
         ("The answer is 5. Check: 5 + 3 = 8", ("5", False)),
+        ("Let me answer: first compute 3 + 4 = 7. So 7.", ("7", False)),  # a phrase that is prose
+        ("The answer is \\frac{7}{2}.", ("7/2", False)),
         ("5 - 3 = 2", ("2", False)),
         ("it is 1,234 apples", ("1234", False)),
         # not numbers: unwrapped, otherwise kept as written
@@ -68,6 +70,7 @@ mv = pytest.importorskip("math_verify")
         ("<answer>0xabc</answer>", ("0xabc", True)),  # not 0 followed by a unit
         ("<answer>0,1</answer>", ("0,1", True)),  # a pair: a comma groups exactly three digits
         ("<answer>12,34</answer>", ("12,34", True)),
+        ("<answer>5 or maybe six</answer>", ("5 or maybe six", True)),  # a hedge is no unit
         ("the numbers 1,2,3", ("3", False)),  # was "123": any comma used to be dropped
         ("no idea", (None, False)),
     ],

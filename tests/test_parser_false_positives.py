@@ -41,6 +41,10 @@ PROSE = [
     'The format:\n  ````xml\n<tool_call>{"name": "f", "arguments": {}}</tool_call>\n```\n````\nDone.',
     'The format is "<tool_call>{"name": "f", "arguments": {}}</tool_call>".',
     'It reads \u201c<tool_call>{"name": "f", "arguments": {}}</tool_call>\u201d in the docs.',
+    # a call-shaped JSON example quoted inline or in a fence not tagged json
+    'The format is `{"name": "f", "parameters": {"a": 1}}` for Llama.',
+    '`{"name": "f", "parameters": {"a": 1}}` is the format.',
+    'Example:\n```\n{"name": "f", "parameters": {"a": 1}}\n```',
     # pythonic syntax quoted or fenced
     'Call `[get_weather(city="Paris")]` to get the weather.',
     '```python\n[get_weather(city="Paris")]\n```',
