@@ -145,7 +145,7 @@ def _number_text(s: str, *, spaces_group: bool) -> str | None:
         s = m.group("num")
     s = unwrap(s)
     sign = ""
-    if s[:1] in "-+":
+    if s[:1] in ("-", "+"):
         sign, s = ("-" if s[0] == "-" else ""), s[1:].strip()
     s = unwrap(_PERCENT.sub("", _CURRENCY.sub("", s)))
     if not sign and s[:1] == "-":  # "\\$-5": the sign after the currency sign
@@ -283,8 +283,10 @@ def _timeout() -> int | None:
     return 5 if threading.current_thread() is threading.main_thread() else None
 
 
+@functools.lru_cache(maxsize=4096)
 def _parse(latex: str) -> list[Any]:
-    if len(latex) > _MAX_CHARS or _RISKY.search(latex):
+    # Unbalanced braces are no LaTeX math, and garbage is where sympy's parser is slowest.
+    if len(latex) > _MAX_CHARS or _RISKY.search(latex) or _balanced_end(f"{{{latex}}}", 0) != len(latex) + 1:
         return []
     mv = _math_verify()
     latex = re.sub(r"\\[dt]frac", r"\\frac", latex)

@@ -281,3 +281,48 @@ def test_tasks_that_ask_for_a_form_are_left_to_their_scorer(dataset, index, repl
     assert expected < 1.0
     reward, _ = _score(dataset, task["answer"], text, task=task)
     assert reward == expected
+
+
+# ---- properties ------------------------------------------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_FORMS = [
+    lambda n: f"{n:,}",
+    lambda n: f"{n:,}".replace(",", "{,}"),
+    lambda n: f"{n:,}".replace(",", "\\,"),
+    lambda n: f"{n:,}".replace(",", " "),
+    lambda n: f"${n:,}$",
+    lambda n: f"\\boxed{{{n:,}}}",
+    lambda n: f"\\text{{{n}}}",
+    lambda n: f"{n}.",
+    lambda n: f"{n:,} dollars",
+    lambda n: ("-" if n < 0 else "") + f"\\${abs(n):,}",
+]
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(-(10**12), 10**12), form=st.sampled_from(_FORMS), tagged=st.booleans())
+def test_every_form_of_an_integer_reads_as_it(n, form, tagged):
+    n_text = form(n)
+    text = f"<answer>{n_text}</answer>" if tagged else f"The answer is {n_text}"
+    assert extract_answer(text) == (str(n), tagged)
+    assert answers_equal(extract_answer(text)[0], str(n))
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(max_size=80))
+def test_extract_answer_never_raises(text):
+    answer, tagged = extract_answer(text)
+    assert answer is None or isinstance(answer, str)
+    assert isinstance(tagged, bool)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    answer=st.text(alphabet=st.sampled_from(list("0123456789.,-+/^{}()\\ $xfracsqrtboxed")), max_size=30),
+    gold=st.sampled_from(["9500", "3.5", "\\frac{1}{2}", "x^2+1", "\\{1,2\\}"]),
+)
+def test_answers_equal_never_raises(answer, gold):
+    assert answers_equal(answer, gold) in (True, False)
