@@ -73,6 +73,8 @@ mv = pytest.importorskip("math_verify")
         ("<answer>5 or maybe six</answer>", ("5 or maybe six", True)),  # a hedge is no unit
         ("the numbers 1,2,3", ("3", False)),  # was "123": any comma used to be dropped
         ("no idea", (None, False)),
+        ("<answer></answer>", ("", True)),  # raised IndexError while this module was written
+        ("<answer> . </answer>", ("", True)),
     ],
 )
 def test_extract_answer(text, expected):
@@ -243,6 +245,7 @@ def test_issue_example_gold_9500_scores_one(dataset, reply, tagged):
         ("gsm_symbolic", "\\boxed{$9{,}501}", 0.01),
         ("basic_arithmetic", "<answer>9,501</answer>", 0.0),
         ("gsm_symbolic", "no idea", 0.0),
+        ("gsm_symbolic", "<answer></answer>", 0.0),
     ],
 )
 def test_wrong_answers_keep_the_scorers_scale(dataset, reply, reward):
