@@ -235,6 +235,48 @@ async def test_serve_sandbox_docker_backend(docker_engine):
     assert await settle(docker_engine, 0) == 0  # the service removed its containers on SIGTERM
 
 
+# ---- load: benchmarks/sandbox_load.py through serve-sandbox --backend docker ----------------------------
+
+
+def _sandbox_load():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "sandbox_load.py"
+    spec = importlib.util.spec_from_file_location("sandbox_load", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def check_load(r: dict, runs: int, concurrency: int) -> None:
+    errors = runs // 10 + (runs % 10 == 9)  # request i raises when i % 10 == 9
+    assert r["wrong"] == [] and r["statuses"] == {"ok": runs - errors, "error": errors}, r
+    assert r["leaks"] == dict.fromkeys(r["before"], 0), r
+    b = r["before"]
+    assert (b["processes of sandbox uids"], b["zombies in the tree"], b["host /tmp chatgym* entries"]) == (
+        0,
+        0,
+        0,
+    )
+    # The census saw the warm pool: one container (and its shim) per slot, before and after.
+    assert b["containers (chatgym.sandbox)"] == b["containerd-shim processes"] == concurrency, b
+
+
+def test_no_leaks_under_load_docker_warm(docker_engine):
+    r = _sandbox_load().load_test("docker-warm", runs=48, concurrency=8)
+    check_load(r, 48, 8)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["docker", "docker-warm"])
+def test_1000_runs_at_concurrency_32_docker(docker_engine, backend):
+    load = _sandbox_load()
+    r = load.load_test(backend, runs=1000, concurrency=32)
+    load.report(r)
+    check_load(r, 1000, 32)
+
+
 # ---- the private-daemon helper ---------------------------------------------------------------------
 
 
