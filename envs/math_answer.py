@@ -136,12 +136,12 @@ def unwrap(answer: str) -> str:
             return s
 
 
-def _number_text(s: str, *, spaces_group: bool) -> str | None:
+def _number_text(s: str) -> str | None:
     """The plain text of the number ``s`` is (``-9500``, ``3.5``, ``7/2``), or None when ``s`` is not
     exactly one number (with optional wrappers, currency, unit, percent sign)."""
     s = unwrap(s.replace("\u2212", "-"))
     m = _UNIT.match(s)
-    if m and _number_text(m.group("num"), spaces_group=spaces_group) is not None:
+    if m and _number_text(m.group("num")) is not None:
         s = m.group("num")
     s = unwrap(s)
     sign = ""
@@ -150,7 +150,7 @@ def _number_text(s: str, *, spaces_group: bool) -> str | None:
     s = unwrap(_PERCENT.sub("", _CURRENCY.sub("", s)))
     if not sign and s[:1] == "-":  # "\\$-5": the sign after the currency sign
         sign, s = "-", s[1:].strip()
-    if spaces_group and re.fullmatch(r"\d{1,3}(?: \d{3})+(?:\.\d+)?", s):
+    if re.fullmatch(r"\d{1,3}(?: \d{3})+(?:\.\d+)?", s):
         s = s.replace(" ", "")
     if re.fullmatch(rf"{_GROUPED}(?:\.\d+)?", s):
         s = re.sub(_SEP, "", s)
@@ -169,7 +169,7 @@ def normalise_answer(answer: str) -> str:
     (``"\\boxed{$9{,}500}"`` -> ``"9500"``, ``"\\dfrac{7}{2}"`` -> ``"7/2"``, ``"12 apples"`` -> ``"12"``);
     anything else unwrapped only (``"\\text{Friday}."`` -> ``"Friday"``)."""
     s = unwrap(answer)
-    number = _number_text(s, spaces_group=True)
+    number = _number_text(s)
     return number if number is not None else s
 
 
@@ -184,9 +184,7 @@ def _final_span(text: str) -> tuple[str | None, bool]:
     phrases = _ANSWER_PHRASE.findall(text)
     # A phrase counts when it is a number or LaTeX; "answer: first compute 3+4=7. So 7." is prose,
     # and its last number is the answer.
-    if phrases and (
-        _number_text(phrases[-1], spaces_group=True) is not None or _LATEX_MATH.search(phrases[-1])
-    ):
+    if phrases and (_number_text(phrases[-1]) is not None or _LATEX_MATH.search(phrases[-1])):
         return phrases[-1], False
     numbers = _NUMBER_IN_TEXT.findall(text)
     return (numbers[-1] if numbers else None), False
@@ -211,7 +209,7 @@ def extract_answer(text: str) -> tuple[str | None, bool]:
 def plain_number(text: str) -> Fraction | None:
     """The value of an integer or decimal written plainly (separators and wrappers allowed), or None
     (a fraction, an expression, anything else)."""
-    number = _number_text(unwrap(text), spaces_group=True)
+    number = _number_text(unwrap(text))
     if number is None or "/" in number:
         return None
     return Fraction(number)
@@ -220,7 +218,7 @@ def plain_number(text: str) -> Fraction | None:
 def answer_value(answer: str) -> Fraction | None:
     """The exact rational value of an answer: a number in any form :func:`normalise_answer` reads, or
     LaTeX that ``math-verify`` reads to an exact rational (``\\sqrt{16}``, ``7 \\div 2``); else None."""
-    number = _number_text(unwrap(answer), spaces_group=True)
+    number = _number_text(unwrap(answer))
     if number is not None:
         return Fraction(number)
     latex = unwrap(answer)
