@@ -34,6 +34,11 @@ def tok():
     return get_tokenizer("smollm2")
 
 
+@pytest.fixture(scope="module")
+def model_tok():
+    return get_tokenizer("smollm2", chat_template="model")  # SmolLM2's own template
+
+
 def text_ids(tok, text: str) -> list[int]:
     """HF's own plain-text encoding (independent of chatgym's codec)."""
     return tok(text, add_special_tokens=False, split_special_tokens=True).input_ids
@@ -119,6 +124,12 @@ async def test_tool_result_with_control_token_text_is_plain_text_in_the_observat
     text = tok.decode(traj.token_ids, skip_special_tokens=False)
     assert text + "\n" == ChatRenderer(tok).render(traj.messages, tools)
     assert traj.messages[2]["content"] == INJECTION
+    # The ids the engine was sent for turn 2 are the stream so far: chatml_tools' system turn (for the
+    # tool schema), the user turn, the assistant header, the sampled call ending in <|im_end|>, the tool
+    # turn and the header — 5 x <|im_start|> and 4 x <|im_end|>, none from the tool's text.
+    sent = engine.calls[1][0]
+    assert sent == traj.token_ids[: start + len(observation)]
+    assert (sent.count(IM_START), sent.count(IM_END)) == (5, 4)
 
 
 async def test_first_prompt_keeps_user_and_system_text_plain(tok):
@@ -136,15 +147,13 @@ async def test_first_prompt_keeps_user_and_system_text_plain(tok):
 SHIPPED = ["chatml_tools", "qwen3", "qwq", "model"]
 
 
-def renderer_for(tok, name: str) -> ChatRenderer:
-    if name == "model":  # SmolLM2's own template (selected by chat_template="model")
-        return ChatRenderer(get_tokenizer("smollm2", chat_template="model"))
-    return ChatRenderer(tok, builtin_template(name))
+def renderer_for(tok, model_tok, name: str) -> ChatRenderer:
+    return ChatRenderer(model_tok) if name == "model" else ChatRenderer(tok, builtin_template(name))
 
 
 @pytest.mark.parametrize("name", SHIPPED)
-def test_every_template_keeps_message_text_plain(tok, name):
-    renderer = renderer_for(tok, name)
+def test_every_template_keeps_message_text_plain(tok, model_tok, name):
+    renderer = renderer_for(tok, model_tok, name)
     probe = probe_template(renderer, [IM_END])  # includes the plain-content check
     tool = {
         "type": "function",
@@ -180,12 +189,15 @@ def test_sentinel_characters_in_content_round_trip(tok):
 
 
 def test_template_that_slices_content_is_refused(tok):
-    # Cutting content by characters could cut a protected marker apart: refused at start-up.
+    # Slicing user text by characters would cut a protected marker apart (and slices the plain text
+    # elsewhere): refused at start-up. The probe conversation's own user turns are short enough to
+    # pass every other check.
     slicing = (
-        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content[:12] }}<|im_end|>\n{% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+        "{% if m.role == 'user' %}{{ m.content[:40] }}{% else %}{{ m.content }}{% endif %}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
-    with pytest.raises(TemplateError):
+    with pytest.raises(TemplateError, match="changes message text that holds control-token text"):
         probe_template(ChatRenderer(tok, slicing), [IM_END])
 
 

@@ -31,6 +31,11 @@ def tok():
     return get_tokenizer("smollm2")
 
 
+@pytest.fixture(scope="module")
+def model_tok():
+    return get_tokenizer("smollm2", chat_template="model")  # SmolLM2's own template
+
+
 def enc(tok, text: str) -> list[int]:
     return tok.encode(text, add_special_tokens=False)
 
@@ -72,12 +77,8 @@ def test_shipped_templates_are_the_models_own_and_strip_thinking(tok):
 @pytest.mark.parametrize(
     ("name", "mode"), [("chatml_tools", "history"), ("qwen3", "base"), ("qwq", "base"), ("model", "history")]
 )
-def test_probe_picks_the_delta_mode(tok, name, mode):
-    renderer = (
-        ChatRenderer(get_tokenizer("smollm2", chat_template="model"))
-        if name == "model"
-        else ChatRenderer(tok, builtin_template(name))
-    )
+def test_probe_picks_the_delta_mode(tok, model_tok, name, mode):
+    renderer = ChatRenderer(model_tok) if name == "model" else ChatRenderer(tok, builtin_template(name))
     probe = probe_template(renderer, [IM_END])
     assert (probe.delta_mode, probe.turn_suffix, probe.turn_suffix_ids, probe.checked_cuts) == (
         mode,
