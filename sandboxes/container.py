@@ -2,8 +2,9 @@
 
 A warm pool of ``pool_size`` containers (PID 1 is :data:`INIT`, a reaper; no network, memory/CPU/pids
 caps, all capabilities dropped but the four the runner needs, ``no-new-privileges``) is kept started.
-A run takes one, copies the request in (``put_archive``: code, stdin, files as one JSON file) and
-executes :data:`RUNNER` in it (``exec``). Then, by ``reuse``:
+A run takes one and executes :data:`RUNNER` in it (``exec``), the request (code, stdin, files as one
+JSON document) in the exec's arguments, or, over :data:`INLINE_MAX` bytes, copied in first as a file
+(``put_archive``). Then, by ``reuse``:
 
 * ``reuse=False`` (default, **fresh per run**): the container is removed while a replacement starts
   in the background. Nothing of one run (processes, files, kernel objects) reaches the next, and
