@@ -496,7 +496,8 @@ def provide(name: str = "run"):
     ``DOCKER_HOST`` already set: that engine, used as it is (never stopped here). Otherwise a private
     daemon in ``cache_dir()/f"{name}-{pid}"`` that dies with this process, stopped on leaving the
     block (whatever happened) and its directory removed; leaving raises ``RuntimeError`` if any of
-    its processes or mounts is left.
+    its processes or mounts is left. Directories ``name-<pid>`` of runs whose process is gone (killed
+    before their clean-up) are stopped and removed first.
 
     Raises:
         RuntimeError: no engine can run here (the reason), or the daemon did not start.
@@ -511,6 +512,10 @@ def provide(name: str = "run"):
     else:
         if why := why_no_daemon():
             raise RuntimeError(why)
+        for stale in cache_dir().glob(f"{name}-*"):  # of a run that was killed before it could clean up
+            pid = stale.name.rsplit("-", 1)[1]
+            if stale.is_dir() and pid.isdigit() and not _pid_alive(int(pid)):
+                stop_daemon(stale, remove=True)
         root = cache_dir() / f"{name}-{os.getpid()}"
         try:
             daemon = start_daemon(root, die_with_parent=True)

@@ -314,6 +314,17 @@ def test_daemon_cli_start_status_stop(docker_engine, tmp_path):
     assert not root.exists()
 
 
+def test_image_tag_is_the_hash_of_its_inputs(monkeypatch):
+    fs, info = de.image_rootfs()
+    assert fs.entries[info["exe"]] == ("file", info["exe"])
+    assert any(p.endswith("/bash") and k == "file" for p, (k, _) in fs.entries.items())
+    assert not any("/site-packages/" in p or "/test/" in p for p in fs.entries)
+    tag = fs.digest()
+    assert de.image_rootfs()[0].digest() == tag  # same host, same tag (the image is reused)
+    monkeypatch.setattr(de, "BUILDER_VERSION", de.BUILDER_VERSION + "-changed")
+    assert fs.digest() != tag  # any input changes the tag
+
+
 def test_daemon_network_flags():
     # Never a bridge, NAT rules or IP forwarding on the host.
     assert de.NETWORK_FLAGS == ("--iptables=false", "--ip-forward=false", "--bridge=none", "--ip-masq=false")
