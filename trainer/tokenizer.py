@@ -5,6 +5,12 @@ ships ``templates/chatml_tools.jinja``: ChatML with hermes/Qwen-style tool calli
 ``<tools>`` block of the system turn, ``<tool_call>{json}</tool_call>`` for calls, tool results as
 ``<tool_response>`` user turns). It is prefix-preserving (rendering ``messages[:k]`` is a prefix of
 rendering ``messages[:k+1]``), which the collector needs to append observation deltas as tokens.
+Also shipped: ``qwen3`` and ``qwq``, those models' stock (think-stripping) templates, for which the
+collector computes deltas after a fixed base conversation (see :mod:`chatgym.trainer.chat_delta`).
+
+:class:`ContentCodec` turns rendered chat text into token ids with message and tool text as plain
+text: control-token text a tool result, user, system or retrieved passage holds never becomes a
+control id (issue 12 item 1).
 """
 
 from __future__ import annotations
