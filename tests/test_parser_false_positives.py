@@ -134,6 +134,11 @@ def test_hermes_calls_next_to_quoted_text_are_still_calls(text, content):
     assert hermes.parse(text) == ParsedAction(content, [call(0, "g", '{"a": 1}')], [])
 
 
+def test_hermes_stray_backtick_in_prose_and_one_in_an_argument_are_no_code_span():
+    text = 'Don`t worry. <tool_call>{"name": "g", "arguments": {"s": "`"}}</tool_call>'
+    assert hermes.parse(text) == ParsedAction("Don`t worry.", [call(0, "g", '{"s": "`"}')], [])
+
+
 def test_hermes_call_with_backticks_in_its_arguments():
     text = '<tool_call>{"name": "run", "arguments": {"code": "```py\\nx = `1`\\n```"}}</tool_call> ok'
     assert hermes.parse(text) == ParsedAction("ok", [call(0, "run", '{"code": "```py\\nx = `1`\\n```"}')], [])

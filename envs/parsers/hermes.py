@@ -49,7 +49,7 @@ class HermesParser:
                 scan = reasoning_end(text, think, tags)
                 continue
             if tick != -1:  # a code span or fence first: skip it whole (literal backticks: just them)
-                scan = code_span_end(text, tick) or backtick_run_end(text, tick)
+                scan = self._skip_code(text, tick, start, out.attempts + 1)
                 continue
             block = self._read_block(text, start, out.attempts + 1)
             if block is None or self._quoted(text, start, block[0]):
@@ -62,6 +62,23 @@ class HermesParser:
             cursor = scan = end
         kept.append(text[cursor:])
         return out.action("".join(kept).strip())
+
+    def _skip_code(self, text: str, tick: int, start: int, n: int) -> int:
+        """Where to look on after the backticks at ``tick`` (before the tag at ``start``): past their
+        code span when it closes before the tag or holds the whole block; just past the backticks
+        when they never close, or close inside the block (a stray backtick in the prose and one in
+        an argument string are no code span around the call)."""
+        span_end = code_span_end(text, tick)
+        if span_end is None:
+            return backtick_run_end(text, tick)
+        if span_end > start:
+            closing = span_end
+            while text[closing - 1] == "`":
+                closing -= 1
+            block = self._read_block(text, start, n)
+            if block is not None and block[0] > closing:
+                return backtick_run_end(text, tick)
+        return span_end
 
     @staticmethod
     def _quoted(text: str, start: int, end: int) -> bool:
