@@ -121,6 +121,38 @@ async def test_stop_strings_end_the_row_on_the_completing_token(engine):
         await no_tok.generate(prompt, SamplingParams(**greedy, stop=["x"]))
 
 
+async def test_collector_sends_env_stop_strings_to_the_real_engine(engine):
+    # A real model through the collector: the env's stop string ends each turn on the token that
+    # completes it; the turn is the model's own greedy run cut there (checked against a free run).
+    from rollout_helpers import OkEnv
+
+    from chatgym.trainer.rollout import Collector, CollectorConfig
+
+    class StopEnv(OkEnv):
+        stop_strings = (" is 4",)
+
+    col = Collector(engine, engine.tokenizer, CollectorConfig(max_tokens=6, temperature=0))
+    [traj] = await col.collect(lambda: StopEnv(max_turns=2), [{"task_id": "t", "question": "What is 2+2?"}])
+    assert traj.error is None and traj.finish_reasons[0] == "stop"
+    prompt = traj.token_ids[: traj.prompt_len]
+    free = await engine.generate(prompt, SamplingParams(max_tokens=6, temperature=0))
+    assert free.token_ids == [504, 2988, 314, 216, 36, 30]  # "The answer is 4." without stops
+    turn1 = traj.token_ids[traj.prompt_len : traj.prompt_len + 5]
+    assert turn1 == [504, 2988, 314, 216, 36] and traj.stop_reasons[0] == " is 4"
+    # No EOS was sampled: the template's whole turn suffix (<|im_end|> "\n") closes the turn.
+    assert traj.token_ids[traj.prompt_len + 5 : traj.prompt_len + 7] == [2, 198]
+    assert traj.loss_mask[traj.prompt_len : traj.prompt_len + 7] == [1] * 5 + [0, 0]
+    lps = torch.tensor(traj.logprobs[traj.prompt_len : traj.prompt_len + 5])
+    assert torch.allclose(lps, torch.tensor(free.logprobs[:5]), atol=LOGPROB_ATOL)
+    assert traj.messages[1] == {"role": "assistant", "content": "The answer is 4"}
+    # Turn 2 obeys the same rule: its ids hold no stop string before their last id.
+    start = traj.info["turns"][1]["start"]
+    turn2 = traj.token_ids[start:]
+    cut2 = first_stop_cut(engine.tokenizer, turn2, [" is 4"])
+    assert cut2 in (None, (len(turn2), " is 4"))
+    assert traj.stop_reasons[1] == (" is 4" if cut2 else 2 if turn2[-1] == 2 else None)
+
+
 async def test_truncated_completion_is_length_even_when_the_prompt_has_eos(engine):
     prompt = chat_ids(engine, "Say hi")
     assert 2 in prompt  # every <|im_end|> of the template is the EOS id
