@@ -260,3 +260,57 @@ async def test_bad_env_stop_strings_fail_the_episode(tok):
     col, _ = search_collector(tok, [[*enc(tok, "hi"), IM_END]])
     [traj] = await col.collect(BadStops, [0])
     assert traj.info["error_kind"] == "env_error" and "stop_strings" in traj.error
+
+
+# ---- the API (message-level) path of evaluation -------------------------------------------------
+
+
+async def test_api_episode_search_tags_one_action_per_turn():
+    # chatgym eval with an OpenAI-compatible API: a real HTTP server on 127.0.0.1 plays the model and
+    # writes two searches in one reply; the env's stop strings cut the reply after the first.
+    from concurrent.futures import ThreadPoolExecutor
+
+    from aiohttp import web
+
+    from chatgym.trainer.engines.openai_chat import OpenAIChatEngine
+    from chatgym.trainer.eval.chat_policy import api_act, run_chat_episode
+
+    replies = [
+        "<search>capital of France</search>\n<search>Berlin</search><answer>Berlin</answer>",
+        "<answer>Paris</answer> and more text",
+    ]
+    bodies = []
+
+    async def completions(request):
+        bodies.append(await request.json())
+        content = replies[min(len(bodies), len(replies)) - 1]
+        return web.json_response({"choices": [{"message": {"role": "assistant", "content": content}}]})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", completions)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)  # the OS picks a free port
+    await site.start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
+
+    class OneTask(SearchEnv):
+        def load_tasks(self, split):
+            return [TASK]
+
+    retriever = BM25Retriever(DOCS)
+    engine = OpenAIChatEngine("fake-model", url, "k", retries=0)
+    act = api_act(engine, SamplingParams(max_tokens=64, temperature=0))
+    with ThreadPoolExecutor(2) as pool:
+        traj = await run_chat_episode(
+            act, lambda: OneTask(mode="tags", retriever=retriever, topk=1), {}, 0, 0, None, pool, 30.0
+        )
+    await engine.close()
+    await runner.cleanup()
+    assert traj.error is None and traj.reward == 1.0 and traj.info["searches"] == 1
+    assert [m["content"] for m in traj.messages[2:]] == [
+        "<search>capital of France</search>",
+        f"<information>{format_passages(retriever.search('capital of France', 1))}</information>",
+        "<answer>Paris</answer>",
+    ]
+    assert all("stop" not in b for b in bodies)  # client mode (default): cut here, exact on any API
