@@ -26,8 +26,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from collector_common import OneTurnEnv, fmt_runs, make_engine, median
 
 from chatgym.trainer.engines.base import SamplingParams
-from chatgym.trainer.rollout.collector import Collector, CollectorConfig
 from chatgym.trainer.rollout.chat_delta import ChatRenderer
+from chatgym.trainer.rollout.collector import Collector, CollectorConfig
 
 
 async def main() -> None:

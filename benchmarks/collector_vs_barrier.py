@@ -28,8 +28,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from collector_common import LatencyEnv, fmt_runs, make_engine, median
 
 from chatgym.trainer.engines.base import SamplingParams
-from chatgym.trainer.rollout.collector import Collector, CollectorConfig
 from chatgym.trainer.rollout.chat_delta import ChatRenderer, closing_ids, probe_template
+from chatgym.trainer.rollout.collector import Collector, CollectorConfig
 
 
 async def barrier_rollout(
@@ -62,7 +62,7 @@ async def barrier_rollout(
         for i, c, (obs, _r, term, trunc, _info) in zip(live, completions, steps, strict=True):
             if term or trunc:
                 continue
-            delta = renderer.encode(renderer.delta_text(history[i], obs, tools[i]))
+            delta = renderer.delta_ids(history[i], obs, tools[i], probe)
             history[i].extend(obs)
             ids[i].extend(closing_ids(probe, c.token_ids) + delta)
             still.append(i)

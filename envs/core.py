@@ -202,12 +202,22 @@ class ChatEnv(gym.Env):
         return self._tasks
 
     async def run_tools(self, turn: AssistantTurn) -> list[ToolOutcome]:
-        """Run parsed calls; parse errors become error ``tool`` messages the model can read."""
-        outcomes = await run_tool_calls(turn.parsed.calls, self.tool_map, self.tool_timeout_s)
-        ids = turn.parsed.error_ids
-        for i, err in enumerate(turn.parsed.errors):
-            names = ", ".join(self.tool_map) or "(none)"
-            text = f"Error: could not parse tool call: {err}. Available tools: {names}."
+        """Run parsed calls; parse errors become error ``tool`` messages the model can read.
+
+        Returns one outcome per call attempt, in the order the calls were written (malformed ones
+        included): templates pair tool results with calls by position, so an error answering a
+        first, malformed call must come before the result of a second, valid one.
+        """
+        parsed = turn.parsed
+        ran = await run_tool_calls(parsed.calls, self.tool_map, self.tool_timeout_s)
+        ids = parsed.error_ids
+        names = ", ".join(self.tool_map) or "(none)"
+        outcomes: list[ToolOutcome] = []
+        for kind, i in parsed.in_order():
+            if kind == "call":
+                outcomes.append(ran[i])
+                continue
+            text = f"Error: could not parse tool call: {parsed.errors[i]}. Available tools: {names}."
             # A server-given id is answered by that id: strict chat APIs reject a tool message whose id
             # matches no call of the assistant turn. Text-parsed calls have none to answer.
             call_id = (ids[i] if i < len(ids) else None) or f"call_error_{i}"

@@ -6,8 +6,15 @@ deterministically from a seed, so there is nothing to download. Splits use diffe
 test split drops any question that also appears in the train split.
 
 The model answers in ``<answer>…</answer>`` tags (the last such tag counts); without tags the last
-number in the reply is taken, and ``info["reward_components"]["format"]`` is 0. The reward is
-reasoning-gym's own scorer for the generator (1.0 for an exact answer on ``basic_arithmetic``).
+``\\boxed{}``, else the last "answer is …" phrase, else the last number in the reply is taken, and
+``info["reward_components"]["format"]`` is 0. The answer is normalised the same way wherever it was
+found (``chatgym.envs.math_answer``: ``\\boxed{$9{,}500}``, ``9\\,500``, ``$9,500.`` and
+``9500 dollars`` are all ``9500``). The reward is reasoning-gym's own scorer for the generator
+(1.0 for an exact answer on ``basic_arithmetic``; its partial values, such as ``gsm_symbolic``'s
+0.01 for a wrong number, are kept), given the normalised answer and the answer as written, the
+better of the two; it is raised to 1.0 when the answer is the gold by value
+(:func:`~chatgym.envs.math_answer.answers_equal`: exact for numbers, a fraction for a decimal unless
+the question asks for a decimal form, guarded ``math-verify`` for other answers).
 With ``calculator=True`` the model may call a ``calculate`` tool before answering.
 """
 
@@ -15,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 from collections.abc import Sequence
 from importlib import resources
 from typing import Any
@@ -23,7 +29,10 @@ from typing import Any
 from . import messages as M
 from .calculator import calculate
 from .core import AssistantTurn, ChatEnv, StepOutcome
+from .math_answer import answers_equal, extract_answer, written_answer
 from .tools import Tool
+
+__all__ = ["MathEnv", "extract_answer"]
 
 DEFAULT_CONFIG: dict[str, dict[str, Any]] = {
     # Two small terms, + and - only: SmolLM2-135M gets some right, so RL has signal.
@@ -39,21 +48,6 @@ DEFAULT_CONFIG: dict[str, dict[str, Any]] = {
 }
 SPLIT_SEEDS = {"train": 0, "test": 1_000_003}
 SPLIT_SIZES = {"train": 5000, "test": 200}
-
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
-
-
-def extract_answer(text: str) -> tuple[str | None, bool]:
-    """The model's final answer and whether it used ``<answer>`` tags.
-
-    Returns ``(answer, tagged)``; ``answer`` is None when the reply holds neither a tag nor a number.
-    """
-    tags = _ANSWER_TAG.findall(text)
-    if tags:
-        return tags[-1].strip(), True
-    numbers = _NUMBER.findall(text)
-    return (numbers[-1].replace(",", "") if numbers else None), False
 
 
 def _reasoning_gym() -> Any:
@@ -136,7 +130,16 @@ class MathEnv(ChatEnv):
     async def score(self, turn: AssistantTurn) -> StepOutcome:
         answer, tagged = extract_answer(turn.raw_text)
         score_answer = _reasoning_gym().get_score_answer_fn(self.task["metadata"]["source_dataset"])
-        correct = float(score_answer(answer, self.task)) if answer is not None else 0.0
+        correct = 0.0
+        if answer is not None:
+            # The scorer sees the normalised answer and the same answer as written (what it saw before
+            # normalisation existed), so its own partial values stay and no right answer loses.
+            candidates = dict.fromkeys([answer, written_answer(turn.raw_text)])
+            correct = max(float(score_answer(c, self.task)) for c in candidates if c is not None)
+            if correct < 1.0 and answers_equal(
+                answer, str(self.task["answer"]), self.task.get("question", "")
+            ):
+                correct = 1.0
         info = {
             "answer": answer,
             "expected": self.task["answer"],

@@ -8,10 +8,15 @@ tool schemas (BFCL's ``dict``/``float``/``tuple``/``any`` types mapped to JSON S
 
 * AST categories (``simple``, ``multiple``, ``parallel``, ``parallel_multiple`` and their ``live_``
   versions): one assistant turn; nothing is executed. Reward 1.0 when the calls match the entry's
-  ``possible_answer`` (:func:`chatgym.envs.bfcl.check_calls`: name, required/unknown parameters,
-  types, allowed values, order-free), else 0.0; a malformed call scores 0.0.
-* ``irrelevance`` / ``live_irrelevance``: one turn; reward 1.0 iff the model calls nothing (a
-  malformed call attempt counts as a call).
+  ``possible_answer`` by BFCL's own rules (:mod:`chatgym.envs.bfcl.checker`: name, required/unknown
+  parameters, type conversion, string normalisation, ``any``, empty values), else 0.0; a reply whose
+  calls do not all decode scores 0.0. Parallel calls are matched to the expected calls by BFCL's
+  greedy in-order pass (``parallel_matching="bfcl"``, the default, so a score means what a BFCL
+  score means); ``parallel_matching="optimal"`` accepts any one-to-one assignment instead (BFCL's
+  pass rejects some valid orders, e.g. on ``parallel_178``).
+* ``irrelevance`` / ``live_irrelevance``: one turn; reward 1.0 iff the reply holds no function call,
+  as BFCL decides it: a reply whose calls do not decode (a malformed call, arguments that are not a
+  JSON object) counts as no call, as in BFCL's decoder.
 * Multi-turn (``multi_turn_base``, ``_miss_func``, ``_miss_param``, ``_long_context``): the calls run
   on fresh instances of BFCL's Python backends, loaded with the entry's ``initial_config``; results
   come back as ``tool`` messages. A turn without calls ends the user's turn: it is checked against
@@ -35,6 +40,7 @@ from typing import Any
 from . import messages as M
 from .bfcl import check_calls
 from .bfcl import multi_turn as mt
+from .bfcl.checker import MATCHING
 from .bfcl.data import CATEGORIES, canonical_category, load_category, to_openai_tool
 from .core import AssistantTurn, ChatEnv, StepOutcome
 from .tools import Tool, ToolResult, decode_arguments
@@ -70,6 +76,45 @@ def _concrete_dict(allowed: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def decode_calls(
+    turn: AssistantTurn, wire_calls: list[Any] | None = None
+) -> tuple[list[tuple[str, dict[str, Any]]] | None, str]:
+    """The turn's calls as ``[(name, arguments)]``, or ``(None, why)`` when the reply does not decode.
+
+    BFCL decodes a reply as a whole (a handler's ``decode_ast``: one ``{name: arguments}`` per call,
+    an exception when any fails), and an undecodable reply holds no function call: it fails an AST
+    entry and passes an irrelevance entry. Calls that came structured (``wire_calls``, an OpenAI
+    message's ``tool_calls``) are decoded as BFCL's function-calling handlers do: ``json.loads`` of
+    each ``arguments`` text, which must give an object (a JSON string holding JSON does not). Calls
+    written in the text are read by the env's parser; any call it cannot read makes the reply
+    undecodable.
+    """
+    if wire_calls:
+        decoded = []
+        for n, call in enumerate(wire_calls, 1):
+            fn = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(fn, dict):
+                return None, f"tool call {n}: not an OpenAI function call"
+            raw = fn.get("arguments")
+            try:
+                args = json.loads(raw) if isinstance(raw, str) else raw
+            except ValueError as exc:
+                return None, f"tool call {n}: arguments are not valid JSON ({exc})"
+            if not isinstance(args, dict):
+                return None, f"tool call {n}: arguments are not a JSON object"
+            decoded.append((fn.get("name"), args))
+        return decoded, ""
+    if turn.parsed.errors:
+        return None, "; ".join(turn.parsed.errors)
+    decoded = []
+    for call in turn.parsed.calls:
+        args, err = decode_arguments(call)
+        if err:
+            return None, err
+        decoded.append((call["function"]["name"], args))
+    return decoded, ""
+
+
 def reference_calls(answer: list[dict[str, Any]], functions: list[dict[str, Any]]) -> list[M.ToolCall]:
     """Tool calls that satisfy a BFCL ``ground_truth`` (omittable parameters left out)."""
     docs = {f["name"]: f for f in functions}
@@ -99,9 +144,13 @@ class ToolUseEnv(ChatEnv):
         max_turns: assistant turns per episode; default 1 for single-turn categories and
             ``max_steps_per_turn`` times the number of user turns for multi-turn ones.
         max_steps_per_turn: assistant turns allowed per user turn in multi-turn categories.
+        parallel_matching: how several calls are matched to several expected calls: ``"bfcl"``
+            (default; BFCL's greedy pass, the official score) or ``"optimal"`` (any one-to-one
+            assignment; see :func:`chatgym.envs.bfcl.check_calls`).
 
     Raises:
-        ValueError: unknown category or split, or ``tools`` given (each entry brings its own).
+        ValueError: unknown category, split or ``parallel_matching``, or ``tools`` given (each
+            entry brings its own).
         ImportError: bfcl-eval is not installed (at the first reset).
     """
 
@@ -112,6 +161,7 @@ class ToolUseEnv(ChatEnv):
         split: str = "test",
         max_turns: int | None = None,
         max_steps_per_turn: int = 8,
+        parallel_matching: str = "bfcl",
         **kwargs: Any,
     ):
         if split != "test":
@@ -122,11 +172,16 @@ class ToolUseEnv(ChatEnv):
         self.kind = CATEGORIES[self.category][1]
         if max_steps_per_turn < 1:
             raise ValueError(f"max_steps_per_turn must be >= 1, got {max_steps_per_turn}")
+        if parallel_matching not in MATCHING:
+            raise ValueError(f"parallel_matching must be one of {MATCHING}, got {parallel_matching!r}")
+        self.parallel_matching = parallel_matching
         super().__init__(split=split, max_turns=max_turns or 1, **kwargs)
         self._max_turns_arg = max_turns
         self.max_steps_per_turn = max_steps_per_turn
         self.system_prompt = resources.files("chatgym.envs").joinpath("prompts", "tool_use_system.txt").read_text().strip()
         self.backends: dict[str, Any] = {}
+        self._static_tools: dict[str, dict[str, Tool]] = {}
+        self._wire_calls: list[Any] | None = None
         self._truth_backends: dict[str, Any] = {}
         self._results: list[str] = []
         self._user_turn = 0
@@ -144,9 +199,13 @@ class ToolUseEnv(ChatEnv):
         self._reference_sent = False
         self._results = []
         if self.kind != "multi_turn":
-            self.tool_map = {
-                f["name"]: Tool(**to_openai_tool(f), fn=_not_executed) for f in task["function"]
-            }
+            # Never executed, so the same Tool objects serve every episode of the entry (building
+            # one checks its schema against the JSON-Schema meta-schema: ~10 ms a function).
+            if task["id"] not in self._static_tools:
+                self._static_tools[task["id"]] = {
+                    f["name"]: Tool(**to_openai_tool(f), fn=_not_executed) for f in task["function"]
+                }
+            self.tool_map = dict(self._static_tools[task["id"]])
             return
         long_context = self.category == "multi_turn_long_context"
         classes = task["involved_classes"]
@@ -178,9 +237,15 @@ class ToolUseEnv(ChatEnv):
 
     # ---- scoring ----------------------------------------------------------------------------
 
+    def _to_turn(self, action: str | M.Message) -> AssistantTurn:
+        # Keep the calls as sent: BFCL decodes the wire arguments itself (see decode_calls).
+        self._wire_calls = action.get("tool_calls") if isinstance(action, dict) else None
+        return super()._to_turn(action)
+
     async def respond(self, turn: AssistantTurn) -> StepOutcome:
         if self.kind == "irrelevance":
-            called = bool(turn.parsed.calls or turn.parsed.errors)
+            decoded, _ = decode_calls(turn, self._wire_calls)
+            called = bool(decoded)  # undecodable (None) or empty: BFCL's "no function call"
             info = {"reward_components": {"no_call": float(not called)}}
             return StepOutcome(reward=float(not called), terminated=True, info=info)
         if self.kind == "ast":
@@ -191,14 +256,9 @@ class ToolUseEnv(ChatEnv):
         return self._end_user_turn()
 
     def _score_ast(self, turn: AssistantTurn) -> StepOutcome:
-        decoded = []
-        error = "; ".join(turn.parsed.errors)
-        for call in turn.parsed.calls:
-            args, err = decode_arguments(call)
-            decoded.append((call["function"]["name"], args or {}))
-            error = error or err or ""
-        if not error:
-            result = check_calls(decoded, self.task["ground_truth"], self.task["function"])
+        decoded, error = decode_calls(turn, self._wire_calls)
+        if decoded is not None:
+            result = check_calls(decoded, self.task["ground_truth"], self.task["function"], self.parallel_matching)
             error = result.error
         ok = not error
         info = {"reward_components": {"calls_match": float(ok)}, "check_error": error}

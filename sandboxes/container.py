@@ -1,25 +1,44 @@
-"""``DockerSandbox``: each run in a fresh, pre-started Docker container (the ``docker`` extra).
+"""``DockerSandbox``: each run in a pre-started Docker container (the ``docker`` extra).
 
-A warm pool of ``pool_size`` containers (``sleep infinity``, no network, memory/CPU/pids caps, all
-capabilities dropped but the four the runner needs, ``no-new-privileges``) is kept started. A run
-takes one, copies the request in (``put_archive``: code, stdin, files as one JSON file), executes
-:data:`RUNNER` in it, and the container is then removed while a replacement starts in the background.
-So nothing of one run (processes, files) reaches the next, and the start-up cost is off the run's path.
+A warm pool of ``pool_size`` containers (PID 1 is :data:`INIT`, a reaper; no network, memory/CPU/pids
+caps, all capabilities dropped but the four the runner needs, ``no-new-privileges``) is kept started.
+A run takes one and executes :data:`RUNNER` in it (``exec``), the request (code, stdin, files as one
+JSON document) in the exec's arguments, or, over :data:`INLINE_MAX` bytes, copied in first as a file
+(``put_archive``). Then, by ``reuse``:
 
-Inside, the runner (root in the container) makes a work dir in /tmp (a ``tmpfs_mb`` tmpfs), drops the program to uid/gid 65534 in
-its own session with rlimits (address space = ``memory_mb``, CPU, file size, open files, no core),
-enforces the wall-clock limit with ``killpg``, caps each stream at ``max_output_bytes`` (counting
-the rest) and prints one JSON result line. The status rules are ``outputs.classify``, the same as
-the local backend's. A run whose runner does not answer within ``timeout_s + 30`` s is killed with
-its container. Needs a Docker engine (``docker.from_env()``); the image needs ``python3`` and,
-for bash runs, ``bash``.
+* ``reuse=False`` (default, **fresh per run**): the container is removed while a replacement starts
+  in the background. Nothing of one run (processes, files, kernel objects) reaches the next, and
+  the start-up cost is off the run's path as long as runs come no faster than containers start.
+* ``reuse=True`` (**warm**): the container goes back to the pool once the runner has reset it and
+  verified the reset: no process of the run's uid left (``kill(-1)`` as that uid, repeated), /tmp,
+  /dev/shm and /dev/mqueue emptied, no SysV IPC object of that uid. A run whose reset cannot be
+  verified (or whose runner failed) gets its container removed instead. What a reused container
+  *shares* between its runs: the image's file system (read-only to the run's uid; its only
+  writable places are the three emptied above), the container's hostname, its empty network
+  namespace (loopback only), its cgroups (memory/pids counters, page cache charged to it) and PID
+  namespace (PIDs keep counting up), the init process and the uid (65534) — not processes, files,
+  environment or IPC objects.
+
+Inside, the runner (root in the container) makes a work dir in /tmp (a ``tmpfs_mb`` tmpfs), drops
+the program to uid/gid ``uid`` in its own session with rlimits (address space = ``memory_mb``, CPU,
+file size, open files, no core), enforces the wall-clock limit with ``killpg``, caps each stream at
+``max_output_bytes`` (counting the rest), resets the container (above) and prints one JSON result
+line. The status rules are ``outputs.classify``, the same as the local backend's. A run whose runner
+does not answer within ``timeout_s + 30`` s is killed with its container.
+
+Needs a Docker engine (``docker.from_env()``: ``DOCKER_HOST``) and an image with ``python3`` (and
+``bash`` for bash runs). No image is pulled on these machines: ``docker_engine.py`` starts a private
+engine and builds one from the host's interpreter (its tag goes in ``$CHATGYM_DOCKER_IMAGE``, the
+default ``image``). Timings: ``benchmarks/sandbox_vs_human_eval.py --backend docker`` / ``docker-warm``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
 import json
+import os
 import posixpath
 import secrets
 import tarfile
@@ -36,17 +55,36 @@ from .slots import SlotPool
 REQUEST_PATH = "/chatgym-request.json"  # on the container's own file system: `put_archive`
 # cannot write into a tmpfs mount, and /tmp is one
 SLACK_S = 30.0
+INLINE_MAX = 96 * 1024  # requests up to this many bytes go in the exec's argv (Linux: 128 KiB per argument)
 LABEL = "chatgym.sandbox"
+DEFAULT_IMAGE = "python:3.11-slim"  # used when $CHATGYM_DOCKER_IMAGE is unset (needs a registry)
+
+# PID 1 of every container: reaps orphans (a run's zombies would otherwise count against the pids
+# cap of a reused container) and exits on SIGTERM (a plain PID 1 ignores it: `docker stop` waited 10 s).
+INIT = """import os, signal
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT})
+while True:
+    if signal.sigwait({signal.SIGCHLD, signal.SIGTERM, signal.SIGINT}) != signal.SIGCHLD:
+        os._exit(0)
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+    except ChildProcessError:
+        pass
+"""
 
 RUNNER = (
     Path(__file__).with_name("outputs.py").read_text(encoding="utf-8")
     + """
 
-def _main(path):
+def _main(arg):
     import base64, json, os, resource, selectors, signal, subprocess, sys, time
-    with open(path) as f:
-        req = json.load(f)
-    os.unlink(path)
+    if arg.startswith("{"):  # the request itself (small ones travel in the exec's argv)
+        req = json.loads(arg)
+    else:  # a file put_archive wrote
+        with open(arg) as f:
+            req = json.load(f)
+        os.unlink(arg)
     work = req["work_dir"]
     os.makedirs(work, mode=0o700)
     for rel, b64 in req["files"].items():
@@ -55,9 +93,10 @@ def _main(path):
         with open(dest, "wb") as f:
             f.write(base64.b64decode(b64))
     uid = req["uid"] if os.getuid() == 0 else None
-    if uid is not None:
-        for root, dirs, files in os.walk(work):
-            for name in [root] + [os.path.join(root, n) for n in dirs + files]:
+    if uid is not None:  # root here has no CAP_DAC_OVERRIDE/CAP_FOWNER: it cannot enter or chmod
+        os.chmod(work, 0o711)  # uid's dirs once they are uid's, yet must chdir to work before setuid
+        for root, dirs, files in os.walk(work, topdown=False):
+            for name in [os.path.join(root, n) for n in dirs + files] + [root]:
                 os.chown(name, uid, uid)
     lim = req["limits"]
 
@@ -102,13 +141,103 @@ def _main(path):
     except OSError:
         pass
     code = proc.wait()
-    import shutil
-    shutil.rmtree(work, ignore_errors=True)
+    duration = time.monotonic() - started
+    if uid is None:  # not root in the container: no uid to clean after, the work dir at least
+        import shutil
+        shutil.rmtree(work, ignore_errors=True)
+    left = reset(uid) if uid is not None else ["runner not root: no reset"]
     out, err = outs[proc.stdout], outs[proc.stderr]
     print(json.dumps({"status": classify(code, timed_out, bytes(err.data[-4096:])), "exit_code": code,
                       "stdout": out.text(), "stderr": err.text(), "truncated": out.truncated or err.truncated,
-                      "duration_s": time.monotonic() - started,
+                      "duration_s": duration, "reset_left": left,
                       "info": {"stdout_bytes": out.total, "stderr_bytes": err.total}}))
+
+
+def _sysv_ids(uid):
+    # (kind, id) of the SysV IPC objects uid owns; /proc/sysvipc columns: id 2nd, uid 8th (sem: 5th)
+    found = []
+    for kind in ("shm", "msg", "sem"):
+        try:
+            with open("/proc/sysvipc/" + kind) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            owner = {"shm": 7, "msg": 7, "sem": 4}[kind]
+            if int(cols[owner]) == uid:
+                found.append((kind, int(cols[1])))
+    return found
+
+
+SCRATCH = ("/tmp", "/dev/shm", "/dev/mqueue")
+
+
+def _others():
+    # processes in the container but init (PID 1) and this runner (zombies too, until init reaps them)
+    import os
+    me = os.getpid()
+    return [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, me)]
+
+
+def reset(uid):
+    # Leave the container as the next run must find it: no process but init and this runner
+    # (kill(-1) as root with CAP_KILL, repeated while a fork races it; this also frees the pids cap
+    # a fork bomb filled), nothing in /tmp, /dev/shm and /dev/mqueue (removed by a child running as
+    # uid: root here lacks CAP_DAC_OVERRIDE to enter uid's dirs), no SysV IPC object of uid.
+    # Returns what is left of those ([] when the reset was verified).
+    import os, signal, time
+    deadline = time.monotonic() + 5
+    while _others() and time.monotonic() < deadline:
+        try:
+            os.kill(-1, signal.SIGKILL)  # every process in the container but init and us
+        except OSError:
+            pass
+        time.sleep(0.005)
+    if _others():
+        return [f"pid {p} survived kill(-1)" for p in _others()]
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+
+            def remove(path, depth=0):  # owner's files: a dir made unreadable is chmod-ed back first
+                if os.path.isdir(path) and not os.path.islink(path):
+                    try:
+                        os.chmod(path, 0o700)
+                    except OSError:
+                        pass
+                    for name in os.listdir(path):
+                        remove(os.path.join(path, name), depth + 1)
+                    os.rmdir(path)
+                else:
+                    os.unlink(path)
+
+            for top in SCRATCH:
+                for name in os.listdir(top) if os.path.isdir(top) else []:
+                    try:
+                        remove(os.path.join(top, name))
+                    except (OSError, RecursionError):
+                        pass
+            ids = _sysv_ids(uid)
+            if ids:
+                import ctypes
+                libc = ctypes.CDLL(None)
+                for kind, ident in ids:  # IPC_RMID = 0
+                    if kind == "sem":
+                        libc.semctl(ident, 0, 0)
+                    else:
+                        getattr(libc, kind + "ctl")(ident, 0, None)
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    left = [os.path.join(t, n) for t in SCRATCH if os.path.isdir(t) for n in os.listdir(t)]
+    left += [f"pid {p}" for p in _others()] + [f"{k} {i}" for k, i in _sysv_ids(uid)]
+    return left + ([f"reset child exit status {status}"] if status else [])
 
 
 _main(sys.argv[1])
@@ -126,11 +255,14 @@ def _tar(name: str, data: bytes) -> bytes:
 
 
 class DockerSandbox:
-    """Run code in fresh Docker containers from a warm pool (see the module docstring).
+    """Run code in Docker containers from a warm pool (see the module docstring).
 
     Args:
         max_concurrency: runs at once (more wait; the wait is in ``queue_s``).
-        image: container image with ``python3`` (and ``bash`` for bash runs).
+        image: container image with ``python3`` (and ``bash`` for bash runs); default
+            ``$CHATGYM_DOCKER_IMAGE``, else ``python:3.11-slim``.
+        reuse: ``False``: a fresh container per run; ``True``: a container is reset and reused
+            (module docstring: what it then shares between runs).
         pool_size: started containers kept ready (default ``max_concurrency``).
         max_output_bytes: cap per stream (bytes); beyond it ``truncated=True``.
         memory_limit_mb: the container's memory cap (cgroup, swap included), MiB; a run's
@@ -152,7 +284,8 @@ class DockerSandbox:
         self,
         max_concurrency: int = 4,
         *,
-        image: str = "python:3.11-slim",
+        image: str | None = None,
+        reuse: bool = False,
         pool_size: int | None = None,
         max_output_bytes: int = 64 * 1024,
         memory_limit_mb: int = 2048,
@@ -165,9 +298,12 @@ class DockerSandbox:
         tmpfs_mb: int = 256,
     ) -> None:
         for name, value in (("max_concurrency", max_concurrency), ("memory_limit_mb", memory_limit_mb),
-                            ("pids_limit", pids_limit), ("max_file_mb", max_file_mb)):  # fmt: skip
+                            ("pids_limit", pids_limit), ("max_file_mb", max_file_mb), ("uid", uid),
+                            ("tmpfs_mb", tmpfs_mb)):  # fmt: skip
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if pool_size is not None and (not isinstance(pool_size, int) or pool_size < 0):
+            raise ValueError(f"pool_size must be an int >= 0, got {pool_size!r}")
         if client is None:
             try:
                 import docker
@@ -175,7 +311,8 @@ class DockerSandbox:
                 raise ImportError("DockerSandbox needs the docker SDK: pip install 'chatgym[docker]'") from e
             client = docker.from_env()
         self.client = client
-        self.image = image
+        self.image = image or os.environ.get("CHATGYM_DOCKER_IMAGE") or DEFAULT_IMAGE
+        self.reuse = bool(reuse)
         self.max_concurrency = max_concurrency
         self.pool_size = max_concurrency if pool_size is None else pool_size
         self.max_output_bytes = max_output_bytes
@@ -200,18 +337,29 @@ class DockerSandbox:
         self._pool: list = []
         self._lock = threading.Lock()
         self._closed = False
+        self._threads: set[threading.Thread] = set()
         self.isolation: dict = {}
 
     # ---- the pool ------------------------------------------------------------------------------
 
     def _new_container(self):
-        return self.client.containers.run(self.image, ["sleep", "infinity"], **self.create_kwargs)
+        return self.client.containers.run(
+            self.image, ["python3", "-I", "-S", "-c", INIT], **self.create_kwargs
+        )
 
     def _take(self):
         with self._lock:
             if self._pool:
                 return self._pool.pop()
         return self._new_container()
+
+    def _give_back(self, container) -> bool:
+        """Put a reset container back in the pool; False (caller removes it) if closed or full."""
+        with self._lock:
+            if self._closed or len(self._pool) >= self.pool_size:
+                return False
+            self._pool.append(container)
+            return True
 
     def _retire(self, container) -> None:
         """Remove a used container and start its replacement (in a thread, off the run's path)."""
@@ -221,21 +369,36 @@ class DockerSandbox:
             pass
         if self._closed:
             return
+        with self._lock:
+            if len(self._pool) >= self.pool_size:
+                return
         try:
             fresh = self._new_container()
         except Exception:
             return
-        with self._lock:
-            if self._closed or len(self._pool) >= self.pool_size:
-                keep = False
-            else:
-                self._pool.append(fresh)
-                keep = True
-        if not keep:
+        if not self._give_back(fresh):
             fresh.remove(force=True)
 
+    def _in_background(self, fn, *args) -> None:
+        t = threading.Thread(target=self._background, args=(fn, *args), daemon=True)
+        with self._lock:
+            self._threads.add(t)
+        t.start()
+
+    def _background(self, fn, *args) -> None:
+        try:
+            fn(*args)
+        finally:
+            with self._lock:
+                self._threads.discard(threading.current_thread())
+
     async def start(self) -> dict:
-        """Start the warm pool. Returns the isolation report."""
+        """Start the warm pool. Returns the isolation report (``container``, ``network_isolated``,
+        ``uid``/``uids``, ``image``, ``reuse``).
+
+        Raises:
+            docker.errors.APIError / ImageNotFound: the engine refused (no such image, engine gone).
+        """
 
         def fill() -> None:
             while True:
@@ -243,20 +406,32 @@ class DockerSandbox:
                     if self._closed or len(self._pool) >= self.pool_size:
                         return
                 c = self._new_container()
-                with self._lock:
-                    self._pool.append(c)
+                if not self._give_back(c):
+                    c.remove(force=True)
+                    return
 
         await asyncio.to_thread(fill)
-        self.isolation = {"container": True, "network_isolated": True, "uid": self.uid, "image": self.image}
+        self.isolation = {"container": True, "network_isolated": True, "uid": self.uid, "uids": [self.uid],
+                          "image": self.image, "reuse": self.reuse}  # fmt: skip
         return dict(self.isolation)
 
     async def close(self) -> None:
-        """Remove every pooled container. Idempotent."""
+        """Remove every pooled container, after waiting for the background removals/refills. Idempotent."""
         self._closed = True
+        while True:
+            with self._lock:
+                threads = list(self._threads)
+            if not threads:
+                break
+            for t in threads:
+                await asyncio.to_thread(t.join)
         with self._lock:
             pool, self._pool = self._pool, []
         for c in pool:
-            await asyncio.to_thread(c.remove, force=True)
+            try:
+                await asyncio.to_thread(c.remove, force=True)
+            except Exception:  # already gone (the engine removed it)
+                pass
 
     async def __aenter__(self) -> DockerSandbox:
         await self.start()
@@ -276,7 +451,7 @@ class DockerSandbox:
         timeout_s: float = 10.0,
         memory_mb: int = 1024,
     ) -> ExecResult:
-        """As :meth:`LocalSandbox.run`, in a fresh container.
+        """As :meth:`LocalSandbox.run`, in a container of the pool.
 
         Raises:
             TypeError / ValueError: a bad argument. RuntimeError: the sandbox was closed.
@@ -294,7 +469,7 @@ class DockerSandbox:
         if self._closed:
             raise RuntimeError("DockerSandbox is closed")
         packed = {p: b64 for p, _, b64 in (
-            (p, k, v if k == "b" else __import__("base64").b64encode(v.encode()).decode())
+            (p, k, v if k == "b" else base64.b64encode(v.encode()).decode())
             for p, k, v in wire.pack_files(files))}  # fmt: skip
         req = {
             "code": code, "language": language, "stdin": stdin, "files": packed, "timeout_s": float(timeout_s),
@@ -319,10 +494,16 @@ class DockerSandbox:
         except Exception as e:  # the engine refused (no image, engine gone): the sandbox's failure
             return ExecResult("killed", stderr=f"chatgym sandbox: no container: {type(e).__name__}: {e}\n",
                               queue_s=queue_s, info={"internal": True})  # fmt: skip
+        reusable = False
         try:
-            data = _tar(posixpath.basename(REQUEST_PATH), json.dumps(req).encode())
-            await asyncio.to_thread(container.put_archive, posixpath.dirname(REQUEST_PATH), data)
-            cmd = ["python3", "-I", "-S", "-c", RUNNER, REQUEST_PATH]
+            body = json.dumps(req)
+            if len(body.encode()) <= INLINE_MAX:
+                arg = body  # one engine round trip fewer than put_archive (~0.1-0.2 s here)
+            else:
+                data = _tar(posixpath.basename(REQUEST_PATH), body.encode())
+                await asyncio.to_thread(container.put_archive, posixpath.dirname(REQUEST_PATH), data)
+                arg = REQUEST_PATH
+            cmd = ["python3", "-I", "-S", "-c", RUNNER, arg]
             job = asyncio.to_thread(container.exec_run, cmd, user="0", demux=True)
             try:
                 exit_code, (out, err) = await asyncio.wait_for(job, timeout_s + SLACK_S)
@@ -336,10 +517,20 @@ class DockerSandbox:
                 why = (err or b"").decode("utf-8", "replace")[-2000:]
                 return ExecResult("killed", stderr=f"chatgym sandbox: the runner failed (exit {exit_code}): {why}\n",
                                   queue_s=queue_s, info={"internal": True})  # fmt: skip
+            reusable = self.reuse and reply.get("reset_left") == []
+            info = (
+                reply["info"]
+                if reply.get("reset_left") == []
+                else dict(reply["info"], reset_left=reply["reset_left"])
+            )
             return ExecResult(reply["status"], reply["stdout"], reply["stderr"], reply["exit_code"],
-                              reply["duration_s"], reply["truncated"], queue_s, reply["info"])  # fmt: skip
+                              reply["duration_s"], reply["truncated"], queue_s, info)  # fmt: skip
+        except Exception as e:  # the engine failed mid-run (container gone, engine stopped)
+            return ExecResult("killed", stderr=f"chatgym sandbox: the engine failed: {type(e).__name__}: {e}\n",
+                              queue_s=queue_s, info={"internal": True})  # fmt: skip
         finally:
-            threading.Thread(target=self._retire, args=(container,), daemon=True).start()
+            if not (reusable and self._give_back(container)):
+                self._in_background(self._retire, container)
 
     async def open_session(self, memory_mb: int = 1024):
         """Not supported: sessions need a long-lived interpreter per episode (use LocalSandbox /

@@ -257,7 +257,13 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--memory-mb", type=int, default=1024, help="memory cap when a request gives none (MiB)")
     p.add_argument("--max-output-bytes", type=int, default=1 << 20, help="cap per stream (bytes)")
     p.add_argument("--tmpfs-mb", type=int, default=None, help="size of the private /tmp (MiB; local/bwrap)")
-    p.add_argument("--image", default=None, help="container image (docker backend)")
+    p.add_argument(
+        "--image", default=None, help="container image (docker backend; default $CHATGYM_DOCKER_IMAGE)"
+    )
+    p.add_argument(
+        "--reuse", action="store_true",
+        help="docker backend: reset and reuse containers instead of a fresh one per run",
+    )  # fmt: skip
     args = p.parse_args(argv)
     for name in ("max_concurrency", "memory_mb", "max_output_bytes"):
         if getattr(args, name) < 1:
@@ -268,6 +274,10 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
                   "limiter": limiter}  # fmt: skip
         if args.image:
             kwargs["image"] = args.image
+        if args.reuse:
+            if args.backend != "docker":
+                p.error("--reuse is for --backend docker")
+            kwargs["reuse"] = True
         if args.tmpfs_mb is not None:
             kwargs["tmpfs_mb"] = args.tmpfs_mb
         sandbox = make_backend(args.backend, **kwargs)

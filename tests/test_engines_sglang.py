@@ -6,7 +6,10 @@
 ``output_token_logprobs`` = ``[[logprob, id, text|null], ...]`` and ``finish_reason`` =
 ``{"type": "stop", "matched": id}`` or ``{"type": "length", "length": n}`` out). Its "model" emits a
 scripted id sequence with logprob ``-0.5 * (i + 1)`` for the i-th id, so every expected value is known
-exactly.
+exactly. Stop strings are matched as SGLang does (the decoded output checked after every id; the
+request ends on the id that completes one, ``finish_reason`` ``{"type": "stop", "matched": str}``,
+and with ``no_stop_trim`` the ids and the text keep it); for that the fake decodes with SmolLM2's
+tokenizer.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ class FakeSGLang:
         self.requests: list[tuple[str, dict]] = []
         self.fail_next: list[int] = []  # HTTP statuses to answer before behaving
         self.update_ok = True
+        self.script = SCRIPT
+        self.tokenizer = None  # set to decode for stop strings
         app = web.Application()
         app.router.add_post("/generate", self.generate)
         app.router.add_post("/update_weights_from_disk", self.update_weights)
@@ -60,11 +65,20 @@ class FakeSGLang:
             return web.json_response({"error": {"message": "max_new_tokens too large"}}, status=400)
         stops = {EOS, *sp.get("stop_token_ids", [])}
         out: list[int] = []
-        for token in SCRIPT:
+        matched = None
+        for token in self.script:
             out.append(token)
-            if token in stops or len(out) == sp["max_new_tokens"]:
+            if token in stops:
+                matched = token
                 break
-        matched = out[-1] if out[-1] in stops else None
+            if sp.get("stop"):
+                text = self.tokenizer.decode(out, skip_special_tokens=False)
+                hit = [s for s in sp["stop"] if s in text]
+                if hit:
+                    matched = hit[0]
+                    break
+            if len(out) == sp["max_new_tokens"]:
+                break
         finish = (
             {"type": "stop", "matched": matched}
             if matched is not None
@@ -228,4 +242,35 @@ async def test_connection_refused_is_a_server_error():
     eng.client.backoff_s = 0.01
     with pytest.raises(ServerError, match="after 2 attempts"):
         await eng.generate([1], SamplingParams(max_tokens=2))
+    await eng.close()
+
+
+async def test_stop_strings_are_sent_and_their_ids_kept(engine, fake, tokenizer):
+    fake.tokenizer = tokenizer
+    # '<','search','>','a','</','search','>.' then a second search: the 7th id (">.", 19369)
+    # completes "</search>" mid-token and is kept, with its logprob.
+    first = tokenizer.encode("<search>a</search>.", add_special_tokens=False)
+    fake.script = [*first, *tokenizer.encode("<search>b</search>", add_special_tokens=False), EOS]
+    assert first == [44, 7916, 46, 81, 9617, 7916, 19369]
+    out = await engine.generate([1], SamplingParams(max_tokens=50, stop=["</search>", "</answer>"]))
+    sampling = fake.requests[-1][1]["sampling_params"]
+    assert sampling["stop"] == ["</search>", "</answer>"] and sampling["no_stop_trim"] is True
+    assert out.token_ids == first
+    assert out.logprobs == [-0.5, -1.0, -1.5, -2.0, -2.5, -3.0, -3.5]
+    assert (out.finish_reason, out.stop_reason) == ("stop", "</search>")
+    assert out.text == "<search>a</search>."  # the stop string is content: kept, the whole last id
+    assert out.info["server_finish_reason"] == {"type": "stop", "matched": "</search>"}
+    # A request without stop strings sends none and runs to EOS, named as the stop reason.
+    out = await engine.generate([1], SamplingParams(max_tokens=50))
+    assert "stop" not in fake.requests[-1][1]["sampling_params"]
+    assert out.token_ids == fake.script and out.stop_reason == EOS
+
+
+async def test_remote_model_takes_the_stop_string_the_server_names(fake, tokenizer):
+    fake.tokenizer = tokenizer
+    fake.script = [*tokenizer.encode("<answer>x</answer> more", add_special_tokens=False), EOS]
+    eng = make_engine("sglang", "some-remote-model", base_url=fake.url)  # no local tokenizer / EOS ids
+    out = await eng.generate([1], SamplingParams(max_tokens=50, stop=("</answer>",)))
+    assert (out.finish_reason, out.stop_reason) == ("stop", "</answer>")
+    assert out.token_ids == tokenizer.encode("<answer>x</answer>", add_special_tokens=False)
     await eng.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import sqlite3
+import traceback
 
 import pytest
 
@@ -140,3 +141,78 @@ def test_identities(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="no weights"):
         weights_hash(tmp_path / "empty")
+
+
+# ---- several processes opening one store at once (issue 12, item 7) -------------------------------
+# Parallel `chatgym eval` runs into one results file are the normal way to fill a leaderboard. Each
+# worker waits at a barrier so that all of them open the file in the same instant, then stores 20
+# episodes with its own task indices (worker * 20 + i): 80 distinct keys in all.
+
+
+def _open_and_add(path, barrier, worker, results):
+    try:
+        barrier.wait(timeout=60)
+        with ResultsStore(path) as store:
+            session = store.start_session("k1", ["worker", str(worker)])
+            for i in range(20):
+                assert store.add_episode(_row(task_index=worker * 20 + i, session_id=session)) is True
+        results.put((worker, "ok"))
+    except BaseException as exc:  # reported to the parent, which asserts every worker said "ok"
+        results.put((worker, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+
+
+def _race(path, workers: int) -> dict[int, str]:
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")  # fork: no re-import per worker, the test stays ~1 s
+    barrier, results = ctx.Barrier(workers), ctx.Queue()
+    procs = [ctx.Process(target=_open_and_add, args=(path, barrier, w, results)) for w in range(workers)]
+    for p in procs:
+        p.start()
+    out = dict(results.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    return out
+
+
+def _write_v1_file(path) -> None:
+    conn = sqlite3.connect(path)
+    conn.executescript(MIGRATIONS[0])
+    conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+    conn.execute("INSERT INTO schema_version VALUES (1)")
+    v1_fields = [f for f in EPISODE_FIELDS if f != "session_id"]
+    row = _row(run_key="old", created_at=1000.0)
+    conn.execute(
+        f"INSERT INTO episodes ({', '.join(v1_fields)}) VALUES ({', '.join('?' * len(v1_fields))})",
+        [row[f] for f in v1_fields],
+    )
+    conn.commit()
+    conn.close()
+
+
+@pytest.mark.parametrize("trial", range(3))
+def test_four_processes_create_one_new_store_at_once(tmp_path, trial):
+    # Before: 3 of the 4 failed with "OperationalError: table episodes already exists" (each read
+    # version 0 and ran the v1 migration) and 20 of 80 rows were stored.
+    path = tmp_path / "results.sqlite"
+    assert _race(path, 4) == {0: "ok", 1: "ok", 2: "ok", 3: "ok"}
+    with ResultsStore(path) as store:
+        rows = store.episodes()
+        assert schema_version(store.conn) == SCHEMA_VERSION
+        assert len(rows) == 80
+        assert store.done("k1") == {(t, 0) for t in range(80)}  # 80 distinct keys
+        assert len({r["session_id"] for r in rows}) == 4
+
+
+@pytest.mark.parametrize("trial", range(3))
+def test_two_processes_migrate_one_v1_store_at_once(tmp_path, trial):
+    path = tmp_path / "v1.sqlite"
+    _write_v1_file(path)
+    assert _race(path, 2) == {0: "ok", 1: "ok"}
+    with ResultsStore(path) as store:
+        assert schema_version(store.conn) == SCHEMA_VERSION
+        assert store.done("old") == {(0, 0)}  # the v1 row survives the migration, once
+        assert store.done("k1") == {(t, 0) for t in range(40)}
+        assert len(store.episodes()) == 41
+        cols = [r[1] for r in store.conn.execute("PRAGMA table_info(episodes)")]
+        assert cols.count("session_id") == 1  # ALTER TABLE ran once

@@ -13,8 +13,8 @@ import pytest
 from rollout_helpers import ASSISTANT_HEADER, TASKS, AddEnv, OkEnv, SyncEchoEnv, tool_call_text
 
 from chatgym.trainer.engines.replay import ReplayEngine, replay_logprob, turn_script
-from chatgym.trainer.rollout.collector import Collector, CollectorConfig, _request_seed
 from chatgym.trainer.rollout.chat_delta import ChatRenderer, TemplateError
+from chatgym.trainer.rollout.collector import Collector, CollectorConfig, _request_seed
 from chatgym.trainer.rollout.trace import read_trace
 
 IM_START, IM_END, NL, ENDOFTEXT = 1, 2, 198, 0  # SmolLM2 ids of <|im_start|>, <|im_end|>, "\n", <|endoftext|>
@@ -387,24 +387,29 @@ async def test_trace_jsonl(tok, tmp_path):
     assert picked == expected and 0 < len(picked) < 20
 
 
-def test_template_that_is_not_prefix_preserving_fails_loudly(tok):
-    # Marks the last message: adding a message changes the rendering of the one before it.
+def test_template_that_re_renders_history_gets_base_deltas_and_one_that_fits_neither_fails(tok):
+    # Marks the last message: adding a message changes the rendering of the one before it. Until issue
+    # 12 item 6 this was refused; now (as for Qwen3's think-stripping) the observation delta is the new
+    # messages rendered after a fixed base conversation, which matches the template's full rendering.
     bad = (
         "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
         "{% if loop.last %} (latest){% endif %}<|im_end|>\n{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
     engine = ReplayEngine(lambda ids: [IM_END])
-    with pytest.raises(TemplateError, match="not prefix-preserving"):
-        Collector(engine, tok, CollectorConfig(chat_template=bad))
+    assert Collector(engine, tok, CollectorConfig(chat_template=bad)).probe.delta_mode == "base"
     # Prefix-preserving for assistant turns, but drops earlier tool results once a user speaks.
     drops = (
         "{% for m in messages %}{% if m.role != 'tool' or loop.last %}<|im_start|>{{ m.role }}\n"
         "{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
-    with pytest.raises(TemplateError, match="not prefix-preserving"):
-        Collector(engine, tok, CollectorConfig(chat_template=drops))
+    assert Collector(engine, tok, CollectorConfig(chat_template=drops)).probe.delta_mode == "base"
+    # Numbers the messages too: new messages render differently after the base conversation than
+    # after the real history, so neither mode is exact.
+    numbered = bad.replace("{{ m.role }}\n", "{{ m.role }} {{ loop.index }}\n")
+    with pytest.raises(TemplateError, match="not prefix-preserving.*base conversation.*depends on earlier"):
+        Collector(engine, tok, CollectorConfig(chat_template=numbered))
 
 
 def test_turn_end_token_must_be_an_eos_id(tok):

@@ -14,8 +14,8 @@ import importlib.util
 import pytest
 from rollout_helpers import AddEnv
 
-from chatgym.trainer.rollout.collector import Collector, CollectorConfig
 from chatgym.trainer.rollout.chat_delta import ChatRenderer
+from chatgym.trainer.rollout.collector import Collector, CollectorConfig
 
 pytestmark = pytest.mark.slow
 

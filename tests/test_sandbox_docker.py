@@ -1,112 +1,96 @@
-"""``DockerSandbox``. No Docker engine runs here, so the engine is a FAKE (``FakeDockerClient``): its
-"containers" are temp dirs and ``exec_run`` runs the command as a real local process. What is real:
-the runner program (limits, uid switch, output caps, status rules) and the pool logic; what the FAKE
-cannot show: the container's own isolation (network none, cgroup caps), checked only as the
-arguments the engine would get. The security suite runs on the real engine where one exists."""
+"""``DockerSandbox`` on a real Docker engine (the ``docker_engine`` fixture in ``conftest.py``: a
+private dockerd started for the session, or ``DOCKER_HOST``; the tests skip with the reason where
+neither can run), the private-daemon helper ``docker_engine.py``, and ``CodeSandbox-v0`` graded in
+Docker. Two error paths a real engine cannot be made to produce on demand (the engine refusing to
+create a container; the runner dying without a reply) use a FAKE engine (``FakeDockerClient``),
+named as such below.
+"""
 
 import asyncio
+import json
 import os
-import shutil
+import re
 import subprocess
 import sys
-import tarfile
-import tempfile
-import time
 
+import gymnasium as gym
 import pytest
 
-from chatgym.sandboxes.container import REQUEST_PATH, DockerSandbox
+import chatgym  # noqa: F401  (registers the env ids)
+from chatgym.envs.datasets.humaneval import load_humaneval
+from chatgym.sandboxes import docker_engine as de
+from chatgym.sandboxes.container import INIT, LABEL, DockerSandbox
+
+ALL = load_humaneval("all")
 
 
-class FakeContainer:
-    """FAKE docker container: a temp dir standing for the container's root (the request file lands
-    there); the runner's work dir is then a real dir in the host's /tmp, removed by the runner."""
+def our_containers(engine) -> list:
+    import docker
 
-    def __init__(self, kwargs: dict) -> None:
-        self.kwargs = kwargs
-        self.root = tempfile.mkdtemp(prefix="fake-container-")
-        os.chmod(self.root, 0o1777)  # like a container's /tmp
-        self.removed = False
-        self.execs = 0
-
-    def put_archive(self, path: str, data: bytes) -> bool:
-        assert path == os.path.dirname(REQUEST_PATH)  # "/": the FAKE's root dir stands for it
-        with tarfile.open(fileobj=__import__("io").BytesIO(data)) as tar:
-            tar.extractall(self.root, filter="data")
-        return True
-
-    def exec_run(self, cmd, user=None, demux=False):
-        assert demux and user == "0"
-        self.execs += 1
-        # An interpreter uid 65534 may run, as the image's python3 would be (this venv's is under /root).
-        python = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
-        local = [
-            python if c == "python3" else c.replace(REQUEST_PATH, f"{self.root}{REQUEST_PATH}") for c in cmd
-        ]
-        r = subprocess.run(local, capture_output=True, timeout=120)
-        return r.returncode, (r.stdout or None, r.stderr or None)
-
-    def remove(self, force=False):
-        self.removed = True
-        shutil.rmtree(self.root, ignore_errors=True)
+    client = docker.DockerClient(base_url=engine.host)
+    try:
+        # sparse: no inspect per container (one removed meanwhile by a pool refill would raise)
+        return client.containers.list(all=True, filters={"label": LABEL}, sparse=True)
+    finally:
+        client.close()
 
 
-class FakeDockerClient:
-    """FAKE of ``docker.DockerClient``: only ``containers.run`` (detached)."""
-
-    def __init__(self) -> None:
-        self.created: list[FakeContainer] = []
-        self.containers = self
-
-    def run(self, image, command, **kwargs):
-        assert image == "python:3.11-slim" and command == ["sleep", "infinity"]
-        c = FakeContainer(kwargs)
-        self.created.append(c)
-        return c
+async def settle(engine, want: int, timeout_s: float = 30.0) -> int:
+    """Number of our containers once it equals ``want`` (the pool refills in the background)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    n = len(our_containers(engine))
+    while n != want and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.1)
+        n = len(our_containers(engine))
+    return n
 
 
 @pytest.fixture
-async def fake():
-    client = FakeDockerClient()
-    sb = DockerSandbox(max_concurrency=2, pool_size=2, client=client, max_output_bytes=1000)
-    await sb.start()
-    yield sb, client
-    await sb.close()
+async def fresh(docker_engine):
+    async with DockerSandbox(max_concurrency=2, max_output_bytes=1000) as sb:
+        yield sb
+    assert await settle(docker_engine, 0) == 0  # close() removed every container
 
 
-async def test_pool_and_container_arguments(fake):
-    _, client = fake
-    assert len(client.created) == 2  # warm pool started before any run
-    kw = client.created[0].kwargs
-    assert kw["network_mode"] == "none" and kw["mem_limit"] == kw["memswap_limit"] == "2048m"
-    assert kw["pids_limit"] == 64 and kw["nano_cpus"] == 1_000_000_000 and kw["cap_drop"] == ["ALL"]
-    assert kw["security_opt"] == ["no-new-privileges"] and kw["tmpfs"] == {"/tmp": "size=256m,mode=1777"}
+@pytest.fixture
+async def warm(docker_engine):
+    async with DockerSandbox(max_concurrency=1, reuse=True, max_output_bytes=1000) as sb:
+        yield sb
+    assert await settle(docker_engine, 0) == 0
 
 
-async def test_each_run_gets_a_fresh_container(fake):
-    sb, client = fake
-    res = await sb.run("import os, sys; print(sys.stdin.read(), open('d/f').read(), os.getuid(), os.getcwd()[:18])",
-                       stdin="in", files={"d/f": "file"})  # fmt: skip
-    assert (res.status, res.stdout, res.exit_code) == ("ok", "in file 65534 /tmp/chatgym-work-\n", 0), (
-        res.stderr
+# ---- the real engine ------------------------------------------------------------------------------
+
+
+async def test_container_arguments_on_the_engine(docker_engine, fresh):
+    c = our_containers(docker_engine)[0]
+    c.reload()  # the full inspect
+    hc = c.attrs["HostConfig"]
+    assert (hc["NetworkMode"], hc["Memory"], hc["MemorySwap"]) == ("none", 2048 << 20, 2048 << 20)
+    assert (hc["PidsLimit"], hc["NanoCpus"], hc["CapDrop"]) == (64, 1_000_000_000, ["ALL"])
+    assert sorted(hc["CapAdd"]) == ["CHOWN", "KILL", "SETGID", "SETUID"]
+    assert hc["SecurityOpt"] == ["no-new-privileges"] and hc["Tmpfs"] == {"/tmp": "size=256m,mode=1777"}
+    assert c.attrs["Config"]["Image"] == docker_engine.image and c.attrs["Config"]["Cmd"][-1] == INIT
+    assert c.attrs["NetworkSettings"]["Networks"].keys() == {"none"}
+
+
+async def test_run_files_stdin_uid(fresh):
+    res = await fresh.run(
+        "import os, sys; print(sys.stdin.read(), open('d/f').read(), os.getuid(), os.getgid(), os.getcwd()[:18])",
+        stdin="in", files={"d/f": "file"},
+    )  # fmt: skip
+    assert (res.status, res.stdout, res.exit_code) == ("ok", "in file 65534 65534 /tmp/chatgym-work-\n", 0), (
+        res
     )
-    await sb.run("print(2)")
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and sum(not c.removed for c in client.created) != 2:
-        await asyncio.sleep(0.05)
-    used = [c for c in client.created if c.execs]
-    assert len(used) == 2 and all(c.removed and c.execs == 1 for c in used)  # one run per container
-    assert sum(not c.removed for c in client.created) == 2  # the pool was refilled
 
 
-async def test_statuses_from_the_runner(fake):
-    sb, _ = fake
+async def test_statuses(fresh):
     err, tmo, oom, big, bash = await asyncio.gather(
-        sb.run("raise KeyError(1)"),
-        sb.run("import time; time.sleep(30)", timeout_s=0.5),
-        sb.run("x = bytearray(400 << 20)", memory_mb=100),
-        sb.run("print('z' * 5000)"),
-        sb.run("echo $((2 + 3)); exit 4", language="bash"),
+        fresh.run("raise KeyError(1)"),
+        fresh.run("import time; time.sleep(30)", timeout_s=0.5),
+        fresh.run("x = bytearray(400 << 20)", memory_mb=100),
+        fresh.run("print('z' * 5000)"),
+        fresh.run("echo $((2 + 3)); exit 4", language="bash"),
     )
     assert err.status == "error" and err.stderr.endswith("KeyError: 1\n")
     assert tmo.status == "timeout" and 0.5 <= tmo.duration_s < 5
@@ -115,27 +99,289 @@ async def test_statuses_from_the_runner(fake):
     assert (bash.status, bash.stdout, bash.exit_code) == ("error", "5\n", 4)
 
 
-async def test_runner_failure_is_internal():
-    client = FakeDockerClient()
-    sb = DockerSandbox(client=client, pool_size=0)
-    original = FakeContainer.exec_run
-    FakeContainer.exec_run = lambda self, cmd, user=None, demux=False: (1, (None, b"boom"))
-    try:
+async def test_large_request_goes_by_put_archive(fresh):
+    # 200,000 bytes of files: over INLINE_MAX (96 KiB), so the request is a file put_archive writes.
+    res = await fresh.run("print(len(open('big').read()))", files={"big": "x" * 200_000})
+    assert (res.status, res.stdout) == ("ok", "200000\n"), res
+
+
+HOSTNAME = "import socket; print(socket.gethostname())"
+
+
+async def test_fresh_container_per_run(docker_engine, fresh):
+    a, b = await fresh.run(HOSTNAME), await fresh.run(HOSTNAME)
+    assert a.status == b.status == "ok" and a.stdout != b.stdout  # two containers (hostname = id)
+    assert await settle(docker_engine, 2) == 2  # used ones removed, the pool of 2 refilled
+
+
+# Everything a run could leave in a reused container, and the census the next run takes.
+LEAVE = r"""
+import ctypes, os, subprocess
+open('/tmp/left', 'w').write('1'); os.mkdir('/tmp/d'); open('/tmp/d/f', 'w').close(); os.chmod('/tmp/d', 0)
+open('/dev/shm/left', 'w').write('1')
+libc = ctypes.CDLL(None)
+print(libc.shmget(0x4321, 4096, 0o1600) >= 0, libc.msgget(0x4322, 0o1600) >= 0, libc.semget(0x4323, 1, 0o1600) >= 0)
+subprocess.Popen(['sleep', '300'], start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+os.environ['LEFT'] = '1'
+"""
+CENSUS = r"""
+import os
+me, parent = os.getpid(), os.getppid()
+procs = sorted(open(f'/proc/{p}/cmdline').read().split('\0')[0] for p in os.listdir('/proc')
+               if p.isdigit() and int(p) not in (1, me, parent))
+ipc = [len(open(f'/proc/sysvipc/{k}').read().splitlines()) - 1 for k in ('shm', 'msg', 'sem')]
+print(sorted(os.listdir('/tmp')), os.listdir('/dev/shm'), procs, ipc, 'LEFT' in os.environ)
+"""
+
+
+async def test_warm_container_is_reused_and_reset(warm):
+    left = await warm.run(HOSTNAME + "\n" + LEAVE)
+    assert (left.status, left.stdout.split("\n")[1]) == ("ok", "True True True"), left
+    census = await warm.run(HOSTNAME + "\n" + CENSUS)
+    host_a, host_b = left.stdout.split("\n")[0], census.stdout.split("\n")[0]
+    assert host_a == host_b  # the same container
+    # Only the new run's own work dir in /tmp; no file, process, IPC object or variable of the last run.
+    assert re.fullmatch(
+        r"\['chatgym-work-[0-9a-f]{16}'\] \[\] \[\] \[0, 0, 0\] False", census.stdout.split("\n")[1]
+    ), census
+
+
+async def test_warm_reuse_after_fork_bomb_and_zombies(warm):
+    bomb = await warm.run("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
+                          timeout_s=1)  # fmt: skip
+    assert bomb.status == "timeout"
+    zombies = await warm.run(
+        "import os\nfor _ in range(20):\n    if os.fork() == 0:\n        os._exit(0)\nprint('z')"
+    )
+    assert (zombies.status, zombies.stdout) == ("ok", "z\n")
+    # pids cap 64: 20 unreaped zombies + a fork bomb's leftovers would starve this run if kept.
+    after = await warm.run(
+        "import os, subprocess; print(subprocess.run(['echo', 'ok'], capture_output=True).stdout.decode().strip())"
+    )
+    assert (after.status, after.stdout) == ("ok", "ok\n"), after
+
+
+async def test_engine_gone_mid_run_is_an_internal_failure(docker_engine):
+    # A real failure: the container is removed by someone else while the sandbox holds it.
+    async with DockerSandbox(max_concurrency=1, pool_size=1) as sb:
+        for c in our_containers(docker_engine):
+            c.remove(force=True)
         res = await sb.run("print(1)")
+    assert res.status == "killed" and res.info["internal"], res
+    assert "chatgym sandbox:" in res.stderr
+
+
+# ---- CodeSandbox-v0 graded in Docker ------------------------------------------------------------------
+
+
+def fenced(code: str) -> str:
+    return f"```python\n{code}\n```"
+
+
+async def grade_all(tasks: list[int], sandbox, concurrency: int) -> list:
+    """(task_id, kind, reward, grade_status) that are NOT (1.0 canonical / 0.0 wrong)."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(i: int, kind: str):
+        task = ALL[i]
+        code = task["prompt"] + task["canonical_solution"] if kind == "canonical" else (
+            f"def {task['entry_point']}(*a, **k):\n    return None\n")  # fmt: skip
+        async with gate:
+            env = gym.make("CodeSandbox-v0", sandbox=sandbox).unwrapped
+            await env.areset(options={"task_index": i})
+            _, reward, terminated, _, info = await env.astep(fenced(code))
+            await env.aclose()
+        want = 1.0 if kind == "canonical" else 0.0
+        return (
+            None
+            if (reward, terminated) == (want, True)
+            else (task["task_id"], kind, reward, info["grade_status"])
+        )
+
+    results = await asyncio.gather(*(one(i, k) for i in tasks for k in ("canonical", "wrong")))
+    return [r for r in results if r]
+
+
+async def test_code_sandbox_graded_in_docker_a_few(docker_engine):
+    async with DockerSandbox(max_concurrency=4, reuse=True) as sb:
+        assert await grade_all([0, 32, 162], sb, 4) == []  # 162 imports hashlib (libcrypto in the image)
+
+
+@pytest.mark.slow
+async def test_code_sandbox_graded_in_docker_all_164(docker_engine):
+    async with DockerSandbox(max_concurrency=8) as sb:  # a fresh container per run
+        assert await grade_all(list(range(len(ALL))), sb, 8) == []
+
+
+# ---- serve-sandbox --backend docker ---------------------------------------------------------------
+
+
+async def test_serve_sandbox_docker_backend(docker_engine):
+    from chatgym.sandboxes.fusion_client import SandboxFusionSandbox
+    from chatgym.sandboxes.service import start_service, stop_service
+
+    proc, url = start_service("--backend", "docker", "--max-concurrency", "2")  # DOCKER_HOST, image: env
+    try:
+        import urllib.request
+
+        with urllib.request.urlopen(url + "/health", timeout=10) as r:
+            health = json.load(r)
+        assert health["backend"] == "docker" and health["isolation"]["image"] == docker_engine.image
+        async with SandboxFusionSandbox(url) as sb:
+            res = await sb.run("import os; print(os.getuid(), 6 * 7)")
+        assert (res.status, res.stdout) == ("ok", "65534 42\n"), res
     finally:
-        FakeContainer.exec_run = original
-        await sb.close()
-    assert res.status == "killed" and res.info["internal"] and "boom" in res.stderr
+        stop_service(proc)
+    assert await settle(docker_engine, 0) == 0  # the service removed its containers on SIGTERM
 
 
-async def test_engine_failure_is_internal():
-    client = FakeDockerClient()
-    sb = DockerSandbox(client=client, pool_size=0, image="no-such-image")  # the FAKE refuses other images
+# ---- load: benchmarks/sandbox_load.py through serve-sandbox --backend docker ----------------------------
+
+
+def _sandbox_load():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "sandbox_load.py"
+    spec = importlib.util.spec_from_file_location("sandbox_load", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def check_load(r: dict, runs: int, concurrency: int) -> None:
+    errors = runs // 10 + (runs % 10 == 9)  # request i raises when i % 10 == 9
+    assert r["wrong"] == [] and r["statuses"] == {"ok": runs - errors, "error": errors}, r
+    assert r["leaks"] == dict.fromkeys(r["before"], 0), r
+    b = r["before"]
+    assert (b["processes of sandbox uids"], b["zombies in the tree"], b["host /tmp chatgym* entries"]) == (
+        0,
+        0,
+        0,
+    )
+    # The census saw the warm pool: one container (and its shim) per slot, before and after.
+    assert b["containers (chatgym.sandbox)"] == b["containerd-shim processes"] == concurrency, b
+
+
+def test_no_leaks_under_load_docker_warm(docker_engine):
+    r = _sandbox_load().load_test("docker-warm", runs=48, concurrency=8)
+    check_load(r, 48, 8)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["docker", "docker-warm"])
+def test_1000_runs_at_concurrency_32_docker(docker_engine, backend):
+    load = _sandbox_load()
+    r = load.load_test(backend, runs=1000, concurrency=32)
+    load.report(r)
+    check_load(r, 1000, 32)
+
+
+# ---- the private-daemon helper ---------------------------------------------------------------------
+
+
+def test_daemon_cli_start_status_stop(docker_engine, tmp_path):
+    if docker_engine.daemon is None:
+        pytest.skip("DOCKER_HOST is set: the private daemon is not used")
+    root = de.cache_dir() / f"cli-{os.getpid()}"
+    cli = [sys.executable, "-m", "chatgym.sandboxes.docker_engine"]
+    env = {k: v for k, v in os.environ.items() if k not in ("DOCKER_HOST", "CHATGYM_DOCKER_IMAGE")}
+    try:
+        start = subprocess.run(
+            [*cli, "start", "--root", str(root)], capture_output=True, text=True, env=env, timeout=180
+        )
+        assert start.returncode == 0, start.stderr
+        assert (
+            start.stdout
+            == f"export DOCKER_HOST=unix://{root}/docker.sock CHATGYM_DOCKER_IMAGE={docker_engine.image}\n"
+        )
+        # The image's tag is the hash of its inputs: the same host interpreter gives the same tag.
+        status = subprocess.run(
+            [*cli, "status", "--root", str(root)], capture_output=True, text=True, env=env
+        )
+        assert status.returncode == 0 and status.stdout.startswith("running: pid ")
+        pid = de.running(root).pid
+        assert pid in de.leftovers(root)["processes"]
+    finally:
+        stop = subprocess.run(
+            [*cli, "stop", "--root", str(root)], capture_output=True, text=True, env=env, timeout=120
+        )
+    assert stop.returncode == 0, stop.stderr
+    status = subprocess.run([*cli, "status", "--root", str(root)], capture_output=True, text=True, env=env)
+    assert (status.returncode, status.stdout) == (1, "not running\n")
+    assert de.leftovers(root) == {"processes": [], "mounts": []}
+    de.stop_daemon(root, remove=True)
+    assert not root.exists()
+
+
+def test_image_tag_is_the_hash_of_its_inputs(monkeypatch):
+    fs, info = de.image_rootfs()
+    assert fs.entries[info["exe"]] == ("file", info["exe"])
+    assert any(p.endswith("/bash") and k == "file" for p, (k, _) in fs.entries.items())
+    assert not any("/site-packages/" in p or "/test/" in p for p in fs.entries)
+    tag = fs.digest()
+    assert de.image_rootfs()[0].digest() == tag  # same host, same tag (the image is reused)
+    monkeypatch.setattr(de, "BUILDER_VERSION", de.BUILDER_VERSION + "-changed")
+    assert fs.digest() != tag  # any input changes the tag
+
+
+def test_daemon_network_flags():
+    # Never a bridge, NAT rules or IP forwarding on the host.
+    assert de.NETWORK_FLAGS == ("--iptables=false", "--ip-forward=false", "--bridge=none", "--ip-masq=false")
+
+
+# ---- FAKE engine: error paths a real engine cannot produce on demand --------------------------------
+
+
+class FakeContainer:
+    """FAKE container: ``exec_run`` returns what a runner that died without a reply would."""
+
+    def put_archive(self, path, data):
+        return True
+
+    def exec_run(self, cmd, user=None, demux=False):
+        return 1, (None, b"boom")
+
+    def remove(self, force=False):
+        pass
+
+
+class FakeDockerClient:
+    """FAKE of ``docker.DockerClient`` (``containers.run`` only): refuses images other than ``ok``."""
+
+    def __init__(self):
+        self.containers = self
+
+    def run(self, image, command, **kwargs):
+        if image != "ok":
+            raise RuntimeError(f"engine refused {image}")
+        return FakeContainer()
+
+
+async def test_fake_engine_runner_failure_is_internal():
+    sb = DockerSandbox(client=FakeDockerClient(), image="ok", pool_size=0)
     res = await sb.run("print(1)")
-    assert res.status == "killed" and res.info["internal"] and "no container: AssertionError" in res.stderr
+    await sb.close()
+    assert res.status == "killed" and res.info["internal"]
+    assert res.stderr == "chatgym sandbox: the runner failed (exit 1): boom\n"
+
+
+async def test_fake_engine_refusal_is_internal():
+    sb = DockerSandbox(client=FakeDockerClient(), image="other", pool_size=0)
+    res = await sb.run("print(1)")
+    await sb.close()
+    assert res.status == "killed" and res.info["internal"]
+    assert res.stderr == "chatgym sandbox: no container: RuntimeError: engine refused other\n"
 
 
 async def test_no_sessions():
     sb = DockerSandbox(client=FakeDockerClient(), pool_size=0)
     with pytest.raises(NotImplementedError):
         await sb.open_session()
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="pool_size"):
+        DockerSandbox(client=FakeDockerClient(), pool_size=-1)
+    with pytest.raises(ValueError, match="tmpfs_mb"):
+        DockerSandbox(client=FakeDockerClient(), tmpfs_mb=0)

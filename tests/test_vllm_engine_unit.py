@@ -38,3 +38,42 @@ def test_cpu_memory_defaults_fill_only_what_is_unset():
         {"gpu_memory_utilization": 0.25},
     )
     assert cpu_memory_defaults(None, {}, cuda=True, environ={}) == (None, {})  # GPUs: vLLM's own defaults
+
+
+def test_server_request_sends_stop_strings_and_keeps_their_ids():
+    # The /v1/completions payload and answer of a vLLM server, without a server: the body asks vLLM to
+    # keep the stop string (include_stop_str_in_output) and the answer's stop_reason names it.
+    import pytest
+
+    from chatgym.trainer.engines import SamplingParams
+    from chatgym.trainer.engines.vllm_server import VLLMServerEngine
+
+    try:
+        engine = VLLMServerEngine("smollm2", "http://127.0.0.1:9")  # local tokenizer and EOS ids
+    except ModuleNotFoundError as exc:  # the model package is a set-up step (scripts/setup.sh)
+        pytest.skip(str(exc))
+    params = SamplingParams(max_tokens=9, temperature=0, stop=["</search>", "</answer>"])
+    body = engine.request_body([1, 2, 3], params, "smollm2")
+    assert body["stop"] == ["</search>", "</answer>"] and body["include_stop_str_in_output"] is True
+    assert "stop" not in engine.request_body([1], SamplingParams(max_tokens=2), "smollm2")
+    ids = [44, 7916, 46, 81, 9617, 7916, 19369]  # '<','search','>','a','</','search','>.'
+    answer = {
+        "choices": [
+            {
+                "text": "<search>a</search>",  # vLLM cuts its text at the stop string's end
+                "token_ids": ids,
+                "finish_reason": "stop",
+                "stop_reason": "</search>",
+                "logprobs": {"token_logprobs": [-0.1 * (i + 1) for i in range(7)]},
+            }
+        ],
+        "usage": {"prompt_tokens": 3},
+    }
+    out = engine.parse_response(answer, params)
+    assert out.token_ids == ids and out.logprobs == [-0.1 * (i + 1) for i in range(7)]
+    assert (out.finish_reason, out.stop_reason) == ("stop", "</search>")
+    assert out.text == "<search>a</search>."  # decoded from the ids: the whole last token
+    # An EOS ending names the EOS id (vLLM's own stop_reason is null then).
+    answer["choices"][0].update(token_ids=[504, 2], stop_reason=None, logprobs={"token_logprobs": [-1, -2]})
+    out = engine.parse_response(answer, params)
+    assert (out.finish_reason, out.stop_reason, out.text) == ("stop", 2, "The")

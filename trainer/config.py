@@ -32,7 +32,7 @@ from typing import Any, Literal
 import yaml
 
 from .learner.algos import ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES
-from .rollout.collector import CollectorConfig
+from .rollout.config import CollectorConfig
 
 
 class ConfigError(ValueError):
@@ -57,9 +57,13 @@ class ModelConfig:
         random_init: random weights of ``path``'s architecture (GPU checks without the weights).
         config_overrides: architecture changes for ``random_init`` (e.g. ``num_hidden_layers: 2``).
         value_head: add a scalar value head (needed by the ``gae`` advantage estimator).
-        compute_dtype: dtype of the matrix products in forward/backward (``torch.autocast``), the
-            weights staying in ``dtype``. ``auto``: bfloat16 on CUDA with float32 weights (mixed
-            precision), else the weights' dtype. ``bfloat16`` on a CPU with AVX-512 BF16 / AMX also helps.
+        compute_dtype: dtype of the matrix products in forward/backward (``torch.autocast``) of the
+            update and of the reference / old-logprob passes, the weights staying in ``dtype``.
+            ``auto``: with float32 weights, bfloat16 (mixed precision) on CUDA and on a CPU with native
+            bf16 (AVX-512 BF16 / AMX), float32 elsewhere (emulated bf16 is several times slower);
+            otherwise the weights' dtype. ``auto`` is resolved when the trainer is built and logged,
+            never written back into the saved config (it depends on the machine) — see
+            :func:`chatgym.trainer.learner.policy.resolve_compute_dtype`.
     """
 
     path: str = "smollm2"

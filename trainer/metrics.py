@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,13 @@ class MetricsLogger:
                         self.history.append(row)
             self.path.write_text("".join(json.dumps(r) + "\n" for r in self.history))
         self.warnings: list[str] = []
+        # Background redraws (plot_later): a redraw takes 0.5-1 s, which a training step should not
+        # wait for. One drawing thread; requests made while it draws collapse into one more redraw.
+        self._draw_lock = threading.Lock()
+        self._draw_wanted = threading.Condition()
+        self._draw_pending = False
+        self._drawer: threading.Thread | None = None
+        self.draw_errors: list[str] = []
         self._tb = None
         if tensorboard:
             try:
@@ -99,22 +107,63 @@ class MetricsLogger:
             self._wandb.log(scalars, step=step)
 
     def plot(self, path: str | Path | None = None) -> Path:
-        """Draw the learning curves of :data:`CURVE_KEYS` that have data into a PNG; returns its path."""
-        import matplotlib
+        """Draw the learning curves of :data:`CURVE_KEYS` that have data into a PNG; returns its path.
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        Waits for a redraw :meth:`plot_later` started, so the file it leaves has every logged step.
+        """
+        self.wait_plotted()
+        with self._draw_lock:
+            return self._draw(list(self.history), path)
+
+    def plot_later(self) -> Path:
+        """Redraw ``learning_curve.png`` in a background thread; returns its path at once.
+
+        A failed redraw is kept in ``draw_errors`` (the run goes on); :meth:`plot` and :meth:`close`
+        wait for the drawing thread.
+        """
+        with self._draw_wanted:
+            self._draw_pending = True
+            if self._drawer is None or not self._drawer.is_alive():
+                self._drawer = threading.Thread(target=self._drawing, name="chatgym-plot", daemon=True)
+                self._drawer.start()
+            self._draw_wanted.notify_all()
+        return self.dir / "learning_curve.png"
+
+    def wait_plotted(self) -> None:
+        """Block until no background redraw is pending or running."""
+        with self._draw_wanted:
+            self._draw_wanted.wait_for(lambda: not self._draw_pending and self._drawer is None)
+
+    def _drawing(self) -> None:
+        while True:
+            with self._draw_wanted:
+                if not self._draw_pending:
+                    self._drawer = None
+                    self._draw_wanted.notify_all()
+                    return
+                self._draw_pending = False
+                history = list(self.history)
+            try:
+                with self._draw_lock:
+                    self._draw(history, None)
+            except Exception as exc:  # a redraw must never stop training
+                self.draw_errors.append(repr(exc))
+
+    def _draw(self, history: list[dict[str, Any]], path: str | Path | None) -> Path:
+        # The object-oriented API (no pyplot): safe off the main thread, no global figure state.
+        from matplotlib.figure import Figure
         from matplotlib.ticker import MaxNLocator
 
         out = Path(path) if path is not None else self.dir / "learning_curve.png"
         panels = []
         for key, label in CURVE_KEYS:
-            points = [(r["step"], r[key]) for r in self.history if isinstance(r.get(key), (int, float))]
+            points = [(r["step"], r[key]) for r in history if isinstance(r.get(key), (int, float))]
             if points:
                 panels.append((label, points))
         cols = 3
         rows = max(1, math.ceil(len(panels) / cols))
-        fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
+        fig = Figure(figsize=(4.2 * cols, 3.0 * rows))
+        axes = fig.subplots(rows, cols, squeeze=False)
         for ax in axes.flat[len(panels) :]:
             ax.axis("off")
         for ax, (label, points) in zip(axes.flat, panels, strict=False):
@@ -128,11 +177,11 @@ class MetricsLogger:
         fig.tight_layout()
         tmp = out.with_suffix(".tmp.png")
         fig.savefig(tmp, dpi=100)
-        plt.close(fig)
         tmp.replace(out)
         return out
 
     def close(self) -> None:
+        self.wait_plotted()
         if self._tb is not None:
             self._tb.close()
         if self._wandb is not None:

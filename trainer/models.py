@@ -242,22 +242,68 @@ def resolve_dtype(dtype: Any) -> Any:
     return resolved
 
 
-def fast_dtype() -> str:
-    """The faster inference dtype here: ``"bfloat16"`` on CUDA or a CPU with native bf16 matmuls
-    (AVX-512 BF16 / AMX), else ``"float32"``.
+# CPU flags that mean bf16 matrix products run natively (not emulated through fp32).
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
-    Without native support PyTorch and vLLM emulate bf16: on this project's AVX2-only AMD EPYC a
-    bf16 576x1536 matmul took 5.7x longer than the fp32 one.
-    """
+
+def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
+    """The CPU feature flags of this machine: the ``flags`` lines of ``/proc/cpuinfo`` (or of the
+    given text). Without ``/proc/cpuinfo`` (not Linux), torch's own checks stand in for the bf16 flags
+    (``torch.cpu._is_avx512_bf16_supported`` / ``_is_amx_tile_supported``, private but present
+    since torch 2.1); an empty set when neither is available."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return _torch_bf16_flags()
+    flags: set[str] = set()
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() in ("flags", "Features"):
+            flags.update(value.split())
+    return frozenset(flags)
+
+
+def _torch_bf16_flags() -> frozenset[str]:
     import torch
 
-    if torch.cuda.is_available():
-        return "bfloat16"
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "float32"
-    return "bfloat16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "float32"
+    found = set()
+    for flag, check in (("avx512_bf16", "_is_avx512_bf16_supported"), ("amx_bf16", "_is_amx_tile_supported")):
+        fn = getattr(torch.cpu, check, None)
+        if fn is not None and fn():
+            found.add(flag)
+    return frozenset(found)
+
+
+def choose_compute_dtype(device_type: str, flags: frozenset[str] | set[str]) -> tuple[str, str]:
+    """The faster matmul dtype for a device, and why: a pure function of the device type and the CPU
+    flags (see :func:`cpu_flags`), so each case can be tested with a given flag set.
+
+    ``("bfloat16", ...)`` on CUDA or a CPU with a flag of :data:`NATIVE_BF16_FLAGS` (AVX-512 BF16,
+    AMX); ``("float32", ...)`` elsewhere: without native support PyTorch and vLLM emulate bf16, and on
+    this project's AVX2-only AMD EPYC a bf16 576x1536 matmul took 5.7x longer than the fp32 one.
+
+    Returns:
+        ``(dtype name, reason)``; the reason is a short phrase for the log line.
+    """
+    if device_type == "cuda":
+        return "bfloat16", "CUDA device"
+    native = [f for f in NATIVE_BF16_FLAGS if f in flags]
+    if native:
+        return "bfloat16", f"CPU with native bf16 ({', '.join(native)})"
+    return (
+        "float32",
+        "CPU without native bf16 (no avx512_bf16/amx_bf16 flag; emulated bf16 is slower than fp32)",
+    )
+
+
+def fast_dtype() -> str:
+    """The faster inference dtype here: ``"bfloat16"`` on CUDA or a CPU with native bf16 matmuls
+    (AVX-512 BF16 / AMX), else ``"float32"`` (:func:`choose_compute_dtype` on this machine)."""
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return choose_compute_dtype(device, cpu_flags() if device == "cpu" else frozenset())[0]
 
 
 def random_model(

@@ -43,10 +43,13 @@ from .learner.checkpoint import (
 )
 from .learner.optim import build_optimizer
 from .learner.policy import (
+    autocast_context,
+    cpu_threads,
     export_weights,
     load_critic,
     load_policy,
     reference_logits_context,
+    resolve_compute_dtype,
     resolve_device,
     trainable_parameters,
 )
@@ -124,6 +127,7 @@ class Trainer:
         self.out.mkdir(parents=True, exist_ok=True)
         seed_everything(cfg.train.seed)
         self.device = resolve_device(cfg.model.device)
+        self._set_up_compute()
         self.model_path = load_model_path(cfg.model.path)
         from .rollout.tokenizer import get_tokenizer
 
@@ -258,14 +262,34 @@ class Trainer:
         finally:
             env.close()
 
+    def _set_up_compute(self) -> None:
+        """Resolve the machine-dependent choices once, at start, and log them in one line (they are not
+        written into ``config.yaml``: ``model.compute_dtype: auto`` stays ``auto`` there).
+
+        - ``compute_dtype``: :func:`~chatgym.trainer.learner.policy.resolve_compute_dtype` (bf16 autocast on
+          CUDA and native-bf16 CPUs, fp32 on AVX2-only CPUs); used by the update and by the reference
+          and old-logprob passes.
+        - ``pack``: on CPU each micro-batch is forwarded packed, without padding
+          (:func:`~chatgym.trainer.learner.update.forward_logprobs_packed`); CUDA keeps padded batches.
+        - torch threads on CPU: set here once to the cores this process may use.
+        """
+        model = self.cfg.model
+        self.compute_dtype, reason = resolve_compute_dtype(model.compute_dtype, model.dtype, self.device)
+        self.pack = self.device.type == "cpu"
+        threads = ""
+        if self.device.type == "cpu":
+            torch.set_num_threads(cpu_threads())
+            threads = f", {torch.get_num_threads()} torch threads"
+        mixed = " autocast" if self.compute_dtype != model.dtype else ""
+        print(
+            f"chatgym: training compute {self.compute_dtype}{mixed} over {model.dtype} weights on "
+            f"{self.device} ({reason}){threads}, {'packed' if self.pack else 'padded'} micro-batches",
+            file=sys.stderr,
+        )
+
     def _autocast(self) -> Any:
-        """Mixed precision per ``model.compute_dtype`` (see :class:`~chatgym.trainer.config.ModelConfig`)."""
-        compute, weights = self.cfg.model.compute_dtype, self.cfg.model.dtype
-        if compute == "auto":
-            compute = "bfloat16" if self.device.type == "cuda" and weights == "float32" else weights
-        if compute == weights:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=getattr(torch, compute))
+        """Mixed precision per the resolved ``compute_dtype`` (see :meth:`_set_up_compute`)."""
+        return autocast_context(self.device, self.compute_dtype, self.cfg.model.dtype)
 
     # ---- pieces of a step -----------------------------------------------------------------------
 
@@ -325,13 +349,13 @@ class Trainer:
     def _reference_logprobs(self, mb: TokenBatch, prefix_len: int) -> torch.Tensor:
         if self.reference == "adapters-off":
             with reference_logits_context(self.policy), self._autocast():
-                return policy_logprobs(self.policy, mb, prefix_len, with_entropy=False)[0]
+                return policy_logprobs(self.policy, mb, prefix_len, with_entropy=False, pack=self.pack)[0]
         with self._autocast():
-            return policy_logprobs(self.reference, mb, prefix_len, with_entropy=False)[0]
+            return policy_logprobs(self.reference, mb, prefix_len, with_entropy=False, pack=self.pack)[0]
 
     def _old_logprobs(self, mb: TokenBatch, prefix_len: int) -> torch.Tensor:
         with self._autocast():
-            return policy_logprobs(self.policy, mb, prefix_len, with_entropy=False)[0]
+            return policy_logprobs(self.policy, mb, prefix_len, with_entropy=False, pack=self.pack)[0]
 
     def _values(self, mb: TokenBatch, prefix_len: int) -> torch.Tensor:
         with self._autocast():
@@ -403,6 +427,7 @@ class Trainer:
                 generator=self.update_generator,
                 autocast=self._autocast,
                 share_prefix=self.share_prefix,
+                pack=self.pack,
             )
             update_s = time.perf_counter() - t1
             passes = algo.ppo_epochs * (2 if self.critic is not None else 1)

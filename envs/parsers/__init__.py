@@ -4,12 +4,16 @@ Formats, chosen by name with :func:`get_parser`:
 
 * ``hermes`` — Hermes / Qwen2.5 / Qwen3 (NousResearch Hermes function-calling format, used by the
   Qwen chat templates): ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks anywhere
-  in the text, one JSON object per block.
+  in the text, one JSON object per block — except where the syntax is mentioned rather than used:
+  a tag not followed by JSON, a block inside markdown code (`` `...` `` or a closed fence) or in
+  quotes is text (:mod:`.quoting`).
 * ``json`` — Llama 3.1 / 3.3 JSON tool calls (Meta's Llama 3 prompt format): the content, after an
   optional ``<|python_tag|>``, is a JSON object ``{"name": ..., "parameters": {...}}`` (``"arguments"``
   is accepted too), a list of them, or several separated by ``;`` or whitespace. Alternatively the
   calls sit in fenced code blocks tagged ``json``. Unfenced JSON must open the content: JSON in the
-  middle of prose is prose.
+  middle of prose is prose. Only objects of the call shape are calls (``name`` plus ``arguments`` /
+  ``parameters``, no other keys but ``type`` / ``id``): ``{"name": "my-app", "version": "1.0.0"}``
+  or a tool's definition (with a ``description``) is data, left in the content.
 * ``pythonic`` — Llama 3.2 / Llama 4 pythonic calls: the content opens with a Python list of calls,
   ``[get_weather(city="Paris"), now()]`` (optionally inside ``<|python_start|>…<|python_end|>``).
   The list is parsed with :mod:`ast` and each keyword value with ``ast.literal_eval``; nothing is
@@ -27,8 +31,9 @@ What every parser guarantees:
   arguments that are (or decode to) an array, a string, a number, a boolean or null are not a call:
   they become an entry of ``errors``. A missing ``arguments`` key (or an empty string) means ``{}``.
 * ``content`` is the text outside the call blocks, stripped; reasoning is kept in it.
-* ``errors`` are short messages for the model, ``"tool call N ..."`` (N counts call attempts from 1).
-  ``parse`` never raises on any ``str``.
+* ``errors`` are short messages for the model, ``"tool call N ..."`` (N counts call attempts from 1);
+  ``error_positions`` says where each stood among the attempts, so the env answers every call, errors
+  included, in the order written (``ParsedAction.in_order``). ``parse`` never raises on any ``str``.
 
 Reasoning (``reasoning_tags``, default ``("<think>", "</think>")``; ``None`` turns it off): calls
 inside ``<think>…</think>`` are not calls, and an unclosed ``<think>`` makes the rest of the turn
@@ -39,7 +44,8 @@ and a backslash that starts no valid JSON escape (``"\\d+"``, a Windows path) is
 backslash, so the call goes through; ``NaN`` / ``Infinity`` are rejected.
 
 Modules: :mod:`.base` (``ParsedAction``, shared checks), one module per format (:mod:`.hermes`,
-:mod:`.llama_json`, :mod:`.pythonic`, :mod:`.openai`), :mod:`.reasoning`, :mod:`.lenient_json`.
+:mod:`.llama_json`, :mod:`.pythonic`, :mod:`.openai`), :mod:`.reasoning`, :mod:`.lenient_json`,
+:mod:`.quoting`.
 """
 
 from __future__ import annotations

@@ -22,12 +22,44 @@ class ParsedAction:
         error_ids: the server's call id of each malformed call, where the turn came structured from an
             OpenAI-compatible server (so the error's ``tool`` message answers that id); empty for
             text-parsed turns.
+        error_positions: where each malformed call stood among all the call attempts of the turn
+            (0-based, same length as ``errors``), so the tool messages answer the calls in the order
+            written (:meth:`in_order`). Not part of ``==``: two parses compare by what they found.
     """
 
     content: str
     calls: list[ToolCall] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     error_ids: list[str | None] = field(default_factory=list)
+    error_positions: list[int] = field(default_factory=list, compare=False)
+
+    def in_order(self) -> list[tuple[str, int]]:
+        """The turn's call attempts in the order written: ``("call", i)`` stands for ``calls[i]`` and
+        ``("error", j)`` for ``errors[j]``.
+
+        Templates pair tool results with calls by position (Qwen's ``<tool_response>`` blocks, Llama's
+        ``ipython`` turns), so a malformed first call must be answered first. Without recorded
+        positions (a ``ParsedAction`` built by hand, or positions that do not fit) the errors follow
+        the calls.
+        """
+        n = len(self.calls) + len(self.errors)
+        positions = self.error_positions
+        if (
+            len(positions) != len(self.errors)
+            or len(set(positions)) != len(positions)
+            or any(not 0 <= p < n for p in positions)
+        ):
+            positions = list(range(len(self.calls), n))
+        error_at = {p: j for j, p in enumerate(positions)}
+        out: list[tuple[str, int]] = []
+        next_call = 0
+        for p in range(n):
+            if p in error_at:
+                out.append(("error", error_at[p]))
+            else:
+                out.append(("call", next_call))
+                next_call += 1
+        return out
 
 
 class ToolCallParser(Protocol):
@@ -82,8 +114,25 @@ def normalise_arguments(raw: Any) -> tuple[dict[str, Any] | None, str | None]:
     return None, f"arguments must be a JSON object, got {json_type(raw)}"
 
 
+# Keys a written-out call may hold besides its name and arguments; anything else (a "description", a
+# "version", an "age") makes the object data or a tool definition, not a call.
+_CALL_KEYS = frozenset({"name", "arguments", "parameters", "type", "id"})
+_WRAPPED_CALL_KEYS = frozenset({"function", "type", "id"})
+
+
 def is_call_object(value: Any) -> bool:
-    return isinstance(value, dict) and ("name" in value or isinstance(value.get("function"), dict))
+    """Whether a JSON value has the shape of a written-out call: ``{"name": ..., "arguments": ...}``
+    (or ``"parameters"``, Llama's key), optionally with ``"type"`` / ``"id"``, or that object wrapped
+    OpenAI-style as ``{"type": "function", "function": {...}}``.
+
+    ``{"name": "my-app", "version": "1.0.0"}`` and ``{"name": "alice", "age": 30}`` are data, and
+    ``{"name": ..., "description": ..., "parameters": {...}}`` is a tool's definition: none is a call.
+    """
+    if not isinstance(value, dict):
+        return False
+    if "name" not in value and isinstance(value.get("function"), dict):
+        return value.keys() <= _WRAPPED_CALL_KEYS and is_call_object(value["function"])
+    return "name" in value and ("arguments" in value or "parameters" in value) and value.keys() <= _CALL_KEYS
 
 
 def call_from_object(obj: Any, n: int) -> tuple[str, dict[str, Any]] | str:
@@ -110,7 +159,18 @@ class CallList:
     calls: list[ToolCall] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     error_ids: list[str | None] = field(default_factory=list)
+    error_positions: list[int] = field(default_factory=list)
     attempts: int = 0
+
+    def action(self, content: str, *, server_ids: bool = False) -> ParsedAction:
+        """The ``ParsedAction`` of this turn; ``server_ids`` keeps the errors' server call ids."""
+        ids = self.error_ids if server_ids else []
+        return ParsedAction(content, self.calls, self.errors, ids, self.error_positions)
+
+    def _error(self, message: str, call_id: str | None) -> None:
+        self.error_positions.append(len(self.calls) + len(self.errors))
+        self.errors.append(message)
+        self.error_ids.append(call_id)
 
     def next_attempt(self) -> int:
         self.attempts += 1
@@ -118,14 +178,14 @@ class CallList:
 
     def add(self, result: tuple[str, dict[str, Any]] | str, call_id: str | None = None) -> None:
         if isinstance(result, str):
-            self.errors.append(result)
-            self.error_ids.append(call_id)
+            self._error(result, call_id)
         else:
             name, args = result
             try:
                 call = make_tool_call(name, args, call_id or f"call_{len(self.calls)}")
             except (ValueError, RecursionError) as exc:  # nesting the decoder took but the encoder refuses
-                self.errors.append(f"tool call {self.attempts} ({name}): arguments cannot be encoded ({exc})")
-                self.error_ids.append(call_id)
+                self._error(
+                    f"tool call {self.attempts} ({name}): arguments cannot be encoded ({exc})", call_id
+                )
                 return
             self.calls.append(call)

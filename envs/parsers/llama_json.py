@@ -13,14 +13,17 @@ from .reasoning import DEFAULT_REASONING_TAGS, answer_start, reasoning_spans
 _FENCE_OPEN = re.compile(r"```json[ \t]*\n?", re.IGNORECASE)
 _FENCE_CLOSE = "```"
 _NAME_KEY = re.compile(r'"name"\s*:')
+_ARGS_KEY = re.compile(r'"(?:arguments|parameters)"\s*:')
 
 
-def _read_json_calls(text: str, pos: int, out: CallList) -> int | None:
+def _read_json_calls(text: str, pos: int, out: CallList, limit: int | None = None) -> int | None:
     """Read call JSON (an object, a list, or several separated by ``;``) starting at ``text[pos]``.
 
-    Returns the index just past the calls, or None when the text there is not a tool call (JSON
-    that holds no ``{"name": ...}`` object, or non-JSON that does not mention ``"name"``), so the
-    caller treats it as prose.
+    Returns the index just past the calls, or None when the text there is not a tool call, so the
+    caller treats it as prose: JSON that holds no object of the call shape (:func:`is_call_object`),
+    or JSON that does not decode and, before ``limit`` (the end of its fence; default: the end of
+    the text), does not name both a ``"name"`` and an ``"arguments"``/``"parameters"`` key (a
+    broken value after a call of the same list is a broken call too).
     """
     values: list[Any] = []
     failure: ValueError | None = None
@@ -39,9 +42,14 @@ def _read_json_calls(text: str, pos: int, out: CallList) -> int | None:
             break
         pos = nxt
     items = [x for v in values for x in (v if isinstance(v, list) else [v])]
-    # A value that fails to decode is a broken call when it mentions "name"; else it is prose.
-    broken = failure is not None and _NAME_KEY.search(text, pos) is not None
-    if not any(is_call_object(x) for x in items) and not broken:
+    calls_before = any(is_call_object(x) for x in items)
+    # A value that fails to decode is a broken call when it reads like one; else it is prose.
+    stop = len(text) if limit is None else limit
+    broken = failure is not None and (
+        calls_before
+        or (_NAME_KEY.search(text, pos, stop) is not None and _ARGS_KEY.search(text, pos, stop) is not None)
+    )
+    if not calls_before and not broken:
         return None
     for item in items:
         out.add(call_from_object(item, out.next_attempt()))
@@ -70,7 +78,7 @@ class JsonParser:
         if text.startswith(("{", "["), pos):
             end = _read_json_calls(text, pos, out)
             if end is not None:
-                return ParsedAction((text[:start] + text[end:]).strip(), out.calls, out.errors)
+                return out.action((text[:start] + text[end:]).strip())
         return self._parse_fenced(text)
 
     def _parse_fenced(self, text: str) -> ParsedAction:
@@ -81,7 +89,9 @@ class JsonParser:
                 continue
             body = skip_ws(text, m.end())
             # _read_json_calls adds nothing to `out` when it returns None.
-            end = _read_json_calls(text, body, out) if text.startswith(("{", "["), body) else None
+            fence_end = text.find(_FENCE_CLOSE, body)
+            limit = len(text) if fence_end == -1 else fence_end
+            end = _read_json_calls(text, body, out, limit) if text.startswith(("{", "["), body) else None
             if end is None:
                 continue  # a json block that is not a call (e.g. the final answer as JSON)
             close = skip_ws(text, end)
@@ -89,4 +99,4 @@ class JsonParser:
             kept.append(text[cursor : m.start()])
             cursor = end
         kept.append(text[cursor:])
-        return ParsedAction("".join(kept).strip(), out.calls, out.errors)
+        return out.action("".join(kept).strip())

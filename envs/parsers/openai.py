@@ -58,7 +58,7 @@ def parse_openai_message(message: Mapping[str, Any]) -> ParsedAction:
     content = message.get("content")
     out = _parse_calls(message.get("tool_calls") or [])
     text = content.strip() if isinstance(content, str) else ""
-    return ParsedAction(text, out.calls, out.errors, out.error_ids)
+    return out.action(text, server_ids=True)
 
 
 @dataclass

@@ -143,7 +143,7 @@ class PythonicParser:
                 return ParsedAction(text.strip())  # prose that starts with "[", e.g. "[1] Smith et al."
             reason = exc.msg if isinstance(exc, SyntaxError) else str(exc)
             out.add(f"tool call {out.next_attempt()}: invalid Python call list ({reason}): {snippet(src)}")
-            return ParsedAction(text[:start].strip(), out.calls, out.errors)
+            return out.action(text[:start].strip())
         elts = tree.body.elts if isinstance(tree.body, ast.List) else []
         if not any(isinstance(e, ast.Call) for e in elts):
             return ParsedAction(text.strip())  # a list that holds no call is an answer, not a call
@@ -152,4 +152,4 @@ class PythonicParser:
         end = skip_ws(text, end)
         if text.startswith(self.end_tag, end):
             end += len(self.end_tag)
-        return ParsedAction((text[:start] + text[end:]).strip(), out.calls, out.errors)
+        return out.action((text[:start] + text[end:]).strip())

@@ -5,6 +5,14 @@ checks and writes, same ids ``HATHAT``/``certificate_3221322``, same fixed clock
 ``2024-05-15T15:00:00``, and the same quirks: cancelling does not release seats, changing flights
 does not update seat counts, a one-stop search's next-day date is ``2024-05-<day+1>`` unpadded).
 tau2's own module is not imported because its package needs litellm/loguru/toml.
+
+Arguments are handled as tau2 handles them, not checked against the JSON schema shown to the model:
+where tau2 builds one of its pydantic models from an argument (``Reservation``, ``Certificate``,
+``Payment``, ``FlightInfo``, ``Passenger``, ...), the same model of :mod:`.airline_models` is built, so
+``amount="50"`` is stored as ``50.0`` and ``amount="fifty"`` fails with pydantic's message; where tau2
+uses or stores an argument as it came (``50 * nonfree_baggages``, ``reservation.total_baggages =
+total_baggages``), so does this code, with Python's own result or error. The database holds what
+``model_dump()`` of tau2's database holds, so its hash (:func:`.toolkit.db_hash`) is tau2's.
 """
 
 from __future__ import annotations
@@ -12,7 +20,17 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from .toolkit import CALCULATE_SPEC, INT, STR, TRANSFER_SPEC, calculate, params, prop
+from .airline_models import (
+    AirportCode,
+    Certificate,
+    DirectFlight,
+    FlightInfo,
+    Passenger,
+    Payment,
+    Reservation,
+    ReservationFlight,
+)
+from .toolkit import CALCULATE_SPEC, INT, STR, TRANSFER_SPEC, calculate, from_dicts, params, plain, prop
 
 CABINS = ["business", "economy", "basic_economy"]
 NOW = "2024-05-15T15:00:00"
@@ -25,13 +43,14 @@ AIRPORTS = [
 ]  # fmt: skip
 
 
-def _passenger(p: dict[str, Any]) -> dict[str, Any]:
-    # tau2 stores pydantic Passenger objects: exactly these three fields, extra keys dropped.
-    return {"first_name": p["first_name"], "last_name": p["last_name"], "dob": p["dob"]}
-
-
 class AirlineTools:
-    """The airline toolkit over ``db`` (``{"flights", "users", "reservations"}``)."""
+    """The airline toolkit over ``db`` (``{"flights", "users", "reservations"}``, as
+    ``FlightDB.model_dump()``: see :func:`.data.fresh_db`).
+
+    The class and parameter names are tau2's, so a call with a missing or unknown argument fails
+    with the same Python message (``AirlineTools.send_certificate() missing 1 required positional
+    argument: 'amount'``).
+    """
 
     def __init__(self, db: dict[str, Any] | None = None):
         self.db = db
@@ -62,30 +81,28 @@ class AirlineTools:
     def _search_direct(self, date, origin=None, destination=None, leave_after=None) -> list[dict[str, Any]]:
         out = []
         for f in self.db["flights"].values():
-            inst = f["dates"].get(date)
+            # tau2's order of tests (an unhashable date fails only once origin and destination match)
             if (
                 (origin is None or f["origin"] == origin)
                 and (destination is None or f["destination"] == destination)
-                and inst is not None
-                and inst["status"] == "available"
+                and date in f["dates"]
+                and f["dates"][date]["status"] == "available"
                 and (leave_after is None or f["scheduled_departure_time_est"] >= leave_after)
             ):
-                out.append(
-                    {
-                        "flight_number": f["flight_number"],
-                        "origin": f["origin"],
-                        "destination": f["destination"],
-                        "status": "available",
-                        "scheduled_departure_time_est": f["scheduled_departure_time_est"],
-                        "scheduled_arrival_time_est": f["scheduled_arrival_time_est"],
-                        "date": None,
-                        "available_seats": dict(inst["available_seats"]),
-                        "prices": dict(inst["prices"]),
-                    }
+                direct = DirectFlight(
+                    flight_number=f["flight_number"],
+                    origin=f["origin"],
+                    destination=f["destination"],
+                    status="available",
+                    scheduled_departure_time_est=f["scheduled_departure_time_est"],
+                    scheduled_arrival_time_est=f["scheduled_arrival_time_est"],
+                    available_seats=f["dates"][date]["available_seats"],
+                    prices=f["dates"][date]["prices"],
                 )
+                out.append(direct.model_dump())
         return out
 
-    def _payment_for_update(self, user: dict[str, Any], payment_id: str, total_price: int) -> dict | None:
+    def _payment_for_update(self, user: dict[str, Any], payment_id: str, total_price: Any) -> dict | None:
         if payment_id not in user["payment_methods"]:
             raise ValueError("Payment method not found")
         method = user["payment_methods"][payment_id]
@@ -95,7 +112,9 @@ class AirlineTools:
             raise ValueError("Gift card balance is not enough")
         if method["source"] == "gift_card":
             method["amount"] -= total_price
-        return {"payment_id": payment_id, "amount": total_price} if total_price != 0 else None
+        # Built after the deduction, as tau2 does: a price that is no int (a fractional baggage
+        # count) fails here with the gift card already charged.
+        return Payment(payment_id=payment_id, amount=total_price).model_dump() if total_price != 0 else None
 
     # ---- tools -----------------------------------------------------------------------------
 
@@ -103,78 +122,77 @@ class AirlineTools:
         self, user_id, origin, destination, flight_type, cabin, flights, passengers, payment_methods,
         total_baggages, nonfree_baggages, insurance,
     ) -> dict[str, Any]:  # fmt: skip
-        flights = [{"flight_number": f["flight_number"], "date": f["date"]} for f in flights]
-        passengers = [_passenger(p) for p in passengers]
-        payments = [{"payment_id": p["payment_id"], "amount": int(p["amount"])} for p in payment_methods]
+        flights = from_dicts(flights, FlightInfo)
+        passengers = from_dicts(passengers, Passenger)
+        payment_methods = from_dicts(payment_methods, Payment)
         user = self._user(user_id)
         reservation_id = next(
             (r for r in ("HATHAT", "HATHAU", "HATHAV") if r not in self.db["reservations"]), None
         )
         if reservation_id is None:
             raise ValueError("Too many reservations")
-        reservation = {
-            "reservation_id": reservation_id,
-            "user_id": user_id,
-            "origin": origin,
-            "destination": destination,
-            "flight_type": flight_type,
-            "cabin": cabin,
-            "flights": [],
-            "passengers": copy.deepcopy(passengers),
-            "payment_history": copy.deepcopy(payments),
-            "created_at": NOW,
-            "total_baggages": int(total_baggages),
-            "nonfree_baggages": int(nonfree_baggages),
-            "insurance": insurance,
-            "status": None,
-        }
+        reservation = Reservation(
+            reservation_id=reservation_id,
+            user_id=user_id,
+            origin=origin,
+            destination=destination,
+            flight_type=flight_type,
+            cabin=cabin,
+            flights=[],
+            passengers=copy.deepcopy(passengers),
+            payment_history=copy.deepcopy(payment_methods),
+            created_at=NOW,
+            total_baggages=total_baggages,
+            nonfree_baggages=nonfree_baggages,
+            insurance=insurance,
+        )
         total_price = 0
         instances = []
-        for info in flights:
-            number = info["flight_number"]
+        for info in flights:  # FlightInfo models, or tau2's AttributeError on anything else
+            number = info.flight_number
             flight = self._flight(number)
-            inst = self._instance(number, info["date"])
+            inst = self._instance(number, info.date)
             if inst["status"] != "available":
-                raise ValueError(f"Flight {number} not available on date {info['date']}")
+                raise ValueError(f"Flight {number} not available on date {info.date}")
             if inst["available_seats"][cabin] < len(passengers):
                 raise ValueError(f"Not enough seats on flight {number}")
             price = inst["prices"][cabin]
-            reservation["flights"].append(
-                {
-                    "flight_number": number,
-                    "origin": flight["origin"],
-                    "destination": flight["destination"],
-                    "date": info["date"],
-                    "price": price,
-                }
+            reservation.flights.append(
+                ReservationFlight(
+                    origin=flight["origin"],
+                    destination=flight["destination"],
+                    flight_number=number,
+                    date=info.date,
+                    price=price,
+                )
             )
             instances.append(inst)
             total_price += price * len(passengers)
         if insurance == "yes":
             total_price += 30 * len(passengers)
-        total_price += 50 * int(nonfree_baggages)
-        for p in payments:
-            if p["payment_id"] not in user["payment_methods"]:
-                raise ValueError(f"Payment method {p['payment_id']} not found")
-            method = user["payment_methods"][p["payment_id"]]
-            if method["source"] in {"gift_card", "certificate"} and method["amount"] < p["amount"]:
-                raise ValueError(f"Not enough balance in payment method {p['payment_id']}")
-        total_payment = sum(p["amount"] for p in payments)
+        total_price += 50 * nonfree_baggages  # the argument as given: "1" fails here, as in tau2
+        for p in payment_methods:
+            if p.payment_id not in user["payment_methods"]:
+                raise ValueError(f"Payment method {p.payment_id} not found")
+            method = user["payment_methods"][p.payment_id]
+            if method["source"] in {"gift_card", "certificate"} and method["amount"] < p.amount:
+                raise ValueError(f"Not enough balance in payment method {p.payment_id}")
+        total_payment = sum(p.amount for p in payment_methods)
         if total_payment != total_price:
             raise ValueError(
                 f"Payment amount does not add up, total price is {total_price}, but paid {total_payment}"
             )
-        for p in payments:
-            method = user["payment_methods"][p["payment_id"]]
+        for p in payment_methods:
+            method = user["payment_methods"][p.payment_id]
             if method["source"] == "gift_card":
-                method["amount"] -= p["amount"]
+                method["amount"] -= p.amount
             elif method["source"] == "certificate":
-                user["payment_methods"].pop(p["payment_id"])
+                user["payment_methods"].pop(p.payment_id)
         for inst in instances:
             inst["available_seats"][cabin] -= len(passengers)
-        self.db["reservations"][reservation_id] = reservation
-        user["reservations"].append(reservation_id)
-        return reservation
+        stored = self.db["reservations"][reservation_id] = reservation.model_dump()
+        self.db["users"][user_id]["reservations"].append(reservation_id)
+        return stored
 
     def calculate(self, expression: str) -> str:
         return calculate(expression)
@@ -182,7 +200,8 @@ class AirlineTools:
     def cancel_reservation(self, reservation_id: str) -> dict[str, Any]:
         reservation = self._reservation(reservation_id)
         refunds = [
-            {"payment_id": p["payment_id"], "amount": -p["amount"]} for p in reservation["payment_history"]
+            Payment(payment_id=p["payment_id"], amount=-p["amount"]).model_dump()
+            for p in reservation["payment_history"]
         ]
         reservation["payment_history"].extend(refunds)
         reservation["status"] = "cancelled"
@@ -195,7 +214,7 @@ class AirlineTools:
         return self._user(user_id)
 
     def list_all_airports(self) -> list[dict[str, str]]:
-        return [{"iata": code, "city": city} for code, city in AIRPORTS]
+        return [AirportCode(iata=code, city=city).model_dump() for code, city in AIRPORTS]
 
     def search_direct_flight(self, origin: str, destination: str, date: str) -> list[dict[str, Any]]:
         return self._search_direct(date=date, origin=origin, destination=destination)
@@ -220,11 +239,8 @@ class AirlineTools:
         user = self._user(user_id)
         for payment_id in (f"certificate_{i}" for i in (3221322, 3221323, 3221324)):
             if payment_id not in user["payment_methods"]:
-                user["payment_methods"][payment_id] = {
-                    "source": "certificate",
-                    "id": payment_id,
-                    "amount": float(amount),
-                }
+                certificate = Certificate(id=payment_id, amount=amount, source="certificate")
+                user["payment_methods"][payment_id] = certificate.model_dump()  # "50" -> 50.0
                 return f"Certificate {payment_id} added to user {user_id} with amount {amount}."
         raise ValueError("Too many certificates")
 
@@ -234,16 +250,17 @@ class AirlineTools:
     def update_reservation_baggages(self, reservation_id, total_baggages, nonfree_baggages, payment_id):
         reservation = self._reservation(reservation_id)
         user = self._user(reservation["user_id"])
-        total_price = 50 * max(0, int(nonfree_baggages) - reservation["nonfree_baggages"])
+        total_price = 50 * max(0, nonfree_baggages - reservation["nonfree_baggages"])
         payment = self._payment_for_update(user, payment_id, total_price)
         if payment is not None:
             reservation["payment_history"].append(payment)
-        reservation["total_baggages"] = int(total_baggages)
-        reservation["nonfree_baggages"] = int(nonfree_baggages)
+        # tau2 assigns the arguments to its model unvalidated: stored (and hashed) as given.
+        reservation["total_baggages"] = total_baggages
+        reservation["nonfree_baggages"] = nonfree_baggages
         return reservation
 
     def update_reservation_flights(self, reservation_id, cabin, flights, payment_id):
-        flights = [{"flight_number": f["flight_number"], "date": f["date"]} for f in flights]
+        flights = from_dicts(flights, FlightInfo)
         reservation = self._reservation(reservation_id)
         user = self._user(reservation["user_id"])
         n = len(reservation["passengers"])
@@ -254,8 +271,8 @@ class AirlineTools:
                 (
                     f
                     for f in reservation["flights"]
-                    if f["flight_number"] == info["flight_number"]
-                    and f["date"] == info["date"]
+                    if f["flight_number"] == info.flight_number
+                    and f["date"] == info.date
                     and cabin == reservation["cabin"]
                 ),
                 None,
@@ -264,35 +281,35 @@ class AirlineTools:
                 total_price += kept["price"] * n
                 new_flights.append(kept)
                 continue
-            flight = self._flight(info["flight_number"])
-            inst = self._instance(info["flight_number"], info["date"])
+            flight = self._flight(info.flight_number)
+            inst = self._instance(info.flight_number, info.date)
             if inst["status"] != "available":
-                raise ValueError(f"Flight {info['flight_number']} not available on date {info['date']}")
+                raise ValueError(f"Flight {info.flight_number} not available on date {info.date}")
             if inst["available_seats"][cabin] < n:
-                raise ValueError(f"Not enough seats on flight {info['flight_number']}")
-            new = {
-                "flight_number": info["flight_number"],
-                "origin": flight["origin"],
-                "destination": flight["destination"],
-                "date": info["date"],
-                "price": inst["prices"][cabin],
-            }
-            total_price += new["price"] * n
-            new_flights.append(new)
+                raise ValueError(f"Not enough seats on flight {info.flight_number}")
+            new = ReservationFlight(
+                flight_number=info.flight_number,
+                date=info.date,
+                price=inst["prices"][cabin],
+                origin=flight["origin"],
+                destination=flight["destination"],
+            )
+            total_price += new.price * n
+            new_flights.append(new.model_dump())
         total_price -= sum(f["price"] for f in reservation["flights"]) * n
         payment = self._payment_for_update(user, payment_id, total_price)
         if payment is not None:
             reservation["payment_history"].append(payment)
         reservation["flights"] = new_flights
-        reservation["cabin"] = cabin
+        reservation["cabin"] = cabin  # unvalidated, as in tau2
         return reservation
 
     def update_reservation_passengers(self, reservation_id, passengers):
-        passengers = [_passenger(p) for p in passengers]
+        passengers = from_dicts(passengers, Passenger)
         reservation = self._reservation(reservation_id)
         if len(passengers) != len(reservation["passengers"]):
             raise ValueError("Number of passengers does not match")
-        reservation["passengers"] = copy.deepcopy(passengers)
+        reservation["passengers"] = plain(copy.deepcopy(passengers))
         return reservation
 
     def get_flight_status(self, flight_number: str, date: str) -> str:

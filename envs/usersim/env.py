@@ -19,7 +19,8 @@ the dialogue with roles flipped (no tool traffic). Pass an engine-backed one
 (``chatgym.trainer.engines.responder``); the default is a scripted user that states the task's
 reason for calling and known info, then stops.
 
-Reward (tau2's default reward basis ``DB × COMMUNICATE``): ``db`` is 1 when the final database equals
+Reward (tau2's default reward basis ``DB × COMMUNICATE``): ``db`` is 1 when tau2's hash of the final
+database (:func:`.toolkit.db_hash`: SHA-256 of the sorted-key JSON, types included) equals the hash of
 the one obtained by replaying the task's expected actions on a fresh copy (errors in a replayed
 action are ignored, as tau2 does); ``communicate`` is 1 when every ``communicate_info`` string occurs
 (case-insensitive, commas removed from the message) in some assistant message. Both are in
@@ -28,8 +29,12 @@ evaluation does not score them either). A task without write actions is solved b
 so on those tasks an agent that does nothing scores 1.0, as in tau2.
 
 The domain tools are our own code, faithful to tau2's (:mod:`.airline`, :mod:`.retail`): tau2's
-package cannot be imported with chatgym's dependencies. ``scripts/tau2_fidelity.py`` compares them
-with tau2's own call by call (same outputs and final databases on every shipped task's actions).
+package cannot be imported with chatgym's dependencies. As in tau2, arguments are not checked against
+the schema the model is shown: each tool accepts, coerces (pydantic's lax mode, through the same
+models as tau2's: ``send_certificate(amount="50")`` stores ``50.0``) and refuses what tau2's does.
+``scripts/tau2_fidelity.py`` compares them with tau2's own call by call (same outputs and database
+hashes on every shipped task's actions, and on those actions with mutated argument types);
+``tests/test_usersim_tau2_fidelity.py`` replays a recorded sample of that comparison.
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ from .airline import SPECS as AIRLINE_SPECS
 from .airline import AirlineTools
 from .retail import SPECS as RETAIL_SPECS
 from .retail import RetailTools
-from .toolkit import bind_tools
+from .toolkit import bind_tools, db_hash
 
 STOP = "###STOP###"
 TRANSFER = "###TRANSFER###"
@@ -65,7 +70,8 @@ _MISSING = object()
 def db_diff(base: dict[str, Any], db: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The entries of ``db`` that differ from ``base``, per collection (``flights``, ``users``,
     ``orders``, ...): ``{collection: {key: entry}}``; a removed entry maps to a private sentinel.
-    Entries compare by value (``==``), so ``100 == 100.0`` as pydantic's coercion would make them."""
+    Entries compare by value (``==``, so ``100 == 100.0``): a view for reading; the reward compares
+    tau2's hashes (:func:`gold_hash`), where the types count too."""
     out: dict[str, dict[str, Any]] = {}
     for coll in base.keys() | db.keys():
         a, b = base.get(coll, {}), db.get(coll, {})
@@ -105,6 +111,19 @@ def replay(
 
 
 @functools.lru_cache(maxsize=512)
+def _shipped_gold_hash(domain: str, task_id: str) -> str:
+    return db_hash(replay(domain, expected_actions(data.shipped_task(domain, task_id))))
+
+
+def gold_hash(domain: str, task: dict[str, Any]) -> str:
+    """tau2's hash (:func:`.toolkit.db_hash`) of the database after the task's expected actions (the
+    gold environment of tau2's ``EnvironmentEvaluator``); cached per shipped task."""
+    if task == data.shipped_task(domain, task.get("task_id")):
+        return _shipped_gold_hash(domain, task["task_id"])
+    return db_hash(replay(domain, expected_actions(task)))
+
+
+@functools.lru_cache(maxsize=512)
 def _shipped_gold_diff(domain: str, task_id: str) -> dict[str, dict[str, Any]]:
     task = data.shipped_task(domain, task_id)
     return db_diff(data.shipped_db(domain), replay(domain, expected_actions(task)))
@@ -112,7 +131,7 @@ def _shipped_gold_diff(domain: str, task_id: str) -> dict[str, dict[str, Any]]:
 
 def gold_diff(domain: str, task: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """What the task's expected actions change in the shipped database (:func:`db_diff`); cached
-    per shipped task (a few entries each)."""
+    per shipped task (a few entries each). For reading; the reward compares :func:`gold_hash`."""
     if task == data.shipped_task(domain, task.get("task_id")):
         return _shipped_gold_diff(domain, task["task_id"])
     return db_diff(data.shipped_db(domain), replay(domain, expected_actions(task)))
@@ -274,9 +293,9 @@ class UserSimEnv(ChatEnv):
         return {s: any(s.lower() in text for text in said) for s in communicate_info(self.task)}
 
     def reward_components(self) -> dict[str, float]:
-        """``{"db": 0|1, "communicate": 0|1}`` for the current state of the episode."""
-        got = db_diff(data.shipped_db(self.domain), self.toolkit.db)
-        db = float(got == gold_diff(self.domain, self.task))
+        """``{"db": 0|1, "communicate": 0|1}`` for the current state of the episode (``db``: tau2's
+        comparison, equal hashes of this episode's database and the gold one)."""
+        db = float(db_hash(self.toolkit.db) == gold_hash(self.domain, self.task))
         return {"db": db, "communicate": float(all(self._communicate_checks().values()))}
 
     # ---- the scripted reference agent ------------------------------------------------------

@@ -5,6 +5,10 @@ gift-card balances rounded to cents, and tau2's quirk in ``modify_pending_order_
 modified item takes the price and options of the LAST new item in the call) so that replaying a
 task's expected actions gives the database tau2 expects. tau2's own module is not imported because
 its package needs litellm/loguru/toml.
+
+Arguments are handled as tau2 handles them (see :mod:`.airline`): the models tau2 builds from them
+(``UserAddress``, ``OrderPayment``) are built from :mod:`.retail_models`, with pydantic's coercion and
+messages; everything else is used and stored as given.
 """
 
 from __future__ import annotations
@@ -13,11 +17,14 @@ import copy
 import json
 from typing import Any
 
+from .retail_models import OrderPayment, UserAddress
 from .toolkit import CALCULATE_SPEC, STR, STR_LIST, TRANSFER_SPEC, calculate, params, prop
 
 
 class RetailTools:
-    """The retail toolkit over ``db`` (``{"products", "users", "orders"}``)."""
+    """The retail toolkit over ``db`` (``{"products", "users", "orders"}``, as ``RetailDB.model_dump()``:
+    see :func:`.data.fresh_db`). Class and parameter names are tau2's (the same Python message for a
+    missing or unknown argument)."""
 
     def __init__(self, db: dict[str, Any] | None = None):
         self.db = db
@@ -72,11 +79,11 @@ class RetailTools:
         refunds = []
         for payment in order["payment_history"]:
             refunds.append(
-                {
-                    "transaction_type": "refund",
-                    "amount": payment["amount"],
-                    "payment_method_id": payment["payment_method_id"],
-                }
+                OrderPayment(
+                    transaction_type="refund",
+                    amount=payment["amount"],
+                    payment_method_id=payment["payment_method_id"],
+                ).model_dump()
             )
             method = self._payment_method(order["user_id"], payment["payment_method_id"])
             if method["source"] == "gift_card":  # refunded to the gift card at once
@@ -94,7 +101,7 @@ class RetailTools:
         if len(item_ids) != len(new_item_ids):
             raise ValueError("The number of items to be exchanged should match.")
         diff_price = 0
-        for item_id, new_item_id in zip(item_ids, new_item_ids, strict=True):
+        for item_id, new_item_id in zip(item_ids, new_item_ids, strict=False):  # strings zip too
             item = next((i for i in order["items"] if i["item_id"] == item_id), None)
             if item is None:
                 raise ValueError(f"Item {item_id} not found")
@@ -145,9 +152,9 @@ class RetailTools:
         order = self._order(order_id)
         if "pending" not in order["status"]:
             raise ValueError("Non-pending order cannot be modified")
-        order["address"] = {
-            "address1": address1, "address2": address2, "city": city, "country": country, "state": state, "zip": zip,
-        }  # fmt: skip
+        order["address"] = UserAddress(
+            address1=address1, address2=address2, city=city, state=state, country=country, zip=zip
+        ).model_dump()
         return order
 
     def modify_pending_order_items(self, order_id, item_ids, new_item_ids, payment_method_id):
@@ -159,7 +166,7 @@ class RetailTools:
             raise ValueError("The number of items to be exchanged should match")
         diff_price = 0
         variant = None
-        for item_id, new_item_id in zip(item_ids, new_item_ids, strict=True):
+        for item_id, new_item_id in zip(item_ids, new_item_ids, strict=False):
             if item_id == new_item_id:
                 raise ValueError("The new item id should be different from the old item id")
             item = next((i for i in order["items"] if i["item_id"] == item_id), None)
@@ -173,15 +180,15 @@ class RetailTools:
         if method["source"] == "gift_card" and method["balance"] < diff_price:
             raise ValueError("Insufficient gift card balance to pay for the new item")
         order["payment_history"].append(
-            {
-                "transaction_type": "payment" if diff_price > 0 else "refund",
-                "amount": abs(diff_price),
-                "payment_method_id": payment_method_id,
-            }
+            OrderPayment(  # amount a float, as tau2 stores it (an empty change: 0 -> 0.0)
+                transaction_type="payment" if diff_price > 0 else "refund",
+                amount=abs(diff_price),
+                payment_method_id=payment_method_id,
+            ).model_dump()
         )
         if method["source"] == "gift_card":
             method["balance"] = round(method["balance"] - diff_price, 2)
-        for item_id, new_item_id in zip(item_ids, new_item_ids, strict=True):
+        for item_id, new_item_id in zip(item_ids, new_item_ids, strict=False):
             item = next((i for i in order["items"] if i["item_id"] == item_id), None)
             if item is None:
                 raise ValueError(f"Item {item_id} not found")
@@ -207,8 +214,10 @@ class RetailTools:
         old_id = history[0]["payment_method_id"]
         history.extend(
             [
-                {"transaction_type": "payment", "amount": amount, "payment_method_id": payment_method_id},
-                {"transaction_type": "refund", "amount": amount, "payment_method_id": old_id},
+                OrderPayment(
+                    transaction_type="payment", amount=amount, payment_method_id=payment_method_id
+                ).model_dump(),
+                OrderPayment(transaction_type="refund", amount=amount, payment_method_id=old_id).model_dump(),
             ]
         )
         if method["source"] == "gift_card":
@@ -220,9 +229,9 @@ class RetailTools:
 
     def modify_user_address(self, user_id, address1, address2, city, state, country, zip):
         user = self._user(user_id)
-        user["address"] = {
-            "address1": address1, "address2": address2, "city": city, "country": country, "state": state, "zip": zip,
-        }  # fmt: skip
+        user["address"] = UserAddress(
+            address1=address1, address2=address2, city=city, state=state, country=country, zip=zip
+        ).model_dump()
         return user
 
     def return_delivered_order_items(self, order_id, item_ids, payment_method_id):

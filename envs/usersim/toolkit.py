@@ -4,13 +4,21 @@ A toolkit is an object with a ``db`` attribute (the episode's private copy of th
 plain JSON dicts) and one method per tool. Each tool is exposed as a chatgym :class:`Tool` whose
 result text is what tau2 shows its agent: a string as is, anything else as JSON; an exception in
 the tool becomes ``"Error: <message>"`` (tau2's ``Environment.get_response``).
+
+tau2 checks no argument against a schema before it calls a tool: the Python method runs with the
+arguments as given, and what it accepts, coerces or refuses is what the method and the pydantic
+models it builds do. :class:`Tau2Tool` does the same (the typed schema is still what the model is
+shown), and :func:`db_hash` is tau2's hash of a database, which its evaluator compares.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
 from typing import Any
+
+from pydantic import BaseModel
 
 from ..tools import Tool, ToolResult
 
@@ -43,6 +51,44 @@ def as_text(resp: Any) -> str:
     return json.dumps(resp, default=str)
 
 
+def db_hash(db: dict[str, Any]) -> str:
+    """tau2's hash of a database (``tau2.utils.get_dict_hash`` of ``DB.model_dump()``): SHA-256 hex
+    of ``json.dumps(db, sort_keys=True, default=str)``. Types count: ``50``, ``50.0`` and ``"50"``
+    hash differently, as they do in tau2's evaluator."""
+    return hashlib.sha256(json.dumps(db, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def from_dicts(items: Any, model: type[BaseModel]) -> Any:
+    """tau2's idiom for list arguments: if every item is a dict, ``[model(**item) ...]`` (pydantic
+    validates and coerces each; extra keys are dropped), otherwise ``items`` unchanged (and the
+    tool fails later as tau2's does). Raises ``TypeError`` when ``items`` is not iterable,
+    ``pydantic.ValidationError`` when an item does not validate."""
+    if all(isinstance(item, dict) for item in items):
+        return [model(**item) for item in items]
+    return items
+
+
+def plain(value: Any) -> Any:
+    """``value`` as tau2's ``model_dump()`` shows it once stored in a model field: models (also
+    inside lists) become dicts, anything else stays as it is."""
+    if isinstance(value, BaseModel):
+        return value.model_dump()
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    return value
+
+
+class Tau2Tool(Tool):
+    """A :class:`Tool` that, like tau2, calls its function without checking the arguments against
+    the schema first: the function's own validation (pydantic models, Python's argument binding)
+    decides, with tau2's messages."""
+
+    def validate(self, arguments: Any) -> list[str]:
+        if not isinstance(arguments, dict):  # tau2's ToolCall.arguments is a dict too
+            return super().validate(arguments)
+        return []
+
+
 def bind_tools(toolkit: Any, specs: Sequence[tuple[str, str, dict[str, Any]]]) -> list[Tool]:
     """Tools for ``toolkit``'s methods: ``specs`` rows are ``(name, description, parameters)``."""
 
@@ -57,7 +103,7 @@ def bind_tools(toolkit: Any, specs: Sequence[tuple[str, str, dict[str, Any]]]) -
 
         return call
 
-    return [Tool(name=n, description=d, parameters=p, fn=make(n)) for n, d, p in specs]
+    return [Tau2Tool(name=n, description=d, parameters=p, fn=make(n)) for n, d, p in specs]
 
 
 def calculate(expression: str) -> str:

@@ -24,6 +24,13 @@ class SamplingParams:
         top_p, top_k: nucleus / top-k filtering (top_k = -1 disables it).
         stop_token_ids: generation ends after any of these ids (they are kept in ``token_ids``);
             the model's EOS ids are added by the engine.
+        stop: stop strings (vLLM/SGLang/OpenAI ``stop``): generation ends after the first token whose
+            addition makes the decoded completion (``skip_special_tokens=False``) contain one of them.
+            That whole token is kept, so the stop string's sampled ids stay in ``token_ids`` exactly as
+            sampled (logprobs aligned), and a token that completes the match and carries more text
+            (a ``">"``-plus-newline token after ``"</search"``) is kept whole: vLLM's
+            ``include_stop_str_in_output`` behaviour. Only the completion's text is searched, never
+            the prompt. A ``str`` is read as one stop string. See ``common.StopStringChecker``.
         seed: per-request seed for reproducible sampling, or None.
         logprobs: return the sampled token's logprob for every generated token.
     """
@@ -35,8 +42,14 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
     logprobs: bool = True
+    stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        bad = [s for s in stop if not isinstance(s, str) or not s]
+        if bad:
+            raise ValueError(f"SamplingParams.stop must hold non-empty strings, got {bad[:3]!r}")
+        object.__setattr__(self, "stop", stop)  # frozen: a list given by the caller becomes a tuple
         if self.max_tokens <= 0:
             raise ValueError(f"SamplingParams.max_tokens must be > 0, got {self.max_tokens}")
         if self.temperature < 0:
@@ -53,9 +66,14 @@ class Completion:
         token_ids: generated ids, exactly as sampled (``list[int]``, length n).
         logprobs: log-probability of each sampled id under the engine's model (``list[float]``,
             length n, aligned 1:1 with ``token_ids``); empty when not requested.
-        finish_reason: ``stop`` (an EOS/stop id was sampled — judged on the completion's ids only),
-            ``length`` (hit ``max_tokens``), ``abort`` (cancelled / engine error).
-        text: the decoded ids (for display and parsing only; never re-encoded).
+        finish_reason: ``stop`` (an EOS/stop id was sampled — judged on the completion's ids only —
+            or a stop string was completed), ``length`` (hit ``max_tokens``), ``abort`` (cancelled /
+            engine error).
+        text: the decoded ids (for display and parsing only; never re-encoded). The final EOS/stop id
+            of a ``stop`` completion is left out; a stop string is kept (it is content).
+        stop_reason: what ended a ``stop`` completion: the stop string (``str``) that matched, or the
+            EOS/stop id (``int``) sampled last; ``None`` for ``length``/``abort`` (vLLM's
+            ``CompletionOutput.stop_reason``, except that an EOS id is named too).
     """
 
     token_ids: list[int]
@@ -63,6 +81,7 @@ class Completion:
     finish_reason: FinishReason
     text: str = ""
     info: dict[str, Any] = field(default_factory=dict)
+    stop_reason: int | str | None = None
 
 
 @runtime_checkable

@@ -1,4 +1,5 @@
-"""Rules every engine applies the same way: stop ids, finish reason, completion text, prompt checks.
+"""Rules every engine applies the same way: stop ids, stop strings, finish reason, completion text,
+prompt checks.
 
 Keeping them in one place is what makes engines interchangeable: the same ids give the same
 ``finish_reason`` and ``text`` whichever backend produced them.
@@ -43,17 +44,125 @@ def judge_finish(token_ids: Sequence[int], stop: frozenset[int]) -> FinishReason
     return "stop" if token_ids and token_ids[-1] in stop else "length"
 
 
-def completion_text(tokenizer: Any, token_ids: Sequence[int], finish_reason: str) -> str:
+def judge_stop(
+    token_ids: Sequence[int], stop: frozenset[int], stop_string: str | None = None
+) -> tuple[FinishReason, int | str | None]:
+    """``(finish_reason, stop_reason)`` of a completion.
+
+    ``("stop", stop_string)`` when a stop string ended it (the engine's match, see
+    :class:`StopStringChecker`); else ``("stop", id)`` when its LAST id is a stop id (judged on the
+    completion's ids only, as in :func:`judge_finish`); else ``("length", None)``.
+    """
+    if stop_string is not None:
+        return "stop", stop_string
+    if token_ids and token_ids[-1] in stop:
+        return "stop", int(token_ids[-1])
+    return "length", None
+
+
+def completion_text(
+    tokenizer: Any, token_ids: Sequence[int], finish_reason: str, stop_reason: int | str | None = None
+) -> str:
     """Decode a completion for display and tool-call parsing.
 
     The final stop/EOS id of a ``stop`` completion is left out of the text (it ends the turn; it is
-    not content); every other id, special or not, is decoded (``skip_special_tokens=False``) so the
-    text shows exactly what was generated. Empty when there is no tokenizer.
+    not content) — unless a stop string ended it (``stop_reason`` is a ``str``): then the last id is
+    part of the stop string and is kept. Every other id, special or not, is decoded
+    (``skip_special_tokens=False``) so the text shows exactly what was generated. Empty when there is
+    no tokenizer.
     """
     if tokenizer is None:
         return ""
-    ids = list(token_ids[:-1] if finish_reason == "stop" else token_ids)
+    drop_last = finish_reason == "stop" and not isinstance(stop_reason, str)
+    ids = list(token_ids[:-1] if drop_last else token_ids)
     return tokenizer.decode(ids, skip_special_tokens=False)
+
+
+# ---- stop strings -------------------------------------------------------------------------------
+#
+# What is kept: generation ends after the FIRST token whose addition makes the decoded completion
+# contain a stop string, and that token is kept whole: the ids are exactly what was sampled (a stop
+# string is never re-tokenized or trimmed from the ids), even when the completing token carries text
+# past the match (the text then holds a few characters after the stop string). This is vLLM's rule
+# with ``include_stop_str_in_output=True`` (its detokenizer checks the text after every token and
+# ends the request on the token that completes the match); SGLang with ``no_stop_trim`` keeps the
+# same ids. When one token completes several stop strings, the one whose first occurrence ends
+# earliest in the text is named (ties: the order given). The text is decoded with
+# ``skip_special_tokens=False``; only the completion is searched, never the prompt.
+
+
+def earliest_stop(text: str, stops: Sequence[str]) -> str | None:
+    """The stop string whose first occurrence in ``text`` ends earliest (ties: first in ``stops``)."""
+    best: tuple[int, int] | None = None
+    for order, s in enumerate(stops):
+        at = text.find(s)
+        if at != -1 and (best is None or (at + len(s), order) < best):
+            best = (at + len(s), order)
+    return None if best is None else stops[best[1]]
+
+
+class StopStringChecker:
+    """Tells, after each generated token, whether that token completed a stop string.
+
+    Call it with the completion's ids so far, once per new id (ids must only grow): it decodes the
+    last ``window`` ids (enough for the longest stop string even at one byte per token, plus slack
+    for a partial character at the window's start) and returns the stop string matched there, else
+    None. A match ending before the newest id would have been found at an earlier call, so a match in
+    the window is one the newest id completed. One decode of a few dozen ids per step, whatever the
+    completion's length.
+
+    Args:
+        tokenizer: the model's tokenizer (``decode``).
+        stops: the stop strings (non-empty).
+
+    Raises:
+        ValueError: no tokenizer, or no stop strings.
+    """
+
+    def __init__(self, tokenizer: Any, stops: Sequence[str]) -> None:
+        if tokenizer is None:
+            raise ValueError("stop strings need the model's tokenizer to decode the completion")
+        if not stops:
+            raise ValueError("StopStringChecker needs at least one stop string")
+        self.tokenizer = tokenizer
+        self.stops = tuple(stops)
+        # A character is at most 4 UTF-8 bytes and a byte-level token at least one byte.
+        self.window = 4 * max(len(s) for s in self.stops) + 8
+
+    def __call__(self, token_ids: Sequence[int]) -> str | None:
+        text = self.tokenizer.decode(list(token_ids[-self.window :]), skip_special_tokens=False)
+        return earliest_stop(text, self.stops)
+
+
+def first_stop_cut(tokenizer: Any, token_ids: Sequence[int], stops: Sequence[str]) -> tuple[int, str] | None:
+    """Where the stop-string rule cuts a finished completion: ``(n, stop)`` with ``n`` the smallest
+    count such that ``decode(token_ids[:n])`` contains a stop string (keep ``token_ids[:n]``), or None
+    when the whole completion contains none.
+
+    Used on completions that were generated without the rule (a scripted policy, an engine or server
+    that ignored ``stop``) and to check an engine's cut. One full decode, then a binary search over
+    prefixes (containment only grows with the prefix).
+    """
+    if not stops or not token_ids:
+        return None
+    if tokenizer is None:
+        raise ValueError("stop strings need the model's tokenizer to decode the completion")
+
+    def hit(n: int) -> str | None:
+        return earliest_stop(tokenizer.decode(list(token_ids[:n]), skip_special_tokens=False), stops)
+
+    if hit(len(token_ids)) is None:
+        return None
+    lo, hi = 1, len(token_ids)  # hit(hi) holds; find the smallest such n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if hit(mid) is None:
+            lo = mid + 1
+        else:
+            hi = mid
+    found = hit(lo)
+    assert found is not None
+    return lo, found
 
 
 def check_prompt(
@@ -172,3 +281,23 @@ def server_finish(
         return judge_finish(token_ids, stop)
     reason = server_reason.get("type") if isinstance(server_reason, dict) else server_reason
     return reason if reason in ("stop", "length") else "abort"
+
+
+def server_stop(
+    token_ids: Sequence[int], stop: frozenset[int], eos_known: bool, server_reason: Any, server_matched: Any
+) -> tuple[FinishReason, int | str | None]:
+    """``(finish_reason, stop_reason)`` of a server completion.
+
+    A stop string the server names (``server_matched``: vLLM's ``stop_reason``, SGLang's
+    ``finish_reason.matched``) ends it with that string. Otherwise as :func:`server_finish`, with the
+    last id as the stop reason when the ids are judged locally, else the server's matched id (or None).
+    """
+    if isinstance(server_matched, str):
+        return "stop", server_matched
+    if eos_known:
+        return judge_stop(token_ids, stop)
+    finish = server_finish(token_ids, stop, False, server_reason)
+    matched = (
+        server_matched if isinstance(server_matched, int) and not isinstance(server_matched, bool) else None
+    )
+    return finish, matched if finish == "stop" else None

@@ -7,7 +7,9 @@ scheduling, Orca, Yu et al., OSDI 2022; the cache handling is in :mod:`.hf_batch
 a whole batch to end, which matters under the collector's traffic: episodes send their turns at
 different times. ``continuous=False`` restores the older policy (new requests wait until the batch is
 empty), kept for comparison in ``benchmarks/hf_continuous.py``. Each row keeps its own sampling
-settings (temperature, top-p, top-k, stop ids, max tokens, seed).
+settings (temperature, top-p, top-k, stop ids, stop strings, max tokens, seed). Stop strings are
+matched on the decoded text after every token (``common.StopStringChecker``: the row ends on the token
+that completes one, which is kept).
 
 Logprobs: each returned logprob is ``log_softmax(logits)[sampled id]`` of the model's RAW next-token
 logits (upcast to float32) — temperature 1, before top-p/top-k — i.e. exactly what a trainer gets from
@@ -33,7 +35,15 @@ from typing import Any
 
 from . import hf_batch
 from .base import Completion, SamplingParams
-from .common import check_prompt, completion_text, eos_token_ids, iter_weights, judge_finish, stop_ids
+from .common import (
+    StopStringChecker,
+    check_prompt,
+    completion_text,
+    eos_token_ids,
+    iter_weights,
+    judge_stop,
+    stop_ids,
+)
 
 
 @dataclass
@@ -52,6 +62,8 @@ class _Row:
     budget: int  # most completion tokens (max_tokens, capped by max_model_len)
     stops: frozenset[int]
     generator: Any
+    checker: StopStringChecker | None = None  # set when the request has stop strings
+    stop_string: str | None = None  # the stop string that ended the row
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
 
@@ -171,18 +183,22 @@ class TransformersEngine:
                 reproducible for this request whatever else is in its batch.
 
         Returns:
-            ``Completion`` with ``token_ids`` as sampled (the final EOS/stop id included),
-            ``logprobs`` aligned 1:1 (empty when ``params.logprobs`` is False), ``finish_reason``
-            judged on the completion ids only, and ``info["prompt_tokens"]``.
+            ``Completion`` with ``token_ids`` as sampled (the final EOS/stop id included; for a stop
+            string, every id through the one that completed it), ``logprobs`` aligned 1:1 (empty
+            when ``params.logprobs`` is False), ``finish_reason`` judged on the completion ids only,
+            ``stop_reason`` (the stop string or id), and ``info["prompt_tokens"]``.
 
         Raises:
-            TypeError / ValueError: a malformed prompt (see ``check_prompt``).
+            TypeError / ValueError: a malformed prompt (see ``check_prompt``); ``params.stop`` set on
+                an engine without a tokenizer (stop strings are matched on the decoded text).
             RuntimeError: the model failed (the exception is chained); every request decoding in
                 that step fails with it, later requests are served normally.
         """
         ids = check_prompt(prompt_ids, self.vocab_size, self.max_model_len)
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("TransformersEngine needs a tokenizer for stop strings: pass tokenizer=")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Completion] = loop.create_future()
         with self._cond:
@@ -356,7 +372,11 @@ class TransformersEngine:
                 row.logprobs.append(logprobs_l[r])
                 if row.request.future.done():  # cancelled by its caller: stop spending steps on it
                     continue
-                if tokens_l[r] in row.stops or len(row.token_ids) >= row.budget:
+                done = tokens_l[r] in row.stops
+                if not done and row.checker is not None:
+                    row.stop_string = row.checker(row.token_ids)
+                    done = row.stop_string is not None
+                if done or len(row.token_ids) >= row.budget:
                     self._answer(row.request, self._completion(row))
                 else:
                     keep.append(r)
@@ -389,16 +409,18 @@ class TransformersEngine:
             else self._generator
         )
         budget = min(sp.max_tokens, self.max_model_len - len(request.prompt_ids))
-        return _Row(request, budget, stop_ids(self.eos_token_ids, sp), generator)
+        checker = StopStringChecker(self.tokenizer, sp.stop) if sp.stop else None
+        return _Row(request, budget, stop_ids(self.eos_token_ids, sp), generator, checker)
 
     def _completion(self, row: _Row) -> Completion:
-        finish = judge_finish(row.token_ids, row.stops)
+        finish, reason = judge_stop(row.token_ids, row.stops, row.stop_string)
         return Completion(
             token_ids=row.token_ids,
             logprobs=row.logprobs if row.request.params.logprobs else [],
             finish_reason=finish,
-            text=completion_text(self.tokenizer, row.token_ids, finish),
+            text=completion_text(self.tokenizer, row.token_ids, finish, reason),
             info={"prompt_tokens": len(row.request.prompt_ids)},
+            stop_reason=reason,
         )
 
     def _sample(self, logits: Any, params: list[SamplingParams], generators: list[Any]) -> Any:

@@ -7,6 +7,14 @@ judge (``respond(messages)`` is the protocol ``chatgym.envs`` expects).
 
 Configuration: ``base_url`` (default ``$OPENAI_BASE_URL``, else ``https://api.openai.com/v1``) and
 ``api_key`` (default ``$OPENAI_API_KEY``). The base URL includes the ``/v1`` part, as in the OpenAI SDK.
+
+Stop strings (``SamplingParams.stop``, e.g. an env's ``stop_strings``): the reply's content ends with
+the first stop string, which is kept (the rule of the token engines, on text: content through the end
+of the earliest-ending match). OpenAI's API drops the stop sequence from the reply and does not say
+which one matched, so by default (``stop_mode="client"``) no ``stop`` is sent and the reply is cut
+here — exact on any server, at the price of the tokens generated past the stop. With
+``stop_mode="server"`` the ``stop`` list is sent and the matched string is put back from the
+server's ``stop_reason`` (vLLM) or ``matched_stop`` (SGLang); a server that names neither is an error.
 """
 
 from __future__ import annotations
@@ -18,7 +26,10 @@ from typing import Any
 from chatgym.envs.messages import Message, ToolCall
 
 from .base import Completion, SamplingParams
+from .common import earliest_stop
 from .http import JSONClient, ServerError
+
+STOP_MODES = ("client", "server")
 
 
 class OpenAIChatEngine:
@@ -31,6 +42,11 @@ class OpenAIChatEngine:
         params: default sampling settings for ``chat`` (``max_tokens``, ``temperature``, ``top_p``,
             ``seed``; ``top_k``/``stop_token_ids`` are not part of the OpenAI API and are not sent).
         timeout_s, retries: per-request timeout (seconds) and retries (429/5xx/connection errors).
+        stop_mode: how ``params.stop`` is honoured (see the module docstring): ``"client"`` (cut the
+            reply here; works with any API) or ``"server"`` (send ``stop``; for vLLM/SGLang servers).
+
+    Raises:
+        ValueError: an empty ``model`` or an unknown ``stop_mode``.
 
     Attributes:
         usage: running totals of ``prompt_tokens`` / ``completion_tokens`` reported by the API.
@@ -45,10 +61,14 @@ class OpenAIChatEngine:
         params: SamplingParams | None = None,
         timeout_s: float = 600.0,
         retries: int = 3,
+        stop_mode: str = "client",
     ) -> None:
         if not isinstance(model, str) or not model:
             raise ValueError(f"model must be the API's model name, got {model!r}")
+        if stop_mode not in STOP_MODES:
+            raise ValueError(f"stop_mode must be one of {STOP_MODES}, got {stop_mode!r}")
         self.model = model
+        self.stop_mode = stop_mode
         self.params = params or SamplingParams(max_tokens=1024, temperature=0.0)
         self.client = JSONClient(
             base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1",
@@ -71,6 +91,8 @@ class OpenAIChatEngine:
         }
         if params.seed is not None:
             body["seed"] = params.seed
+        if params.stop and self.stop_mode == "server":
+            body["stop"] = list(params.stop)
         if tools:
             body["tools"] = tools
         return body
@@ -95,21 +117,34 @@ class OpenAIChatEngine:
         Raises:
             ServerError: the API refused or failed (after retries), or answered without a message.
         """
-        response = await self.client.post(
-            "/chat/completions", self.request_body(messages, tools, params or self.params)
-        )
-        return self.parse_response(response)
+        params = params or self.params
+        response = await self.client.post("/chat/completions", self.request_body(messages, tools, params))
+        return self.parse_response(response, params.stop)
 
-    def parse_response(self, response: Any) -> Message:
-        """The assistant message of a ``/chat/completions`` answer (usage is added to ``self.usage``)."""
+    def parse_response(self, response: Any, stop: tuple[str, ...] | list[str] = ()) -> Message:
+        """The assistant message of a ``/chat/completions`` answer (usage is added to ``self.usage``).
+
+        Args:
+            response: the decoded JSON answer.
+            stop: the request's stop strings: the content is cut after the first one (kept), and in
+                ``stop_mode="server"`` the one the server names is put back.
+
+        Raises:
+            ServerError: no message; or, in ``stop_mode="server"``, a reply that ended on ``stop``
+                without the server naming what matched.
+        """
         try:
-            message = response["choices"][0]["message"]
+            choice = response["choices"][0]
+            message = choice["message"]
         except (KeyError, IndexError, TypeError) as exc:
             raise ServerError(f"/chat/completions answer has no message: {str(response)[:500]}") from exc
         usage = response.get("usage") or {}
         for key in self.usage:
             self.usage[key] += int(usage.get(key) or 0)
-        out: Message = {"role": "assistant", "content": message.get("content") or ""}
+        content = message.get("content") or ""
+        if stop:
+            content = self._apply_stop(content, choice, tuple(stop))
+        out: Message = {"role": "assistant", "content": content}
         calls: list[ToolCall] = []
         for i, call in enumerate(message.get("tool_calls") or []):
             fn = call.get("function") or {}
@@ -126,6 +161,26 @@ class OpenAIChatEngine:
         if calls:
             out["tool_calls"] = calls
         return out
+
+    def _apply_stop(self, content: str, choice: dict[str, Any], stop: tuple[str, ...]) -> str:
+        if self.stop_mode == "server" and choice.get("finish_reason") == "stop":
+            if "stop_reason" in choice:  # vLLM: the stop string, a stop id, or null (EOS)
+                matched = choice["stop_reason"]
+            elif "matched_stop" in choice:  # SGLang
+                matched = choice["matched_stop"]
+            else:
+                raise ServerError(
+                    "the server ended the reply on a stop without saying which (no stop_reason / "
+                    "matched_stop): use OpenAIChatEngine(stop_mode='client') with this API"
+                )
+            if isinstance(matched, str) and matched in stop and not content.endswith(matched):
+                content += matched  # the server dropped the stop string it matched
+        # Cut after the earliest-ending stop string (client mode; in server mode a server that
+        # ignored ``stop`` is caught here too).
+        found = earliest_stop(content, stop)
+        if found is not None:
+            content = content[: content.find(found) + len(found)]
+        return content
 
     async def respond(self, messages: list[Message]) -> Message:
         """The ``respond(messages) -> Message`` protocol of simulated users and judges in ``chatgym.envs``."""

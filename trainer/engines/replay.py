@@ -3,8 +3,9 @@
 It emits fixed token ids chosen by a function of the prompt, so tests can assert exact token
 streams (ids the model "sampled" that a tokenizer would never produce, cut completions, EOS
 variants) and benchmarks can measure the collector without model compute. It honours
-``max_tokens`` and ``stop_token_ids`` like a real engine: the output is cut at the first stop id
-(kept) or after ``max_tokens`` ids.
+``max_tokens``, ``stop_token_ids`` and ``stop`` strings like a real engine: the output is cut at the
+first stop id (kept), after the first id that completes a stop string (kept whole, the rule of
+``common.StopStringChecker``; needs ``tokenizer``), or after ``max_tokens`` ids.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .base import Completion, SamplingParams
+from .common import StopStringChecker
 
 Script = Callable[[list[int]], Sequence[int]]
 
@@ -35,8 +37,12 @@ class ReplayEngine:
         tokenizer: optional, used only to fill ``Completion.text``.
         delay_s: seconds each ``generate`` call waits before answering (0: answer at once).
 
-    ``Completion.finish_reason``: ``stop`` when the output ends on a stop id (or the script ended),
-    ``length`` when it was cut at ``max_tokens``.
+    ``Completion.finish_reason``: ``stop`` when the output ends on a stop id, a stop string (or the
+    script ended), ``length`` when it was cut at ``max_tokens``; ``stop_reason`` names the stop id or
+    string (None when the script simply ended).
+
+    Raises (from ``generate``):
+        ValueError: ``params.stop`` is set and the engine has no tokenizer.
     """
 
     def __init__(self, script: Script, tokenizer: Any = None, delay_s: float = 0.0):
@@ -51,18 +57,25 @@ class ReplayEngine:
             await asyncio.sleep(self.delay_s)
         wanted = list(self.script(list(prompt_ids)))
         stops = set(params.stop_token_ids)
+        checker = StopStringChecker(self.tokenizer, params.stop) if params.stop else None
         out: list[int] = []
         finish = "stop"
+        reason: int | str | None = None
         for tid in wanted:
             if len(out) == params.max_tokens:
                 finish = "length"
                 break
             out.append(int(tid))
             if tid in stops:
+                reason = int(tid)
                 break
+            if checker is not None:
+                reason = checker(out)
+                if reason is not None:
+                    break
         text = self.tokenizer.decode(out, skip_special_tokens=True) if self.tokenizer is not None else ""
         logprobs = [replay_logprob(t) for t in out] if params.logprobs else []
-        return Completion(out, logprobs, finish, text)  # type: ignore[arg-type]
+        return Completion(out, logprobs, finish, text, stop_reason=reason)  # type: ignore[arg-type]
 
     def update_weights(self, weights: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
         raise TypeError("ReplayEngine is a scripted policy and has no weights to update")

@@ -6,7 +6,7 @@ SGLang has no CPU build on PyPI, so this engine is written to SGLang's documente
 SGLang. Request::
 
     {"input_ids": [...], "sampling_params": {"max_new_tokens", "temperature", "top_p", "top_k",
-     "stop_token_ids", "sampling_seed", "skip_special_tokens": false, "no_stop_trim": true},
+     "stop_token_ids", "stop", "sampling_seed", "skip_special_tokens": false, "no_stop_trim": true},
      "return_logprob": true, "stream": false}
 
 Response (one prompt)::
@@ -17,7 +17,9 @@ Response (one prompt)::
 
 The ids are taken from ``output_token_logprobs`` (every generated id, the final stop id included,
 aligned with its logprob — as slime and verl read them), else from ``output_ids``.
-``no_stop_trim`` keeps the stop id in the output.
+``no_stop_trim`` keeps the stop id in the output, and a matched stop string in the text (SGLang
+never drops the ids of a stop string: it ends the request on the token that completes the match,
+checked on the decoded tail after every token); ``finish_reason.matched`` names the stop string or id.
 
 Logprob definition: SGLang returns logprobs AFTER temperature scaling unless the server runs with
 ``SGLANG_RETURN_ORIGINAL_LOGPROB=1``; start it with that variable so the logprobs are the raw
@@ -37,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from .base import Completion, SamplingParams
-from .common import check_prompt, completion_text, local_model_info, save_weights, server_finish, stop_ids
+from .common import check_prompt, completion_text, local_model_info, save_weights, server_stop, stop_ids
 from .http import JSONClient, ServerError
 
 
@@ -82,8 +84,10 @@ class SGLangServerEngine:
             "top_k": params.top_k if params.top_k > 0 else -1,  # SGLang: -1 = whole vocabulary
             "stop_token_ids": list(params.stop_token_ids),
             "skip_special_tokens": False,
-            "no_stop_trim": True,  # keep the stop id: ids must be exactly what was sampled
+            "no_stop_trim": True,  # keep the stop id / stop string: ids must be exactly what was sampled
         }
+        if params.stop:
+            sampling["stop"] = list(params.stop)
         if params.seed is not None:
             sampling["sampling_seed"] = params.seed
         return {
@@ -131,12 +135,15 @@ class SGLangServerEngine:
         if params.logprobs and len(logprobs) != len(token_ids):
             raise ServerError(f"server returned {len(token_ids)} ids but {len(logprobs)} logprobs")
         stop = stop_ids(self.eos_token_ids, params)
-        finish = server_finish(token_ids, stop, bool(self.eos_token_ids), meta.get("finish_reason"))
+        server_reason = meta.get("finish_reason")
+        matched = server_reason.get("matched") if isinstance(server_reason, dict) else None
+        finish, reason = server_stop(token_ids, stop, bool(self.eos_token_ids), server_reason, matched)
         return Completion(
             token_ids=token_ids,
             logprobs=logprobs if params.logprobs else [],
             finish_reason=finish,
-            text=completion_text(self.tokenizer, token_ids, finish)
+            stop_reason=reason,
+            text=completion_text(self.tokenizer, token_ids, finish, reason)
             if self.tokenizer
             else response.get("text", ""),
             info={

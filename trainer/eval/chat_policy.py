@@ -12,6 +12,7 @@ API's reported completion tokens (absent for the reference policy).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
@@ -52,9 +53,12 @@ def api_act(engine: Any, params: SamplingParams) -> Act:
     the completion tokens come from the API's ``usage``."""
 
     async def act(env: Any, history: list[Message], tools: Any, turn: int) -> tuple[Any, int | None]:
-        body = engine.request_body(history, tools, params)
+        # The env's stop strings end the reply after its first action (Search-v0 tags mode).
+        stop = tuple(getattr(env.unwrapped, "stop_strings", None) or ())
+        turn_params = dataclasses.replace(params, stop=stop) if stop else params
+        body = engine.request_body(history, tools, turn_params)
         response = await engine.client.post("/chat/completions", body)
-        message = engine.parse_response(response)
+        message = engine.parse_response(response, turn_params.stop)
         usage = (response or {}).get("usage") or {}
         tokens = usage.get("completion_tokens")
         return message, int(tokens) if tokens is not None else None

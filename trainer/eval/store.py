@@ -8,7 +8,8 @@ one evaluation grid (tasks x samples), and ``UNIQUE(run_key, task_index, sample_
 a resumed evaluation unable to count an episode twice.
 
 Schema versions live in ``schema_version``; :data:`MIGRATIONS` upgrade a file step by step, each in a
-transaction, so a file written by an older chatgym is upgraded in place when opened:
+transaction, so a file written by an older chatgym is upgraded in place when opened (by several
+processes at once too: see :func:`migrate`):
 
 * v1: ``episodes``.
 * v2: ``sessions`` (one row per ``chatgym eval`` invocation of a grid: its start time) and
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import sqlite3
 import time
 import uuid
@@ -30,6 +32,9 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA_VERSION = 2
+
+# How long an open waits for another process's write lock (a migration, an insert), in seconds.
+BUSY_TIMEOUT_S = 30.0
 
 _V1 = """
 CREATE TABLE episodes (
@@ -127,29 +132,61 @@ def schema_version(conn: sqlite3.Connection) -> int:
 def migrate(conn: sqlite3.Connection, target: int = SCHEMA_VERSION) -> int:
     """Upgrade ``conn``'s file to ``target``, one migration per transaction; returns the new version.
 
+    Safe when several processes open the same file at once (parallel ``chatgym eval`` runs into one
+    store): each step runs in a ``BEGIN IMMEDIATE`` transaction, which takes SQLite's write lock
+    before the version is read, so the other processes wait (the connection's busy timeout) and
+    then see the version the first one wrote, instead of all reading version 0 and all creating
+    the tables (``OperationalError: table episodes already exists``).
+
     Raises:
         RuntimeError: the file is newer than this chatgym (written by a later version).
+        sqlite3.OperationalError: the write lock was not granted within the busy timeout.
     """
-    current = schema_version(conn)
-    if current > SCHEMA_VERSION:
-        raise RuntimeError(
-            f"results store has schema version {current}, newer than this chatgym's {SCHEMA_VERSION}; "
-            "upgrade chatgym to read it"
-        )
-    for version in range(current, target):
+
+    def check(current: int) -> int:
+        if current > SCHEMA_VERSION:
+            raise RuntimeError(
+                f"results store has schema version {current}, newer than this chatgym's {SCHEMA_VERSION}; "
+                "upgrade chatgym to read it"
+            )
+        return current
+
+    current = check(schema_version(conn))
+    while current < target:  # read above without a lock: an up-to-date file takes no write lock
         # executescript would commit on its own; run the statements in one explicit transaction.
-        conn.execute("BEGIN")
+        conn.execute("BEGIN IMMEDIATE")
         try:
-            for statement in filter(str.strip, MIGRATIONS[version].split(";")):
-                conn.execute(statement)
-            conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
-            conn.execute("DELETE FROM schema_version")
-            conn.execute("INSERT INTO schema_version VALUES (?)", (version + 1,))
+            current = check(schema_version(conn))  # again, under the lock: another process may be done
+            if current < target:
+                for statement in filter(str.strip, MIGRATIONS[current].split(";")):
+                    conn.execute(statement)
+                conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+                conn.execute("DELETE FROM schema_version")
+                conn.execute("INSERT INTO schema_version VALUES (?)", (current + 1,))
+                current += 1
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
             raise
-    return max(current, target)
+    return current
+
+
+def _enable_wal(conn: sqlite3.Connection, timeout_s: float = BUSY_TIMEOUT_S) -> None:
+    """Put the file in WAL mode (readers never block the writer; the mode is stored in the file).
+
+    Switching to WAL needs the file to itself, and SQLite answers "database is locked" at once,
+    without waiting out the busy timeout, while another connection is switching it or migrating:
+    so retry with a short random pause until ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(random.uniform(0.01, 0.05))
 
 
 @dataclass
@@ -171,9 +208,11 @@ class ResultsStore:
         Path(self.path).expanduser().parent.mkdir(parents=True, exist_ok=True)
         # isolation_level=None: autocommit; each insert is durable at once (an interrupted eval keeps
         # every finished episode), and migrate() manages its own transactions.
-        self.conn = sqlite3.connect(os.fspath(Path(self.path).expanduser()), isolation_level=None, timeout=30)
+        self.conn = sqlite3.connect(
+            os.fspath(Path(self.path).expanduser()), isolation_level=None, timeout=BUSY_TIMEOUT_S
+        )
         self.conn.row_factory = sqlite3.Row
-        self.conn.execute("PRAGMA journal_mode=WAL")
+        _enable_wal(self.conn)
         migrate(self.conn)
 
     def close(self) -> None:

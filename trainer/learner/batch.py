@@ -1,9 +1,10 @@
-"""Trajectories -> right-padded token tensors, and length-sorted micro-batches.
+"""Trajectories -> right-padded token tensors, length-sorted micro-batches, and packed rows.
 
 The trainer works on (B, T) tensors aligned with ``Trajectory.token_ids``: position t of every tensor
 describes token t. Rows are right-padded with ``pad_id`` (attention mask 0, loss mask 0). Micro-batches
-take rows of similar length together and drop the columns that are padding for all of their rows,
-so little compute is spent on padding without packing support in the attention kernels.
+take rows of similar length together and drop the columns that are padding for all of their rows.
+For the forward pass itself a micro-batch can also be packed (:func:`pack_rows`): its rows end to end
+in one sequence with a block-diagonal causal mask, so no padding is computed at all (the CPU path).
 """
 
 from __future__ import annotations
@@ -105,6 +106,101 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int) -> TokenBatch:
     loss_mask[:, 0] = False
     prompt_lens = torch.tensor([t.prompt_len for t in trajectories], dtype=torch.long)
     return TokenBatch(input_ids, attention, loss_mask, logprobs, prompt_lens=prompt_lens)
+
+
+@dataclass
+class PackedRows:
+    """Rows of a micro-batch laid end to end in one sequence, without padding ("packing").
+
+    Each row keeps its own positions (``position_ids`` restart at every row, or continue after a shared
+    prompt), and :meth:`attention_mask` lets a token see only earlier tokens of its own row plus the
+    shared prompt, so every token gets the same logits as in a padded batch.
+
+    Attributes:
+        input_ids: (1, N) long, the packed tokens (N = prompt + every row's own tokens).
+        position_ids: (1, N) long.
+        segments: (N,) long, the row each token belongs to; -1 for the shared prompt.
+        logit_index: (K,) long, the packed positions whose logits predict the K trained tokens
+            (``loss_mask``), in row-major order of ``(rows, cols)``.
+        targets: (K,) long, those tokens' ids.
+        rows, cols: (K,) long, where they sit in the micro-batch's (B, T) tensors.
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    segments: torch.Tensor
+    logit_index: torch.Tensor
+    targets: torch.Tensor
+    rows: torch.Tensor
+    cols: torch.Tensor
+
+    def attention_mask(self) -> torch.Tensor:
+        """(1, 1, N, N) bool, True where query q may attend key k: k <= q and (same row, or k in the
+        shared prompt) — the block-diagonal causal mask of the packed rows."""
+        seg = self.segments
+        n = seg.shape[0]
+        causal = torch.ones(n, n, dtype=torch.bool, device=seg.device).tril()
+        visible = (seg[:, None] == seg[None, :]) | (seg[None, :] == -1)
+        return (causal & visible)[None, None]
+
+
+def pack_rows(batch: TokenBatch, prefix_len: int = 0) -> PackedRows:
+    """Pack ``batch``'s rows into one sequence (:class:`PackedRows`); with ``prefix_len`` > 0 the rows'
+    common first ``prefix_len`` tokens (a GRPO group's prompt, see :func:`shared_prefix_batches`) are
+    laid down once and every row's rest follows it.
+
+    Raises:
+        ValueError: ``prefix_len`` is longer than a row, or a trained token lies inside the shared prompt.
+    """
+    lengths = batch.lengths.tolist()
+    if bool(batch.loss_mask[:, 0].any()):
+        raise ValueError("pack_rows: a token at position 0 has no prefix to be predicted from")
+    if prefix_len and (min(lengths) < prefix_len or bool(batch.loss_mask[:, :prefix_len].any())):
+        raise ValueError(f"pack_rows: rows do not share a {prefix_len}-token untrained prompt")
+    device = batch.input_ids.device
+    ids = [batch.input_ids[0, :prefix_len]] if prefix_len else []
+    positions = [torch.arange(prefix_len)] if prefix_len else []
+    segments = [torch.full((prefix_len,), -1)] if prefix_len else []
+    starts = []  # packed index of each row's first own token (its column prefix_len)
+    offset = prefix_len
+    for i, n in enumerate(lengths):
+        starts.append(offset)
+        ids.append(batch.input_ids[i, prefix_len:n])
+        positions.append(torch.arange(prefix_len, n))
+        segments.append(torch.full((n - prefix_len,), i))
+        offset += n - prefix_len
+    rows, cols = batch.loss_mask.nonzero(as_tuple=True)
+    # Token (i, c) is predicted by the logits of (i, c - 1): a packed index in row i's own part, or
+    # in the shared prompt when c - 1 < prefix_len.
+    prev = cols - 1
+    own = torch.tensor(starts, dtype=torch.long, device=device)[rows] + prev - prefix_len
+    logit_index = torch.where(prev < prefix_len, prev, own)
+    return PackedRows(
+        input_ids=torch.cat(ids)[None],
+        position_ids=torch.cat(positions).to(device)[None],
+        segments=torch.cat(segments).to(device),
+        logit_index=logit_index,
+        targets=batch.input_ids[rows, cols],
+        rows=rows,
+        cols=cols,
+    )
+
+
+def pack_chunks(lengths: Sequence[int] | torch.Tensor, prefix_len: int, max_tokens: int) -> list[list[int]]:
+    """Consecutive runs of row indices whose packed length (``prefix_len`` once plus each row's tokens
+    after it) stays within ``max_tokens``; a row longer than that alone is its own run. Bounds the
+    (N, N) attention mask of :func:`pack_rows`."""
+    runs: list[list[int]] = []
+    total = 0
+    for i, n in enumerate(int(x) for x in lengths):
+        own = n - prefix_len
+        if runs and total + own <= max_tokens:
+            runs[-1].append(i)
+            total += own
+        else:
+            runs.append([i])
+            total = prefix_len + own
+    return runs
 
 
 def shared_prefix_batches(batch: TokenBatch, size: int) -> list[tuple[list[int], int]]:

@@ -4,13 +4,15 @@ a critic (value model), plus the weights the engine receives after each update.
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from ..config import LoraConfig, ModelConfig
-from ..models import load_model_path, random_model, resolve_dtype
+from ..models import choose_compute_dtype, cpu_flags, load_model_path, random_model, resolve_dtype
 
 
 def resolve_device(device: str) -> torch.device:
@@ -25,6 +27,48 @@ def resolve_device(device: str) -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"model.device is {device!r} but CUDA is not available")
     return dev
+
+
+def resolve_compute_dtype(
+    compute_dtype: str, weights_dtype: str, device: torch.device, flags: frozenset[str] | None = None
+) -> tuple[str, str]:
+    """The dtype the training matmuls run in, and why (for the start-up log line).
+
+    Args:
+        compute_dtype: ``model.compute_dtype`` (``auto`` or a dtype name).
+        weights_dtype: ``model.dtype``, the weights' dtype.
+        device: the training device.
+        flags: CPU flags (default: this machine's, :func:`chatgym.trainer.models.cpu_flags`).
+
+    Returns:
+        ``(dtype name, reason)``. An explicit ``compute_dtype`` is kept; ``auto`` over non-fp32 weights
+        is the weights' dtype; ``auto`` over fp32 weights is
+        :func:`chatgym.trainer.models.choose_compute_dtype` (bf16 on CUDA and native-bf16 CPUs).
+    """
+    if compute_dtype != "auto":
+        return compute_dtype, "model.compute_dtype"
+    if weights_dtype != "float32":
+        return weights_dtype, f"the weights' dtype (model.dtype {weights_dtype})"
+    if flags is None:
+        flags = cpu_flags() if device.type == "cpu" else frozenset()
+    return choose_compute_dtype(device.type, flags)
+
+
+def autocast_context(device: torch.device, compute_dtype: str, weights_dtype: str) -> Any:
+    """A fresh ``torch.autocast`` to ``compute_dtype`` on ``device``, or a no-op when it equals the
+    weights' dtype (call it once per ``with``)."""
+    if compute_dtype == weights_dtype:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=getattr(torch, compute_dtype))
+
+
+def cpu_threads() -> int:
+    """Torch intra-op threads for the trainer on CPU: every core this process may run on
+    (``os.sched_getaffinity``), which is what the update's matmuls scale with."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 def load_policy(cfg: ModelConfig, lora: LoraConfig, device: torch.device) -> Any:

@@ -34,8 +34,9 @@ from .algos import (
     overlong_reward_penalty,
     truncated_is_weights,
 )
+from .algos.entropy import entropy_from_logits
 from .algos.masked import masked_sum
-from .batch import TokenBatch, micro_batches, shared_prefix_batches
+from .batch import TokenBatch, micro_batches, pack_chunks, pack_rows, shared_prefix_batches
 from .logprobs import logits_to_keep, token_logprobs
 
 BUDGETS = ("max_tokens", "max_response_tokens", "max_model_len")
@@ -171,6 +172,86 @@ def forward_logprobs_shared(
     return logprobs, entropy
 
 
+# Packed tokens per forward at most: the block-diagonal mask is a dense (N, N) attention, so a longer
+# pack spends more on masked-out scores than padding would have cost (see benchmarks/train_step_cpu.py).
+PACK_MAX_TOKENS = 1024
+
+
+def _packed_attention_mask(model: Any, allowed: torch.Tensor) -> torch.Tensor:
+    """The 4D mask in the form the model's attention takes it: bool for SDPA (True = attend), an
+    additive float mask (0 / dtype min) for eager attention."""
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", "sdpa")
+    if impl == "sdpa":
+        return allowed
+    return torch.zeros(allowed.shape, dtype=torch.float32, device=allowed.device).masked_fill(
+        ~allowed, torch.finfo(torch.float32).min
+    )
+
+
+def forward_logprobs_packed(
+    model: Any,
+    mb: TokenBatch,
+    prefix_len: int = 0,
+    *,
+    with_entropy: bool,
+    entropy_grad: bool = False,
+    max_tokens: int = PACK_MAX_TOKENS,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """As :func:`forward_logprobs` (and :func:`forward_logprobs_shared` when ``prefix_len`` > 0), with
+    ``mb``'s rows packed into one sequence per forward (:func:`~chatgym.trainer.learner.batch.pack_rows`):
+    position ids restart per row, a block-diagonal causal 4D mask keeps rows apart, the shared prompt
+    (if any) is laid down once, and logits are computed only at the positions that predict trained
+    tokens (``logits_to_keep`` as an index tensor). No padding token is ever computed, and neither is
+    the lm-head / log-softmax of an untrained position.
+
+    Runs of rows are packed up to ``max_tokens`` tokens each (:func:`~chatgym.trainer.learner.batch.pack_chunks`).
+
+    Returns:
+        ``(logprobs, entropy)``: (B, T) float32; values only at ``mb.loss_mask`` positions (0 elsewhere),
+        which is all the losses and KL terms read. ``entropy`` is None unless asked for.
+
+    Packing with position ids and a block mask is how TRL (``padding_free``), verl (``use_remove_padding``)
+    and OpenRLHF (``packing_samples``) train without padding; with a shared prompt it is the
+    PrefixGrouper layout. Checked against padded forwards in ``tests/test_packing.py``.
+    """
+    rows_out, cols_out, lp_parts, ent_parts = [], [], [], []
+    for chunk in pack_chunks(mb.lengths, prefix_len, max_tokens):
+        sub = mb.select(chunk) if len(chunk) < len(mb) else mb
+        packed = pack_rows(sub, prefix_len)
+        if packed.targets.numel() == 0:
+            continue
+        out = model(
+            input_ids=packed.input_ids,
+            attention_mask=_packed_attention_mask(model, packed.attention_mask()),
+            position_ids=packed.position_ids,
+            logits_to_keep=packed.logit_index,
+            use_cache=False,
+        )
+        logits = out.logits[0].float()  # (K, V)
+        lp_parts.append(
+            logits.gather(-1, packed.targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+        )
+        if with_entropy:
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                ent_parts.append(entropy_from_logits(logits))
+        index = torch.as_tensor(chunk, dtype=torch.long, device=packed.rows.device)
+        rows_out.append(index[packed.rows])
+        cols_out.append(packed.cols)
+    shape = mb.input_ids.shape
+    device = mb.input_ids.device
+    if not lp_parts:
+        zeros = torch.zeros(shape, dtype=torch.float32, device=device)
+        return zeros, (zeros.clone() if with_entropy else None)
+    where = (torch.cat(rows_out), torch.cat(cols_out))
+    logprobs = torch.zeros(shape, dtype=torch.float32, device=device).index_put(where, torch.cat(lp_parts))
+    entropy = None
+    if with_entropy:
+        entropy = torch.zeros(shape, dtype=torch.float32, device=device).index_put(
+            where, torch.cat(ent_parts)
+        )
+    return logprobs, entropy
+
+
 def forward_values(critic: Any, mb: TokenBatch) -> torch.Tensor:
     """(B, T) float32 values aligned like logprobs: position t holds V(tokens < t) (head on t−1)."""
     out = critic(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
@@ -205,9 +286,20 @@ def micro_batch_plan(
 
 
 def policy_logprobs(
-    model: Any, mb: TokenBatch, prefix_len: int, *, with_entropy: bool, entropy_grad: bool = False
+    model: Any,
+    mb: TokenBatch,
+    prefix_len: int,
+    *,
+    with_entropy: bool,
+    entropy_grad: bool = False,
+    pack: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`forward_logprobs_shared` when ``prefix_len`` > 0, else :func:`forward_logprobs`."""
+    """:func:`forward_logprobs_packed` with ``pack``, else :func:`forward_logprobs_shared` when
+    ``prefix_len`` > 0, else :func:`forward_logprobs`."""
+    if pack:
+        return forward_logprobs_packed(
+            model, mb, prefix_len, with_entropy=with_entropy, entropy_grad=entropy_grad
+        )
     if prefix_len:
         return forward_logprobs_shared(
             model, mb, prefix_len, with_entropy=with_entropy, entropy_grad=entropy_grad
@@ -288,13 +380,15 @@ def update(
     generator: torch.Generator,
     autocast: Callable[[], Any] = contextlib.nullcontext,
     share_prefix: bool = False,
+    pack: bool = False,
 ) -> dict[str, float]:
     """``ppo_epochs`` passes of ``mini_batches`` optimizer steps over ``batch`` (on CPU; micro-batches
     are moved to ``device``). ``batch`` must carry ``advantages`` (and ``returns``/``old_values`` for
     a critic, ``ref_logprobs`` for a KL loss, ``old_logprobs`` when there is more than one step).
     With ``share_prefix``, the rows of a GRPO group are forwarded together with their common prompt
     computed once (:func:`forward_logprobs_shared`; not with gradient checkpointing, which turns the
-    KV cache off).
+    KV cache off). With ``pack``, each micro-batch's rows are forwarded packed without padding
+    (:func:`forward_logprobs_packed`; with ``share_prefix`` the group's prompt appears once in the pack).
 
     Returns:
         Metrics (token-weighted means over the batch): ``actor/pg_loss``, ``actor/kl``,
@@ -324,7 +418,12 @@ def update(
                 mask = mb.loss_mask
                 with autocast():
                     logp, entropy = policy_logprobs(
-                        models.policy, mb, prefix_len, with_entropy=True, entropy_grad=algo.entropy_coef > 0
+                        models.policy,
+                        mb,
+                        prefix_len,
+                        with_entropy=True,
+                        entropy_grad=algo.entropy_coef > 0,
+                        pack=pack,
                     )
                 old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
                 weights = (

@@ -12,8 +12,10 @@ engine batches whatever requests are in flight). Sync envs run in a thread pool 
 decoded and re-encoded), with their logprobs 1:1 and loss mask 1. Everything else — prompt, the
 tokens that close a turn, observation messages, the next assistant header — has loss mask 0 and
 logprob 0.0; it comes from :mod:`chatgym.trainer.rollout.chat_delta` (its docstring says exactly which
-tokens sit between a completion and the next observation). The chat template is probed at start-up
-and the collector refuses one that is not prefix-preserving.
+tokens sit between a completion and the next observation). Message text is always encoded as plain
+text: the only control ids are those the chat template writes. The chat template is probed at
+start-up; one that re-renders history (Qwen3 drops earlier ``<think>`` blocks) gets its observation
+deltas rendered after a fixed base conversation, and one that fits neither way is refused.
 
 **Budgets** (all in tokens, checked before each turn):
 
@@ -34,6 +36,16 @@ An env's own truncation (``max_turns``) is reported as ``truncated_by="env"``.
 **EOS** is judged on the completion's ids only: a turn's ``finish_reason`` is ``stop`` iff its last
 sampled id is one of the model's EOS ids, ``length`` if it has ``max_tokens`` ids without one, else the
 engine's reason (``abort`` fails the episode).
+
+**Stop strings.** An env's ``stop_strings`` attribute (Search-v0 tags mode: ``["</search>",
+"</answer>"]``) is sent with every request (``SamplingParams.stop``), so a turn ends after its first
+action. The turn keeps every sampled id through the one that completed the stop string (the rule of
+``engines.common.StopStringChecker``; the stop string is content, so the env sees it and the whole
+turn suffix, EOS included, closes the turn as for a cut completion). The collector checks the rule
+on the ids itself: a completion that runs past a stop string (an engine that ignored ``stop``) is
+cut there, the extra ids dropped (``turns[k]["stop_cut_tokens"]``). The turn's ``finish_reason`` is
+then ``stop`` and ``Trajectory.stop_reasons`` / ``turns[k]["stop_reason"]`` name the stop string;
+for an EOS ending they hold the EOS id.
 
 **Failure isolation.** Per episode: an exception in the env fails that trajectory only (``error`` =
 ``"env_error: ..."``, kept with what it had); ``episode_timeout_s`` cancels a stuck episode (``"timeout:
@@ -57,6 +69,7 @@ from typing import Any
 from chatgym.envs.messages import Message, message_errors
 
 from ..engines.base import Engine, SamplingParams
+from ..engines.common import first_stop_cut
 from .chat_delta import (
     ChatRenderer,
     TemplateError,
@@ -361,6 +374,7 @@ class Collector:
         traj.task_id = reset_info.get("task_id", traj.task_id)
         tools = reset_info.get("tools") or getattr(getattr(env, "unwrapped", env), "tools", None) or None
         self.renderer.warn_if_tools_ignored(self.probe, tools)
+        stop_strings = _env_stop_strings(env)
 
         history: list[Message] = list(obs)
         traj.messages = history
@@ -400,6 +414,7 @@ class Collector:
                 stop_token_ids=self.eos_token_ids,
                 seed=_request_seed(cfg.seed, spec.group_id, spec.sample_index, turn),
                 logprobs=True,
+                stop=stop_strings,
             )
             t = time.perf_counter()
             try:
@@ -420,27 +435,41 @@ class Collector:
                 raise EpisodeFailure(
                     "engine_error", f"engine returned {len(new_ids)} tokens for max_tokens={limit}"
                 )
+            stop_cut = 0
+            cut = first_stop_cut(self.tokenizer, new_ids, stop_strings) if stop_strings else None
+            if cut is not None and cut[0] < len(new_ids):
+                # The engine went past a stop string: the turn ends where the rule says.
+                stop_cut = len(new_ids) - cut[0]
+                new_ids, new_lps = new_ids[: cut[0]], new_lps[: cut[0]]
             ended_eos = bool(new_ids) and new_ids[-1] in self._eos
+            stop_reason: int | str | None = None
             if ended_eos:
-                finish = "stop"
+                finish, stop_reason = "stop", new_ids[-1]
+            elif cut is not None:
+                finish, stop_reason = "stop", cut[1]
             elif len(new_ids) >= limit:
                 finish = "length"
             else:
                 finish = completion.finish_reason
+                stop_reason = completion.stop_reason if finish == "stop" else None
             start = len(ids)
             ids.extend(new_ids)
             mask.extend([1] * len(new_ids))
             logprobs.extend(new_lps)
             generated += len(new_ids)
             traj.finish_reasons.append(finish)
+            traj.stop_reasons.append(stop_reason)
             record: dict[str, Any] = {
                 "turn": turn,
                 "start": start,
                 "completion_tokens": len(new_ids),
                 "max_tokens": limit,
                 "finish_reason": finish,
+                "stop_reason": stop_reason,
                 "generate_s": gen_s,
             }
+            if stop_cut:
+                record["stop_cut_tokens"] = stop_cut
             turns.append(record)
             if finish == "abort":
                 raise EpisodeFailure("engine_abort", f"engine aborted turn {turn}")
@@ -466,8 +495,7 @@ class Collector:
 
             obs = self._cut_observation(obs, traj)
             closing = closing_ids(self.probe, new_ids)
-            delta_text = self._render(traj, self.renderer.delta_text, history, obs, tools)
-            delta = self._render(traj, self.renderer.encode, delta_text)
+            delta = self._render(traj, self.renderer.delta_ids, history, obs, tools, self.probe)
             added = closing + delta
             if len(ids) + len(added) >= cfg.max_model_len:
                 traj.truncated = True
@@ -480,6 +508,23 @@ class Collector:
             ids.extend(added)
             mask.extend([0] * len(added))
             logprobs.extend([0.0] * len(added))
+
+
+def _env_stop_strings(env: Any) -> tuple[str, ...]:
+    """The env's ``stop_strings`` (on the env or under its Gymnasium wrappers), as a tuple.
+
+    Raises:
+        EpisodeFailure: ``env_error`` when they are not a list of non-empty strings.
+    """
+    raw = getattr(env, "stop_strings", None)
+    if raw is None:
+        raw = getattr(getattr(env, "unwrapped", None), "stop_strings", None)
+    if raw is None:
+        return ()
+    stops = (raw,) if isinstance(raw, str) else tuple(raw)
+    if not all(isinstance(s, str) and s for s in stops):
+        raise EpisodeFailure("env_error", f"env.stop_strings must be non-empty strings, got {raw!r:.200}")
+    return stops
 
 
 def _check_observation(obs: Any, where: str) -> list[Message]:

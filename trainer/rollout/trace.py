@@ -1,9 +1,10 @@
 """JSONL traces of rollouts: one line per traced trajectory, for debugging.
 
 Each line is the trajectory's fields (``Trajectory.to_json``: messages, token ids, loss mask,
-logprobs, per-turn rewards, finish reasons, timings, info with per-turn records) plus ``batch`` (the
-collector's call counter) and ``text`` (the token ids decoded with special tokens, i.e. exactly what
-the model saw and wrote). Values JSON cannot hold (dataclasses, numpy scalars, sets) are converted;
+logprobs, per-turn rewards, finish reasons, stop reasons — the stop string or EOS id that ended
+each turn —, timings, info with per-turn records holding ``finish_reason`` and ``stop_reason``)
+plus ``batch`` (the collector's call counter) and ``text`` (the token ids decoded with special
+tokens, i.e. exactly what the model saw and wrote). Values JSON cannot hold (dataclasses, numpy scalars, sets) are converted;
 anything else is written as its ``repr``.
 """
 

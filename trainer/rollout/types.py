@@ -29,6 +29,9 @@ class Trajectory:
         rewards: the env's reward after each assistant turn (``list[float]``, one per turn).
         reward: the episode's total reward (sum of ``rewards``) used for advantages.
         finish_reasons: the engine's finish reason of each turn (``stop``/``length``/``abort``).
+        stop_reasons: what ended each ``stop`` turn, aligned with ``finish_reasons``: the env's stop
+            string (``str``, e.g. ``"</search>"``) or the EOS/stop id sampled last (``int``); None for
+            a ``length``/``abort`` turn.
         terminated, truncated: as in Gymnasium, for the last step; truncated also when a token budget ran out.
         error: None, or why the episode failed (env exception, timeout); a failed trajectory is kept.
         messages: the full chat history (for traces and evaluation).
@@ -47,6 +50,7 @@ class Trajectory:
     rewards: list[float] = field(default_factory=list)
     reward: float = 0.0
     finish_reasons: list[str] = field(default_factory=list)
+    stop_reasons: list[int | str | None] = field(default_factory=list)
     terminated: bool = False
     truncated: bool = False
     error: str | None = None

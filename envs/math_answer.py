@@ -1,0 +1,360 @@
+"""Final answers of math replies: where the answer is, its number in every common written form, and
+whether it equals the gold.
+
+Extraction (:func:`extract_answer`): the last ``<answer>…</answer>`` tag; else the last ``\\boxed{…}``;
+else the last "answer is …" / "answer: …" phrase; else the last number in the text. Whatever the
+source, the answer is then normalised the same way (:func:`normalise_answer`):
+
+* wrappers: ``$…$``, ``\\(…\\)``, ``\\[…\\]``, ``\\boxed{…}``, ``\\fbox{…}``, ``\\text{…}`` /
+  ``\\textbf{…}`` / ``\\mathrm{…}`` around the whole answer, a leading ``x =``, a trailing period;
+* numbers: thousands separators (``9,500``, ``9{,}500``, ``9\\,500``, ``9\\ 500``, ``9~500``,
+  thin spaces, and ``9 500`` where the whole answer is the number — a comma groups thousands only
+  in groups of exactly three digits, so ``0,1`` stays a pair), a currency sign, a trailing unit
+  (``\\text{ dollars}``, ``cm``, ``%``), the Unicode minus, ``\\frac`` / ``\\dfrac`` / ``\\tfrac``
+  with integer parts (written ``a/b``).
+
+Equality with the gold (:func:`answers_equal`):
+
+* a gold that is a plain number (an integer or a decimal) is compared exactly, as a fraction: the
+  answer's value must be the same rational number. A fraction answer (``\\frac{7}{2}`` for 3.5)
+  counts unless the question asks for a decimal form (it mentions decimals, rounding, significant
+  digits or scientific notation). A LaTeX answer our rules do not read (``\\sqrt{16}``,
+  ``7 \\div 2``) is read with ``math-verify``'s LaTeX parser and counts only when its value is an
+  exact rational equal to the gold;
+* any other gold (an expression, a set, an interval) is compared with ``math-verify``'s ``verify``
+  (Hugging Face Math-Verify, https://github.com/huggingface/Math-Verify), but only where the question
+  does not ask for a specific form (lowest terms, a fraction, a decimal...: then the task's own
+  scorer decides), and with guards for the cases where ``verify`` is known to say "equal" wrongly
+  (its issue tracker, huggingface/Math-Verify issues #14, #21, #41, #60): numbers closer than its
+  float tolerance (``1/2^{99}`` vs ``1/2^{98}``, ``10^{-7}`` vs ``2·10^{-7}``, ``0.333333`` vs
+  ``1/3``) — numeric values are compared exactly instead; ``±`` on one side only; equations
+  (only one side was compared); times and ratios (``12:00`` vs ``1:00``) and sequences with an
+  ellipsis; and LaTeX it does not read (``4\\sqrt(2)``: math-verify's expression mode reads ``4``; we use
+  its LaTeX mode only, which reads nothing there).
+
+``math-verify`` is used without its signal-based timeout (that works only on the main thread, and
+envs score on their own threads); inputs that could make sympy work for long (long answers, big
+exponents or factorials, nested powers) are not given to it.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import threading
+from fractions import Fraction
+from typing import Any
+
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
+_ANSWER_PHRASE = re.compile(r"\banswer\s*(?:is|:|=)\s*:?\s*(.+?)(?:\.(?:\s|$)|\n|$)", re.I | re.S)
+_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_LATEX_MATH = re.compile(r"\\[a-zA-Z]+|\^")
+
+# Separators that group thousands (each followed by exactly three digits).
+_SEP = r"(?:,|\{,\}|\\,|\\ |~|\\;|\\!|\u2009|\u202f|\u00a0|\\thinspace\s*)"
+_GROUPED = rf"\d{{1,3}}(?:{_SEP}\d{{3}})+"
+_DECIMAL = rf"(?:{_GROUPED}|\d+)(?:\.\d+)?|\.\d+"
+_FRAC = r"\\[dt]?frac\s*\{\s*-?\d+\s*\}\s*\{\s*-?\d+\s*\}"
+# A number in running text (plain spaces never group digits here: "3 500-page books" is two numbers).
+_NUMBER_IN_TEXT = re.compile(rf"[-\u2212]?(?:{_FRAC}|\d+\s*/\s*\d+(?![\d.])|{_DECIMAL})")
+
+_WRAPPERS = [
+    re.compile(r"^\$\$(.*)\$\$$", re.S),
+    re.compile(r"^\$(.*)\$$", re.S),
+    re.compile(r"^\\\((.*)\\\)$", re.S),
+    re.compile(r"^\\\[(.*)\\\]$", re.S),
+]
+_TEXT_COMMANDS = r"\\(?:text|textbf|textrm|mathrm|mathbf|mbox|operatorname)"
+_LEADING_VARIABLE = re.compile(r"^[A-Za-z](?:_\{?\w+\}?)?\s*=\s*(?!.*=)", re.S)
+_CURRENCY = re.compile(r"^(?:\\\$|\$|US\$|USD\s*|€|£|¥|\\euro\s*|\\pounds\s*)")
+_PERCENT = re.compile(r"\s*(?:\\%|%|\\text\{\s*percent\s*\}|percent)$")
+# A trailing unit: a \text{...} unit, or words after a space ("12 apples"; "0xabc" is not 12 + unit).
+_UNIT = re.compile(
+    rf"^(?P<num>.*?\d[}}$)]*)(?:\s*{_TEXT_COMMANDS}\s*\{{\s*[A-Za-z][A-Za-z .\-/^0-9]*\}}|\s+(?!.*\b(?:or|and|not|maybe|plus|minus|times)\b)[A-Za-z][A-Za-z .\-/]*)$",
+    re.S,
+)
+
+# Questions that ask for a form: then a value in another form is not the answer.
+_ASKS_DECIMAL = re.compile(r"\b(?:decimal|round|significant|scientific|\d+ places)", re.I)
+_ASKS_FORM = re.compile(
+    r"\b(?:decimal|round|significant|scientific|fraction|lowest terms|simplest|simplif|reduced|expand|"
+    r"factor|exact form|format|hexa|binary|base \d)",
+    re.I,
+)
+
+
+def _balanced_end(text: str, open_brace: int) -> int | None:
+    """Index of the ``}`` closing the ``{`` at ``text[open_brace]`` (None when it never closes)."""
+    depth = 0
+    for i in range(open_brace, len(text)):
+        c = text[i]
+        if c == "{" and text[i - 1 : i] != "\\":
+            depth += 1
+        elif c == "}" and text[i - 1 : i] != "\\":
+            depth -= 1
+            if depth == 0:
+                return i
+    return None
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last ``\\boxed{…}`` (or ``\\fbox{…}``) with balanced braces, or None."""
+    found = None
+    for m in _BOXED.finditer(text):
+        end = _balanced_end(text, m.end() - 1)
+        if end is not None:
+            found = text[m.end() : end]
+    return found
+
+
+def _strip_command(text: str, command: str) -> str | None:
+    """``inner`` when ``text`` is exactly ``\\command{inner}``, else None."""
+    m = re.match(rf"^{command}\s*\{{", text)
+    if not m:
+        return None
+    end = _balanced_end(text, m.end() - 1)
+    return text[m.end() : end] if end == len(text) - 1 else None
+
+
+def unwrap(answer: str) -> str:
+    """Strip what surrounds an answer without changing it: math delimiters, ``\\boxed``, ``\\text``,
+    a leading ``x =``, a trailing period, surrounding spaces. Applied until nothing changes."""
+    s = answer.strip()
+    while True:
+        before = s
+        s = s.strip().rstrip(".").strip()
+        for w in _WRAPPERS:
+            m = w.match(s)
+            if m:
+                s = m.group(1).strip()
+        for command in (r"\\boxed", r"\\fbox", _TEXT_COMMANDS):
+            inner = _strip_command(s, command)
+            if inner is not None:
+                s = inner.strip()
+        s = _LEADING_VARIABLE.sub("", s)
+        if s == before:
+            return s
+
+
+def _number_text(s: str) -> str | None:
+    """The plain text of the number ``s`` is (``-9500``, ``3.5``, ``7/2``), or None when ``s`` is not
+    exactly one number (with optional wrappers, currency, unit, percent sign)."""
+    s = unwrap(s.replace("\u2212", "-"))
+    m = _UNIT.match(s)
+    if m and _number_text(m.group("num")) is not None:
+        s = m.group("num")
+    s = unwrap(s)
+    sign = ""
+    if s[:1] in ("-", "+"):
+        sign, s = ("-" if s[0] == "-" else ""), s[1:].strip()
+    s = unwrap(_PERCENT.sub("", _CURRENCY.sub("", s)))
+    if not sign and s[:1] == "-":  # "\\$-5": the sign after the currency sign
+        sign, s = "-", s[1:].strip()
+    if re.fullmatch(r"\d{1,3}(?: \d{3})+(?:\.\d+)?", s):
+        s = s.replace(" ", "")
+    if re.fullmatch(rf"{_GROUPED}(?:\.\d+)?", s):
+        s = re.sub(_SEP, "", s)
+    if re.fullmatch(r"\d+(?:\.\d+)?|\.\d+", s):
+        return sign + s
+    m = re.fullmatch(r"\\[dt]?frac\s*\{\s*(-?\d+)\s*\}\s*\{\s*(-?\d+)\s*\}|(-?\d+)\s*/\s*(-?\d+)", s)
+    if m:
+        num, den = (m.group(1), m.group(2)) if m.group(1) is not None else (m.group(3), m.group(4))
+        if int(den) != 0:
+            return f"{sign}{num}/{den}".replace("--", "")
+    return None
+
+
+def normalise_answer(answer: str) -> str:
+    """The answer with wrappers stripped and, where it is one number, that number's plain text
+    (``"\\boxed{$9{,}500}"`` -> ``"9500"``, ``"\\dfrac{7}{2}"`` -> ``"7/2"``, ``"12 apples"`` -> ``"12"``);
+    anything else unwrapped only (``"\\text{Friday}."`` -> ``"Friday"``)."""
+    s = unwrap(answer)
+    number = _number_text(s)
+    return number if number is not None else s
+
+
+def _final_span(text: str) -> tuple[str | None, bool]:
+    """The final answer as written (before normalisation) and whether it was in ``<answer>`` tags."""
+    tags = _ANSWER_TAG.findall(text)
+    if tags:
+        return tags[-1], True
+    boxed = last_boxed(text)
+    if boxed is not None:
+        return boxed, False
+    phrases = _ANSWER_PHRASE.findall(text)
+    # A phrase counts when it is a number or LaTeX; "answer: first compute 3+4=7. So 7." is prose,
+    # and its last number is the answer.
+    if phrases and (_number_text(phrases[-1]) is not None or _LATEX_MATH.search(phrases[-1])):
+        return phrases[-1], False
+    numbers = _NUMBER_IN_TEXT.findall(text)
+    return (numbers[-1] if numbers else None), False
+
+
+def written_answer(text: str) -> str | None:
+    """The final answer :func:`extract_answer` finds, as written (stripped, not normalised)."""
+    span, _ = _final_span(text)
+    return None if span is None else span.strip()
+
+
+def extract_answer(text: str) -> tuple[str | None, bool]:
+    """The model's final answer, normalised, and whether it used ``<answer>`` tags.
+
+    Returns ``(answer, tagged)``; ``answer`` is None when the reply holds no tag, no ``\\boxed{}``,
+    no "answer is" phrase and no number.
+    """
+    span, tagged = _final_span(text)
+    return (None if span is None else normalise_answer(span)), tagged
+
+
+def plain_number(text: str) -> Fraction | None:
+    """The value of an integer or decimal written plainly (separators and wrappers allowed), or None
+    (a fraction, an expression, anything else)."""
+    number = _number_text(unwrap(text))
+    if number is None or "/" in number:
+        return None
+    return Fraction(number)
+
+
+def answer_value(answer: str) -> Fraction | None:
+    """The exact rational value of an answer: a number in any form :func:`normalise_answer` reads, or
+    LaTeX that ``math-verify`` reads to an exact rational (``\\sqrt{16}``, ``7 \\div 2``); else None."""
+    number = _number_text(unwrap(answer))
+    if number is not None:
+        return Fraction(number)
+    latex = unwrap(answer)
+    if not _LATEX_MATH.search(latex):  # words or malformed numbers: nothing for a LaTeX parser to read
+        return None
+    value = _math_verify_value(latex)
+    if value is None or not value.is_Rational:
+        return None
+    return Fraction(int(value.p), int(value.q))
+
+
+def answers_equal(answer: str | None, gold: str, question: str = "") -> bool:
+    """Whether ``answer`` (as written by the model, or as :func:`extract_answer` returns it) is the gold.
+
+    Args:
+        answer: the model's final answer text (None: no answer, never equal).
+        gold: the task's reference answer.
+        question: the task's question, read for the form it asks for (see the module docstring).
+
+    Returns:
+        True only where the value is the same (numbers: exactly; other golds: ``math-verify`` with
+        the guards in the module docstring) and the form is allowed.
+    """
+    if answer is None:
+        return False
+    expected = plain_number(gold)
+    if expected is not None:
+        value = answer_value(answer)
+        if value is None or value != expected:
+            return False
+        written = normalise_answer(answer)
+        is_fraction = "/" in written or "\\frac" in answer or "\\div" in answer
+        return not (is_fraction and _ASKS_DECIMAL.search(question))
+    if _ASKS_FORM.search(question):
+        return False
+    return math_verify_equal(unwrap(answer), unwrap(gold))
+
+
+# ---- math-verify, guarded ------------------------------------------------------------------------
+
+_MAX_CHARS = 200
+_RISKY = re.compile(r"\d{4,}\s*!|\^\s*\{?\s*-?\d{4,}|\^\s*\{[^{}]*\^|\\underbrace|\\overbrace")
+_PARTIAL_COMPARE = re.compile(
+    r"=|:|\\ldots|\\cdots|\\dots|\.\.\.|\u2026|\\approx|<|>|\\(?:le|ge|leq|geq|neq|ne)(?![a-zA-Z])"
+)
+_PLUS_MINUS = re.compile(r"\\pm|\\mp|\u00b1|\u2213")
+
+
+@functools.lru_cache(maxsize=1)
+def _math_verify() -> Any:
+    try:
+        import math_verify
+    except ImportError as exc:  # pragma: no cover - a declared dependency of the math extra
+        raise ImportError("answer checking needs math-verify: pip install 'chatgym[math]'") from exc
+    return math_verify
+
+
+def _timeout() -> int | None:
+    # math-verify's timeout uses signal.alarm, which only the main thread may set.
+    return 5 if threading.current_thread() is threading.main_thread() else None
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse(latex: str) -> list[Any]:
+    # Unbalanced braces are no LaTeX math, and garbage is where sympy's parser is slowest.
+    if len(latex) > _MAX_CHARS or _RISKY.search(latex) or _balanced_end(f"{{{latex}}}", 0) != len(latex) + 1:
+        return []
+    mv = _math_verify()
+    latex = re.sub(r"\\[dt]frac", r"\\frac", latex)
+    return mv.parse(f"${latex}$", extraction_config=[mv.LatexExtractionConfig()], parsing_timeout=_timeout())
+
+
+def _read_whole(latex: str) -> Any:
+    """math-verify's sympy value of ``latex``, or None when it reads nothing (it then returns the
+    text alone, as for ``4\\sqrt(2)``, or an empty list)."""
+    try:
+        parsed = _parse(latex)
+    except Exception:  # math-verify raises on what sympy cannot take; that is "not read"
+        return None
+    if len(parsed) < 2 or isinstance(parsed[0], str):
+        return None
+    return parsed[0]
+
+
+def _math_verify_value(latex: str) -> Any:
+    import sympy
+
+    value = _read_whole(latex)
+    if not isinstance(value, sympy.Basic):
+        return None
+    try:
+        value = value.doit()
+    except Exception:
+        return None
+    return value if value.is_number else None
+
+
+def _exactly_equal(a: Any, b: Any) -> bool:
+    """Exact equality of two numeric sympy values: decimals are read as the exact rationals they
+    write (``0.333333`` is 333333/10^6, not 1/3), and no tolerance is applied."""
+    import sympy
+
+    try:
+        a, b = (x.doit() for x in (a, b))
+        a, b = (x.xreplace({f: sympy.Rational(str(f)) for f in x.atoms(sympy.Float)}) for x in (a, b))
+        if a.is_Rational and b.is_Rational:
+            return bool(a == b)
+        return bool(sympy.simplify(a - b) == 0)
+    except Exception:
+        return False
+
+
+def math_verify_equal(answer: str, gold: str) -> bool:
+    """``math-verify``'s ``verify(gold, answer)`` with the guards of the module docstring.
+
+    Both sides are LaTeX without ``$`` (as :func:`unwrap` leaves them). Returns False whenever a
+    guard applies, math-verify reads nothing, or it raises.
+    """
+    import sympy
+
+    if _PARTIAL_COMPARE.search(answer) or _PARTIAL_COMPARE.search(gold):
+        return answer.strip() == gold.strip()
+    if bool(_PLUS_MINUS.search(answer)) != bool(_PLUS_MINUS.search(gold)):
+        return False
+    a, g = _read_whole(answer), _read_whole(gold)
+    if a is None or g is None:
+        return False
+    # A comma that is not a thousands separator makes a tuple or a set: a single number on either
+    # side is then a misreading ("0,1" read as 0.1).
+    for text, value in ((answer, a), (gold, g)):
+        if "," in re.sub(_GROUPED, "", text) and isinstance(value, sympy.Number):
+            return False
+    if isinstance(a, sympy.Basic) and isinstance(g, sympy.Basic) and a.is_number and g.is_number:
+        return _exactly_equal(a, g)  # no float tolerance between numbers
+    mv = _math_verify()
+    try:
+        return bool(mv.verify([g, gold], [a, answer], timeout_seconds=_timeout()))
+    except Exception:
+        return False

@@ -1,0 +1,40 @@
+"""Session fixtures shared by test modules. Docker only: ``docker_engine``.
+
+``docker_engine`` gives the Docker tests a real engine and the offline image, through
+``chatgym.sandboxes.docker_engine.provide``:
+
+* ``DOCKER_HOST`` set: that engine is used as it is (never stopped here); the image is built on it.
+* otherwise, as root with ``dockerd`` installed (``scripts/setup.sh`` installs Debian's ``docker.io``):
+  a private daemon is started for this test session in ``$CHATGYM_CACHE/docker/test-<pid>`` (its
+  own socket; no bridge, iptables or IP forwarding), only when a test asks for it, and stopped by
+  its PID at the end of the session, whatever happened (it also gets SIGTERM if pytest itself
+  dies); its directory is removed, and the teardown fails if any of its processes or mounts is left.
+* otherwise the Docker tests skip, with the reason.
+
+While the fixture is up, ``DOCKER_HOST`` and ``CHATGYM_DOCKER_IMAGE`` are set in ``os.environ`` (child
+processes such as ``chatgym serve-sandbox --backend docker`` see them) and restored after.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def docker_engine():
+    """``chatgym.sandboxes.docker_engine.Engine`` (``host``, ``image``, ``daemon``), or a skip."""
+    try:
+        import docker
+    except ImportError:
+        pytest.skip("no Docker engine: the docker SDK is not installed (pip install 'chatgym[docker]')")
+    from chatgym.sandboxes.docker_engine import provide
+
+    manager = provide("test")
+    try:
+        engine = manager.__enter__()
+    except (RuntimeError, docker.errors.DockerException) as e:
+        pytest.skip(f"no Docker engine: {e}")
+    try:
+        yield engine
+    finally:
+        manager.__exit__(None, None, None)

@@ -1,0 +1,331 @@
+"""Issue 12 item 4: number formats in math answers, and math-verify used where it is right.
+
+The failure: gold 9500, replies ``\\boxed{$9{,}500}`` and ``The answer is $9{,}500.`` were read as
+``500`` (rewards 0.01 on gsm_symbolic, 0.0 on basic_arithmetic). Every common form of the number now
+reads 9500 whether or not it is in tags, and the reward scale of reasoning-gym's scorers (1.0 right,
+gsm_symbolic's 0.01 for a wrong number) is kept.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from chatgym.envs.math_answer import (
+    answers_equal,
+    extract_answer,
+    math_verify_equal,
+    normalise_answer,
+    written_answer,
+)
+
+rg = pytest.importorskip("reasoning_gym")
+mv = pytest.importorskip("math_verify")
+
+
+# ---- extraction and normalisation ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # the issue's two replies
+        ("\\boxed{$9{,}500}", ("9500", False)),
+        ("The answer is $9{,}500.", ("9500", False)),
+        # every separator, in tags and out
+        ("<answer>9,500</answer>", ("9500", True)),
+        ("<answer>9{,}500</answer>", ("9500", True)),
+        ("<answer>9\\,500</answer>", ("9500", True)),
+        ("<answer>9 500</answer>", ("9500", True)),
+        ("<answer>9\u202f500</answer>", ("9500", True)),
+        ("The answer is 9 500.", ("9500", False)),
+        ("so it costs 9\\,500 in total", ("9500", False)),
+        ("<answer>1,234,567.89</answer>", ("1234567.89", True)),
+        # wrappers, currency, units, a trailing period
+        ("<answer>\\boxed{$9{,}500}</answer>", ("9500", True)),
+        ("<answer>$9500$</answer>", ("9500", True)),
+        ("<answer>\\(9500\\)</answer>", ("9500", True)),
+        ("<answer>\\text{9500}</answer>", ("9500", True)),
+        ("<answer>9500.</answer>", ("9500", True)),
+        ("<answer>\\$9,500</answer>", ("9500", True)),
+        ("<answer>9500 dollars</answer>", ("9500", True)),
+        ("\\boxed{9{,}500 \\text{ dollars}}", ("9500", False)),
+        ("<answer>50\\%</answer>", ("50", True)),
+        ("<answer>x = 5</answer>", ("5", True)),
+        ("<answer>\u22124</answer>", ("-4", True)),  # the Unicode minus sign
+        ("<answer>$-4$</answer>", ("-4", True)),
+        ("Final answer: \\(\\dfrac{7}{2}\\)", ("7/2", False)),
+        # the last tag, box or phrase counts; no tag: a box before a phrase before the last number
+        ("first <answer>1</answer> then <answer> -7 </answer>", ("-7", True)),
+        ("\\boxed{3} and later \\boxed{4}", ("4", False)),
+        ("The answer is 5. Check: 5 + 3 = 8", ("5", False)),
+        ("Let me answer: first compute 3 + 4 = 7. So 7.", ("7", False)),  # a phrase that is prose
+        ("The answer is \\frac{7}{2}.", ("7/2", False)),
+        ("5 - 3 = 2", ("2", False)),
+        ("it is 1,234 apples", ("1234", False)),
+        # not numbers: unwrapped, otherwise kept as written
+        ("<answer>\\text{Friday}.</answer>", ("Friday", True)),
+        ("<answer>94*4 - 61 - 6</answer>", ("94*4 - 61 - 6", True)),
+        ("<answer>0xabc</answer>", ("0xabc", True)),  # not 0 followed by a unit
+        ("<answer>0,1</answer>", ("0,1", True)),  # a pair: a comma groups exactly three digits
+        ("<answer>12,34</answer>", ("12,34", True)),
+        ("<answer>5 or maybe six</answer>", ("5 or maybe six", True)),  # a hedge is no unit
+        ("the numbers 1,2,3", ("3", False)),  # was "123": any comma used to be dropped
+        ("no idea", (None, False)),
+        ("<answer></answer>", ("", True)),  # raised IndexError while this module was written
+        ("<answer> . </answer>", ("", True)),
+    ],
+)
+def test_extract_answer(text, expected):
+    assert extract_answer(text) == expected
+
+
+def test_written_answer_is_the_same_span_unnormalised():
+    assert written_answer("The answer is $9{,}500.") == "$9{,}500"
+    assert written_answer("<answer> \\boxed{7} </answer>") == "\\boxed{7}"
+    assert written_answer("nothing") is None
+
+
+def test_normalise_answer_is_idempotent():
+    for text in ["\\boxed{$9{,}500}", "9 500", "\\dfrac{7}{2}", "\\text{Friday}.", "0,1", "-\\$5"]:
+        once = normalise_answer(text)
+        assert normalise_answer(once) == once
+
+
+# ---- equality with the gold ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("answer", "gold", "question", "equal"),
+    [
+        ("9500", "9500", "", True),
+        ("9,500", "9500", "", True),
+        ("4.0", "4", "", True),
+        ("9501", "9500", "", False),
+        ("\\frac{7}{2}", "3.5", "Calculate 7 / 2.", True),  # a fraction for a decimal, where allowed
+        ("7/2", "3.5", "Give the answer as a decimal.", False),  # ... and where the task says decimal
+        ("7/2", "3.5", "Round to 2 decimal places.", False),
+        ("1/3", "0.3333333333", "", False),  # exact values: 1/3 is not 0.3333333333
+        ("\\sqrt{16}", "4", "", True),  # LaTeX read by math-verify to an exact rational
+        ("7 \\div 2", "3.5", "", True),
+        ("2^{10}", "1024", "", True),
+        ("\\sqrt{2}", "1.41421356", "", False),  # an irrational is no decimal
+        ("banana", "4", "", False),
+        (None, "4", "", False),
+        # a non-number gold whose question asks for a form: the task's own scorer decides
+        ("276/1166", "138/583", "Simplify the fraction 13524/57134 to its lowest terms.", False),
+        ("\\frac{1}{2}", "\\frac{1}{2}", "", True),
+        ("0.5", "\\frac{1}{2}", "", True),
+        ("0.5", "\\frac{1}{2}", "Give the answer as a fraction.", False),
+    ],
+)
+def test_answers_equal(answer, gold, question, equal):
+    assert answers_equal(answer, gold, question) is equal
+
+
+def _raw_verify(answer: str, gold: str, latex: bool) -> bool:
+    """math-verify alone, as its README calls it (LaTeX mode, or its default extraction)."""
+    if latex:
+        cfg = [mv.LatexExtractionConfig()]
+        return mv.verify(
+            mv.parse(f"${gold}$", extraction_config=cfg), mv.parse(f"${answer}$", extraction_config=cfg)
+        )
+    return mv.verify(mv.parse(gold), mv.parse(answer))
+
+
+@pytest.mark.parametrize(
+    ("answer", "gold"),
+    [
+        ("\\dfrac{\\sqrt3}{2}", "\\frac{\\sqrt{3}}{2}"),
+        ("(3, \\pi/2)", "\\left( 3, \\frac{\\pi}{2} \\right)"),
+        ("(x+1)^2", "x^2+2x+1"),
+        ("\\{2, 1\\}", "\\{1,2\\}"),
+        ("[0,1)", "[0, 1)"),
+        ("0.5", "\\frac{1}{2}"),
+    ],
+)
+def test_math_verify_true_positives(answer, gold):
+    assert _raw_verify(answer, gold, latex=True)
+    assert math_verify_equal(answer, gold)
+
+
+@pytest.mark.parametrize(
+    ("answer", "gold", "latex"),
+    [
+        # numbers closer than math-verify's float tolerance (Math-Verify issues #14, #21)
+        ("\\frac{1}{2^{98}}", "\\frac{1}{2^{99}}", True),
+        ("0.0000002", "0.0000001", True),
+        ("0.333333", "\\frac{1}{3}", True),
+        # "±" on one side only, and equations of which one side is compared (#14, #60), as its
+        # default extraction reads them
+        ("2021", "\\pm 2021", False),
+        ("3*x-1*y+13=0", "3x + 4y + 14=0", False),
+    ],
+)
+def test_math_verify_false_positives_are_guarded(answer, gold, latex):
+    assert _raw_verify(answer, gold, latex=latex)  # math-verify alone says "equal" ...
+    assert not math_verify_equal(answer, gold)  # ... the guard says no
+    assert not answers_equal(answer, gold)
+
+
+@pytest.mark.parametrize(
+    ("answer", "gold"),
+    [
+        ("1:00", "12:00"),
+        ("1, 3, 5, \\ldots, 2n-1", "1, 2, \\ldots, n"),
+        ("n=1,2,3", "n=2,3,4"),
+        ("4\\sqrt(2)", "4"),
+    ],
+)
+def test_math_verify_other_known_false_positives_stay_unequal(answer, gold):
+    # Reported as wrongly "equal" on older math-verify (>=0.7 is allowed); guarded whatever the version.
+    assert not math_verify_equal(answer, gold)
+
+
+def test_answers_equal_off_the_main_thread():
+    # Regression guard: math-verify's timeout uses signal.alarm, which raises off the main thread;
+    # envs score on their own threads.
+    results = []
+    thread = threading.Thread(
+        target=lambda: results.append(
+            (answers_equal("\\sqrt{16}", "4"), math_verify_equal("(x+1)^2", "x^2+2x+1"))
+        )
+    )
+    thread.start()
+    thread.join()
+    assert results == [(True, True)]
+
+
+# ---- through Math-v0 -------------------------------------------------------------------------------
+
+
+def _score(dataset: str, gold: str, reply: str, task: dict | None = None) -> tuple[float, dict]:
+    """Math-v0's reward and info for one reply (a made-up task unless a real one is given)."""
+    import gymnasium as gym
+
+    env = gym.make("Math-v0", split="train", size=4).unwrapped
+    try:
+        task = task or {"question": "How much?", "answer": gold, "metadata": {"source_dataset": dataset}}
+        env.reset(options={"task": task})
+        _, reward, terminated, _, info = env.step(reply)
+        assert terminated
+        return reward, info
+    finally:
+        env.close()
+
+
+NINE_FIVE_HUNDRED = [
+    ("\\boxed{$9{,}500}", False),
+    ("The answer is $9{,}500.", False),
+    ("<answer>\\boxed{$9{,}500}</answer>", True),
+    ("<answer>9,500</answer>", True),
+    ("<answer>9\\,500</answer>", True),
+    ("<answer>9 500</answer>", True),
+    ("<answer>$9500$ dollars</answer>", True),
+    ("The total is 9{,}500", False),
+]
+
+
+@pytest.mark.parametrize("dataset", ["gsm_symbolic", "basic_arithmetic"])
+@pytest.mark.parametrize(("reply", "tagged"), NINE_FIVE_HUNDRED)
+def test_issue_example_gold_9500_scores_one(dataset, reply, tagged):
+    # Before: the first two replies scored 0.01 (gsm_symbolic) and 0.0 (basic_arithmetic).
+    reward, info = _score(dataset, "9500", reply)
+    assert reward == 1.0
+    assert info["answer"] == "9500" and info["correct"] is True
+    assert info["reward_components"] == {"correct": 1.0, "format": float(tagged)}
+
+
+@pytest.mark.parametrize(
+    ("dataset", "reply", "reward"),
+    [
+        # the scorers' own partial values are kept: gsm_symbolic gives 0.01 for a wrong number
+        ("gsm_symbolic", "<answer>9,501</answer>", 0.01),
+        ("gsm_symbolic", "\\boxed{$9{,}501}", 0.01),
+        ("basic_arithmetic", "<answer>9,501</answer>", 0.0),
+        ("gsm_symbolic", "no idea", 0.0),
+        ("gsm_symbolic", "<answer></answer>", 0.0),
+    ],
+)
+def test_wrong_answers_keep_the_scorers_scale(dataset, reply, reward):
+    assert _score(dataset, "9500", reply)[0] == reward
+
+
+def test_real_gsm_tasks_with_formatted_golds():
+    # Golds of 1,000 and more written with a thousands comma by Python's own formatter, boxed.
+    tasks = [t for t in rg.create_dataset("gsm_symbolic", size=200, seed=3) if float(t["answer"]) >= 1000]
+    assert tasks
+    for task in tasks[:5]:
+        written = f"{float(task['answer']):,.10g}" if "." in task["answer"] else f"{int(task['answer']):,}"
+        assert "," in written
+        reward, _ = _score(
+            "gsm_symbolic", task["answer"], f"So the total is \\boxed{{{written}}}.", task=task
+        )
+        assert reward == 1.0
+
+
+@pytest.mark.parametrize(
+    ("dataset", "index", "reply"),
+    [
+        ("countdown", 0, "<answer>{target}</answer>"),  # the target's value is no expression
+        ("fraction_simplification", 0, "<answer>{unreduced}</answer>"),  # same value, not in lowest terms
+    ],
+)
+def test_tasks_that_ask_for_a_form_are_left_to_their_scorer(dataset, index, reply):
+    task = rg.create_dataset(dataset, size=1, seed=1)[index]
+    if dataset == "countdown":
+        text = reply.format(target=task["metadata"]["target"])
+    else:
+        num, den = task["answer"].split("/")
+        text = reply.format(unreduced=f"{2 * int(num)}/{2 * int(den)}")
+    scorer = rg.get_score_answer_fn(dataset)
+    expected = float(scorer(extract_answer(text)[0], task))
+    assert expected < 1.0
+    reward, _ = _score(dataset, task["answer"], text, task=task)
+    assert reward == expected
+
+
+# ---- properties ------------------------------------------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_FORMS = [
+    lambda n: f"{n:,}",
+    lambda n: f"{n:,}".replace(",", "{,}"),
+    lambda n: f"{n:,}".replace(",", "\\,"),
+    lambda n: f"{n:,}".replace(",", " "),
+    lambda n: f"${n:,}$",
+    lambda n: f"\\boxed{{{n:,}}}",
+    lambda n: f"\\text{{{n}}}",
+    lambda n: f"{n}.",
+    lambda n: f"{n:,} dollars",
+    lambda n: ("-" if n < 0 else "") + f"\\${abs(n):,}",
+]
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(-(10**12), 10**12), form=st.sampled_from(_FORMS), tagged=st.booleans())
+def test_every_form_of_an_integer_reads_as_it(n, form, tagged):
+    n_text = form(n)
+    text = f"<answer>{n_text}</answer>" if tagged else f"The answer is {n_text}"
+    assert extract_answer(text) == (str(n), tagged)
+    assert answers_equal(extract_answer(text)[0], str(n))
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(max_size=80))
+def test_extract_answer_never_raises(text):
+    answer, tagged = extract_answer(text)
+    assert answer is None or isinstance(answer, str)
+    assert isinstance(tagged, bool)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    answer=st.text(alphabet=st.sampled_from(list("0123456789.,-+/^{}()\\ $xfracsqrtboxed")), max_size=30),
+    gold=st.sampled_from(["9500", "3.5", "\\frac{1}{2}", "x^2+1", "\\{1,2\\}"]),
+)
+def test_answers_equal_never_raises(answer, gold):
+    assert answers_equal(answer, gold) in (True, False)

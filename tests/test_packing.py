@@ -1,0 +1,279 @@
+"""The CPU update's work savings: packed micro-batches (no padding), the skipped old-logprob pass, and
+the compute dtype ``auto`` picks from the CPU's flags. Exact layouts are written out by hand; logprobs
+and gradients are checked against the padded forward on a tiny random-init Llama."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+
+import pytest
+import torch
+from test_trainer import _group_batch, _sgd_models, _update_batch, traj
+from train_helpers import TINY_LLAMA
+
+from chatgym.trainer.config import AlgoConfig, load_config
+from chatgym.trainer.learner.batch import collate, pack_chunks, pack_rows
+from chatgym.trainer.learner.policy import resolve_compute_dtype
+from chatgym.trainer.learner.update import (
+    forward_logprobs,
+    forward_logprobs_packed,
+    per_token_pass,
+    policy_logprobs,
+    update,
+)
+from chatgym.trainer.models import choose_compute_dtype, cpu_flags
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    from chatgym.trainer.models import load_model_path, random_model
+
+    try:
+        load_model_path("smollm2")
+    except ModuleNotFoundError as exc:
+        pytest.skip(str(exc))
+    return random_model("smollm2", seed=0, **TINY_LLAMA).train()
+
+
+def flat(model) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def group_batch_with_engine_logprobs(model):
+    """``_group_batch()`` with engine logprobs 0.1 above the model's own, so the TIS weights are
+    exp(-0.1) ~ 0.905 (a random model's logprobs are ~ -10.8, far below the helper's -0.5, which would
+    make every weight ~ e^-10 and the gradient vanish)."""
+    batch = _group_batch()
+    with torch.no_grad():
+        own, _ = forward_logprobs(model, batch, with_entropy=False)
+    batch.engine_logprobs = torch.where(batch.loss_mask, own + 0.1, 0.0)
+    return batch
+
+
+# ------------------------------------------------------------------------------------------ layout
+
+
+def test_pack_rows_layout_without_and_with_a_shared_prompt():
+    # Row 0: 5 tokens, trained at 3-4; row 1: 3 tokens, trained at 2.
+    batch = collate([traj([10, 11, 12, 13, 14], [0, 0, 0, 1, 1]), traj([20, 21, 22], [0, 0, 1])], pad_id=0)
+    p = pack_rows(batch)
+    assert p.input_ids.tolist() == [[10, 11, 12, 13, 14, 20, 21, 22]]
+    assert p.position_ids.tolist() == [[0, 1, 2, 3, 4, 0, 1, 2]]
+    assert p.segments.tolist() == [0, 0, 0, 0, 0, 1, 1, 1]
+    # (0, 3) is predicted at packed 2, (0, 4) at 3, (1, 2) at 5 + 1 = 6.
+    assert (p.rows.tolist(), p.cols.tolist()) == ([0, 0, 1], [3, 4, 2])
+    assert p.logit_index.tolist() == [2, 3, 6]
+    assert p.targets.tolist() == [13, 14, 22]
+    mask = p.attention_mask()[0, 0].int()
+    assert mask.tolist() == [
+        [1, 0, 0, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0, 0, 0],
+        [1, 1, 1, 1, 1, 0, 0, 0],
+        [0, 0, 0, 0, 0, 1, 0, 0],
+        [0, 0, 0, 0, 0, 1, 1, 0],
+        [0, 0, 0, 0, 0, 1, 1, 1],
+    ]
+
+    # A group sharing the 2-token prompt [7, 8]: answers [1, 2] and [3]; the prompt is laid down once.
+    group = collate([traj([7, 8, 1, 2], [0, 0, 1, 1]), traj([7, 8, 3], [0, 0, 1])], pad_id=0)
+    g = pack_rows(group, prefix_len=2)
+    assert g.input_ids.tolist() == [[7, 8, 1, 2, 3]]
+    assert g.position_ids.tolist() == [[0, 1, 2, 3, 2]]  # the second answer restarts at position 2
+    assert g.segments.tolist() == [-1, -1, 0, 0, 1]
+    # (0, 2) <- prompt's last token (packed 1); (0, 3) <- packed 2; (1, 2) <- prompt's last (1).
+    assert g.logit_index.tolist() == [1, 2, 1]
+    assert g.attention_mask()[0, 0].int().tolist() == [
+        [1, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0],
+        [1, 1, 1, 0, 0],
+        [1, 1, 1, 1, 0],
+        [1, 1, 0, 0, 1],  # the second answer sees the prompt, not the first answer
+    ]
+    with pytest.raises(ValueError, match="do not share a 3-token untrained prompt"):
+        pack_rows(group, prefix_len=3)  # position 2 is trained
+
+
+def test_pack_chunks_bound_the_packed_length():
+    # Own tokens after a 2-token prompt: 3, 4, 2, 6 -> runs within 2 + 7 = 9 tokens: [0, 1], [2], [3];
+    # a row longer than the cap is alone.
+    assert pack_chunks([5, 6, 4, 8], prefix_len=2, max_tokens=9) == [[0, 1], [2], [3]]
+    assert pack_chunks([5, 6, 4, 8], prefix_len=0, max_tokens=100) == [[0, 1, 2, 3]]
+    assert pack_chunks([50, 3], prefix_len=0, max_tokens=10) == [[0], [1]]
+
+
+# -------------------------------------------------------------------------------- packed == padded
+
+
+@pytest.mark.parametrize("max_tokens", [1024, 12])
+def test_packed_logprobs_equal_padded(tiny_model, max_tokens):
+    # fp32: packed and padded run the same products in another order, so they agree to rounding
+    # (measured max |diff| ~1e-6); 1e-5 is the stated tolerance. max_tokens 12 splits the batch.
+    batch = _group_batch()
+    mask = batch.loss_mask
+    with torch.no_grad():
+        padded, padded_ent = forward_logprobs(tiny_model, batch, with_entropy=True)
+        packed, packed_ent = forward_logprobs_packed(
+            tiny_model, batch, with_entropy=True, max_tokens=max_tokens
+        )
+        group = batch.select([0, 1, 2])  # shares a 4-token prompt
+        shared, _ = forward_logprobs_packed(tiny_model, group, 4, with_entropy=False, max_tokens=max_tokens)
+    torch.testing.assert_close(packed[mask], padded[mask], rtol=0, atol=1e-5)
+    torch.testing.assert_close(packed_ent[mask], padded_ent[mask], rtol=0, atol=1e-4)
+    assert not bool(packed[~mask].any())  # nothing is computed where nothing is trained
+    g_mask = group.loss_mask
+    torch.testing.assert_close(
+        shared[g_mask], padded[[0, 1, 2], : group.input_ids.shape[1]][g_mask], rtol=0, atol=1e-5
+    )
+
+
+def test_packed_logprobs_with_eager_attention(tiny_model):
+    # Eager attention takes an additive float mask instead of SDPA's bool one.
+    eager = copy.deepcopy(tiny_model)
+    eager.config._attn_implementation = "eager"
+    batch = _update_batch()
+    with torch.no_grad():
+        padded, _ = forward_logprobs(tiny_model, batch, with_entropy=False)
+        packed, _ = forward_logprobs_packed(eager, batch, with_entropy=False)
+    torch.testing.assert_close(packed[batch.loss_mask], padded[batch.loss_mask], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("share", "mode"), [(False, "token-mean"), (True, "token-mean"), (True, "seq-mean-token-sum")]
+)
+def test_packed_update_gives_the_same_loss_and_gradient(tiny_model, share, mode):
+    # One plain-SGD step (lr 0.1, no clipping): equal weights afterwards <=> equal gradients.
+    algo = AlgoConfig(loss_agg=mode, tis_cap=2.0, entropy_coef=0.01)
+    results, losses = [], []
+    for pack in (False, True):
+        model = copy.deepcopy(tiny_model)
+        metrics = update(
+            _sgd_models(model, 0.1),
+            group_batch_with_engine_logprobs(tiny_model),
+            algo,
+            micro_batch_size=3,
+            max_grad_norm=None,
+            device=CPU,
+            generator=torch.Generator().manual_seed(0),
+            share_prefix=share,
+            pack=pack,
+        )
+        results.append(flat(model))
+        losses.append(metrics["actor/pg_loss"])
+    assert (results[0] - flat(tiny_model)).abs().max() > 1e-4  # the step moved the weights
+    torch.testing.assert_close(results[1], results[0], rtol=0, atol=1e-6)
+    assert losses[1] == pytest.approx(losses[0], abs=1e-6)
+
+
+# ------------------------------------------------------------------------- skipped old-logprob pass
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_skipping_the_old_logprob_pass_changes_nothing(tiny_model, pack):
+    # One optimizer step per batch: the behaviour policy is the current one, so old = logp.detach()
+    # gives ratio exactly 1 and the TIS weights exp(old - engine) of the same numbers. A separate
+    # no-grad pass over the same micro-batches computes bitwise the same logprobs (same kernels, same
+    # shapes), so the loss and the gradient are identical, not merely close.
+    algo = AlgoConfig(tis_cap=2.0)
+    results, metrics = [], []
+    for precompute in (False, True):
+        model = copy.deepcopy(tiny_model)
+        batch = group_batch_with_engine_logprobs(tiny_model)
+        if precompute:
+            batch.old_logprobs = per_token_pass(
+                lambda mb, p, m=model: policy_logprobs(m, mb, p, with_entropy=False, pack=pack)[0],
+                batch,
+                3,
+                CPU,
+                share_prefix=True,
+            )
+        metrics.append(
+            update(
+                _sgd_models(model, 0.1),
+                batch,
+                algo,
+                micro_batch_size=3,
+                max_grad_norm=None,
+                device=CPU,
+                generator=torch.Generator().manual_seed(0),
+                share_prefix=True,
+                pack=pack,
+            )
+        )
+        results.append(flat(model))
+    assert torch.equal(results[0], results[1])
+    for key in ("actor/pg_loss", "actor/tis_weight", "actor/ratio_max", "actor/grad_norm"):
+        assert metrics[0][key] == metrics[1][key], key
+    assert metrics[1]["actor/ratio_max"] == 1.0
+    # TIS weights: exp(old - engine) = exp(-0.1) up to the packed/padded rounding (~1e-6).
+    assert metrics[1]["actor/tis_weight"] == pytest.approx(math.exp(-0.1), abs=1e-5)
+
+
+# ------------------------------------------------------------------------------------ compute dtype
+
+AVX2_CPUINFO = (
+    "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n\nprocessor\t: 1\nflags\t\t: fpu sse2 avx avx2 fma\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("device", "flags", "expected"),
+    [
+        ("cpu", {"avx2", "avx512f", "avx512_bf16"}, "bfloat16"),  # AVX-512 BF16 (e.g. Zen 4, Cooper Lake)
+        ("cpu", {"avx2", "avx512f", "amx_tile", "amx_bf16"}, "bfloat16"),  # AMX (Sapphire Rapids)
+        ("cpu", {"avx2", "fma"}, "float32"),  # AVX2 only: bf16 would be emulated
+        ("cpu", {"avx2", "avx512f", "avx512bw"}, "float32"),  # AVX-512 without its BF16 extension
+        ("cpu", set(), "float32"),
+        ("cuda", set(), "bfloat16"),
+    ],
+)
+def test_compute_dtype_choice_follows_the_flags(device, flags, expected):
+    dtype, reason = choose_compute_dtype(device, frozenset(flags))
+    assert dtype == expected
+    assert ("CUDA" in reason) == (device == "cuda")
+    if dtype == "bfloat16" and device == "cpu":
+        assert "native bf16" in reason
+    # resolve_compute_dtype: "auto" over fp32 weights is that choice; a set value or non-fp32 weights win.
+    assert resolve_compute_dtype("auto", "float32", torch.device(device), frozenset(flags))[0] == expected
+    assert resolve_compute_dtype("float32", "float32", torch.device(device), frozenset(flags))[0] == "float32"
+    assert resolve_compute_dtype("auto", "bfloat16", torch.device(device), frozenset(flags))[0] == "bfloat16"
+
+
+def test_cpu_flags_reads_the_flags_lines():
+    assert cpu_flags(AVX2_CPUINFO) == frozenset({"fpu", "sse2", "avx", "avx2", "fma"})
+    # Arm kernels call the line "Features".
+    assert cpu_flags("Features\t: fp asimd bf16\n") == frozenset({"fp", "asimd", "bf16"})
+    assert cpu_flags("") == frozenset()
+
+
+def test_trainer_logs_the_compute_choice_once_and_keeps_auto_in_the_config(capsys, tmp_path):
+    from chatgym.trainer.config import save_config
+    from chatgym.trainer.train import Trainer
+
+    cfg = load_config(None, ["engine.backend=hf", "engine.dtype=float32"])
+    trainer = Trainer.__new__(Trainer)  # only the compute set-up, no models
+    trainer.cfg, trainer.device = cfg, CPU
+    trainer._set_up_compute()
+    err = capsys.readouterr().err
+    expected, reason = choose_compute_dtype("cpu", cpu_flags())
+    mixed = " autocast" if expected == "bfloat16" else ""
+    assert err == (
+        f"chatgym: training compute {expected}{mixed} over float32 weights on cpu ({reason}), "
+        f"{torch.get_num_threads()} torch threads, packed micro-batches\n"
+    )
+    assert trainer.compute_dtype == expected and trainer.pack
+    # The machine's choice is not written back: the saved config still says auto.
+    save_config(cfg, tmp_path / "config.yaml")
+    assert "compute_dtype: auto" in (tmp_path / "config.yaml").read_text()
+    # An explicit value is used as is (bf16 autocast on any CPU when asked for).
+    trainer.cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, compute_dtype="bfloat16"))
+    trainer._set_up_compute()
+    assert "training compute bfloat16 autocast over float32 weights on cpu (model.compute_dtype)" in (
+        capsys.readouterr().err
+    )
+    assert isinstance(trainer._autocast(), torch.autocast)
