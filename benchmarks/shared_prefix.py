@@ -15,7 +15,7 @@ import time
 import torch
 
 from chatgym.trainer.learner.batch import collate
-from chatgym.trainer.learner.update import forward_logprobs, forward_logprobs_shared
+from chatgym.trainer.learner.forward import forward_logprobs, forward_logprobs_shared
 from chatgym.trainer.models import load_model
 from chatgym.trainer.rollout.types import Trajectory
 

@@ -42,15 +42,10 @@ import torch
 
 from chatgym.trainer.config import AlgoConfig
 from chatgym.trainer.learner.batch import TokenBatch, collate
+from chatgym.trainer.learner.forward import micro_batch_plan, per_token_pass, policy_logprobs
 from chatgym.trainer.learner.policy import autocast_context, resolve_compute_dtype
-from chatgym.trainer.learner.update import (
-    Models,
-    compute_advantages,
-    micro_batch_plan,
-    per_token_pass,
-    policy_logprobs,
-    update,
-)
+from chatgym.trainer.learner.prepare import compute_advantages
+from chatgym.trainer.learner.update import UpdateState, update
 from chatgym.trainer.models import NATIVE_BF16_FLAGS, cpu_flags
 from chatgym.trainer.rollout.types import Trajectory
 
@@ -169,7 +164,7 @@ def run_update(
         opt = torch.optim.AdamW(model.parameters(), lr=LR, eps=ADAM_EPS, weight_decay=0.0)
     else:
         opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    models = Models(model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0))
+    models = UpdateState(model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0))
     device = torch.device("cpu")
 
     def autocast() -> Any:

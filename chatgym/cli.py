@@ -18,7 +18,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "collect trajectories from an env with a model, as JSONL (progress bar, summary)",
     ),
     "train": (
-        "chatgym.trainer.train:main",
+        "chatgym.trainer.train_cli:main",
         "train a policy with GRPO/PPO from a YAML config (key.sub=value overrides, --resume)",
     ),
     "eval": (

@@ -21,7 +21,7 @@ from chatgym.trainer.learner.algos import (
     aggregate_loss,
     get_advantage_estimator,
     get_policy_loss,
-    place_outcome_rewards,
+    place_rewards,
 )
 from chatgym.trainer.learner.batch import collate
 from chatgym.trainer.learner.logprobs import token_logprobs
@@ -51,7 +51,7 @@ def main(steps: int, prompts: int, group_size: int) -> None:
         # 2. Rewards -> group-normalised advantages on every generated token.
         batch = collate(trajectories, pad_id=tokenizer.pad_token_id)
         rewards = torch.tensor([t.reward for t in trajectories])
-        token_rewards = place_outcome_rewards(rewards, batch.loss_mask)
+        token_rewards = place_rewards(rewards, batch.loss_mask)
         group_ids = torch.tensor([t.group_id for t in trajectories])
         advantages, _ = advantage_fn(token_rewards, batch.loss_mask, group_ids=group_ids)
         # 3. One policy-gradient step: logprobs of the sampled tokens under the current weights.

@@ -59,6 +59,7 @@ def case_config(name: str, out: Path) -> Any:
         "engine.dtype=float32",
         "model.dtype=float32",
         "model.device=cpu",
+        "model.compute_dtype=float32",
         "env.eval_tasks=0",
         "train.max_steps=1",
         "train.progress=false",

@@ -20,7 +20,7 @@ from chatgym.trainer.learner.algos import (
     mask_truncated,
     missing_eos_penalty,
     overlong_reward_penalty,
-    place_outcome_rewards,
+    place_rewards,
     register_advantage_estimator,
     truncated_is_weights,
 )
@@ -36,15 +36,15 @@ def t(x, dtype=D):
 def outcome(scores, length=1):
     """(B, T) token rewards with each score on the last position, and an all-ones mask."""
     mask = torch.ones(len(scores), length, dtype=torch.bool)
-    return place_outcome_rewards(t(scores), mask), mask
+    return place_rewards(t(scores), mask), mask
 
 
 # ---------------------------------------------------------------------------------------- advantages
 
 
-def test_place_outcome_rewards_last_generated_token_or_last_position():
+def test_place_rewards_last_generated_token_or_last_position():
     mask = torch.tensor([[1, 1, 0], [0, 0, 0], [0, 1, 0]])
-    out = place_outcome_rewards(t([1.0, 2.0, 3.0]), mask)
+    out = place_rewards(t([1.0, 2.0, 3.0]), mask)
     assert torch.equal(out, t([[0.0, 1.0, 0.0], [0.0, 0.0, 2.0], [0.0, 3.0, 0.0]]))
 
 
@@ -80,7 +80,7 @@ def test_grpo_masked_row_counts_in_baseline_but_gets_no_advantage():
     # Row 0 was filtered (mask all 0) but its reward 1 still enters the group: mean 0.5, std sqrt(0.5),
     # so row 1 (reward 0) gets -0.5/sqrt(0.5) = -sqrt(0.5) on its two generated tokens.
     mask = torch.tensor([[0, 0, 0], [1, 1, 0]])
-    rewards = place_outcome_rewards(t([1.0, 0.0]), mask)
+    rewards = place_rewards(t([1.0, 0.0]), mask)
     adv, _ = get_advantage_estimator("grpo")(rewards, mask, group_ids=torch.tensor([0, 0]), eps=0.0)
     expected = t([[0.0, 0.0, 0.0], [-math.sqrt(0.5), -math.sqrt(0.5), 0.0]])
     torch.testing.assert_close(adv, expected, rtol=0, atol=1e-15)
@@ -110,7 +110,7 @@ def test_reinforce_plus_plus_batch_whitening():
     # Tokens [1, 1, 0]: mean 2/3, unbiased var ((1/3)^2 * 2 + (2/3)^2) / 2 = 1/3.
     # A = (1 - 2/3)/sqrt(1/3) = sqrt(1/3); (0 - 2/3)/sqrt(1/3) = -2 sqrt(1/3).
     mask = torch.tensor([[1, 1], [1, 0]])
-    rewards = place_outcome_rewards(t([1.0, 0.0]), mask)
+    rewards = place_rewards(t([1.0, 0.0]), mask)
     adv, ret = get_advantage_estimator("reinforce_plus_plus")(rewards, mask, eps=0.0)
     s = math.sqrt(1 / 3)
     torch.testing.assert_close(adv, t([[s, s], [-2 * s, 0.0]]), rtol=0, atol=1e-15)
@@ -413,7 +413,7 @@ def test_mask_truncated_and_missing_eos_penalty():
     ids=["empty", "some-rows-masked", "full"],
 )
 def test_advantages_never_nan(name, mask):
-    rewards = place_outcome_rewards(t([1.0, 1.0, 1.0, 0.0]), mask)
+    rewards = place_rewards(t([1.0, 1.0, 1.0, 0.0]), mask)
     values = t([[float("inf")] * 3] * 4) if not mask.any() else torch.zeros(4, 3, dtype=D)
     adv, ret = get_advantage_estimator(name)(
         rewards, mask, group_ids=torch.tensor([0, 0, 1, 2]), values=values

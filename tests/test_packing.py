@@ -15,14 +15,14 @@ from train_helpers import TINY_LLAMA
 
 from chatgym.trainer.config import AlgoConfig, load_config
 from chatgym.trainer.learner.batch import collate, pack_chunks, pack_rows
-from chatgym.trainer.learner.policy import resolve_compute_dtype
-from chatgym.trainer.learner.update import (
+from chatgym.trainer.learner.forward import (
     forward_logprobs,
     forward_logprobs_packed,
     per_token_pass,
     policy_logprobs,
-    update,
 )
+from chatgym.trainer.learner.policy import resolve_compute_dtype
+from chatgym.trainer.learner.update import update
 from chatgym.trainer.models import choose_compute_dtype, cpu_flags
 
 CPU = torch.device("cpu")

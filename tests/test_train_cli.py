@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from chatgym.trainer.learner.checkpoint import STATE_FILE
-from chatgym.trainer.train import main
+from chatgym.trainer.train_cli import main
 
 CONFIG = str(Path(__file__).resolve().parent.parent / "examples" / "configs" / "math_grpo.yaml")
 

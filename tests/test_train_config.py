@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from chatgym.trainer.config import Config, ConfigError, config_to_dict, from_dict, load_config, save_config
-from chatgym.trainer.train import main
+from chatgym.trainer.train_cli import main
 
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples" / "configs").glob("*.yaml"))
 
@@ -77,25 +77,55 @@ def test_cli_rejects_a_bad_key_before_doing_anything(tmp_path, capsys):
     assert not out.exists()
 
 
-def test_engine_dtype_auto_resolves_to_the_fast_dtype_of_this_machine():
+def test_engine_dtype_auto_resolves_when_the_engine_is_built_not_in_the_config(tmp_path):
     # Emulated bf16 is several times slower than fp32 on CPUs without AVX-512 BF16, so "auto" picks
-    # by hardware; the independent check reads the same CPU flags.
+    # by hardware; the independent check reads the same CPU flags. The config keeps "auto" (issue 13:
+    # the saved config.yaml must not differ by machine).
     from pathlib import Path
 
     import torch
 
-    from chatgym.trainer.config import EngineConfig
+    from chatgym.trainer.config import EngineConfig, load_config, save_config
+    from chatgym.trainer.engines import engine_dtype
 
     flags = Path("/proc/cpuinfo").read_text()
     native = torch.cuda.is_available() or "avx512_bf16" in flags or "amx_bf16" in flags
-    assert EngineConfig(dtype="auto").dtype == ("bfloat16" if native else "float32")
-    assert EngineConfig(dtype="bfloat16").dtype == "bfloat16"
+    assert EngineConfig(dtype="auto").dtype == "auto"
+    assert engine_dtype(EngineConfig(dtype="auto")) == ("bfloat16" if native else "float32")
+    assert engine_dtype(EngineConfig(dtype="bfloat16")) == "bfloat16"
+    save_config(load_config(None, ["engine.dtype=auto"]), tmp_path / "config.yaml")
+    assert "dtype: auto" in (tmp_path / "config.yaml").read_text().split("engine:")[1].split("env:")[0]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            "algo.advantage_kwargs={epsilon: 0.1}",
+            "algo.advantage_kwargs: unknown key 'epsilon' for grpo_advantages; allowed: ['eps']",
+        ),
+        (
+            "algo.policy_loss_kwargs={eps_hgh: 0.3}",
+            "algo.policy_loss_kwargs: unknown key 'eps_hgh' for ppo_clip_loss; allowed: ['eps']",
+        ),
+    ],
+)
+def test_algo_kwargs_are_checked_against_the_registered_function_at_load(override, message):
+    # Regression (issue 13): a typo in *_kwargs failed only at the first update, minutes in.
+    from chatgym.trainer.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    assert str(err.value) == message
+    cfg = load_config(None, ["algo.policy_loss=clip_higher", "algo.policy_loss_kwargs={eps_low: 0.2, eps_high: 0.28}"])
+    assert cfg.algo.policy_loss_kwargs == {"eps_low": 0.2, "eps_high": 0.28}
 
 
 def test_unknown_env_id_fails_at_config_load_naming_the_field():
     # Regression: a bad env.id was only found after the engine had started (minutes on CPU).
-    from chatgym.trainer.config import EnvConfig
+    from chatgym.trainer.config import ConfigError, EnvConfig, load_config
 
-    with pytest.raises(ValueError, match=r"env\.id: unknown env 'Nope-v0'"):
-        EnvConfig(id="Nope-v0")
-    assert EnvConfig(id="CodeSandbox-v0").id == "CodeSandbox-v0"
+    with pytest.raises(ConfigError, match=r"env\.id: unknown env 'Nope-v0'"):
+        load_config(None, ["env.id=Nope-v0"])
+    assert load_config(None, ["env.id=CodeSandbox-v0"]).env.id == "CodeSandbox-v0"
+    assert EnvConfig(id="Nope-v0").id == "Nope-v0"  # building a config never reads the gym registry

@@ -16,18 +16,11 @@ from chatgym.trainer.config import AlgoConfig, OptimConfig, load_config
 from chatgym.trainer.learner.algos import get_advantage_estimator
 from chatgym.trainer.learner.batch import collate, micro_batches, shared_prefix_batches
 from chatgym.trainer.learner.checkpoint import latest_checkpoint, load_trainer_state
+from chatgym.trainer.learner.forward import forward_logprobs, forward_logprobs_shared
 from chatgym.trainer.learner.logprobs import logits_to_keep, token_logprobs
 from chatgym.trainer.learner.optim import lr_factor
-from chatgym.trainer.learner.update import (
-    Models,
-    forward_logprobs,
-    forward_logprobs_shared,
-    hit_budget,
-    informative_groups,
-    place_turn_rewards,
-    shape_rewards,
-    update,
-)
+from chatgym.trainer.learner.prepare import hit_budget, informative_groups, shape_rewards, token_rewards
+from chatgym.trainer.learner.update import UpdateState, update
 from chatgym.trainer.rollout.types import Trajectory
 from chatgym.trainer.sampler import tasks_for_step
 
@@ -79,7 +72,7 @@ def test_micro_batches_group_similar_lengths():
     assert micro_batches([3, 9, 5, 9, 1], 2) == [[1, 3], [2, 0], [4]]
 
 
-def test_place_turn_rewards_on_each_turns_last_token():
+def test_token_rewards_on_each_turns_last_token():
     # Two assistant turns (generated runs at 2-3 and 6); turn rewards [0.5, 1.0]; the shaped reward is
     # 1.3 (a -0.2 penalty), so the last generated token gets 1.0 + (1.3 - 1.5) = 0.8.
     t = traj(
@@ -92,7 +85,7 @@ def test_place_turn_rewards_on_each_turns_last_token():
     # A row with no generated token keeps its reward on its last real position (outcome estimators sum rows).
     empty = traj([1, 2, 3], [0, 0, 0], reward=2.0)
     batch = collate([t, empty], pad_id=0)
-    out = place_turn_rewards([t, empty], torch.tensor([1.3, 2.0]), batch)
+    out = token_rewards([t, empty], torch.tensor([1.3, 2.0]), batch)
     assert out[0].tolist() == pytest.approx([0, 0, 0, 0.5, 0, 0, 0.8, 0])
     assert out[1].tolist() == [0, 0, 2.0, 0, 0, 0, 0, 0]
 
@@ -152,7 +145,7 @@ def _update_batch(seed: int = 0):
 
 def _sgd_models(model, lr):
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    return Models(model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0))
+    return UpdateState(model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0))
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
@@ -260,14 +253,14 @@ def test_update_raises_positive_and_lowers_negative_advantage_sequences(tiny_mod
     assert all(math.isfinite(v) for v in metrics.values())
 
 
-def test_gae_through_place_turn_rewards():
+def test_gae_through_token_rewards():
     # End-to-end reward placement + GAE (gamma 1, lam 1, V = 0): every generated token's advantage is
     # the trajectory's reward to go: turn 1 tokens see 0.5 + 1.0, turn 2 tokens see 1.0.
     t = traj([1, 2, 3, 4, 5, 6], [0, 1, 1, 0, 1, 1], reward=1.5, rewards=[0.5, 1.0], finish=("stop", "stop"))
     batch = collate([t], pad_id=0)
-    token_rewards = place_turn_rewards([t], torch.tensor([1.5]), batch)
+    placed = token_rewards([t], torch.tensor([1.5]), batch)
     adv, _ = get_advantage_estimator("gae")(
-        token_rewards.double(),
+        placed.double(),
         batch.loss_mask,
         values=torch.zeros(1, 6, dtype=torch.float64),
         gamma=1.0,
@@ -491,7 +484,7 @@ def test_lora_policy_syncs_merged_weights(tmp_path, tiny_model):
         assert not torch.equal(merged[q], base_before[q])
         assert torch.equal(merged["model.embed_tokens.weight"], base_before["model.embed_tokens.weight"])
         # The KL reference is the base model with adapters off, not a copy.
-        assert trainer.reference == "adapters-off"
+        assert trainer.reference.adapters_off and trainer.reference.model is trainer.policy
     finally:
         trainer.close()
     assert (tmp_path / "checkpoints" / "step_000001" / "policy" / "adapter_config.json").is_file()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
 import re
 import types
 import typing
@@ -115,9 +116,10 @@ class EngineConfig:
     Attributes:
         backend: an engine name of :data:`chatgym.trainer.engines.ENGINES` (``vllm``: in-process vLLM,
             ``hf``: transformers).
-        dtype: the engine's dtype; ``auto`` resolves at load time to ``bfloat16`` on GPUs and CPUs with
-            native bf16 (AVX-512 BF16 / AMX), else ``float32`` (emulated bf16 was 5.7x slower than fp32 on
-            an AVX2-only CPU) — see :func:`chatgym.trainer.models.fast_dtype`.
+        dtype: the engine's dtype; ``auto`` is resolved when the engine is built (and logged; the config
+            keeps ``auto``, so ``config.yaml`` is the same on every machine) to ``bfloat16`` on GPUs and
+            CPUs with native bf16 (AVX-512 BF16 / AMX), else ``float32`` (emulated bf16 was 5.7x slower
+            than fp32 on an AVX2-only CPU) — see :func:`chatgym.trainer.engines.engine_dtype`.
         options: backend-specific keyword arguments (e.g. ``enforce_eager``, ``kv_cache_gib``).
     """
 
@@ -127,10 +129,6 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         from .engines import ENGINES
-        from .models import fast_dtype
-
-        if self.dtype == "auto":
-            object.__setattr__(self, "dtype", fast_dtype())
 
         if self.backend not in ENGINES:
             raise ValueError(f"engine.backend: unknown {self.backend!r}; choose one of {sorted(ENGINES)}")
@@ -163,16 +161,48 @@ class EnvConfig:
                 raise ValueError(f"env.{name} must be >= 0, got {getattr(self, name)}")
         if "split" in self.kwargs:
             raise ValueError("env.kwargs must not set 'split'; use env.train_split / env.eval_split")
-        import gymnasium as gym
 
-        import chatgym  # noqa: F401  (registers the env ids)
 
-        # Fail here, before minutes of engine start-up, not at the first gym.make.
-        if self.id not in gym.registry:
-            from chatgym.envs.registration import ENV_SPECS
+def check_env_id(env: EnvConfig) -> None:
+    """Fail at load, before minutes of engine start-up, when ``env.id`` is not a registered Gymnasium
+    id (run by :func:`load_config`; not in ``EnvConfig.__post_init__``, so building a config never
+    reads the registry).
 
-            known = ", ".join(sorted(ENV_SPECS))
-            raise ValueError(f"env.id: unknown env {self.id!r}; chatgym envs: {known}")
+    Raises:
+        ConfigError: ``env.id: unknown env ...`` with the chatgym env ids.
+    """
+    import gymnasium as gym
+
+    import chatgym  # noqa: F401  (registers the env ids)
+
+    if env.id not in gym.registry:
+        from chatgym.envs.registration import ENV_SPECS
+
+        known = ", ".join(sorted(ENV_SPECS))
+        raise ConfigError(f"env.id: unknown env {env.id!r}; chatgym envs: {known}")
+
+
+# Arguments the trainer passes to an advantage estimator / policy loss itself: not ``*_kwargs`` keys.
+_ESTIMATOR_INPUTS = frozenset({"token_rewards", "mask", "group_ids", "values"})
+_POLICY_LOSS_INPUTS = frozenset({"logprobs", "old_logprobs", "advantages", "mask", "is_weights"})
+
+
+def check_kwargs(section: str, fn: Any, kwargs: Mapping[str, Any], passed: frozenset[str]) -> None:
+    """Raise ValueError naming ``section`` when ``kwargs`` holds a key that ``fn`` (a registered
+    estimator or loss) does not take as a keyword, listing the names it does take."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    allowed = sorted(
+        name
+        for name, p in params.items()
+        if name not in passed and p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    )
+    for key in kwargs:
+        if key not in allowed:
+            raise ValueError(
+                f"{section}: unknown key {key!r} for {getattr(fn, '__name__', fn)}; allowed: {allowed or 'none'}"
+            )
 
 
 @dataclass(frozen=True)
@@ -229,6 +259,15 @@ class AlgoConfig:
             value = getattr(self, name)
             if value not in table:
                 raise ValueError(f"algo.{name}: unknown {value!r}; choose one of {sorted(table)}")
+        check_kwargs(
+            "algo.advantage_kwargs",
+            ADVANTAGE_ESTIMATORS[self.advantage],
+            self.advantage_kwargs,
+            _ESTIMATOR_INPUTS,
+        )
+        check_kwargs(
+            "algo.policy_loss_kwargs", POLICY_LOSSES[self.policy_loss], self.policy_loss_kwargs, _POLICY_LOSS_INPUTS
+        )
         if self.loss_agg == "seq-mean-token-sum-norm" and self.loss_norm_constant is None:
             raise ValueError("algo.loss_norm_constant is required with loss_agg 'seq-mean-token-sum-norm'")
         for name in ("kl_coef", "entropy_coef", "missing_eos_penalty", "overlong_penalty", "value_loss_coef"):
@@ -502,7 +541,9 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
             raise ConfigError(
                 f"{path}: the top level must be a mapping of sections, got {type(data).__name__}"
             )
-    return from_dict(Config, apply_overrides(data, overrides))
+    config = from_dict(Config, apply_overrides(data, overrides))
+    check_env_id(config.env)
+    return config
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:

@@ -15,6 +15,8 @@ nor torch.
 from __future__ import annotations
 
 import importlib
+import inspect
+from pathlib import Path
 from typing import Any
 
 from .base import Completion, Engine, SamplingParams
@@ -56,4 +58,40 @@ def make_engine(name: str = "vllm", model: Any = "smollm2", **kwargs: Any) -> An
     return engine_class(name)(model, **kwargs)
 
 
-__all__ = ["ENGINES", "Completion", "Engine", "SamplingParams", "engine_class", "make_engine"]
+def engine_dtype(cfg: Any) -> str:
+    """``engine.dtype`` with ``auto`` resolved on this machine (:func:`chatgym.trainer.models.fast_dtype`:
+    bf16 on GPUs and native-bf16 CPUs, else fp32). Resolved when the engine is built, never written
+    back into the config, so ``config.yaml`` is the same on every machine."""
+    from ..models import fast_dtype
+
+    return fast_dtype() if cfg.dtype == "auto" else cfg.dtype
+
+
+def build_engine(cfg: Any, model_path: Path, tokenizer: Any, seed: int, max_model_len: int) -> Any:
+    """Build the engine of a run's ``engine`` section (``EngineConfig``): ``engine.backend``'s class.
+
+    ``dtype`` (``auto`` resolved by :func:`engine_dtype`), ``tokenizer``, ``seed`` and
+    ``max_model_len`` (tokens) are passed when the engine's constructor takes them, then
+    ``engine.options`` (which win).
+
+    Raises:
+        ModuleNotFoundError: the backend's package is missing (e.g. vLLM: ``pip install 'chatgym[vllm]'``).
+    """
+    cls = engine_class(cfg.backend)
+    accepted = inspect.signature(cls).parameters
+    candidates = {"dtype": engine_dtype(cfg), "tokenizer": tokenizer, "seed": seed, "max_model_len": max_model_len}
+    kwargs = {k: v for k, v in candidates.items() if k in accepted}
+    kwargs.update(cfg.options)
+    return cls(str(model_path), **kwargs)
+
+
+__all__ = [
+    "ENGINES",
+    "Completion",
+    "Engine",
+    "SamplingParams",
+    "build_engine",
+    "engine_class",
+    "engine_dtype",
+    "make_engine",
+]

@@ -4,7 +4,8 @@ reference policy (``env.unwrapped.reference_action()``) and OpenAI-compatible ch
 The token-level engines go through the rollout collector; these two cannot (a chat API applies its
 own template and returns no ids; the reference policy writes text, not tokens), so this loop plays
 the same role: fresh env per episode, reset seed ``seed + task_index``, one action per turn until the
-env terminates or truncates, a crash or timeout failing only its own episode. The result is a
+env terminates or truncates, a crash or timeout failing only its own episode (the same guarded runner
+and step bookkeeping as the collector: :mod:`chatgym.trainer.rollout.episode`). The result is a
 :class:`~chatgym.trainer.rollout.types.Trajectory` without token ids; ``info["generated_tokens"]`` holds the
 API's reported completion tokens (absent for the reference policy).
 """
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from typing import Any
@@ -22,6 +22,7 @@ from chatgym.envs.messages import Message
 
 from ..engines.base import SamplingParams
 from ..rollout.env_runner import EnvRunner, make_env
+from ..rollout.episode import EpisodeFailure, ended, env_call, record_step, run_guarded
 from ..rollout.types import Trajectory
 
 # act(env, history, tools, turn) -> (assistant action, completion tokens or None)
@@ -30,10 +31,6 @@ Act = Callable[[Any, list[Message], list[dict[str, Any]] | None, int], Awaitable
 
 class NoReferencePolicy(Exception):
     """The env's ``reference_action`` raised NotImplementedError."""
-
-
-class _PolicyError(Exception):
-    """The policy (API call) failed: the episode fails as ``engine_error``."""
 
 
 async def reference_act(env: Any, history: list[Message], tools: Any, turn: int) -> tuple[Any, None]:
@@ -88,66 +85,34 @@ async def run_chat_episode(
             the caller skips the env).
     """
     traj = Trajectory(env_id=env_id, task_id=task_index, group_id=task_index, sample_index=sample_index)
-    t0 = time.perf_counter()
-    runner: EnvRunner | None = None
 
-    async def episode() -> None:
-        nonlocal runner
+    async def episode(state: dict[str, Any]) -> None:
         loop = asyncio.get_running_loop()
-        env = await loop.run_in_executor(pool, make_env, env_id, env_kwargs)
-        runner = EnvRunner(env, pool)
+        env = await env_call(loop.run_in_executor(pool, make_env, env_id, env_kwargs))
+        runner = state["runner"] = EnvRunner(env, pool)
         reset_seed = None if seed is None else seed + task_index
-        obs, info = await runner.reset(reset_seed, {"task_index": task_index})
+        obs, info = await env_call(runner.reset(reset_seed, {"task_index": task_index}))
         traj.task_id = info.get("task_id", task_index)
         tools = info.get("tools") or getattr(env.unwrapped, "tools", None) or None
         history: list[Message] = list(obs)
         traj.messages = history
         tokens: list[int] = []
-        tool_errors = tool_results = 0
         while True:
             try:
                 action, n_tokens = await act(env, history, tools, len(traj.rewards))
             except (NoReferencePolicy, asyncio.CancelledError):
                 raise
             except Exception as exc:
-                raise _PolicyError(f"{type(exc).__name__}: {exc}") from exc
+                raise EpisodeFailure("engine_error", f"{type(exc).__name__}: {exc}") from exc
             if n_tokens is not None:
                 tokens.append(n_tokens)
                 traj.info["generated_tokens"] = sum(tokens)
             history.append(action if isinstance(action, dict) else {"role": "assistant", "content": action})
-            obs, reward, terminated, truncated, step_info = await runner.step(action)
-            traj.rewards.append(float(reward))
+            obs, reward, terminated, truncated, step_info = await env_call(runner.step(action))
             traj.finish_reasons.append("stop")
-            step_info = step_info or {}
-            tool_errors += int(step_info.get("tool_errors", 0) or 0)
-            traj.info.update(step_info)
-            tool_results += sum(m.get("role") == "tool" for m in obs)
-            traj.info["tool_errors_total"] = tool_errors
-            traj.info["tool_results_total"] = tool_results
+            record_step(traj, obs, reward, step_info)
             history.extend(obs)
-            if terminated or truncated:
-                traj.terminated, traj.truncated = bool(terminated), bool(truncated)
+            if ended(traj, terminated, truncated):
                 break
 
-    try:
-        if timeout_s is None:
-            await episode()
-        else:
-            await asyncio.wait_for(episode(), timeout_s)
-    except NoReferencePolicy:
-        raise
-    except _PolicyError as exc:
-        traj.error, traj.info["error_kind"] = f"engine_error: {exc}", "engine_error"
-    except asyncio.TimeoutError:
-        traj.error, traj.info["error_kind"] = f"timeout: episode exceeded {timeout_s} s", "timeout"
-    except Exception as exc:  # one episode's failure is recorded, never raised into the batch
-        traj.error, traj.info["error_kind"] = f"env_error: {type(exc).__name__}: {exc}", "env_error"
-    finally:
-        if runner is not None:
-            try:
-                await asyncio.wait_for(runner.close(), 5.0)
-            except Exception as exc:
-                traj.info["close_error"] = f"{type(exc).__name__}: {exc}"
-    traj.reward = float(sum(traj.rewards))
-    traj.timing["total_s"] = time.perf_counter() - t0
-    return traj
+    return await run_guarded(traj, episode, timeout_s, passthrough=(NoReferencePolicy,))

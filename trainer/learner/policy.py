@@ -1,5 +1,7 @@
-"""The models a run trains or reads: the policy (optionally with LoRA), a frozen reference copy, and
-a critic (value model), plus the weights the engine receives after each update.
+"""Loading the networks a run trains: the policy (optionally with LoRA) and a critic (value model);
+the weights the engine receives after each update; the training device and compute dtype.
+(The KL reference is :class:`chatgym.trainer.learner.reference.ReferencePolicy`; model files — packaged
+models, local directories, random init — are :mod:`chatgym.trainer.models`.)
 """
 
 from __future__ import annotations
@@ -108,22 +110,6 @@ def load_policy(cfg: ModelConfig, lora: LoraConfig, device: torch.device) -> Any
     return model.train()
 
 
-def load_reference(policy: Any) -> Any:
-    """A frozen copy of the policy's initial weights (eval mode, no gradients).
-
-    For a LoRA policy no copy is made: the base model with adapters disabled is the reference
-    (see :func:`reference_logits_context`), so this returns None.
-    """
-    if _is_peft(policy):
-        return None
-    import copy
-
-    ref = copy.deepcopy(policy).eval()
-    for p in ref.parameters():
-        p.requires_grad_(False)
-    return ref
-
-
 def load_critic(cfg: ModelConfig, device: torch.device) -> Any:
     """A value model: the policy's architecture and weights with a scalar head per token
     (``AutoModelForTokenClassification``, one label; the head starts at random, the trunk from the
@@ -171,11 +157,6 @@ def export_weights(policy: Any) -> Iterator[tuple[str, torch.Tensor]]:
             yield name.replace(".base_layer", ""), param.detach().clone()
     finally:
         policy.unmerge_adapter()
-
-
-def reference_logits_context(policy: Any) -> Any:
-    """Context manager under which a LoRA policy computes the reference model's logits (adapters off)."""
-    return policy.disable_adapter()
 
 
 def trainable_parameters(model: Any) -> list[torch.nn.Parameter]:

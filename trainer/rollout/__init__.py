@@ -22,7 +22,7 @@ from typing import Any
 _EXPORTS = {
     "Collector": "collector",
     "CollectStats": "collector",
-    "EpisodeFailure": "collector",
+    "EpisodeFailure": "episode",
     "summarize": "collector",
     "CollectorConfig": "config",
     "Trajectory": "types",

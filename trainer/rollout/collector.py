@@ -80,6 +80,7 @@ from .chat_delta import (
 )
 from .config import CollectorConfig
 from .env_runner import EnvRunner, EnvSpec, env_name, make_env
+from .episode import EpisodeFailure, ended, env_call, fail, record_step, run_guarded
 from .trace import TraceWriter
 from .types import Trajectory
 
@@ -129,14 +130,6 @@ def summarize(trajectories: Sequence[Trajectory], wall_s: float) -> CollectStats
         generated_tokens_per_s=generated / wall_s if wall_s > 0 else 0.0,
         mean_reward=sum(t.reward for t in ok) / len(ok) if ok else 0.0,
     )
-
-
-class EpisodeFailure(Exception):
-    """Ends one episode; ``kind`` is stored in ``info["error_kind"]``."""
-
-    def __init__(self, kind: str, message: str):
-        super().__init__(message)
-        self.kind = kind
 
 
 @dataclass
@@ -298,44 +291,17 @@ class Collector:
             env_id=name, task_id=task_id, group_id=spec.group_id, sample_index=spec.sample_index
         )
         traj.timing.update(start_s=time.perf_counter() - t0, generate_s=0.0, env_s=0.0, render_s=0.0)
-        state: dict[str, Any] = {}
-        try:
-            coro = self._episode(spec, env_kwargs, traj, state)
-            if self.config.episode_timeout_s is None:
-                await coro
-            else:
-                await asyncio.wait_for(coro, self.config.episode_timeout_s)
-        except asyncio.TimeoutError:
-            self._fail(traj, "timeout", f"episode exceeded episode_timeout_s={self.config.episode_timeout_s}")
-        except EpisodeFailure as exc:
-            self._fail(traj, exc.kind, str(exc))
-        except Exception as exc:  # a bug here must not take the batch down; it is reported per episode
-            self._fail(traj, "internal_error", f"{type(exc).__name__}: {exc}")
-        finally:
-            runner: EnvRunner | None = state.get("runner")
-            if runner is not None:
-                try:
-                    await asyncio.wait_for(runner.close(), 5.0)
-                except Exception as exc:
-                    traj.info["close_error"] = f"{type(exc).__name__}: {exc}"
-        traj.reward = float(sum(traj.rewards))
+        await run_guarded(
+            traj, lambda state: self._episode(spec, env_kwargs, traj, state), self.config.episode_timeout_s
+        )
         traj.timing["end_s"] = time.perf_counter() - t0
         traj.timing["total_s"] = traj.timing["end_s"] - traj.timing["start_s"]
         return traj
 
-    @staticmethod
-    def _fail(traj: Trajectory, kind: str, message: str) -> None:
-        traj.error = f"{kind}: {message}"
-        traj.info["error_kind"] = kind
-
     async def _env_call(self, traj: Trajectory, coro: Any) -> Any:
         t = time.perf_counter()
         try:
-            return await coro
-        except (asyncio.CancelledError, EpisodeFailure):
-            raise
-        except Exception as exc:
-            raise EpisodeFailure("env_error", f"{type(exc).__name__}: {exc}") from exc
+            return await env_call(coro)
         finally:
             traj.timing["env_s"] += time.perf_counter() - t
 
@@ -387,8 +353,6 @@ class Collector:
         turns: list[dict[str, Any]] = []
         traj.info["turns"] = turns
         generated = 0
-        tool_errors = 0
-        tool_results = 0  # tool messages returned: one per tool call, well-formed or not
 
         while True:
             ctx_left = cfg.max_model_len - len(ids)
@@ -399,7 +363,7 @@ class Collector:
                 traj.info["truncated_by"] = "max_model_len" if ctx_left <= 0 else "max_response_tokens"
                 if not turns:
                     # The policy never acted: a 0 reward here would score the set-up, not the model.
-                    self._fail(
+                    fail(
                         traj,
                         "prompt_too_long",
                         f"the prompt has {len(prompt)} tokens and max_model_len is {cfg.max_model_len}",
@@ -480,17 +444,9 @@ class Collector:
             obs, reward, terminated, truncated, info = await self._env_call(traj, runner.step(text))
             record["env_s"] = time.perf_counter() - t
             obs = _check_observation(obs, "step")
-            tool_results += sum(m["role"] == "tool" for m in obs)
-            traj.info["tool_results_total"] = tool_results
-            traj.rewards.append(float(reward))
+            record_step(traj, obs, reward, info)
             record["reward"] = float(reward)
-            tool_errors += int(info.get("tool_errors", 0) or 0) if isinstance(info, dict) else 0
-            traj.info.update({k: v for k, v in (info or {}).items() if k not in ("turns", "truncated_by")})
-            traj.info["tool_errors_total"] = tool_errors
-            if terminated or truncated:
-                traj.terminated, traj.truncated = bool(terminated), bool(truncated)
-                if truncated:
-                    traj.info["truncated_by"] = "env"
+            if ended(traj, terminated, truncated):
                 break
 
             obs = self._cut_observation(obs, traj)

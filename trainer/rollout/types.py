@@ -33,6 +33,9 @@ class Trajectory:
             string (``str``, e.g. ``"</search>"``) or the EOS/stop id sampled last (``int``); None for
             a ``length``/``abort`` turn.
         terminated, truncated: as in Gymnasium, for the last step; truncated also when a token budget ran out.
+        success: the env's ``info["success"]`` of the last step that stated it — True/False where the
+            task defines success (right answer, tests pass, database matches), None where it does not
+            (a judged rating) or no step said. Training accuracy, eval pass@k and the leaderboard read it.
         error: None, or why the episode failed (env exception, timeout); a failed trajectory is kept.
         messages: the full chat history (for traces and evaluation).
         timing: seconds spent per phase (``generate_s``, ``env_s``, ``total_s``).
@@ -53,6 +56,7 @@ class Trajectory:
     stop_reasons: list[int | str | None] = field(default_factory=list)
     terminated: bool = False
     truncated: bool = False
+    success: bool | None = None
     error: str | None = None
     messages: list[Message] = field(default_factory=list)
     timing: dict[str, float] = field(default_factory=dict)

@@ -8,7 +8,7 @@ Every estimator is registered by name and called the same way::
 Shapes and conventions, shared by all of them:
 
 - ``token_rewards``: (B, T) float, the reward of each token position. An outcome reward sits on the
-  last generated token (:func:`place_outcome_rewards`); a per-token KL penalty
+  last generated token (:func:`place_rewards`); a per-token KL penalty
   (:func:`chatgym.trainer.learner.algos.kl.apply_kl_penalty`) may be added on generated tokens.
 - ``mask``: (B, T) loss mask, nonzero on generated tokens.
 - ``group_ids``: (B,) integer; samples of the same task in one batch share an id (GRPO's group).
@@ -34,6 +34,7 @@ sample a different scale. Use REINFORCE++ when sampling one completion per task.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
@@ -49,17 +50,33 @@ class AdvantageOutput(NamedTuple):
     returns: torch.Tensor
 
 
-def place_outcome_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Put each sample's scalar reward on its last generated token.
+def place_rewards(
+    rewards: torch.Tensor,
+    mask: torch.Tensor,
+    turn_rewards: Sequence[Sequence[float]] | None = None,
+    lengths: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Put rewards on tokens: the one place where trajectory rewards become (B, T) token rewards.
+
+    A row's generated tokens form one run of mask 1s per assistant turn. When ``turn_rewards[i]`` has
+    as many entries as row i has runs, turn k's reward goes on run k's last token (token-level
+    estimators then credit dense rewards to the turn that earned them), and what ``rewards[i]`` adds
+    beyond their sum (shaping) goes on the row's last generated token. Otherwise (no turn rewards, or
+    a different count) all of ``rewards[i]`` goes on the last generated token. A row without generated
+    tokens gets its reward on its last real position ``lengths[i] - 1`` (default T - 1), so outcome
+    estimators, which sum the row, still see it.
 
     Args:
-        rewards: (B,) float, one reward per trajectory.
+        rewards: (B,) float, one (shaped) reward per trajectory.
         mask: (B, T) loss mask.
+        turn_rewards: per row, the env's reward after each assistant turn (None: outcome only).
+        lengths: (B,) long, real tokens per row (None: T for every row).
 
     Returns:
-        (B, T) tensor of ``rewards``' dtype, zero except at each row's last nonzero mask position; a
-        row with no generated token gets its reward at position T-1, so outcome estimators (which
-        sum the row) still see it.
+        (B, T) tensor of ``rewards``' dtype.
+
+    Raises:
+        ValueError: bad shapes, or T = 0.
     """
     check_2d("mask", mask)
     check_shape("rewards", rewards, mask.shape[:1])
@@ -67,11 +84,24 @@ def place_outcome_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Te
     batch, length = m.shape
     if length == 0:
         raise ValueError("mask must have at least one position (T >= 1) to hold the reward")
-    positions = torch.arange(length, device=m.device).expand(batch, length)
-    last = torch.where(m, positions, torch.full_like(positions, -1)).amax(dim=1)
-    last = torch.where(last < 0, torch.full_like(last, length - 1), last)
+    if turn_rewards is not None and len(turn_rewards) != batch:
+        raise ValueError(f"turn_rewards has {len(turn_rewards)} rows, mask has {batch}")
     out = torch.zeros(batch, length, dtype=rewards.dtype, device=rewards.device)
-    out[torch.arange(batch, device=m.device), last] = rewards
+    # Last position of each run of 1s: a 1 followed by a 0 (or the row's end).
+    ends_mask = m & ~torch.nn.functional.pad(m[:, 1:], (0, 1))
+    for i in range(batch):
+        ends = ends_mask[i].nonzero().flatten().tolist()
+        if not ends:
+            last = int(lengths[i]) - 1 if lengths is not None else length - 1
+            out[i, max(last, 0)] = rewards[i]
+            continue
+        placed = 0.0
+        turns = turn_rewards[i] if turn_rewards is not None else ()
+        if len(ends) == len(turns):
+            for end, r in zip(ends, turns, strict=True):
+                out[i, end] += float(r)
+                placed += float(r)
+        out[i, ends[-1]] += float(rewards[i]) - placed
     return out
 
 

@@ -1,0 +1,250 @@
+"""Forward passes of the learner: per-token logprobs (padded, shared-prompt or packed) and values
+of a :class:`~chatgym.trainer.learner.batch.TokenBatch` under a model, and the no-gradient pass over a
+whole batch in micro-batches (reference, old-policy logprobs, values).
+
+All outputs are (B, T) float32 aligned with ``batch.input_ids``: position t holds the logprob of
+token t given tokens < t (0 where nothing is predicted or trained).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .algos.entropy import entropy_from_logits
+from .batch import TokenBatch, micro_batches, pack_chunks, pack_rows, shared_prefix_batches
+from .logprobs import logits_to_keep, token_logprobs
+
+
+@dataclass(frozen=True)
+class ForwardPlan:
+    """How the learner runs a model over a batch.
+
+    Attributes:
+        micro_batch_size: rows per forward (gradients are accumulated over micro-batches).
+        device: where the micro-batches are moved.
+        share_prefix: forward a GRPO group's common prompt once (:func:`forward_logprobs_shared`).
+        pack: forward each micro-batch packed without padding (:func:`forward_logprobs_packed`).
+        autocast: returns a fresh mixed-precision context per forward (no-op by default).
+    """
+
+    micro_batch_size: int
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    share_prefix: bool = False
+    pack: bool = False
+    autocast: Callable[[], Any] = contextlib.nullcontext
+
+
+def forward_logprobs(
+    model: Any, mb: TokenBatch, *, with_entropy: bool, entropy_grad: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(B, T) logprobs (and entropies) of ``mb``'s tokens under ``model``; logits are only computed
+    from the first trained position on (``logits_to_keep``), skipping the prompt."""
+    out = model(
+        input_ids=mb.input_ids,
+        attention_mask=mb.attention_mask,
+        logits_to_keep=logits_to_keep(mb.loss_mask),
+        use_cache=False,
+    )
+    return token_logprobs(out.logits, mb.input_ids, with_entropy=with_entropy, entropy_grad=entropy_grad)
+
+
+def forward_logprobs_shared(
+    model: Any, mb: TokenBatch, prefix_len: int, *, with_entropy: bool, entropy_grad: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """As :func:`forward_logprobs` for rows that all start with the same ``prefix_len`` prompt tokens:
+    the prompt is run once and its KV cache repeated for every row (the gradient flows through the
+    cache into the prompt's computation, so the result is the same as separate forwards up to float
+    rounding, for G times fewer prompt tokens). Positions before ``prefix_len`` get 0 (never trained).
+
+    Peers: Unsloth's "PrefixGrouper" (unslothai/unsloth#6871) and NeMo-RL's shared-prefix GRPO
+    training (NVIDIA-NeMo/RL#4008) do the same with custom attention masks; here the stock KV cache
+    does it for any Hugging Face causal LM. Checked against plain forwards in ``tests/test_trainer.py``.
+    """
+    from transformers import DynamicCache
+
+    rows, length = mb.input_ids.shape
+    config = getattr(model, "config", None)
+    cache = DynamicCache(config=config)
+    prompt = mb.input_ids[:1, :prefix_len]
+    head = model(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    cache.batch_repeat_interleave(rows)
+    suffix = mb.input_ids[:, prefix_len:]
+    positions = torch.arange(prefix_len, length, device=suffix.device).expand(rows, -1)
+    tail = model(
+        input_ids=suffix,
+        attention_mask=mb.attention_mask,
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+    )
+    # Positions prefix_len-1 .. T-1: the prompt's last one (predicts token prefix_len), then the
+    # suffix's (the very last predicts nothing and is dropped by token_logprobs).
+    logits = torch.cat([head.logits[:, -1:].expand(rows, 1, -1), tail.logits], dim=1)
+    lp, ent = token_logprobs(
+        logits, mb.input_ids[:, prefix_len - 1 :], with_entropy=with_entropy, entropy_grad=entropy_grad
+    )
+    pad = (prefix_len - 1, 0)
+    logprobs = torch.nn.functional.pad(lp, pad)
+    entropy = torch.nn.functional.pad(ent, pad) if ent is not None else None
+    return logprobs, entropy
+
+
+# Packed tokens per forward at most: the block-diagonal mask is a dense (N, N) attention, so a longer
+# pack spends more on masked-out scores than padding would have cost (see benchmarks/train_step_cpu.py).
+PACK_MAX_TOKENS = 1024
+
+
+def _packed_attention_mask(model: Any, allowed: torch.Tensor) -> torch.Tensor:
+    """The 4D mask in the form the model's attention takes it: bool for SDPA (True = attend), an
+    additive float mask (0 / dtype min) for eager attention."""
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", "sdpa")
+    if impl == "sdpa":
+        return allowed
+    return torch.zeros(allowed.shape, dtype=torch.float32, device=allowed.device).masked_fill(
+        ~allowed, torch.finfo(torch.float32).min
+    )
+
+
+def forward_logprobs_packed(
+    model: Any,
+    mb: TokenBatch,
+    prefix_len: int = 0,
+    *,
+    with_entropy: bool,
+    entropy_grad: bool = False,
+    max_tokens: int = PACK_MAX_TOKENS,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """As :func:`forward_logprobs` (and :func:`forward_logprobs_shared` when ``prefix_len`` > 0), with
+    ``mb``'s rows packed into one sequence per forward (:func:`~chatgym.trainer.learner.batch.pack_rows`):
+    position ids restart per row, a block-diagonal causal 4D mask keeps rows apart, the shared prompt
+    (if any) is laid down once, and logits are computed only at the positions that predict trained
+    tokens (``logits_to_keep`` as an index tensor). No padding token is ever computed, and neither is
+    the lm-head / log-softmax of an untrained position.
+
+    Runs of rows are packed up to ``max_tokens`` tokens each (:func:`~chatgym.trainer.learner.batch.pack_chunks`).
+
+    Returns:
+        ``(logprobs, entropy)``: (B, T) float32; values only at ``mb.loss_mask`` positions (0 elsewhere),
+        which is all the losses and KL terms read. ``entropy`` is None unless asked for.
+
+    Packing with position ids and a block mask is how TRL (``padding_free``), verl (``use_remove_padding``)
+    and OpenRLHF (``packing_samples``) train without padding; with a shared prompt it is the
+    PrefixGrouper layout. Checked against padded forwards in ``tests/test_packing.py``.
+    """
+    rows_out, cols_out, lp_parts, ent_parts = [], [], [], []
+    for chunk in pack_chunks(mb.lengths, prefix_len, max_tokens):
+        sub = mb.select(chunk) if len(chunk) < len(mb) else mb
+        packed = pack_rows(sub, prefix_len)
+        if packed.targets.numel() == 0:
+            continue
+        out = model(
+            input_ids=packed.input_ids,
+            attention_mask=_packed_attention_mask(model, packed.attention_mask()),
+            position_ids=packed.position_ids,
+            logits_to_keep=packed.logit_index,
+            use_cache=False,
+        )
+        logits = out.logits[0].float()  # (K, V)
+        lp_parts.append(
+            logits.gather(-1, packed.targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+        )
+        if with_entropy:
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                ent_parts.append(entropy_from_logits(logits))
+        index = torch.as_tensor(chunk, dtype=torch.long, device=packed.rows.device)
+        rows_out.append(index[packed.rows])
+        cols_out.append(packed.cols)
+    shape = mb.input_ids.shape
+    device = mb.input_ids.device
+    if not lp_parts:
+        zeros = torch.zeros(shape, dtype=torch.float32, device=device)
+        return zeros, (zeros.clone() if with_entropy else None)
+    where = (torch.cat(rows_out), torch.cat(cols_out))
+    logprobs = torch.zeros(shape, dtype=torch.float32, device=device).index_put(where, torch.cat(lp_parts))
+    entropy = None
+    if with_entropy:
+        entropy = torch.zeros(shape, dtype=torch.float32, device=device).index_put(
+            where, torch.cat(ent_parts)
+        )
+    return logprobs, entropy
+
+
+def forward_values(critic: Any, mb: TokenBatch) -> torch.Tensor:
+    """(B, T) float32 values aligned like logprobs: position t holds V(tokens < t) (head on t−1)."""
+    out = critic(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
+    values = out.logits.squeeze(-1).float()
+    return torch.nn.functional.pad(values[:, :-1], (1, 0))
+
+
+@torch.no_grad()
+def per_token_pass(
+    fn: Callable[[TokenBatch, int], torch.Tensor],
+    batch: TokenBatch,
+    micro_batch_size: int,
+    device: torch.device,
+    share_prefix: bool = False,
+) -> torch.Tensor:
+    """Run ``fn(micro_batch, prefix_len)`` (no gradient) over ``batch``; returns its (B, T) output on
+    CPU. ``prefix_len`` is the shared prompt length of the micro-batch's rows (0: not shared)."""
+    out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+    for rows, prefix_len in micro_batch_plan(batch, micro_batch_size, share_prefix):
+        mb = batch.select(rows).to(device)
+        out[rows, : mb.input_ids.shape[1]] = fn(mb, prefix_len).float().cpu()
+    return out
+
+
+def micro_batch_plan(
+    batch: TokenBatch, micro_batch_size: int, share_prefix: bool
+) -> list[tuple[list[int], int]]:
+    """``[(rows, prefix_len)]``: groups sharing a prompt when ``share_prefix``, else length-sorted rows."""
+    if share_prefix:
+        return shared_prefix_batches(batch, micro_batch_size)
+    return [(rows, 0) for rows in micro_batches(batch.lengths, micro_batch_size)]
+
+
+def policy_logprobs(
+    model: Any,
+    mb: TokenBatch,
+    prefix_len: int,
+    *,
+    with_entropy: bool,
+    entropy_grad: bool = False,
+    pack: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`forward_logprobs_packed` with ``pack``, else :func:`forward_logprobs_shared` when
+    ``prefix_len`` > 0, else :func:`forward_logprobs`."""
+    if pack:
+        return forward_logprobs_packed(
+            model, mb, prefix_len, with_entropy=with_entropy, entropy_grad=entropy_grad
+        )
+    if prefix_len:
+        return forward_logprobs_shared(
+            model, mb, prefix_len, with_entropy=with_entropy, entropy_grad=entropy_grad
+        )
+    return forward_logprobs(model, mb, with_entropy=with_entropy, entropy_grad=entropy_grad)
+
+
+def batch_logprobs(model: Any, batch: TokenBatch, plan: ForwardPlan) -> torch.Tensor:
+    """(B, T) float32 logprobs of ``batch``'s tokens under ``model``, no gradient, on CPU (the
+    old-policy and reference passes)."""
+
+    def fn(mb: TokenBatch, prefix_len: int) -> torch.Tensor:
+        with plan.autocast():
+            return policy_logprobs(model, mb, prefix_len, with_entropy=False, pack=plan.pack)[0]
+
+    return per_token_pass(fn, batch, plan.micro_batch_size, plan.device, plan.share_prefix)
+
+
+def batch_values(critic: Any, batch: TokenBatch, plan: ForwardPlan) -> torch.Tensor:
+    """(B, T) float32 values of ``batch`` under ``critic`` (:func:`forward_values`), no gradient, on CPU."""
+
+    def fn(mb: TokenBatch, prefix_len: int) -> torch.Tensor:
+        with plan.autocast():
+            return forward_values(critic, mb)
+
+    return per_token_pass(fn, batch, plan.micro_batch_size, plan.device)

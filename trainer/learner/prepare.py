@@ -1,0 +1,185 @@
+"""Batch preparation: a step's trajectories -> the token batch the update trains on.
+
+One function, :func:`prepare_batch`, in the order the data flows:
+
+1. drop failed trajectories (an env crash or timeout is never trained on);
+2. shape the rewards (missing-EOS penalty, DAPO over-long penalty);
+3. keep only informative groups (DAPO dynamic sampling: rewards not all equal);
+4. pad into a :class:`~chatgym.trainer.learner.batch.TokenBatch`;
+5. place the rewards on tokens (:func:`~chatgym.trainer.learner.algos.place_rewards`);
+6. zero the loss mask of budget-truncated completions (DAPO over-long filtering);
+7. reference logprobs (KL), old-policy logprobs (several optimizer steps per batch), critic values;
+8. advantages and returns (KL-in-reward first when configured).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..config import AlgoConfig
+from ..rollout.types import Trajectory
+from .algos import (
+    apply_kl_penalty,
+    get_advantage_estimator,
+    mask_truncated,
+    missing_eos_penalty,
+    overlong_reward_penalty,
+    place_rewards,
+)
+from .batch import TokenBatch, collate
+from .forward import ForwardPlan, batch_logprobs, batch_values
+
+BUDGETS = ("max_tokens", "max_response_tokens", "max_model_len")
+
+
+def hit_budget(traj: Trajectory) -> bool:
+    """True when the trajectory ended because a token budget ran out, not with EOS: its last turn
+    finished with ``length``, or the collector truncated it by a token budget before a turn."""
+    if traj.finish_reasons and traj.finish_reasons[-1] == "length":
+        return True
+    return bool(traj.truncated and traj.info.get("truncated_by") in BUDGETS)
+
+
+def shape_rewards(trajs: Sequence[Trajectory], algo: AlgoConfig, max_response_tokens: int) -> torch.Tensor:
+    """(B,) float32 rewards after the missing-EOS penalty and DAPO's overlong shaping (as configured)."""
+    rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
+    if algo.missing_eos_penalty > 0:
+        no_eos = torch.tensor([hit_budget(t) for t in trajs])
+        rewards = missing_eos_penalty(rewards, no_eos, penalty=algo.missing_eos_penalty)
+    if algo.overlong_buffer > 0:
+        lengths = torch.tensor([t.response_tokens for t in trajs])
+        rewards = rewards + overlong_reward_penalty(
+            lengths,
+            max_length=max_response_tokens,
+            buffer_length=min(algo.overlong_buffer, max_response_tokens),
+            penalty_factor=algo.overlong_penalty,
+        )
+    return rewards
+
+
+def informative_groups(group_ids: Sequence[int], rewards: torch.Tensor) -> list[int]:
+    """Indices of the samples whose group's rewards are not all equal (DAPO dynamic sampling)."""
+    by_group: dict[int, list[int]] = defaultdict(list)
+    for i, g in enumerate(group_ids):
+        by_group[g].append(i)
+    keep = []
+    for rows in by_group.values():
+        values = rewards[rows]
+        if bool((values != values[0]).any()):
+            keep.extend(rows)
+    return sorted(keep)
+
+
+def token_rewards(trajs: Sequence[Trajectory], rewards: torch.Tensor, batch: TokenBatch) -> torch.Tensor:
+    """(B, T) float32 token rewards of ``batch`` (rows = ``trajs``): each turn's env reward on the last
+    token it generated, the shaping on the last generated token (:func:`~.algos.place_rewards`)."""
+    return place_rewards(rewards, batch.loss_mask, [t.rewards for t in trajs], batch.lengths)
+
+
+def truncation_mask(batch: TokenBatch, trajs: Sequence[Trajectory]) -> TokenBatch:
+    """``batch`` with the loss mask of budget-truncated trajectories zeroed (DAPO overlong filtering)."""
+    truncated = torch.tensor([hit_budget(t) for t in trajs])
+    batch.loss_mask = mask_truncated(batch.loss_mask, truncated)
+    return batch
+
+
+def compute_advantages(
+    batch: TokenBatch, rewards: torch.Tensor, group_ids: torch.Tensor, algo: AlgoConfig
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Apply KL-in-reward when configured, then the advantage estimator to (B, T) token ``rewards``.
+
+    Returns ``(advantages, returns, kl_in_reward)`` (B, T); ``kl_in_reward`` is the per-token KL
+    that was subtracted (None when off). The behaviour policy of the KL is the engine's logprobs.
+    """
+    kl = None
+    if algo.kl_in_reward and algo.kl_coef > 0:
+        rewards, kl = apply_kl_penalty(
+            rewards,
+            batch.engine_logprobs,
+            batch.ref_logprobs,
+            batch.loss_mask,
+            coef=algo.kl_coef,
+            estimator=algo.kl_estimator,
+        )
+    estimator = get_advantage_estimator(algo.advantage)
+    advantages, returns = estimator(
+        rewards.double(),
+        batch.loss_mask,
+        group_ids=group_ids,
+        values=None if batch.old_values is None else batch.old_values.double(),
+        **algo.advantage_kwargs,
+    )
+    return advantages.float(), returns.float(), kl
+
+
+def prepare_batch(
+    trajs: Sequence[Trajectory],
+    algo: AlgoConfig,
+    *,
+    max_response_tokens: int,
+    pad_id: int,
+    policy: Any,
+    plan: ForwardPlan,
+    reference: Any = None,
+    critic: Any = None,
+) -> tuple[TokenBatch | None, dict[str, float]]:
+    """The token batch a step trains on, with its metrics (see the module docstring for the order).
+
+    Args:
+        trajs: the step's trajectories, failed ones included (they are dropped here).
+        algo: the algorithm settings.
+        max_response_tokens: the collector's per-trajectory budget (L_max of the over-long shaping).
+        pad_id: token id written after each row's end.
+        policy: the policy, for old logprobs when a batch feeds several optimizer steps.
+        plan: how the no-gradient passes run (micro-batches, device, sharing, packing, autocast).
+        reference: a :class:`~chatgym.trainer.learner.reference.ReferencePolicy` (None: no KL).
+        critic: the value model (None: no values).
+
+    Returns:
+        ``(batch, metrics)``. ``batch`` is None when nothing is left to train on (every trajectory
+        failed, or dynamic sampling kept no group); otherwise it carries ``advantages`` and
+        ``returns``, and ``ref_logprobs`` / ``old_logprobs`` / ``old_values`` where used. Metrics:
+        ``batch/groups_kept``, ``batch/trajectories_trained`` and, with a batch,
+        ``batch/advantage_mean``, ``batch/advantage_abs_mean``, ``batch/trained_tokens``,
+        ``reward/kl_penalty`` (KL in reward), ``timing/prepare_s``.
+    """
+    t0 = time.perf_counter()
+    ok = [t for t in trajs if not t.failed]
+    rewards = shape_rewards(ok, algo, max_response_tokens) if ok else torch.zeros(0)
+    keep = list(range(len(ok)))
+    if algo.dynamic_sampling and ok:
+        keep = informative_groups([t.group_id for t in ok], rewards)
+    metrics: dict[str, float] = {
+        "batch/groups_kept": len({ok[i].group_id for i in keep}),
+        "batch/trajectories_trained": len(keep),
+    }
+    if not keep:
+        return None, metrics
+    trained = [ok[i] for i in keep]
+    batch = collate(trained, pad_id)
+    placed = token_rewards(trained, rewards[keep], batch)
+    if algo.mask_truncated:
+        batch = truncation_mask(batch, trained)
+    if reference is not None:
+        batch.ref_logprobs = reference.logprobs(batch)
+    if algo.ppo_epochs * algo.mini_batches > 1:
+        batch.old_logprobs = batch_logprobs(policy, batch, plan)
+    if critic is not None:
+        batch.old_values = batch_values(critic, batch, plan)
+    group_ids = torch.tensor([t.group_id for t in trained])
+    batch.advantages, batch.returns, kl_in_reward = compute_advantages(batch, placed, group_ids, algo)
+
+    mask = batch.loss_mask
+    if kl_in_reward is not None:
+        metrics["reward/kl_penalty"] = float((kl_in_reward * mask).sum() / mask.sum().clamp_min(1))
+    any_trained = bool(mask.any())
+    metrics["batch/advantage_mean"] = float(batch.advantages[mask].mean()) if any_trained else 0.0
+    metrics["batch/advantage_abs_mean"] = float(batch.advantages[mask].abs().mean()) if any_trained else 0.0
+    metrics["batch/trained_tokens"] = int(mask.sum())
+    metrics["timing/prepare_s"] = time.perf_counter() - t0
+    return batch, metrics

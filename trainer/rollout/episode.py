@@ -1,0 +1,123 @@
+"""The guarded episode: what every episode runner shares, token-level (the collector) or message-level
+(evaluation of chat APIs and of the scripted reference policy, :mod:`chatgym.trainer.eval.chat_policy`).
+
+- :func:`run_guarded` runs an episode body under the episode timeout and turns any failure into the
+  trajectory's ``error`` / ``info["error_kind"]`` (``timeout``, an :class:`EpisodeFailure`'s kind, or
+  ``internal_error`` for a bug), closes the env on the loop that opened it, and totals the reward and
+  the time — one slow or crashing episode never takes the batch down;
+- :func:`record_step` books one ``env.step`` result into the trajectory: the turn's reward, the env's
+  info (``success`` into ``Trajectory.success``), the tool counters ``info["tool_results_total"]``
+  (``tool`` messages returned: one per call, malformed ones included) and ``info["tool_errors_total"]``
+  (sum of the env's ``tool_errors``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from chatgym.envs.messages import Message
+
+from .types import Trajectory
+
+# Keys the runner owns in ``Trajectory.info``: an env's info must not overwrite them.
+_RUNNER_KEYS = ("turns", "truncated_by")
+
+
+class EpisodeFailure(Exception):
+    """Ends one episode; ``kind`` is stored in ``info["error_kind"]`` (``env_error``, ``engine_error``,
+    ``engine_abort``, ``template_error``, ``prompt_too_long``, ...)."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+async def env_call(coro: Awaitable[Any]) -> Any:
+    """Await an env call (make, reset, step); any exception from the env becomes an ``env_error``
+    :class:`EpisodeFailure` naming the exception."""
+    try:
+        return await coro
+    except (asyncio.CancelledError, EpisodeFailure):
+        raise
+    except Exception as exc:
+        raise EpisodeFailure("env_error", f"{type(exc).__name__}: {exc}") from exc
+
+
+def fail(traj: Trajectory, kind: str, message: str) -> None:
+    """Mark ``traj`` failed: ``error = "<kind>: <message>"``, ``info["error_kind"] = kind``."""
+    traj.error = f"{kind}: {message}"
+    traj.info["error_kind"] = kind
+
+
+async def run_guarded(
+    traj: Trajectory,
+    body: Callable[[dict[str, Any]], Awaitable[None]],
+    timeout_s: float | None,
+    *,
+    passthrough: tuple[type[BaseException], ...] = (),
+) -> Trajectory:
+    """Run ``body(state)`` (which fills ``traj``) as one guarded episode; returns ``traj``.
+
+    Args:
+        traj: the trajectory the body fills; its ``timing["start_s"]`` (if set) is the start offset.
+        body: the episode; it puts its :class:`~chatgym.trainer.rollout.env_runner.EnvRunner` in
+            ``state["runner"]`` as soon as the env exists, so that it is closed whatever happens.
+        timeout_s: wall-clock seconds before the episode is cancelled (None: no limit).
+        passthrough: exception types re-raised to the caller instead of failing the episode.
+
+    After it: ``traj.reward`` is the sum of ``traj.rewards``; ``timing["total_s"]`` the episode's
+    seconds; a close failure is in ``info["close_error"]``.
+    """
+    t0 = time.perf_counter()
+    state: dict[str, Any] = {}
+    try:
+        if timeout_s is None:
+            await body(state)
+        else:
+            await asyncio.wait_for(body(state), timeout_s)
+    except passthrough:
+        raise
+    except asyncio.TimeoutError:
+        fail(traj, "timeout", f"episode exceeded episode_timeout_s={timeout_s}")
+    except EpisodeFailure as exc:
+        fail(traj, exc.kind, str(exc))
+    except Exception as exc:  # a bug here must not take the batch down; it is reported per episode
+        fail(traj, "internal_error", f"{type(exc).__name__}: {exc}")
+    finally:
+        runner = state.get("runner")
+        if runner is not None:
+            try:
+                await asyncio.wait_for(runner.close(), 5.0)
+            except Exception as exc:
+                traj.info["close_error"] = f"{type(exc).__name__}: {exc}"
+    traj.reward = float(sum(traj.rewards))
+    traj.timing["total_s"] = time.perf_counter() - t0
+    return traj
+
+
+def record_step(traj: Trajectory, obs: list[Message], reward: float, info: Any) -> None:
+    """Book one ``env.step`` result into ``traj`` (see the module docstring)."""
+    info = info if isinstance(info, dict) else {}
+    traj.rewards.append(float(reward))
+    totals = traj.info
+    tool_results = int(totals.get("tool_results_total", 0)) + sum(m.get("role") == "tool" for m in obs)
+    tool_errors = int(totals.get("tool_errors_total", 0)) + int(info.get("tool_errors", 0) or 0)
+    totals.update({k: v for k, v in info.items() if k not in _RUNNER_KEYS})
+    totals["tool_results_total"] = tool_results
+    totals["tool_errors_total"] = tool_errors
+    if "success" in info:
+        traj.success = info["success"] if isinstance(info["success"], bool) else None
+
+
+def ended(traj: Trajectory, terminated: Any, truncated: Any) -> bool:
+    """Record the episode's end flags when it ended; True when it did. An env's own truncation
+    (``max_turns``) is reported as ``info["truncated_by"] = "env"``."""
+    if not (terminated or truncated):
+        return False
+    traj.terminated, traj.truncated = bool(terminated), bool(truncated)
+    if truncated:
+        traj.info["truncated_by"] = "env"
+    return True

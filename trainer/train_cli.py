@@ -1,0 +1,115 @@
+"""``chatgym train``: the training loop from a YAML config and ``key.sub=value`` overrides.
+
+    chatgym train examples/configs/math_grpo.yaml train.max_steps=3 --output-dir runs/x
+    chatgym train examples/configs/math_grpo.yaml --output-dir runs/x --resume
+    python -m chatgym.trainer.train_cli examples/configs/math_grpo.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import yaml
+
+from .config import ConfigError, load_config
+from .learner.checkpoint import checkpoint_step, find_checkpoint, latest_checkpoint
+from .models import load_model_path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``chatgym train CONFIG [key.sub=value ...] [--max-steps N] [--output-dir DIR] [--resume | --resume-from CKPT]``.
+
+    Overrides and options may come in any order. Returns the exit status: 0 done (or nothing left to
+    do), 2 a bad config, output dir or checkpoint — reported before any model loads.
+    """
+    parser = argparse.ArgumentParser(
+        prog="chatgym train", description="Train a policy with PPO/GRPO on a chatgym env."
+    )
+    parser.add_argument(
+        "config", nargs="?", help="YAML config (examples/configs/*.yaml); defaults when omitted"
+    )
+    parser.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. algo.kl_coef=0.01")
+    parser.add_argument("--max-steps", type=int, help="cap the run at N steps (train.max_steps)")
+    parser.add_argument("--output-dir", help="where metrics, curves and checkpoints go (train.output_dir)")
+    parser.add_argument(
+        "--resume", action="store_true", help="continue from the newest checkpoint in the output dir"
+    )
+    parser.add_argument("--resume-from", metavar="CKPT", help="continue from this checkpoint directory")
+    # Intermixed: `--output-dir runs/x algo.kl_coef=0.01` must not leave the override unrecognised.
+    args = parser.parse_intermixed_args(argv)
+    overrides = list(args.overrides)
+    if args.config and "=" in args.config:  # only overrides, no file
+        overrides.insert(0, args.config)
+        args.config = None
+    if args.max_steps is not None:
+        overrides.append(f"train.max_steps={args.max_steps}")
+    if args.output_dir is not None:
+        overrides.append(f"train.output_dir={args.output_dir}")
+    resume = args.resume_from or args.resume
+    try:
+        config = load_config(args.config, overrides)
+        ckpt = find_checkpoint(config.train.output_dir, resume)
+    except (ConfigError, OSError, yaml.YAMLError) as exc:  # OSError: missing file, a directory, ...
+        print(f"chatgym train: {exc}", file=sys.stderr)
+        return 2
+    done = checkpoint_step(ckpt) if ckpt is not None else None
+    if done is not None and done >= config.train.max_steps:
+        print(
+            f"chatgym train: {ckpt} is at step {done} and train.max_steps is {config.train.max_steps}: "
+            "nothing to do (raise train.max_steps to continue)"
+        )
+        return 0
+    try:
+        load_model_path(config.model.path)  # an unknown model fails here, not after the output dir is made
+    except FileNotFoundError as exc:
+        print(f"chatgym train: {exc}", file=sys.stderr)
+        return 2
+    from .train import Trainer  # torch and transformers load only once the config is good
+
+    trainer = Trainer(config, resume=ckpt or False)  # already found and checked above
+    try:
+        summary = trainer.train()
+    except KeyboardInterrupt:
+        last = latest_checkpoint(config.train.output_dir)
+        where = f"the last checkpoint is {last} (continue with --resume)" if last else "no checkpoint was saved yet"
+        print(f"\nchatgym train: interrupted; {where}", file=sys.stderr)
+        return 130
+    finally:
+        trainer.close()
+    _print_summary(summary)
+    return 0
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    def pick(m: dict[str, Any] | None, *keys: str) -> str:
+        if not m:
+            return "-"
+        return ", ".join(f"{k.split('/')[-1]}={m[k]:.4g}" for k in keys if isinstance(m.get(k), (int, float)))
+
+    keys = (
+        "reward/mean",
+        "reward/accuracy",
+        "actor/kl",
+        "actor/entropy",
+        "response/length_mean",
+        "timing/step_s",
+    )
+    start = summary["steps"] - summary["steps_run"]
+    resumed = f" (resumed at step {start})" if start else ""
+    print(f"done: {summary['steps_run']} steps{resumed}, now at step {summary['steps']}, in {summary['wall_s']:.0f} s")
+    print(f"  first step: {pick(summary['first_step'], *keys)}")
+    print(f"  last step:  {pick(summary['last_step'], *keys)}")
+    print(f"  held-out before: {pick(summary['eval_before'], 'eval/score', 'eval/accuracy')}")
+    print(f"  held-out after:  {pick(summary['eval_after'], 'eval/score', 'eval/accuracy')}")
+    print(f"  learning curve: {summary['learning_curve']}")
+    print(f"  checkpoint:     {summary['checkpoint']}")
+    print(f"  metrics:        {summary['metrics']}")
+
+
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
