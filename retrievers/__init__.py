@@ -13,13 +13,12 @@ they come with ``pip install 'chatgym[retrieval]'``.
 
 from .base import Document, Passage, Retriever
 from .bm25 import BM25Retriever
-from .build import cached_retriever
+from .build import cached_retriever, load_index
 from .client import RetrievalClient, RetrievalError
 from .corpora import load_jsonl_corpus, wiki_corpus
 from .dense import DenseRetriever
 from .hybrid import HybridRetriever, reciprocal_rank_fusion
 from .metrics import recall_at_k
-from .store import load_index
 
 __all__ = [
     "BM25Retriever",

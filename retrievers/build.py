@@ -1,4 +1,6 @@
-"""One entry point to get a ready retriever of a given kind over a corpus, from the index cache."""
+"""Ready retrievers: one of a given kind over a corpus from the index cache (:func:`cached_retriever`),
+or any saved index directory by its kind (:func:`load_index`). The retriever modules import
+:mod:`.store`, never this module, so the imports here run one way."""
 
 from __future__ import annotations
 
@@ -7,6 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from .base import Document, Retriever
+from .bm25 import BM25Retriever
+from .dense import DenseRetriever
+from .hybrid import HybridRetriever
+from .store import META_FILE, read_meta
 
 KINDS = ("bm25", "dense", "hybrid")
 
@@ -38,17 +44,29 @@ def cached_retriever(
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     if kind == "bm25":
-        from .bm25 import BM25Retriever
-
         return BM25Retriever.cached(docs, cache_dir=cache_dir, **(bm25 or {}))
     if kind == "dense":
-        from .dense import DenseRetriever
-
         return DenseRetriever.cached(docs, cache_dir=cache_dir, **(dense or {}))
-    from .hybrid import HybridRetriever
-
     return HybridRetriever(
         cached_retriever("bm25", docs, cache_dir=cache_dir, bm25=bm25),
         cached_retriever("dense", docs, cache_dir=cache_dir, dense=dense),
         **(hybrid or {}),
     )
+
+
+def load_index(path: str | Path, **kwargs: Any) -> Retriever:
+    """Load any saved index directory (BM25, dense or hybrid) by the kind in its ``meta.json``.
+
+    ``kwargs`` go to the retriever's ``load`` (e.g. ``model=`` for a dense index).
+
+    Raises:
+        FileNotFoundError: not an index directory. ValueError: unknown kind.
+    """
+    kind = read_meta(path).get("kind")
+    if kind == "bm25":
+        return BM25Retriever.load(path, **kwargs)
+    if kind == "dense":
+        return DenseRetriever.load(path, **kwargs)
+    if kind == "hybrid":
+        return HybridRetriever.load(path, **kwargs)
+    raise ValueError(f"{path}: unknown index kind {kind!r} in {META_FILE}")

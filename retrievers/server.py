@@ -294,9 +294,9 @@ def load_retriever(
     Raises:
         FileNotFoundError: ``index`` is neither a known corpus name, an index directory nor a file.
     """
-    from .build import cached_retriever
+    from .build import cached_retriever, load_index
     from .corpora import load_jsonl_corpus, wiki_corpus
-    from .store import load_index, read_meta
+    from .store import read_meta
 
     dense_kw: dict[str, Any] = {"device": device, **({"model": model} if model else {})}
     path = Path(index)

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from .base import Document, Retriever
+from .base import Document
 
 META_FILE = "meta.json"
 DOCS_FILE = "docs.jsonl"
@@ -81,27 +81,3 @@ def atomic_dir(final: Path) -> Iterator[Path]:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def load_index(path: str | Path, **kwargs: Any) -> Retriever:
-    """Load any saved index directory (BM25, dense or hybrid) by the kind in its ``meta.json``.
-
-    ``kwargs`` go to the retriever's ``load`` (e.g. ``model=`` for a dense index).
-
-    Raises:
-        FileNotFoundError: not an index directory. ValueError: unknown kind.
-    """
-    kind = read_meta(path).get("kind")
-    if kind == "bm25":
-        from .bm25 import BM25Retriever
-
-        return BM25Retriever.load(path, **kwargs)
-    if kind == "dense":
-        from .dense import DenseRetriever
-
-        return DenseRetriever.load(path, **kwargs)
-    if kind == "hybrid":
-        from .hybrid import HybridRetriever
-
-        return HybridRetriever.load(path, **kwargs)
-    raise ValueError(f"{path}: unknown index kind {kind!r} in {META_FILE}")

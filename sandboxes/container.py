@@ -47,9 +47,8 @@ import time
 from pathlib import Path
 
 from . import wire
-from .base import ExecResult
+from .base import ExecResult, check_run_args
 from .limits import Limiter, global_limiter
-from .local import check_files, check_timeout
 from .slots import SlotPool
 
 REQUEST_PATH = "/chatgym-request.json"  # on the container's own file system: `put_archive`
@@ -456,16 +455,7 @@ class DockerSandbox:
         Raises:
             TypeError / ValueError: a bad argument. RuntimeError: the sandbox was closed.
         """
-        if not isinstance(code, str):
-            raise TypeError(f"code must be str, got {type(code).__name__}")
-        if language not in self.languages:
-            raise ValueError(f"language must be one of {self.languages}, got {language!r}")
-        if not isinstance(stdin, str):
-            raise TypeError(f"stdin must be str, got {type(stdin).__name__}")
-        check_files(files)
-        check_timeout(timeout_s)
-        if not isinstance(memory_mb, int) or isinstance(memory_mb, bool) or memory_mb < 16:
-            raise ValueError(f"memory_mb must be an int >= 16 (MiB), got {memory_mb!r}")
+        check_run_args(code, language, stdin, files, timeout_s, memory_mb, self.languages)
         if self._closed:
             raise RuntimeError("DockerSandbox is closed")
         packed = {p: b64 for p, _, b64 in (

@@ -21,9 +21,8 @@ import time
 import aiohttp
 
 from . import fusion
-from .base import ExecResult
+from .base import ExecResult, check_code, check_run_args, check_timeout
 from .limits import Limiter, global_limiter
-from .local import check_files, check_timeout
 from .slots import SlotPool
 
 HTTP_SLACK_S = 30.0  # seconds the HTTP request may take beyond the run's own timeout
@@ -118,16 +117,7 @@ class SandboxFusionSandbox:
         Raises:
             TypeError / ValueError: a bad argument (naming it). RuntimeError: the sandbox was closed.
         """
-        if not isinstance(code, str):
-            raise TypeError(f"code must be str, got {type(code).__name__}")
-        if language not in self.languages:
-            raise ValueError(f"language must be one of {self.languages}, got {language!r}")
-        if not isinstance(stdin, str):
-            raise TypeError(f"stdin must be str, got {type(stdin).__name__}")
-        check_files(files)
-        check_timeout(timeout_s)
-        if not isinstance(memory_mb, int) or isinstance(memory_mb, bool) or memory_mb < 16:
-            raise ValueError(f"memory_mb must be an int >= 16 (MiB), got {memory_mb!r}")
+        check_run_args(code, language, stdin, files, timeout_s, memory_mb, self.languages)
         body = {
             "code": code, "language": language, "stdin": stdin, "run_timeout": float(timeout_s),
             "compile_timeout": float(timeout_s), "memory_limit_MB": memory_mb,
@@ -189,8 +179,7 @@ class FusionSession:
         Raises:
             TypeError / ValueError: bad arguments. RuntimeError: the session was closed.
         """
-        if not isinstance(code, str):
-            raise TypeError(f"code must be str, got {type(code).__name__}")
+        check_code(code)
         check_timeout(timeout_s)
         if self.closed:
             raise RuntimeError("the session is closed")

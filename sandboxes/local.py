@@ -51,21 +51,19 @@ namespace, cgroup caps) use a container backend.
 from __future__ import annotations
 
 import asyncio
-import math
 import os
-import posixpath
 import sys
 import threading
 import time
 import warnings
 import weakref
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
 from . import wire
-from .base import ExecResult
+from .base import LANGUAGES, ExecResult, check_memory_mb, check_run_args
 from .client import SANDBOX_DIR, ZygoteClient, ZygoteDied
 from .limits import Limiter, global_limiter
+from .session import LocalSession
 from .slots import SlotPool
 
 # Pure-Python or already-loaded modules that model-written code imports most. Each extension module
@@ -78,40 +76,14 @@ DEFAULT_PRELOAD = (
 )  # fmt: skip
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 INHERITED_ENV = ("LANG", "LC_ALL", "LC_CTYPE", "TZ")
-LANGUAGES = ("python", "bash")
 BACKSTOP_S = 30.0  # extra seconds the parent waits beyond timeout_s before giving up on the zygote
 _warned: set[str] = set()
-
-if TYPE_CHECKING:  # session.py imports this module
-    from .session import LocalSession
 
 
 def _warn_once(note: str) -> None:
     if note not in _warned:
         _warned.add(note)
         warnings.warn(f"LocalSandbox: {note}", RuntimeWarning, stacklevel=3)
-
-
-def check_files(files: Mapping[str, str | bytes] | None) -> None:
-    """Validate ``files``: relative paths inside the work dir, str/bytes contents.
-
-    Raises:
-        TypeError, ValueError: naming ``files`` and the offending path.
-    """
-    if files is None:
-        return
-    if not isinstance(files, Mapping):
-        raise TypeError(
-            f"files must be a mapping of relative path -> str | bytes, got {type(files).__name__}"
-        )
-    for path, content in files.items():
-        if not isinstance(path, str) or not path:
-            raise ValueError(f"files: path must be a non-empty str, got {path!r}")
-        norm = posixpath.normpath(path)
-        if path.startswith("/") or norm == ".." or norm.startswith("../") or "\0" in path:
-            raise ValueError(f"files: path {path!r} must be relative and stay inside the work dir")
-        if not isinstance(content, (str, bytes)):
-            raise TypeError(f"files[{path!r}] must be str or bytes, got {type(content).__name__}")
 
 
 class LocalSandbox:
@@ -302,25 +274,13 @@ class LocalSandbox:
             raise; they are reported in the result.
             RuntimeError: the sandbox was closed.
         """
-        self._check_run_args(code, language, stdin, files, timeout_s, memory_mb)
+        check_run_args(code, language, stdin, files, timeout_s, memory_mb)
         msg = {
             "op": "run", "code": code, "language": language, "stdin": stdin,
             "files": wire.pack_files(files), "timeout_s": float(timeout_s), "memory_mb": int(memory_mb),
             "max_output_bytes": self.max_output_bytes,
         }  # fmt: skip
         return await self._request(msg, timeout_s)
-
-    def _check_run_args(self, code, language, stdin, files, timeout_s, memory_mb) -> None:
-        if not isinstance(code, str):
-            raise TypeError(f"code must be str, got {type(code).__name__}")
-        if language not in LANGUAGES:
-            raise ValueError(f"language must be one of {LANGUAGES}, got {language!r}")
-        if not isinstance(stdin, str):
-            raise TypeError(f"stdin must be str, got {type(stdin).__name__}")
-        check_files(files)
-        check_timeout(timeout_s)
-        if not isinstance(memory_mb, int) or isinstance(memory_mb, bool) or memory_mb < 16:
-            raise ValueError(f"memory_mb must be an int >= 16 (MiB), got {memory_mb!r}")
 
     async def _request(self, msg: dict, timeout_s: float, client: ZygoteClient | None = None) -> ExecResult:
         """Send one request under the limiter and the concurrency limit; the reply as an ExecResult."""
@@ -367,20 +327,8 @@ class LocalSandbox:
 
     async def open_session(self, memory_mb: int = 1024) -> LocalSession:
         """A stateful Python interpreter kept across calls (see ``LocalSession``)."""
-        from .session import LocalSession
-
-        if not isinstance(memory_mb, int) or isinstance(memory_mb, bool) or memory_mb < 16:
-            raise ValueError(f"memory_mb must be an int >= 16 (MiB), got {memory_mb!r}")
+        check_memory_mb(memory_mb)
         return await LocalSession.open(self, memory_mb)
-
-
-def check_timeout(timeout_s: float) -> None:
-    if (
-        isinstance(timeout_s, bool)
-        or not isinstance(timeout_s, (int, float))
-        or not (timeout_s > 0 and math.isfinite(timeout_s))
-    ):
-        raise ValueError(f"timeout_s must be a finite number of seconds > 0, got {timeout_s!r}")
 
 
 def _consume(fut: asyncio.Future) -> None:

@@ -39,9 +39,8 @@ from collections.abc import Sequence
 from aiohttp import web
 
 from . import fusion
-from .base import ExecResult
+from .base import ExecResult, check_files
 from .limits import Limiter
-from .local import check_files
 
 BACKENDS = ("local", "bwrap", "docker")
 SESSION_OPEN_TIMEOUT_S = 30.0

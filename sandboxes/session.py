@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import Any
 
-from .base import ExecResult
+from .base import ExecResult, check_code, check_timeout
 from .client import ZygoteClient, ZygoteDied
-
-if TYPE_CHECKING:
-    from .local import LocalSandbox
 
 CONTROL_TIMEOUT_S = 30.0
 
@@ -23,7 +20,9 @@ class LocalSession:
     Calls share the sandbox's concurrency limit. Use :meth:`LocalSandbox.open_session` to make one.
     """
 
-    def __init__(self, sandbox: LocalSandbox, memory_mb: int) -> None:
+    def __init__(self, sandbox: Any, memory_mb: int) -> None:
+        # ``sandbox``: the LocalSandbox that opens it (its zygote client, request path and output cap);
+        # not imported here, so that local.py can import this module at its top.
         self._sandbox = sandbox
         self._memory_mb = memory_mb
         self._client: ZygoteClient | None = None
@@ -32,7 +31,7 @@ class LocalSession:
         self.closed = False
 
     @classmethod
-    async def open(cls, sandbox: LocalSandbox, memory_mb: int) -> LocalSession:
+    async def open(cls, sandbox: Any, memory_mb: int) -> LocalSession:
         session = cls(sandbox, memory_mb)
         await session._open()
         return session
@@ -61,10 +60,7 @@ class LocalSession:
         Raises:
             TypeError / ValueError: bad arguments. RuntimeError: the session was closed.
         """
-        from .local import check_timeout
-
-        if not isinstance(code, str):
-            raise TypeError(f"code must be str, got {type(code).__name__}")
+        check_code(code)
         check_timeout(timeout_s)
         if self.closed:
             raise RuntimeError("the session is closed")

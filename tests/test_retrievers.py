@@ -15,11 +15,10 @@ import pytest
 
 from chatgym.retrievers.base import Document, Passage, check_queries, corpus_fingerprint
 from chatgym.retrievers.bm25 import BM25Retriever
-from chatgym.retrievers.build import cached_retriever
+from chatgym.retrievers.build import cached_retriever, load_index
 from chatgym.retrievers.corpora import load_jsonl_corpus, wiki_corpus
 from chatgym.retrievers.dense import DenseRetriever, default_model_path, make_index, model_fingerprint
 from chatgym.retrievers.hybrid import HybridRetriever, reciprocal_rank_fusion
-from chatgym.retrievers.store import load_index
 
 SLICE = 100
 

