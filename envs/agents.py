@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
-from importlib import resources
 from typing import Any, Protocol, runtime_checkable
 
 from . import messages as M
@@ -111,12 +110,3 @@ def flip_roles(messages: Sequence[Message]) -> list[Message]:
         elif m["role"] == "user":
             out.append(M.assistant(m["content"]))
     return out
-
-
-def load_prompt(name: str) -> str:
-    """Text of ``envs/prompts/<name>`` (package data), without surrounding whitespace.
-
-    Raises:
-        FileNotFoundError: no such prompt file.
-    """
-    return resources.files("chatgym.envs").joinpath("prompts", name).read_text(encoding="utf-8").strip()

@@ -26,13 +26,12 @@ import json
 import re
 import threading
 from collections.abc import Sequence
-from importlib import resources
 from typing import Any
 
 from chatgym.sandboxes.base import ExecResult, Sandbox
 
 from . import messages as M
-from .core import AssistantTurn, ChatEnv, StepOutcome
+from .core import AssistantTurn, ChatEnv, StepOutcome, load_prompt
 from .datasets.humaneval import load_humaneval
 from .graders.code import GradeResult, grade_function
 from .parsers import ToolCallParser
@@ -117,10 +116,6 @@ def runner_program(prelude: str, code: str) -> str:
     )
 
 
-def _prompt_file(name: str) -> str:
-    return resources.files("chatgym.envs").joinpath("prompts", name).read_text(encoding="utf-8")
-
-
 class CodeSandboxEnv(ChatEnv):
     """CodeSandbox-v0 (see the module docstring).
 
@@ -194,11 +189,10 @@ class CodeSandboxEnv(ChatEnv):
         self.memory_mb = memory_mb
         self.max_output_chars = max_output_chars
         self.system_prompt = (
-            _prompt_file("code_sandbox_system.txt")
-            .strip()
+            load_prompt("code_sandbox_system.txt")
             .format(run_timeout_s=run_timeout_s, max_output_chars=max_output_chars)
         )
-        self.user_template = _prompt_file("code_sandbox_user.txt").strip()
+        self.user_template = load_prompt("code_sandbox_user.txt")
 
     @property
     def sandbox(self) -> Sandbox:
@@ -277,7 +271,12 @@ class CodeSandboxEnv(ChatEnv):
 
     @staticmethod
     def _grade_info(grade: GradeResult, via: str) -> dict[str, Any]:
-        return {**grade.as_info(), "submitted_via": via, "reward_components": {"pass": grade.reward}}
+        return {
+            **grade.as_info(),
+            "submitted_via": via,
+            "reward_components": {"pass": grade.reward},
+            "success": grade.reward >= 1.0,
+        }
 
 
 def _code_schema(description: str) -> dict[str, Any]:

@@ -11,6 +11,12 @@ A subclass provides the data and the scoring:
 * ``initial_messages(task) -> list[Message]`` — the opening system/user messages;
 * ``respond(turn) -> StepOutcome`` — what happens after the assistant speaks. The default runs the
   parsed tool calls and, when the assistant called no tool, ends the episode with ``score(turn)``.
+
+**The success contract.** Every step's ``info`` has ``"success"``: ``True``/``False`` on the step that
+decides a task that defines success (right answer, tests pass, database matches — set by the env's
+scoring), ``None`` otherwise (a step before the end, or a task without a success definition, e.g. a
+judged rating; :meth:`ChatEnv.astep` fills ``None`` when the env did not say). The rollout side copies
+it into ``Trajectory.success``; training accuracy, eval pass@k and the leaderboard read that field.
 """
 
 from __future__ import annotations
@@ -33,6 +39,18 @@ from .tool_config import LoadedTools, load_tools, parse_tools_config, read_tools
 from .tools import Tool, ToolOutcome, register_tool, resolve_tools, run_tool_calls
 
 T = TypeVar("T")
+
+
+def load_prompt(name: str) -> str:
+    """Text of ``envs/prompts/<name>`` (package data, UTF-8), without surrounding whitespace: the one
+    reader of the envs' prompt files.
+
+    Raises:
+        FileNotFoundError: no such prompt file.
+    """
+    from importlib import resources
+
+    return resources.files("chatgym.envs").joinpath("prompts", name).read_text(encoding="utf-8").strip()
 
 
 @dataclass
@@ -286,6 +304,8 @@ class ChatEnv(gym.Env):
         self._done = out.terminated or truncated
         info = {"turn": self.turn, "tool_calls": len(turn.parsed.calls), **out.info}
         info.setdefault("tool_errors", 0)
+        # The success contract: every step states it; None until (or unless) the task defines it.
+        info.setdefault("success", None)
         return [dict(m) for m in out.messages], float(out.reward), bool(out.terminated), truncated, info
 
     # ---- sync wrappers ----------------------------------------------------------------------

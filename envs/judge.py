@@ -36,8 +36,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import messages as M
-from .agents import Responder, ask, load_prompt
-from .core import AssistantTurn, ChatEnv, StepOutcome
+from .agents import Responder, ask
+from .core import AssistantTurn, ChatEnv, StepOutcome, load_prompt
 from .datasets.mtbench import load_mtbench
 from .messages import Message
 from .parsers import ParsedAction

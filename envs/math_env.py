@@ -23,12 +23,11 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Sequence
-from importlib import resources
 from typing import Any
 
 from . import messages as M
 from .calculator import calculate
-from .core import AssistantTurn, ChatEnv, StepOutcome
+from .core import AssistantTurn, ChatEnv, StepOutcome, load_prompt
 from .math_answer import answers_equal, extract_answer, written_answer
 from .tools import Tool
 
@@ -77,10 +76,6 @@ def _split_rows(dataset: str, config: str, size: int, seed: int, split: str) -> 
     return tuple(r for r in fresh if r["question"] not in seen)[:size]
 
 
-def _load_prompt(name: str) -> str:
-    return resources.files("chatgym.envs").joinpath("prompts", name).read_text().strip()
-
-
 class MathEnv(ChatEnv):
     """Math-v0 (see the module docstring).
 
@@ -118,7 +113,7 @@ class MathEnv(ChatEnv):
         )
         self.size = size
         self.seed = seed
-        self.system_prompt = _load_prompt("math_system_calculator.txt" if calculator else "math_system.txt")
+        self.system_prompt = load_prompt("math_system_calculator.txt" if calculator else "math_system.txt")
 
     def load_tasks(self, split: str) -> Sequence[dict[str, Any]]:
         config = json.dumps(self.dataset_config, sort_keys=True)
@@ -144,6 +139,7 @@ class MathEnv(ChatEnv):
             "answer": answer,
             "expected": self.task["answer"],
             "correct": correct == 1.0,
+            "success": correct == 1.0,
             "reward_components": {"correct": correct, "format": float(tagged)},
         }
         return StepOutcome(reward=correct, terminated=True, info=info)

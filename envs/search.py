@@ -38,11 +38,10 @@ import inspect
 import re
 import threading
 from collections.abc import Sequence
-from importlib import resources
 from typing import Any
 
 from . import messages as M
-from .core import AssistantTurn, ChatEnv, StepOutcome
+from .core import AssistantTurn, ChatEnv, StepOutcome, load_prompt
 from .parsers import ParsedAction
 from .qa_metrics import exact_match, token_f1
 from .tools import Tool, ToolResult
@@ -113,10 +112,6 @@ def _shared_wiki_retriever(kind: str, cache_dir: str | None) -> Any:
     from chatgym.retrievers.corpora import wiki_corpus
 
     return cached_retriever(kind, wiki_corpus(), cache_dir=cache_dir)
-
-
-def _load_prompt(name: str) -> str:
-    return resources.files("chatgym.envs").joinpath("prompts", name).read_text().strip()
 
 
 class SearchEnv(ChatEnv):
@@ -196,7 +191,7 @@ class SearchEnv(ChatEnv):
         self.cache_dir = cache_dir
         self.stop_strings = ["</search>", "</answer>"] if mode == "tags" else []
         prompt = "search_tool_system.txt" if mode == "tool" else "search_tags_system.txt"
-        self.system_prompt = _load_prompt(prompt).format(topk=topk, max_searches=max_searches)
+        self.system_prompt = load_prompt(prompt).format(topk=topk, max_searches=max_searches)
         self.searches = 0
         self._retriever: Any = None
         self._owns_client = False
@@ -295,6 +290,7 @@ class SearchEnv(ChatEnv):
             "f1": token_f1(answer, refs),
             "searches": self.searches,
             "reward_components": {"em": em, "format": float(tagged)},
+            "success": em == 1.0,
         }
         return StepOutcome(reward=em, terminated=True, info=info)
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from importlib import resources
 from typing import Any
 
 from . import messages as M
@@ -42,7 +41,7 @@ from .bfcl import check_calls
 from .bfcl import multi_turn as mt
 from .bfcl.checker import MATCHING
 from .bfcl.data import CATEGORIES, canonical_category, load_category, to_openai_tool
-from .core import AssistantTurn, ChatEnv, StepOutcome
+from .core import AssistantTurn, ChatEnv, StepOutcome, load_prompt
 from .tools import Tool, ToolResult, decode_arguments
 
 # BFCL's own wording when held-back functions become available (bfcl_eval.constants.default_prompts).
@@ -178,7 +177,7 @@ class ToolUseEnv(ChatEnv):
         super().__init__(split=split, max_turns=max_turns or 1, **kwargs)
         self._max_turns_arg = max_turns
         self.max_steps_per_turn = max_steps_per_turn
-        self.system_prompt = resources.files("chatgym.envs").joinpath("prompts", "tool_use_system.txt").read_text().strip()
+        self.system_prompt = load_prompt("tool_use_system.txt")
         self.backends: dict[str, Any] = {}
         self._static_tools: dict[str, dict[str, Tool]] = {}
         self._wire_calls: list[Any] | None = None
@@ -246,7 +245,7 @@ class ToolUseEnv(ChatEnv):
         if self.kind == "irrelevance":
             decoded, _ = decode_calls(turn, self._wire_calls)
             called = bool(decoded)  # undecodable (None) or empty: BFCL's "no function call"
-            info = {"reward_components": {"no_call": float(not called)}}
+            info = {"reward_components": {"no_call": float(not called)}, "success": not called}
             return StepOutcome(reward=float(not called), terminated=True, info=info)
         if self.kind == "ast":
             return self._score_ast(turn)
@@ -261,7 +260,7 @@ class ToolUseEnv(ChatEnv):
             result = check_calls(decoded, self.task["ground_truth"], self.task["function"], self.parallel_matching)
             error = result.error
         ok = not error
-        info = {"reward_components": {"calls_match": float(ok)}, "check_error": error}
+        info = {"reward_components": {"calls_match": float(ok)}, "check_error": error, "success": ok}
         return StepOutcome(reward=float(ok), terminated=True, info=info)
 
     def _check_user_turn(self, k: int) -> str:
@@ -291,6 +290,7 @@ class ToolUseEnv(ChatEnv):
         passed = k if error else k + 1
         info = {"reward_components": {"turns_passed": passed / n}, "check_error": error, "user_turn": k}
         if error or k + 1 == n:
+            info["success"] = not error
             return StepOutcome(reward=0.0 if error else 1.0, terminated=True, info=info)
         self._user_turn = k = k + 1
         self._calls_this_turn = 0

@@ -45,8 +45,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import messages as M
-from ..agents import Responder, ScriptedResponder, ask, flip_roles, load_prompt
-from ..core import AssistantTurn, ChatEnv, StepOutcome
+from ..agents import Responder, ScriptedResponder, ask, flip_roles
+from ..core import AssistantTurn, ChatEnv, StepOutcome, load_prompt
 from ..messages import Message
 from . import data
 from .airline import SPECS as AIRLINE_SPECS
@@ -257,7 +257,7 @@ class UserSimEnv(ChatEnv):
             if self.tool_errors >= self.max_tool_errors:  # tau2: TOO_MANY_ERRORS, scored 0
                 out.terminated = True
                 out.info.update(
-                    termination="too_many_errors", reward_components={"db": 0.0, "communicate": 0.0}
+                    termination="too_many_errors", reward_components={"db": 0.0, "communicate": 0.0}, success=False
                 )
             return out
         if STOP in turn.message["content"]:
@@ -276,6 +276,7 @@ class UserSimEnv(ChatEnv):
         info: dict[str, Any] = {
             "termination": reason,
             "reward_components": components,
+            "success": reward == 1.0,
             "communicate_checks": self._communicate_checks(),
         }
         if self.user_traces:

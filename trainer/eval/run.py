@@ -8,9 +8,10 @@ samples with the seed of its grid position, whatever subset runs), the ``openai`
 first, then the row). An interrupted evaluation therefore loses only the episodes in flight, and a
 restart runs exactly the missing ones.
 
-Success (for pass@k): the env's ``info["success"]`` when it reports a bool, else
-``reward >= success_threshold`` (default 1.0, the maximum reward of the built-in envs). A failed
-episode (env crash, timeout, engine error) is never a success.
+Success (for pass@k): ``Trajectory.success`` — the env's ``info["success"]`` (the success contract of
+:mod:`chatgym.envs.core`; every built-in env with a task-defined success states it) — and, only for an
+env that states none (``None``: a judged rating, a foreign env), ``reward >= success_threshold``
+(default 1.0). A failed episode (env crash, timeout, engine error) is never a success.
 """
 
 from __future__ import annotations
@@ -220,8 +221,8 @@ def episode_row(
     info = traj.info
     if traj.failed:
         success = False
-    elif isinstance(info.get("success"), bool):
-        success = info["success"]
+    elif traj.success is not None:
+        success = traj.success
     else:
         success = traj.reward >= success_threshold
     generated = traj.response_tokens if token_level else info.get("generated_tokens")
