@@ -68,3 +68,79 @@ def test_rollout_command_writes_trajectories(tmp_path):
         assert r["env_id"] == "CodeSandbox-v0"
         assert len(r["token_ids"]) == len(r["loss_mask"]) == len(r["logprobs"])
         assert sum(r["loss_mask"]) == sum(t["completion_tokens"] for t in r["info"]["turns"]) <= 16
+
+
+def test_rollout_and_eval_take_the_same_dotted_overrides_and_defaults():
+    # Issue 13: one set of rollout settings. Both CLIs build the collector's config from the same
+    # flags (shortcuts) and `rollout.KEY=VALUE` overrides; with neither, CollectorConfig's defaults
+    # (max_concurrent_episodes 256 in both; it was 64 in `chatgym eval`).
+    from chatgym.trainer.eval.cli import eval_parser
+    from chatgym.trainer.rollout.cli import rollout_config
+    from chatgym.trainer.rollout.config import CollectorConfig
+
+    args = build_parser().parse_intermixed_args(
+        [
+            "--env",
+            "Math-v0",
+            "--out",
+            "t.jsonl",
+            "rollout.top_k=20",
+            "--max-tokens",
+            "64",
+            "rollout.max_tokens=32",
+        ]
+    )
+    got = rollout_config(args, "chatgym rollout", seed=3)
+    # The flag wins over the override of the same field; the rest are CollectorConfig's defaults.
+    assert got == CollectorConfig(top_k=20, max_tokens=64, seed=3)
+    eval_args = eval_parser().parse_intermixed_args(
+        ["--engine", "reference", "rollout.top_k=20", "--max-tokens", "64"]
+    )
+    assert rollout_config(eval_args, "chatgym eval", seed=3) == got
+    defaults = rollout_config(build_parser().parse_intermixed_args(["--env", "X", "--out", "t"]), "p")
+    assert defaults.max_concurrent_episodes == 256 == CollectorConfig().max_concurrent_episodes
+    assert rollout_config(eval_parser().parse_intermixed_args([]), "p") == defaults
+    with pytest.raises(
+        SystemExit,
+        match=r"chatgym rollout: rollout.max_tokenz: unknown config key; did you mean rollout.max_tokens\?",
+    ):
+        rollout_config(
+            build_parser().parse_intermixed_args(["--env", "X", "--out", "t", "rollout.max_tokenz=3"]),
+            "chatgym rollout",
+        )
+    with pytest.raises(SystemExit, match=r"rollout.max_tokens: expected an integer, got 'many'"):
+        rollout_config(
+            build_parser().parse_intermixed_args(["--env", "X", "--out", "t", "rollout.max_tokens=many"]), "p"
+        )
+    with pytest.raises(SystemExit, match=r"expected rollout\.KEY=VALUE"):
+        rollout_config(
+            build_parser().parse_intermixed_args(["--env", "X", "--out", "t", "max_tokens=3"]), "p"
+        )
+
+
+def test_eval_overrides_after_the_env_list_are_overrides(tmp_path, monkeypatch):
+    # `--env` takes several ids; `chatgym eval --env Math-v0 rollout.max_tokens=8` must not read the
+    # override as an env id.
+    from chatgym.trainer.eval import cli, run
+
+    seen = {}
+
+    async def fake_evaluate(config, **kwargs):  # stands in for the evaluation: the config is the subject
+        seen["config"] = config
+        return []
+
+    monkeypatch.setattr(run, "evaluate", fake_evaluate)
+    cli.eval_main(
+        [
+            "--engine",
+            "reference",
+            "--env",
+            "Math-v0",
+            "rollout.max_tokens=8",
+            "--db",
+            str(tmp_path / "x.sqlite"),
+        ]
+    )
+    config = seen["config"]
+    assert config.envs == ("Math-v0",)
+    assert config.collector_config().max_tokens == 8 and config.collector_config().temperature == 0.0

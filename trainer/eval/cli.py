@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ..rollout.cli import key_values
+from ..rollout.cli import add_rollout_flags, key_values, rollout_config
 
 DEFAULT_DB = "runs/eval/results.sqlite"
 
@@ -52,14 +52,8 @@ def eval_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tasks", type=int, help="first N tasks of the split (default: all)")
     p.add_argument("--db", default=DEFAULT_DB, help=f"SQLite results file (default {DEFAULT_DB})")
     p.add_argument("--traces-dir", help="JSONL traces (default: traces/ next to --db)")
-    p.add_argument("--temperature", type=float, help="default: 0 with -n 1, else 1.0")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--max-tokens", type=int, default=512, help="per turn")
-    p.add_argument("--max-response-tokens", type=int, default=2048, help="per episode")
-    p.add_argument("--max-model-len", type=int, default=4096, help="context, tokens")
     p.add_argument("--chat-template", default="auto")
-    p.add_argument("--episode-timeout", type=float, default=600.0, help="seconds per episode")
-    p.add_argument("--max-concurrent", type=int, default=64, help="episodes in flight")
+    add_rollout_flags(p)  # --temperature (default: 0 with -n 1, else 1.0), --max-tokens, ... and rollout.KEY=VALUE
     p.add_argument("--success-threshold", type=float, default=1.0, help="reward counted as a pass")
     p.add_argument("--retry-failed", action="store_true", help="run stored failed episodes again")
     p.add_argument("--no-progress", action="store_true")
@@ -71,7 +65,10 @@ def eval_main(argv: Sequence[str] | None = None) -> int:
     from .run import EvalConfig, evaluate, report_dicts
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = eval_parser().parse_args(argv)
+    args = eval_parser().parse_intermixed_args(argv)
+    # ``--env`` takes several ids, so overrides written after it land in its list: move them back.
+    args.overrides += [e for e in args.env if "=" in e]
+    args.env = [e for e in args.env if "=" not in e] or ["all"]
     engine_kwargs = _key_values(args.engine_arg, "--engine-arg")
     try:
         args.model = _model_for(args.engine, args.model, engine_kwargs)
@@ -87,14 +84,11 @@ def eval_main(argv: Sequence[str] | None = None) -> int:
             max_tasks=args.max_tasks,
             db=args.db,
             traces_dir=args.traces_dir,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            max_tokens=args.max_tokens,
-            max_response_tokens=args.max_response_tokens,
-            max_model_len=args.max_model_len,
+            # Greedy for one sample per task unless a temperature is given (flag or override).
+            rollout=rollout_config(
+                args, "chatgym eval", temperature=0.0 if args.n_samples == 1 else 1.0, seed=args.seed
+            ),
             chat_template=args.chat_template,
-            episode_timeout_s=args.episode_timeout,
-            max_concurrent=args.max_concurrent,
             success_threshold=args.success_threshold,
             retry_failed=args.retry_failed,
             env_kwargs=_key_values(args.env_arg, "--env-arg"),

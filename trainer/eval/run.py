@@ -29,6 +29,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from ..rollout.config import CollectorConfig
 from ..rollout.types import Trajectory
 from .identity import EnvId, ModelId, canonical_json, dataset_hash, env_version, run_key, weights_hash
 from .store import ResultsStore
@@ -54,7 +55,11 @@ class EvalConfig:
         max_tasks: first tasks of the split to use (None: all).
         db: the SQLite results file.
         traces_dir: where JSONL traces go (default: ``traces/`` next to ``db``).
-        temperature: None: 0 (greedy) when ``n_samples == 1``, else 1.0.
+        rollout: the collector's settings (:class:`~chatgym.trainer.rollout.config.CollectorConfig`:
+            budgets, sampling, episode timeout, concurrency), the same section as ``chatgym train``'s
+            ``rollout``; None: its defaults with temperature 0 (greedy) when ``n_samples == 1``, else
+            1.0. Its ``seed`` is always ``seed`` (see :meth:`collector_config`).
+        chat_template: ``auto`` | ``model`` | a shipped template name | a ``.jinja`` path (the tokenizer's).
         success_threshold: reward at or above which an episode counts as correct.
         retry_failed: run the grid's stored failed episodes (crash, timeout, engine error) again; by
             default a failed episode is a result like any other and is kept.
@@ -73,16 +78,8 @@ class EvalConfig:
     max_tasks: int | None = None
     db: str = "runs/eval/results.sqlite"
     traces_dir: str | None = None
-    temperature: float | None = None
-    top_p: float = 1.0
-    top_k: int = -1
-    max_tokens: int = 512
-    max_response_tokens: int = 2048
-    max_model_len: int = 4096
-    max_observation_tokens: int = 1024
+    rollout: CollectorConfig | None = None
     chat_template: str = "auto"
-    episode_timeout_s: float = 600.0
-    max_concurrent: int = 64
     success_threshold: float = 1.0
     retry_failed: bool = False
     env_kwargs: Mapping[str, Any] = field(default_factory=dict)
@@ -93,36 +90,36 @@ class EvalConfig:
 
         if self.engine != REFERENCE and self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {[*sorted(ENGINES), REFERENCE]}, got {self.engine!r}")
-        for name in ("n_samples", "max_tokens", "max_response_tokens", "max_model_len", "max_concurrent"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if not isinstance(self.n_samples, int) or self.n_samples < 1:
+            raise ValueError(f"n_samples must be an int >= 1, got {self.n_samples!r}")
         if self.max_tasks is not None and self.max_tasks < 1:
             raise ValueError(f"max_tasks must be >= 1, got {self.max_tasks}")
         if not self.envs:
             raise ValueError("envs: give at least one env id (or 'all')")
 
-    @property
-    def sampling_temperature(self) -> float:
-        if self.temperature is not None:
-            return self.temperature
-        return 0.0 if self.n_samples == 1 else 1.0
+    def collector_config(self) -> CollectorConfig:
+        """The collector's settings of this evaluation: ``rollout`` (or the defaults, greedy for one
+        sample per task) with ``seed`` as the sampling seed."""
+        if self.rollout is None:
+            return CollectorConfig(temperature=0.0 if self.n_samples == 1 else 1.0, seed=self.seed)
+        return dataclasses.replace(self.rollout, seed=self.seed)
 
     def sampling(self) -> dict[str, Any]:
         """The sampling settings stored with every row (empty for the reference policy)."""
         if self.engine == REFERENCE:
             return {}
+        rollout = self.collector_config()
         out: dict[str, Any] = {
-            "temperature": self.sampling_temperature,
-            "top_p": self.top_p,
-            "max_tokens": self.max_tokens,
+            "temperature": rollout.temperature,
+            "top_p": rollout.top_p,
+            "max_tokens": rollout.max_tokens,
         }
         if self.engine in TOKEN_ENGINES:
             out.update(
-                top_k=self.top_k,
-                max_response_tokens=self.max_response_tokens,
-                max_model_len=self.max_model_len,
-                max_observation_tokens=self.max_observation_tokens,
+                top_k=rollout.top_k,
+                max_response_tokens=rollout.max_response_tokens,
+                max_model_len=rollout.max_model_len,
+                max_observation_tokens=rollout.max_observation_tokens,
                 chat_template=self.chat_template,
             )
         return out
@@ -266,7 +263,7 @@ class _Backend:
         from ..engines import engine_class, make_engine
 
         if self.token_level:
-            from ..rollout.collector import Collector, CollectorConfig
+            from ..rollout.collector import Collector
             from ..rollout.tokenizer import get_tokenizer
 
             tok_source = cfg.engine_kwargs.get("tokenizer", cfg.model)
@@ -275,24 +272,9 @@ class _Backend:
             # The engine's own context limit follows --max-model-len unless given (vLLM sizes its
             # KV cache by it).
             if "max_model_len" in inspect.signature(engine_class(cfg.engine)).parameters:
-                kwargs.setdefault("max_model_len", cfg.max_model_len)
+                kwargs.setdefault("max_model_len", cfg.collector_config().max_model_len)
             self.engine = make_engine(cfg.engine, cfg.model, **kwargs)
-            self.collector = Collector(
-                self.engine,
-                self.tokenizer,
-                CollectorConfig(
-                    max_model_len=cfg.max_model_len,
-                    max_response_tokens=cfg.max_response_tokens,
-                    max_tokens=cfg.max_tokens,
-                    max_observation_tokens=cfg.max_observation_tokens,
-                    temperature=cfg.sampling_temperature,
-                    top_p=cfg.top_p,
-                    top_k=cfg.top_k,
-                    seed=cfg.seed,
-                    episode_timeout_s=cfg.episode_timeout_s,
-                    max_concurrent_episodes=cfg.max_concurrent,
-                ),
-            )
+            self.collector = Collector(self.engine, self.tokenizer, cfg.collector_config())
         else:
             self.engine = make_engine(cfg.engine, cfg.model, **dict(cfg.engine_kwargs))
 
@@ -326,6 +308,7 @@ class _Backend:
         on_episode: Callable[[Trajectory], None],
     ) -> None:
         cfg = self.config
+        rollout = cfg.collector_config()
         if self.token_level:
             await self.collector.collect(
                 env_id,
@@ -345,15 +328,15 @@ class _Backend:
             from ..engines.base import SamplingParams
 
             params = SamplingParams(
-                max_tokens=cfg.max_tokens, temperature=cfg.sampling_temperature, top_p=cfg.top_p
+                max_tokens=rollout.max_tokens, temperature=rollout.temperature, top_p=rollout.top_p
             )
             act = api_act(self.engine, params)
-        sem = asyncio.Semaphore(cfg.max_concurrent)
+        sem = asyncio.Semaphore(rollout.max_concurrent_episodes)
 
         async def one(task: int, sample: int) -> None:
             async with sem:
                 traj = await run_chat_episode(
-                    act, env_id, kwargs, task, sample, cfg.seed, self.pool, cfg.episode_timeout_s
+                    act, env_id, kwargs, task, sample, cfg.seed, self.pool, rollout.episode_timeout_s
                 )
             on_episode(traj)
 

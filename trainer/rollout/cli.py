@@ -1,6 +1,11 @@
 """``chatgym rollout``: collect trajectories from an env with a model and write them as JSONL.
 
     chatgym rollout --env CodeSandbox-v0 --engine vllm --model smollm2 -n 16 --out t.jsonl
+    chatgym rollout --env Math-v0 --out t.jsonl rollout.max_tokens=64 rollout.top_k=20
+
+The collector's settings are the ``rollout`` section of ``chatgym train``'s config, given as the same
+dotted overrides (``rollout.KEY=VALUE``); ``--max-tokens`` and the other budget/sampling flags are
+shortcuts for them, with ``CollectorConfig``'s defaults.
 
 Runs tasks ``0..n-1`` of the env's split (``-g`` samples each) through the collector with a progress
 bar, writes one JSON line per trajectory (the trace format of :mod:`chatgym.trainer.rollout.trace`) and
@@ -19,7 +24,9 @@ from typing import Any
 
 import yaml
 
+from ..config_io import ConfigError, apply_overrides, from_dict
 from ..engines import ENGINES
+from .config import CollectorConfig
 
 
 def key_values(items: Sequence[str], flag: str, prog: str = "chatgym rollout") -> dict[str, Any]:
@@ -51,16 +58,58 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-g", "--group-size", type=int, default=1, help="samples per task")
     p.add_argument("--out", required=True, help="JSONL file for the trajectories (appended)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--max-tokens", type=int, default=512, help="per turn")
-    p.add_argument("--max-response-tokens", type=int, default=2048, help="per trajectory")
-    p.add_argument("--max-model-len", type=int, default=4096, help="context, tokens")
-    p.add_argument("--max-observation-tokens", type=int, default=1024)
-    p.add_argument("--episode-timeout", type=float, default=600.0, help="seconds per episode")
-    p.add_argument("--max-concurrent", type=int, default=256, help="episodes in flight")
+    add_rollout_flags(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
+
+
+# Flag -> CollectorConfig field: the flags are shortcuts for ``rollout.<field>=<value>`` overrides, with
+# no default of their own (the one default is CollectorConfig's).
+ROLLOUT_FLAGS: dict[str, tuple[str, type, str]] = {
+    "--temperature": ("temperature", float, "sampling temperature (0: greedy)"),
+    "--top-p": ("top_p", float, "nucleus sampling"),
+    "--max-tokens": ("max_tokens", int, "generated tokens per turn"),
+    "--max-response-tokens": ("max_response_tokens", int, "generated tokens per trajectory"),
+    "--max-model-len": ("max_model_len", int, "context, tokens"),
+    "--max-observation-tokens": ("max_observation_tokens", int, "tokens per observation message"),
+    "--episode-timeout": ("episode_timeout_s", float, "seconds per episode"),
+    "--max-concurrent": ("max_concurrent_episodes", int, "episodes in flight"),
+}
+
+
+def add_rollout_flags(parser: argparse.ArgumentParser) -> None:
+    """The collector's flags (:data:`ROLLOUT_FLAGS`) and positional ``rollout.<field>=<value>``
+    overrides, as in ``chatgym train``'s ``rollout`` section."""
+    defaults = CollectorConfig()
+    for flag, (name, kind, text) in ROLLOUT_FLAGS.items():
+        parser.add_argument(
+            flag, type=kind, default=None, help=f"{text}; rollout.{name} (default {getattr(defaults, name)})"
+        )
+    parser.add_argument(
+        "overrides", nargs="*", metavar="rollout.KEY=VALUE", help="collector settings, e.g. rollout.top_k=20"
+    )
+
+
+def rollout_config(args: argparse.Namespace, prog: str, **base: Any) -> CollectorConfig:
+    """The :class:`CollectorConfig` of a CLI call: ``base`` values, then ``args.overrides``, then the
+    flags given (a flag wins over an override of the same field).
+
+    Raises:
+        SystemExit: a bad override or value, naming the dotted field (``rollout.max_tokens: ...``).
+    """
+    items = list(args.overrides)
+    for flag, (name, _, _) in ROLLOUT_FLAGS.items():
+        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if value is not None:
+            items.append(f"rollout.{name}={value}")
+    try:
+        bad = [i for i in items if not i.startswith("rollout.")]
+        if bad:
+            raise ConfigError(f"override {bad[0]!r}: expected rollout.KEY=VALUE")
+        data = apply_overrides({"rollout": dict(base)}, items)
+        return from_dict(CollectorConfig, data["rollout"], prefix="rollout")
+    except ConfigError as exc:
+        raise SystemExit(f"{prog}: {exc}") from None
 
 
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
@@ -69,7 +118,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     import chatgym  # noqa: F401  (registers the env ids)
 
     from ..engines import make_engine
-    from .collector import Collector, CollectorConfig
+    from .collector import Collector
     from .tokenizer import get_tokenizer
     from .trace import TraceWriter
 
@@ -77,17 +126,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(f"chatgym rollout: -n/--num-tasks must be >= 1, got {args.num_tasks}")
     engine_kwargs = key_values(args.engine_arg, "--engine-arg")
     env_kwargs = key_values(args.env_arg, "--env-arg")
-    config = CollectorConfig(
-        max_model_len=args.max_model_len,
-        max_response_tokens=args.max_response_tokens,
-        max_tokens=args.max_tokens,
-        max_observation_tokens=args.max_observation_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        seed=args.seed,
-        episode_timeout_s=args.episode_timeout,
-        max_concurrent_episodes=args.max_concurrent,
-    )
+    config = rollout_config(args, "chatgym rollout", seed=args.seed)
     tokenizer = get_tokenizer(args.model, args.chat_template)
     engine = make_engine(args.engine, args.model, **engine_kwargs)
     collector = Collector(engine, tokenizer, config)
@@ -122,7 +161,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
 
 def cli_main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``chatgym rollout``; returns 0, or 1 when every episode failed."""
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_intermixed_args(argv)
     stats = asyncio.run(_run(args))
     print(json.dumps(stats, indent=2))
     return 1 if stats["episodes"] and stats["failed"] == stats["episodes"] else 0
