@@ -117,7 +117,7 @@ class LatencyEnv(ChatEnv):
     def initial_messages(self, task: dict[str, Any]) -> list[M.Message]:
         return [M.user(task["question"])]
 
-    async def respond(self, turn: AssistantTurn) -> StepOutcome:
+    async def react(self, turn: AssistantTurn) -> StepOutcome:
         call = make_tool_call("lookup", {"query": turn.raw_text[:500]}, f"call_{self.turn}")
         outcome = await run_tool_call(call, self.tool_map)
         return StepOutcome(messages=[outcome.message], reward=0.0, terminated=self.turn >= self.n_turns)
@@ -135,7 +135,7 @@ class OneTurnEnv(ChatEnv):
     def initial_messages(self, task: dict[str, Any]) -> list[M.Message]:
         return [M.user(task["question"])]
 
-    async def respond(self, turn: AssistantTurn) -> StepOutcome:
+    async def react(self, turn: AssistantTurn) -> StepOutcome:
         return StepOutcome(terminated=True)
 
 

@@ -41,7 +41,7 @@ def main() -> None:
                 task_id=0,
                 token_ids=ids,
                 loss_mask=mask,
-                logprobs=[0.0] * len(ids),
+                engine_logprobs=[0.0] * len(ids),
                 prompt_len=args.prompt,
             )
         )

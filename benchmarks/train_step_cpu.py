@@ -108,7 +108,7 @@ def build_batch(
                     sample_index=i,
                     token_ids=prompt + new,
                     loss_mask=[0] * len(prompt) + [1] * len(new),
-                    logprobs=[0.0] * len(prompt) + logprobs,
+                    engine_logprobs=[0.0] * len(prompt) + logprobs,
                     prompt_len=len(prompt),
                     rewards=[float(reward)],
                     reward=float(reward),

@@ -9,7 +9,8 @@ A subclass provides the data and the scoring:
 
 * ``load_tasks(split) -> Sequence[dict]`` — the dataset rows of a split;
 * ``initial_messages(task) -> list[Message]`` — the opening system/user messages;
-* ``respond(turn) -> StepOutcome`` — what happens after the assistant speaks. The default runs the
+* ``react(turn) -> StepOutcome`` — what happens after the assistant speaks (not to be confused with
+  ``Responder.respond(messages)``, a simulated user or judge answering a conversation). The default runs the
   parsed tool calls and, when the assistant called no tool, ends the episode with ``score(turn)``.
 
 **The success contract.** Every step's ``info`` has ``"success"``: ``True``/``False`` on the step that
@@ -64,7 +65,7 @@ class AssistantTurn:
 
 @dataclass
 class StepOutcome:
-    """What ``respond`` decides: new observation messages, reward, whether the episode ended."""
+    """What ``react`` decides: new observation messages, reward, whether the episode ended."""
 
     messages: list[Message] = field(default_factory=list)
     reward: float = 0.0
@@ -177,7 +178,7 @@ class ChatEnv(gym.Env):
         """Reward for a final answer (a turn with no tool call). Default: 0, episode ends."""
         return StepOutcome(reward=0.0, terminated=True)
 
-    async def respond(self, turn: AssistantTurn) -> StepOutcome:
+    async def react(self, turn: AssistantTurn) -> StepOutcome:
         """Run the turn's tool calls; a turn without calls is the final answer and is scored."""
         if not turn.parsed.calls and not turn.parsed.errors:
             return await self.score(turn)
@@ -298,7 +299,7 @@ class ChatEnv(gym.Env):
         turn = self._to_turn(action)
         self.messages.append(turn.message)
         self.turn += 1
-        out = await self.respond(turn)
+        out = await self.react(turn)
         self.messages.extend(out.messages)
         truncated = not out.terminated and self.turn >= self.max_turns
         self._done = out.terminated or truncated

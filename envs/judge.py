@@ -217,7 +217,7 @@ class JudgeEnv(ChatEnv):
                 return rating, text, None
         return None, text, error
 
-    async def respond(self, turn: AssistantTurn) -> StepOutcome:
+    async def react(self, turn: AssistantTurn) -> StepOutcome:
         answer = turn.message["content"]
         rating, text, error = await self._judge(answer)
         info: dict[str, Any] = {"question_turn": self.q_turn + 1, "judge_output": text}

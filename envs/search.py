@@ -15,7 +15,7 @@ Each episode is one question (WikiQA, built from the corpus, or FreshQA; see
 
 Passages are observations. The rollout collector gives every observation token loss mask 0, so
 retrieved text is never trained on; nothing more is needed here than returning it as a ``tool`` /
-``user`` message. The passages of one search are cut to ``max_obs_tokens`` tokens of ``tokenizer``
+``user`` message. The passages of one search are cut to ``max_passage_tokens`` tokens of ``tokenizer``
 (any ``transformers`` tokenizer — pass the policy's, so the budget is in its tokens); without a
 tokenizer the budget counts whitespace-separated words. ``info["obs_truncated"]`` says when a cut
 happened.
@@ -75,7 +75,7 @@ def cut_to_token_budget(text: str, budget: int | None, tokenizer: Any = None) ->
     if budget is None:
         return text, False
     if budget < 1:
-        raise ValueError(f"max_obs_tokens must be >= 1 or None, got {budget}")
+        raise ValueError(f"max_passage_tokens must be >= 1 or None, got {budget}")
     if tokenizer is None:
         words = list(_WORD.finditer(text))
         return (text, False) if len(words) <= budget else (text[: words[budget - 1].end()], True)
@@ -128,15 +128,15 @@ class SearchEnv(ChatEnv):
         retriever_url: base URL of a retrieval server; overrides ``retriever``.
         topk: passages per search.
         max_searches: searches allowed per episode (>= 0).
-        max_obs_tokens: token budget of one search's passages (None: unlimited).
-        tokenizer: tokenizer that counts ``max_obs_tokens`` (None: whitespace words).
+        max_passage_tokens: token budget of one search's passages (None: unlimited).
+        tokenizer: tokenizer that counts ``max_passage_tokens`` (None: whitespace words).
         max_turns: assistant turns before truncation (default ``max_searches + 1``).
         cache_dir: index cache root (default ``$CHATGYM_CACHE`` or ``~/.cache/chatgym``).
         kwargs: passed to :class:`ChatEnv` (``parser``, ``tool_timeout_s``, ``render_mode``).
 
     Raises:
         ValueError: unknown dataset, mode, retriever kind or split; ``topk < 1``;
-            ``max_searches < 0``; ``max_obs_tokens < 1``.
+            ``max_searches < 0``; ``max_passage_tokens < 1``.
     """
 
     def __init__(
@@ -151,7 +151,7 @@ class SearchEnv(ChatEnv):
         retriever_url: str | None = None,
         topk: int = 3,
         max_searches: int = 4,
-        max_obs_tokens: int | None = 512,
+        max_passage_tokens: int | None = 512,
         tokenizer: Any = None,
         max_turns: int | None = None,
         cache_dir: str | None = None,
@@ -169,8 +169,8 @@ class SearchEnv(ChatEnv):
             raise ValueError(f"topk must be >= 1, got {topk}")
         if max_searches < 0:
             raise ValueError(f"max_searches must be >= 0, got {max_searches}")
-        if max_obs_tokens is not None and max_obs_tokens < 1:
-            raise ValueError(f"max_obs_tokens must be >= 1 or None, got {max_obs_tokens}")
+        if max_passage_tokens is not None and max_passage_tokens < 1:
+            raise ValueError(f"max_passage_tokens must be >= 1 or None, got {max_passage_tokens}")
         valid_splits = ("train", "test") if dataset == "wiki_qa" else ("test", "dev")
         if split not in valid_splits:
             raise ValueError(f"split must be one of {valid_splits} for dataset {dataset!r}, got {split!r}")
@@ -186,7 +186,7 @@ class SearchEnv(ChatEnv):
         self.retriever_url = retriever_url
         self.topk = topk
         self.max_searches = max_searches
-        self.max_obs_tokens = max_obs_tokens
+        self.max_passage_tokens = max_passage_tokens
         self.tokenizer = tokenizer
         self.cache_dir = cache_dir
         self.stop_strings = ["</search>", "</answer>"] if mode == "tags" else []
@@ -257,7 +257,7 @@ class SearchEnv(ChatEnv):
             return f"Error: search failed ({type(exc).__name__}: {exc}).", {
                 "search_error": type(exc).__name__
             }
-        text, cut = cut_to_token_budget(format_passages(hits), self.max_obs_tokens, self.tokenizer)
+        text, cut = cut_to_token_budget(format_passages(hits), self.max_passage_tokens, self.tokenizer)
         return text, {"obs_truncated": cut, "retrieved_ids": [p.id for p in hits]}
 
     def _make_search_tool(self) -> Tool:
@@ -310,9 +310,9 @@ class SearchEnv(ChatEnv):
             raise RuntimeError("call reset() before reference_action()")
         return f"<answer>{self.task['answers'][0]}</answer>"
 
-    async def respond(self, turn: AssistantTurn) -> StepOutcome:
+    async def react(self, turn: AssistantTurn) -> StepOutcome:
         if self.mode == "tool":
-            out = await super().respond(turn)
+            out = await super().react(turn)
             out.info.setdefault("searches", self.searches)
             return out
         m = _ACTION.search(turn.raw_text)

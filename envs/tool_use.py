@@ -50,7 +50,7 @@ NO_CALL_REPLY = "None of the available functions can be used for this request."
 
 
 def _not_executed(**_: Any) -> str:
-    # AST categories score the calls without running them; respond() never reaches a tool.
+    # AST categories score the calls without running them; react() never reaches a tool.
     raise RuntimeError("ToolUse-v0 does not execute the functions of single-turn BFCL categories")
 
 
@@ -241,7 +241,7 @@ class ToolUseEnv(ChatEnv):
         self._wire_calls = action.get("tool_calls") if isinstance(action, dict) else None
         return super()._to_turn(action)
 
-    async def respond(self, turn: AssistantTurn) -> StepOutcome:
+    async def react(self, turn: AssistantTurn) -> StepOutcome:
         if self.kind == "irrelevance":
             decoded, _ = decode_calls(turn, self._wire_calls)
             called = bool(decoded)  # undecodable (None) or empty: BFCL's "no function call"
@@ -251,7 +251,7 @@ class ToolUseEnv(ChatEnv):
             return self._score_ast(turn)
         if turn.parsed.calls or turn.parsed.errors:
             self._calls_this_turn += len(turn.parsed.calls)
-            return await super().respond(turn)
+            return await super().react(turn)
         return self._end_user_turn()
 
     def _score_ast(self, turn: AssistantTurn) -> StepOutcome:

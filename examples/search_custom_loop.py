@@ -50,7 +50,7 @@ def main() -> None:
         retriever=args.retriever,
         retriever_url=args.retriever_url,
         topk=3,
-        max_obs_tokens=300,
+        max_passage_tokens=300,
     )
     total_em = total_f1 = 0.0
     for episode in range(args.episodes):

@@ -61,10 +61,10 @@ class AddEnv(ChatEnv):
     def initial_messages(self, task: dict[str, Any]) -> list[M.Message]:
         return [M.system("You add numbers with the add tool."), M.user(task["question"])]
 
-    async def respond(self, turn: AssistantTurn) -> StepOutcome:
+    async def react(self, turn: AssistantTurn) -> StepOutcome:
         if self.crash_on_turn is not None and self.turn - 1 == self.crash_on_turn:
             raise RuntimeError("boom")
-        return await super().respond(turn)
+        return await super().react(turn)
 
     async def score(self, turn: AssistantTurn) -> StepOutcome:
         numbers = re.findall(r"-?\d+", turn.raw_text)
@@ -85,7 +85,7 @@ class OkEnv(ChatEnv):
     def initial_messages(self, task: dict[str, Any]) -> list[M.Message]:
         return [M.user(task["question"])]
 
-    async def respond(self, turn: AssistantTurn) -> StepOutcome:
+    async def react(self, turn: AssistantTurn) -> StepOutcome:
         return StepOutcome(messages=[M.user("ok")], reward=0.5)
 
 

@@ -142,7 +142,7 @@ async def test_collector_sends_env_stop_strings_to_the_real_engine(engine):
     # No EOS was sampled: the template's whole turn suffix (<|im_end|> "\n") closes the turn.
     assert traj.token_ids[traj.prompt_len + 5 : traj.prompt_len + 7] == [2, 198]
     assert traj.loss_mask[traj.prompt_len : traj.prompt_len + 7] == [1] * 5 + [0, 0]
-    lps = torch.tensor(traj.logprobs[traj.prompt_len : traj.prompt_len + 5])
+    lps = torch.tensor(traj.engine_logprobs[traj.prompt_len : traj.prompt_len + 5])
     assert torch.allclose(lps, torch.tensor(free.logprobs[:5]), atol=LOGPROB_ATOL)
     assert traj.messages[1] == {"role": "assistant", "content": "The answer is 4"}
     # Turn 2 obeys the same rule: its ids hold no stop string before their last id.

@@ -161,7 +161,7 @@ async def test_not_json_is_400(server):
 
 def test_env_over_http_equals_in_process(server, bm25):
     url, _ = server
-    env = SearchEnv(mode="tags", retriever_url=url, topk=4, max_obs_tokens=None)
+    env = SearchEnv(mode="tags", retriever_url=url, topk=4, max_passage_tokens=None)
     env.reset(options={"task": {"question": "Who directed 2001?", "answers": ["Stanley Kubrick"]}})
     obs, *_, info = env.step("<search>2001 A Space Odyssey director</search>")
     want = bm25.search("2001 A Space Odyssey director", 4)

@@ -86,7 +86,7 @@ async def test_three_turn_tool_episode_is_token_exact(tok):
     mask = [0] * len(prompt) + [1] * len(turns[0]) + [0] * len(delta1) + [1] * len(turns[1])
     mask += [0] * len(delta2) + [1] * len(turns[2])
     assert traj.loss_mask == mask
-    assert traj.logprobs == [replay_logprob(t) if m else 0.0 for t, m in zip(expected, mask, strict=True)]
+    assert traj.engine_logprobs == [replay_logprob(t) if m else 0.0 for t, m in zip(expected, mask, strict=True)]
 
     assert traj.finish_reasons == ["stop", "stop", "stop"]
     assert traj.rewards == [0.0, 0.0, 1.0] and traj.reward == 1.0
@@ -118,7 +118,7 @@ async def test_sampled_ids_are_kept_when_reencoding_differs(tok):
     prompt = expected_prompt(tok, TASKS[2])
     assert traj.token_ids == [*prompt, hel, lo, IM_END]
     assert traj.loss_mask == [0] * len(prompt) + [1, 1, 1]
-    assert traj.logprobs[-3:] == [replay_logprob(hel), replay_logprob(lo), replay_logprob(IM_END)]
+    assert traj.engine_logprobs[-3:] == [replay_logprob(hel), replay_logprob(lo), replay_logprob(IM_END)]
     assert traj.messages[-1] == {"role": "assistant", "content": "hello"}
 
 

@@ -66,7 +66,7 @@ def test_rollout_command_writes_trajectories(tmp_path):
     assert sorted((r["group_id"], r["sample_index"]) for r in records) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     for r in records:
         assert r["env_id"] == "CodeSandbox-v0"
-        assert len(r["token_ids"]) == len(r["loss_mask"]) == len(r["logprobs"])
+        assert len(r["token_ids"]) == len(r["loss_mask"]) == len(r["engine_logprobs"])
         assert sum(r["loss_mask"]) == sum(t["completion_tokens"] for t in r["info"]["turns"]) <= 16
 
 

@@ -44,13 +44,13 @@ def teacher_forced(model, ids):
 
 def check_trajectory(traj, tok, tools, model, logprob_atol: float, greedy: bool) -> None:
     n = len(traj.token_ids)
-    assert len(traj.loss_mask) == len(traj.logprobs) == n
+    assert len(traj.loss_mask) == len(traj.engine_logprobs) == n
     spans = [(r["start"], r["start"] + r["completion_tokens"]) for r in traj.info["turns"]]
     expected_mask = [0] * n
     for a, b in spans:
         expected_mask[a:b] = [1] * (b - a)
     assert traj.loss_mask == expected_mask
-    assert all(lp == 0.0 for lp, m in zip(traj.logprobs, traj.loss_mask, strict=True) if not m)
+    assert all(lp == 0.0 for lp, m in zip(traj.engine_logprobs, traj.loss_mask, strict=True) if not m)
 
     # Well-formed stream: decoded ids == the template's rendering of the messages. After the last
     # completion the template would close the turn ("\n" after <|im_end|>, or <|im_end|>\n when cut).
@@ -69,7 +69,7 @@ def check_trajectory(traj, tok, tools, model, logprob_atol: float, greedy: bool)
         if not traj.loss_mask[t]:
             continue
         ref = float(lp[t - 1, traj.token_ids[t]])
-        assert abs(traj.logprobs[t] - ref) <= logprob_atol, (t, traj.logprobs[t], ref)
+        assert abs(traj.engine_logprobs[t] - ref) <= logprob_atol, (t, traj.engine_logprobs[t], ref)
         margin = float(top2.values[t - 1, 0] - top2.values[t - 1, 1])
         if greedy and margin > 1e-2:
             assert traj.token_ids[t] == int(top2.indices[t - 1, 0]), t

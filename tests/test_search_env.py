@@ -152,7 +152,7 @@ def test_tags_mode_follows_search_r1(cache_dir, bm25):
 
 def test_token_budget_in_words_and_in_policy_tokens(cache_dir, bm25):
     full = format_passages(bm25.search("Stanley Kubrick", 3))
-    env = make(cache_dir, mode="tags", max_obs_tokens=20)
+    env = make(cache_dir, mode="tags", max_passage_tokens=20)
     env.reset(options={"task": KUBRICK})
     obs, *_, info = env.step("<search>Stanley Kubrick</search>")
     body = obs[0]["content"].removeprefix("<information>").removesuffix("</information>")
@@ -163,7 +163,7 @@ def test_token_budget_in_words_and_in_policy_tokens(cache_dir, bm25):
     from chatgym.retrievers.dense import default_model_path
 
     tok = AutoTokenizer.from_pretrained(default_model_path())  # a real (WordPiece) tokenizer
-    env = make(cache_dir, mode="tags", max_obs_tokens=31, tokenizer=tok)
+    env = make(cache_dir, mode="tags", max_passage_tokens=31, tokenizer=tok)
     env.reset(options={"task": KUBRICK})
     obs, *_ = env.step("<search>Stanley Kubrick</search>")
     body = obs[0]["content"].removeprefix("<information>").removesuffix("</information>")
@@ -175,7 +175,7 @@ def test_cut_to_token_budget_edges():
     assert cut_to_token_budget("a  b\nc d", 3) == ("a  b\nc", True)
     assert cut_to_token_budget("a b", 2) == ("a b", False)
     assert cut_to_token_budget("a b", None) == ("a b", False)
-    with pytest.raises(ValueError, match="max_obs_tokens must be >= 1"):
+    with pytest.raises(ValueError, match="max_passage_tokens must be >= 1"):
         cut_to_token_budget("a", 0)
 
 
@@ -230,7 +230,7 @@ def test_freshqa_dataset(cache_dir):
         ({"retriever": "splade"}, "retriever must be"),
         ({"topk": 0}, "topk must be >= 1"),
         ({"max_searches": -1}, "max_searches must be >= 0"),
-        ({"max_obs_tokens": 0}, "max_obs_tokens must be >= 1"),
+        ({"max_passage_tokens": 0}, "max_passage_tokens must be >= 1"),
         ({"split": "dev"}, "split must be one of"),
     ],
 )

@@ -184,7 +184,7 @@ def search_collector(tok, turns, engine_cls=ReplayEngine, **cfg):
 
 
 def search_env(retriever):
-    return lambda: SearchEnv(mode="tags", retriever=retriever, topk=1, max_obs_tokens=None)
+    return lambda: SearchEnv(mode="tags", retriever=retriever, topk=1, max_passage_tokens=None)
 
 
 @pytest.mark.parametrize("engine_cls", [ReplayEngine, IgnoresStops])
@@ -221,7 +221,7 @@ async def test_search_tags_turn_ends_after_the_first_search(tok, engine_cls, tmp
     assert traj.token_ids == prompt + kept1 + [IM_END, NL] + obs + kept2
     mask = [0] * len(prompt) + [1] * 9 + [0] * (2 + len(obs)) + [1] * 7
     assert traj.loss_mask == mask
-    assert traj.logprobs == [
+    assert traj.engine_logprobs == [
         replay_logprob(t) if m else 0.0 for t, m in zip(traj.token_ids, mask, strict=True)
     ]
     # Which stop ended each turn is recorded, in the trajectory, the turn records and the trace.

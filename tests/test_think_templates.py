@@ -111,7 +111,7 @@ async def test_qwen3_user_turns_keep_every_sampled_think_block(tok):
     assert traj.token_ids == expected
     mask = [0] * len(prompt) + [1] * len(turns[0]) + [0] * len(delta) + [1] * len(turns[1])
     assert traj.loss_mask == mask
-    assert traj.logprobs == [replay_logprob(t) if m else 0.0 for t, m in zip(expected, mask, strict=True)]
+    assert traj.engine_logprobs == [replay_logprob(t) if m else 0.0 for t, m in zip(expected, mask, strict=True)]
     assert_no_turn_twice(tok, traj, ["First thought.", "Second thought."])
     # The template's own re-rendering would have dropped the first thought; the stream kept the
     # sampled ids the model actually conditioned on.

@@ -32,7 +32,7 @@ def traj(ids, mask, *, reward=0.0, rewards=None, group=0, finish=("stop",), **kw
         group_id=group,
         token_ids=list(ids),
         loss_mask=list(mask),
-        logprobs=[-0.5 if m else 0.0 for m in mask],
+        engine_logprobs=[-0.5 if m else 0.0 for m in mask],
         reward=reward,
         rewards=list(rewards if rewards is not None else [reward]),
         finish_reasons=list(finish),
@@ -65,7 +65,7 @@ def test_collate_pads_right_and_never_trains_position_zero():
     # select() drops columns that are padding for every selected row.
     assert batch.select([0]).input_ids.tolist() == [[5, 6, 7]]
     with pytest.raises(ValueError, match="token_ids has 2 entries but loss_mask has 1"):
-        collate([Trajectory(env_id="x", task_id=3, token_ids=[1, 2], loss_mask=[1], logprobs=[0.0, 0.0])], 0)
+        collate([Trajectory(env_id="x", task_id=3, token_ids=[1, 2], loss_mask=[1], engine_logprobs=[0.0, 0.0])], 0)
 
 
 def test_micro_batches_group_similar_lengths():

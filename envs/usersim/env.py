@@ -248,7 +248,7 @@ class UserSimEnv(ChatEnv):
             self.user_traces.append(trace)
         return M.user(reply["content"])
 
-    async def respond(self, turn: AssistantTurn) -> StepOutcome:
+    async def react(self, turn: AssistantTurn) -> StepOutcome:
         if turn.parsed.calls or turn.parsed.errors:
             outcomes = await self.run_tools(turn)
             errors = sum(o.error for o in outcomes)

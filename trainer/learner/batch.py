@@ -75,7 +75,7 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int) -> TokenBatch:
     """Pad trajectories into a :class:`TokenBatch`.
 
     Args:
-        trajectories: each with ``token_ids``, ``loss_mask`` and ``logprobs`` of equal length.
+        trajectories: each with ``token_ids``, ``loss_mask`` and ``engine_logprobs`` of equal length.
         pad_id: id written after each row's end (any valid id; it is never attended to or trained on).
 
     Raises:
@@ -85,10 +85,10 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int) -> TokenBatch:
         raise ValueError("collate: trajectories is empty")
     for i, traj in enumerate(trajectories):
         n = len(traj.token_ids)
-        if len(traj.loss_mask) != n or len(traj.logprobs) != n:
+        if len(traj.loss_mask) != n or len(traj.engine_logprobs) != n:
             raise ValueError(
                 f"trajectory {i} ({traj.task_id!r}): token_ids has {n} entries but loss_mask has "
-                f"{len(traj.loss_mask)} and logprobs {len(traj.logprobs)}"
+                f"{len(traj.loss_mask)} and engine_logprobs {len(traj.engine_logprobs)}"
             )
     width = max(max(len(t.token_ids) for t in trajectories), 1)
     batch = len(trajectories)
@@ -101,7 +101,7 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int) -> TokenBatch:
         input_ids[i, :n] = torch.tensor(traj.token_ids, dtype=torch.long)
         attention[i, :n] = 1
         loss_mask[i, :n] = torch.tensor(traj.loss_mask, dtype=torch.bool)
-        logprobs[i, :n] = torch.tensor(traj.logprobs, dtype=torch.float32)
+        logprobs[i, :n] = torch.tensor(traj.engine_logprobs, dtype=torch.float32)
     # A generated token at position 0 has no prefix to predict it from: it cannot be trained on.
     loss_mask[:, 0] = False
     prompt_lens = torch.tensor([t.prompt_len for t in trajectories], dtype=torch.long)

@@ -79,7 +79,7 @@ from .chat_delta import (
     truncate_text_tokens,
 )
 from .config import CollectorConfig
-from .env_runner import EnvRunner, EnvSpec, env_name, make_env
+from .env_runner import EnvRunner, EnvSource, env_name, make_env
 from .episode import EpisodeFailure, ended, env_call, fail, record_step, run_guarded
 from .trace import TraceWriter
 from .types import Trajectory
@@ -134,7 +134,7 @@ def summarize(trajectories: Sequence[Trajectory], wall_s: float) -> CollectStats
 
 @dataclass
 class _EpisodeSpec:
-    env: EnvSpec
+    env: EnvSource
     options: dict[str, Any] | None
     seed: int | None
     group_id: int
@@ -212,7 +212,7 @@ class Collector:
 
     async def collect(
         self,
-        envs: EnvSpec | Sequence[EnvSpec],
+        envs: EnvSource | Sequence[EnvSource],
         tasks: int | Sequence[int | Mapping[str, Any]],
         group_size: int = 1,
         *,
@@ -249,7 +249,7 @@ class Collector:
             raise ValueError(f"group_size must be an int >= 1, got {group_size!r}")
         task_list: list[Any] = list(range(tasks)) if isinstance(tasks, int) else list(tasks)
         if isinstance(envs, str) or callable(envs):
-            env_list: list[EnvSpec] = [envs] * len(task_list)  # type: ignore[list-item]
+            env_list: list[EnvSource] = [envs] * len(task_list)  # type: ignore[list-item]
         else:
             env_list = list(envs)
             if len(env_list) != len(task_list):
@@ -344,7 +344,7 @@ class Collector:
 
         history: list[Message] = list(obs)
         traj.messages = history
-        ids, mask, logprobs = traj.token_ids, traj.loss_mask, traj.logprobs
+        ids, mask, logprobs = traj.token_ids, traj.loss_mask, traj.engine_logprobs
         prompt = self._render(traj, self.renderer.prompt_ids, history, tools)
         ids.extend(prompt)
         mask.extend([0] * len(prompt))

@@ -21,7 +21,8 @@ from typing import Any
 
 import gymnasium as gym
 
-EnvSpec = str | Callable[[], gym.Env]
+# What an episode is made from: a registered id (``gym.make``) or a factory (not Gymnasium's EnvSpec).
+EnvSource = str | Callable[[], gym.Env]
 
 _PASSTHROUGH_WRAPPERS = (gym.wrappers.OrderEnforcing, gym.wrappers.PassiveEnvChecker)
 
@@ -51,7 +52,7 @@ def async_core(env: gym.Env) -> Any | None:
     return core
 
 
-def make_env(spec: EnvSpec, env_kwargs: dict[str, Any] | None = None) -> gym.Env:
+def make_env(spec: EnvSource, env_kwargs: dict[str, Any] | None = None) -> gym.Env:
     """``gym.make(spec, **env_kwargs)`` for an id, ``spec()`` for a factory.
 
     Raises:
@@ -69,7 +70,7 @@ def make_env(spec: EnvSpec, env_kwargs: dict[str, Any] | None = None) -> gym.Env
     )
 
 
-def env_name(spec: EnvSpec, env: gym.Env | None) -> str:
+def env_name(spec: EnvSource, env: gym.Env | None) -> str:
     if isinstance(spec, str):
         return spec
     if env is not None and env.spec is not None:
