@@ -34,6 +34,9 @@ from typing import Any
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).parent))
+from train_helpers import LETTERS_ENV_ID, TINY_LLAMA, register
+
 GOLDEN = Path(__file__).parent / "data" / "step1_golden.json"
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,13 +45,6 @@ ROOT = Path(__file__).resolve().parent.parent
 WEIGHT_RTOL = 1e-4
 ADVANTAGE_ATOL = 2e-6
 
-TINY_LLAMA = {
-    "num_hidden_layers": 2,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-}
 
 
 def case_config(name: str, out: Path) -> Any:
@@ -85,9 +81,6 @@ def case_config(name: str, out: Path) -> Any:
                 "train.seed=3",
             ],
         )
-    sys.path.insert(0, str(Path(__file__).parent))
-    from train_helpers import LETTERS_ENV_ID, register
-
     register()
     tiny = [
         *common,
