@@ -54,7 +54,12 @@ def eval_parser() -> argparse.ArgumentParser:
     p.add_argument("--traces-dir", help="JSONL traces (default: traces/ next to --db)")
     p.add_argument("--chat-template", default="auto")
     add_rollout_flags(p)  # --temperature (default: 0 with -n 1, else 1.0), --max-tokens, ... and rollout.KEY=VALUE
-    p.add_argument("--success-threshold", type=float, default=1.0, help="reward counted as a pass")
+    p.add_argument(
+        "--success-threshold",
+        type=float,
+        default=1.0,
+        help="reward counted as a pass, only for envs whose info['success'] is None (judged)",
+    )
     p.add_argument("--retry-failed", action="store_true", help="run stored failed episodes again")
     p.add_argument("--no-progress", action="store_true")
     return p

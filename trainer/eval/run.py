@@ -60,7 +60,8 @@ class EvalConfig:
             ``rollout``; None: its defaults with temperature 0 (greedy) when ``n_samples == 1``, else
             1.0. Its ``seed`` is always ``seed`` (see :meth:`collector_config`).
         chat_template: ``auto`` | ``model`` | a shipped template name | a ``.jinja`` path (the tokenizer's).
-        success_threshold: reward at or above which an episode counts as correct.
+        success_threshold: reward at or above which an episode counts as correct, for envs that
+            state no success (``Trajectory.success`` None, e.g. a judged rating).
         retry_failed: run the grid's stored failed episodes (crash, timeout, engine error) again; by
             default a failed episode is a result like any other and is kept.
         env_kwargs, engine_kwargs: extra ``gym.make`` / engine keywords (env keywords are part of the
