@@ -118,6 +118,10 @@ async def run_chat_episode(
             obs, reward, terminated, truncated, step_info = await runner.step(action)
             traj.rewards.append(float(reward))
             traj.finish_reasons.append("stop")
+            # A chat API names no token: the stop reason is the env stop string the reply ends with.
+            content = history[-1].get("content") or ""
+            stops = getattr(env.unwrapped, "stop_strings", None) or ()
+            traj.stop_reasons.append(next((s for s in stops if content.endswith(s)), None))
             step_info = step_info or {}
             tool_errors += int(step_info.get("tool_errors", 0) or 0)
             traj.info.update(step_info)
