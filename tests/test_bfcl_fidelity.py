@@ -211,6 +211,28 @@ def test_irrelevance_decoding(reply, right):
     env.close()
 
 
+@pytest.mark.parametrize(
+    ("arguments", "right"),
+    [
+        ('{"x": 1,}', 1.0),  # not JSON
+        ('"{\\"x\\": 1}"', 1.0),  # a JSON string holding JSON: json.loads gives a str, not call format
+        ("", 1.0),  # json.loads("") raises
+        ("[1]", 1.0),
+        ('{"x": 1}', 0.0),
+        ({"x": 1}, 0.0),  # already an object
+    ],
+)
+def test_irrelevance_decoding_of_structured_calls(arguments, right):
+    env = ToolUseEnv(category="irrelevance")
+    env.reset(options={"task_index": 0})
+    call = {"id": "c0", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    assert env.step({"role": "assistant", "content": "", "tool_calls": [call]})[1] == right
+    if isinstance(arguments, str):  # BFCL's verdict on the same wire call
+        cand = fidelity.Candidate("irrelevance", 0, "irrelevance_0", "", (("f", arguments),))
+        assert fidelity.bfcl_score(env.tasks[0], "irrelevance", cand)[0] == right
+    env.close()
+
+
 def test_irrelevance_decoding_matches_bfcl():
     bfcl = fidelity.load_bfcl()
     entry = ToolUseEnv(category="irrelevance").tasks[0]
