@@ -277,3 +277,9 @@ def test_trainer_logs_the_compute_choice_once_and_keeps_auto_in_the_config(capsy
         capsys.readouterr().err
     )
     assert isinstance(trainer._autocast(), torch.autocast)
+    # The packed layout needs no KV cache, so a group's prompt is still shared under gradient
+    # checkpointing on CPU (the padded CUDA layout turns sharing off there).
+    trainer.cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, gradient_checkpointing=True))
+    assert trainer.share_prefix
+    trainer.pack = False
+    assert not trainer.share_prefix

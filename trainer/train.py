@@ -363,8 +363,10 @@ class Trainer:
 
     @property
     def share_prefix(self) -> bool:
-        # Gradient checkpointing makes transformers drop the KV cache the shared forward relies on.
-        return self.cfg.train.share_prompt_prefix and not self.cfg.model.gradient_checkpointing
+        # Gradient checkpointing makes transformers drop the KV cache the padded shared forward relies
+        # on; the packed one lays the prompt down once in the sequence and needs no cache.
+        checkpointing = self.cfg.model.gradient_checkpointing and not self.pack
+        return self.cfg.train.share_prompt_prefix and not checkpointing
 
     def step(self, step: int) -> dict[str, float]:
         """One training step; returns its metrics."""
@@ -507,7 +509,7 @@ class Trainer:
             if cfg.env.eval_every and done % cfg.env.eval_every == 0 and done < cfg.train.max_steps:
                 metrics.update(self.evaluate())
             self.metrics.log(done, metrics)
-            self.metrics.plot()
+            self.metrics.plot_later()  # off the step: a redraw takes 0.5-1 s
             first = first or metrics
             last = metrics
             if bar is not None:
