@@ -244,6 +244,17 @@ def test_compute_dtype_choice_follows_the_flags(device, flags, expected):
     assert resolve_compute_dtype("auto", "bfloat16", torch.device(device), frozenset(flags))[0] == "bfloat16"
 
 
+def test_cpu_threads_honours_omp_num_threads(monkeypatch):
+    import os
+
+    from chatgym.trainer.modeling import cpu_threads
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert cpu_threads() == 3
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert cpu_threads() == len(os.sched_getaffinity(0))
+
+
 def test_cpu_flags_reads_the_flags_lines():
     assert cpu_flags(AVX2_CPUINFO) == frozenset({"fpu", "sse2", "avx", "avx2", "fma"})
     # Arm kernels call the line "Features".
