@@ -76,28 +76,29 @@ class StepOutcome:
 def _history_calls(server_calls: list[Any], parsed: ParsedAction) -> list[ToolCall]:
     """The assistant turn's calls for the history, in the server's order: each valid call in canonical
     form, each malformed call that has a server id as sent (name and arguments as text), so that every
-    ``tool`` message that follows answers a call of this turn."""
-    valid = {c["id"]: c for c in parsed.calls}
-    bad = {i for i in parsed.error_ids if i}
+    ``tool`` message that follows answers a call of this turn, at the same position."""
+    order = parsed.in_order()  # one attempt per server call, in the server's order
     out: list[ToolCall] = []
-    for call in server_calls:
-        call_id = call.get("id") if isinstance(call, dict) else None
-        if call_id in valid:
-            out.append(valid.pop(call_id))
-        elif call_id in bad:
-            fn = call.get("function") if isinstance(call.get("function"), dict) else {}
-            args = fn.get("arguments", "")
-            out.append(
-                {
-                    "id": call_id,
-                    "type": "function",
-                    "function": {
-                        "name": str(fn.get("name", "")),
-                        "arguments": args if isinstance(args, str) else json.dumps(args, default=str),
-                    },
-                }
-            )
-    return out + list(valid.values())
+    for call, (kind, i) in zip(server_calls, order, strict=True):
+        if kind == "call":
+            out.append(parsed.calls[i])
+            continue
+        call_id = parsed.error_ids[i] if i < len(parsed.error_ids) else None
+        if not call_id:
+            continue  # no id to answer: its error message cannot name a call of this turn
+        fn = call.get("function") if isinstance(call, dict) and isinstance(call.get("function"), dict) else {}
+        args = fn.get("arguments", "")
+        out.append(
+            {
+                "id": call_id,
+                "type": "function",
+                "function": {
+                    "name": str(fn.get("name", "")),
+                    "arguments": args if isinstance(args, str) else json.dumps(args, default=str),
+                },
+            }
+        )
+    return out
 
 
 class ChatEnv(gym.Env):
@@ -152,12 +153,18 @@ class ChatEnv(gym.Env):
         self._loop_thread: threading.Thread | None = None
 
     def _add_configured_tools(self, tools_config: str | os.PathLike[str] | dict[str, Any]) -> None:
-        config = parse_tools_config(tools_config) if isinstance(tools_config, dict) else read_tools_config(tools_config)
+        config = (
+            parse_tools_config(tools_config)
+            if isinstance(tools_config, dict)
+            else read_tools_config(tools_config)
+        )
         loaded = load_tools(config, register=False)
         clash = sorted(set(self.tool_map) & {t.name for t in loaded.tools})
         if clash:
             loaded.close()
-            raise ValueError(f"{config.source}: tool {clash[0]!r} is already one of {type(self).__name__}'s tools")
+            raise ValueError(
+                f"{config.source}: tool {clash[0]!r} is already one of {type(self).__name__}'s tools"
+            )
         for t in loaded.tools:
             register_tool(t, overwrite=True)
         self._loaded_tools = loaded
@@ -316,7 +323,9 @@ class ChatEnv(gym.Env):
         # keeps loop-bound resources (subprocess sessions) on the same loop across calls.
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
-            self._loop_thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="chatgym-env")
+            self._loop_thread = threading.Thread(
+                target=self._loop.run_forever, daemon=True, name="chatgym-env"
+            )
             self._loop_thread.start()
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 

@@ -239,9 +239,65 @@ def reset(uid):
     return left + ([f"reset child exit status {status}"] if status else [])
 
 
-_main(sys.argv[1])
+if sys.argv[1] == "--serve":  # a warm container's agent: one request per stdin line, a reply line each
+    for line in sys.stdin:
+        _main(line)
+        sys.stdout.flush()
+else:
+    _main(sys.argv[1])
 """
 ).replace("from __future__ import annotations\n", "import sys\n", 1)
+
+
+class _AgentGone(Exception):
+    """The agent's stream ended (or failed) before a reply; the message is its stderr."""
+
+
+class _Agent:
+    """The runner serving one warm container (``RUNNER --serve``, started once with ``exec``): a
+    request is a JSON line on its stdin, the reply a JSON line on its stdout. This skips the engine's
+    ``exec`` (runc) and the runner's start-up on every run. The stream is Docker's multiplexed
+    attach protocol: 8-byte frame headers (stream id, 3 zero bytes, big-endian size)."""
+
+    def __init__(self, client, container) -> None:
+        api = client.api
+        cmd = ["python3", "-I", "-S", "-c", RUNNER, "--serve"]
+        exec_id = api.exec_create(container.id, cmd, stdin=True, stdout=True, stderr=True, user="0")["Id"]
+        self._io = api.exec_start(exec_id, socket=True)
+        self._sock = getattr(self._io, "_sock", self._io)
+
+    def _read(self, n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = self._sock.recv(n - len(data))
+            if not chunk:
+                raise EOFError
+            data += chunk
+        return data
+
+    def call(self, body: str, timeout_s: float) -> tuple[bytes, bytes]:
+        """Send one request; ``(reply line, stderr)``. Raises ``TimeoutError`` / ``_AgentGone``."""
+        self._sock.settimeout(timeout_s)
+        out, err = b"", b""
+        try:
+            self._sock.sendall(body.encode() + b"\n")
+            while b"\n" not in out:
+                header = self._read(8)
+                data = self._read(int.from_bytes(header[4:], "big"))
+                if header[0] == 2:
+                    err += data
+                else:
+                    out += data
+        except (EOFError, ConnectionError) as e:
+            raise _AgentGone((err or repr(e).encode()).decode("utf-8", "replace")[-2000:]) from None
+        return out.split(b"\n", 1)[0], err
+
+    def close(self) -> None:
+        for obj in (self._sock, self._io):
+            try:
+                obj.close()
+            except Exception:
+                pass
 
 
 def _tar(name: str, data: bytes) -> bytes:
@@ -342,9 +398,21 @@ class DockerSandbox:
     # ---- the pool ------------------------------------------------------------------------------
 
     def _new_container(self):
-        return self.client.containers.run(
-            self.image, ["python3", "-I", "-S", "-c", INIT], **self.create_kwargs
-        )
+        c = self.client.containers.run(self.image, ["python3", "-I", "-S", "-c", INIT], **self.create_kwargs)
+        if self.reuse:  # its agent, started now: off the run's path
+            try:
+                c._chatgym_agent = _Agent(self.client, c)
+            except Exception:
+                c.remove(force=True)
+                raise
+        return c
+
+    @staticmethod
+    def _remove(container) -> None:
+        agent = getattr(container, "_chatgym_agent", None)
+        if agent is not None:
+            agent.close()
+        container.remove(force=True)
 
     def _take(self):
         with self._lock:
@@ -363,7 +431,7 @@ class DockerSandbox:
     def _retire(self, container) -> None:
         """Remove a used container and start its replacement (in a thread, off the run's path)."""
         try:
-            container.remove(force=True)
+            self._remove(container)
         except Exception:
             pass
         if self._closed:
@@ -376,7 +444,7 @@ class DockerSandbox:
         except Exception:
             return
         if not self._give_back(fresh):
-            fresh.remove(force=True)
+            self._remove(fresh)
 
     def _in_background(self, fn, *args) -> None:
         t = threading.Thread(target=self._background, args=(fn, *args), daemon=True)
@@ -406,7 +474,7 @@ class DockerSandbox:
                         return
                 c = self._new_container()
                 if not self._give_back(c):
-                    c.remove(force=True)
+                    self._remove(c)
                     return
 
         await asyncio.to_thread(fill)
@@ -428,7 +496,7 @@ class DockerSandbox:
             pool, self._pool = self._pool, []
         for c in pool:
             try:
-                await asyncio.to_thread(c.remove, force=True)
+                await asyncio.to_thread(self._remove, c)
             except Exception:  # already gone (the engine removed it)
                 pass
 
@@ -487,17 +555,25 @@ class DockerSandbox:
         reusable = False
         try:
             body = json.dumps(req)
-            if len(body.encode()) <= INLINE_MAX:
-                arg = body  # one engine round trip fewer than put_archive (~0.1-0.2 s here)
-            else:
-                data = _tar(posixpath.basename(REQUEST_PATH), body.encode())
-                await asyncio.to_thread(container.put_archive, posixpath.dirname(REQUEST_PATH), data)
-                arg = REQUEST_PATH
-            cmd = ["python3", "-I", "-S", "-c", RUNNER, arg]
-            job = asyncio.to_thread(container.exec_run, cmd, user="0", demux=True)
+            agent = getattr(container, "_chatgym_agent", None)
             try:
-                exit_code, (out, err) = await asyncio.wait_for(job, timeout_s + SLACK_S)
-            except asyncio.TimeoutError:
+                if agent is not None:  # warm: the container's agent (no exec per run)
+                    exit_code = "agent"
+                    try:
+                        out, err = await asyncio.to_thread(agent.call, body, timeout_s + SLACK_S)
+                    except _AgentGone as gone:
+                        out, err = b"", str(gone).encode()
+                else:
+                    if len(body.encode()) <= INLINE_MAX:
+                        arg = body  # one engine round trip fewer than put_archive (~0.1-0.2 s here)
+                    else:
+                        data = _tar(posixpath.basename(REQUEST_PATH), body.encode())
+                        await asyncio.to_thread(container.put_archive, posixpath.dirname(REQUEST_PATH), data)
+                        arg = REQUEST_PATH
+                    cmd = ["python3", "-I", "-S", "-c", RUNNER, arg]
+                    job = asyncio.to_thread(container.exec_run, cmd, user="0", demux=True)
+                    exit_code, (out, err) = await asyncio.wait_for(job, timeout_s + SLACK_S)
+            except (asyncio.TimeoutError, TimeoutError):
                 return ExecResult("timeout", stderr="chatgym sandbox: the container did not answer\n",
                                   queue_s=queue_s, info={"internal": True})  # fmt: skip
             lines = (out or b"").decode("utf-8", "replace").strip().splitlines()

@@ -221,6 +221,7 @@ def ast_candidates(category: str, index: int, entry: dict[str, Any]) -> Iterator
     yield Candidate(category, index, entry["id"], "no_call", None)
     yield make("malformed_arguments", [(truth[0][0], MALFORMED), *truth[1:]])
     yield make("arguments_array", [(truth[0][0], "[1]"), *truth[1:]])
+    yield make("arguments_double_encoded", [(truth[0][0], json.dumps(_dump(truth[0][1]))), *truth[1:]])
     yield make("name_changed", [(truth[0][0] + "_x", truth[0][1]), *truth[1:]])
     yield make("call_duplicated", [*truth, truth[-1]])
     if len(truth) > 1:

@@ -196,7 +196,8 @@ def run_tau2(domain: str, db: dict[str, Any] | None, calls: list[dict[str, Any]]
     return outputs, env.get_db_hash()
 
 
-def compare(domain: str, label: str, keys, text: str, calls, cases: list, bad: list) -> None:
+def compare(domain: str, label: str, keys, text: str, calls, index, cases: list, bad: list) -> None:
+    """Run ``calls`` (``calls[index]`` the mutated one, None for none) on both; note tau2's results."""
     mine = run_ours(domain, json.loads(text), calls)
     theirs = run_tau2(domain, json.loads(text), calls)
     cases.append(
@@ -205,6 +206,7 @@ def compare(domain: str, label: str, keys, text: str, calls, cases: list, bad: l
             "label": label,
             "keys": keys,
             "calls": calls,
+            "index": index,
             "outputs_sha256": [output_digest(o) for o in theirs[0]],
             "outputs_head": [o[:160] for o in theirs[0]],
             "db_sha256": theirs[1],
@@ -217,6 +219,42 @@ def compare(domain: str, label: str, keys, text: str, calls, cases: list, bad: l
             if a != b
         ]
         bad.append((domain, label, diffs, mine[1] == theirs[1]))
+
+
+def write_sample(path: str, fresh_hashes: dict[str, str], cases: list[dict[str, Any]]) -> None:
+    """Record tau2's results on a sample of ``cases`` for ``tests/test_usersim_tau2_fidelity.py``.
+
+    The sample: one case per (domain, tool, kind of mutation) and the unmutated replay of every
+    tenth task: every kind of argument handling of every tool, a few hundred cases that replay in
+    seconds. A case names its task and the mutated call's index and arguments (the test rebuilds
+    the sequence from the shipped task); ``outputs_sha256`` is the SHA-256 of the outputs' digests
+    (:func:`output_digest`) joined by newlines, ``db_sha256`` tau2's final database hash.
+    """
+    seen, keys, sample = set(), {}, []
+    for c in cases:
+        task_id, rest = c["label"].split(" ", 1)
+        kind = re.sub(r"\[\d+\]", "[i]", rest)
+        if (c["domain"], kind) in seen and not (rest == "expected x2" and int(task_id) % 10 == 0):
+            continue
+        seen.add((c["domain"], kind))
+        tid, i = f"{c['domain']}/{task_id}", c["index"]
+        keys[tid] = c["keys"]
+        sample.append(
+            {
+                "task_id": tid,
+                "label": rest,
+                "index": i,
+                "arguments": None if i is None else c["calls"][i]["arguments"],
+                "outputs_sha256": hashlib.sha256("\n".join(c["outputs_sha256"]).encode()).hexdigest(),
+                "output_head": c["outputs_head"][-1 if i is None else i][:120],
+                "db_sha256": c["db_sha256"],
+            }
+        )
+    with open(path, "w", encoding="utf-8") as fh:  # one case per line: reviewable diffs
+        head = {"tau2": data.TAU2_VERSION, "fresh_db_sha256": fresh_hashes, "keys": keys}
+        fh.write(json.dumps(head)[:-1] + ', "cases": [\n')
+        fh.write(",\n".join(json.dumps(c) for c in sample) + "\n]}\n")
+    print(f"recorded {len(sample)} cases ({Counter(c['task_id'].split('/')[0] for c in sample)}) to {path}")
 
 
 def main() -> int:
@@ -241,11 +279,13 @@ def main() -> int:
                 continue
             keys = referred_keys(domain, base, actions)
             text = sub_db(base, keys)
-            compare(domain, f"{task['id']} expected x2", keys, text, actions * 2, cases, bad)
+            compare(domain, f"{task['id']} expected x2", keys, text, actions * 2, None, cases, bad)
             for i, action in enumerate(actions):
                 for label, mutated in mutations(action["arguments"]):
                     calls = [*actions[:i], {"name": action["name"], "arguments": mutated}, *actions[i + 1 :]]
-                    compare(domain, f"{task['id']} {action['name']} {label}", keys, text, calls, cases, bad)
+                    compare(
+                        domain, f"{task['id']} {action['name']} {label}", keys, text, calls, i, cases, bad
+                    )
         print(f"{domain}: {len(cases) - n_before} sequences compared")
 
     # Reads over the full airline database (searches see every flight).
@@ -282,21 +322,7 @@ def main() -> int:
     for row in bad[:20]:
         print("   ", row)
     if args.record:
-        # One case per (domain, tool, kind of mutation) plus every unmutated replay: every kind of
-        # argument handling of every tool, a few hundred cases that replay in seconds.
-        seen, sample = set(), []
-        for c in cases:
-            task_id, rest = c["label"].split(" ", 1)
-            kind = re.sub(r"\[\d+\]", "[i]", rest)
-            if (c["domain"], kind) not in seen or (rest == "expected x2" and int(task_id) % 10 == 0):
-                seen.add((c["domain"], kind))
-                sample.append(c)
-        with open(args.record, "w", encoding="utf-8") as fh:
-            json.dump(
-                {"tau2": data.TAU2_VERSION, "fresh_db_sha256": fresh_hashes, "cases": sample}, fh, indent=1
-            )
-            fh.write("\n")
-        print(f"recorded {len(sample)} cases ({Counter(c['domain'] for c in sample)}) to {args.record}")
+        write_sample(args.record, fresh_hashes, cases)
     return 1 if bad or read_bad else 0
 
 

@@ -102,6 +102,27 @@ def test_value_rule_matches_bfcl(spec, options, value, right):
     assert check_calls([("f", {"x": value})], answer, functions).valid is right
 
 
+@pytest.mark.parametrize(
+    ("index", "call", "right"),
+    [
+        # the issue's examples on the real entries: doc `interval` is an array of float
+        (13, {"name": "calculate_area_under_curve", "arguments": {"function": "x**2", "interval": [1, 3]}}, 0.0),
+        (13, {"name": "calculate_area_under_curve", "arguments": {"function": "x**2", "interval": [1.0, 3.0]}}, 1.0),
+        # `data` is typed any, the answer "my_data": compared as a string, case-insensitively
+        (109, {"name": "random_forest.train", "arguments": {"n_estimators": 100, "max_depth": 5, "data": "MY_DATA"}}, 1.0),
+        (109, {"name": "random_forest.train", "arguments": {"n_estimators": 100, "max_depth": 5, "data": "my_data2"}}, 0.0),
+    ],
+)
+def test_issue_examples_on_the_real_entries(index, call, right):
+    env = ToolUseEnv(category="simple")
+    entry = env.tasks[index]
+    assert bfcl_valid(entry["function"], [(call["name"], call["arguments"])], entry["ground_truth"]) is bool(right)
+    env.reset(options={"task_index": index})
+    text = f"<tool_call>{json.dumps(call)}</tool_call>"
+    assert env.step(text)[1] == right
+    env.close()
+
+
 def test_call_rules_match_bfcl():
     functions = [
         {
@@ -190,6 +211,28 @@ def test_irrelevance_decoding(reply, right):
     env.close()
 
 
+@pytest.mark.parametrize(
+    ("arguments", "right"),
+    [
+        ('{"x": 1,}', 1.0),  # not JSON
+        ('"{\\"x\\": 1}"', 1.0),  # a JSON string holding JSON: json.loads gives a str, not call format
+        ("", 1.0),  # json.loads("") raises
+        ("[1]", 1.0),
+        ('{"x": 1}', 0.0),
+        ({"x": 1}, 0.0),  # already an object
+    ],
+)
+def test_irrelevance_decoding_of_structured_calls(arguments, right):
+    env = ToolUseEnv(category="irrelevance")
+    env.reset(options={"task_index": 0})
+    call = {"id": "c0", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    assert env.step({"role": "assistant", "content": "", "tool_calls": [call]})[1] == right
+    if isinstance(arguments, str):  # BFCL's verdict on the same wire call
+        cand = fidelity.Candidate("irrelevance", 0, "irrelevance_0", "", (("f", arguments),))
+        assert fidelity.bfcl_score(env.tasks[0], "irrelevance", cand)[0] == right
+    env.close()
+
+
 def test_irrelevance_decoding_matches_bfcl():
     bfcl = fidelity.load_bfcl()
     entry = ToolUseEnv(category="irrelevance").tasks[0]
@@ -228,3 +271,53 @@ def test_agreement_with_bfcl_on_a_sample(category):
 def test_agreement_with_bfcl_on_every_candidate(category):
     tally = fidelity.compare(category)
     assert [(c.task_id, c.mutation, ours, theirs) for c, ours, theirs in tally.disagreements] == []
+
+
+# ---- every rule on a grid: doc types x allowed values x given values ------------------------------
+
+GRID_VALUES = [
+    0, 1, 2, 1.0, 2.5, True, False, None, "", "a", "A", "a b", "A-B", "n", "1",
+    [], [1], [1.0], [1, 2], [2, 1], [1, 2.0], ["a"], ["A"], ["a", 1], [True], [[1]], [["a"]], [["A"]], [[]],
+    {}, {"k": 1}, {"k": 1.0}, {"k": "a"}, {"k": "A b"}, {"k": ["a"]}, {"k": ["A"]}, {"k": 1, "z": 2},
+    [{"k": 1}], [{"k": "A"}], [{}], [{"k": 1}, {"k": 2}],
+]
+GRID_SPECS = [
+    {"type": t} for t in ("string", "integer", "float", "boolean", "any", "dict")
+] + [
+    {"type": "array", "items": {"type": t}} for t in ("string", "integer", "float", "boolean", "dict", "array", "any")
+] + [{"type": "tuple", "items": {"type": "integer"}}]
+
+
+def grid_options():
+    singles = [1, 1.0, 2.5, True, "a", "a b", "n", [1], [1.0], [1, 2], ["a"], [["a"]], [], {"k": [1]}, {"k": ["a", ""]},
+               {"k": [["a"]]}, {"k": [1], "z": [""]}, [{"k": [1]}], [{"k": ["a"]}], [{"k": [1]}, {"k": [2]}]]
+    out = [[""]]
+    for v in singles:
+        out += [[v], ["", v], [v, ""]]
+    return [*out, [1, "a"], ["a", 1], [[1], ["a"]], [["a"], [1]], [{"k": [1]}, {"k": ["a"]}]]
+
+
+def test_every_value_rule_on_a_grid_matches_bfcl():
+    """Doc types x allowed-value lists x given values, each scored by BFCL's ast_checker and ours."""
+    bfcl = fidelity.load_bfcl()
+    n = raised = 0
+    disagree = []
+    for spec in GRID_SPECS:
+        functions = doc(x=spec)
+        for options in grid_options():
+            answer = [{"f": {"x": options}}]
+            for value in GRID_VALUES:
+                try:
+                    theirs = bool(
+                        bfcl.ast_checker(functions, [{"f": {"x": value}}], answer, bfcl.language, "simple_python", fidelity.MODEL)["valid"]
+                    )
+                except Exception:  # BFCL's code does not handle the input: no match
+                    theirs, raised = False, raised + 1
+                ours = check_calls([("f", {"x": value})], answer, functions).valid
+                n += 1
+                if ours != theirs:
+                    disagree.append((spec, options, value, ours, theirs))
+    assert n == len(GRID_SPECS) * len(grid_options()) * len(GRID_VALUES) == 14 * 66 * 41
+    assert raised == 185  # e.g. a list option for a dict-items array given non-dict items
+    # (the checker as it was before issue 12 disagreed on 246 of these 37,884)
+    assert disagree[:20] == [] and len(disagree) == 0

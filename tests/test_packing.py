@@ -244,6 +244,17 @@ def test_compute_dtype_choice_follows_the_flags(device, flags, expected):
     assert resolve_compute_dtype("auto", "bfloat16", torch.device(device), frozenset(flags))[0] == "bfloat16"
 
 
+def test_cpu_threads_honours_omp_num_threads(monkeypatch):
+    import os
+
+    from chatgym.trainer.learner.policy import cpu_threads
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert cpu_threads() == 3
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert cpu_threads() == len(os.sched_getaffinity(0))
+
+
 def test_cpu_flags_reads_the_flags_lines():
     assert cpu_flags(AVX2_CPUINFO) == frozenset({"fpu", "sse2", "avx", "avx2", "fma"})
     # Arm kernels call the line "Features".
@@ -277,3 +288,9 @@ def test_trainer_logs_the_compute_choice_once_and_keeps_auto_in_the_config(capsy
         capsys.readouterr().err
     )
     assert isinstance(trainer._autocast(), torch.autocast)
+    # The packed layout needs no KV cache, so a group's prompt is still shared under gradient
+    # checkpointing on CPU (the padded CUDA layout turns sharing off there).
+    trainer.cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, gradient_checkpointing=True))
+    assert trainer.share_prefix
+    trainer.pack = False
+    assert not trainer.share_prefix

@@ -672,6 +672,12 @@ _texts = st.one_of(
 def _check_shape(parsed: ParsedAction) -> None:
     assert isinstance(parsed.content, str)
     assert all(isinstance(e, str) and e for e in parsed.errors)
+    # Every call and every error has one place in the order written (issue 12 item 2).
+    assert len(parsed.error_positions) == len(parsed.errors)
+    order = parsed.in_order()
+    assert [i for kind, i in order if kind == "call"] == list(range(len(parsed.calls)))
+    assert [i for kind, i in order if kind == "error"] == list(range(len(parsed.errors)))
+    assert [p for p, (kind, _) in enumerate(order) if kind == "error"] == parsed.error_positions
     for i, c in enumerate(parsed.calls):
         assert c["id"] == f"call_{i}" and c["type"] == "function"
         assert isinstance(c["function"]["name"], str) and c["function"]["name"]

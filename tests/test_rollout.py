@@ -408,7 +408,7 @@ def test_template_that_re_renders_history_gets_base_deltas_and_one_that_fits_nei
     # Numbers the messages too: new messages render differently after the base conversation than
     # after the real history, so neither mode is exact.
     numbered = bad.replace("{{ m.role }}\n", "{{ m.role }} {{ loop.index }}\n")
-    with pytest.raises(TemplateError, match="not prefix-preserving.*base conversation.*depends on earlier"):
+    with pytest.raises(TemplateError, match=r"not prefix-preserving.*base conversation.*depends on earlier"):
         Collector(engine, tok, CollectorConfig(chat_template=numbered))
 
 

@@ -314,3 +314,4 @@ async def test_api_episode_search_tags_one_action_per_turn():
         "<answer>Paris</answer>",
     ]
     assert all("stop" not in b for b in bodies)  # client mode (default): cut here, exact on any API
+    assert traj.finish_reasons == ["stop", "stop"] and traj.stop_reasons == ["</search>", "</answer>"]

@@ -65,7 +65,9 @@ def test_issue_example_structured_bad_then_good():
     env = AddEnv(tools=[add])
     try:
         env.reset(seed=0)
-        obs, _, _, _, info = env.step(structured(("c1", "add", "{not json"), ("c2", "add", '{"a": 1, "b": 2}')))
+        obs, _, _, _, info = env.step(
+            structured(("c1", "add", "{not json"), ("c2", "add", '{"a": 1, "b": 2}'))
+        )
         assert obs == [
             {"role": "tool", "content": BAD_JSON_ERROR, "tool_call_id": "c1"},
             {"role": "tool", "content": "3", "tool_call_id": "c2", "name": "add"},
@@ -82,13 +84,16 @@ def test_issue_example_two_hermes_blocks_bad_then_good():
     env = AddEnv(tools=[add])
     try:
         env.reset(seed=0)
-        obs, *_ = env.step('<tool_call>{"name": "add", "arguments": {not json}}</tool_call>' + hermes_call("add", {"a": 1, "b": 2}))
+        obs, *_ = env.step(
+            '<tool_call>{"name": "add", "arguments": {not json}}</tool_call>'
+            + hermes_call("add", {"a": 1, "b": 2})
+        )
         assert obs == [
             {
                 "role": "tool",
                 "content": "Error: could not parse tool call: tool call 1: invalid JSON in <tool_call> "
                 "(Expecting property name enclosed in double quotes): "
-                "'{\"name\": \"add\", \"arguments\": {not json}}'. Available tools: add.",
+                '\'{"name": "add", "arguments": {not json}}\'. Available tools: add.',
                 "tool_call_id": "call_error_0",
             },
             {"role": "tool", "content": "3", "tool_call_id": "call_0", "name": "add"},
@@ -231,7 +236,8 @@ def test_every_tool_env_answers_a_bad_then_good_turn_in_order(kind):
         turns = {
             "structured": (structured(("b", name, "{not json"), ("g", name, good)), ["b", "g"]),
             "hermes": (
-                f'<tool_call>{{"name": "{name}", "arguments": {{not json}}}}</tool_call>' + hermes_call(name, arguments),
+                f'<tool_call>{{"name": "{name}", "arguments": {{not json}}}}</tool_call>'
+                + hermes_call(name, arguments),
                 ["call_error_0", "call_0"],
             ),
         }
@@ -242,5 +248,20 @@ def test_every_tool_env_answers_a_bad_then_good_turn_in_order(kind):
             assert [m["tool_call_id"] for m in obs] == ids
             assert obs[0]["content"].startswith("Error: could not parse tool call: tool call 1")
             assert obs[1]["content"] == expected
+    finally:
+        env.close()
+
+
+def test_structured_call_without_server_id_keeps_its_place_in_the_history():
+    # A server call without an id gets call_<i>; the history used to move it after the malformed calls.
+    env = AddEnv(tools=[add], parser="openai")
+    try:
+        env.reset(seed=0)
+        action = structured(("", "add", '{"a": 1, "b": 2}'), ("s2", "add", "{oops"))
+        del action["tool_calls"][0]["id"]
+        obs, *_ = env.step(action)
+        assert [m["tool_call_id"] for m in obs] == ["call_0", "s2"]
+        assert [c["id"] for c in env.messages[-3]["tool_calls"]] == ["call_0", "s2"]
+        assert obs[0]["content"] == "3"
     finally:
         env.close()

@@ -86,7 +86,9 @@ ANSWER = {"area": {"base": [10], "height": [5.0], "unit": ["units", ""], "sides"
         ({"base": 10, "height": 5.0, "color": "red"}, "area: unexpected parameter 'color'"),
         ({"base": 10, "height": 5.0, "unit": "cm"}, "area: unit: 'cm' is not one of ['units', '']"),
         ({"base": 10, "height": 5.0, "sides": [2, 1]}, "area: sides: [2, 1] is not one of [[1, 2], '']"),
-        ({"base": 10, "height": 5.0, "sides": [1, "2"]}, "area: sides: items must be integer, got str ('2')"),
+        # BFCL: the omittable "" among the allowed values waives the item type check; the value check fails
+        ({"base": 10, "height": 5.0, "sides": [1, "2"]}, "area: sides: [1, '2'] is not one of [[1, 2], '']"),
+        ({"base": 10, "height": 5.0, "sides": []}, ""),  # BFCL: [] passes where "" (may be omitted) is allowed
         (
             {"base": 10, "height": 5.0, "opts": {"round": False}},
             "area: opts: {'round': False} is not one of ['', {'round': [True], 'mode': ['fast', '']}]",
@@ -111,15 +113,26 @@ def test_checker_wrong_name_and_count():
     assert check_calls([], [ANSWER], [DOC]).error == "expected 1 call(s), got 0"
 
 
-def test_checker_parallel_is_order_free_and_not_greedy():
-    # Expected call 0 accepts base 1 or 2, call 1 only base 1. Calls [base=1, base=2]: a greedy pass
-    # gives base=1 to expected 0 and then finds nothing for expected 1; the matching 1->1, 2->0 exists.
+def test_checker_parallel_bfcl_greedy_by_default_optimal_as_option():
+    # Expected call 0 accepts base 1 or 2, call 1 only base 1. Calls [base=1, base=2]: BFCL's greedy
+    # pass gives base=1 to expected 0 and then finds nothing for expected 1 (score 0, as BFCL's own
+    # checker gives); the matching 1->1, 2->0 exists, so matching="optimal" accepts.
     answer = [{"area": {"base": [1, 2], "height": [1.0]}}, {"area": {"base": [1], "height": [1.0]}}]
     calls = [("area", {"base": 1, "height": 1.0}), ("area", {"base": 2, "height": 1.0})]
-    assert check_calls(calls, answer, [DOC]).valid
-    assert check_calls(calls[::-1], answer, [DOC]).valid
+    assert check_calls(calls, answer, [DOC]).error == (
+        "no call matches expected call 1 (area): the calls that match it were claimed by earlier expected "
+        "calls (BFCL's greedy pass)"
+    )
+    assert check_calls(calls, answer, [DOC], matching="optimal").valid
+    assert check_calls(calls[::-1], answer, [DOC]).valid  # base=2 -> 0, base=1 -> 1
+    assert check_calls(calls[::-1], answer, [DOC], matching="optimal").valid
     both_two = [("area", {"base": 2, "height": 1.0})] * 2
-    assert check_calls(both_two, answer, [DOC]).error.startswith("no call matches expected call 1 (area)")
+    for matching in ("bfcl", "optimal"):
+        assert check_calls(both_two, answer, [DOC], matching=matching).error == (
+            "no call matches expected call 1 (area): area: base: 2 is not one of [1]"
+        )
+    with pytest.raises(ValueError, match="matching must be one of"):
+        check_calls(calls, answer, [DOC], matching="best")
 
 
 def test_checker_variable_given_as_string():
@@ -293,6 +306,20 @@ def test_backends_are_fresh_per_episode():
         "final_report.pdf",
         "previous_report.pdf",
     }
+    env.close()
+
+
+def test_single_turn_tools_built_once_per_entry():
+    # Building a Tool checks its schema (~10 ms a function); single-turn tools never run, so an entry's
+    # tools are built at its first reset and reused.
+    env = ToolUseEnv(category="multiple")
+    env.reset(options={"task_index": 3})
+    first = env.tool_map
+    env.reset(options={"task_index": 4})
+    assert set(env.tool_map) == {f["name"] for f in env.tasks[4]["function"]}
+    env.reset(options={"task_index": 3})
+    assert env.tool_map == first and all(env.tool_map[n] is first[n] for n in first)
+    assert env.tool_map is not first  # a fresh dict each episode: one episode's changes stay in it
     env.close()
 
 

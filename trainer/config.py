@@ -322,7 +322,8 @@ class TrainConfig:
         prompts_per_step: tasks per step; group_size: samples per task (GRPO's G).
         micro_batch_size: trajectories per forward/backward (gradients are accumulated).
         share_prompt_prefix: forward a group's common prompt once for all its samples (exact; about
-            G times fewer prompt tokens; off under gradient checkpointing).
+            G times fewer prompt tokens; on CUDA off under gradient checkpointing, which drops the KV
+            cache the padded layout uses — the packed CPU layout needs none).
         seed: seeds torch, task sampling and the engine's sampling.
         output_dir: where metrics, curves, traces and checkpoints go.
         save_every: checkpoint every N steps (0: only at the end); keep_checkpoints: how many kept.

@@ -102,8 +102,7 @@ class Trainer:
         self.plan = ForwardPlan(
             micro_batch_size=cfg.train.micro_batch_size,
             device=self.device,
-            # Gradient checkpointing makes transformers drop the KV cache the shared forward relies on.
-            share_prefix=cfg.train.share_prompt_prefix and not cfg.model.gradient_checkpointing,
+            share_prefix=self.share_prefix,
             pack=self.pack,
             autocast=self._autocast,
         )
@@ -287,6 +286,13 @@ class Trainer:
             file=sys.stderr,
         )
 
+    @property
+    def share_prefix(self) -> bool:
+        # Gradient checkpointing makes transformers drop the KV cache the padded shared forward relies
+        # on; the packed one lays the prompt down once in the sequence and needs no cache.
+        checkpointing = self.cfg.model.gradient_checkpointing and not self.pack
+        return self.cfg.train.share_prompt_prefix and not checkpointing
+
     def _autocast(self) -> Any:
         """Mixed precision per the resolved ``compute_dtype`` (see :meth:`_set_up_compute`)."""
         return autocast_context(self.device, self.compute_dtype, self.cfg.model.dtype)
@@ -403,7 +409,7 @@ class Trainer:
             if cfg.env.eval_every and done % cfg.env.eval_every == 0 and done < cfg.train.max_steps:
                 metrics.update(self.evaluate())
             self.metrics.log(done, metrics)
-            self.metrics.plot()
+            self.metrics.plot_later()  # off the step: a redraw takes 0.5-1 s
             first = first or metrics
             last = metrics
             if bar is not None:

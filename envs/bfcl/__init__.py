@@ -3,10 +3,13 @@
 Data come from the ``bfcl-eval`` package (``pip install --no-deps bfcl-eval==2026.3.23``): the
 entries of ``bfcl_eval/data/BFCL_v4_*.json``, their ``possible_answer/`` and, for the multi-turn
 categories, the executable Python backends in ``eval_checker/multi_turn_eval/func_source_code/``.
-The checker is ours (:mod:`.checker`); nothing of BFCL's own evaluation code is imported.
+The checker is ours (:mod:`.checker`) and nothing of BFCL's evaluation code is imported at run
+time, but it follows BFCL's AST checker rule for rule: ``scripts/bfcl_fidelity.py`` and
+``tests/test_bfcl_fidelity.py`` score ground truths and systematic mutations of every single-turn
+entry with BFCL's own functions and with ToolUse-v0 and require the same verdict.
 
-Modules: :mod:`.data` (loading, BFCL function docs -> OpenAI tool schemas), :mod:`.checker` (the
-AST-style call matcher), :mod:`.multi_turn` (backends, ground-truth execution, state comparison).
+Modules: :mod:`.data` (loading, BFCL function docs -> OpenAI tool schemas), :mod:`.checker` (BFCL's
+AST call-matching rules), :mod:`.multi_turn` (backends, ground-truth execution, state comparison).
 """
 
 from .checker import CheckResult, check_calls, normalise_string

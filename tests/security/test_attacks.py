@@ -2,7 +2,8 @@
 
 Backends: ``local`` (LocalSandbox), ``bwrap`` (BwrapSandbox; skipped where bwrap cannot run),
 ``service`` (our SandboxFusionSandbox client -> a real ``chatgym serve-sandbox`` process with the
-local backend), ``docker`` (DockerSandbox on a real engine: the ``docker_engine`` fixture of
+local backend), ``docker`` / ``docker-warm`` (DockerSandbox, a fresh container per run / containers
+reset and reused, on a real engine: the ``docker_engine`` fixture of
 ``tests/conftest.py`` starts a private dockerd for the session as root, or uses ``DOCKER_HOST``;
 skipped, with the reason, where neither can run). Each attack asserts the exact
 result (status and output) and then, for every attack, that nothing is left over: no process of the
@@ -84,12 +85,12 @@ DOCKER_EXPECT = dict(BWRAP_EXPECT, network=("ECONNREFUSED", "ENETUNREACH"),
                      env={"PATH", "LANG", "HOME", "TMPDIR", "PWD"}, escape_timeout_s=3.0)  # fmt: skip
 
 
-@pytest.fixture(scope="module", params=["local", "bwrap", "service", "docker"])
+@pytest.fixture(scope="module", params=["local", "bwrap", "service", "docker", "docker-warm"])
 def backend(request):
     name = request.param
     if name == "bwrap" and (why := bwrap_why()):
         pytest.skip(f"bwrap cannot run here: {why}")
-    if name == "docker":
+    if name.startswith("docker"):
         request.getfixturevalue("docker_engine")  # a real engine (tests/conftest.py), or a skip saying why
     os.environ["CHATGYM_TEST_SECRET_TOKEN"] = SECRET  # a host secret in the environment
     loop = asyncio.new_event_loop()
@@ -112,7 +113,10 @@ def backend(request):
         else:
             from chatgym.sandboxes.container import DockerSandbox
 
-            sb = DockerSandbox(max_concurrency=2, max_output_bytes=OUTPUT_CAP, tmpfs_mb=TMPFS_MB)
+            # docker-warm: containers reset and reused, so each attack's container serves the
+            # `clean` check's next run (and the next attack) too.
+            sb = DockerSandbox(max_concurrency=2, max_output_bytes=OUTPUT_CAP, tmpfs_mb=TMPFS_MB,
+                               reuse=name == "docker-warm")  # fmt: skip
             # uid 65534 runs the programs; without a user namespace their processes and files show
             # on the host under that uid, so the `clean` checks below look for it host-wide.
             b = Backend(name, sb, loop.run_until_complete(sb.start())["uids"], expect=DOCKER_EXPECT)
@@ -127,7 +131,10 @@ def backend(request):
 
 
 def run(b: Backend, name: str, **kwargs):
-    return b.loop.run_until_complete(b.sandbox.run(program(name), **kwargs))
+    res = b.loop.run_until_complete(b.sandbox.run(program(name), **kwargs))
+    # docker-warm: the attack's container was reset, the reset verified, and it went back to the pool
+    assert b.name != "docker-warm" or "reset_left" not in res.info, res.info
+    return res
 
 
 def uid_processes(uids: list[int]) -> list[str]:

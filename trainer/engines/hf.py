@@ -16,6 +16,14 @@ logits (upcast to float32) — temperature 1, before top-p/top-k — i.e. exactl
 a forward pass of the same weights over prompt + completion. (vLLM's ``logprobs_mode="raw_logprobs"``,
 its default, has the same meaning.) Left padding and the KV cache change only float rounding.
 
+Two decode paths (``decode=``): the padded ``DynamicCache`` batch of :mod:`.hf_batch` (the CPU default),
+and on CUDA the preallocated per-slot KV cache of :mod:`.hf_static`, whose decode step is captured
+once per batch/length bucket as a CUDA graph and replayed (no per-token launch overhead; SmolLM2 on
+an H200: 7.1 vs 24.9 ms per step at 64 rows). Both return the same ids and logprobs up to float
+rounding. The static path's KV cache is allocated up front: ``2 x layers x max_batch_size x kv_heads x
+max_model_len x head_dim`` elements (SmolLM2, 64 rows x 512 tokens, bf16: 0.7 GiB), so give the engine
+the ``max_model_len`` the work needs.
+
 The decode loop is ours rather than ``model.generate`` because ``generate`` applies one sampling
 setting and one seed to a whole batch, and its ``output_scores`` are the processed scores.
 transformers' own continuous batching (``generate_batch`` / ``ContinuousBatchingManager``) has the
@@ -103,6 +111,11 @@ class TransformersEngine:
         max_model_len: prompt + completion limit in tokens (default: ``max_position_embeddings``);
             completions are cut there with ``finish_reason="length"``.
         num_threads: torch CPU threads (default: leave torch's setting).
+        decode: ``"dynamic"``: the padded ``DynamicCache`` batch of :mod:`.hf_batch`; ``"static"``: the
+            preallocated per-slot KV cache of :mod:`.hf_static`, replayed as CUDA graphs on a GPU (no
+            per-token launch overhead; one graph capture per batch/length bucket on first use, reused
+            across weight updates); ``"auto"`` (default): static on CUDA when the model supports it
+            and batching is continuous, dynamic otherwise (on the CPU the dynamic path is as fast).
 
     Counters (for tests and benchmarks): ``batches_run`` prefill passes (each admits a group of
     requests), ``rows_run`` requests admitted, ``decode_steps`` decode passes.
@@ -122,6 +135,7 @@ class TransformersEngine:
         eos_token_ids: Any = None,
         max_model_len: int | None = None,
         num_threads: int | None = None,
+        decode: str = "auto",
     ) -> None:
         import torch
 
@@ -168,6 +182,8 @@ class TransformersEngine:
         # thread per batch paid seconds of set-up on a GPU.
         self._worker: threading.Thread | None = None
         self._can_join: bool | None = None  # known after the first prefill (see hf_batch.can_join)
+        self.decode = self._choose_decode(decode)
+        self._slots: Any = None  # hf_static.StaticSlots, made by the worker on first use
         self.batches_run = 0
         self.rows_run = 0
         self.decode_steps = 0
@@ -321,10 +337,14 @@ class TransformersEngine:
                     for request in [r.request for r in rows] + joiners:
                         self._answer(request, error)
                     rows, batch = [], None
+                    if self._slots is not None:
+                        self._slots.clear()
                 if not rows:
                     batch = None
                     self._model_lock.release()
         finally:
+            if self._slots is not None:
+                self._slots.clear()
             if rows:
                 self._model_lock.release()
             with self._cond:
@@ -345,6 +365,8 @@ class TransformersEngine:
         """One token for every running row and every joiner; returns the rows still running."""
         import torch
 
+        if self.decode == "static":
+            return self._step_static(rows, joiners), None
         with torch.inference_mode(), self._attention_backends():
             parts = []
             if rows:
@@ -365,26 +387,71 @@ class TransformersEngine:
             tokens = self._sample(logits, [r.request.params for r in rows], [r.generator for r in rows])
             logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
             batch.tokens = tokens
-            tokens_l, logprobs_l = tokens.tolist(), logprobs.tolist()
-            keep = []
-            for r, row in enumerate(rows):
-                row.token_ids.append(tokens_l[r])
-                row.logprobs.append(logprobs_l[r])
-                if row.request.future.done():  # cancelled by its caller: stop spending steps on it
-                    continue
-                done = tokens_l[r] in row.stops
-                if not done and row.checker is not None:
-                    row.stop_string = row.checker(row.token_ids)
-                    done = row.stop_string is not None
-                if done or len(row.token_ids) >= row.budget:
-                    self._answer(row.request, self._completion(row))
-                else:
-                    keep.append(r)
+            keep = self._record(rows, tokens.tolist(), logprobs.tolist())
             if len(keep) < len(rows):
                 rows = [rows[r] for r in keep]
                 if rows:
                     hf_batch.select(batch, keep)
         return rows, (batch if rows else None)
+
+    def _record(self, rows: list[_Row], tokens: list[int], logprobs: list[float]) -> list[int]:
+        """Append each row's new token; answer the rows that finished; returns the indices still running."""
+        keep = []
+        for r, row in enumerate(rows):
+            row.token_ids.append(tokens[r])
+            row.logprobs.append(logprobs[r])
+            if row.request.future.done():  # cancelled by its caller: stop spending steps on it
+                continue
+            done = tokens[r] in row.stops
+            if not done and row.checker is not None:
+                row.stop_string = row.checker(row.token_ids)
+                done = row.stop_string is not None
+            if done or len(row.token_ids) >= row.budget:
+                self._answer(row.request, self._completion(row))
+            else:
+                keep.append(r)
+        return keep
+
+    def _choose_decode(self, decode: str) -> str:
+        from . import hf_static
+
+        if decode not in ("auto", "static", "dynamic"):
+            raise ValueError(f"decode must be 'auto', 'static' or 'dynamic', got {decode!r}")
+        ok, why = hf_static.supports(self.model)
+        if decode == "static" and not ok:
+            raise ValueError(f"decode='static' cannot run this model: {why}")
+        if decode == "auto":
+            return "static" if ok and self.device.type == "cuda" and self.continuous else "dynamic"
+        return decode
+
+    def _step_static(self, rows: list[_Row], joiners: list[_Request]) -> list[_Row]:
+        """:meth:`_step` over :class:`.hf_static.StaticSlots` (row ``r`` is slot ``r``)."""
+        import torch
+
+        from . import hf_static
+
+        if self._slots is None:
+            self._slots = hf_static.StaticSlots(self.model, self.max_batch_size, self.max_model_len)
+        slots = self._slots
+        with torch.inference_mode(), self._attention_backends():
+            parts = []
+            if rows:
+                parts.append(slots.decode().float())
+                self.decode_steps += 1
+            if joiners:
+                parts.append(slots.admit([r.prompt_ids for r in joiners], self.pad_token_id).float())
+                self.batches_run += 1
+                self.rows_run += len(joiners)
+                rows = rows + [self._new_row(r) for r in joiners]
+            logits = parts[0] if len(parts) == 1 else torch.cat(parts)
+            tokens = self._sample(logits, [r.request.params for r in rows], [r.generator for r in rows])
+            logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
+            slots.set_tokens(tokens)
+            keep = self._record(rows, tokens.tolist(), logprobs.tolist())
+            if len(keep) < len(rows):
+                slots.select(keep)
+                rows = [rows[r] for r in keep]
+        return rows
 
     def _attention_backends(self) -> Any:
         """SDPA without its cuDNN backend while a step runs on CUDA (the other backends as they are).

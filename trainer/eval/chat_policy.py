@@ -110,6 +110,10 @@ async def run_chat_episode(
             history.append(action if isinstance(action, dict) else {"role": "assistant", "content": action})
             obs, reward, terminated, truncated, step_info = await env_call(runner.step(action))
             traj.finish_reasons.append("stop")
+            # A chat API names no token: the stop reason is the env stop string the reply ends with.
+            content = history[-1].get("content") or ""
+            stops = getattr(env.unwrapped, "stop_strings", None) or ()
+            traj.stop_reasons.append(next((s for s in stops if content.endswith(s)), None))
             record_step(traj, obs, reward, step_info)
             history.extend(obs)
             if ended(traj, terminated, truncated):

@@ -65,8 +65,12 @@ def autocast_context(device: torch.device, compute_dtype: str, weights_dtype: st
 
 
 def cpu_threads() -> int:
-    """Torch intra-op threads for the trainer on CPU: every core this process may run on
-    (``os.sched_getaffinity``), which is what the update's matmuls scale with."""
+    """Torch intra-op threads for the trainer on CPU: ``$OMP_NUM_THREADS`` when set (a user sharing the
+    machine), else every core this process may run on (``os.sched_getaffinity``), which is what the
+    update's matmuls scale with."""
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
     try:
         return max(len(os.sched_getaffinity(0)), 1)
     except AttributeError:  # not Linux

@@ -1,0 +1,167 @@
+"""Static-slot decoding (trainer/engines/hf_static.py): rows join and leave a preallocated KV cache,
+and every row's ids and logprobs are the ones a full forward pass of the same weights gives.
+
+CPU tests run the slot step eagerly on a small random Llama (fp32); the CUDA test checks the captured
+graphs give the eager step's ids, are reused across sizes in a bucket and survive weight updates."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from chatgym.trainer.engines import SamplingParams
+from chatgym.trainer.engines.hf import TransformersEngine
+from chatgym.trainer.engines.hf_static import StaticSlots, supports
+from chatgym.trainer.models import random_model
+from chatgym.trainer.rollout.tokenizer import get_tokenizer
+
+TINY = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16)
+ATOL = 1e-5  # fp32: the slot cache changes only the order of float sums
+
+
+@pytest.fixture(scope="module")
+def model():
+    m = random_model("smollm2", seed=3, **TINY)
+    m.eval()
+    return m
+
+
+def greedy_reference(model, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
+    """n greedy tokens by full forward passes (no cache), with their raw logprobs."""
+    ids, logprobs = list(prompt), []
+    with torch.no_grad():
+        for _ in range(n):
+            logits = model(torch.tensor([ids])).logits[0, -1].float()
+            token = int(logits.argmax())
+            logprobs.append(float(torch.log_softmax(logits, -1)[token]))
+            ids.append(token)
+    return ids[len(prompt) :], logprobs
+
+
+def test_rows_join_and_leave_and_match_full_forward_passes(model):
+    prompts = {"a": [1, 5, 9, 200, 3], "b": [7, 8], "c": list(range(11, 40))}
+    slots = StaticSlots(model, max_rows=4, max_len=96, use_graphs=False)
+    got: dict[str, list[int]] = {k: [] for k in prompts}
+    lps: dict[str, list[float]] = {k: [] for k in prompts}
+
+    def take(names, logits):
+        logits = logits.float()
+        tokens = logits.argmax(-1)
+        for r, name in enumerate(names):
+            got[name].append(int(tokens[r]))
+            lps[name].append(float(torch.log_softmax(logits[r], -1)[tokens[r]]))
+        return tokens
+
+    with torch.inference_mode():
+        running = ["a", "b"]
+        tokens = take(running, slots.admit([prompts["a"], prompts["b"]], pad_id=0))
+        slots.set_tokens(tokens)
+        tokens = take(running, slots.decode())
+        # "c" (29 tokens, wider than the others) joins after one decode step.
+        joined = take(["c"], slots.admit([prompts["c"]], pad_id=0))
+        running.append("c")
+        slots.set_tokens(torch.cat([tokens, joined]))
+        for step in range(6):
+            tokens = take(running, slots.decode())
+            if step == 1:  # "b" leaves: "c" moves down from slot 2 to slot 1
+                slots.select([0, 2])
+                tokens, running = tokens[[0, 2]], ["a", "c"]
+            slots.set_tokens(tokens)
+    # A row's position = prompt length + decode steps it took part in ("a": 1 + 6, "c": 6); it holds
+    # one more token than that (the prefill's), the last one not yet written to the cache.
+    assert slots.rows == 2 and slots.pos[:2].tolist() == [5 + 7, 29 + 6]
+    assert [len(v) for v in got.values()] == [8, 4, 7]
+    for name, prompt in prompts.items():
+        ids, logprobs = greedy_reference(model, prompt, len(got[name]))
+        assert got[name] == ids
+        assert max(abs(x - y) for x, y in zip(lps[name], logprobs, strict=True)) < ATOL
+
+
+def test_capacity_errors_are_clear(model):
+    slots = StaticSlots(model, max_rows=2, max_len=16, use_graphs=False)
+    with torch.inference_mode():
+        with pytest.raises(ValueError, match="leaves no room in 16 columns"):
+            slots.admit([list(range(1, 17))], pad_id=0)
+        slots.admit([[1, 2], [3, 4]], pad_id=0)
+        with pytest.raises(ValueError, match="1 joiners do not fit: 2 of 2 slots in use"):
+            slots.admit([[5]], pad_id=0)
+
+
+def test_supports_names_what_it_cannot_run(model):
+    assert supports(model) == (True, "")
+    gpt2 = SimpleNamespace(config=SimpleNamespace(model_type="gpt2"))
+    ok, why = supports(gpt2)
+    assert not ok and why == "model_type 'gpt2' is not one of ['llama', 'mistral', 'qwen2', 'qwen3']"
+    window = SimpleNamespace(config=SimpleNamespace(model_type="mistral", sliding_window=4096))
+    assert supports(window) == (False, "sliding-window attention")
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return get_tokenizer("smollm2")
+
+
+def test_engine_decode_choice(model, tokenizer):
+    assert TransformersEngine(model, tokenizer).decode == "dynamic"  # auto on the CPU
+    assert TransformersEngine(model, tokenizer, decode="static").decode == "static"
+    with pytest.raises(ValueError, match="decode must be 'auto', 'static' or 'dynamic', got 'fast'"):
+        TransformersEngine(model, tokenizer, decode="fast")
+
+
+async def staggered(engine: TransformersEngine, prompts: list[list[int]]) -> list:
+    async def late(i: int):
+        await asyncio.sleep(0.02 * i)
+        return await engine.generate(prompts[i], SamplingParams(max_tokens=6 + 3 * i, temperature=0))
+
+    try:
+        outs = list(await asyncio.gather(*(late(i) for i in range(len(prompts)))))
+        outs.append(await engine.generate(prompts[0], SamplingParams(max_tokens=10, temperature=1.0, seed=5)))
+        return outs
+    finally:
+        await engine.close()
+
+
+async def test_engine_static_path_equals_dynamic_path(model, tokenizer):
+    prompts = [[1, 5, 9, 200, 3], [7, 8], list(range(11, 40)), [300, 301, 302]]
+    static = await staggered(TransformersEngine(model, tokenizer, decode="static", max_model_len=64), prompts)
+    dynamic = await staggered(TransformersEngine(model, tokenizer, decode="dynamic", max_model_len=64), prompts)
+    for s, d in zip(static, dynamic, strict=True):
+        assert s.token_ids == d.token_ids and s.finish_reason == d.finish_reason
+        assert max(abs(x - y) for x, y in zip(s.logprobs, d.logprobs, strict=True)) < 1e-4
+    # The greedy rows are the model's own greedy continuations.
+    for prompt, out in zip(prompts, static[:4], strict=True):
+        assert out.token_ids == greedy_reference(model, prompt, len(out.token_ids))[0]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+async def test_cuda_graphs_match_eager_and_survive_weight_updates(tokenizer):
+    model = random_model("smollm2", device="cuda", seed=3, **TINY)
+    model.eval()
+    prompts = [[1, 5, 9, 200, 3], [7, 8], list(range(11, 40))]
+    params = SamplingParams(max_tokens=12, temperature=0)
+
+    async def run(engine):
+        try:
+            return [o.token_ids for o in await asyncio.gather(*(engine.generate(p, params) for p in prompts))]
+        finally:
+            await engine.close()
+
+    graphs = TransformersEngine(model, tokenizer, decode="static", max_model_len=128)
+    assert graphs.decode == "static"
+    first = await run(graphs)
+    captured = graphs._slots.graphs_captured
+    assert 1 <= captured <= 2  # 3 rows -> bucket 4; columns 64 (prompt 29 + 12 < 64)
+    eager = TransformersEngine(model, tokenizer, decode="static", max_model_len=128)
+    eager._slots = StaticSlots(model, 64, 128, use_graphs=False)
+    assert await run(eager) == first
+    assert await run(graphs) == first and graphs._slots.graphs_captured == captured  # replayed
+    other = random_model("smollm2", device="cuda", seed=4, **TINY)
+    graphs.update_weights(other.state_dict())  # in place: the captured graphs read the new weights
+    after = await run(graphs)
+    assert after == [greedy_reference(other, p, 12)[0] for p in prompts]
+    assert graphs._slots.graphs_captured == captured

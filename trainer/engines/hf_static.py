@@ -1,0 +1,263 @@
+"""Static-slot decoding for the transformers engine: a fixed KV cache, CUDA graphs per shape bucket.
+
+On a GPU a small model's decode step is bound by kernel launches, not arithmetic: SmolLM2-135M's step
+is ~30 layers x ~15 kernels, ~35 ms through eager PyTorch on an H200 against a few ms of GPU work.
+Replaying a captured CUDA graph launches the whole step at once, but a graph needs fixed shapes and
+fixed addresses, which a growing ``DynamicCache`` (:mod:`.hf_batch`) cannot give. So this module keeps
+the running rows in *slots* of one preallocated KV cache per layer, ``(slots, kv_heads, max_len,
+head_dim)``, and writes each token's keys/values at the column equal to its position:
+
+* a request joins by a prefill (one eager forward of the joiners, right-padded, so each row's real
+  tokens sit at columns ``0 .. len-1``) whose keys/values are copied into the next free slots;
+* a decode step feeds every running row its last token at position ``pos[r]``, writes its keys/values
+  at column ``pos[r]`` (one ``index_put_`` per layer) and attends to columns ``<= pos[r]`` (a boolean
+  mask); nothing changes shape, so the step can be captured;
+* finished rows leave and the rest are moved down to keep slots ``0 .. m-1`` in use (one gather per
+  layer), so a step over ``m`` rows runs the graph of the smallest bucket ``>= m``.
+
+Graphs are captured lazily, one per (row bucket, column bucket): rows in powers of two up to
+``max_rows``, columns in powers of two (>= 64) up to ``max_len``, so attention reads only the columns
+in use. A weight update copies into the parameters in place, so captured graphs stay valid (no
+recapture, no recompilation). Sampling stays outside the graph (per-row seeds and settings), so the
+returned ids and raw logprobs mean exactly what the engine's other path returns.
+
+The layers run are the model's own (``model.model.layers``, its rotary embedding, norm and LM head);
+only the cache object and the loop over layers are ours. That restricts the path to decoder-only
+models whose layers have that shape and plain full attention (Llama, Qwen2, Qwen3, Mistral without a
+sliding window) — :func:`supports` checks it; others use the dynamic path. The same idea — static
+per-slot KV cache, decode captured per batch-size bucket — is what vLLM's CUDA-graph mode and
+nano-vllm do over a paged cache; transformers' ``cache_implementation="static"`` does it for a batch
+whose rows all start together (no joining).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
+MIN_COLUMN_BUCKET = 64
+
+
+def supports(model: Any) -> tuple[bool, str]:
+    """Whether ``model`` can decode through slots; the reason when it cannot."""
+    config = model.config
+    kind = getattr(config, "model_type", None)
+    if kind not in SUPPORTED_MODEL_TYPES:
+        return False, f"model_type {kind!r} is not one of {sorted(SUPPORTED_MODEL_TYPES)}"
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return False, "sliding-window attention"
+    inner = getattr(model, "model", None)
+    for part in ("embed_tokens", "layers", "norm", "rotary_emb"):
+        if not hasattr(inner, part):
+            return False, f"model.model has no {part}"
+    if getattr(config, "_attn_implementation", "sdpa") not in ("sdpa", "eager"):
+        return False, f"attention implementation {config._attn_implementation!r}"
+    return True, ""
+
+
+def _bucket(n: int, cap: int, floor: int = 1) -> int:
+    size = floor
+    while size < n:
+        size *= 2
+    return min(size, cap)
+
+
+class _SlotCache:
+    """The object handed to each attention layer as ``past_key_values`` (only ``update`` is used)."""
+
+    def __init__(self, keys: list[Any], values: list[Any], rows: Any, pos: Any) -> None:
+        self.keys, self.values = keys, values
+        self.rows, self.pos = rows, pos  # static buffers: row indices, write columns
+        self.n = 0
+        self.width = 0
+
+    def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any) -> Any:
+        n, width = self.n, self.width
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        # key_states: (n, kv_heads, 1, head_dim). Advanced indices on dims 0 and 2 around a slice:
+        # the indexed shape is (n, kv_heads, head_dim).
+        keys[self.rows[:n], :, self.pos[:n]] = key_states[:, :, 0]
+        values[self.rows[:n], :, self.pos[:n]] = value_states[:, :, 0]
+        return keys[:n, :, :width], values[:n, :, :width]
+
+
+class StaticSlots:
+    """The running rows of the transformers engine in a preallocated KV cache (see the module doc).
+
+    Row ``r`` of the engine's running batch is slot ``r`` here. Not thread-safe: the engine's worker
+    thread owns it.
+
+    Args:
+        model: a causal LM for which :func:`supports` is true, on its device, in eval mode.
+        max_rows: slots (most rows decoded together).
+        max_len: columns per slot, i.e. most tokens a row may hold (prompt + completion).
+        use_graphs: capture and replay CUDA graphs (CUDA only); False runs the same step eagerly.
+
+    Raises:
+        ValueError: the model is not supported (the reason is in the message).
+    """
+
+    def __init__(self, model: Any, max_rows: int, max_len: int, *, use_graphs: bool = True) -> None:
+        import torch
+
+        ok, why = supports(model)
+        if not ok:
+            raise ValueError(f"static-slot decoding does not support this model: {why}")
+        config = model.config
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.max_rows, self.max_len = int(max_rows), int(max_len)
+        self.use_graphs = bool(use_graphs) and self.device.type == "cuda"
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        shape = (self.max_rows, config.num_key_value_heads, self.max_len, head_dim)
+        layers = len(model.model.layers)
+        keys = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(layers)]
+        values = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(layers)]
+        long = dict(dtype=torch.long, device=self.device)
+        self.tokens = torch.zeros(self.max_rows, **long)  # each row's last sampled id
+        self.pos = torch.zeros(self.max_rows, **long)  # its position = the column it is written to
+        self.columns = torch.arange(self.max_len, **long)
+        self.cache = _SlotCache(keys, values, torch.arange(self.max_rows, **long), self.pos)
+        self.rows = 0  # slots 0 .. rows-1 hold running rows
+        self._pos_host: list[int] = []  # pos[:rows] mirrored on the host: no device sync to pick a bucket
+        self._graphs: dict[tuple[int, int], tuple[Any, Any]] = {}
+        self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+        self.graphs_captured = 0
+
+    # ---- joining ---------------------------------------------------------------------------------
+
+    def admit(self, prompts: list[list[int]], pad_id: int) -> Any:
+        """Prefill ``prompts`` into the next free slots; returns their next-token logits ``(j, vocab)``.
+
+        Raises:
+            ValueError: more rows than free slots, or a prompt of ``max_len`` tokens or more.
+        """
+        import torch
+
+        j = len(prompts)
+        if self.rows + j > self.max_rows:
+            raise ValueError(f"{j} joiners do not fit: {self.rows} of {self.max_rows} slots in use")
+        width = max(len(p) for p in prompts)
+        if width >= self.max_len:
+            raise ValueError(f"a prompt of {width} tokens leaves no room in {self.max_len} columns")
+        ids = torch.full((j, width), pad_id, dtype=torch.long)
+        attention = torch.zeros((j, width), dtype=torch.long)
+        for i, p in enumerate(prompts):  # right-padded: real tokens at columns 0 .. len-1
+            ids[i, : len(p)] = torch.tensor(p)
+            attention[i, : len(p)] = 1
+        ids, attention = ids.to(self.device), attention.to(self.device)
+        lengths = attention.sum(-1)
+        from transformers import DynamicCache
+
+        prefill_cache = DynamicCache(config=self.model.config)
+        hidden = self.model.model(
+            input_ids=ids,
+            attention_mask=attention,
+            position_ids=torch.arange(width, device=self.device)[None, :].expand(j, -1),
+            past_key_values=prefill_cache,
+            use_cache=True,
+        ).last_hidden_state
+        last = hidden[torch.arange(j, device=self.device), lengths - 1]
+        logits = self.model.lm_head(last)
+        start = self.rows
+        for layer, keys, values in zip(prefill_cache.layers, self.cache.keys, self.cache.values, strict=True):
+            # Columns past a row's length hold padding keys; the mask never lets a row see them and
+            # decoding overwrites them.
+            keys[start : start + j, :, :width] = layer.keys
+            values[start : start + j, :, :width] = layer.values
+        self.pos[start : start + j] = lengths
+        self._pos_host += [len(p) for p in prompts]
+        self.rows += j
+        return logits
+
+    # ---- decoding --------------------------------------------------------------------------------
+
+    def set_tokens(self, tokens: Any) -> None:
+        """The ids just sampled for rows ``0 .. rows-1`` (the next step's inputs)."""
+        self.tokens[: self.rows] = tokens
+
+    def decode(self) -> Any:
+        """One token for every running row: returns next-token logits ``(rows, vocab)``.
+
+        The returned tensor may be a graph's output buffer: read it before the next call.
+        """
+        import torch
+
+        m = self.rows
+        if m == 0:
+            raise ValueError("decode with no running rows")
+        top = max(self._pos_host)
+        if top >= self.max_len:
+            raise ValueError(f"a row reached {self.max_len} columns")
+        n = _bucket(m, self.max_rows)
+        width = _bucket(top + 1, self.max_len, MIN_COLUMN_BUCKET)
+        if self.use_graphs:
+            graph, out = self._graph(n, width)
+            graph.replay()
+            logits = out[:m]
+        else:
+            with torch.inference_mode():
+                logits = self._forward(n, width)[:m]
+        self.pos[:m] += 1
+        self._pos_host = [p + 1 for p in self._pos_host]
+        return logits
+
+    def select(self, keep: list[int]) -> None:
+        """Keep rows ``keep`` (in that order) as rows ``0 .. len(keep)-1``; free the other slots."""
+        import torch
+
+        m = len(keep)
+        if keep != list(range(m)):
+            index = torch.tensor(keep, device=self.device)
+            for keys, values in zip(self.cache.keys, self.cache.values, strict=True):
+                keys[:m] = keys[index]
+                values[:m] = values[index]
+            self.tokens[:m] = self.tokens[index]
+            self.pos[:m] = self.pos[index]
+        self._pos_host = [self._pos_host[r] for r in keep]
+        # Freed slots still run inside a bucket's graph: position 0 keeps their writes in bounds.
+        self.pos[m : self.rows] = 0
+        self.rows = m
+
+    def clear(self) -> None:
+        self.select([])
+
+    # ---- the step ----------------------------------------------------------------------------------
+
+    def _forward(self, n: int, width: int) -> Any:
+        inner = self.model.model
+        positions = self.pos[:n, None]
+        hidden = inner.embed_tokens(self.tokens[:n, None])
+        position_embeddings = inner.rotary_emb(hidden, positions)
+        mask = (self.columns[None, :width] <= positions)[:, None, None, :]
+        self.cache.n, self.cache.width = n, width
+        for layer in inner.layers:
+            hidden = layer(
+                hidden,
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=self.cache,
+                position_embeddings=position_embeddings,
+            )
+        return self.model.lm_head(inner.norm(hidden)[:, -1])
+
+    def _graph(self, n: int, width: int) -> tuple[Any, Any]:
+        import torch
+
+        found = self._graphs.get((n, width))
+        if found is not None:
+            return found
+        # Warm-up on a side stream, as torch.cuda.graphs asks; it writes the same keys/values that the
+        # replay right after writes (same tokens, same positions), so running it changes nothing.
+        stream = torch.cuda.Stream(device=self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.inference_mode(), torch.cuda.stream(stream):
+            self._forward(n, width)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.inference_mode(), torch.cuda.graph(graph, pool=self._pool):
+            out = self._forward(n, width)
+        self._graphs[(n, width)] = (graph, out)
+        self.graphs_captured += 1
+        return graph, out
