@@ -6,9 +6,10 @@ shared with evaluation (:mod:`.episode`), the env runner (:mod:`.env_runner`: as
 from asyncio), the chat-template delta and tokenizer (:mod:`.chat_delta`, :mod:`.tokenizer`),
 trajectory types (:mod:`.types`), traces (:mod:`.trace`) and the ``chatgym rollout`` CLI (:mod:`.cli`).
 
-May import: ``chatgym.envs`` (messages, the env contract), ``chatgym.trainer.engines`` and
-``chatgym.trainer.models``. Never the learner (``chatgym.trainer.learner``), the run config or the
-training loop: a rollout worker runs without torch training code.
+May import: ``chatgym.envs`` (messages, the env contract), ``chatgym.trainer.engines``,
+``chatgym.trainer.models`` and the generic config loader ``chatgym.trainer.config_io`` (the CLI's
+``rollout.KEY=VALUE`` overrides). Never the learner (``chatgym.trainer.learner``), the run config or
+the training loop: a rollout worker runs without torch training code.
 
 ``from chatgym.trainer.rollout import Collector, CollectorConfig`` keeps working; the names are
 loaded on first use so that importing :mod:`.config` alone stays light.
