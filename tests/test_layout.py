@@ -165,9 +165,10 @@ def test_the_cycle_finder_finds_a_circle(monkeypatch):
     assert _cycles() == [["chatgym.sandboxes.local", "chatgym.sandboxes.session"]]
 
 
-# Known exception: the chat-template delta and its probe grew under issue 12 while issue 13 ran; split
-# the probe out (probe_template and its helpers) once that work has landed.
-LONG_MODULES = {"chatgym.trainer.rollout.chat_delta": 620}
+# Known exceptions: modules that grew in parallel work while issue 13 ran (issue 12's template probe,
+# the transformers engine's static-slot decode); split them (the probe; the decode paths) once that
+# work has landed. A new entry here needs a reason like these.
+LONG_MODULES = {"chatgym.trainer.rollout.chat_delta": 620, "chatgym.trainer.engines.hf": 580}
 
 
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if _under(m, "chatgym.trainer")))
