@@ -62,7 +62,7 @@ async def run_guarded(
     """Run ``body(state)`` (which fills ``traj``) as one guarded episode; returns ``traj``.
 
     Args:
-        traj: the trajectory the body fills; its ``timing["start_s"]`` (if set) is the start offset.
+        traj: the trajectory the body fills.
         body: the episode; it puts its :class:`~chatgym.trainer.rollout.env_runner.EnvRunner` in
             ``state["runner"]`` as soon as the env exists, so that it is closed whatever happens.
         timeout_s: wall-clock seconds before the episode is cancelled (None: no limit).
