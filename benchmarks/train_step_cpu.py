@@ -42,7 +42,7 @@ import torch
 
 from chatgym.trainer.config import AlgoConfig
 from chatgym.trainer.learner.batch import TokenBatch, collate
-from chatgym.trainer.learner.forward import micro_batch_plan, per_token_pass, policy_logprobs
+from chatgym.trainer.learner.forward import ForwardPlan, micro_batch_plan, per_token_pass, policy_logprobs
 from chatgym.trainer.learner.policy import autocast_context, resolve_compute_dtype
 from chatgym.trainer.learner.prepare import compute_advantages
 from chatgym.trainer.learner.update import UpdateState, update
@@ -183,13 +183,9 @@ def run_update(
         models,
         work,
         ALGO,
-        micro_batch_size=micro,
+        ForwardPlan(micro_batch_size=micro, device=device, autocast=autocast, share_prefix=share, pack=pack),
         max_grad_norm=None if optimizer == "sgd" else 1.0,
-        device=device,
         generator=torch.Generator().manual_seed(0),
-        autocast=autocast,
-        share_prefix=share,
-        pack=pack,
     )
     return time.perf_counter() - t0, model, metrics
 

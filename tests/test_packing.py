@@ -16,6 +16,7 @@ from train_helpers import TINY_LLAMA
 from chatgym.trainer.config import AlgoConfig, load_config
 from chatgym.trainer.learner.batch import collate, pack_chunks, pack_rows
 from chatgym.trainer.learner.forward import (
+    ForwardPlan,
     forward_logprobs,
     forward_logprobs_packed,
     per_token_pass,
@@ -156,12 +157,9 @@ def test_packed_update_gives_the_same_loss_and_gradient(tiny_model, share, mode)
             _sgd_models(model, 0.1),
             group_batch_with_engine_logprobs(tiny_model),
             algo,
-            micro_batch_size=3,
+            ForwardPlan(micro_batch_size=3, device=CPU, share_prefix=share, pack=pack),
             max_grad_norm=None,
-            device=CPU,
             generator=torch.Generator().manual_seed(0),
-            share_prefix=share,
-            pack=pack,
         )
         results.append(flat(model))
         losses.append(metrics["actor/pg_loss"])
@@ -197,12 +195,9 @@ def test_skipping_the_old_logprob_pass_changes_nothing(tiny_model, pack):
                 _sgd_models(model, 0.1),
                 batch,
                 algo,
-                micro_batch_size=3,
+                ForwardPlan(micro_batch_size=3, device=CPU, share_prefix=True, pack=pack),
                 max_grad_norm=None,
-                device=CPU,
                 generator=torch.Generator().manual_seed(0),
-                share_prefix=True,
-                pack=pack,
             )
         )
         results.append(flat(model))

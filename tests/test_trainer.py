@@ -16,7 +16,7 @@ from chatgym.trainer.config import AlgoConfig, OptimConfig, load_config
 from chatgym.trainer.learner.algos import get_advantage_estimator
 from chatgym.trainer.learner.batch import collate, micro_batches, shared_prefix_batches
 from chatgym.trainer.learner.checkpoint import latest_checkpoint, load_trainer_state
-from chatgym.trainer.learner.forward import forward_logprobs, forward_logprobs_shared
+from chatgym.trainer.learner.forward import ForwardPlan, forward_logprobs, forward_logprobs_shared
 from chatgym.trainer.learner.logprobs import logits_to_keep, token_logprobs
 from chatgym.trainer.learner.optim import lr_factor
 from chatgym.trainer.learner.prepare import hit_budget, informative_groups, shape_rewards, token_rewards
@@ -160,9 +160,8 @@ def test_update_gradient_accumulation_matches_one_big_batch(tiny_model, mode):
             _sgd_models(model, 0.1),
             _update_batch(),
             algo,
-            micro_batch_size=micro,
+            ForwardPlan(micro_batch_size=micro, device=torch.device("cpu")),
             max_grad_norm=None,
-            device=torch.device("cpu"),
             generator=torch.Generator().manual_seed(0),
         )
         results.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
@@ -218,11 +217,9 @@ def test_shared_prefix_forward_gives_the_same_update(tiny_model, mode):
             _sgd_models(model, 0.1),
             _group_batch(),
             AlgoConfig(loss_agg=mode, tis_cap=None),
-            micro_batch_size=3,
+            ForwardPlan(micro_batch_size=3, device=torch.device("cpu"), share_prefix=share),
             max_grad_norm=None,
-            device=torch.device("cpu"),
             generator=torch.Generator().manual_seed(0),
-            share_prefix=share,
         )
         results.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
     torch.testing.assert_close(results[0], results[1], rtol=0, atol=1e-6)
@@ -237,9 +234,8 @@ def test_update_raises_positive_and_lowers_negative_advantage_sequences(tiny_mod
         _sgd_models(model, 0.05),
         batch,
         AlgoConfig(),
-        micro_batch_size=2,
+        ForwardPlan(micro_batch_size=2, device=torch.device("cpu")),
         max_grad_norm=None,
-        device=torch.device("cpu"),
         generator=torch.Generator().manual_seed(0),
     )
     with torch.no_grad():

@@ -183,13 +183,9 @@ class Trainer:
                     self.state,
                     batch,
                     self.cfg.algo,
-                    micro_batch_size=self.plan.micro_batch_size,
+                    self.plan,
                     max_grad_norm=self.cfg.optim.max_grad_norm,
-                    device=self.plan.device,
                     generator=self.update_generator,
-                    autocast=self.plan.autocast,
-                    share_prefix=self.plan.share_prefix,
-                    pack=self.plan.pack,
                 )
             )
             metrics.update(self._update_timing(batch, time.perf_counter() - t_update))

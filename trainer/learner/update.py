@@ -14,9 +14,7 @@ computes ``old_logprobs`` first in one no-gradient pass.
 
 from __future__ import annotations
 
-import contextlib
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +24,7 @@ from ..config import AlgoConfig
 from .algos import aggregate_loss, clipped_value_loss, get_kl_estimator, get_policy_loss, truncated_is_weights
 from .algos.masked import masked_sum
 from .batch import TokenBatch
-from .forward import forward_values, micro_batch_plan, policy_logprobs
+from .forward import ForwardPlan, forward_values, micro_batch_plan, policy_logprobs
 
 
 class _Sums:
@@ -66,22 +64,20 @@ def update(
     state: UpdateState,
     batch: TokenBatch,
     algo: AlgoConfig,
+    plan: ForwardPlan,
     *,
-    micro_batch_size: int,
     max_grad_norm: float | None,
-    device: torch.device,
     generator: torch.Generator,
-    autocast: Callable[[], Any] = contextlib.nullcontext,
-    share_prefix: bool = False,
-    pack: bool = False,
 ) -> dict[str, float]:
     """``ppo_epochs`` passes of ``mini_batches`` optimizer steps over ``batch`` (on CPU; micro-batches
-    are moved to ``device``). ``batch`` must carry ``advantages`` (and ``returns``/``old_values`` for
-    a critic, ``ref_logprobs`` for a KL loss, ``old_logprobs`` when there is more than one step).
-    With ``share_prefix``, the rows of a GRPO group are forwarded together with their common prompt
-    computed once (:func:`~.forward.forward_logprobs_shared`; not with gradient checkpointing, which turns the
-    KV cache off). With ``pack``, each micro-batch's rows are forwarded packed without padding
-    (:func:`~.forward.forward_logprobs_packed`; with ``share_prefix`` the group's prompt appears once in the pack).
+    of ``plan.micro_batch_size`` rows are moved to ``plan.device``). ``batch`` must carry
+    ``advantages`` (and ``returns``/``old_values`` for a critic, ``ref_logprobs`` for a KL loss,
+    ``old_logprobs`` when there is more than one step). With ``plan.share_prefix``, the rows of a GRPO
+    group are forwarded together with their common prompt computed once
+    (:func:`~.forward.forward_logprobs_shared`); with ``plan.pack``, each micro-batch's rows are
+    forwarded packed without padding (:func:`~.forward.forward_logprobs_packed`; with sharing the
+    group's prompt appears once in the pack). ``generator`` orders the mini-batches; ``max_grad_norm``
+    clips the gradient (None: no clipping).
 
     Returns:
         Metrics (token-weighted means over the batch): ``actor/pg_loss``, ``actor/kl``,
@@ -106,17 +102,17 @@ def update(
             if n_tokens == 0:
                 continue
             totals = {"num_tokens": n_tokens, "num_sequences": n_seqs}
-            for rows, prefix_len in micro_batch_plan(mini, micro_batch_size, share_prefix):
-                mb = mini.select(rows).to(device)
+            for rows, prefix_len in micro_batch_plan(mini, plan.micro_batch_size, plan.share_prefix):
+                mb = mini.select(rows).to(plan.device)
                 mask = mb.loss_mask
-                with autocast():
+                with plan.autocast():
                     logp, entropy = policy_logprobs(
                         state.policy,
                         mb,
                         prefix_len,
                         with_entropy=True,
                         entropy_grad=algo.entropy_coef > 0,
-                        pack=pack,
+                        pack=plan.pack,
                     )
                 old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
                 weights = (
@@ -147,7 +143,7 @@ def update(
                 if bool(mask.any()):
                     ratio_max = max(ratio_max, float(out.ratio[mask].max()))
                 if state.critic is not None:
-                    with autocast():
+                    with plan.autocast():
                         values = forward_values(state.critic, mb)
                     vout = clipped_value_loss(values, mb.old_values, mb.returns, mask, clip=algo.value_clip)
                     vloss = algo.value_loss_coef * aggregate_loss(vout.loss, mask, **agg, **totals)
