@@ -248,6 +248,8 @@ def main() -> None:
     t0 = time.perf_counter()
     if args.load_batch:
         batch = TokenBatch(**torch.load(args.load_batch))
+        if len(batch) > args.groups * args.group_size:
+            batch = sub_batch(batch, args.groups, args.group_size)
     else:
         batch = build_batch(model, tokenizer, args.groups, args.group_size, args.max_new_tokens, args.seed)
     if args.save_batch:
