@@ -16,8 +16,8 @@ JSON document) in the exec's arguments, or, over :data:`INLINE_MAX` bytes, copie
   *shares* between its runs: the image's file system (read-only to the run's uid; its only
   writable places are the three emptied above), the container's hostname, its empty network
   namespace (loopback only), its cgroups (memory/pids counters, page cache charged to it) and PID
-  namespace (PIDs keep counting up), the init process and the uid (65534) — not processes, files,
-  environment or IPC objects.
+  namespace (PIDs keep counting up), the init process, the runner agent (root, see :class:`_Agent`)
+  and the uid (65534) — not processes, files, environment or IPC objects of the program.
 
 Inside, the runner (root in the container) makes a work dir in /tmp (a ``tmpfs_mb`` tmpfs), drops
 the program to uid/gid ``uid`` in its own session with rlimits (address space = ``memory_mb``, CPU,
