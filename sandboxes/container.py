@@ -9,7 +9,8 @@ JSON document) in the exec's arguments, or, over :data:`INLINE_MAX` bytes, copie
 * ``reuse=False`` (default, **fresh per run**): the container is removed while a replacement starts
   in the background. Nothing of one run (processes, files, kernel objects) reaches the next, and
   the start-up cost is off the run's path as long as runs come no faster than containers start.
-* ``reuse=True`` (**warm**): the container goes back to the pool once the runner has reset it and
+* ``reuse=True`` (**warm**): runs go to the container's runner agent (:data:`RUNNER` started once per
+  container; no ``exec`` per run), and the container goes back to the pool once the runner has reset it and
   verified the reset: no process of the run's uid left (``kill(-1)`` as that uid, repeated), /tmp,
   /dev/shm and /dev/mqueue emptied, no SysV IPC object of that uid. A run whose reset cannot be
   verified (or whose runner failed) gets its container removed instead. What a reused container
