@@ -112,10 +112,17 @@ def census(server_pid: int, uids: list[int], docker: bool = False) -> dict[str, 
     # The zygote runs the bootstrap (bwrap's own processes carry it in argv too, but are not python)
     # and its parent does not (its forked spares have the zygote as parent).
     zygote = next((p for p in sorted(boot) if (s := _stat(p)) and s[2] not in boot), None)
+    # Docker: processes in another engine's containers (a concurrent test session's, running the
+    # same uid 65534) are left out; everything else of the sandbox uids counts, escapes included.
+    skip: set[int] = set()
+    if docker:
+        from chatgym.sandboxes.docker_engine import container_pids
+
+        skip = container_pids(others=True)
     uid_procs = 0
     for p in os.listdir("/proc"):
         try:
-            if p.isdigit() and os.stat(f"/proc/{p}").st_uid in uids:
+            if p.isdigit() and int(p) not in skip and os.stat(f"/proc/{p}").st_uid in uids:
                 uid_procs += 1
         except OSError:
             pass

@@ -123,8 +123,14 @@ def build_batch(
     token_rewards[torch.arange(len(trajs)), last] = rewards
     group_ids = torch.tensor([t.group_id for t in trajs])
     batch.advantages, batch.returns, _ = compute_advantages(batch, token_rewards, group_ids, ALGO)
-    if not bool(batch.advantages.abs().sum()):  # every group uniform: no signal to compare directions by
-        signs = torch.tensor([1.0, -1.0]).repeat(len(trajs) // 2 + 1)[: len(trajs)]
+    return batch
+
+
+def with_signal(batch: TokenBatch) -> TokenBatch:
+    """``batch`` with alternating +1/-1 advantages when all of its groups were uniform (all advantages
+    0: no gradient, nothing to compare directions by)."""
+    if not bool(batch.advantages.abs().sum()):
+        signs = torch.tensor([1.0, -1.0]).repeat(len(batch) // 2 + 1)[: len(batch)]
         batch.advantages = torch.where(batch.loss_mask, signs[:, None], 0.0)
     return batch
 
@@ -132,7 +138,7 @@ def build_batch(
 def sub_batch(batch: TokenBatch, groups: int, group_size: int) -> TokenBatch:
     sub = batch.select(list(range(groups * group_size)))
     sub.advantages = batch.advantages[: groups * group_size, : sub.input_ids.shape[1]]
-    return sub
+    return with_signal(sub)
 
 
 def tokens_computed(batch: TokenBatch, *, share: bool, pack: bool, micro: int = 16, **_: Any) -> int:
@@ -239,8 +245,12 @@ def main() -> None:
     t0 = time.perf_counter()
     if args.load_batch:
         batch = TokenBatch(**torch.load(args.load_batch))
+        if len(batch) > args.groups * args.group_size:
+            batch = sub_batch(batch, args.groups, args.group_size)
     else:
-        batch = build_batch(model, tokenizer, args.groups, args.group_size, args.max_new_tokens, args.seed)
+        batch = with_signal(
+            build_batch(model, tokenizer, args.groups, args.group_size, args.max_new_tokens, args.seed)
+        )
     if args.save_batch:
         torch.save({k: v for k, v in vars(batch).items() if v is not None}, args.save_batch)
     resp = (batch.lengths - batch.prompt_lens).float()

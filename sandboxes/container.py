@@ -9,15 +9,16 @@ JSON document) in the exec's arguments, or, over :data:`INLINE_MAX` bytes, copie
 * ``reuse=False`` (default, **fresh per run**): the container is removed while a replacement starts
   in the background. Nothing of one run (processes, files, kernel objects) reaches the next, and
   the start-up cost is off the run's path as long as runs come no faster than containers start.
-* ``reuse=True`` (**warm**): the container goes back to the pool once the runner has reset it and
+* ``reuse=True`` (**warm**): runs go to the container's runner agent (:data:`RUNNER` started once per
+  container; no ``exec`` per run), and the container goes back to the pool once the runner has reset it and
   verified the reset: no process of the run's uid left (``kill(-1)`` as that uid, repeated), /tmp,
   /dev/shm and /dev/mqueue emptied, no SysV IPC object of that uid. A run whose reset cannot be
   verified (or whose runner failed) gets its container removed instead. What a reused container
   *shares* between its runs: the image's file system (read-only to the run's uid; its only
   writable places are the three emptied above), the container's hostname, its empty network
   namespace (loopback only), its cgroups (memory/pids counters, page cache charged to it) and PID
-  namespace (PIDs keep counting up), the init process and the uid (65534) — not processes, files,
-  environment or IPC objects.
+  namespace (PIDs keep counting up), the init process, the runner agent (root, see :class:`_Agent`)
+  and the uid (65534) — not processes, files, environment or IPC objects of the program.
 
 Inside, the runner (root in the container) makes a work dir in /tmp (a ``tmpfs_mb`` tmpfs), drops
 the program to uid/gid ``uid`` in its own session with rlimits (address space = ``memory_mb``, CPU,

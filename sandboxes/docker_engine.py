@@ -258,6 +258,44 @@ def leftovers(root: Path | str) -> dict[str, list]:
     return {"processes": sorted(pids), "mounts": mounts}
 
 
+def container_pids(host: str | None = None, *, others: bool = False) -> set[int]:
+    """PIDs (host PID namespace) of the processes in containers: the descendants of
+    ``containerd-shim`` processes.
+
+    With a private daemon at ``host`` (default ``$DOCKER_HOST``; its socket next to an ``exec/``
+    dir), only the shims naming its directory count, or with ``others=True`` only the shims that do
+    *not* (other engines' containers on this host: a concurrent test session's, say). With any
+    other engine: every shim on the host, and ``others=True`` gives an empty set.
+    """
+    sock = (host or os.environ.get("DOCKER_HOST", "")).removeprefix("unix://")
+    root = os.path.dirname(sock)
+    mine = (root + "/").encode() if os.path.isdir(os.path.join(root, "exec")) else b""
+    if others and not mine:
+        return set()
+    children: dict[int, list[int]] = {}
+    shims = []
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                ppid = int(f.read().rsplit(") ", 1)[1].split()[1])
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                argv = f.read()
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(p))
+        if b"containerd-shim" in argv.split(b"\0")[0] and (mine in argv) != others:
+            shims.append(int(p))
+    found, todo = set(), list(shims)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
 def _cleanup(root: Path) -> dict[str, list]:
     """Stop the processes and unmount the mounts of :func:`leftovers` (deepest first)."""
     found = leftovers(root)

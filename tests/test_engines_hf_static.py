@@ -35,7 +35,7 @@ def greedy_reference(model, prompt: list[int], n: int) -> tuple[list[int], list[
     ids, logprobs = list(prompt), []
     with torch.no_grad():
         for _ in range(n):
-            logits = model(torch.tensor([ids])).logits[0, -1].float()
+            logits = model(torch.tensor([ids], device=model.device)).logits[0, -1].float()
             token = int(logits.argmax())
             logprobs.append(float(torch.log_softmax(logits, -1)[token]))
             ids.append(token)

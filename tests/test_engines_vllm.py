@@ -213,3 +213,57 @@ def test_openai_chat_engine_against_the_vllm_server(hf, server):
     assert chat.usage["completion_tokens"] == len(expected.token_ids)
     with pytest.raises(NotImplementedError, match="token ids"):
         asyncio.run(chat.generate(ids, SamplingParams()))
+
+
+def test_to_vllm_params_keeps_stop_strings_in_the_output():
+    from chatgym.trainer.engines.vllm_inproc import to_vllm_params
+
+    vp = to_vllm_params(SamplingParams(max_tokens=5, stop=["</search>", "</answer>"]))
+    assert vp.stop == ["</search>", "</answer>"] and vp.include_stop_str_in_output is True
+    assert vp.detokenize is True  # vLLM matches stop strings on its detokenized text
+    assert vp.skip_special_tokens is False and vp.spaces_between_special_tokens is False
+    assert to_vllm_params(SamplingParams(max_tokens=5)).detokenize is False  # no stops: ids only
+
+
+@pytest.mark.parametrize("which", ["vllm", "vllm-server"])
+def test_stop_strings_keep_the_completing_token(hf, vllm_engine, server_engine, which):
+    # Greedy "The answer is 4." = ['The', ' answer', ' is', ' ', '4', '.', EOS]. "answ" ends inside
+    # ' answer' (kept whole); "answer is" (ends at ' is') wins over " is 4" (ends at '4').
+    engine = vllm_engine if which == "vllm" else server_engine
+    prompt = prompt_ids(hf, "What is 2+2?")
+    cases = [["answ"], [" is 4", "answer is"], [" is 4"]]
+
+    async def run(eng):
+        params = [SamplingParams(max_tokens=12, temperature=0, stop=stop) for stop in cases]
+        return await asyncio.gather(*(eng.generate(prompt, p) for p in params))
+
+    outs, ref = asyncio.run(run(engine)), asyncio.run(run(hf))
+    want = [
+        ([504, 2988], "answ", "The answer"),
+        ([504, 2988, 314], "answer is", "The answer is"),
+        ([504, 2988, 314, 216, 36], " is 4", "The answer is 4"),
+    ]
+    for out, mine, (ids, reason, text) in zip(outs, ref, want, strict=True):
+        assert (out.token_ids, out.finish_reason, out.stop_reason, out.text) == (ids, "stop", reason, text)
+        assert (mine.token_ids, mine.stop_reason, mine.text) == (ids, reason, text)  # transformers agrees
+        assert len(out.logprobs) == len(ids)
+        assert torch.allclose(torch.tensor(out.logprobs), torch.tensor(mine.logprobs), atol=LOGPROB_ATOL)
+
+
+def test_openai_chat_engine_stop_strings_against_the_vllm_server(server):
+    messages = [{"role": "user", "content": "What is 2+2?"}]
+
+    async def reply(mode, stop=()):
+        chat = make_engine("openai", "smollm2", base_url=f"{server.url}/v1", api_key="unused", stop_mode=mode)
+        out = await chat.chat(messages, params=SamplingParams(max_tokens=16, temperature=0, stop=stop))
+        await chat.close()
+        return out["content"]
+
+    free = asyncio.run(reply("client"))  # greedy, no stop: the server's template gives its own reply
+    stop = free.split()[1]  # the reply's second word, e.g. "answer"
+    want = free[: free.index(stop) + len(stop)]
+    # client: the whole reply comes back and is cut here; server: vLLM stops, drops the stop string
+    # from the content and names it in stop_reason, and it is put back.
+    assert asyncio.run(reply("client", (stop,))) == want
+    assert asyncio.run(reply("server", (stop,))) == want
+    assert len(want) < len(free)

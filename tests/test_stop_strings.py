@@ -315,3 +315,16 @@ async def test_api_episode_search_tags_one_action_per_turn():
     ]
     assert all("stop" not in b for b in bodies)  # client mode (default): cut here, exact on any API
     assert traj.finish_reasons == ["stop", "stop"] and traj.stop_reasons == ["</search>", "</answer>"]
+
+
+async def test_engine_responder_keeps_its_stop_strings(tok):
+    from chatgym.trainer.engines.responder import EngineResponder
+
+    ids = [*enc(tok, "Rating: [[8]] because"), IM_END]
+    params = SamplingParams(max_tokens=20, temperature=0, stop=["]]"])
+    judge = EngineResponder(ReplayEngine(lambda prompt: ids, tok), tok, params=params, trace=True)
+    message, trace = await judge.respond_with_trace([{"role": "user", "content": "Rate it."}])
+    assert judge.params.stop == ("]]",) and IM_END in judge.params.stop_token_ids
+    assert message == {"role": "assistant", "content": "Rating: [[8]]"}
+    n = first_stop_cut(tok, ids, ["]]"])[0]
+    assert trace["token_ids"] == ids[:n] and trace["stop_reason"] == "]]" and trace["finish_reason"] == "stop"

@@ -33,11 +33,12 @@ class EngineResponder:
         engine: an engine with ``async generate(prompt_ids, params) -> Completion``.
         tokenizer: tokenizer with the chat template to render the conversation (default: the
             engine's ``tokenizer`` attribute).
-        params: sampling settings of one reply (``max_tokens`` in tokens). EOS ids are added to
+        params: sampling settings of one reply (``max_tokens`` in tokens; ``stop`` strings end it
+            after the token completing one, kept in the reply). EOS ids are added to
             ``stop_token_ids``.
         chat_template: Jinja template overriding the tokenizer's (None: the tokenizer's own).
         trace: return the sample (``prompt_ids``, ``token_ids``, ``logprobs``, ``finish_reason``,
-            ``text``) from ``respond_with_trace`` — for a responder that is being trained.
+            ``stop_reason``, ``text``) from ``respond_with_trace`` — for a responder that is being trained.
         max_prompt_tokens: a conversation longer than this is refused (``ValueError``) rather than
             sent to the engine (None: no check; the engine still enforces its own context length).
 
@@ -72,6 +73,7 @@ class EngineResponder:
             stop_token_ids=tuple(sorted(set(base.stop_token_ids) | self.eos_token_ids)),
             seed=base.seed,
             logprobs=trace or base.logprobs,
+            stop=base.stop,
         )
         self.trace = trace
         self.max_prompt_tokens = max_prompt_tokens
@@ -96,6 +98,7 @@ class EngineResponder:
             "token_ids": ids,
             "logprobs": [float(x) for x in completion.logprobs],
             "finish_reason": completion.finish_reason,
+            "stop_reason": getattr(completion, "stop_reason", None),
             "text": text,
         }
 
