@@ -121,7 +121,7 @@ def run_trl(seed: int, steps: int, eval_every: int, fp32: bool, evaluator) -> di
     import chatgym  # noqa: F401  (registers the env ids)
     from chatgym.trainer.models import load_model
     from chatgym.trainer.sampler import tasks_for_step
-    from chatgym.trainer.tokenizer import get_tokenizer
+    from chatgym.trainer.rollout.tokenizer import get_tokenizer
 
     _fingerprint_fallback()
     env = gym.make("Math-v0", split="train")

@@ -6,7 +6,7 @@ opens ``<think>\\n`` in the generation prompt. Neither is prefix-preserving, so 
 refuse them. Now the probe picks ``"base"`` deltas: the model's sampled ids are kept for every turn and
 each observation is the new messages rendered after a fixed base conversation.
 
-The templates are the models' own text (trainer/templates/qwen3.jinja, qwq.jinja) on SmolLM2's
+The templates are the models' own text (trainer/rollout/templates/qwen3.jinja, qwq.jinja) on SmolLM2's
 tokenizer, whose ``<|im_start|>`` / ``<|im_end|>`` ids (1, 2) are the ChatML ones: what is under test
 is the template logic. Expected streams are written out by hand from the templates' text.
 """

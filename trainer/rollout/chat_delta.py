@@ -48,7 +48,7 @@ the ones the template writes (:class:`chatgym.trainer.rollout.tokenizer.ContentC
 ``chatml_tools`` and SmolLM2's own (history mode); Qwen3's and QwQ's stock templates, shipped as
 ``qwen3`` / ``qwq`` (base mode). Any other template is probed the same way at start-up: it runs when
 one of the two modes checks out, else the collector refuses it with the reason. To add one, put its
-text in ``trainer/templates/<name>.jinja`` (with its source named in a ``{#- ... -#}`` comment) or pass
+text in ``trainer/rollout/templates/<name>.jinja`` (with its source named in a ``{#- ... -#}`` comment) or pass
 a path / template string as ``chat_template``; then add it to the template lists of those two test
 files.
 

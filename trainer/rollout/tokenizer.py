@@ -32,7 +32,7 @@ CHATML_TOOLS = "chatml_tools"
 
 @cache
 def builtin_template(name: str = CHATML_TOOLS) -> str:
-    """Source of a template shipped in ``trainer/templates/<name>.jinja``.
+    """Source of a template shipped in ``trainer/rollout/templates/<name>.jinja``.
 
     Raises:
         FileNotFoundError: no such template (the message lists the shipped ones).
