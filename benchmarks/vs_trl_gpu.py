@@ -120,8 +120,8 @@ def run_trl(seed: int, steps: int, eval_every: int, fp32: bool, evaluator) -> di
 
     import chatgym  # noqa: F401  (registers the env ids)
     from chatgym.trainer.models import load_model
-    from chatgym.trainer.sampler import tasks_for_step
     from chatgym.trainer.rollout.tokenizer import get_tokenizer
+    from chatgym.trainer.sampler import tasks_for_step
 
     _fingerprint_fallback()
     env = gym.make("Math-v0", split="train")
