@@ -3,7 +3,8 @@
 Holds the collector (:mod:`.collector`: many episodes at once, budgets, failure isolation), its
 settings (:mod:`.config`, the only type the run config takes from here), the guarded episode runner
 shared with evaluation (:mod:`.episode`), the env runner (:mod:`.env_runner`: async and sync envs
-from asyncio), the chat-template delta and tokenizer (:mod:`.chat_delta`, :mod:`.tokenizer`),
+from asyncio), the chat-template delta, its start-up probe and the tokenizer (:mod:`.chat_delta`,
+:mod:`.template_probe`, :mod:`.tokenizer`),
 trajectory types (:mod:`.types`), traces (:mod:`.trace`) and the ``chatgym rollout`` CLI (:mod:`.cli`).
 
 May import: ``chatgym.envs`` (messages, the env contract), ``chatgym.trainer.engines``,
