@@ -165,3 +165,25 @@ async def test_qwq_generation_prompt_opens_the_think_block(tok):
     assert traj.loss_mask == [0] * len(prompt) + [1] * len(turns[0]) + [0] * len(delta) + [1] * len(turns[1])
     assert_no_turn_twice(tok, traj, ["First thought.", "Second thought."])
     assert "First thought." not in ChatRenderer(tok, builtin_template("qwq")).render(traj.messages)
+
+
+def test_a_template_name_or_path_in_the_config_is_resolved_everywhere(tok):
+    # Regression: `rollout.chat_template=qwen3` (train/rollout/eval configs) reached the renderer as
+    # the literal text "qwen3" and the probe refused it; only the CLI flag resolved names.
+    qwen3 = builtin_template("qwen3")
+    assert ChatRenderer(tok, "qwen3").chat_template == qwen3
+    path = str(resolve_chat_template.__globals__["TEMPLATES_DIR"] / "qwq.jinja")
+    assert ChatRenderer(tok, path).chat_template == builtin_template("qwq")
+    assert ChatRenderer(tok, "auto").chat_template == resolve_chat_template(tok.chat_template, "auto")
+    assert ChatRenderer(tok, qwen3).chat_template == qwen3  # template text is used as given
+    collector = Collector(ReplayEngine(tok, {}), tok, CollectorConfig(chat_template="qwen3"))
+    assert collector.renderer.chat_template == qwen3 and collector.probe.delta_mode == "base"
+    collector.close()
+
+
+def test_a_template_setting_that_names_nothing_fails_at_config_time():
+    with pytest.raises(ValueError, match=r"CollectorConfig.chat_template: chat_template 'qwen4' is not shipped; "
+                       r"choose one of \['chatml_tools', 'qwen3', 'qwq'\]"):
+        CollectorConfig(chat_template="qwen4")
+    with pytest.raises(ValueError, match=r"chat_template file '/nonexistent/t.jinja' does not exist"):
+        CollectorConfig(chat_template="/nonexistent/t.jinja")

@@ -76,7 +76,15 @@ from .template_probe import (  # noqa: F401  (the probe's types and entry point,
     first_difference,
     probe_template,
 )
-from .tokenizer import SENTINEL_CLOSE, SENTINEL_OPEN, ContentCodec, content_codec, content_ids
+from .tokenizer import (
+    SENTINEL_CLOSE,
+    SENTINEL_OPEN,
+    ContentCodec,
+    content_codec,
+    content_ids,
+    is_template_text,
+    resolve_chat_template,
+)
 
 
 @dataclass
@@ -89,10 +97,14 @@ class ChatRenderer:
 
     Args:
         tokenizer: a Hugging Face tokenizer (``apply_chat_template``, ``encode``, ``decode``).
-        chat_template: Jinja template text overriding the tokenizer's own (None: use the tokenizer's).
+        chat_template: the template overriding the tokenizer's own (None: use the tokenizer's): Jinja
+            text, or a name or path as :func:`~chatgym.trainer.rollout.tokenizer.resolve_chat_template`
+            takes (``"qwen3"``, ``"qwq"``, ``"chatml_tools"``, ``"auto"``, ``"model"``,
+            ``"path/to/t.jinja"``), resolved here against the tokenizer's own template.
 
     Raises:
         TemplateError: the template's text holds the codec's private-use sentinel characters.
+        FileNotFoundError: a template name that is not shipped, or a ``.jinja`` path that does not exist.
     """
 
     tokenizer: Any
@@ -102,6 +114,10 @@ class ChatRenderer:
 
     def __post_init__(self) -> None:
         self.codec = content_codec(self.tokenizer)
+        if isinstance(self.chat_template, str) and not is_template_text(self.chat_template):
+            self.chat_template = resolve_chat_template(
+                getattr(self.tokenizer, "chat_template", None), self.chat_template
+            )
         source = self.chat_template or getattr(self.tokenizer, "chat_template", None)
         if isinstance(source, str) and (SENTINEL_OPEN in source or SENTINEL_CLOSE in source):
             raise TemplateError("chat template holds the characters U+E000/U+E001 that chatgym reserves")

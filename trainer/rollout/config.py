@@ -23,7 +23,8 @@ class CollectorConfig:
         env_threads: worker threads for sync envs.
         eos_token_ids: every EOS id of the model; empty: the engine's, else the tokenizer's and the
             generation config's.
-        chat_template: Jinja template text overriding the tokenizer's (None: the tokenizer's).
+        chat_template: the template overriding the tokenizer's (None: the tokenizer's): Jinja text,
+            ``auto``, ``model``, a shipped name (``chatml_tools``, ``qwen3``, ``qwq``) or a ``.jinja`` path.
         trace_path: JSONL file that traced trajectories are appended to (None: no trace).
         trace_fraction: share of trajectories traced, in [0, 1].
     """
@@ -62,6 +63,13 @@ class CollectorConfig:
             )
         if not 0.0 <= self.trace_fraction <= 1.0:
             raise ValueError(f"CollectorConfig.trace_fraction must be in [0, 1], got {self.trace_fraction}")
+        if self.chat_template is not None:
+            from .tokenizer import check_chat_template_setting
+
+            try:
+                check_chat_template_setting(self.chat_template)
+            except FileNotFoundError as exc:
+                raise ValueError(f"CollectorConfig.chat_template: {exc}") from None
         # SamplingParams validates temperature/top_p; build one now so a bad value fails here.
         try:
             SamplingParams(max_tokens=1, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)

@@ -80,12 +80,34 @@ def resolve_chat_template(model_template: str | None, chat_template: str = "auto
         if not model_template:
             raise ValueError("chat_template='model' but the model's tokenizer has no chat template")
         return model_template
-    if "{%" in chat_template or "{{" in chat_template:
+    if is_template_text(chat_template):
         return chat_template
     path = Path(chat_template).expanduser()
     if path.suffix == ".jinja" and path.is_file():
         return path.read_text()
     return builtin_template(chat_template)
+
+
+def is_template_text(chat_template: str) -> bool:
+    """True for Jinja template text, False for a name (``auto``, ``model``, a shipped one) or a path."""
+    return "{%" in chat_template or "{{" in chat_template
+
+
+def check_chat_template_setting(chat_template: str | None) -> None:
+    """Fail fast on a ``chat_template`` setting that names nothing (before any model loads).
+
+    Raises:
+        FileNotFoundError: neither template text, ``auto``/``model``, a shipped name, nor a
+            ``.jinja`` file that exists (the message lists the shipped names).
+    """
+    if chat_template is None or chat_template in ("auto", "model") or is_template_text(chat_template):
+        return
+    path = Path(chat_template).expanduser()
+    if path.suffix == ".jinja":
+        if not path.is_file():
+            raise FileNotFoundError(f"chat_template file {chat_template!r} does not exist")
+        return
+    builtin_template(chat_template)
 
 
 def get_tokenizer(name_or_path: str | os.PathLike[str], chat_template: str = "auto") -> Any:
