@@ -76,9 +76,18 @@ def build_engine(cfg: Any, model_path: Path, tokenizer: Any, seed: int, max_mode
 
     Raises:
         ModuleNotFoundError: the backend's package is missing (e.g. vLLM: ``pip install 'chatgym[vllm]'``).
+        ValueError: an ``engine.options`` key the backend does not take (named, with the allowed ones).
     """
     cls = engine_class(cfg.backend)
     accepted = inspect.signature(cls).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
+    unknown = sorted(set(cfg.options) - set(accepted)) if not takes_any else []
+    if unknown:
+        allowed = sorted(n for n, p in accepted.items() if p.kind is inspect.Parameter.KEYWORD_ONLY)
+        raise ValueError(
+            f"engine.options: {', '.join(map(repr, unknown))} not taken by the {cfg.backend!r} engine "
+            f"({cls.__name__}); it takes {allowed}"
+        )
     candidates = {"dtype": engine_dtype(cfg), "tokenizer": tokenizer, "seed": seed, "max_model_len": max_model_len}
     kwargs = {k: v for k, v in candidates.items() if k in accepted}
     kwargs.update(cfg.options)
