@@ -383,16 +383,22 @@ class TransformersEngine:
                 parts.append(logits)
                 rows = rows + [self._new_row(r) for r in joiners]
             assert batch is not None
-            logits = (parts[0] if len(parts) == 1 else torch.cat(parts)).float()
-            tokens = self._sample(logits, [r.request.params for r in rows], [r.generator for r in rows])
-            logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
-            batch.tokens = tokens
-            keep = self._record(rows, tokens.tolist(), logprobs.tolist())
+            batch.tokens, keep = self._take_tokens(rows, parts)
             if len(keep) < len(rows):
                 rows = [rows[r] for r in keep]
                 if rows:
                     hf_batch.select(batch, keep)
         return rows, (batch if rows else None)
+
+    def _take_tokens(self, rows: list[_Row], parts: list[Any]) -> tuple[Any, list[int]]:
+        """Sample one id per row from the step's logits (``parts``, row order); record it and its raw
+        logprob; returns the ids ``(rows,)`` and the indices of the rows still running."""
+        import torch
+
+        logits = (parts[0] if len(parts) == 1 else torch.cat(parts)).float()
+        tokens = self._sample(logits, [r.request.params for r in rows], [r.generator for r in rows])
+        logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
+        return tokens, self._record(rows, tokens.tolist(), logprobs.tolist())
 
     def _record(self, rows: list[_Row], tokens: list[int], logprobs: list[float]) -> list[int]:
         """Append each row's new token; answer the rows that finished; returns the indices still running."""
@@ -443,11 +449,8 @@ class TransformersEngine:
                 self.batches_run += 1
                 self.rows_run += len(joiners)
                 rows = rows + [self._new_row(r) for r in joiners]
-            logits = parts[0] if len(parts) == 1 else torch.cat(parts)
-            tokens = self._sample(logits, [r.request.params for r in rows], [r.generator for r in rows])
-            logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
+            tokens, keep = self._take_tokens(rows, parts)
             slots.set_tokens(tokens)
-            keep = self._record(rows, tokens.tolist(), logprobs.tolist())
             if len(keep) < len(rows):
                 slots.select(keep)
                 rows = [rows[r] for r in keep]
