@@ -33,6 +33,7 @@ from .registry import (
     register_kl_estimator,
     register_policy_loss,
 )
+from .tppo import extended_gae, tppo_advantages, tppo_value_mask
 from .value_loss import ValueLossOutput, clipped_value_loss
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "clipped_value_loss",
     "dr_grpo_advantages",
     "entropy_from_logits",
+    "extended_gae",
     "gae_advantages",
     "get_advantage_estimator",
     "get_aggregation_mode",
@@ -72,5 +74,7 @@ __all__ = [
     "reinforce_plus_plus_advantages",
     "reinforce_plus_plus_baseline_advantages",
     "rloo_advantages",
+    "tppo_advantages",
+    "tppo_value_mask",
     "truncated_is_weights",
 ]
