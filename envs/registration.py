@@ -12,6 +12,7 @@ ENV_SPECS: dict[str, tuple[str, dict]] = {
     "CodeSandbox-v0": ("chatgym.envs.code_sandbox:CodeSandboxEnv", {}),
     "Math-v0": ("chatgym.envs.math_env:MathEnv", {}),
     "MathCalculator-v0": ("chatgym.envs.math_env:MathEnv", {"calculator": True}),
+    "MathPython-v0": ("chatgym.envs.math_python:MathPythonEnv", {}),
     "Search-v0": ("chatgym.envs.search:SearchEnv", {}),
     "UserSim-v0": ("chatgym.envs.usersim.env:UserSimEnv", {}),
     "Judge-v0": ("chatgym.envs.judge:JudgeEnv", {}),

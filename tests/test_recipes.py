@@ -1,0 +1,167 @@
+"""examples/recipes: every recipe config loads, and a 1-step run of each CPU recipe with a scripted
+policy (a FAKE engine: ReplayEngine whose script reads the prompt) trains and gives the exact tool
+figures that the recipe's plot script reports."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from train_helpers import TINY_LLAMA
+
+from chatgym.trainer.config import load_config
+from chatgym.trainer.engines.replay import ReplayEngine
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = ROOT / "examples" / "recipes"
+CONFIGS = sorted(p.relative_to(RECIPES).as_posix() for p in RECIPES.glob("*/*.yaml"))
+CPU_CONFIGS = [c for c in CONFIGS if "cpu" in c]
+
+sys.path.insert(0, str(RECIPES))
+import plot_recipe  # noqa: E402
+
+
+def test_the_recipes_are_there():
+    assert CONFIGS == [
+        "retool/cpu.yaml",
+        "retool/gpu.yaml",
+        "search_r1/tags_cpu.yaml",
+        "search_r1/tags_gpu.yaml",
+        "search_r1/tool_cpu.yaml",
+        "search_r1/tool_gpu.yaml",
+    ]
+    for recipe in ("retool", "search_r1"):
+        assert (RECIPES / recipe / "README.md").is_file()
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_config_loads_and_names_its_run(name):
+    cfg = load_config(RECIPES / name)
+    stem = name.replace("/", "_").removesuffix(".yaml")
+    assert cfg.train.output_dir == f"runs/recipes/{stem}"
+    assert cfg.train.trace_fraction == 1.0  # the plot script reads every training episode
+    assert cfg.env.eval_tasks > 0 and cfg.env.eval_every > 0
+    if "gpu" in name:
+        assert (cfg.model.device, cfg.engine.backend) == ("cuda", "hf")
+    else:
+        assert (cfg.model.device, cfg.engine.backend) == ("auto", "vllm")
+    # The header comment's command is the one that runs this file.
+    assert f"chatgym train examples/recipes/{name}" in (RECIPES / name).read_text()
+
+
+class ScriptedPolicy(ReplayEngine):
+    """A FAKE engine (no model): ReplayEngine that accepts the trainer's weight syncs and ignores them."""
+
+    def update_weights(self, weights):
+        for _ in weights:
+            pass
+
+
+@pytest.fixture(scope="module")
+def tok():
+    try:
+        from chatgym.trainer.rollout.tokenizer import get_tokenizer
+
+        return get_tokenizer("smollm2")
+    except (ModuleNotFoundError, FileNotFoundError, OSError) as exc:
+        pytest.skip(str(exc))
+
+
+def last_user_text(text: str) -> str:
+    return text.rsplit("<|im_start|>user\n", 1)[-1].split("<|im_end|>", 1)[0]
+
+
+def tiny_run(tmp_path, name: str, tok, script) -> dict:
+    """One training step of recipe ``name`` with a tiny random model and the scripted policy; 4 held-out tasks."""
+    from chatgym.trainer.train import Trainer
+
+    cfg = load_config(
+        RECIPES / name,
+        [
+            "model.random_init=true",
+            "model.config_overrides=" + json.dumps(TINY_LLAMA),
+            "env.eval_tasks=4",
+            "train.max_steps=1",
+            "train.prompts_per_step=2",
+            "train.group_size=2",
+            "train.progress=false",
+            "train.tensorboard=false",
+            f"train.output_dir={tmp_path}",
+        ],
+    )
+    # Each turn: the script's text, then <|im_end|> (id 2), SmolLM2's end of an assistant turn.
+    engine = ScriptedPolicy(lambda ids: [*tok.encode(script(tok.decode(ids)), add_special_tokens=False), 2], tok)
+    trainer = Trainer(cfg, engine=engine)
+    try:
+        summary = trainer.train()
+    finally:
+        trainer.close()
+    return summary
+
+
+def test_retool_recipe_one_step_with_a_perfect_tool_user(tmp_path, tok):
+    pytest.importorskip("reasoning_gym")
+
+    def script(prompt: str) -> str:
+        user = last_user_text(prompt)
+        if user.startswith("<tool_response>"):  # turn 2: copy the interpreter's stdout as the answer
+            value = re.search(r"stdout:\n(\S+)", user).group(1)
+            return f"<answer>{value}</answer>"
+        expr = re.fullmatch(r"Calculate (.+)\.", user).group(1)  # turn 1: compute with python
+        return '<tool_call>{"name": "python", "arguments": {"code": "print(' + expr + ')"}}</tool_call>'
+
+    summary = tiny_run(tmp_path, "retool/cpu.yaml", tok, script)
+    # Every episode: one ok call, the right answer -> reward 1 + call_bonus 0.2, success.
+    assert summary["first_step"]["reward/mean"] == pytest.approx(1.2)
+    assert summary["first_step"]["reward/accuracy"] == 1.0
+    assert summary["eval_before"]["eval/accuracy"] == summary["eval_after"]["eval/accuracy"] == 1.0
+    data = plot_recipe.main([str(tmp_path)])
+    assert (tmp_path / "curves.png").stat().st_size > 1000
+    [train] = data["train"]
+    # 2 prompts x 2 samples; 2 turns each (call, answer); 1 call; no tool error.
+    assert {k: train[k] for k in ("episodes", "tool_rate", "calls", "turns", "tool_error_rate", "accuracy")} == {
+        "episodes": 4.0, "tool_rate": 1.0, "calls": 1.0, "turns": 2.0, "tool_error_rate": 0.0, "accuracy": 1.0,
+    }  # fmt: skip
+    assert [(e["step"], e["episodes"], e["tool_rate"], e["accuracy"]) for e in data["eval"]] == [
+        (0, 4.0, 1.0, 1.0),
+        (1, 4.0, 1.0, 1.0),
+    ]
+
+
+@pytest.mark.parametrize("mode", ["tags", "tool"])
+def test_search_recipe_one_step_with_an_oracle_searcher(tmp_path, tok, mode):
+    pytest.importorskip("bm25s")
+    import gymnasium as gym
+
+    cfg = load_config(RECIPES / f"search_r1/{mode}_cpu.yaml")
+    answers = {}
+    for split in ("train", "test"):
+        try:
+            env = gym.make("Search-v0", split=split, **cfg.env.kwargs).unwrapped
+            answers.update({t["question"]: t["answers"][0] for t in env.tasks})
+        except (ModuleNotFoundError, FileNotFoundError) as exc:
+            pytest.skip(str(exc))
+
+    def script(prompt: str) -> str:
+        # Turn 1 searches the question; turn 2 answers with the gold answer (an oracle, so EM is 1 by
+        # construction and the figures below are exact).
+        user = last_user_text(prompt)
+        if user.startswith("Question: "):
+            q = user.removeprefix("Question: ")
+            if mode == "tags":
+                return f"<search> {q} </search>"
+            return "<tool_call>" + json.dumps({"name": "search", "arguments": {"query": q}}) + "</tool_call>"
+        question = re.search(r"<\|im_start\|>user\nQuestion: (.*?)<\|im_end\|>", prompt, re.S).group(1)
+        return f"<answer>{answers[question]}</answer>"
+
+    summary = tiny_run(tmp_path, f"search_r1/{mode}_cpu.yaml", tok, script)
+    assert summary["first_step"]["reward/mean"] == 1.0
+    data = plot_recipe.main([str(tmp_path)])
+    [train] = data["train"]
+    assert {k: train[k] for k in ("episodes", "tool_rate", "calls", "turns", "tool_error_rate", "em", "f1")} == {
+        "episodes": 4.0, "tool_rate": 1.0, "calls": 1.0, "turns": 2.0, "tool_error_rate": 0.0, "em": 1.0, "f1": 1.0,
+    }  # fmt: skip
+    assert [(e["step"], e["accuracy"], e["f1"]) for e in data["eval"]] == [(0, 1.0, 1.0), (1, 1.0, 1.0)]
