@@ -37,7 +37,7 @@ from .messages import Message, ToolCall, message_errors
 from .parsers import ParsedAction, ToolCallParser, get_parser, parse_openai_message
 from .spaces import ActionSpace, MessagesSpace
 from .tool_config import LoadedTools, load_tools, parse_tools_config, read_tools_config
-from .tools import Tool, ToolOutcome, register_tool, resolve_tools, run_tool_calls
+from .tools import Tool, ToolOutcome, register_tool, resolve_tools, run_tool_calls, tool_error_kinds
 
 T = TypeVar("T")
 
@@ -186,12 +186,16 @@ class ChatEnv(gym.Env):
         return StepOutcome(reward=0.0, terminated=True)
 
     async def react(self, turn: AssistantTurn) -> StepOutcome:
-        """Run the turn's tool calls; a turn without calls is the final answer and is scored."""
+        """Run the turn's tool calls; a turn without calls is the final answer and is scored.
+
+        ``info["tool_errors"]`` counts the failed calls and ``info["tool_error_kinds"]`` splits them
+        by kind (:data:`chatgym.envs.tools.TOOL_ERROR_KINDS`)."""
         if not turn.parsed.calls and not turn.parsed.errors:
             return await self.score(turn)
         outcomes = await self.run_tools(turn)
         out = StepOutcome(messages=[o.message for o in outcomes])
         out.info["tool_errors"] = sum(o.error for o in outcomes)
+        out.info["tool_error_kinds"] = tool_error_kinds(outcomes)
         for o in outcomes:
             if o.result is not None:
                 out.reward += o.result.reward or 0.0
@@ -247,7 +251,7 @@ class ChatEnv(gym.Env):
             # A server-given id is answered by that id: strict chat APIs reject a tool message whose id
             # matches no call of the assistant turn. Text-parsed calls have none to answer.
             call_id = (ids[i] if i < len(ids) else None) or f"call_error_{i}"
-            outcomes.append(ToolOutcome(M.tool(text, call_id), error=True))
+            outcomes.append(ToolOutcome(M.tool(text, call_id), error=True, kind="parse_error"))
         return outcomes
 
     # ---- the Gymnasium API (async first) ----------------------------------------------------

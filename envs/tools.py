@@ -190,13 +190,36 @@ def resolve_tools(tools: Iterable[Tool | str | Callable[..., Any]]) -> dict[str,
 # ---- running calls ----------------------------------------------------------------------------
 
 
+# What went wrong in a failed tool call (``ToolOutcome.kind``; summed per step in the env's
+# ``info["tool_error_kinds"]``): the call could not be parsed out of the text, named no offered tool,
+# had arguments that are not a JSON object or do not fit the schema, raised, ran past the env's
+# ``tool_timeout_s``, or returned an error result itself (``ToolResult.is_error``: a failed search,
+# code that raised in the sandbox, an MCP error).
+TOOL_ERROR_KINDS = ("parse_error", "unknown_tool", "bad_arguments", "raised", "timeout", "tool_error")
+
+
 @dataclass
 class ToolOutcome:
-    """The result of one tool call, already shaped as the ``tool`` message for the model."""
+    """The result of one tool call, already shaped as the ``tool`` message for the model.
+
+    ``kind`` is one of :data:`TOOL_ERROR_KINDS` when ``error`` is True, else None.
+    """
 
     message: Message
     error: bool
     result: ToolResult | None = None
+    kind: str | None = None
+
+
+def tool_error_kinds(outcomes: Iterable[ToolOutcome]) -> dict[str, int]:
+    """``{kind: count}`` of the failed outcomes (an error without a kind counts as ``unspecified``);
+    an env puts it in a step's ``info["tool_error_kinds"]`` next to ``info["tool_errors"]``."""
+    counts: dict[str, int] = {}
+    for o in outcomes:
+        if o.error:
+            kind = o.kind or "unspecified"
+            counts[kind] = counts.get(kind, 0) + 1
+    return counts
 
 
 def decode_arguments(call: ToolCall) -> tuple[dict[str, Any] | None, str | None]:
@@ -233,26 +256,31 @@ async def run_tool_call(call: ToolCall, tools: Mapping[str, Tool], timeout_s: fl
     name = call["function"]["name"]
     call_id = call.get("id") or "call_0"
 
-    def fail(text: str) -> ToolOutcome:
-        return ToolOutcome(tool_message(f"Error: {text}", call_id, name), error=True)
+    def fail(text: str, kind: str) -> ToolOutcome:
+        return ToolOutcome(tool_message(f"Error: {text}", call_id, name), error=True, kind=kind)
 
     if name not in tools:
-        return fail(f"unknown tool {name!r}. Available tools: {', '.join(tools) or '(none)'}.")
+        return fail(f"unknown tool {name!r}. Available tools: {', '.join(tools) or '(none)'}.", "unknown_tool")
     t = tools[name]
     args, err = decode_arguments(call)
     if err:
-        return fail(f"{name}: {err}")
+        return fail(f"{name}: {err}", "bad_arguments")
     errors = t.validate(args)
     if errors:
-        return fail(f"{name}: invalid arguments: " + "; ".join(errors))
+        return fail(f"{name}: invalid arguments: " + "; ".join(errors), "bad_arguments")
     try:
         out = await asyncio.wait_for(_call_catching(t, args), timeout_s)
     except asyncio.TimeoutError:
-        return fail(f"{name} timed out after {timeout_s} s")
+        return fail(f"{name} timed out after {timeout_s} s", "timeout")
     if isinstance(out, _Raised):  # a tool's bug is the model's observation, not the batch's crash
-        return fail(f"{name} raised {type(out.exc).__name__}: {out.exc}")
+        return fail(f"{name} raised {type(out.exc).__name__}: {out.exc}", "raised")
     result = out if isinstance(out, ToolResult) else ToolResult(content=str(out))
-    return ToolOutcome(tool_message(result.content, call_id, name), error=result.is_error, result=result)
+    return ToolOutcome(
+        tool_message(result.content, call_id, name),
+        error=result.is_error,
+        result=result,
+        kind="tool_error" if result.is_error else None,
+    )
 
 
 async def run_tool_calls(

@@ -48,6 +48,7 @@ from .. import messages as M
 from ..agents import Responder, ScriptedResponder, ask, flip_roles
 from ..core import AssistantTurn, ChatEnv, StepOutcome, load_prompt
 from ..messages import Message
+from ..tools import tool_error_kinds
 from . import data
 from .airline import SPECS as AIRLINE_SPECS
 from .airline import AirlineTools
@@ -253,7 +254,10 @@ class UserSimEnv(ChatEnv):
             outcomes = await self.run_tools(turn)
             errors = sum(o.error for o in outcomes)
             self.tool_errors += errors
-            out = StepOutcome(messages=[o.message for o in outcomes], info={"tool_errors": errors})
+            out = StepOutcome(
+                messages=[o.message for o in outcomes],
+                info={"tool_errors": errors, "tool_error_kinds": tool_error_kinds(outcomes)},
+            )
             if self.tool_errors >= self.max_tool_errors:  # tau2: TOO_MANY_ERRORS, scored 0
                 out.terminated = True
                 out.info.update(

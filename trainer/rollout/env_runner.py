@@ -1,10 +1,11 @@
 """Run any Gymnasium env from asyncio: async envs natively, sync envs in a thread pool.
 
 An env is driven through its async API (``areset``/``astep``/``aclose``, the ChatEnv contract) when
-it has one and nothing in between would be skipped: the only wrappers allowed on top are the ones
-``gym.make`` adds that only check call order (``OrderEnforcing``, ``PassiveEnvChecker``). A ChatEnv
-subclass that overrides only the sync ``step`` is a CPU-bound env and runs in the pool, as does any
-env behind other wrappers (their ``step`` must run).
+it has one and nothing in between would be skipped (:func:`chatgym.envs.async_env.async_core`): the
+wrappers ``gym.make`` adds that only check call order are looked through, and a wrapper with its own
+async API (``GenRMEnv``) is driven through it. A ChatEnv subclass that overrides only the sync
+``step`` is a CPU-bound env and runs in the pool, as does any env behind other wrappers (their
+``step`` must run).
 
 A sync call that outlives its episode's timeout cannot be interrupted (Python threads cannot be
 killed): its thread stays busy until the call returns, and the pool has that many fewer workers.
@@ -21,35 +22,12 @@ from typing import Any
 
 import gymnasium as gym
 
+from chatgym.envs.async_env import async_core
+
+__all__ = ["EnvRunner", "EnvSource", "async_core", "env_name", "make_env"]
+
 # What an episode is made from: a registered id (``gym.make``) or a factory (not Gymnasium's EnvSpec).
 EnvSource = str | Callable[[], gym.Env]
-
-_PASSTHROUGH_WRAPPERS = (gym.wrappers.OrderEnforcing, gym.wrappers.PassiveEnvChecker)
-
-
-def _defining_index(cls: type, name: str) -> int:
-    for i, klass in enumerate(cls.__mro__):
-        if name in klass.__dict__:
-            return i
-    return len(cls.__mro__)
-
-
-def async_core(env: gym.Env) -> Any | None:
-    """The object whose ``areset``/``astep`` may be awaited for ``env``, or None (run it sync)."""
-    core: Any = env
-    while isinstance(core, gym.Wrapper):
-        if type(core) not in _PASSTHROUGH_WRAPPERS:
-            return None
-        core = core.env
-    if not (
-        inspect.iscoroutinefunction(getattr(core, "areset", None))
-        and inspect.iscoroutinefunction(getattr(core, "astep", None))
-    ):
-        return None
-    cls = type(core)
-    if _defining_index(cls, "step") < _defining_index(cls, "astep"):
-        return None  # a subclass re-implemented the sync step below the async one
-    return core
 
 
 def make_env(spec: EnvSource, env_kwargs: dict[str, Any] | None = None) -> gym.Env:

@@ -7,8 +7,10 @@
   the time — one slow or crashing episode never takes the batch down;
 - :func:`record_step` books one ``env.step`` result into the trajectory: the turn's reward, the env's
   info (``success`` into ``Trajectory.success``), the tool counters ``info["tool_results_total"]``
-  (``tool`` messages returned: one per call, malformed ones included) and ``info["tool_errors_total"]``
-  (sum of the env's ``tool_errors``).
+  (``tool`` messages returned: one per call, malformed ones included), ``info["tool_errors_total"]``
+  (sum of the env's ``tool_errors``) and ``info["tool_errors_by_kind"]`` (its ``tool_error_kinds``
+  summed: ``parse_error``, ``unknown_tool``, ``bad_arguments``, ``raised``, ``timeout``,
+  ``tool_error``; errors the env did not classify are ``unspecified``).
 """
 
 from __future__ import annotations
@@ -104,10 +106,20 @@ def record_step(traj: Trajectory, obs: list[Message], reward: float, info: Any) 
     traj.rewards.append(float(reward))
     totals = traj.info
     tool_results = int(totals.get("tool_results_total", 0)) + sum(m.get("role") == "tool" for m in obs)
-    tool_errors = int(totals.get("tool_errors_total", 0)) + int(info.get("tool_errors", 0) or 0)
+    step_errors = int(info.get("tool_errors", 0) or 0)
+    tool_errors = int(totals.get("tool_errors_total", 0)) + step_errors
+    by_kind = dict(totals.get("tool_errors_by_kind") or {})
+    kinds = info.get("tool_error_kinds") if isinstance(info.get("tool_error_kinds"), dict) else {}
+    for kind, n in kinds.items():
+        by_kind[str(kind)] = by_kind.get(str(kind), 0) + int(n)
+    # An env that counts errors without saying their kind: the rest is ``unspecified``.
+    rest = step_errors - sum(int(n) for n in kinds.values())
+    if rest > 0:
+        by_kind["unspecified"] = by_kind.get("unspecified", 0) + rest
     totals.update({k: v for k, v in info.items() if k not in _RUNNER_KEYS})
     totals["tool_results_total"] = tool_results
     totals["tool_errors_total"] = tool_errors
+    totals["tool_errors_by_kind"] = by_kind
     if "success" in info:
         traj.success = info["success"] if isinstance(info["success"], bool) else None
 

@@ -1,0 +1,201 @@
+"""GenRM rewards: an LLM judge scores an env's episodes (chatgym.envs.genrm + trainer.genrm).
+
+The env is the real MathCalculator-v0 (test task 0: "Calculate 26 - 28.", answer -2); the judge is a
+scripted responder whose verdicts are fixed, so every reward is known by hand:
+reward of the last step = env_weight * env step reward + judge_weight * judge score.
+"""
+
+from __future__ import annotations
+
+import json
+
+import gymnasium as gym
+import pytest
+
+import chatgym  # noqa: F401  (registers env ids)
+from chatgym.envs import messages as M
+from chatgym.envs.agents import RuleResponder, ScriptedResponder
+from chatgym.envs.async_env import async_core
+from chatgym.envs.core import load_prompt
+from chatgym.envs.genrm import GenRMEnv, VerdictParser, check_template
+
+QUESTION, GOLD = "Calculate 26 - 28.", "-2"
+CALL = '<tool_call>\n{"name": "calculate", "arguments": {"expression": "26 - 28"}}\n</tool_call>'
+
+
+def math_env():
+    return gym.make("MathCalculator-v0", split="test")
+
+
+class RecordingJudge:
+    """Replies with ``replies`` in order (the last one forever) and records each prompt it is shown."""
+
+    def __init__(self, *replies: str):
+        self.inner = ScriptedResponder(list(replies), then=replies[-1])
+        self.prompts: list[str] = []
+
+    async def respond(self, messages):
+        assert len(messages) == 1 and messages[0]["role"] == "user"
+        self.prompts.append(messages[0]["content"])
+        return await self.inner.respond(messages)
+
+
+async def test_scripted_judge_exact_rewards_over_a_tool_episode():
+    judge = RecordingJudge("Right, and it used the tool. <score>8</score>")
+    env = GenRMEnv(math_env(), judge, env_weight=0.5, judge_weight=2.0)
+    obs, info = await env.areset(options={"task_index": 0})
+    assert obs[-1] == M.user(QUESTION)
+
+    # Turn 1: a calculator call; the episode goes on, so nothing is judged.
+    obs, r1, term, trunc, info = await env.astep(CALL)
+    assert (r1, term, trunc) == (0.0, False, False) and "genrm" not in info and judge.prompts == []
+    assert obs[0]["content"] == "-2"
+
+    # Turn 2: the right answer. env reward 1.0, judge 8/10 = 0.8 -> 0.5 * 1.0 + 2.0 * 0.8 = 2.1
+    obs, r2, term, trunc, info = await env.astep("<answer>-2</answer>")
+    assert term and not trunc
+    assert r2 == pytest.approx(2.1, abs=1e-12)
+    assert info["reward_components"] == {"correct": 1.0, "format": 1.0, "env": 1.0, "genrm": 0.8}
+    g = info["genrm"]
+    assert (g["score"], g["reward"], g["status"], g["error"], g["attempts"]) == (0.8, 0.8, "ok", None, 1)
+    assert g["verdict"] == "Right, and it used the tool. <score>8</score>" and g["judge_s"] >= 0.0
+    assert info["success"] is True  # the env's, untouched
+    # The judge saw the shipped template filled with the task, the gold answer and the final turn.
+    expected = (
+        load_prompt("genrm_score.txt")
+        .replace("{question}", QUESTION)
+        .replace("{reference}", GOLD)
+        .replace("{response}", "<answer>-2</answer>")
+    )
+    assert judge.prompts == [expected]
+    await env.aclose()
+
+
+async def test_wrong_answer_and_defaults_env_plus_judge():
+    # Defaults: weights 1 and 1. Env reward 0 (wrong), judge 3/10 -> 0.3.
+    env = GenRMEnv(math_env(), RuleResponder(lambda m: "<score>3</score>"))
+    await env.areset(options={"task_index": 0})
+    _, reward, term, _, info = await env.astep("<answer>54</answer>")
+    assert term and reward == pytest.approx(0.3, abs=1e-12)
+    assert info["reward_components"]["env"] == 0.0 and info["reward_components"]["genrm"] == 0.3
+    assert info["success"] is False
+
+
+async def test_unparseable_verdict_gives_the_configured_reward_after_retries():
+    judge = RecordingJudge("I think it is fine.", "Score: 7")  # neither has <score>N</score>
+    env = GenRMEnv(math_env(), judge, unparseable_reward=-0.5, judge_retries=1, judge_weight=2.0)
+    await env.areset(options={"task_index": 0})
+    _, reward, _, _, info = await env.astep("<answer>-2</answer>")
+    # 1.0 * 1.0 (env) + 2.0 * -0.5 (unparseable) = 0.0
+    assert reward == 0.0
+    g = info["genrm"]
+    assert (g["score"], g["reward"], g["status"], g["attempts"]) == (None, -0.5, "unparseable", 2)
+    assert g["verdict"] == "Score: 7" and "no verdict matching" in g["error"]
+    assert len(judge.prompts) == 2 and judge.prompts[0] == judge.prompts[1]
+
+
+async def test_a_retry_that_parses_counts():
+    judge = RecordingJudge("<score>eleven</score>", "<score>11</score>", "<score>4.5</score>")
+    env = GenRMEnv(math_env(), judge, judge_retries=2, env_weight=0.0)
+    await env.areset(options={"task_index": 0})
+    _, reward, _, _, info = await env.astep("<answer>-2</answer>")
+    assert reward == pytest.approx(0.45, abs=1e-12) and info["genrm"]["attempts"] == 3
+
+
+async def test_episode_truncated_by_max_turns_is_judged_with_the_conversation():
+    template = "Q: {question}\n---\n{conversation}\n---\nlast: {response}\nref: {reference}"
+    judge = RecordingJudge("[[B]]")
+    env = GenRMEnv(
+        gym.make("MathCalculator-v0", split="test", max_turns=1),
+        judge,
+        template=template,
+        verdict=VerdictParser.named("ab"),
+    )
+    await env.areset(options={"task_index": 0})
+    _, reward, term, trunc, info = await env.astep(CALL)
+    assert (term, trunc) == (False, True) and reward == 0.0 and info["genrm"]["score"] == 0.0
+    assert judge.prompts == [
+        f"Q: {QUESTION}\n---\nUser: {QUESTION}\n\nAssistant: {CALL}\n\nTool (calculate): -2\n---\n"
+        f"last: {CALL}\nref: {GOLD}"
+    ]
+
+
+def test_sync_api_runs_on_the_envs_loop():
+    env = GenRMEnv(math_env(), RuleResponder(lambda m: "<score>10</score>"))
+    env.reset(options={"task_index": 0})
+    _, reward, term, _, _ = env.step("<answer>-2</answer>")
+    assert term and reward == 2.0
+    env.close()
+
+
+def test_wrapper_is_driven_async_and_keeps_the_env_id():
+    env = GenRMEnv(math_env(), RuleResponder(lambda m: "<score>1</score>"))
+    assert async_core(env) is env  # the collector awaits the wrapper's own areset/astep
+    assert async_core(gym.wrappers.RecordEpisodeStatistics(env)) is None  # a sync wrapper on top
+    assert env.spec.id == "MathCalculator-v0" and env.tools == env.unwrapped.tools
+    env.close()
+
+
+@pytest.mark.parametrize(
+    "text, fmt, expected",
+    [
+        ("<score>2</score> on reflection <score>9</score>", "score", 0.9),  # the last match counts
+        ("<score> 10 </score>", "score", 1.0),
+        ("<score>0</score>", "score", 0.0),
+        ("<score>11</score>", "score", None),  # outside 0..10
+        ("<score>-1</score>", "score", None),
+        ("Rating: [[1]]", "rating", 0.0),  # (1 - 1) / 9
+        ("Rating: [[7]]", "rating", 6 / 9),
+        ("[[A]]", "ab", 1.0),
+        ("first [[A]] then [[B]]", "ab", 0.0),
+        ("[[C]]", "ab", None),
+        ("no verdict", "ab", None),
+    ],
+)
+def test_verdict_formats(text, fmt, expected):
+    score, error = VerdictParser.named(fmt).parse(text)
+    if expected is None:
+        assert score is None and error
+    else:
+        assert score == pytest.approx(expected, abs=1e-12) and error is None
+
+
+def test_custom_regex_with_labels_and_range():
+    p = VerdictParser(pattern=r"Verdict:\s*(CORRECT|INCORRECT)", labels={"CORRECT": 1.0, "INCORRECT": 0.25})
+    assert p.parse("... Verdict: INCORRECT") == (0.25, None)
+    q = VerdictParser(pattern=r"(\d+)/5", score_range=(1, 5))
+    assert q.parse("I give it 4/5") == (0.75, None)  # (4 - 1) / (5 - 1)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"pattern": "(unclosed"}, "pattern .* is not a valid regex"),
+        ({"pattern": r"\d+"}, "pattern .* needs a capture group"),
+        ({"score_range": (5, 5)}, "score_range must be"),
+        ({"labels": {"A": 2.0}}, r"labels\['A'\] must be in \[0, 1\]"),
+    ],
+)
+def test_verdict_parser_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        VerdictParser(**kwargs)
+
+
+def test_template_checks():
+    check_template(load_prompt("genrm_score.txt"))
+    with pytest.raises(ValueError, match=r"\{answer\} is not one of"):
+        check_template("{question} {answer}")
+    with pytest.raises(ValueError, match=r"must contain \{response\} or \{conversation\}"):
+        check_template("Judge {question}")
+    with pytest.raises(ValueError, match="judge_retries"):
+        GenRMEnv(math_env(), RuleResponder(str), judge_retries=-1)
+    with pytest.raises(TypeError, match="async respond"):
+        GenRMEnv(math_env(), object())  # type: ignore[arg-type]
+
+
+def test_judge_output_is_json_serialisable_in_info():
+    env = GenRMEnv(math_env(), RuleResponder(lambda m: "<score>5</score>"))
+    env.reset(options={"task_index": 0})
+    *_, info = env.step("<answer>-2</answer>")
+    json.dumps(info["genrm"])
+    env.close()
