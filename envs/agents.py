@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from . import messages as M
+from . import tool_gate
 from .messages import Message, message_errors
 
 
@@ -43,10 +44,11 @@ async def ask(responder: Responder, messages: list[Message]) -> tuple[Message, d
         TypeError: the responder returned something that is not a valid message.
     """
     traced = getattr(responder, "respond_with_trace", None)
-    if traced is not None:
-        message, trace = await traced(list(messages))
-    else:
-        message, trace = await responder.respond(list(messages)), None
+    async with tool_gate.slot("api"):
+        if traced is not None:
+            message, trace = await traced(list(messages))
+        else:
+            message, trace = await responder.respond(list(messages)), None
     errors = message_errors(message)
     if errors:
         raise TypeError(

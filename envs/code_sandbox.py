@@ -31,6 +31,7 @@ from typing import Any
 from chatgym.sandboxes.base import ExecResult, Sandbox
 
 from . import messages as M
+from . import tool_gate
 from .core import AssistantTurn, ChatEnv, StepOutcome, load_prompt
 from .datasets.humaneval import load_humaneval
 from .graders.code import GradeResult, grade_function
@@ -249,9 +250,10 @@ class CodeSandboxEnv(ChatEnv):
 
     async def _run_python(self, code: str) -> str:
         task = self._require_task()
-        res = await self.sandbox.run(
-            runner_program(task["prompt"], code), timeout_s=self.run_timeout_s, memory_mb=self.memory_mb
-        )
+        async with tool_gate.slot("sandbox"):
+            res = await self.sandbox.run(
+                runner_program(task["prompt"], code), timeout_s=self.run_timeout_s, memory_mb=self.memory_mb
+            )
         return format_run(res, self.max_output_chars, self.run_timeout_s)
 
     async def _submit(self, code: str) -> ToolResult:

@@ -41,6 +41,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import messages as M
+from . import tool_gate
 from .core import AssistantTurn, ChatEnv, StepOutcome, load_prompt
 from .parsers import ParsedAction
 from .qa_metrics import exact_match, token_f1
@@ -249,10 +250,11 @@ class SearchEnv(ChatEnv):
             if self._retriever is None:
                 await asyncio.to_thread(self._get_retriever)
             r = self._retriever
-            if inspect.iscoroutinefunction(r.search_batch):
-                hits = (await r.search_batch([query], self.topk))[0]
-            else:
-                hits = (await asyncio.to_thread(r.search_batch, [query], self.topk))[0]
+            async with tool_gate.slot("retrieval"):
+                if inspect.iscoroutinefunction(r.search_batch):
+                    hits = (await r.search_batch([query], self.topk))[0]
+                else:
+                    hits = (await asyncio.to_thread(r.search_batch, [query], self.topk))[0]
         except Exception as exc:  # a retrieval failure is an observation, not a crashed episode
             return f"Error: search failed ({type(exc).__name__}: {exc}).", {
                 "search_error": type(exc).__name__

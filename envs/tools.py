@@ -18,6 +18,7 @@ from typing import Any
 
 import jsonschema
 
+from . import tool_gate
 from .messages import Message, ToolCall
 from .messages import tool as tool_message
 
@@ -269,7 +270,9 @@ async def run_tool_call(call: ToolCall, tools: Mapping[str, Tool], timeout_s: fl
     if errors:
         return fail(f"{name}: invalid arguments: " + "; ".join(errors), "bad_arguments")
     try:
-        out = await asyncio.wait_for(_call_catching(t, args), timeout_s)
+        # The wait for a slot of a shared budget (tool_gate) is not the tool's time.
+        async with tool_gate.slot("tool"):
+            out = await asyncio.wait_for(_call_catching(t, args), timeout_s)
     except asyncio.TimeoutError:
         return fail(f"{name} timed out after {timeout_s} s", "timeout")
     if isinstance(out, _Raised):  # a tool's bug is the model's observation, not the batch's crash

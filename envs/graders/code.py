@@ -22,6 +22,8 @@ from typing import Any, Literal
 
 from chatgym.sandboxes.base import Sandbox
 
+from .. import tool_gate
+
 HARNESS_SOURCE = (Path(__file__).parent / "harness.py").read_text(encoding="utf-8")
 
 GradeStatus = Literal[
@@ -110,7 +112,8 @@ async def grade_function(
         return GradeResult(False, "no_code")
     nonce = secrets.token_hex(16)
     stdin = harness_stdin(nonce, solution, test, entry_point, prelude)
-    res = await sandbox.run(HARNESS_SOURCE, stdin=stdin, timeout_s=timeout_s, memory_mb=memory_mb)
+    async with tool_gate.slot("sandbox"):
+        res = await sandbox.run(HARNESS_SOURCE, stdin=stdin, timeout_s=timeout_s, memory_mb=memory_mb)
     tail = res.stderr[-STDERR_TAIL_CHARS:]
     if res.status in ("timeout", "oom", "killed"):
         return GradeResult(False, res.status, tail, res.status, res.duration_s)
