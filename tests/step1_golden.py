@@ -107,11 +107,12 @@ CASES = ("math_grpo", "tiny_kl_ppo", "tiny_lora_kl")
 
 
 def _capture_point() -> tuple[Any, str]:
-    """Where the step hands the prepared batch to the update: ``chatgym.trainer.train.update``
-    (called as ``update(models, batch, ...)`` before and after issue 13)."""
-    from chatgym.trainer import train
+    """Where the step hands the prepared batch to the update: ``chatgym.trainer.learner.role.update``
+    (called as ``update(models, batch, ...)``; it was ``chatgym.trainer.train.update`` until the
+    learner became its own role)."""
+    from chatgym.trainer.learner import role
 
-    return train, "update"
+    return role, "update"
 
 
 def _weights(trainer: Any) -> dict[str, torch.Tensor]:

@@ -259,10 +259,10 @@ def test_cpu_flags_reads_the_flags_lines():
 
 def test_trainer_logs_the_compute_choice_once_and_keeps_auto_in_the_config(capsys, tmp_path):
     from chatgym.trainer.config import save_config
-    from chatgym.trainer.train import Trainer
+    from chatgym.trainer.learner.role import Learner
 
     cfg = load_config(None, ["engine.backend=hf", "engine.dtype=float32"])
-    trainer = Trainer.__new__(Trainer)  # only the compute set-up, no models
+    trainer = Learner.__new__(Learner)  # only the compute set-up, no models
     trainer.cfg, trainer.device = cfg, CPU
     trainer._set_up_compute()
     err = capsys.readouterr().err

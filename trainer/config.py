@@ -21,6 +21,7 @@ import yaml
 from .config_io import ConfigError, apply_overrides, config_to_dict, from_dict
 from .learner.algos import ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES
 from .rollout.config import CollectorConfig
+from .runner_config import RayConfig, RunnerConfig
 
 __all__ = [
     "AlgoConfig",
@@ -31,6 +32,8 @@ __all__ = [
     "LoraConfig",
     "ModelConfig",
     "OptimConfig",
+    "RayConfig",
+    "RunnerConfig",
     "TrainConfig",
     "apply_overrides",
     "config_to_dict",
@@ -378,6 +381,7 @@ class Config:
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    trainer: RunnerConfig = field(default_factory=RunnerConfig)
 
     def __post_init__(self) -> None:
         if self.algo.advantage in GROUP_RELATIVE_ADVANTAGES and self.train.group_size < 2:

@@ -74,6 +74,9 @@ class Completion:
         stop_reason: what ended a ``stop`` completion: the stop string (``str``) that matched, or the
             EOS/stop id (``int``) sampled last; ``None`` for ``length``/``abort`` (vLLM's
             ``CompletionOutput.stop_reason``, except that an EOS id is named too).
+        weight_versions: the policy weight version that sampled each token (``list[int]``, length n),
+            for an engine whose weights can change during one generation; None: the whole completion
+            was sampled with the engine's ``weight_version`` at the call.
     """
 
     token_ids: list[int]
@@ -82,6 +85,7 @@ class Completion:
     text: str = ""
     info: dict[str, Any] = field(default_factory=dict)
     stop_reason: int | str | None = None
+    weight_versions: list[int] | None = None
 
 
 @runtime_checkable

@@ -139,6 +139,7 @@ class _EpisodeSpec:
     seed: int | None
     group_id: int
     sample_index: int
+    sampling_seed: int | None = None
 
 
 def _task_options(task: Any, i: int) -> dict[str, Any]:
@@ -220,6 +221,7 @@ class Collector:
         seed: int | None = None,
         on_trajectory: Callable[[Trajectory], None] | None = None,
         only: Collection[tuple[int, int]] | None = None,
+        sampling_seed: int | None = None,
     ) -> list[Trajectory]:
         """Run ``group_size`` episodes of every task concurrently and return their trajectories.
 
@@ -233,6 +235,8 @@ class Collector:
             env_kwargs: keyword arguments of ``gym.make`` for env ids.
             seed: reset seed of group ``i`` is ``seed + i`` (same for all its samples); None: unseeded.
             on_trajectory: called with each trajectory as it finishes (progress bars).
+            sampling_seed: base of the per-request sampling seeds for this call only (None:
+                ``config.seed``); concurrent calls for different steps each pass their own.
             only: run just these ``(group_id, sample_index)`` episodes of the tasks x group_size grid
                 (resuming a partial evaluation). Seeds depend on the position in the grid, so an
                 episode samples the same way whichever subset of the grid runs with it.
@@ -256,8 +260,9 @@ class Collector:
                 raise ValueError(
                     f"envs has {len(env_list)} entries but tasks has {len(task_list)}; give one env or one per task"
                 )
+        base = self.config.seed if sampling_seed is None else sampling_seed
         specs = [
-            _EpisodeSpec(env_list[g], _task_options(task, g), None if seed is None else seed + g, g, s)
+            _EpisodeSpec(env_list[g], _task_options(task, g), None if seed is None else seed + g, g, s, base)
             for g, task in enumerate(task_list)
             for s in range(group_size)
             if only is None or (g, s) in only
@@ -345,10 +350,12 @@ class Collector:
         history: list[Message] = list(obs)
         traj.messages = history
         ids, mask, logprobs = traj.token_ids, traj.loss_mask, traj.engine_logprobs
+        versions = traj.weight_versions
         prompt = self._render(traj, self.renderer.prompt_ids, history, tools)
         ids.extend(prompt)
         mask.extend([0] * len(prompt))
         logprobs.extend([0.0] * len(prompt))
+        versions.extend([-1] * len(prompt))
         traj.prompt_len = len(prompt)
         turns: list[dict[str, Any]] = []
         traj.info["turns"] = turns
@@ -376,11 +383,14 @@ class Collector:
                 top_p=cfg.top_p,
                 top_k=cfg.top_k,
                 stop_token_ids=self.eos_token_ids,
-                seed=_request_seed(cfg.seed, spec.group_id, spec.sample_index, turn),
+                seed=_request_seed(spec.sampling_seed, spec.group_id, spec.sample_index, turn),
                 logprobs=True,
                 stop=stop_strings,
             )
             t = time.perf_counter()
+            # Read at the call: an engine whose weights are swapped while this turn is being sampled
+            # says so per token in Completion.weight_versions.
+            version = int(getattr(self.engine, "weight_version", 0))
             try:
                 completion = await self.engine.generate(list(ids), params)
             except asyncio.CancelledError:
@@ -399,12 +409,18 @@ class Collector:
                 raise EpisodeFailure(
                     "engine_error", f"engine returned {len(new_ids)} tokens for max_tokens={limit}"
                 )
+            new_versions = list(completion.weight_versions or [version] * len(new_ids))
+            if len(new_versions) != len(new_ids):
+                raise EpisodeFailure(
+                    "engine_error",
+                    f"engine returned {len(new_versions)} weight versions for {len(new_ids)} tokens",
+                )
             stop_cut = 0
             cut = first_stop_cut(self.tokenizer, new_ids, stop_strings) if stop_strings else None
             if cut is not None and cut[0] < len(new_ids):
                 # The engine went past a stop string: the turn ends where the rule says.
                 stop_cut = len(new_ids) - cut[0]
-                new_ids, new_lps = new_ids[: cut[0]], new_lps[: cut[0]]
+                new_ids, new_lps, new_versions = new_ids[: cut[0]], new_lps[: cut[0]], new_versions[: cut[0]]
             ended_eos = bool(new_ids) and new_ids[-1] in self._eos
             stop_reason: int | str | None = None
             if ended_eos:
@@ -420,6 +436,7 @@ class Collector:
             ids.extend(new_ids)
             mask.extend([1] * len(new_ids))
             logprobs.extend(new_lps)
+            versions.extend(new_versions)
             generated += len(new_ids)
             traj.finish_reasons.append(finish)
             traj.stop_reasons.append(stop_reason)
@@ -464,6 +481,7 @@ class Collector:
             ids.extend(added)
             mask.extend([0] * len(added))
             logprobs.extend([0.0] * len(added))
+            versions.extend([-1] * len(added))
 
 
 def _env_stop_strings(env: Any) -> tuple[str, ...]:

@@ -26,6 +26,10 @@ class Trajectory:
             (``list[int]``, length T).
         engine_logprobs: the engine's logprob of each generated token, 0.0 elsewhere (``list[float]``,
             length T); ``TokenBatch.engine_logprobs`` on the learner side.
+        weight_versions: the policy weight version that sampled each generated token, -1 on prompt
+            and observation tokens (``list[int]``, length T). The collector stamps a turn with the
+            engine's ``weight_version`` read when the turn's generate call is issued, unless the
+            engine's ``Completion.weight_versions`` says per token (weights swapped mid-generation).
         prompt_len: number of tokens of the opening prompt (the first rendered messages).
         rewards: the env's reward after each assistant turn (``list[float]``, one per turn).
         reward: the episode's total reward (sum of ``rewards``) used for advantages.
@@ -50,6 +54,7 @@ class Trajectory:
     token_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     engine_logprobs: list[float] = field(default_factory=list)
+    weight_versions: list[int] = field(default_factory=list)
     prompt_len: int = 0
     rewards: list[float] = field(default_factory=list)
     reward: float = 0.0

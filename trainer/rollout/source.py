@@ -1,0 +1,115 @@
+"""Where a training step's trajectories come from: a request in, trajectories out.
+
+    request = RolloutRequest("Math-v0", tasks=(3, 17), group_size=8, env_kwargs={"split": "train"},
+                             reset_seed=11, sampling_seed=12)
+    trajs = await source.collect(request)                   # 16 trajectories, (group, sample) order
+    source.set_weights(learner.export_weights(torch.bfloat16), version=1)
+
+:class:`LocalRollout` runs the episodes in this process (one engine, one collector);
+``chatgym.trainer.distributed.RayRollout`` spreads them over rollout workers. Both answer the same
+request with the same trajectories: seeds depend only on an episode's place in the request's
+(group, sample) grid, never on which worker or which subset ran it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .collector import Collector
+from .types import Trajectory
+
+
+@dataclass(frozen=True)
+class RolloutRequest:
+    """The episodes of one training step (or of some of its groups).
+
+    Attributes:
+        env_id: the Gymnasium env id every episode runs.
+        tasks: the step's tasks: indices into the env's split (``int``) or task rows (``dict``);
+            group ``g`` is ``tasks[g]``.
+        group_size: G, episodes per task (GRPO group).
+        env_kwargs: ``gym.make`` keyword arguments (the split among them).
+        reset_seed: group ``g`` resets with ``reset_seed + g`` (all its samples alike); None: unseeded.
+        sampling_seed: base of the per-request sampling seeds, derived from (sampling_seed, g, s, turn);
+            None: the collector's configured seed.
+        groups: run only these group ids of the grid (None: all). A subset samples exactly as it would
+            inside the full request.
+        eval: run with the evaluation settings (eval temperature, eval traces).
+        step: the training step the request belongs to (logs, buffers).
+    """
+
+    env_id: str
+    tasks: tuple[Any, ...]
+    group_size: int = 1
+    env_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    reset_seed: int | None = None
+    sampling_seed: int | None = None
+    groups: tuple[int, ...] | None = None
+    eval: bool = False
+    step: int = 0
+
+    def episodes(self) -> list[tuple[int, int]]:
+        """The ``(group_id, sample_index)`` pairs this request runs, in order."""
+        groups = range(len(self.tasks)) if self.groups is None else self.groups
+        return [(g, s) for g in groups for s in range(self.group_size)]
+
+
+class RolloutSource(Protocol):
+    """What the training loop needs from the rollout side (local or distributed)."""
+
+    weight_version: int
+
+    async def collect(self, request: RolloutRequest) -> list[Trajectory]:
+        """The request's trajectories ordered by (group_id, sample_index); failed ones included."""
+        ...
+
+    def set_weights(self, weights: Iterable[tuple[str, Any]], version: int) -> float:
+        """Load the policy's weights (name, tensor) into every engine; returns the seconds it took."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class LocalRollout:
+    """The engine and its collectors in this process.
+
+    Args:
+        engine: the engine (its weights are replaced by :meth:`set_weights`).
+        collector: the training collector (trace of a sample of rollouts).
+        eval_collector: the evaluation collector (eval temperature, every trace kept); None: use
+            ``collector``.
+    """
+
+    def __init__(self, engine: Any, collector: Collector, eval_collector: Collector | None = None):
+        self.engine = engine
+        self.collector = collector
+        self.eval_collector = eval_collector or collector
+        self.weight_version = int(getattr(engine, "weight_version", 0))
+        engine.weight_version = self.weight_version
+
+    async def collect(self, request: RolloutRequest) -> list[Trajectory]:
+        collector = self.eval_collector if request.eval else self.collector
+        only = None if request.groups is None else set(request.episodes())
+        return await collector.collect(
+            request.env_id,
+            list(request.tasks),
+            request.group_size,
+            env_kwargs=dict(request.env_kwargs),
+            seed=request.reset_seed,
+            sampling_seed=request.sampling_seed,
+            only=only,
+        )
+
+    def set_weights(self, weights: Iterable[tuple[str, Any]], version: int) -> float:
+        t0 = time.perf_counter()
+        self.engine.update_weights(weights)
+        self.weight_version = self.engine.weight_version = int(version)
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        self.collector.close()
+        if self.eval_collector is not self.collector:
+            self.eval_collector.close()
