@@ -1,0 +1,441 @@
+"""How rollout overlaps training: the ``sync``, ``one_step_off`` and ``async`` drivers.
+
+    pipeline = Pipeline(source, learner, request_for, PipelineOptions(mode="async", max_staleness=1))
+    async for result in pipeline.run(start_step, max_steps):   # one StepResult per learner update
+        log(result.step, result.metrics)
+
+The drivers only use the :class:`~chatgym.trainer.rollout.source.RolloutSource` protocol (``collect``,
+``set_weights``, ``weight_version``) and a learner (``train_on``, ``export_weights``, ``version``), so
+the same code runs over :class:`~chatgym.trainer.rollout.source.LocalRollout` and the Ray rollout.
+
+- ``sync``: collect step k, train on it, send the weights, repeat (the engine idles during the update,
+  the learner during the rollout).
+- ``one_step_off`` (verl's one-step-off recipe): the rollout of step k+1 runs while the learner trains
+  on step k's batch; weights are sent between steps, so every batch is exactly one version stale.
+- ``async`` (AReaL / PipelineRL / SkyRL's fully async trainer): each group of each step is its own
+  request; finished groups stream into a :class:`~chatgym.trainer.replay_buffer.ReplayBuffer`, and
+  the learner takes ``P`` groups (``P`` = the step's tasks) as soon as that many are ready — a long
+  episode never holds the step, its group simply lands in a later batch. Admission control keeps at
+  most ``(max_staleness + 1) * P`` groups started and not yet trained on; at take time a group whose
+  oldest token is more than ``max_staleness`` versions behind the learner is dropped
+  (``stale: drop``) or trained on with the truncated importance-sampling correction
+  (``stale: importance_sampling``; needs ``algo.tis_cap``), so the bound holds whatever the speeds.
+  With ``max_staleness: 0`` the learner gets exactly the ``sync`` batches.
+
+Partial rollout (``async``): when new weights arrive, in-flight episodes either ``continue`` (each token
+keeps the version that sampled it, ``Trajectory.weight_versions``, and its engine logprob; the loss's
+truncated IS weight ``min(exp(old - engine), C)`` corrects per token) or are aborted and re-queued
+(``abort``: the group restarts with the new weights, at the front of the queue; its first run is
+discarded, so it is neither lost nor counted twice; a restarted group is not aborted again, so an
+episode longer than one update still finishes).
+
+Every step logs the staleness distribution of what it trained on (``staleness/mean``, ``/max``,
+``/groups_<k>``: groups k versions old, ``/offpolicy_token_frac``) and the pipeline's counters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .replay_buffer import GroupEntry, ReplayBuffer, entries_from_trajectories
+from .rollout.source import RolloutRequest, RolloutSource
+from .rollout.types import Trajectory
+
+PIPELINES = ("sync", "one_step_off", "async")
+STALE_POLICIES = ("drop", "importance_sampling")
+PARTIAL_POLICIES = ("continue", "abort")
+
+
+class LearnerLike(Protocol):
+    version: int
+
+    def train_on(self, trajs: Sequence[Trajectory]) -> dict[str, float]: ...
+
+    def export_weights(self, dtype: Any = None) -> Any: ...
+
+
+@dataclass(frozen=True)
+class PipelineOptions:
+    """The driver and its knobs (``trainer.*`` of the run config).
+
+    Attributes:
+        mode: ``sync`` | ``one_step_off`` | ``async``.
+        max_staleness: ``async``: most weight versions a trained-on group's oldest token may lag the
+            learner (>= 0).
+        stale: ``async``, a group past the bound: ``drop`` it, or keep it (``importance_sampling``).
+        partial: ``async``, in-flight episodes when weights change: ``continue`` or ``abort``.
+        priority: the replay buffer's order (``fifo`` | ``reward_variance``).
+        buffer_capacity: groups the buffer holds (0: ``(max_staleness + 2) * P``).
+        spill_dir: keep buffered groups on disk there (None: in memory).
+        train_in_thread: overlapping drivers run ``train_on`` in a worker thread so the event loop
+            keeps generating (torch releases the GIL in its kernels).
+    """
+
+    mode: str = "sync"
+    max_staleness: int = 1
+    stale: str = "drop"
+    partial: str = "continue"
+    priority: str = "fifo"
+    buffer_capacity: int = 0
+    spill_dir: str | None = None
+    train_in_thread: bool = True
+
+    def __post_init__(self) -> None:
+        for name, allowed in (("mode", PIPELINES), ("stale", STALE_POLICIES), ("partial", PARTIAL_POLICIES)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(
+                    f"pipeline {name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}"
+                )
+        if not isinstance(self.max_staleness, int) or self.max_staleness < 0:
+            raise ValueError(f"max_staleness must be an int >= 0, got {self.max_staleness!r}")
+        if self.buffer_capacity < 0:
+            raise ValueError(f"buffer_capacity must be >= 0, got {self.buffer_capacity}")
+
+
+@dataclass
+class StepResult:
+    """One learner update.
+
+    Attributes:
+        step: the 0-based training step.
+        trajectories: what the learner trained on (``async``: group ids renumbered 0..P-1 in
+            (rollout step, group) order, so groups of different steps never share an id).
+        metrics: the learner's metrics plus ``timing/*``, ``staleness/*`` and ``pipeline/*``.
+        rollout_s: seconds the learner waited for this batch (``sync``: the whole rollout).
+    """
+
+    step: int
+    trajectories: list[Trajectory]
+    metrics: dict[str, float] = field(default_factory=dict)
+    rollout_s: float = 0.0
+
+
+def staleness_metrics(entries: Sequence[GroupEntry], version: int) -> dict[str, float]:
+    """The staleness distribution of a batch's groups against the learner ``version``.
+
+    ``staleness/mean|min|max`` over groups (a group's staleness: ``version`` minus its oldest token's
+    version), ``staleness/groups_<k>``: how many groups were k versions old, and
+    ``staleness/offpolicy_token_frac``: the share of generated tokens sampled by older weights.
+    """
+    if not entries:
+        return {}
+    ages = [e.staleness(version) for e in entries]
+    out: dict[str, float] = {
+        "staleness/mean": sum(ages) / len(ages),
+        "staleness/min": float(min(ages)),
+        "staleness/max": float(max(ages)),
+    }
+    for k in sorted(set(ages)):
+        out[f"staleness/groups_{k}"] = float(ages.count(k))
+    versions = [v for e in entries for t in e.trajectories or () for v in t.weight_versions if v >= 0]
+    out["staleness/offpolicy_token_frac"] = (
+        sum(v < version for v in versions) / len(versions) if versions else 0.0
+    )
+    return out
+
+
+class Pipeline:
+    """Runs training steps over a rollout source and a learner (see the module docstring).
+
+    Args:
+        source: a :class:`~chatgym.trainer.rollout.source.RolloutSource`.
+        learner: ``train_on(trajs) -> metrics``, ``export_weights(dtype)``, ``version``.
+        request_for: ``step -> RolloutRequest`` (tasks and seeds a pure function of the step).
+        options: :class:`PipelineOptions`.
+        weights_dtype: dtype the weights are cast to on their way to the engine (None: as they are).
+
+    Raises:
+        ValueError: bad options (named).
+    """
+
+    def __init__(
+        self,
+        source: RolloutSource,
+        learner: LearnerLike,
+        request_for: Callable[[int], RolloutRequest],
+        options: PipelineOptions,
+        *,
+        weights_dtype: Any = None,
+    ):
+        self.source = source
+        self.learner = learner
+        self.request_for = request_for
+        self.options = options
+        self.weights_dtype = weights_dtype
+        self.buffer: ReplayBuffer | None = None
+        self._requests: dict[int, RolloutRequest] = {}
+        # async state
+        self._cursor: tuple[int, int] | None = None  # next (step, group) never issued yet
+        self._requeue: list[tuple[int, int]] = []  # issued before, to run (again) first
+        self._rerun: set[tuple[int, int]] = set()  # aborted once: never aborted again
+        self._in_flight: dict[tuple[int, int], asyncio.Task] = {}
+        self._admitted = 0  # groups issued and not yet trained on / dropped
+        self._arrived: asyncio.Event | None = None
+        self._error: BaseException | None = None
+        self._closing = False
+        self.counters = {"aborted": 0, "dropped_stale": 0, "evicted": 0, "issued": 0}
+        self._pending_state: dict[str, Any] | None = None
+
+    # ---- shared ---------------------------------------------------------------------------------
+
+    def _request(self, step: int) -> RolloutRequest:
+        if step not in self._requests:
+            self._requests = {s: r for s, r in self._requests.items() if s >= step - 2}
+            self._requests[step] = self.request_for(step)
+        return self._requests[step]
+
+    def groups_per_step(self, step: int) -> int:
+        return len(self._request(step).tasks)
+
+    def sync_weights(self) -> float:
+        """Send the learner's weights when the engine's are older; returns the seconds it took."""
+        if self.source.weight_version == self.learner.version:
+            return 0.0
+        t0 = time.perf_counter()
+        self.source.set_weights(self.learner.export_weights(self.weights_dtype), self.learner.version)
+        return time.perf_counter() - t0
+
+    async def _train(self, trajs: list[Trajectory], in_thread: bool) -> dict[str, float]:
+        if in_thread and self.options.train_in_thread:
+            return await asyncio.to_thread(self.learner.train_on, trajs)
+        return self.learner.train_on(trajs)
+
+    def run(self, start: int, stop: int) -> AsyncIterator[StepResult]:
+        """Steps ``start .. stop-1``, one :class:`StepResult` each, in order."""
+        drivers = {"sync": self._run_sync, "one_step_off": self._run_one_step_off, "async": self._run_async}
+        return drivers[self.options.mode](start, stop)
+
+    # ---- sync and one-step-off -------------------------------------------------------------------
+
+    async def _run_sync(self, start: int, stop: int) -> AsyncIterator[StepResult]:
+        for step in range(start, stop):
+            t0 = time.perf_counter()
+            trajs = await self.source.collect(self._request(step))
+            rollout_s = time.perf_counter() - t0
+            yield await self._finish_step(step, trajs, rollout_s, t0, in_thread=False)
+
+    async def _run_one_step_off(self, start: int, stop: int) -> AsyncIterator[StepResult]:
+        pending: asyncio.Task | None = asyncio.ensure_future(self._timed_collect(start))
+        try:
+            for step in range(start, stop):
+                t0 = time.perf_counter()
+                assert pending is not None
+                trajs, _ = await pending
+                wait_s = time.perf_counter() - t0
+                # The update of step-1 is in: its weights go out before the next rollout starts.
+                sync_s = self.sync_weights()
+                pending = asyncio.ensure_future(self._timed_collect(step + 1)) if step + 1 < stop else None
+                result = await self._finish_step(step, trajs, wait_s, t0, in_thread=True, sync=False)
+                result.metrics["timing/sync_s"] = sync_s
+                yield result
+            self.sync_weights()  # the last update reaches the engine (final evaluation)
+        finally:
+            if pending is not None:
+                pending.cancel()
+                await asyncio.gather(pending, return_exceptions=True)
+
+    async def _timed_collect(self, step: int) -> tuple[list[Trajectory], float]:
+        t0 = time.perf_counter()
+        trajs = await self.source.collect(self._request(step))
+        return trajs, time.perf_counter() - t0
+
+    async def _finish_step(
+        self,
+        step: int,
+        trajs: list[Trajectory],
+        wait_s: float,
+        t0: float,
+        *,
+        in_thread: bool,
+        sync: bool = True,
+    ) -> StepResult:
+        version = self.learner.version
+        entries = entries_from_trajectories(trajs, step, self.source.weight_version)
+        metrics = staleness_metrics(entries, version)
+        metrics.update(await self._train(trajs, in_thread))
+        if sync:
+            metrics["timing/sync_s"] = self.sync_weights()
+        metrics["timing/step_s"] = time.perf_counter() - t0
+        metrics["pipeline/wait_s"] = wait_s
+        return StepResult(step, trajs, metrics, wait_s)
+
+    # ---- async ------------------------------------------------------------------------------------
+
+    def _limit(self, step: int) -> int:
+        return (self.options.max_staleness + 1) * self.groups_per_step(step)
+
+    def _ensure_buffer(self, step: int) -> ReplayBuffer:
+        if self.buffer is None:
+            opts = self.options
+            want = self.groups_per_step(step)
+            capacity = opts.buffer_capacity or (opts.max_staleness + 2) * want
+            if capacity < want:
+                raise ValueError(f"buffer_capacity {capacity} is below the {want} groups a step trains on")
+            self.buffer = ReplayBuffer(capacity, opts.priority, opts.spill_dir)
+        return self.buffer
+
+    def _next_key(self) -> tuple[int, int]:
+        if self._requeue:
+            self._requeue.sort()
+            return self._requeue.pop(0)
+        assert self._cursor is not None
+        key = self._cursor
+        step, group = key
+        self._cursor = (step, group + 1) if group + 1 < self.groups_per_step(step) else (step + 1, 0)
+        return key
+
+    def _fill(self) -> None:
+        """Start groups while fewer than the admission limit are outstanding."""
+        if self._closing or self._error is not None:
+            return
+        while self._admitted < self._limit(self._cursor[0] if self._cursor else 0):
+            key = self._next_key()
+            request = dataclasses.replace(self._request(key[0]), groups=(key[1],))
+            version = self.source.weight_version
+            task = asyncio.ensure_future(self._run_group(key, request, version))
+            self._in_flight[key] = task
+            self._admitted += 1
+            self.counters["issued"] += 1
+
+    async def _run_group(self, key: tuple[int, int], request: RolloutRequest, version: int) -> None:
+        me = asyncio.current_task()
+        try:
+            trajs = await self.source.collect(request)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a broken source (not a failed episode: those are trajectories)
+            self._error = exc
+            if self._arrived is not None:
+                self._arrived.set()
+            return
+        finally:
+            if self._in_flight.get(key) is me:
+                del self._in_flight[key]
+        if self._closing:
+            return
+        entries = entries_from_trajectories(trajs, key[0], version, groups=[key[1]])
+        buffer = self._ensure_buffer(key[0])
+        evicted = buffer.put(entries[0])
+        if evicted:
+            self.counters["evicted"] += len(evicted)
+            self._admitted -= len(evicted)
+            self._fill()
+        if self._arrived is not None:
+            self._arrived.set()
+
+    def _abort_in_flight(self) -> int:
+        """``partial: abort``: cancel the in-flight groups and queue them to run again first. A group
+        runs again at most once: its second run continues through later weight changes (an episode
+        longer than one update would otherwise be restarted forever)."""
+        aborted = [(k, t) for k, t in self._in_flight.items() if k not in self._rerun]
+        for key, task in aborted:
+            self._rerun.add(key)
+            task.cancel()
+            del self._in_flight[key]
+            self._requeue.append(key)
+            self._admitted -= 1
+        self.counters["aborted"] += len(aborted)
+        return len(aborted)
+
+    async def _run_async(self, start: int, stop: int) -> AsyncIterator[StepResult]:
+        opts = self.options
+        self._arrived = asyncio.Event()
+        self._closing = False
+        buffer = self._ensure_buffer(start)
+        if self._pending_state is not None:
+            self._restore_async(self._pending_state)
+            self._pending_state = None
+        if self._cursor is None:
+            self._cursor = (start, 0)
+        try:
+            self._fill()
+            for step in range(start, stop):
+                t0 = time.perf_counter()
+                want = self.groups_per_step(step)
+                before = dict(self.counters)
+                while True:
+                    if self._error is not None:
+                        raise RuntimeError(f"rollout source failed: {self._error!r}") from self._error
+                    if opts.stale == "drop":
+                        dropped = buffer.drop_stale(self.learner.version, opts.max_staleness)
+                        if dropped:
+                            self.counters["dropped_stale"] += len(dropped)
+                            self._admitted -= len(dropped)
+                            self._fill()
+                    if len(buffer) >= want:
+                        break
+                    self._arrived.clear()
+                    await self._arrived.wait()
+                wait_s = time.perf_counter() - t0
+                version = self.learner.version
+                entries = sorted(buffer.take(want), key=lambda e: e.key)
+                trajs = [
+                    dataclasses.replace(t, group_id=i)
+                    for i, e in enumerate(entries)
+                    for t in sorted(e.trajectories or (), key=lambda t: t.sample_index)
+                ]
+                metrics = staleness_metrics(entries, version)
+                metrics.update(await self._train(trajs, in_thread=True))
+                aborted = (
+                    self._abort_in_flight()
+                    if opts.partial == "abort" and self.learner.version != version
+                    else 0
+                )
+                metrics["timing/sync_s"] = self.sync_weights()
+                self._admitted -= len(entries)
+                self._fill()
+                metrics["timing/step_s"] = time.perf_counter() - t0
+                metrics["pipeline/wait_s"] = wait_s
+                metrics["pipeline/buffer_size"] = float(len(buffer))
+                metrics["pipeline/in_flight"] = float(len(self._in_flight))
+                metrics["pipeline/aborted"] = float(aborted)
+                for name in ("dropped_stale", "evicted"):
+                    metrics[f"pipeline/{name}"] = float(self.counters[name] - before[name])
+                metrics["pipeline/batch_steps"] = float(len({e.step for e in entries}))
+                yield StepResult(step, trajs, metrics, wait_s)
+        finally:
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        """Cancel the in-flight groups (their keys stay in :meth:`state_dict`'s pending list)."""
+        self._closing = True
+        tasks = list(self._in_flight.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ---- checkpoints ------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """What ``--resume`` needs to continue the ``async`` pipeline: the buffer, the next
+        never-issued group, and the groups issued but not finished (run again first on resume: a
+        group is trained on once, never lost). Empty for ``sync`` / ``one_step_off`` (their next
+        batch is a pure function of the step)."""
+        if self.options.mode != "async":
+            return {}
+        return {
+            "buffer": self.buffer.state_dict() if self.buffer is not None else None,
+            "cursor": self._cursor,
+            "pending": sorted({*self._in_flight, *self._requeue}),
+            "counters": dict(self.counters),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output before :meth:`run` (async; ignored otherwise)."""
+        if self.options.mode == "async" and state:
+            self._pending_state = state
+
+    def _restore_async(self, state: dict[str, Any]) -> None:
+        assert self.buffer is not None
+        if state.get("buffer") is not None:
+            self.buffer.load_state_dict(state["buffer"])
+        self._cursor = tuple(state["cursor"]) if state.get("cursor") is not None else None  # type: ignore[assignment]
+        self._requeue = [tuple(k) for k in state.get("pending", [])]  # type: ignore[misc]
+        self.counters.update(state.get("counters", {}))
+        # Buffered groups count against the admission limit; the ones to re-run count once issued.
+        self._admitted = len(self.buffer)
