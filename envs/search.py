@@ -21,7 +21,10 @@ tokenizer the budget counts whitespace-separated words. ``info["obs_truncated"]`
 happened.
 
 Reward: 1.0 when the answer equals a reference after SQuAD normalisation (exact match), else 0.0;
-``info["f1"]`` holds the token F1 (see ``chatgym.envs.qa_metrics``). At most ``max_searches``
+``info["f1"]`` holds the token F1 (see ``chatgym.envs.qa_metrics``). ``search_bonus`` (default 0) is
+a format reward added when the episode ran a search that returned passages and the answer was in
+``<answer>`` tags (shaping for small models that never search on their own; ``info["success"]`` stays
+exact match alone). At most ``max_searches``
 searches run per episode; later ones are answered with a notice instead of passages. An empty query,
 a failed search or a malformed turn becomes a message to the model, never an exception.
 
@@ -130,6 +133,8 @@ class SearchEnv(ChatEnv):
         topk: passages per search.
         max_searches: searches allowed per episode (>= 0).
         max_passage_tokens: token budget of one search's passages (None: unlimited).
+        search_bonus: reward added to the answer's when a search returned passages and the answer
+            was tagged (>= 0; ``info["reward_components"]["search_bonus"]`` when set).
         tokenizer: tokenizer that counts ``max_passage_tokens`` (None: whitespace words).
         max_turns: assistant turns before truncation (default ``max_searches + 1``).
         cache_dir: index cache root (default ``$CHATGYM_CACHE`` or ``~/.cache/chatgym``).
@@ -137,7 +142,7 @@ class SearchEnv(ChatEnv):
 
     Raises:
         ValueError: unknown dataset, mode, retriever kind or split; ``topk < 1``;
-            ``max_searches < 0``; ``max_passage_tokens < 1``.
+            ``max_searches < 0``; ``max_passage_tokens < 1``; ``search_bonus < 0``.
     """
 
     def __init__(
@@ -153,6 +158,7 @@ class SearchEnv(ChatEnv):
         topk: int = 3,
         max_searches: int = 4,
         max_passage_tokens: int | None = 512,
+        search_bonus: float = 0.0,
         tokenizer: Any = None,
         max_turns: int | None = None,
         cache_dir: str | None = None,
@@ -172,6 +178,8 @@ class SearchEnv(ChatEnv):
             raise ValueError(f"max_searches must be >= 0, got {max_searches}")
         if max_passage_tokens is not None and max_passage_tokens < 1:
             raise ValueError(f"max_passage_tokens must be >= 1 or None, got {max_passage_tokens}")
+        if not search_bonus >= 0:
+            raise ValueError(f"search_bonus must be >= 0, got {search_bonus}")
         valid_splits = ("train", "test") if dataset == "wiki_qa" else ("test", "dev")
         if split not in valid_splits:
             raise ValueError(f"split must be one of {valid_splits} for dataset {dataset!r}, got {split!r}")
@@ -188,12 +196,14 @@ class SearchEnv(ChatEnv):
         self.topk = topk
         self.max_searches = max_searches
         self.max_passage_tokens = max_passage_tokens
+        self.search_bonus = float(search_bonus)
         self.tokenizer = tokenizer
         self.cache_dir = cache_dir
         self.stop_strings = ["</search>", "</answer>"] if mode == "tags" else []
         prompt = "search_tool_system.txt" if mode == "tool" else "search_tags_system.txt"
         self.system_prompt = load_prompt(prompt).format(topk=topk, max_searches=max_searches)
         self.searches = 0
+        self.searches_ok = 0  # searches that returned passages (not an error or limit notice)
         self._retriever: Any = None
         self._owns_client = False
 
@@ -220,6 +230,7 @@ class SearchEnv(ChatEnv):
         if not isinstance(answers, list) or not answers or not all(isinstance(a, str) for a in answers):
             raise ValueError("task['answers'] must be a non-empty list of strings")
         self.searches = 0
+        self.searches_ok = 0
 
     # ---- retrieval ----------------------------------------------------------------------------
 
@@ -260,6 +271,7 @@ class SearchEnv(ChatEnv):
                 "search_error": type(exc).__name__
             }
         text, cut = cut_to_token_budget(format_passages(hits), self.max_passage_tokens, self.tokenizer)
+        self.searches_ok += 1
         return text, {"obs_truncated": cut, "retrieved_ids": [p.id for p in hits]}
 
     def _make_search_tool(self) -> Tool:
@@ -285,6 +297,7 @@ class SearchEnv(ChatEnv):
         assert self.task is not None
         refs = self.task["answers"]
         em = exact_match(answer, refs)
+        bonus = self.search_bonus if self.searches_ok and tagged else 0.0
         info = {
             "answer": answer,
             "references": list(refs),
@@ -294,7 +307,9 @@ class SearchEnv(ChatEnv):
             "reward_components": {"em": em, "format": float(tagged)},
             "success": em == 1.0,
         }
-        return StepOutcome(reward=em, terminated=True, info=info)
+        if self.search_bonus:
+            info["reward_components"]["search_bonus"] = bonus
+        return StepOutcome(reward=em + bonus, terminated=True, info=info)
 
     async def score(self, turn: AssistantTurn) -> StepOutcome:
         tags = _ANSWER.findall(turn.raw_text)

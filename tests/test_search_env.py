@@ -179,6 +179,40 @@ def test_cut_to_token_budget_edges():
         cut_to_token_budget("a", 0)
 
 
+def test_search_bonus_needs_passages_and_a_tagged_answer(cache_dir):
+    env = make(cache_dir, mode="tags", max_searches=2, search_bonus=0.25)
+    # A search that returned passages, then a wrong tagged answer: 0 (EM) + 0.25; success stays False.
+    env.reset(options={"task": KUBRICK})
+    env.step("<search>Kubrick 1968 film</search>")
+    _, reward, _, _, info = env.step("<answer>Dune</answer>")
+    assert reward == 0.25 and info["success"] is False
+    assert info["reward_components"] == {"em": 0.0, "format": 1.0, "search_bonus": 0.25}
+    # The right answer after a search: 1 + 0.25.
+    env.reset(options={"task": KUBRICK})
+    env.step("<search>Kubrick 1968 film</search>")
+    _, reward, *_ = env.step("<answer>2001: A Space Odyssey</answer>")
+    assert reward == 1.25
+    # No search: no bonus.
+    env.reset(options={"task": KUBRICK})
+    _, reward, *_, info = env.step("<answer>2001: A Space Odyssey</answer>")
+    assert reward == 1.0 and info["reward_components"]["search_bonus"] == 0.0
+    env.close()
+    # Tool mode: a search that failed is no bonus, nor is an untagged answer after a good search.
+    dead = RetrievalClient("http://127.0.0.1:9", retries=0, timeout_s=2)
+    env = make(cache_dir, retriever=dead, search_bonus=0.25)
+    env.reset(options={"task": KUBRICK})
+    env.step(call("search", query="anything"))
+    _, reward, *_ = env.step("<answer>Dune</answer>")
+    assert reward == 0.0
+    env.close()
+    env = make(cache_dir, search_bonus=0.25)
+    env.reset(options={"task": KUBRICK})
+    env.step(call("search", query="Kubrick 1968 film"))
+    _, reward, *_, info = env.step("Dune")
+    assert reward == 0.0 and info["reward_components"] == {"em": 0.0, "format": 0.0, "search_bonus": 0.0}
+    env.close()
+
+
 def test_failed_search_is_an_observation(cache_dir):
     dead = RetrievalClient("http://127.0.0.1:9", retries=0, timeout_s=2)
     env = make(cache_dir, retriever=dead)
@@ -231,6 +265,7 @@ def test_freshqa_dataset(cache_dir):
         ({"topk": 0}, "topk must be >= 1"),
         ({"max_searches": -1}, "max_searches must be >= 0"),
         ({"max_passage_tokens": 0}, "max_passage_tokens must be >= 1"),
+        ({"search_bonus": -0.5}, "search_bonus must be >= 0, got -0.5"),
         ({"split": "dev"}, "split must be one of"),
     ],
 )
