@@ -26,7 +26,7 @@ deltas rendered after a fixed base conversation, and one that fits neither way i
 Turn ``k`` may generate ``min(max_tokens, max_response_tokens - generated, max_model_len - len(ids))``
 tokens. If that is <= 0 the episode ends ``truncated`` with ``info["truncated_by"]`` naming the budget
 (``max_model_len`` is reported when both are spent). A completion cut by any budget is still given to
-the env (like any text). An observation is appended only if at least one token of context is left
+the env (like any text); its turn record (``info["turns"][k]``) names the budget in ``cut_by``. An observation is appended only if at least one token of context is left
 after it; otherwise the episode ends truncated by ``max_model_len`` and the observation is dropped
 (``info["dropped_observation_tokens"]``). A prompt that alone fills the context is kept, with no turn,
 as a failed trajectory (``error_kind`` ``prompt_too_long``): the policy never acted.
@@ -451,6 +451,14 @@ class Collector:
             }
             if stop_cut:
                 record["stop_cut_tokens"] = stop_cut
+            if finish == "length":  # which budget set the limit (the per-turn one when they tie)
+                record["cut_by"] = (
+                    "max_tokens"
+                    if limit == cfg.max_tokens
+                    else "max_response_tokens"
+                    if limit == resp_left
+                    else "max_model_len"
+                )
             turns.append(record)
             if finish == "abort":
                 raise EpisodeFailure("engine_abort", f"engine aborted turn {turn}")
