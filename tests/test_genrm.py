@@ -199,3 +199,123 @@ def test_judge_output_is_json_serialisable_in_info():
     *_, info = env.step("<answer>-2</answer>")
     json.dumps(info["genrm"])
     env.close()
+
+
+# ---- the run config's reward section -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        ("reward.model=judge", r"^reward\.model: must be one of"),
+        ("reward.template=/no/such/template.txt", r"^reward\.template: no such file"),
+        ("reward.verdict=stars", r"^reward\.verdict: unknown 'stars'"),
+        ("reward.pattern=(unclosed", r"^reward\.pattern .* is not a valid regex"),
+        (r"reward.pattern=\d+", r"^reward\.pattern .* needs a capture group"),
+        ("reward.score_range=[3,3]", r"^reward\.score_range must be"),
+        ("reward.labels={A: 2}", r"^reward\.labels\['A'\] must be in \[0, 1\]"),
+        ("reward.judge_retries=-1", r"^reward\.judge_retries must be >= 0"),
+        ("reward.judge_backend=nope", r"^reward\.judge_backend: unknown 'nope'"),
+        ("reward.max_tokens=0", r"^reward\.max_tokens must be >= 1"),
+    ],
+)
+def test_bad_reward_config_fails_at_load_naming_the_field(override, match):
+    from chatgym.trainer.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=match):
+        load_config(None, [override])
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("Judge this: {question}", r"must contain \{response\} or \{conversation\}"),
+        ("{response} versus {gold}", r"\{gold\} is not one of"),
+    ],
+)
+def test_bad_template_file_fails_at_load(tmp_path, text, match):
+    from chatgym.trainer.config import ConfigError, load_config
+
+    path = tmp_path / "judge.txt"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=rf"^reward\.template: {path}: .*{match}"):
+        load_config(None, [f"reward.template={path}"])
+
+
+def test_reward_section_round_trips_through_config_yaml(tmp_path):
+    from chatgym.trainer.config import load_config, save_config
+
+    template = tmp_path / "judge.txt"
+    template.write_text("Is this right? {response}\nAnswer [[A]] or [[B]].")
+    cfg = load_config(
+        None,
+        ["reward.model=genrm", f"reward.template={template}", "reward.verdict=ab", "reward.judge_weight=0.5"],
+    )
+    save_config(cfg, tmp_path / "config.yaml")
+    assert load_config(tmp_path / "config.yaml") == cfg
+    assert cfg.reward.verdict_parser().parse("[[B]]") == (0.0, None)
+    assert load_config(None).reward.model == "none"
+
+
+# ---- through the rollout side: the policy's own engine is the judge ----------------------------
+
+
+def judged_policy(tok):
+    """A scripted engine serving both the policy and the judge: the judge (its prompt is the shipped
+    template) says [[A]] iff the final response equals the reference; the policy answers task 0
+    right (-2) and task 1 wrong."""
+    from chatgym.trainer.engines.replay import ReplayEngine
+
+    def script(prompt_ids):
+        text = tok.decode(prompt_ids)
+        if "[Reference answer]" in text:
+            ref = text.split("[Reference answer]\n")[1].split("\n")[0]
+            response = text.split("[Assistant's final response]\n")[1].split("\n")[0]
+            reply = "[[A]]" if response == f"<answer>{ref}</answer>" else "[[B]]"
+        else:
+            reply = "<answer>-2</answer>" if "26 - 28" in text else "<answer>5</answer>"
+        return [*tok.encode(reply, add_special_tokens=False), 2]  # 2: <|im_end|>
+
+    return ReplayEngine(script, tok)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    try:
+        from chatgym.trainer.rollout.tokenizer import get_tokenizer
+
+        return get_tokenizer("smollm2")
+    except ModuleNotFoundError as exc:
+        pytest.skip(str(exc))
+
+
+async def test_policy_engine_judges_through_local_rollout(tok):
+    from chatgym.trainer.config import load_config
+    from chatgym.trainer.genrm import genrm_env_source
+    from chatgym.trainer.rollout.collector import Collector, CollectorConfig
+    from chatgym.trainer.rollout.source import LocalRollout, RolloutRequest
+    from chatgym.trainer.step_metrics import rollout_metrics
+
+    cfg = load_config(None, ["reward.model=genrm", "reward.verdict=ab", "reward.judge_weight=0.5"])
+    engine = judged_policy(tok)
+    hook = genrm_env_source(cfg, engine=engine, tokenizer=tok)
+    rollout = LocalRollout(
+        engine, Collector(engine, tok, CollectorConfig(episode_timeout_s=60.0)), env_source=hook
+    )
+    request = RolloutRequest("MathCalculator-v0", tasks=(0, 1), group_size=2, env_kwargs={"split": "test"})
+    trajs = await rollout.collect(request)
+    rollout.close()
+    assert [t.error for t in trajs] == [None] * 4 and [t.env_id for t in trajs] == ["MathCalculator-v0"] * 4
+    # Task 0 right: 1.0 + 0.5 * 1 ([[A]]); task 1 wrong: 0.0 + 0.5 * 0 ([[B]]).
+    assert [t.reward for t in trajs] == [1.5, 1.5, 0.0, 0.0]
+    assert [t.info["reward_components"]["genrm"] for t in trajs] == [1.0, 1.0, 0.0, 0.0]
+    assert [t.success for t in trajs] == [True, True, False, False]
+    assert len(engine.calls) == 8  # 4 policy turns + 4 verdicts, on the one engine
+    # The judge's tokens are not in the policy's trajectory.
+    assert all(
+        t.response_tokens == len(tok.encode(t.messages[-1]["content"], add_special_tokens=False)) + 1
+        for t in trajs
+    )
+    m = rollout_metrics(trajs, rollout_s=1.0)
+    assert (m["genrm/judged_frac"], m["genrm/score_mean"], m["genrm/unparseable_frac"]) == (1.0, 0.5, 0.0)
+    assert (m["reward/env_mean"], m["reward/genrm_mean"], m["reward/mean"]) == (0.5, 0.5, 0.75)

@@ -20,6 +20,7 @@ import yaml
 
 from .config_io import ConfigError, apply_overrides, config_to_dict, from_dict
 from .learner.algos import ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES
+from .reward_config import RewardConfig
 from .rollout.config import CollectorConfig
 from .runner_config import RayConfig, RunnerConfig
 
@@ -33,6 +34,7 @@ __all__ = [
     "ModelConfig",
     "OptimConfig",
     "RayConfig",
+    "RewardConfig",
     "RunnerConfig",
     "TrainConfig",
     "apply_overrides",
@@ -382,6 +384,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     trainer: RunnerConfig = field(default_factory=RunnerConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
 
     def __post_init__(self) -> None:
         if self.algo.advantage in GROUP_RELATIVE_ADVANTAGES and self.train.group_size < 2:

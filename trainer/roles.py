@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .engines import build_engine, engine_dtype
+from .genrm import genrm_env_source
 from .learner.role import Learner
 from .rollout.collector import Collector
 from .rollout.source import LocalRollout
@@ -65,6 +66,7 @@ def build_local_rollout(
         engine,
         Collector(engine, tokenizer, train_cfg, generation_config),
         Collector(engine, tokenizer, eval_cfg, generation_config),
+        env_source=genrm_env_source(cfg, engine=engine, tokenizer=tokenizer),
     )
 
 

@@ -35,7 +35,7 @@ from .roles import build_learner, build_local_rollout
 from .rollout.source import RolloutRequest
 from .rollout.types import Trajectory
 from .sampler import tasks_for_step
-from .step_metrics import accuracy, rollout_metrics
+from .step_metrics import accuracy, multiturn_metrics, rollout_metrics
 
 
 def seed_everything(seed: int) -> None:
@@ -192,6 +192,7 @@ class Trainer:
             "timing/eval_s": time.perf_counter() - t0,
         }
         out.update(accuracy("eval/accuracy", ok))
+        out.update(multiturn_metrics(trajs, prefix="eval/"))  # tools, turns, truncation, reward by turns
         return out
 
     # ---- set-up -------------------------------------------------------------------------------

@@ -14,12 +14,16 @@ request with the same trajectories: seeds depend only on an episode's place in t
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .collector import Collector
+from .env_runner import EnvSource
 from .types import Trajectory
+
+# What turns a request's env id and kwargs into the collector's env source (see LocalRollout).
+EnvSourceHook = Callable[[str, Mapping[str, Any]], tuple[EnvSource, "dict[str, Any] | None"]]
 
 
 @dataclass(frozen=True)
@@ -81,23 +85,38 @@ class LocalRollout:
         collector: the training collector (trace of a sample of rollouts).
         eval_collector: the evaluation collector (eval temperature, every trace kept); None: use
             ``collector``.
+        env_source: ``(env_id, env_kwargs) -> (env id or factory, env_kwargs)``: what the collector
+            is given for a request's env (GenRM wraps each env: :func:`chatgym.trainer.genrm.env_source`);
+            None: the id and kwargs as they are.
     """
 
-    def __init__(self, engine: Any, collector: Collector, eval_collector: Collector | None = None):
+    def __init__(
+        self,
+        engine: Any,
+        collector: Collector,
+        eval_collector: Collector | None = None,
+        env_source: EnvSourceHook | None = None,
+    ):
         self.engine = engine
         self.collector = collector
         self.eval_collector = eval_collector or collector
+        self.env_source = env_source
         self.weight_version = int(getattr(engine, "weight_version", 0))
         engine.weight_version = self.weight_version
 
     async def collect(self, request: RolloutRequest) -> list[Trajectory]:
         collector = self.eval_collector if request.eval else self.collector
         only = None if request.groups is None else set(request.episodes())
+        env, env_kwargs = (
+            (request.env_id, dict(request.env_kwargs))
+            if self.env_source is None
+            else self.env_source(request.env_id, request.env_kwargs)
+        )
         return await collector.collect(
-            request.env_id,
+            env,
             list(request.tasks),
             request.group_size,
-            env_kwargs=dict(request.env_kwargs),
+            env_kwargs=env_kwargs,
             seed=request.reset_seed,
             sampling_seed=request.sampling_seed,
             only=only,

@@ -1,0 +1,165 @@
+"""GenRM rewards in a training run: the ``reward:`` section (:class:`~.reward_config.RewardConfig`)
+turned into env factories that wrap each episode's env in :class:`chatgym.envs.genrm.GenRMEnv`.
+
+The rollout side (``LocalRollout``, built by ``roles.build_local_rollout`` with
+:func:`genrm_env_source`) calls :func:`env_source` once per request::
+
+    env, env_kwargs = env_source(genrm, request.env_id, request.env_kwargs)   # genrm None: unchanged
+    await collector.collect(env, tasks, G, env_kwargs=env_kwargs, ...)
+
+A Ray rollout worker builds its local part with the same function, so its episodes are judged alike.
+
+The judge is the policy's own engine (``reward.judge: policy``: its requests join the engine's
+continuous batch next to the policy's, and it judges with the current weights) or a separate engine
+built from ``reward.judge`` (a packaged model name or a directory).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium as gym
+
+from chatgym.envs.genrm import GenRMEnv
+
+from .engines.base import SamplingParams
+from .reward_config import RewardConfig
+from .rollout.env_runner import EnvSource, make_env
+
+
+class GenRMReward:
+    """The judge of a run and the env factories that use it.
+
+    Args:
+        cfg: the ``reward`` section (``model`` must be ``genrm``).
+        engine: the policy's engine (the judge when ``cfg.judge == "policy"``).
+        tokenizer: the policy's tokenizer.
+        engine_cfg: the run's ``engine`` section (a separate judge copies it, with ``judge_backend``
+            and ``judge_options``).
+        seed: sampling seed of the judge's requests.
+        max_model_len: context length (tokens) of a separate judge engine; a judge prompt longer than
+            ``max_model_len - cfg.max_tokens`` fails its episode with a message saying so.
+        chat_template: the template the policy's prompts use (``rollout.chat_template``); the judge
+            renders with it when it is the policy.
+
+    Raises:
+        ValueError: ``cfg.model`` is not ``genrm``.
+    """
+
+    def __init__(
+        self,
+        cfg: RewardConfig,
+        *,
+        engine: Any,
+        tokenizer: Any,
+        engine_cfg: Any = None,
+        seed: int = 0,
+        max_model_len: int = 4096,
+        chat_template: str | None = None,
+    ):
+        if cfg.model != "genrm":
+            raise ValueError(f"GenRMReward needs reward.model 'genrm', got {cfg.model!r}")
+        from .engines.responder import as_responder
+
+        self.cfg = cfg
+        self.owned_engine = None
+        if cfg.judge == "policy":
+            judge_engine, judge_tokenizer = engine, tokenizer
+        else:
+            from .engines import build_engine
+            from .models import load_model_path
+            from .rollout.tokenizer import get_tokenizer
+
+            path = load_model_path(cfg.judge)
+            judge_tokenizer = get_tokenizer(path)
+            base = engine_cfg if engine_cfg is not None else _default_engine_cfg()
+            judge_cfg = dataclasses.replace(
+                base, backend=cfg.judge_backend or base.backend, options=dict(cfg.judge_options)
+            )
+            judge_engine = self.owned_engine = build_engine(
+                judge_cfg, path, judge_tokenizer, seed, max_model_len
+            )
+            chat_template = None
+        params = SamplingParams(max_tokens=cfg.max_tokens, temperature=cfg.temperature, seed=seed)
+        kwargs: dict[str, Any] = {"params": params}
+        if chat_template is not None:
+            kwargs["chat_template"] = chat_template
+        if not _is_chat_engine(judge_engine):
+            kwargs["max_prompt_tokens"] = max(1, max_model_len - cfg.max_tokens)
+        self.responder = as_responder(judge_engine, judge_tokenizer, **kwargs)
+        self.template = cfg.template_text()
+        self.verdict = cfg.verdict_parser()
+
+    def wrap(self, env: gym.Env) -> GenRMEnv:
+        """``env`` scored by this run's judge."""
+        cfg = self.cfg
+        return GenRMEnv(
+            env,
+            self.responder,
+            template=self.template,
+            verdict=self.verdict,
+            unparseable_reward=cfg.unparseable_reward,
+            env_weight=cfg.env_weight,
+            judge_weight=cfg.judge_weight,
+            judge_retries=cfg.judge_retries,
+        )
+
+    async def aclose(self) -> None:
+        """Close the judge's own engine (the policy's is the caller's)."""
+        if self.owned_engine is not None:
+            await self.owned_engine.close()
+            self.owned_engine = None
+
+
+def _default_engine_cfg() -> Any:
+    from .config import EngineConfig
+
+    return EngineConfig()
+
+
+def _is_chat_engine(engine: Any) -> bool:
+    from .engines.openai_chat import OpenAIChatEngine
+
+    return isinstance(engine, OpenAIChatEngine)
+
+
+def _make_wrapped(genrm: GenRMReward, env_id: str, env_kwargs: dict[str, Any]) -> gym.Env:
+    return genrm.wrap(make_env(env_id, env_kwargs))
+
+
+def env_source(
+    genrm: GenRMReward | None, env_id: str, env_kwargs: Mapping[str, Any]
+) -> tuple[EnvSource, dict[str, Any] | None]:
+    """What to give the collector for ``env_id``: ``(env_id, env_kwargs)`` unchanged without GenRM,
+    else a factory making ``GenRMEnv(gym.make(env_id, **env_kwargs))`` (and no kwargs: the factory
+    holds them). The episode's ``env_id`` stays ``env_id`` (the wrapper keeps the env's spec)."""
+    if genrm is None:
+        return env_id, dict(env_kwargs)
+    return functools.partial(_make_wrapped, genrm, env_id, dict(env_kwargs)), None
+
+
+def genrm_env_source(run_cfg: Any, *, engine: Any, tokenizer: Any) -> Any:
+    """The rollout side's env hook for a run (``LocalRollout(env_source=...)``): None when
+    ``reward.model`` is ``none``, else ``(env_id, env_kwargs) -> (factory, None)`` wrapping each
+    episode's env in the run's judge (built here, once).
+
+    Args:
+        run_cfg: the run's :class:`~chatgym.trainer.config.Config`.
+        engine: the policy's engine; tokenizer: its tokenizer.
+    """
+    cfg: RewardConfig = run_cfg.reward
+    if cfg.model == "none":
+        return None
+    genrm = GenRMReward(
+        cfg,
+        engine=engine,
+        tokenizer=tokenizer,
+        engine_cfg=run_cfg.engine,
+        seed=run_cfg.train.seed,
+        max_model_len=run_cfg.rollout.max_model_len,
+        chat_template=run_cfg.rollout.chat_template,
+    )
+    return functools.partial(env_source, genrm)
