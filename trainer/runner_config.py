@@ -13,7 +13,7 @@ Split from :mod:`chatgym.trainer.config` to keep that module small; ``Config.tra
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 
 @dataclass(frozen=True)
@@ -25,17 +25,77 @@ class RayConfig:
             ``RAY_ADDRESS``); None: start a local cluster bound to 127.0.0.1.
         num_rollout_workers: rollout workers, each an engine replica with its envs and a collector.
         num_learners: data-parallel learner processes.
+        num_cpus: logical CPUs of a local cluster (None: Ray counts the machine's); ignored when joining.
+        worker_num_cpus, worker_num_gpus: Ray resources each rollout worker reserves (a GPU engine
+            replica: ``worker_num_gpus: 1``; colocated with a learner on one GPU: a fraction).
+        worker_capacity: most episodes in flight on one worker (None: ``rollout.max_concurrent_episodes``);
+            further episodes wait for the least-loaded worker's next free slot.
+        max_restarts: times Ray restarts a rollout worker whose process died.
+        episode_retries: times an episode whose worker died is re-run on another worker before the
+            step fails.
+        tool_limits: ``{kind: slots}`` held at once in the whole cluster, per kind of outside call
+            (``tool``, ``sandbox``, ``retrieval``, ``api``; see :mod:`chatgym.envs.tool_gate`);
+            empty: no shared limit.
+        tool_rates: ``{kind: starts per second}`` in the whole cluster.
+        engine_factory: ``"module:function"`` building each worker's engine as
+            ``function(cfg, tokenizer, model_path, worker_index)`` instead of ``engine.backend``
+            (scripted engines in tests and benchmarks: ``chatgym.trainer.distributed.scripted:scripted_engine``).
+        learner_num_cpus, learner_num_gpus: Ray resources each learner reserves (one GPU per learner on
+            GPUs; colocated with a rollout worker: a fraction, see ``placement``).
+        learner_sharding: ``replicate`` (a full model per learner, gradients all-reduced), ``fsdp``
+            (FSDP2 ``fully_shard``: parameters, gradients and optimizer state split over the
+            learners), ``auto`` (``fsdp`` on CUDA, ``replicate`` on CPU).
+        placement: ``colocated`` (learner rank i and rollout worker i share bundle i of a placement
+            group: one GPU each, split by ``learner_num_gpus`` / ``worker_num_gpus``) or
+            ``disaggregated`` (each role on its own resources; Ray places them).
+        weight_sync: ``object_store`` (learner rank 0 puts the weights once, every worker gets them),
+            ``collective`` (learner rank 0 broadcasts over a NCCL group to workers on other GPUs,
+            through CUDA IPC in place to a worker on its own GPU; gloo on CPU), ``auto``
+            (``collective`` on CUDA, ``object_store`` on CPU).
     """
 
     address: str | None = None
     num_rollout_workers: int = 1
     num_learners: int = 1
+    num_cpus: int | None = None
+    worker_num_cpus: float = 1.0
+    worker_num_gpus: float = 0.0
+    worker_capacity: int | None = None
+    max_restarts: int = 3
+    episode_retries: int = 2
+    tool_limits: dict[str, Any] = field(default_factory=dict)
+    tool_rates: dict[str, Any] = field(default_factory=dict)
+    engine_factory: str | None = None
+    learner_num_cpus: float = 1.0
+    learner_num_gpus: float = 0.0
+    learner_sharding: Literal["auto", "replicate", "fsdp"] = "auto"
+    placement: Literal["colocated", "disaggregated"] = "disaggregated"
+    weight_sync: Literal["auto", "object_store", "collective"] = "auto"
 
     def __post_init__(self) -> None:
         for name in ("num_rollout_workers", "num_learners"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"trainer.ray.{name} must be an int >= 1, got {value!r}")
+        for name in ("num_cpus", "worker_capacity"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"trainer.ray.{name} must be an int >= 1 or null, got {value!r}")
+        for name in ("max_restarts", "episode_retries"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"trainer.ray.{name} must be an int >= 0, got {value!r}")
+        for name in ("worker_num_cpus", "worker_num_gpus", "learner_num_cpus", "learner_num_gpus"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"trainer.ray.{name} must be a number >= 0, got {value!r}")
+        if self.engine_factory is not None and ":" not in self.engine_factory:
+            raise ValueError(
+                f"trainer.ray.engine_factory must be 'module:function', got {self.engine_factory!r}"
+            )
+        from .distributed.limiter import check_limits  # imports no Ray
+
+        check_limits(self.tool_limits, self.tool_rates, prefix="trainer.ray.")
 
 
 @dataclass(frozen=True)

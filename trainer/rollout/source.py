@@ -43,6 +43,8 @@ class RolloutRequest:
             inside the full request.
         eval: run with the evaluation settings (eval temperature, eval traces).
         step: the training step the request belongs to (logs, buffers).
+        only: run only these ``(group_id, sample_index)`` pairs of the grid (None: every sample of
+            ``groups``); a rollout worker gets one episode of a step this way. Seeds as for ``groups``.
     """
 
     env_id: str
@@ -54,11 +56,16 @@ class RolloutRequest:
     groups: tuple[int, ...] | None = None
     eval: bool = False
     step: int = 0
+    only: tuple[tuple[int, int], ...] | None = None
 
     def episodes(self) -> list[tuple[int, int]]:
         """The ``(group_id, sample_index)`` pairs this request runs, in order."""
         groups = range(len(self.tasks)) if self.groups is None else self.groups
-        return [(g, s) for g in groups for s in range(self.group_size)]
+        pairs = [(g, s) for g in groups for s in range(self.group_size)]
+        if self.only is None:
+            return pairs
+        keep = {(int(g), int(s)) for g, s in self.only}
+        return [p for p in pairs if p in keep]
 
 
 class RolloutSource(Protocol):
@@ -106,7 +113,7 @@ class LocalRollout:
 
     async def collect(self, request: RolloutRequest) -> list[Trajectory]:
         collector = self.eval_collector if request.eval else self.collector
-        only = None if request.groups is None else set(request.episodes())
+        only = None if request.groups is None and request.only is None else set(request.episodes())
         env, env_kwargs = (
             (request.env_id, dict(request.env_kwargs))
             if self.env_source is None

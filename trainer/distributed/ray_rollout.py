@@ -1,0 +1,265 @@
+"""``RayRollout``: the rollout side of a run over N rollout workers (Ray actors), one engine replica each.
+
+    rollout = RayRollout(cfg, model_path=path, out_dir=out)        # cluster started or joined before
+    trajs = await rollout.collect(request)                         # (group, sample) order, full batch
+    rollout.set_weights(learner.export_weights(torch.bfloat16), version=learner.version)
+
+**Dispatch.** Every episode of a request is one call to the least-loaded worker
+(:class:`~chatgym.trainer.distributed.router.Router`: fewest outstanding episodes, at most
+``trainer.ray.worker_capacity`` each — default ``rollout.max_concurrent_episodes``); episodes beyond
+every worker's capacity wait here and go to the first worker that frees a slot. Results are put back
+in (group_id, sample_index) order. Seeds depend only on an episode's place in the request's grid, so
+which worker ran it changes nothing it samples.
+
+**Weights.** :meth:`set_weights` puts the state dict into the object store once (``ray.put``) and every
+worker loads it from there, recording the version; the collector stamps each generated token with it
+(``Trajectory.weight_versions``).
+
+**Faults.** Workers are actors with ``max_restarts`` (``trainer.ray.max_restarts``). When a worker
+process dies (kill -9, OOM) its in-flight calls fail; each of their episodes goes back to the queue
+and runs on another worker (``trainer.ray.episode_retries`` times at most), and the step completes
+with the full batch: each (group, sample) is taken from exactly one finished call, so none is lost or
+counted twice. The dead worker is left out until Ray has restarted it; it then gets the last weights
+(and version) again before any new episode. A worker whose restarts are used up stays out; when no
+worker is left the step fails with an error naming the last one's death. An error raised *inside* a
+worker call (not a death) is a bug and is raised here as is; env and tool failures stay inside their
+trajectories, as in a local run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ..rollout.source import RolloutRequest
+from ..rollout.types import Trajectory
+from . import import_ray
+from .router import Router
+
+
+class RayRollout:
+    """The :class:`~chatgym.trainer.rollout.source.RolloutSource` over ``trainer.ray.num_rollout_workers``
+    workers. Ray must be initialised (:func:`~chatgym.trainer.distributed.cluster.start_or_join`).
+
+    Args:
+        cfg: the run's :class:`~chatgym.trainer.config.Config` (``trainer.ray`` settings).
+        model_path: the model directory every worker's engine loads.
+        out_dir: the run's output directory (each worker writes ``traces_worker{i}.jsonl``).
+
+    Raises:
+        RuntimeError: Ray is not initialised.
+    """
+
+    def __init__(
+        self,
+        cfg: Any,
+        *,
+        model_path: str | Path,
+        out_dir: str | Path,
+        worker_options: list[dict[str, Any]] | None = None,
+    ):
+        ray = import_ray()
+        if not ray.is_initialized():
+            raise RuntimeError("RayRollout needs a Ray cluster: call distributed.cluster.start_or_join first")
+        from .limiter import ToolLimiter
+        from .rollout_worker import RolloutWorker
+
+        rc = cfg.trainer.ray
+        self.cfg = cfg
+        self.weight_version = 0
+        self._weights_ref: Any = None
+        limits, rates = dict(rc.tool_limits), dict(rc.tool_rates)
+        self.limiter = None
+        if limits or rates:
+            self.limiter = (
+                ray.remote(ToolLimiter).options(num_cpus=0, max_concurrency=10_000).remote(limits, rates)
+            )
+        worker_cls = ray.remote(RolloutWorker)
+        self.workers = [
+            worker_cls.options(
+                num_cpus=rc.worker_num_cpus,
+                num_gpus=rc.worker_num_gpus,
+                max_restarts=rc.max_restarts,
+                max_task_retries=0,  # a dead worker's episodes are re-run here, on another worker
+                max_concurrency=10_000,
+                # placement (trainer.ray.placement: colocated): worker i's placement-group bundle
+                **(worker_options[i] if worker_options else {}),
+            ).remote(cfg, i, str(model_path), str(out_dir), self.limiter, sorted({*limits, *rates}))
+            for i in range(rc.num_rollout_workers)
+        ]
+        capacity = rc.worker_capacity or cfg.rollout.max_concurrent_episodes
+        self.router = Router(len(self.workers), capacity)
+        self._down: dict[int, Any] = {}  # worker -> its restart probe (an ObjectRef; None: gone for good)
+        self.pending_max = 0
+        self.infos = ray.get([w.info.remote() for w in self.workers])  # waits until every worker is up
+
+    # ---- collecting --------------------------------------------------------------------------
+
+    async def collect(self, request: RolloutRequest) -> list[Trajectory]:
+        """Run every episode of ``request`` on the workers; returns them ordered by (group_id,
+        sample_index), failed ones included.
+
+        Raises:
+            RuntimeError: an episode's worker died ``episode_retries + 1`` times, or no worker is left.
+            ray.exceptions.RayTaskError: a worker call raised (a bug, not an episode's failure).
+        """
+        ray = import_ray()
+        episodes = request.episodes()
+        pending: list[tuple[int, int]] = list(episodes)
+        results: dict[tuple[int, int], Trajectory] = {}
+        tried: dict[tuple[int, int], set[int]] = {}
+        deaths: Counter[tuple[int, int]] = Counter()
+        running: dict[asyncio.Future, tuple[int, tuple[int, int]]] = {}
+        retries = self.cfg.trainer.ray.episode_retries
+        last_death = ""
+        while pending or running:
+            self._settle_restarts()
+            placed: list[tuple[int, int]] = []
+            for ep in pending:
+                w = self._pick(tried.get(ep, set()))
+                if w is None:
+                    continue
+                self.router.start(w)
+                fut = asyncio.ensure_future(_result(self.workers[w].run.remote(replace(request, only=(ep,)))))
+                running[fut] = (w, ep)
+                placed.append(ep)
+            pending = [ep for ep in pending if ep not in placed]
+            self.pending_max = max(self.pending_max, len(pending))
+            if not running:
+                if len(self._down) == len(self.workers) and all(p is None for p in self._down.values()):
+                    raise RuntimeError(f"no rollout worker is left ({last_death})")
+                await asyncio.sleep(0.05)  # every live worker is full or restarting
+                continue
+            done, _ = await asyncio.wait(running, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
+            for fut in done:
+                w, ep = running.pop(fut)
+                try:
+                    [traj] = fut.result()
+                except ray.exceptions.RayActorError as exc:
+                    self.router.fail(w)
+                    self._mark_down(w)
+                    deaths[ep] += 1
+                    last_death = f"worker {w}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                    if deaths[ep] > retries:
+                        raise RuntimeError(
+                            f"episode {ep} (group, sample) lost its worker {deaths[ep]} times; last: {last_death}"
+                        ) from exc
+                    tried.setdefault(ep, set()).add(w)
+                    pending.append(ep)
+                    continue
+                self.router.finish(
+                    w, turns=traj.num_turns, gen_tokens=traj.response_tokens, tokens=len(traj.token_ids)
+                )
+                results[ep] = traj
+        return [results[ep] for ep in episodes]
+
+    def _pick(self, tried: set[int]) -> int | None:
+        down = set(self._down)
+        # Another worker than the one(s) that died under this episode, while there is one.
+        avoid = down | tried if len(down | tried) < len(self.workers) else down
+        return self.router.pick(exclude=avoid)
+
+    def _mark_down(self, w: int) -> None:
+        if w not in self._down:
+            # Answered once Ray has restarted the actor; an error once its restarts are used up.
+            self._down[w] = self.workers[w].info.remote()
+
+    def _settle_restarts(self) -> None:
+        """Bring back the workers Ray has restarted (weights re-sent first); keep out the lost ones."""
+        ray = import_ray()
+        for w, probe in list(self._down.items()):
+            if probe is None or not ray.wait([probe], timeout=0)[0]:
+                continue
+            try:
+                self.infos[w] = ray.get(probe)
+            except ray.exceptions.ActorUnavailableError:
+                self._down[w] = self.workers[w].info.remote()  # not reachable yet: ask again
+                continue
+            except ray.exceptions.RayActorError:
+                self._down[w] = None  # its restarts are used up
+                continue
+            if self._weights_ref is not None:
+                ray.get(self.workers[w].set_weights.remote(self._weights_ref, self.weight_version))
+            del self._down[w]
+
+    def wait_for_workers(self, timeout_s: float = 120.0) -> bool:
+        """Wait until every worker that died is back (restarted, last weights loaded) or gone for good;
+        returns True when all are back.
+
+        Raises:
+            TimeoutError: some worker is still restarting after ``timeout_s`` seconds.
+        """
+        deadline = time.monotonic() + timeout_s
+        while any(p is not None for p in self._down.values()):
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"rollout workers {sorted(self._down)} still restarting after {timeout_s} s"
+                )
+            time.sleep(0.1)
+            self._settle_restarts()
+        return not self._down
+
+    # ---- weights -----------------------------------------------------------------------------
+
+    def set_weights(self, weights: Iterable[tuple[str, Any]], version: int) -> float:
+        """Send ``(name, tensor)`` pairs to every worker through the object store (one ``ray.put``);
+        returns the seconds until every worker has loaded them.
+
+        Raises:
+            ray.exceptions.RayActorError: a worker died while loading (it gets them again on restart
+                only if this call is retried).
+        """
+        ray = import_ray()
+        t0 = time.perf_counter()
+        # A learner group's handle is already in the object store (put by learner rank 0): the
+        # workers read it from there, the driver never holds the weights.
+        ref = getattr(weights, "object_ref", None)
+        if ref is None:
+            state = {
+                name: tensor.detach().contiguous() if hasattr(tensor, "detach") else tensor
+                for name, tensor in weights
+            }
+            ref = ray.put(state)
+        live = [i for i in range(len(self.workers)) if i not in self._down]
+        ray.get([self.workers[i].set_weights.remote(ref, int(version)) for i in live])
+        self._weights_ref, self.weight_version = ref, int(version)
+        return time.perf_counter() - t0
+
+    # ---- metrics and shutdown ----------------------------------------------------------------
+
+    def metrics(self, reset: bool = True) -> dict[str, float]:
+        """Per-worker counters (:meth:`Router.metrics`) plus ``rollout/pending_max`` (most episodes
+        waiting for a free worker) and ``rollout/workers_down``; ``reset`` zeroes them after."""
+        out = self.router.metrics()
+        out["rollout/pending_max"] = float(self.pending_max)
+        out["rollout/workers_down"] = float(len(self._down))
+        if reset:
+            self.router.reset_counters()
+            self.pending_max = 0
+        return out
+
+    def limiter_stats(self) -> dict[str, dict[str, Any]]:
+        """The shared tool budget's counters per kind (empty without one)."""
+        return {} if self.limiter is None else import_ray().get(self.limiter.stats.remote())
+
+    def close(self) -> None:
+        """Close the workers' collectors and end the actors (the cluster itself stays)."""
+        ray = import_ray()
+        for w in self.workers:
+            try:
+                ray.get(w.close.remote(), timeout=30)
+            except Exception:  # a dead worker has nothing left to close
+                pass
+            ray.kill(w, no_restart=True)
+        if self.limiter is not None:
+            ray.kill(self.limiter, no_restart=True)
+        self.workers = []
+
+
+async def _result(ref: Any) -> Any:
+    return await ref

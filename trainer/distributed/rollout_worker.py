@@ -1,0 +1,120 @@
+"""``RolloutWorker``: one engine replica with its envs and collectors, inside one Ray actor process.
+
+The worker builds everything from the run's config in its own process — the tokenizer, the engine
+(``engine.backend``, or ``trainer.ray.engine_factory``) and the train/eval collectors — with the same
+:func:`~chatgym.trainer.roles.build_local_rollout` a local run uses. It is an async actor: the driver
+sends one call per episode and many run at once on the actor's event loop, the engine batching
+whatever generate calls are in flight. A whole episode (every turn) runs inside one call, so it stays
+on this replica. Weights arrive with a version; every trajectory records the version of each token.
+
+When the run shares a tool budget (``trainer.ray.tool_limits`` / ``tool_rates``) the worker installs
+a :class:`~chatgym.trainer.distributed.limiter.LimiterGate` as its process's
+:mod:`chatgym.envs.tool_gate` and, after a restart, retires the slots its dead incarnation held.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..rollout.source import RolloutRequest
+from ..rollout.types import Trajectory
+
+
+def load_factory(path: str) -> Any:
+    """The callable named ``"module:function"``.
+
+    Raises:
+        ValueError: ``path`` is not ``module:function`` or names nothing callable.
+    """
+    module, sep, name = path.partition(":")
+    if not sep or not module or not name:
+        raise ValueError(f"trainer.ray.engine_factory must be 'module:function', got {path!r}")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"trainer.ray.engine_factory: cannot load {path!r} ({exc})") from exc
+    if not callable(fn):
+        raise ValueError(f"trainer.ray.engine_factory: {path!r} is not callable")
+    return fn
+
+
+class RolloutWorker:
+    """The actor class (``ray.remote(RolloutWorker)``; see :func:`worker_actor_class`).
+
+    Args:
+        cfg: the run's :class:`~chatgym.trainer.config.Config`.
+        index: this worker's index (0..N-1); its trace file is ``traces_worker{index}.jsonl``.
+        model_path: the model directory the engine loads (and the tokenizer comes from).
+        out_dir: the run's output directory (traces).
+        limiter: the :class:`~chatgym.trainer.distributed.limiter.ToolLimiter` actor, or None.
+        limited_kinds: the kinds the limiter limits.
+    """
+
+    def __init__(
+        self,
+        cfg: Any,
+        index: int,
+        model_path: str,
+        out_dir: str,
+        limiter: Any = None,
+        limited_kinds: Sequence[str] = (),
+    ):
+        from chatgym.envs import tool_gate
+
+        from ..roles import build_local_rollout
+        from ..rollout.tokenizer import get_tokenizer
+
+        self.index = index
+        self.pid = os.getpid()
+        self.started = time.time()
+        if limiter is not None:
+            from .limiter import LimiterGate
+
+            holder = f"{index}:{self.pid}"
+            limiter.retire.remote(str(index), holder)  # frees what a crashed incarnation held
+            tool_gate.install(LimiterGate(limiter, holder, set(limited_kinds)))
+        tokenizer = get_tokenizer(model_path)
+        factory = cfg.trainer.ray.engine_factory
+        engine = load_factory(factory)(cfg, tokenizer, model_path, index) if factory else None
+        self.local = build_local_rollout(
+            cfg,
+            engine=engine,
+            tokenizer=tokenizer,
+            model_path=model_path,
+            out_dir=out_dir,
+            trace_name=f"traces_worker{index}.jsonl",
+        )
+
+    async def run(self, request: RolloutRequest) -> list[Trajectory]:
+        """The trajectories of ``request`` (usually one episode: ``request.only``) through this
+        worker's :class:`~chatgym.trainer.rollout.source.LocalRollout`, in grid order; each sampled
+        exactly as it would be inside the whole step's request."""
+        trajs = await self.local.collect(request)
+        for t in trajs:
+            t.info["rollout_worker"] = self.index
+        return trajs
+
+    def set_weights(self, weights: Mapping[str, Any], version: int) -> float:
+        """Load ``weights`` (``{name: tensor}``, resolved by Ray from the driver's one ``ray.put``)
+        into the engine and record ``version``; returns the seconds it took."""
+        return self.local.set_weights(weights.items(), version)
+
+    def info(self) -> dict[str, Any]:
+        """``pid``, ``index``, ``weight_version`` and ``started`` (epoch seconds) of this incarnation."""
+        return {
+            "pid": self.pid,
+            "index": self.index,
+            "weight_version": self.local.weight_version,
+            "started": self.started,
+        }
+
+    def engine_prompts(self) -> list[list[int]]:
+        """Every prompt this replica's engine served, when the engine keeps them (the scripted one)."""
+        return [list(p) for p in getattr(self.local.engine, "prompts", [])]
+
+    def close(self) -> None:
+        self.local.close()
