@@ -424,3 +424,127 @@ async def test_async_over_local_rollout_max_staleness_zero_equals_sync(tok):
         seeds[mode] = sorted(p.seed for _, p in rollout.engine.inner.calls)
     assert batches["async"] == batches["sync"]
     assert seeds["async"] == seeds["sync"] and len(set(seeds["sync"])) == 2 * 3 * 2 * 3  # steps*tasks*G*turns
+
+
+# ------------------------------------------------- the training loop (tiny model, scripted engine)
+
+
+class SeededScriptEngine:
+    """Fake engine for the training loop: the reply is a fixed function of the request's sampling seed
+    (so samples of one group differ and GRPO has a signal) and never of the weights; it takes weights."""
+
+    REPLIES = ([64, 65, 66], [64, 17, 0], [30, 31])  # token ids; <|im_end|> (2) is appended
+
+    def __init__(self):
+        self.weight_version = 0
+        self.updates = 0
+
+    async def generate(self, prompt_ids, params):
+        from chatgym.trainer.engines.base import Completion
+
+        await asyncio.sleep(0)
+        ids = [*self.REPLIES[params.seed % 3], 2][: params.max_tokens]
+        return Completion(ids, [-0.5] * len(ids), "stop", "", stop_reason=2)
+
+    def update_weights(self, weights) -> None:
+        list(weights)
+        self.updates += 1
+
+    async def close(self) -> None:
+        return None
+
+
+def loop_config(out, *extra: str, steps: int = 2):
+    import json
+
+    from train_helpers import LETTERS_ENV_ID, TINY_LLAMA, register
+
+    from chatgym.trainer.config import load_config
+
+    register()
+    return load_config(
+        None,
+        [
+            "model.random_init=true",
+            "model.config_overrides=" + json.dumps(TINY_LLAMA),
+            "engine.dtype=float32",
+            f"env.id={LETTERS_ENV_ID}",
+            "env.eval_tasks=0",
+            "rollout.max_tokens=8",
+            "rollout.max_response_tokens=8",
+            "rollout.max_model_len=128",
+            f"train.max_steps={steps}",
+            "train.prompts_per_step=2",
+            "train.group_size=3",
+            "train.progress=false",
+            f"train.output_dir={out}",
+            "optim.lr=1e-2",
+            *extra,
+        ],
+    )
+
+
+def run_trainer(cfg, resume=False):
+    from chatgym.trainer.train import Trainer
+
+    trainer = Trainer(cfg, engine=SeededScriptEngine(), resume=resume)
+    batches = []
+    train_on = trainer.learner.train_on
+
+    def recording(trajs):
+        batches.append(
+            [(t.task_id, t.group_id, t.sample_index, t.token_ids, t.weight_versions) for t in trajs]
+        )
+        return train_on(trajs)
+
+    trainer.learner.train_on = recording
+    try:
+        trainer.train()
+        weights = {n: p.detach().clone() for n, p in trainer.policy.named_parameters()}
+    finally:
+        trainer.close()
+    return batches, weights
+
+
+@pytest.fixture(scope="module")
+def smollm2_files():
+    from chatgym.trainer.models import load_model_path
+
+    try:
+        load_model_path("smollm2")
+    except ModuleNotFoundError as exc:
+        pytest.skip(str(exc))
+
+
+def test_trainer_async_with_zero_staleness_trains_exactly_like_sync(tmp_path, smollm2_files):
+    import json
+
+    import torch
+
+    sync_batches, sync_weights = run_trainer(loop_config(tmp_path / "sync"))
+    async_batches, async_weights = run_trainer(
+        loop_config(tmp_path / "async", "trainer.pipeline=async", "trainer.max_staleness=0")
+    )
+    assert async_batches == sync_batches and len(sync_batches) == 2
+    for name, value in sync_weights.items():
+        torch.testing.assert_close(async_weights[name], value, rtol=0, atol=0)
+    rows = [json.loads(x) for x in (tmp_path / "async" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert [r["staleness/max"] for r in rows] == [0.0, 0.0]
+    assert all(r["batch/trajectories"] == 6 and "pipeline/wait_s" in r for r in rows)
+
+
+def test_trainer_async_resume_with_a_buffer_takes_the_same_next_batch(tmp_path, smollm2_files):
+    from chatgym.trainer.learner.checkpoint import latest_checkpoint, load_pipeline_state
+
+    extra = ("trainer.pipeline=async", "trainer.max_staleness=1", "train.save_every=1")
+    full, _ = run_trainer(loop_config(tmp_path / "full", *extra, steps=3))
+    run_trainer(loop_config(tmp_path / "split", *extra, steps=2))
+    state = load_pipeline_state(latest_checkpoint(tmp_path / "split"))
+    assert state is not None and state["cursor"] is not None
+    resumed, _ = run_trainer(loop_config(tmp_path / "split", *extra, steps=3), resume=True)
+    assert len(resumed) == 1
+    if len(state["buffer"]["entries"]) >= 2:  # a full batch was waiting: it is the next batch
+        assert resumed[0] == full[2]
+    else:  # fewer: the same groups, in flight at the save, are run again first
+        assert sorted({(t[0], t[2]) for t in resumed[0]}) == sorted({(t[0], t[2]) for t in full[2]})

@@ -109,14 +109,32 @@ class RunnerConfig:
             step k+1 overlaps the update of step k), ``async`` (finished groups stream into a replay
             buffer; the learner trains as soon as enough are ready).
         max_staleness: ``async``: the most weight versions a trained-on group may lag the learner.
+        stale: ``async``, a group older than ``max_staleness`` when the learner takes it: ``drop``
+            it, or train on it with the truncated importance-sampling correction
+            (``importance_sampling``; needs ``algo.tis_cap``).
+        partial_rollout: ``async``, episodes in flight when new weights arrive: ``continue`` (each
+            token keeps the version that sampled it) or ``abort`` (restart the group with the new
+            weights, once).
+        buffer_priority: ``async`` replay buffer order: ``fifo`` or ``reward_variance`` (groups whose
+            rewards differ first).
+        buffer_capacity: ``async`` replay buffer size in groups (0: ``(max_staleness + 2) *
+            train.prompts_per_step``).
+        buffer_spill_dir: keep buffered groups on disk in this directory (None: in memory).
         ray: the Ray roles' settings.
     """
 
     backend: Literal["local", "ray"] = "local"
     pipeline: Literal["sync", "one_step_off", "async"] = "sync"
     max_staleness: int = 1
+    stale: Literal["drop", "importance_sampling"] = "drop"
+    partial_rollout: Literal["continue", "abort"] = "continue"
+    buffer_priority: Literal["fifo", "reward_variance"] = "fifo"
+    buffer_capacity: int = 0
+    buffer_spill_dir: str | None = None
     ray: RayConfig = field(default_factory=RayConfig)
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_staleness, int) or self.max_staleness < 0:
             raise ValueError(f"trainer.max_staleness must be an int >= 0, got {self.max_staleness!r}")
+        if not isinstance(self.buffer_capacity, int) or self.buffer_capacity < 0:
+            raise ValueError(f"trainer.buffer_capacity must be an int >= 0, got {self.buffer_capacity!r}")

@@ -9,6 +9,12 @@ step ``s`` draws the same next batch as the uninterrupted run. Everything goes u
 ``train.output_dir``: ``config.yaml``, ``metrics.jsonl``, ``tensorboard/``, ``learning_curve.png``,
 ``traces.jsonl`` (a sample of rollouts), ``eval_traces.jsonl``, ``checkpoints/step_NNNNNN/``,
 ``summary.json``.
+
+``trainer.pipeline`` picks how rollout overlaps training (:mod:`chatgym.trainer.pipeline`): ``sync``
+runs :meth:`Trainer.step` (collect, update, sync weights) per step; ``one_step_off`` and ``async`` hand
+the steps to a :class:`~chatgym.trainer.pipeline.Pipeline` over the same rollout source and learner,
+and the loop logs, evaluates and checkpoints each step it yields (an async checkpoint carries the
+replay buffer and the groups in flight).
 """
 
 from __future__ import annotations
@@ -27,10 +33,11 @@ import torch
 
 from .config import Config, config_to_dict, save_config
 from .engines import engine_dtype
-from .learner.checkpoint import find_checkpoint
+from .learner.checkpoint import find_checkpoint, load_pipeline_state
 from .learner.role import Learner
 from .metrics import MetricsLogger
 from .models import load_model_path
+from .pipeline import Pipeline, PipelineOptions
 from .roles import build_learner, build_local_rollout
 from .rollout.source import RolloutRequest
 from .rollout.types import Trajectory
@@ -101,6 +108,15 @@ class Trainer:
         self.sync_weights()
         self.num_train_tasks = self._count_tasks(cfg.env.train_split)
         self._num_eval_tasks: int | None = None
+        self.pipeline = Pipeline(
+            self.rollout,
+            self.learner,
+            self.request_for,
+            pipeline_options(cfg),
+            weights_dtype=getattr(torch, self.engine_dtype),
+        )
+        if ckpt is not None:
+            self.pipeline.load_state_dict(load_pipeline_state(ckpt) or {})
         save_config(cfg, self.out / "config.yaml")
         self.metrics = MetricsLogger(
             self.out,
@@ -168,6 +184,11 @@ class Trainer:
         """Score the current policy on the first ``num_tasks`` tasks of the held-out split (one sample
         each at ``env.eval_temperature``): ``eval/score`` (mean reward), ``eval/accuracy`` (share of
         ``Trajectory.success``, where the env defines it)."""
+        return self.loop.run_until_complete(self.aevaluate(num_tasks))
+
+    async def aevaluate(self, num_tasks: int | None = None) -> dict[str, float]:
+        """:meth:`evaluate` on the running event loop (the overlapped pipelines evaluate while
+        their rollouts are in flight)."""
         n = self.cfg.env.eval_tasks if num_tasks is None else num_tasks
         if n <= 0:
             return {}
@@ -182,7 +203,7 @@ class Trainer:
             reset_seed=self.cfg.train.seed,
             eval=True,
         )
-        trajs = self.loop.run_until_complete(self.rollout.collect(request))
+        trajs = await self.rollout.collect(request)
         ok = [t for t in trajs if not t.failed]
         out = {
             "eval/score": float(np.mean([t.reward for t in ok])) if ok else 0.0,
@@ -223,7 +244,8 @@ class Trainer:
     # ---- the loop -------------------------------------------------------------------------------
 
     def save(self, steps_done: int) -> Path:
-        return self.learner.save(self.out, steps_done, config_to_dict(self.cfg))
+        state = self.pipeline.state_dict() or None
+        return self.learner.save(self.out, steps_done, config_to_dict(self.cfg), pipeline_state=state)
 
     def train(self) -> dict[str, Any]:
         """Run from ``start_step`` to ``train.max_steps``; returns the run's summary (also written to
@@ -239,25 +261,15 @@ class Trainer:
             self.metrics.log(0, eval_before)
         bar = _progress(self.start_step, cfg.train.max_steps, cfg.train.progress)
         checkpoint = None
-        for step in range(self.start_step, cfg.train.max_steps):
-            metrics = self.step(step)
-            done = step + 1
-            if cfg.env.eval_every and done % cfg.env.eval_every == 0 and done < cfg.train.max_steps:
-                metrics.update(self.evaluate())
-            self.metrics.log(done, metrics)
-            self.metrics.plot_later()  # off the step: a redraw takes 0.5-1 s
-            first = first or metrics
-            last = metrics
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(
-                    reward=f"{metrics['reward/mean']:.3f}",
-                    acc=f"{metrics.get('reward/accuracy', float('nan')):.2f}",
-                    kl=f"{metrics.get('actor/kl', 0.0):.4f}",
-                    s=f"{metrics['timing/step_s']:.1f}",
-                )
-            if cfg.train.save_every and done % cfg.train.save_every == 0:
-                checkpoint = self.save(done)
+        if cfg.trainer.pipeline == "sync":
+            for step in range(self.start_step, cfg.train.max_steps):
+                metrics = self.step(step)
+                if self._eval_due(step + 1):
+                    metrics.update(self.evaluate())
+                checkpoint = self._end_step(step, metrics, bar) or checkpoint
+                first, last = first or metrics, metrics
+        else:
+            first, last, checkpoint = self.loop.run_until_complete(self._run_pipeline(bar))
         if bar is not None:
             bar.close()
         if checkpoint is None or not checkpoint.name.endswith(f"{cfg.train.max_steps:06d}"):
@@ -283,6 +295,48 @@ class Trainer:
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
 
+    def _eval_due(self, done: int) -> bool:
+        every = self.cfg.env.eval_every
+        return bool(every) and done % every == 0 and done < self.cfg.train.max_steps
+
+    def _end_step(self, step: int, metrics: dict[str, float], bar: Any) -> Path | None:
+        """Log step ``step``'s metrics, move the bar, save when due; returns the checkpoint written
+        (None when none was)."""
+        cfg = self.cfg
+        done = step + 1
+        self.metrics.log(done, metrics)
+        self.metrics.plot_later()  # off the step: a redraw takes 0.5-1 s
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(
+                reward=f"{metrics['reward/mean']:.3f}",
+                acc=f"{metrics.get('reward/accuracy', float('nan')):.2f}",
+                kl=f"{metrics.get('actor/kl', 0.0):.4f}",
+                s=f"{metrics['timing/step_s']:.1f}",
+            )
+        if cfg.train.save_every and done % cfg.train.save_every == 0:
+            return self.save(done)  # async: the buffer as it is now, the next batch comes from it
+        return None
+
+    async def _run_pipeline(self, bar: Any) -> tuple[Any, Any, Path | None]:
+        """The ``one_step_off`` / ``async`` steps, logged, evaluated and checkpointed while the
+        pipeline's rollouts keep running. A step's metrics: the rollout metrics of what the learner
+        trained on, the learner's, ``staleness/*`` and ``pipeline/*``. Returns (first step's
+        metrics, last step's, last checkpoint written)."""
+        first = last = checkpoint = None
+        async with contextlib.aclosing(self.pipeline.run(self.start_step, self.cfg.train.max_steps)) as steps:
+            async for result in steps:
+                metrics = rollout_metrics(result.trajectories, rollout_s=result.rollout_s)
+                metrics.update(result.metrics)
+                # Generation overlaps the update: generated tokens per second of the step, not of the wait.
+                gen_tokens = sum(t.response_tokens for t in result.trajectories)
+                metrics["throughput/gen_tokens_per_s"] = gen_tokens / max(metrics["timing/step_s"], 1e-9)
+                if self._eval_due(result.step + 1):
+                    metrics.update(await self.aevaluate())
+                checkpoint = self._end_step(result.step, metrics, bar) or checkpoint
+                first, last = first or metrics, metrics
+        return first, last, checkpoint
+
     def close(self) -> None:
         self.rollout.close()
         self.metrics.close()
@@ -297,8 +351,25 @@ def _check_runner(cfg: Config) -> None:
 
     if cfg.trainer.backend != "local":
         raise ConfigError(f"trainer.backend: {cfg.trainer.backend!r} is not available yet; use 'local'")
-    if cfg.trainer.pipeline != "sync":
-        raise ConfigError(f"trainer.pipeline: {cfg.trainer.pipeline!r} is not available yet; use 'sync'")
+    if cfg.trainer.stale == "importance_sampling" and cfg.algo.tis_cap is None:
+        raise ConfigError(
+            "trainer.stale: 'importance_sampling' keeps stale groups and corrects them with the truncated "
+            "IS weight; set algo.tis_cap (e.g. 2.0)"
+        )
+
+
+def pipeline_options(cfg: Config) -> PipelineOptions:
+    """The :class:`~chatgym.trainer.pipeline.PipelineOptions` of ``cfg.trainer``."""
+    t = cfg.trainer
+    return PipelineOptions(
+        mode=t.pipeline,
+        max_staleness=t.max_staleness,
+        stale=t.stale,
+        partial=t.partial_rollout,
+        priority=t.buffer_priority,
+        buffer_capacity=t.buffer_capacity,
+        spill_dir=t.buffer_spill_dir,
+    )
 
 
 def _progress(start: int, total: int, enabled: bool) -> Any:

@@ -6,7 +6,10 @@ Layout of ``<output_dir>/checkpoints/step_000010/``::
 
     policy/             save_pretrained of the policy (a LoRA policy: its adapters) + tokenizer
     critic/             the value model (PPO only)
-    trainer_state.pt    {"step", "optimizer", "scheduler", "rng", "config"}
+    trainer_state.pt    {"step", "optimizer", "scheduler", "rng", "config"[, "pipeline"]}
+
+``pipeline`` (async runs) is the pipeline's state: its replay buffer and the groups in flight, so a
+resumed run takes the same next batch (:meth:`chatgym.trainer.pipeline.Pipeline.state_dict`).
 """
 
 from __future__ import annotations
@@ -108,11 +111,14 @@ def save_checkpoint(
     config: dict[str, Any] | None = None,
     keep: int = 2,
     rng_extra: dict[str, Any] | None = None,
+    pipeline_state: dict[str, Any] | None = None,
 ) -> Path:
     """Write the checkpoint of completed step ``step`` and keep only the newest ``keep``.
 
     ``optimizer`` and ``scheduler`` are anything with ``state_dict()``; ``rng_extra`` adds generator
-    states of the caller's (e.g. its shuffling generator) to the saved RNG states.
+    states of the caller's (e.g. its shuffling generator) to the saved RNG states; ``pipeline_state``
+    (picklable, e.g. the async pipeline's replay buffer) is saved in the same file, so it is written
+    atomically with the rest.
 
     The files go to a temporary directory that is renamed into place at the end, so a crash never
     leaves a checkpoint that :func:`latest_checkpoint` would pick up half-written.
@@ -137,6 +143,8 @@ def save_checkpoint(
             "rng": {**rng_state(), **(rng_extra or {})},
             "config": config,
         }
+        if pipeline_state is not None:
+            state["pipeline"] = pipeline_state
         torch.save(state, tmp / STATE_FILE)
         if final.exists():
             shutil.rmtree(final)
@@ -159,3 +167,8 @@ def load_trainer_state(path: str | Path) -> dict[str, Any]:
         raise FileNotFoundError(f"{path} is not a chatgym checkpoint (no {STATE_FILE})")
     # Our own file: it holds RNG states (numpy arrays, tuples), which weights_only=True rejects.
     return torch.load(file, map_location="cpu", weights_only=False)
+
+
+def load_pipeline_state(path: str | Path) -> dict[str, Any] | None:
+    """The pipeline state saved with checkpoint ``path`` (None when the run saved none: sync runs)."""
+    return load_trainer_state(path).get("pipeline")

@@ -134,8 +134,15 @@ class Learner:
 
     # ---- checkpoints ----------------------------------------------------------------------------
 
-    def save(self, output_dir: str | Path, steps_done: int, config_dict: dict[str, Any]) -> Path:
-        """Write ``output_dir/checkpoints/step_NNNNNN`` (see :mod:`.checkpoint`); returns its path."""
+    def save(
+        self,
+        output_dir: str | Path,
+        steps_done: int,
+        config_dict: dict[str, Any],
+        pipeline_state: dict[str, Any] | None = None,
+    ) -> Path:
+        """Write ``output_dir/checkpoints/step_NNNNNN`` (see :mod:`.checkpoint`); returns its path.
+        ``pipeline_state`` (the async pipeline's buffer) goes into the same state file."""
         optimizer = _Bundle(policy=self.state.optimizer, critic=self.state.critic_optimizer)
         scheduler = _Bundle(policy=self.state.scheduler, critic=self.state.critic_scheduler)
         return save_checkpoint(
@@ -149,6 +156,7 @@ class Learner:
             config=config_dict,
             keep=self.cfg.train.keep_checkpoints,
             rng_extra={"update_generator": self.update_generator.get_state()},
+            pipeline_state=pipeline_state,
         )
 
     def _restore(self, ckpt: Path) -> None:
