@@ -16,6 +16,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 
@@ -77,14 +78,14 @@ async def test_every_choke_point_asks_the_gate_for_its_kind(recording_gate, tmp_
     seen_inside: list[list[str]] = []
 
     async def peek() -> str:
-        """Report which slots are held while the tool runs."""
         seen_inside.append(list(recording_gate.held))
         return "ok"
 
-    out = await run_tool_call(make_tool_call("peek", {}, "c0"), {"peek": Tool.from_function(peek)})
+    tools = {"peek": Tool("peek", "Report the slots held.", {"type": "object", "properties": {}}, peek)}
+    out = await run_tool_call(make_tool_call("peek", {}, "c0"), tools)
     assert out.message["content"] == "ok" and seen_inside == [["tool"]]
-    # A call that fails validation never runs the tool, so it takes no slot.
-    await run_tool_call(make_tool_call("nope", {}, "c1"), {"peek": Tool.from_function(peek)})
+    # A call naming no offered tool never runs one, so it takes no slot.
+    await run_tool_call(make_tool_call("nope", {}, "c1"), tools)
     assert recording_gate.kinds == ["tool"]
 
     async with LocalSandbox(max_concurrency=1) as sandbox:
@@ -315,9 +316,8 @@ async def test_least_loaded_sends_more_to_the_fast_replica(rollout):
 
 
 async def test_weight_version_recorded_in_every_trajectory(rollout):
-    import torch
-
-    seconds = rollout.set_weights([("w", torch.ones(2)), ("b", torch.zeros(1))], version=3)
+    # Any array goes through the object store; the scripted engine keeps only the names.
+    seconds = rollout.set_weights([("w", np.ones(2)), ("b", np.zeros(1))], version=3)
     assert seconds > 0 and rollout.weight_version == 3
     assert [ray.get(w.info.remote())["weight_version"] for w in rollout.workers] == [3, 3]
     trajs = await rollout.collect(request(2, group_size=2))
@@ -327,9 +327,7 @@ async def test_weight_version_recorded_in_every_trajectory(rollout):
 
 
 async def test_kill_9_of_a_worker_mid_step_loses_nothing(cluster, rollout):
-    import torch
-
-    rollout.set_weights([("w", torch.full((2,), 2.0))], version=4)
+    rollout.set_weights([("w", np.full(2, 2.0))], version=4)
     rollout.metrics(reset=True)
     old = ray.get(rollout.workers[1].info.remote())
     req = request(8)
@@ -370,13 +368,13 @@ async def test_shared_tool_limit_holds_across_workers(rollout, tmp_path):
     free = tmp_path / "free.json"
     tok = get_tokenizer("smollm2")
     col = Collector(ScriptedEngine(tok), tok, CollectorConfig(episode_timeout_s=60.0))
-    await col.collect(ENV_ID, list(range(8)), 1, env_kwargs={"sleep_s": 0.3, "counter_path": str(free)})
+    await col.collect(ENV_ID, list(range(8)), 1, env_kwargs={"sleep_s": 0.2, "counter_path": str(free)})
     assert OverlapCounter(free).read() == {"now": 0, "peak": 8, "runs": 8}
 
     # On Ray, 4 episodes per worker want the tool at once; the limit of 2 holds cluster-wide.
     shared = tmp_path / "shared.json"
     before = rollout.limiter_stats()["tool"]["granted"]
-    trajs = await rollout.collect(request(8, sleep_s=0.3, counter_path=str(shared)))
+    trajs = await rollout.collect(request(8, sleep_s=0.2, counter_path=str(shared)))
     assert {t.info["rollout_worker"] for t in trajs} == {0, 1}
     assert OverlapCounter(shared).read() == {"now": 0, "peak": 2, "runs": 8}
     stats = rollout.limiter_stats()["tool"]

@@ -159,7 +159,9 @@ class SleepToolEnv(ChatEnv):
                     self.counter.leave()
             return "ready"
 
-        return Tool.from_function(wait)
+        # An explicit schema: Tool.from_function's schema reader imports torch (seconds per worker).
+        schema = {"type": "object", "properties": {}, "additionalProperties": False}
+        return Tool("wait", "Wait for the record.", schema, wait)
 
     def latency(self, task_id: int, turn: int) -> float:
         if not self.sigma:
