@@ -21,6 +21,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "chatgym.trainer.train_cli:main",
         "train a policy with GRPO/PPO from a YAML config (key.sub=value overrides, --resume)",
     ),
+    "cotrain": (
+        "chatgym.trainer.cotrain:main",
+        "co-train a policy and its judge / simulated user (two learners, two engines) from a YAML config",
+    ),
     "eval": (
         "chatgym.trainer.eval.cli:eval_main",
         "evaluate a model or the reference policy on envs into a SQLite results store (resumable)",

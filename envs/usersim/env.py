@@ -258,6 +258,8 @@ class UserSimEnv(ChatEnv):
                 messages=[o.message for o in outcomes],
                 info={"tool_errors": errors, "tool_error_kinds": tool_error_kinds(outcomes)},
             )
+            if self.user_traces:  # every step carries the whole list: an episode may end on this one
+                out.info["user_traces"] = list(self.user_traces)
             if self.tool_errors >= self.max_tool_errors:  # tau2: TOO_MANY_ERRORS, scored 0
                 out.terminated = True
                 out.info.update(

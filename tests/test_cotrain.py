@@ -1,0 +1,358 @@
+"""Co-training (trainer/cotrain.py): the policy and its judge / simulated user as two learners.
+
+Scripted parties (ReplayEngine) for both sides; every reward below is derived by hand in a comment.
+The learners are tiny random-init Llamas (train_helpers.TINY_LLAMA), so a step runs in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from rollout_helpers import ASSISTANT_HEADER, tool_call_text
+from train_helpers import TINY_LLAMA
+
+from chatgym.envs.messages import assistant, system, user
+from chatgym.trainer.cotrain import (
+    CoTrainConfig,
+    CoTrainer,
+    VersionedResponder,
+    facts,
+    faithfulness,
+    judge_agreement,
+    load_cotrain_config,
+    party_trajectories,
+    trace_trajectory,
+)
+from chatgym.trainer.engines.replay import ReplayEngine, count_subsequence, replay_logprob, turn_script
+from chatgym.trainer.rollout.collector import Collector, CollectorConfig
+from chatgym.trainer.rollout.source import LocalRollout, RolloutRequest
+
+IM_END = 2  # SmolLM2's <|im_end|>
+
+
+@pytest.fixture(scope="module")
+def tok():
+    try:
+        from chatgym.trainer.rollout.tokenizer import get_tokenizer
+
+        return get_tokenizer("smollm2")
+    except ModuleNotFoundError as exc:
+        pytest.skip(str(exc))
+
+
+def enc(tok, text):
+    return tok.encode(text, add_special_tokens=False)
+
+
+class WeightSink(ReplayEngine):
+    """A fake engine: a ReplayEngine (scripted replies) that accepts weight updates and records the
+    names it got, standing in for a real engine whose sampling the test must script."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.loaded: list[list[str]] = []
+
+    def update_weights(self, weights):
+        self.loaded.append([name for name, _ in weights])
+
+
+# ---- the party's trajectory -----------------------------------------------------------------------
+
+
+def test_trace_trajectory_is_token_exact():
+    trace = {
+        "prompt_ids": [5, 6, 7],
+        "token_ids": [8, 9, IM_END],
+        "logprobs": [-0.1, -0.2, -0.3],
+        "finish_reason": "stop",
+        "stop_reason": IM_END,
+        "text": "ok",
+        "messages": [user("rate")],
+        "weight_version": 4,
+    }
+    t = trace_trajectory(trace, 0.25, env_id="Judge-v0", task_id="q", group_id=3, sample_index=1)
+    assert t.token_ids == [5, 6, 7, 8, 9, IM_END]
+    assert t.loss_mask == [0, 0, 0, 1, 1, 1]
+    assert t.engine_logprobs == [0.0, 0.0, 0.0, -0.1, -0.2, -0.3]
+    assert t.weight_versions == [-1, -1, -1, 4, 4, 4]
+    assert (t.prompt_len, t.rewards, t.reward, t.group_id, t.sample_index) == (3, [0.25], 0.25, 3, 1)
+    assert t.finish_reasons == ["stop"] and t.terminated and not t.truncated
+    assert t.messages[-1] == assistant("ok")
+    with pytest.raises(ValueError, match="3 sampled ids and 0 logprobs"):
+        trace_trajectory({**trace, "logprobs": []}, 0.0, env_id="x", task_id="q", group_id=0, sample_index=0)
+
+
+async def test_judge_agreement_against_the_reference_rating():
+    from chatgym.envs.judge import JudgeEnv
+
+    env = JudgeEnv(split="reference")
+    await env.areset(options={"task_index": 3})  # mtbench/104: reference "David has only one brother."
+    right = [user(env.judge_prompt("David has only one brother."))]  # F1 1 -> reference rating 10
+    wrong = [user(env.judge_prompt("zzzq"))]  # F1 0 -> reference rating 1
+    traces = [
+        {"messages": right, "rating": 10.0},  # 1 - 0/9 = 1
+        {"messages": right, "rating": 7.0},  # 1 - 3/9 = 2/3
+        {"messages": wrong, "rating": 4.0},  # 1 - 3/9 = 2/3
+        {"messages": wrong, "rating": None},  # no valid rating: 0
+        {"messages": [user("Rate this answer: 42 [[5]]")], "rating": 5.0},  # no reference: unscored
+    ]
+    assert await judge_agreement(traces) == pytest.approx([1.0, 2 / 3, 2 / 3, 0.0, None])
+    env.close()
+
+
+# ---- Judge-v0: both sides of a scripted step, then the update of both learners ---------------------
+
+ANSWERS = {
+    # kind -> (turn-1 answer, turn-2 answer). "ref" answers MT-bench's references word for word.
+    "ref": (
+        "David has only one brother.",
+        "If each of David's sisters has two brothers, then David would have two brothers.",
+    ),
+    "bad": ("zzzq", "zzzq"),
+}
+
+
+def judge_fixture_trainer(tmp_path, tok):
+    """A CoTrainer on Judge-v0 task mtbench/104 (2 samples), tiny random policy and judge learners,
+    scripted engines: the policy answers the reference answers in one sample and "zzzq" in the
+    other; the judge says [[4]] of any prompt holding "zzzq", [[10]] otherwise."""
+    header = enc(tok, ASSISTANT_HEADER)
+    first_turns = []
+
+    def policy_script(prompt):
+        if count_subsequence(prompt, header) == 1:  # turn 1: the first call answers right, the next wrong
+            kind = "ref" if not first_turns else "bad"
+            first_turns.append(kind)
+            return [*enc(tok, ANSWERS[kind][0]), IM_END]
+        kind = "bad" if "zzzq" in tok.decode(prompt) else "ref"
+        return [*enc(tok, ANSWERS[kind][1]), IM_END]
+
+    def judge_script(prompt):
+        rating = 4 if "zzzq" in tok.decode(prompt) else 10
+        return [*enc(tok, f"Short answer.\nRating: [[{rating}]]"), IM_END]
+
+    from chatgym.trainer.config import load_config
+
+    cfg = load_config(
+        None,
+        [
+            "model.random_init=true",
+            "model.config_overrides=" + json.dumps(TINY_LLAMA),
+            "model.device=cpu",
+            "engine.backend=hf",
+            "engine.dtype=float32",
+            "env.id=Judge-v0",
+            "env.train_split=reference",
+            "env.eval_split=reference",
+            "env.eval_tasks=0",
+            "rollout.max_tokens=64",
+            "rollout.max_response_tokens=128",
+            "rollout.max_model_len=2048",
+            "train.max_steps=1",
+            "train.prompts_per_step=1",
+            "train.group_size=2",
+            "train.micro_batch_size=4",
+            "train.progress=false",
+            "train.tensorboard=false",
+            f"train.output_dir={tmp_path}",
+            "optim.lr=1e-3",
+            "algo.tis_cap=null",
+        ],
+    )
+    co = CoTrainConfig(party="judge", model_path="smollm2", lr=1e-3, max_tokens=32, tasks=(3,))
+    policy_engine = WeightSink(policy_script, tok)
+    judge_engine = WeightSink(judge_script, tok)
+    return CoTrainer(cfg, co, engine=policy_engine, party_engine=judge_engine), policy_engine, judge_engine
+
+
+@pytest.fixture(scope="module")
+def judge_step(tmp_path_factory, tok):
+    try:
+        from chatgym.trainer.models import load_model_path
+
+        load_model_path("smollm2")
+    except ModuleNotFoundError as exc:
+        pytest.skip(str(exc))
+    trainer, policy_engine, judge_engine = judge_fixture_trainer(tmp_path_factory.mktemp("cotrain"), tok)
+    policy_trajs, judge_trajs, metrics = trainer.rollouts(0)
+    yield trainer, policy_engine, judge_engine, policy_trajs, judge_trajs, metrics
+    trainer.close()
+
+
+def kind_of(traj):
+    return "bad" if "zzzq" in traj.messages[-1]["content"] else "ref"
+
+
+def test_policy_rewards_and_masks(judge_step, tok):
+    _, _, _, policy_trajs, _, metrics = judge_step
+    assert [t.error for t in policy_trajs] == [None, None]
+    by_kind = {kind_of(t): t for t in policy_trajs}
+    assert set(by_kind) == {"ref", "bad"}
+    # Judge-v0: each of the 2 question turns gives (rating - 1) / 9 / 2 when it closes.
+    # ref: rated 10 twice -> 9/18 + 9/18 = 1.0; bad: rated 4 twice -> 3/18 + 3/18 = 1/3.
+    assert by_kind["ref"].rewards == pytest.approx([0.5, 0.5]) and by_kind["ref"].reward == pytest.approx(1.0)
+    assert by_kind["bad"].rewards == pytest.approx([1 / 6, 1 / 6]) and by_kind["bad"].reward == pytest.approx(
+        1 / 3
+    )
+    for kind, t in by_kind.items():
+        # Loss mask 1 exactly on the policy's own sampled ids: both answers, each closed by <|im_end|>.
+        generated = [tid for tid, m in zip(t.token_ids, t.loss_mask, strict=True) if m]
+        assert generated == [*enc(tok, ANSWERS[kind][0]), IM_END, *enc(tok, ANSWERS[kind][1]), IM_END]
+        assert [v for v, m in zip(t.weight_versions, t.loss_mask, strict=True) if m] == [0] * len(generated)
+    assert metrics["reward/mean"] == pytest.approx((1.0 + 1 / 3) / 2)
+    # The fixed yardstick: the reference judge rates ref 10, 10 (-> 1.0) and bad 1, 1 (-> 0.0).
+    assert metrics["policy/reference_reward"] == pytest.approx(0.5)
+    assert metrics["policy/judge_error_episodes"] == 0
+
+
+def test_judge_rewards_masks_and_groups(judge_step, tok):
+    _, _, judge_engine, _, judge_trajs, metrics = judge_step
+    # Every judge sample of every question turn of both episodes reached the judge's batch: 2 x 2.
+    assert len(judge_trajs) == 4 == len(judge_engine.calls)
+    prompts = [call[0] for call in judge_engine.calls]
+    for t in judge_trajs:
+        prompt = t.token_ids[: t.prompt_len]
+        assert prompt in prompts  # the ids the judge engine was sent, exactly
+        rating = 4 if "zzzq" in tok.decode(prompt) else 10
+        reply = [*enc(tok, f"Short answer.\nRating: [[{rating}]]"), IM_END]
+        assert t.token_ids[t.prompt_len :] == reply
+        assert t.loss_mask == [0] * t.prompt_len + [1] * len(reply)
+        assert t.engine_logprobs == [0.0] * t.prompt_len + [replay_logprob(i) for i in reply]
+        assert t.weight_versions == [-1] * t.prompt_len + [0] * len(reply)
+        # Reference ratings: the reference answers have F1 1 -> 10, "zzzq" F1 0 -> 1.
+        # Agreement: [[10]] vs 10 -> 1.0; [[4]] vs 1 -> 1 - 3/9 = 2/3.
+        assert t.reward == pytest.approx(1.0 if rating == 10 else 2 / 3) and t.rewards == [t.reward]
+    # Groups: (policy group 0, question turn 0) and (0, 1), two samples each (one per episode).
+    assert sorted((t.group_id, t.sample_index) for t in judge_trajs) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for g in (0, 1):
+        assert sorted(t.reward for t in judge_trajs if t.group_id == g) == pytest.approx([2 / 3, 1.0])
+    assert metrics["judge/reward_mean"] == pytest.approx((2 / 3 + 1.0) / 2)
+    assert (
+        metrics["judge/samples"] == 4
+        and metrics["judge/unscored"] == 0
+        and metrics["judge/parse_rate"] == 1.0
+    )
+
+
+def test_a_step_updates_both_learners(judge_step):
+    trainer, policy_engine, judge_engine, policy_trajs, judge_trajs, _ = judge_step
+    before = {
+        "policy": {n: p.detach().clone() for n, p in trainer.learner.policy.named_parameters()},
+        "judge": {n: p.detach().clone() for n, p in trainer.party.learner.policy.named_parameters()},
+    }
+    assert (trainer.learner.version, trainer.party.learner.version) == (0, 0)
+    synced = (len(policy_engine.loaded), len(judge_engine.loaded))
+    metrics = trainer.update(policy_trajs, judge_trajs)
+    assert (trainer.learner.version, trainer.party.learner.version) == (1, 1)
+    assert (metrics["policy/version"], metrics["judge/version"]) == (1, 1)
+    assert (policy_engine.weight_version, judge_engine.weight_version) == (1, 1)
+    # One more weight sync each, of every parameter of its own model.
+    assert (len(policy_engine.loaded), len(judge_engine.loaded)) == (synced[0] + 1, synced[1] + 1)
+    assert sorted(policy_engine.loaded[-1]) == sorted(before["policy"])
+    assert sorted(judge_engine.loaded[-1]) == sorted(before["judge"])
+    for side, learner in (("policy", trainer.learner), ("judge", trainer.party.learner)):
+        after = dict(learner.policy.named_parameters())
+        assert any(not torch.equal(before[side][n], p) for n, p in after.items()), f"{side}: nothing moved"
+    # Two optimizers, two metric families.
+    assert trainer.learner.state.optimizer is not trainer.party.learner.state.optimizer
+    assert metrics["policy/actor/optimizer_steps"] == 1 and metrics["judge/actor/optimizer_steps"] == 1
+    assert (
+        metrics["policy/batch/trajectories_trained"] == 2 and metrics["judge/batch/trajectories_trained"] == 4
+    )
+
+
+# ---- UserSim-v0: faithfulness of a scripted simulated user ---------------------------------------
+
+USER_REPLIES = [
+    "Hi, I want to cancel reservation EHGLP3.",
+    "It is emma_kim_9957 and my booking is 777XYZ.",
+]
+
+
+def usersim_rollout(tok, policy_turns, **env_kwargs):
+    header = enc(tok, ASSISTANT_HEADER)
+    # The agent's prompt already holds one assistant turn (tau2's greeting): its first reply is k=1.
+    policy = ReplayEngine(
+        turn_script([[IM_END]] + [[*enc(tok, t), IM_END] for t in policy_turns], header), tok
+    )
+    user_engine = ReplayEngine(turn_script([[*enc(tok, t), IM_END] for t in USER_REPLIES], header), tok)
+    responder = VersionedResponder(user_engine, tok)
+    collector = Collector(policy, tok, CollectorConfig(max_model_len=32768, episode_timeout_s=60.0))
+    request = RolloutRequest(
+        "UserSim-v0", (0,), 1, {"domain": "airline", "split": "train", "user": responder, **env_kwargs}
+    )
+    return LocalRollout(policy, collector).collect(request)
+
+
+def test_faithfulness_by_hand():
+    scenario = (
+        "Known info:\n\tYou are Emma Kim.\n\tYour user id is emma_kim_9957.\nTask instructions:\n\tbe nice"
+    )
+    view = [system(f"<scenario>\n{scenario}\n</scenario>"), user("Hi! How can I help you today?")]
+    traces = [
+        {"messages": view, "text": "I need help."},  # states no fact: grounded 1
+        {"messages": [*view, user("Your order #W42 is here")], "text": "Order #W42 and id 99X"},
+    ]
+    assert facts("Order #W42 and id 99X.") == {"w42", "99x"}
+    # Known facts {emma_kim_9957}; never stated -> coverage 0.
+    # reply 0: 0.5 * 1 + 0.5 * 0 = 0.5; reply 1: w42 grounded (the agent said it), 99x not -> 0.5 * 1/2.
+    assert faithfulness(traces) == pytest.approx([0.5, 0.25])
+
+
+async def test_usersim_user_traces_and_faithfulness(tok):
+    from chatgym.envs.usersim import data
+
+    assert (
+        "emma_kim_9957"
+        in data.load_tasks("airline", "train")[0]["user_scenario"]["instructions"]["known_info"]
+    )
+    turns = [
+        tool_call_text("get_user_details", user_id="emma_kim_9957"),
+        "Please give me your user id.",
+        "###STOP###",
+    ]
+    [traj] = await usersim_rollout(tok, turns)
+    assert traj.error is None and traj.num_turns == 3 and traj.info["termination"] == "agent_stop"
+    user_trajs, metrics = await party_trajectories([traj], "user", _async(faithfulness))
+    assert [t.messages[-1]["content"] for t in user_trajs] == USER_REPLIES
+    # Known facts {emma_kim_9957}, stated in reply 1 -> coverage 1.
+    # Reply 0 states {ehglp3}, in the scenario -> grounded 1 -> 0.5 + 0.5 = 1.0.
+    # Reply 1 states {emma_kim_9957, 777xyz}; 777xyz is in neither scenario nor dialogue -> 0.5 * 1/2 + 0.5.
+    assert [t.reward for t in user_trajs] == pytest.approx([1.0, 0.75])
+    assert [(t.group_id, t.sample_index) for t in user_trajs] == [(0, 0), (1, 0)]
+    for t, text in zip(user_trajs, USER_REPLIES, strict=True):
+        reply = [*enc(tok, text), IM_END]
+        assert t.token_ids[t.prompt_len :] == reply and t.loss_mask == [0] * t.prompt_len + [1] * len(reply)
+    assert metrics == {"user/reward_mean": pytest.approx(0.875), "user/samples": 2, "user/unscored": 0}
+
+
+async def test_usersim_episode_ending_on_a_tool_call_keeps_the_opening_user_turn(tok):
+    # Regression: the opening user turn (sampled at reset) was only in the info of steps that reach
+    # the user; an episode truncated right after a tool call lost it. Now every step carries the list.
+    [traj] = await usersim_rollout(tok, [tool_call_text("get_user_details", user_id="x")], max_turns=1)
+    assert traj.truncated and traj.num_turns == 1
+    user_trajs, _ = await party_trajectories([traj], "user", _async(faithfulness))
+    assert [t.messages[-1]["content"] for t in user_trajs] == USER_REPLIES[:1]
+
+
+def _async(fn):
+    async def wrapped(traces):
+        return fn(traces)
+
+    return wrapped
+
+
+# ---- config ----------------------------------------------------------------------------------------
+
+
+def test_example_config_loads_and_bad_keys_are_named(tmp_path):
+    from chatgym.trainer.config import ConfigError
+
+    cfg, co = load_cotrain_config("examples/configs/cotrain_judge_cpu.yaml", ["cotrain.lr=2e-5"])
+    assert cfg.env.id == "Judge-v0" and co.party == "judge" and co.lr == 2e-5
+    with pytest.raises(ConfigError, match=r"cotrain\.lrr: unknown config key; did you mean cotrain\.lr\?"):
+        load_cotrain_config("examples/configs/cotrain_judge_cpu.yaml", ["cotrain.lrr=1"])
+    with pytest.raises(ConfigError, match=r"cotrain.*lr must be > 0"):
+        load_cotrain_config(None, ["cotrain.lr=0"])
