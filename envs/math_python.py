@@ -16,6 +16,10 @@ so variables defined in one call are there in the next (``x = 41 * 265`` then ``
   at least one ``python`` call whose status was ``ok`` — a shaping term for small models that never
   call the tool on their own (ReTool starts from a model fine-tuned on tool-use traces instead).
   ``info["success"]`` stays the answer's correctness alone, so held-out accuracy never includes it.
+* ``demo`` (default False): the opening messages hold one worked episode before the task (user
+  ``Calculate 17 * 23.``, an assistant ``python`` call ``print(17 * 23)``, its tool result, the answer
+  ``<answer>391</answer>``) — a one-shot demonstration, in the prompt (loss mask 0), for models that do
+  not call a tool from its description alone.
 
 The final step's ``info`` holds ``python_calls`` (calls made this episode), ``python_ok`` (of which
 status ``ok``) and ``python_errors`` (the others), and ``reward_components["call_bonus"]``.
@@ -27,6 +31,7 @@ from typing import Any
 
 from chatgym.sandboxes.base import Sandbox, Session
 
+from . import messages as M
 from .code_sandbox import default_sandbox, format_run
 from .core import AssistantTurn, StepOutcome, load_prompt
 from .math_env import MathEnv
@@ -46,6 +51,7 @@ class MathPythonEnv(MathEnv):
         max_output_chars: the observation shows at most this many characters of stdout and of stderr.
         call_bonus: reward added to the final answer's when a ``python`` call ran ok (>= 0).
         max_turns: assistant turns before truncation (default 4: up to 3 calls, then the answer).
+        demo: open with the one-shot worked episode (see the module docstring).
         kwargs: :class:`MathEnv`'s (``dataset``, ``dataset_config``, ``split``, ``size``, ``seed``,
             ``parser``, ...); ``calculator`` is refused (one tool, one way to compute).
 
@@ -63,6 +69,7 @@ class MathPythonEnv(MathEnv):
         max_output_chars: int = 1000,
         call_bonus: float = 0.0,
         max_turns: int = 4,
+        demo: bool = False,
         **kwargs: Any,
     ):
         if kwargs.pop("calculator", False):
@@ -97,6 +104,7 @@ class MathPythonEnv(MathEnv):
         self.memory_mb = memory_mb
         self.max_output_chars = max_output_chars
         self.call_bonus = float(call_bonus)
+        self.demo = bool(demo)
         self.system_prompt = load_prompt("math_system_python.txt")
         self._session: Session | None = None
         self.python_calls = 0
@@ -107,6 +115,19 @@ class MathPythonEnv(MathEnv):
         if self._sandbox is None:
             self._sandbox = default_sandbox()
         return self._sandbox
+
+    def initial_messages(self, task: dict[str, Any]) -> list[M.Message]:
+        opening = super().initial_messages(task)
+        if not self.demo:
+            return opening
+        call = M.make_tool_call("python", {"code": "print(17 * 23)"}, "call_demo")
+        shot = [
+            M.user("Calculate 17 * 23."),
+            M.assistant("", [call]),
+            M.tool("status: ok (exit code 0)\nstdout:\n391", "call_demo", "python"),
+            M.assistant("<answer>391</answer>"),
+        ]
+        return [opening[0], *shot, *opening[1:]]
 
     async def on_reset(self, task: dict[str, Any]) -> None:
         await self._close_session()  # a reused env starts each episode with a fresh interpreter

@@ -136,3 +136,19 @@ def test_turn_limit_truncates_without_reward():
 def test_bad_arguments_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         gym.make("MathPython-v0", **kwargs)
+
+
+def test_demo_opens_with_a_worked_episode_whose_tool_result_is_real():
+    env = gym.make("MathPython-v0", split="test", demo=True).unwrapped
+    try:
+        obs, _ = env.reset(options={"task": TASK})
+        assert [m["role"] for m in obs] == ["system", "user", "assistant", "tool", "assistant", "user"]
+        assert obs[1]["content"] == "Calculate 17 * 23." and obs[-1]["content"] == "Calculate 41 * 265."
+        [demo_call] = obs[2]["tool_calls"]
+        assert demo_call["function"] == {"name": "python", "arguments": '{"code": "print(17 * 23)"}'}
+        assert obs[4]["content"] == "<answer>391</answer>"  # 17 * 23 = 391
+        # The demo's tool result is what the env's own tool returns for that call.
+        real, *_ = env.step(call("print(17 * 23)"))
+        assert real[0]["content"] == obs[3]["content"] == "status: ok (exit code 0)\nstdout:\n391"
+    finally:
+        env.close()

@@ -7,11 +7,12 @@ the recipes set ``train.trace_fraction: 1.0`` so every episode is there) and ``e
 (every held-out episode; one collector call per evaluation). Per training step and per evaluation
 it computes, from the episodes' messages and final ``info``:
 
-* ``tool_rate``: share of episodes with at least one tool call (a ``tool`` message answering it,
-  malformed calls included; in Search-v0's tags mode, a search, read from ``info["searches"]``);
+* ``tool_rate``: share of episodes with at least one tool call (the collector's
+  ``info["tool_results_total"]``: one ``tool`` message per call attempt, malformed calls included; in
+  Search-v0's tags mode, a search, read from ``info["searches"]``);
 * ``calls``: tool calls per episode; ``turns``: assistant turns per episode;
-* ``tool_error_rate``: share of tool results that are errors (a ``tool`` message starting with
-  ``Error`` — unparseable call, unknown tool, bad arguments — or a sandbox status other than ``ok``);
+* ``tool_error_rate``: share of tool results that are errors (``info["tool_errors_total"]``:
+  unparseable call, unknown tool, bad arguments, failed search, a sandbox status other than ``ok``);
 * ``accuracy``: share of ``Trajectory.success``; ``f1``: mean ``info["f1"]`` where the env gives it.
 
 Writes ``curves.png`` (4 small panels) and ``tool_metrics.json`` next to the run's files (or
@@ -39,20 +40,20 @@ def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
 
 def episode_stats(trace: dict[str, Any]) -> dict[str, float]:
     """Tool figures of one traced episode (see the module docstring)."""
-    msgs = trace.get("messages") or []
     info = trace.get("info") or {}
-    # One `tool` message answers each call attempt, malformed ones included (the collector keeps the
-    # assistant's raw text as its message, so the calls themselves are not structured there).
-    results = [m["content"] for m in msgs if m.get("role") == "tool"]
-    calls = len(results)
+    # The collector's counters: one `tool` message answers each call attempt, malformed ones included
+    # (the opening messages, e.g. a worked example, are not counted); errors are the env's
+    # ``tool_errors`` (unparseable call, unknown tool, bad arguments, a sandbox status other than ok).
+    calls = int(info.get("tool_results_total", 0))
+    errors = int(info.get("tool_errors_total", 0))
+    results = calls
     if not calls and info.get("searches"):  # Search-v0 tags mode: searches are not tool calls
         calls = int(info["searches"])
-    errors = sum(c.startswith("Error") or (c.startswith("status:") and not c.startswith("status: ok")) for c in results)
     out = {
         "tool_rate": float(calls > 0),
         "calls": float(calls),
         "turns": float(len(trace.get("finish_reasons") or [])),
-        "tool_results": float(len(results)),
+        "tool_results": float(results),
         "tool_errors": float(errors),
         "reward": float(trace.get("reward", 0.0)),
     }
