@@ -188,7 +188,9 @@ def check_env_id(env: EnvConfig) -> None:
 
 
 # Arguments the trainer passes to an advantage estimator / policy loss itself: not ``*_kwargs`` keys.
-_ESTIMATOR_INPUTS = frozenset({"token_rewards", "mask", "group_ids", "values"})
+_ESTIMATOR_INPUTS = frozenset(
+    {"token_rewards", "mask", "group_ids", "values", "truncated", "bootstrap_values"}
+)
 _POLICY_LOSS_INPUTS = frozenset({"logprobs", "old_logprobs", "advantages", "mask", "is_weights"})
 
 
@@ -216,7 +218,7 @@ class AlgoConfig:
 
     Attributes:
         advantage: advantage estimator (``grpo``, ``dr_grpo``, ``rloo``, ``reinforce_plus_plus``,
-            ``reinforce_plus_plus_baseline``, ``gae``); ``advantage_kwargs`` its parameters.
+            ``reinforce_plus_plus_baseline``, ``gae``, ``tppo``); ``advantage_kwargs`` its parameters.
         policy_loss: ``ppo_clip``, ``clip_higher`` or ``dual_clip``; ``policy_loss_kwargs`` its ε/c.
         loss_agg: loss aggregation mode; ``loss_norm_constant`` its C (``seq-mean-token-sum-norm``).
         kl_coef: β of the KL to the reference model (0: no reference model is loaded).
@@ -230,7 +232,7 @@ class AlgoConfig:
         missing_eos_penalty: subtracted from the reward of completions without EOS (0: off).
         overlong_buffer: DAPO's L_cache in tokens (0: off), with ``overlong_penalty`` as the factor;
             L_max is ``rollout.max_response_tokens``.
-        value_loss_coef, value_clip: weight and clip range of the value loss (``gae`` only).
+        value_loss_coef, value_clip: weight and clip range of the value loss (``gae``, ``tppo``).
     """
 
     advantage: str = "grpo"
@@ -393,7 +395,7 @@ class Config:
                 f"train.group_size must be >= 2 with algo.advantage {self.algo.advantage!r} "
                 f"(group-relative baseline), got {self.train.group_size}"
             )
-        if self.algo.advantage == "gae" and not self.model.value_head:
+        if self.algo.advantage in ("gae", "tppo") and not self.model.value_head:
             raise ValueError("model.value_head must be true with algo.advantage 'gae' (a value model)")
 
 

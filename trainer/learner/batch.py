@@ -31,6 +31,8 @@ class TokenBatch:
         old_logprobs, ref_logprobs, old_values: float32, the behaviour policy's logprobs, the
             reference model's and the critic's values at rollout time (None when unused).
         prompt_lens: (B,) long, tokens of each row's opening prompt (``Trajectory.prompt_len``).
+        value_mask: bool, the tokens the value loss trains on when it differs from ``loss_mask``
+            (T-PPO: finished rows only); None: ``loss_mask``.
     """
 
     input_ids: torch.Tensor
@@ -43,6 +45,7 @@ class TokenBatch:
     ref_logprobs: torch.Tensor | None = None
     old_values: torch.Tensor | None = None
     prompt_lens: torch.Tensor | None = None
+    value_mask: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

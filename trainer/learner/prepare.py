@@ -30,6 +30,7 @@ from .algos import (
     missing_eos_penalty,
     overlong_reward_penalty,
     place_rewards,
+    tppo_value_mask,
 )
 from .batch import TokenBatch, collate
 from .forward import ForwardPlan, batch_logprobs, batch_values
@@ -89,9 +90,14 @@ def truncation_mask(batch: TokenBatch, trajs: Sequence[Trajectory]) -> TokenBatc
 
 
 def compute_advantages(
-    batch: TokenBatch, rewards: torch.Tensor, group_ids: torch.Tensor, algo: AlgoConfig
+    batch: TokenBatch,
+    rewards: torch.Tensor,
+    group_ids: torch.Tensor,
+    algo: AlgoConfig,
+    **inputs: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Apply KL-in-reward when configured, then the advantage estimator to (B, T) token ``rewards``.
+    """Apply KL-in-reward when configured, then the advantage estimator to (B, T) token ``rewards``
+    (``inputs``: extra estimator inputs, e.g. T-PPO's :func:`tppo_inputs`).
 
     Returns ``(advantages, returns, kl_in_reward)`` (B, T); ``kl_in_reward`` is the per-token KL
     that was subtracted (None when off). The behaviour policy of the KL is the engine's logprobs.
@@ -112,9 +118,33 @@ def compute_advantages(
         batch.loss_mask,
         group_ids=group_ids,
         values=None if batch.old_values is None else batch.old_values.double(),
+        **inputs,
         **algo.advantage_kwargs,
     )
     return advantages.float(), returns.float(), kl
+
+
+@torch.no_grad()
+def tppo_inputs(
+    trajs: Sequence[Trajectory], batch: TokenBatch, critic: Any, plan: ForwardPlan
+) -> dict[str, torch.Tensor]:
+    """T-PPO's extra estimator inputs (:mod:`.algos.tppo`): ``truncated`` (B,) bool, the rows whose
+    response is unfinished (cut by a token budget, :func:`hit_budget`), and ``bootstrap_values`` (B,)
+    float64, V(s_l) of each such row: the critic's value after its last token (one extra no-gradient
+    pass over those rows only). Sets ``batch.value_mask`` so the value model trains on finished rows
+    only."""
+    truncated = torch.tensor([hit_budget(t) for t in trajs], dtype=torch.bool)
+    boot = torch.zeros(len(trajs), dtype=torch.float64)
+    rows = truncated.nonzero().flatten()
+    for chunk in rows.split(max(plan.micro_batch_size, 1)):
+        mb = batch.select(chunk).to(plan.device)
+        with plan.autocast():
+            out = critic(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
+        values = out.logits.squeeze(-1).float()
+        last = mb.attention_mask.sum(dim=1) - 1  # the head on the last real token: V(all tokens)
+        boot[chunk] = values[torch.arange(len(chunk), device=values.device), last].double().cpu()
+    batch.value_mask = tppo_value_mask(batch.loss_mask, truncated)
+    return {"truncated": truncated, "bootstrap_values": boot}
 
 
 def prepare_batch(
@@ -172,7 +202,10 @@ def prepare_batch(
     if critic is not None:
         batch.old_values = batch_values(critic, batch, plan)
     group_ids = torch.tensor([t.group_id for t in trained])
-    batch.advantages, batch.returns, kl_in_reward = compute_advantages(batch, placed, group_ids, algo)
+    inputs = tppo_inputs(trained, batch, critic, plan) if algo.advantage == "tppo" else {}
+    batch.advantages, batch.returns, kl_in_reward = compute_advantages(
+        batch, placed, group_ids, algo, **inputs
+    )
 
     mask = batch.loss_mask
     if kl_in_reward is not None:

@@ -102,6 +102,9 @@ def update(
             if n_tokens == 0:
                 continue
             totals = {"num_tokens": n_tokens, "num_sequences": n_seqs}
+            # The value loss's own totals where it trains on fewer tokens (T-PPO: finished rows only).
+            vmini = None if mini.value_mask is None else mini.loss_mask.bool() & mini.value_mask.bool()
+            vtotals = totals if vmini is None else _totals(vmini)
             for rows, prefix_len in micro_batch_plan(mini, plan.micro_batch_size, plan.share_prefix):
                 mb = mini.select(rows).to(plan.device)
                 mask = mb.loss_mask
@@ -145,12 +148,14 @@ def update(
                 if state.critic is not None:
                     with plan.autocast():
                         values = forward_values(state.critic, mb)
-                    vout = clipped_value_loss(values, mb.old_values, mb.returns, mask, clip=algo.value_clip)
-                    vloss = algo.value_loss_coef * aggregate_loss(vout.loss, mask, **agg, **totals)
+                    # T-PPO trains the value model on finished rows only (mb.value_mask, within mask).
+                    vmask = mask if mb.value_mask is None else mask & mb.value_mask.bool()
+                    vout = clipped_value_loss(values, mb.old_values, mb.returns, vmask, clip=algo.value_clip)
+                    vloss = algo.value_loss_coef * aggregate_loss(vout.loss, vmask, **agg, **vtotals)
                     vloss.backward()
-                    sums.add_masked("critic/value_loss", vout.loss, mask)
-                    sums.add_masked("critic/clip_frac", vout.clipped.float(), mask)
-                    sums.add_masked("critic/value_mean", values, mask)
+                    sums.add_masked("critic/value_loss", vout.loss, vmask)
+                    sums.add_masked("critic/clip_frac", vout.clipped.float(), vmask)
+                    sums.add_masked("critic/value_mean", values, vmask)
             sums.add(
                 "actor/grad_norm", _step(state.policy, state.optimizer, state.scheduler, max_grad_norm), 1
             )
@@ -163,6 +168,10 @@ def update(
     metrics["actor/optimizer_steps"] = steps
     metrics["actor/lr"] = lr
     return metrics
+
+
+def _totals(mask: torch.Tensor) -> dict[str, float]:
+    return {"num_tokens": float(mask.sum()), "num_sequences": float(mask.any(dim=1).sum())}
 
 
 def _step(model: Any, optimizer: Any, scheduler: Any, max_grad_norm: float | None) -> float:
