@@ -38,7 +38,7 @@ from .learner.role import Learner
 from .metrics import MetricsLogger
 from .models import load_model_path
 from .pipeline import Pipeline, PipelineOptions
-from .roles import build_learner, build_local_rollout
+from .roles import build_learner, build_rollout, start_ray
 from .rollout.source import RolloutRequest
 from .rollout.types import Trajectory
 from .sampler import tasks_for_step
@@ -79,6 +79,7 @@ class Trainer:
         self.out.mkdir(parents=True, exist_ok=True)
         seed_everything(cfg.train.seed)
         _check_runner(cfg)
+        self.cluster = start_ray(cfg)  # trainer.backend: ray — a local cluster, or the one to join
         self.model_path = load_model_path(cfg.model.path)
         from .rollout.tokenizer import get_tokenizer
 
@@ -87,14 +88,14 @@ class Trainer:
 
         # The learner role first: its construction order (policy, reference, critic, optimizers) is
         # the random-init order a run's seed fixes.
-        self.learner: Learner = build_learner(cfg, tokenizer=self.tokenizer, ckpt=ckpt)
+        self.learner: Learner = build_learner(cfg, tokenizer=self.tokenizer, ckpt=ckpt, out_dir=self.out)
         self.start_step = self.learner.start_step
         self.resumed_from = ckpt
 
         # The rollout role: the engine (holding the policy's weights) and its collectors.
         self.loop = asyncio.new_event_loop()
         self.engine_dtype = engine_dtype(cfg.engine)
-        self.rollout = build_local_rollout(
+        self.rollout = build_rollout(
             cfg,
             engine=engine,
             tokenizer=self.tokenizer,
@@ -102,9 +103,10 @@ class Trainer:
             out_dir=self.out,
             generation_config=getattr(self.learner.base_model(), "generation_config", None),
         )
-        self.engine = self.rollout.engine
-        self.collector = self.rollout.collector
-        self.eval_collector = self.rollout.eval_collector
+        # In this process with trainer.backend: local (None on Ray: the engines live in the workers).
+        self.engine = getattr(self.rollout, "engine", None)
+        self.collector = getattr(self.rollout, "collector", None)
+        self.eval_collector = getattr(self.rollout, "eval_collector", None)
         self.sync_weights()
         self.num_train_tasks = self._count_tasks(cfg.env.train_split)
         self._num_eval_tasks: int | None = None
@@ -343,14 +345,16 @@ class Trainer:
         with contextlib.suppress(Exception):
             self.loop.run_until_complete(self.engine.close())
         self.loop.close()
+        if hasattr(self.learner, "close"):
+            self.learner.close()
+        if self.cluster is not None:
+            self.cluster.shutdown()
 
 
 def _check_runner(cfg: Config) -> None:
     """Refuse, at start and by field name, runner settings this build does not run yet."""
     from .config import ConfigError
 
-    if cfg.trainer.backend != "local":
-        raise ConfigError(f"trainer.backend: {cfg.trainer.backend!r} is not available yet; use 'local'")
     if cfg.trainer.stale == "importance_sampling" and cfg.algo.tis_cap is None:
         raise ConfigError(
             "trainer.stale: 'importance_sampling' keeps stale groups and corrects them with the truncated "

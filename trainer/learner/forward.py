@@ -30,6 +30,9 @@ class ForwardPlan:
         share_prefix: forward a GRPO group's common prompt once (:func:`forward_logprobs_shared`).
         pack: forward each micro-batch packed without padding (:func:`forward_logprobs_packed`).
         autocast: returns a fresh mixed-precision context per forward (no-op by default).
+        data_parallel: None (one learner), or this rank's share of a data-parallel update: an object
+            with ``assign(mini, micro_batches)``, ``reduce_gradients(model)`` and ``reduce_metrics``
+            (:class:`chatgym.trainer.distributed.learner.DataParallel`).
     """
 
     micro_batch_size: int
@@ -37,6 +40,7 @@ class ForwardPlan:
     share_prefix: bool = False
     pack: bool = False
     autocast: Callable[[], Any] = contextlib.nullcontext
+    data_parallel: Any = None
 
 
 def forward_logprobs(

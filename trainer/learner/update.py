@@ -93,6 +93,7 @@ def update(
     lr = state.optimizer.param_groups[0]["lr"]  # the rate this update's first step uses
     ratio_max = 0.0
     steps = 0
+    dp = plan.data_parallel
     for _ in range(algo.ppo_epochs):
         order = torch.randperm(len(batch), generator=generator)
         for chunk in order.chunk(algo.mini_batches):
@@ -105,7 +106,11 @@ def update(
             # The value loss's own totals where it trains on fewer tokens (T-PPO: finished rows only).
             vmini = None if mini.value_mask is None else mini.loss_mask.bool() & mini.value_mask.bool()
             vtotals = totals if vmini is None else _totals(vmini)
-            for rows, prefix_len in micro_batch_plan(mini, plan.micro_batch_size, plan.share_prefix):
+            mbs = micro_batch_plan(mini, plan.micro_batch_size, plan.share_prefix)
+            # Data-parallel: this rank's micro-batches of the mini-batch; the losses keep the
+            # mini-batch's totals, so the summed gradients are the one-learner gradient.
+            mine = dp.assign(mini, mbs) if dp is not None else [(rows, p, True) for rows, p in mbs]
+            for rows, prefix_len, active in mine:
                 mb = mini.select(rows).to(plan.device)
                 mask = mb.loss_mask
                 with plan.autocast():
@@ -117,6 +122,8 @@ def update(
                         entropy_grad=algo.entropy_coef > 0,
                         pack=plan.pack,
                     )
+                if not active:  # a lockstep pass of sharded learners: same collectives, adds nothing
+                    mask = torch.zeros_like(mask)
                 old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
                 weights = (
                     truncated_is_weights(old, mb.engine_logprobs, mask, cap=algo.tis_cap)
@@ -156,6 +163,10 @@ def update(
                     sums.add_masked("critic/value_loss", vout.loss, vmask)
                     sums.add_masked("critic/clip_frac", vout.clipped.float(), vmask)
                     sums.add_masked("critic/value_mean", values, vmask)
+            if dp is not None:
+                dp.reduce_gradients(state.policy)
+                if state.critic is not None:
+                    dp.reduce_gradients(state.critic)
             sums.add(
                 "actor/grad_norm", _step(state.policy, state.optimizer, state.scheduler, max_grad_norm), 1
             )
@@ -163,6 +174,8 @@ def update(
                 norm = _step(state.critic, state.critic_optimizer, state.critic_scheduler, max_grad_norm)
                 sums.add("critic/grad_norm", norm, 1)
             steps += 1
+    if dp is not None:
+        ratio_max = dp.reduce_metrics(sums.total, sums.weight, ratio_max)
     metrics = sums.means()
     metrics["actor/ratio_max"] = ratio_max
     metrics["actor/optimizer_steps"] = steps
@@ -187,4 +200,5 @@ def _step(model: Any, optimizer: Any, scheduler: Any, max_grad_norm: float | Non
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    return float(norm)
+    # Sharded (FSDP2) parameters give the global norm as a replicated DTensor.
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)

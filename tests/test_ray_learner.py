@@ -1,0 +1,220 @@
+"""The learner half of training on Ray: data-parallel learner actors on one real local Ray cluster.
+
+One cluster for the module (127.0.0.1, 4 logical CPUs). A local ``Trainer`` on the tiny random-init
+Llama of the trainer tests (letters env, reference policy with ``algo.kl_coef``, two PPO epochs of two
+mini-batches: old logprobs and a shuffled mini-batch order) collects step 1's trajectories and updates
+its own learner on them: the reference result. Learner groups on Ray update on the same trajectories
+and must end at the same weights. The last test kills a learner with SIGKILL between steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from train_helpers import LETTERS_ENV_ID, TINY_LLAMA, register
+
+ray = pytest.importorskip("ray")
+
+
+def tiny_config(out: Path, *extra: str):
+    from chatgym.trainer.config import load_config
+
+    register()
+    return load_config(
+        None,
+        [
+            "engine.backend=hf",
+            "engine.dtype=float32",
+            "model.dtype=float32",
+            "model.device=cpu",
+            "model.compute_dtype=float32",
+            "model.random_init=true",
+            "model.config_overrides=" + json.dumps(TINY_LLAMA),
+            f"env.id={LETTERS_ENV_ID}",
+            "env.eval_tasks=0",
+            "rollout.max_tokens=8",
+            "rollout.max_response_tokens=8",
+            "rollout.max_model_len=128",
+            "train.max_steps=1",
+            "train.prompts_per_step=2",
+            "train.group_size=4",
+            "train.micro_batch_size=3",
+            "train.progress=false",
+            "train.tensorboard=false",
+            "train.trace_fraction=0.0",
+            f"train.output_dir={out}",
+            "optim.lr=1e-3",
+            "algo.kl_coef=0.01",
+            "algo.ppo_epochs=2",
+            "algo.mini_batches=2",
+            "trainer.ray.learner_num_cpus=0.5",
+            *extra,
+        ],
+    )
+
+
+# ---- the data-parallel split (no Ray) ----------------------------------------------------------
+
+
+class _Mini:
+    def __init__(self, lengths):
+        self.attention_mask = torch.zeros(len(lengths), max(lengths), dtype=torch.long)
+        for i, n in enumerate(lengths):
+            self.attention_mask[i, :n] = 1
+
+
+def test_assign_gives_each_micro_batch_to_one_rank_longest_first():
+    from chatgym.trainer.distributed.learner import DataParallel
+
+    # Rows of 10, 9, 3, 2, 8 tokens; micro-batches [0], [1, 2], [3], [4] hold 10, 12, 2, 8 tokens.
+    mini = _Mini([10, 9, 3, 2, 8])
+    mbs = [([0], 0), ([1, 2], 0), ([3], 0), ([4], 0)]
+    # Longest first to the least-loaded rank: 12 -> r0, 10 -> r1, 8 -> r1 (10 < 12), 2 -> r0 (12 < 18).
+    r0 = DataParallel(0, 2).assign(mini, mbs)
+    r1 = DataParallel(1, 2).assign(mini, mbs)
+    assert r0 == [([1, 2], 0, True), ([3], 0, True)]
+    assert r1 == [([0], 0, True), ([4], 0, True)]
+    # Three ranks: 12 -> r0, 10 -> r1, 8 -> r2, 2 -> r2 (8 < 10, 12); FSDP lockstep pads r0 and r1 with
+    # one inactive pass of the smallest micro-batch ([3]) each, to the two passes r2 runs.
+    assert DataParallel(0, 3, sharded=True).assign(mini, mbs) == [([1, 2], 0, True), ([3], 0, False)]
+    assert DataParallel(1, 3, sharded=True).assign(mini, mbs) == [([0], 0, True), ([3], 0, False)]
+    assert DataParallel(2, 3, sharded=True).assign(mini, mbs) == [([3], 0, True), ([4], 0, True)]
+    assert DataParallel(2, 3).assign(mini, mbs) == [([3], 0, True), ([4], 0, True)]
+
+
+# ---- on a real cluster --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from chatgym.trainer.distributed.cluster import start_or_join
+
+    c = start_or_join(None, num_cpus=4)
+    seen = set(c.pids())
+    yield c
+    seen |= c.pids()
+    c.shutdown()
+    time.sleep(0.5)
+    left = [p for p in seen if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert left == [], f"Ray processes left: {left}"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """Step 1 of the tiny run, locally: its trajectories and the weights before and after the update."""
+    from chatgym.trainer.train import Trainer
+
+    out = tmp_path_factory.mktemp("local")
+    trainer = Trainer(tiny_config(out))
+    try:
+        before = {n: p.detach().clone() for n, p in trainer.policy.named_parameters()}
+        trajs = trainer.collect(0)
+        metrics = trainer.learner.train_on(trajs)
+        after = {n: p.detach().clone() for n, p in trainer.policy.named_parameters()}
+    finally:
+        trainer.close()
+    return trajs, before, after, metrics
+
+
+def _assert_same_update(got, before, after):
+    assert set(got) == set(after)
+    moved = max(float((after[n] - before[n]).abs().max()) for n in after)
+    assert moved > 1e-4  # the update moved the weights (lr 1e-3): a match below is not trivial
+    for name, want in after.items():
+        # Float32 sums in another order (two ranks' gradients added): a few ulps of the update.
+        torch.testing.assert_close(got[name], want, rtol=0, atol=2e-6, msg=name)
+
+
+@pytest.fixture(scope="module")
+def replicate_group(cluster, tmp_path_factory):
+    from chatgym.trainer.distributed.learner import RayLearnerGroup
+
+    out = tmp_path_factory.mktemp("ray2")
+    cfg = tiny_config(out, "trainer.backend=ray", "trainer.ray.num_learners=2")
+    group = RayLearnerGroup(cfg, out_dir=out)
+    yield group, out
+    group.close()
+
+
+def test_two_gloo_learners_update_as_one(reference, replicate_group):
+    trajs, before, after, metrics = reference
+    group, _ = replicate_group
+    assert group.info["sharding"] == "replicate"
+    start = group.state_dict()
+    for name, w in before.items():
+        assert torch.equal(start[name], w), name  # same seed -> same random init in the actor
+    got_metrics = group.train_on(trajs)
+    assert group.version == 1
+    _assert_same_update(group.state_dict(), before, after)
+    # Global metrics: token-weighted over both ranks' micro-batches = the one-learner values.
+    for key in ("actor/pg_loss", "actor/kl", "actor/entropy", "actor/grad_norm", "batch/trained_tokens"):
+        assert got_metrics[key] == pytest.approx(metrics[key], rel=1e-5, abs=1e-7), key
+    assert got_metrics["actor/optimizer_steps"] == metrics["actor/optimizer_steps"] == 4
+
+
+def test_two_fsdp_learners_update_as_one(reference, cluster, tmp_path):
+    from chatgym.trainer.distributed.learner import RayLearnerGroup
+
+    trajs, before, after, metrics = reference
+    cfg = tiny_config(
+        tmp_path, "trainer.backend=ray", "trainer.ray.num_learners=2", "trainer.ray.learner_sharding=fsdp"
+    )
+    group = RayLearnerGroup(cfg, out_dir=tmp_path)
+    try:
+        assert group.info["sharding"] == "fsdp"
+        got_metrics = group.train_on(trajs)
+        _assert_same_update(group.state_dict(), before, after)
+        assert got_metrics["actor/grad_norm"] == pytest.approx(metrics["actor/grad_norm"], rel=1e-5)
+        # The checkpoint is in the one-learner format: a local Learner restores it.
+        ckpt = group.save(tmp_path, 1, {})
+        state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+        assert state["step"] == 1 and sorted(state["optimizer"]["policy"]["state"]) == list(range(len(after)))
+    finally:
+        group.close()
+
+
+def test_weights_go_to_the_object_store_once_from_rank_0(replicate_group):
+    group, _ = replicate_group
+    handle = group.export_weights(torch.bfloat16)
+    assert isinstance(handle.object_ref, ray.ObjectRef)
+    got = dict(handle)
+    want = group.state_dict()
+    assert set(got) == set(want)
+    for name, w in want.items():
+        assert got[name].dtype == torch.bfloat16 and torch.equal(got[name], w.to(torch.bfloat16)), name
+
+
+def test_a_killed_learner_stops_the_run_naming_the_last_checkpoint(reference, replicate_group):
+    from chatgym.trainer.distributed.learner import LearnerFailed
+
+    trajs = reference[0]
+    group, out = replicate_group
+    ckpt = group.save(out, 1, {"note": "test"})
+    assert ckpt == out / "checkpoints" / "step_000001"
+    pids = list(group.pids)
+    os.kill(pids[1], signal.SIGKILL)  # between steps
+    psutil.Process(pids[1]).wait(timeout=10) if psutil.pid_exists(pids[1]) else None
+    t0 = time.perf_counter()
+    with pytest.raises(LearnerFailed) as info:
+        group.train_on(trajs)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith("learner rank 1 died (")
+    assert message.endswith(f"resume from {ckpt} (--resume)")
+    assert time.perf_counter() - t0 < 60  # rank 0 did not wait out its collective's timeout
+    deadline = time.time() + 20
+    while psutil.pid_exists(pids[0]) and time.time() < deadline:
+        if psutil.Process(pids[0]).status() == psutil.STATUS_ZOMBIE:
+            break
+        time.sleep(0.2)
+    assert not psutil.pid_exists(pids[0]) or psutil.Process(pids[0]).status() == psutil.STATUS_ZOMBIE

@@ -1,0 +1,581 @@
+"""Data-parallel learners as Ray actors, and the driver-side group the training loop talks to.
+
+    group = RayLearnerGroup(cfg, ckpt=None, out_dir=out)       # Ray initialised before
+    metrics = group.train_on(trajectories)                     # every rank: the whole batch's update
+    rollout.set_weights(group.export_weights(torch.bfloat16), group.version)
+    group.save(out, steps_done, config_dict)
+
+Each of the ``trainer.ray.num_learners`` actors holds one :class:`~chatgym.trainer.learner.role.Learner`
+(the same object a local run builds, with the same seed, so the initial weights are the same) and
+joins one ``torch.distributed`` group: ``gloo`` on CPU, ``nccl`` on CUDA.
+
+**The update is the one-learner update.** Every rank gets the whole batch and prepares it the same
+way (rewards, advantages, reference/old logprobs: deterministic, so identical on every rank). The
+optimizer steps see the same mini-batches (the shared update generator orders them); inside a
+mini-batch each micro-batch is run by exactly one rank (:meth:`DataParallel.assign`, longest first to
+the least-loaded rank). A micro-batch's loss is already divided by the *mini-batch's* token (or
+sequence) count (:func:`~chatgym.trainer.learner.algos.aggregate_loss` gets the global totals), so the
+SUM of the ranks' gradients is the one-learner gradient — the token-mean of the global batch, not a
+mean of per-rank means. Clipping then sees the global norm: after the all-reduce every rank holds the
+full gradient (``replicate``), or FSDP2 computes the norm over all shards (``fsdp``). The same scheme
+as DDP with ``no_sync`` accumulation (PyTorch DDP docs) and verl's / OpenRLHF's global-token loss
+scaling.
+
+**Sharding** (``trainer.ray.learner_sharding``): ``replicate`` keeps a full copy per rank and
+all-reduces the gradients before each optimizer step (bucketed, SUM); ``fsdp`` applies FSDP2
+``fully_shard`` to each decoder layer and the model (parameters, gradients and optimizer state split
+across ranks; gradients reduce-scattered in every backward with divide factor 1, so they are sums as
+above). Under ``fsdp`` every rank must run the same forwards and backwards (their all-gathers pair
+up), so a rank with fewer micro-batches runs lockstep passes whose loss mask is empty (they add
+nothing). ``auto``: ``fsdp`` on CUDA with more than one learner, else ``replicate``.
+
+**Faults.** A learner actor is never restarted (its optimizer state would be gone): when one dies
+(kill -9, OOM) the group kills the others (a peer would wait in a collective) and raises
+:class:`LearnerFailed`, one line naming the last checkpoint to resume from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import import_ray
+
+_BUCKET_BYTES = 64 << 20  # gradient all-reduce buckets (one collective per ~64 MiB)
+
+
+class LearnerFailed(RuntimeError):
+    """A learner process died; the run stops (the message is one line and names the checkpoint)."""
+
+
+# ---- the data-parallel share of one rank ---------------------------------------------------------
+
+
+class DataParallel:
+    """One rank's share of a data-parallel update (set as ``ForwardPlan.data_parallel``).
+
+    Args:
+        rank, world_size: this process's rank and the number of learners.
+        sharded: the model is FSDP2-sharded (every rank must run the same number of passes, and the
+            gradients are already reduced in backward).
+        group: the ``torch.distributed`` process group (None: the default one).
+    """
+
+    def __init__(self, rank: int, world_size: int, *, sharded: bool = False, group: Any = None):
+        self.rank, self.world_size, self.sharded, self.group = rank, world_size, sharded, group
+
+    def assign(self, mini: Any, micro_batches: Sequence[tuple[list[int], int]]) -> list[tuple[list[int], int, bool]]:
+        """This rank's ``(rows, prefix_len, active)`` of a mini-batch's micro-batches, in their order.
+
+        Micro-batches go longest first (by tokens) to the rank with the fewest tokens so far (ties: the
+        lower rank): the same answer on every rank. With ``sharded``, ranks with fewer micro-batches
+        get lockstep passes (``active`` False, the smallest micro-batch again) up to the most any rank
+        has.
+        """
+        lengths = mini.attention_mask.sum(dim=1)
+        sizes = [int(lengths[rows].sum()) for rows, _ in micro_batches]
+        loads = [0] * self.world_size
+        owner = [0] * len(micro_batches)
+        for i in sorted(range(len(micro_batches)), key=lambda i: (-sizes[i], i)):
+            r = min(range(self.world_size), key=lambda k: (loads[k], k))
+            owner[i], loads[r] = r, loads[r] + sizes[i]
+        mine = [(rows, p, True) for i, (rows, p) in enumerate(micro_batches) if owner[i] == self.rank]
+        if self.sharded and micro_batches:
+            most = max(owner.count(r) for r in range(self.world_size))
+            smallest = min(range(len(micro_batches)), key=lambda i: (sizes[i], i))
+            rows, p = micro_batches[smallest]
+            mine += [(rows, p, False)] * (most - len(mine))
+        return mine
+
+    def reduce_gradients(self, model: Any) -> None:
+        """Sum the trainable parameters' gradients over the ranks (``replicate``; a no-op under FSDP,
+        which reduced them in backward). A parameter without a gradient on one rank (it ran no
+        micro-batch) counts zeros; one without a gradient on every rank keeps none."""
+        if self.sharded:
+            return
+        import torch.distributed as dist
+
+        params = [p for p in model.parameters() if p.requires_grad]
+        if not params:
+            return
+        device = params[0].device
+        has = torch.tensor([p.grad is not None for p in params], dtype=torch.uint8, device=device)
+        dist.all_reduce(has, op=dist.ReduceOp.MAX, group=self.group)
+        live = [p for p, h in zip(params, has.tolist(), strict=True) if h]
+        for p in live:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        for bucket in _buckets([p.grad for p in live], _BUCKET_BYTES):
+            flat = torch.cat([g.reshape(-1) for g in bucket])
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
+            offset = 0
+            for g in bucket:
+                g.copy_(flat[offset : offset + g.numel()].view_as(g))
+                offset += g.numel()
+
+    def reduce_metrics(self, total: dict[str, float], weight: dict[str, float], ratio_max: float) -> float:
+        """Merge the ranks' weighted metric sums in place (sum of totals and of weights per name) and
+        return the largest ``ratio_max``."""
+        import torch.distributed as dist
+
+        mine = (dict(total), dict(weight), float(ratio_max))
+        every: list[Any] = [None] * self.world_size
+        dist.all_gather_object(every, mine, group=self.group)
+        total.clear()
+        weight.clear()
+        for t, w, _ in every:
+            for k, v in t.items():
+                total[k] = total.get(k, 0.0) + v
+            for k, v in w.items():
+                weight[k] = weight.get(k, 0.0) + v
+        return max(r for _, _, r in every)
+
+
+def _buckets(tensors: list[torch.Tensor], limit: int) -> Iterator[list[torch.Tensor]]:
+    bucket: list[torch.Tensor] = []
+    size = 0
+    for t in tensors:
+        if bucket and (size + t.numel() * t.element_size() > limit or t.dtype != bucket[0].dtype):
+            yield bucket
+            bucket, size = [], 0
+        bucket.append(t)
+        size += t.numel() * t.element_size()
+    if bucket:
+        yield bucket
+
+
+# ---- the actor ------------------------------------------------------------------------------------
+
+
+class LearnerActor:
+    """One data-parallel learner process (``ray.remote(LearnerActor)``; built by :class:`RayLearnerGroup`).
+
+    Args:
+        cfg: the run's :class:`~chatgym.trainer.config.Config`.
+        rank, world_size: this learner's rank and the number of learners.
+    """
+
+    def __init__(self, cfg: Any, rank: int, world_size: int):
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.learner: Any = None
+        self.sharded = False
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def rendezvous(self) -> tuple[str, int]:
+        """(address, free port) on this node for the process group's TCP store (asked of rank 0)."""
+        import ray
+
+        host = ray.util.get_node_ip_address()
+        with socket.socket() as s:
+            s.bind((host, 0))
+            return host, int(s.getsockname()[1])
+
+    def setup(self, master: tuple[str, int], ckpt: str | None) -> dict[str, Any]:
+        """Join the process group and build the learner (seeded as a local run, so the same initial
+        weights); returns ``start_step``, ``version``, ``device``, ``sharding`` and the model's
+        ``generation_config``."""
+        import torch.distributed as dist
+
+        from ..learner.role import Learner
+        from ..models import load_model_path
+        from ..rollout.tokenizer import get_tokenizer
+        from ..train import seed_everything
+
+        cfg = self.cfg
+        tokenizer = get_tokenizer(load_model_path(cfg.model.path))
+        seed_everything(cfg.train.seed)
+        learner = Learner(cfg, tokenizer, Path(ckpt) if ckpt else None)
+        self.learner = learner
+        if self.world_size > 1:
+            backend = "nccl" if learner.device.type == "cuda" else "gloo"
+            dist.init_process_group(
+                backend,
+                init_method=f"tcp://{master[0]}:{master[1]}",
+                rank=self.rank,
+                world_size=self.world_size,
+                timeout=timedelta(minutes=30),
+            )
+            self.sharded = _sharding(cfg, learner.device) == "fsdp"
+            if self.sharded:
+                _shard(learner, ckpt)
+            learner.plan = dataclasses.replace(
+                learner.plan, data_parallel=DataParallel(self.rank, self.world_size, sharded=self.sharded)
+            )
+        base = learner.base_model()
+        return {
+            "start_step": learner.start_step,
+            "version": learner.version,
+            "device": str(learner.device),
+            "sharding": "fsdp" if self.sharded else ("replicate" if self.world_size > 1 else "none"),
+            "generation_config": getattr(base, "generation_config", None),
+            "pid": os.getpid(),
+        }
+
+    def train_on(self, trajs: Sequence[Any]) -> tuple[dict[str, float], int]:
+        """:meth:`Learner.train_on` on the whole batch (this rank's share of the update); returns the
+        metrics and the new version."""
+        metrics = self.learner.train_on(trajs)
+        return metrics, self.learner.version
+
+    def full_weights(self, dtype: str | None = None, device: str = "cpu") -> dict[str, torch.Tensor] | None:
+        """The plain model's weights by name (LoRA merged), cast to ``dtype``, on ``device``; every
+        rank must call it under FSDP (the shards are gathered); rank 0 gets them, others None."""
+        out: dict[str, torch.Tensor] = {}
+        want = getattr(torch, dtype) if dtype else None
+        for name, tensor in self.learner.export_weights():
+            if hasattr(tensor, "full_tensor"):
+                tensor = tensor.full_tensor()
+            if self.rank == 0:
+                t = tensor if want is None else tensor.to(want)
+                out[name] = t.to(device).contiguous()
+        return out if self.rank == 0 else None
+
+    def put_weights(self, dtype: str | None) -> list[Any] | None:
+        """Rank 0: the weights (CPU, ``dtype``) put into the object store once; returns ``[ref]``
+        (wrapped: a bare ref would be resolved by Ray on the way back). Others: None."""
+        import ray
+
+        state = self.full_weights(dtype)
+        return [ray.put(state)] if state is not None else None
+
+    def save(self, output_dir: str, steps_done: int, config_dict: dict[str, Any], pipeline_state: Any) -> str | None:
+        """Write the checkpoint (rank 0; every rank takes part in gathering the shards under FSDP)."""
+        kwargs = {"pipeline_state": pipeline_state} if pipeline_state is not None else {}
+        if not self.sharded:
+            if self.rank != 0:
+                return None
+            return str(self.learner.save(output_dir, steps_done, config_dict, **kwargs))
+        return _save_sharded(self.learner, self.rank, output_dir, steps_done, config_dict, kwargs)
+
+    def save_model(self, path: str) -> None:
+        """``save_pretrained`` of the plain model (the engine's random-init model) at ``path``."""
+        state = self.full_weights()
+        if state is not None:
+            self.learner.base_model().save_pretrained(path, state_dict=state, safe_serialization=True)
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _sharding(cfg: Any, device: torch.device) -> str:
+    mode = cfg.trainer.ray.learner_sharding
+    if mode == "auto":
+        return "fsdp" if device.type == "cuda" else "replicate"
+    return mode
+
+
+def _shard(learner: Any, ckpt: str | None) -> None:
+    """FSDP2 ``fully_shard`` each decoder layer, then the whole model, of the policy (and critic);
+    rebuild the optimizers over the sharded parameters and restore a checkpoint's optimizer state.
+
+    Raises:
+        ValueError: LoRA (its merged export needs the whole model on every rank; use
+            ``trainer.ray.learner_sharding: replicate``).
+    """
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    if learner.cfg.lora.enabled:
+        raise ValueError("trainer.ray.learner_sharding: fsdp does not take lora.enabled; use replicate")
+    mesh = init_device_mesh(learner.device.type, (dist.get_world_size(),))
+    for model in (learner.policy, learner.critic):
+        if model is None:
+            continue
+        for module in model.modules():
+            if type(module).__name__.endswith("DecoderLayer"):
+                fully_shard(module, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                # Sums, as the one-learner gradient (the default divides by the world size), with
+                # plain SUM collectives (gloo has no pre-multiplied sum).
+                module.set_gradient_divide_factor(1.0)
+                module.set_force_sum_reduction_for_comms(True)
+    # The optimizers were built over the unsharded parameters: build them again over the shards.
+    learner.state = learner._build_optimizers()
+    if ckpt:
+        _restore_sharded_optimizer(learner, Path(ckpt))
+
+
+# Checkpoints stay in the one-learner format (``optimizer.state_dict()`` keyed by parameter index), so
+# a run saved with FSDP resumes locally and the other way round.
+
+
+def _save_sharded(
+    learner: Any, rank: int, output_dir: str, steps_done: int, config_dict: dict, kwargs: dict
+) -> str | None:
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    from ..learner.checkpoint import save_checkpoint
+    from ..learner.role import _Bundle
+
+    full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    parts = {"policy": (learner.policy, learner.state.optimizer)}
+    if learner.critic is not None:
+        parts["critic"] = (learner.critic, learner.state.critic_optimizer)
+    models, optims = {}, {}
+    for key, (model, optim) in parts.items():
+        models[key] = get_model_state_dict(model, options=full)
+        optims[key] = get_optimizer_state_dict(model, optim, options=full)  # rank 0 only: {} elsewhere
+    if rank != 0:
+        return None
+    optims = {key: _by_index(parts[key][0], osd) for key, osd in optims.items()}
+    scheduler = _Bundle(policy=learner.state.scheduler, critic=learner.state.critic_scheduler)
+    path = save_checkpoint(
+        Path(output_dir),
+        steps_done,
+        policy=_Saved(learner.policy, models["policy"]),
+        tokenizer=learner.tokenizer,
+        optimizer=_Plain(optims),
+        scheduler=scheduler,
+        critic=_Saved(learner.critic, models["critic"]) if learner.critic is not None else None,
+        config=config_dict,
+        keep=learner.cfg.train.keep_checkpoints,
+        rng_extra={"update_generator": learner.update_generator.get_state()},
+        **kwargs,
+    )
+    return str(path)
+
+
+def _restore_sharded_optimizer(learner: Any, ckpt: Path) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    from ..learner.checkpoint import load_trainer_state
+
+    saved = load_trainer_state(ckpt)
+    full = StateDictOptions(full_state_dict=True)
+    pairs = [("policy", learner.policy, learner.state.optimizer, learner.state.scheduler)]
+    if learner.critic is not None:
+        pairs.append(("critic", learner.critic, learner.state.critic_optimizer, learner.state.critic_scheduler))
+    for key, model, optim, sched in pairs:
+        set_optimizer_state_dict(model, optim, _by_name(model, saved["optimizer"][key]), options=full)
+        sched.load_state_dict(saved["scheduler"][key])
+
+
+def _trainable_names(model: Any) -> list[str]:
+    return [n for n, p in model.named_parameters() if p.requires_grad]
+
+
+def _by_index(model: Any, osd: dict[str, Any]) -> dict[str, Any]:
+    """A full optimizer state dict keyed by parameter name -> keyed by index (``Optimizer.state_dict``:
+    the order of the trainable parameters); a tied parameter's every name maps to its one index."""
+    order = {id(p): i for i, p in enumerate(p for p in model.parameters() if p.requires_grad)}
+    index = {n: order[id(p)] for n, p in model.named_parameters(remove_duplicate=False) if id(p) in order}
+    return {
+        "state": {index[n]: v for n, v in osd["state"].items()},
+        "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in osd["param_groups"]],
+    }
+
+
+def _by_name(model: Any, osd: dict[str, Any]) -> dict[str, Any]:
+    names = _trainable_names(model)
+    return {
+        "state": {names[i]: v for i, v in osd["state"].items()},
+        "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in osd["param_groups"]],
+    }
+
+
+class _Saved:
+    """``save_pretrained`` of a sharded model from its gathered full state dict."""
+
+    def __init__(self, model: Any, state: dict[str, torch.Tensor]):
+        self.model, self.state = model, state
+
+    def save_pretrained(self, path: Any, **kwargs: Any) -> None:
+        self.model.save_pretrained(path, state_dict=self.state, **kwargs)
+
+
+class _Plain:
+    def __init__(self, state: dict[str, Any]):
+        self.state = state
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.state
+
+
+# ---- the driver side ------------------------------------------------------------------------------
+
+
+class WeightsHandle:
+    """The policy's weights in the object store (put once by learner rank 0).
+
+    Iterating yields ``(name, tensor)`` (fetched here: what a local rollout needs); a Ray rollout hands
+    ``object_ref`` to its workers instead, so the weights go learner -> workers without the driver.
+    """
+
+    def __init__(self, object_ref: Any, version: int):
+        self.object_ref, self.version = object_ref, version
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        yield from import_ray().get(self.object_ref).items()
+
+
+class _BaseModel:
+    """What the loop reads of ``learner.base_model()``: its generation config and ``save_pretrained``."""
+
+    def __init__(self, group: RayLearnerGroup, generation_config: Any):
+        self.group, self.generation_config = group, generation_config
+
+    def save_pretrained(self, path: Any, **_: Any) -> None:
+        self.group._all("save_model", str(path))
+
+
+class RayLearnerGroup:
+    """The learner side of a ``trainer.backend: ray`` run: ``trainer.ray.num_learners`` actors, with
+    the surface of :class:`~chatgym.trainer.learner.role.Learner` the loop uses.
+
+    Args:
+        cfg: the run's config (``trainer.ray.num_learners``, ``learner_num_cpus``, ``learner_num_gpus``,
+            ``learner_sharding``).
+        ckpt: the checkpoint to restore, or None.
+        out_dir: the run's output directory (where :class:`LearnerFailed` looks for the last checkpoint).
+        scheduling: per-rank extra ``.options(...)`` (placement group bundles), or None.
+
+    Raises:
+        RuntimeError: Ray is not initialised.
+        LearnerFailed: a learner died while starting.
+    """
+
+    def __init__(
+        self,
+        cfg: Any,
+        *,
+        ckpt: Path | None = None,
+        out_dir: str | Path | None = None,
+        scheduling: Sequence[dict[str, Any]] | None = None,
+    ):
+        ray = import_ray()
+        if not ray.is_initialized():
+            raise RuntimeError("RayLearnerGroup needs a Ray cluster: call distributed.cluster.start_or_join first")
+        rc = cfg.trainer.ray
+        self.cfg = cfg
+        self.out_dir = Path(out_dir) if out_dir is not None else Path(cfg.train.output_dir)
+        n = rc.num_learners
+        actor = ray.remote(LearnerActor)
+        self.actors = [
+            actor.options(
+                num_cpus=rc.learner_num_cpus,
+                num_gpus=rc.learner_num_gpus,
+                max_restarts=0,
+                **(scheduling[r] if scheduling else {}),
+            ).remote(cfg, r, n)
+            for r in range(n)
+        ]
+        master = self._get([self.actors[0].rendezvous.remote()])[0]
+        infos = self._all("setup", master, str(ckpt) if ckpt else None)
+        self.info = infos[0]
+        self.pids = [i["pid"] for i in infos]
+        self.start_step = int(self.info["start_step"])
+        self.version = int(self.info["version"])
+        self.device = torch.device(self.info["device"])
+        self._base = _BaseModel(self, self.info["generation_config"])
+        print(
+            f"chatgym: {n} learner(s) on Ray, {self.info['device']}, sharding {self.info['sharding']}",
+            file=sys.stderr,
+        )
+
+    def train_on(self, trajs: Sequence[Any]) -> dict[str, float]:
+        """Every rank's share of the update on the whole batch; returns rank 0's metrics (batch and
+        update metrics are global). ``version`` goes up by one when an update ran."""
+        ray = import_ray()
+        t0 = time.perf_counter()
+        ref = ray.put(list(trajs))  # one copy in the object store, read by every rank
+        metrics, self.version = self._all("train_on", ref)[0]
+        metrics = dict(metrics)
+        metrics["timing/learner_call_s"] = time.perf_counter() - t0
+        return metrics
+
+    def export_weights(self, dtype: torch.dtype | None = None) -> WeightsHandle:
+        """The policy's weights, cast to ``dtype``, put into the object store by rank 0 (iterate for
+        ``(name, tensor)`` pairs, or pass the handle to a Ray rollout)."""
+        name = str(dtype).removeprefix("torch.") if dtype is not None else None
+        [ref] = self._all("put_weights", name)[0]
+        return WeightsHandle(ref, self.version)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The policy's full weights (float as trained) here, by name."""
+        return self._all("full_weights")[0]
+
+    def save(
+        self,
+        output_dir: str | Path,
+        steps_done: int,
+        config_dict: dict[str, Any],
+        pipeline_state: dict[str, Any] | None = None,
+    ) -> Path:
+        """Write ``output_dir/checkpoints/step_NNNNNN`` from rank 0 (the one-learner format)."""
+        return Path(self._all("save", str(output_dir), steps_done, config_dict, pipeline_state)[0])
+
+    def base_model(self) -> _BaseModel:
+        return self._base
+
+    def close(self) -> None:
+        """End the actors (the cluster stays)."""
+        ray = import_ray()
+        for a in self.actors:
+            try:
+                ray.get(a.close.remote(), timeout=30)
+            except Exception:  # a dead learner has nothing to close
+                pass
+            ray.kill(a, no_restart=True)
+        self.actors = []
+
+    # ---- calls and failures ----------------------------------------------------------------------
+
+    def _all(self, method: str, *args: Any) -> list[Any]:
+        return self._get([getattr(a, method).remote(*args) for a in self.actors])
+
+    def _get(self, refs: list[Any]) -> list[Any]:
+        """The results of ``refs`` (one per rank, in rank order); the first death among them ends
+        every learner and raises :class:`LearnerFailed` — a peer of a dead rank would wait in its
+        collective until the process group's timeout."""
+        ray = import_ray()
+        left = list(refs)
+        while left:
+            done, left = ray.wait(left, num_returns=1)
+            try:
+                ray.get(done[0])
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
+                self._fail(refs.index(done[0]), exc)
+            except Exception:
+                # An error raised inside a rank (a bug, a bad config): its peers would wait in a
+                # collective; end them all and raise it as is.
+                self._kill_all()
+                raise
+        return ray.get(refs)
+
+    def _kill_all(self) -> None:
+        ray = import_ray()
+        for a in self.actors:
+            ray.kill(a, no_restart=True)
+        self.actors = []
+
+    def _fail(self, rank: int, exc: BaseException) -> None:
+        from ..learner.checkpoint import latest_checkpoint
+
+        self._kill_all()
+        last = latest_checkpoint(self.out_dir)
+        where = f"resume from {last} (--resume)" if last else "no checkpoint was written; the run must start over"
+        reason = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+        raise LearnerFailed(
+            f"learner rank {rank} died ({type(exc).__name__}: {reason}); the run stops: {where}"
+        ) from None
