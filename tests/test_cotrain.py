@@ -84,6 +84,25 @@ def test_trace_trajectory_is_token_exact():
         trace_trajectory({**trace, "logprobs": []}, 0.0, env_id="x", task_id="q", group_id=0, sample_index=0)
 
 
+async def test_prefill_is_prompt_and_starts_the_reply(tok):
+    from chatgym.envs.agents import ask
+    from chatgym.envs.judge import parse_rating
+
+    engine = ReplayEngine(lambda prompt: [*enc(tok, "7]] fine"), IM_END], tok)
+    engine.weight_version = 3
+    responder = VersionedResponder(engine, tok, prefill="Rating: [[")
+    view = [user("Rate: 2+2=4")]
+    message, trace = await ask(responder, view)
+    assert message == assistant("Rating: [[7]] fine") and parse_rating(message["content"]) == (7.0, None)
+    # The prefill ids follow the generation prompt (template rendered independently) as prompt ids.
+    header = tok.apply_chat_template(view, add_generation_prompt=True, tokenize=True, return_dict=False)
+    assert engine.calls[0][0] == trace["prompt_ids"] == [*header, *enc(tok, "Rating: [[")]
+    assert trace["token_ids"] == [*enc(tok, "7]] fine"), IM_END] and trace["weight_version"] == 3
+    t = trace_trajectory(trace, 1.0, env_id="Judge-v0", task_id="q", group_id=0, sample_index=0)
+    assert t.loss_mask == [0] * len(trace["prompt_ids"]) + [1] * len(trace["token_ids"])
+    assert t.messages[-1] == assistant("Rating: [[7]] fine")
+
+
 async def test_judge_agreement_against_the_reference_rating():
     from chatgym.envs.judge import JudgeEnv
 

@@ -91,6 +91,11 @@ class CoTrainConfig:
             that episode fails); None: no check.
         max_model_len: the party engine's context length (tokens).
         tasks: train only on these task indices of ``env.train_split`` (None: all).
+        prefill: text every party reply starts with, given as prompt tokens (not trained on):
+            ``"Rating: [["`` makes a 135M judge write a parseable MT-bench rating (without it
+            SmolLM2-135M-Instruct wrote no ``[[r]]`` at all: parse rate 0, nothing to learn from).
+        eval_task_ids: evaluate on these task indices of ``env.eval_split`` (the first
+            ``env.eval_tasks`` of them); None: its first ``env.eval_tasks`` tasks.
     """
 
     party: Literal["judge", "user"] = "judge"
@@ -102,6 +107,8 @@ class CoTrainConfig:
     max_prompt_tokens: int | None = None
     max_model_len: int = 4096
     tasks: tuple[int, ...] | None = None
+    prefill: str = ""
+    eval_task_ids: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if not self.lr > 0:
@@ -153,17 +160,45 @@ def party_config(cfg: Config, co: CoTrainConfig) -> Config:
 
 class VersionedResponder(EngineResponder):
     """:class:`EngineResponder` (``trace=True``) whose traces also name the engine's
-    ``weight_version`` when the reply was requested (the party learner's version that sampled it)."""
+    ``weight_version`` when the reply was requested (the party learner's version that sampled it).
 
-    def __init__(self, engine: Any, tokenizer: Any = None, **kwargs: Any):
+    Args:
+        prefill: text the reply starts with, sent to the engine as prompt tokens after the assistant
+            header (so loss mask 0 in the party's trajectory); the returned message is ``prefill`` +
+            the sampled text. ``"Rating: [["`` makes a small judge answer in MT-bench's format.
+        engine, tokenizer, kwargs: as :class:`EngineResponder`.
+    """
+
+    def __init__(self, engine: Any, tokenizer: Any = None, *, prefill: str = "", **kwargs: Any):
         super().__init__(engine, tokenizer, trace=True, **kwargs)
+        self.prefill = prefill
+        if prefill:
+            self.renderer = _Prefilled(
+                self.renderer, self.tokenizer.encode(prefill, add_special_tokens=False)
+            )
 
     async def respond_with_trace(self, messages: list[Any]) -> tuple[Any, dict[str, Any] | None]:
         version = int(getattr(self.engine, "weight_version", 0))
         message, trace = await super().respond_with_trace(messages)
+        if self.prefill:
+            message = {"role": "assistant", "content": self.prefill + message["content"]}
         if trace is not None:
-            trace["weight_version"] = version
+            trace.update(weight_version=version, text=message["content"], prefill=self.prefill)
         return message, trace
+
+
+class _Prefilled:
+    """A chat renderer whose prompts end with fixed ids (the reply's prefill)."""
+
+    def __init__(self, renderer: Any, ids: list[int]):
+        self.renderer = renderer
+        self.ids = list(ids)
+
+    def prompt_ids(self, messages: list[Any]) -> list[int]:
+        return [*self.renderer.prompt_ids(messages), *self.ids]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.renderer, name)
 
 
 def trace_trajectory(
@@ -425,6 +460,7 @@ class CoTrainer:
             ptok,
             params=SamplingParams(max_tokens=co.max_tokens, temperature=co.temperature),
             max_prompt_tokens=co.max_prompt_tokens,
+            prefill=co.prefill,
         )
         eval_responder = copy.copy(train_responder)  # shares the chat renderer (slow to build)
         eval_responder.params = dataclasses.replace(
@@ -451,7 +487,8 @@ class CoTrainer:
         cfg = self.cfg
         if eval:
             split, responder = cfg.env.eval_split, self.party.eval_responder
-            tasks = tuple(range(num_tasks or 0))
+            picks = self.co.eval_task_ids if self.co.eval_task_ids is not None else range(num_tasks or 0)
+            tasks = tuple(picks)[: num_tasks or 0]
             return RolloutRequest(
                 cfg.env.id,
                 tasks,
@@ -487,6 +524,7 @@ class CoTrainer:
             party_trajectories(trajs, self.co.party, self.reward_fn)
         )
         metrics.update(party_metrics)
+        metrics["policy/reward_mean"] = metrics["reward/mean"]
         policy_trajs = [t for t in trajs if t.info.get("status") != "judge_error"]
         metrics["policy/judge_error_episodes"] = len(trajs) - len(policy_trajs)
         if self.co.party == "judge":
@@ -533,8 +571,8 @@ class CoTrainer:
         return time.perf_counter() - t0
 
     def evaluate(self, num_tasks: int | None = None) -> dict[str, float]:
-        """Both sides on the first ``num_tasks`` tasks of ``env.eval_split`` (one episode each, the
-        party at ``env.eval_temperature``): ``eval/reward`` (the policy's, as the party scored it),
+        """Both sides on the first ``num_tasks`` tasks of ``env.eval_split`` (of
+        ``cotrain.eval_task_ids`` when set; one episode each, the party at ``env.eval_temperature``): ``eval/reward`` (the policy's, as the party scored it),
         ``eval/<party>/reward_mean`` and, for a judge, ``eval/policy/reference_reward``."""
         n = self.cfg.env.eval_tasks if num_tasks is None else num_tasks
         if n <= 0:
@@ -623,8 +661,8 @@ class CoTrainer:
 async def policy_reference_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
     """``policy/reference_reward``: the policy's Judge-v0 return had the rule-based reference judge
     rated it (the reference rating of each question turn's last judge sample, ``(r - 1) / 9 /
-    n_turns`` summed) — a fixed yardstick while the co-trained judge moves. Mean over the episodes
-    whose every question turn has one."""
+    n_turns`` summed over the question turns judged) — a fixed yardstick while the co-trained judge
+    moves. Mean over the episodes whose judged turns all have a reference rating."""
     values = []
     for t in trajs:
         traces = t.info.get("judge_traces") or []
