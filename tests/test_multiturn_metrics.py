@@ -261,3 +261,25 @@ async def test_collector_run_on_math_calculator(tok):
         "reward/by_turns/2": 1.0,
         "reward/by_turns/4": 0.5,
     }
+
+
+def test_eval_cell_metrics_carry_calls_truncation_and_reward_by_turns():
+    from chatgym.trainer.eval.metrics import cell_metrics
+
+    def row(task, reward, turns, calls, truncated, failed=0):
+        return {
+            "task_index": task,
+            "reward": reward,
+            "success": int(reward == 1.0),
+            "turns": turns,
+            "generated_tokens": 10,
+            "tool_calls": calls,
+            "tool_errors": 0,
+            "failed": failed,
+            "truncated": truncated,
+        }
+
+    rows = [row(0, 1.0, 2, 1, 0), row(0, 0.0, 4, 3, 1), row(1, 0.5, 2, 1, 0), row(1, 0.0, 1, 0, 0, failed=1)]
+    m = cell_metrics(rows)
+    assert m.tool_calls_per_episode == 5 / 4 and m.truncated_frac == 1 / 4
+    assert m.reward_by_turns == {1: 0.0, 2: 0.75, 4: 0.0}  # 2 turns: (1.0 + 0.5) / 2

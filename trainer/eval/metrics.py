@@ -14,7 +14,12 @@
   task means in [0, 1] get the normal interval clipped to [0, 1]. With a single
   task the interval is undefined (``None``).
 * mean turns, generated tokens per episode, tool-call error rate (tool errors / tool calls over all
-  episodes), episode failure rate (episodes that crashed or timed out / episodes), wall time.
+  episodes), episode failure rate (episodes that crashed or timed out / episodes), wall time;
+* the multi-turn figures a training run logs as ``eval/tools/calls_per_episode``,
+  ``eval/episode/truncated_frac`` and ``eval/reward/by_turns/<n>``
+  (:func:`chatgym.trainer.step_metrics.multiturn_metrics`): tool calls per episode, share of
+  episodes truncated, mean reward of the episodes with ``n`` turns. The store keeps no per-kind tool
+  errors or truncating budget, so those splits are in the training run's metrics only.
 """
 
 from __future__ import annotations
@@ -101,6 +106,10 @@ class CellMetrics:
         tool_calls, tool_errors: totals; ``tool_error_rate`` is their ratio (``None`` without calls).
         failure_rate: share of episodes that failed (env crash, timeout, engine error).
         wall_s: seconds the evaluation took, summed over the sessions that produced the rows.
+        tool_calls_per_episode: tool calls / episodes.
+        truncated_frac: share of episodes truncated (an env limit or a token budget).
+        reward_by_turns: turns -> mean reward of the episodes with that many turns (failed ones with
+            their recorded reward, as in ``mean_reward``).
     """
 
     episodes: int
@@ -119,6 +128,9 @@ class CellMetrics:
     tool_error_rate: float | None
     failure_rate: float
     wall_s: float
+    tool_calls_per_episode: float
+    truncated_frac: float
+    reward_by_turns: dict[int, float]
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -129,7 +141,8 @@ def cell_metrics(rows: Iterable[Mapping[str, Any]], k: int = 1, wall_s: float = 
 
     Args:
         rows: mappings with ``task_index``, ``reward`` (float), ``success`` (0/1), ``turns``,
-            ``generated_tokens`` (int or None), ``tool_calls``, ``tool_errors``, ``failed`` (0/1).
+            ``generated_tokens`` (int or None), ``tool_calls``, ``tool_errors``, ``failed`` (0/1),
+            optionally ``truncated`` (0/1).
             A failed episode counts as incorrect, with its reward as recorded (0 when it crashed).
         k: pass@k budget; capped at the smallest number of samples of any task.
         wall_s: the cell's wall time in seconds (the store computes it from its sessions).
@@ -174,4 +187,14 @@ def cell_metrics(rows: Iterable[Mapping[str, Any]], k: int = 1, wall_s: float = 
         tool_error_rate=errors / calls if calls else None,
         failure_rate=sum(int(bool(r["failed"])) for r in rows) / len(rows),
         wall_s=wall_s,
+        tool_calls_per_episode=calls / len(rows),
+        truncated_frac=sum(int(bool(r.get("truncated"))) for r in rows) / len(rows),
+        reward_by_turns=_reward_by_turns(rows),
     )
+
+
+def _reward_by_turns(rows: Sequence[Mapping[str, Any]]) -> dict[int, float]:
+    by: dict[int, list[float]] = defaultdict(list)
+    for r in rows:
+        by[int(r["turns"])].append(float(r["reward"]))
+    return {n: sum(v) / len(v) for n, v in sorted(by.items())}
