@@ -201,7 +201,12 @@ def cluster():
 
     token_file = Path.home() / ".ray" / "auth_token"
     had_token_file = token_file.exists()
-    c = start_or_join(None, num_cpus=4)
+    address = os.environ.pop("RAY_ADDRESS", None)  # this module's cluster is its own, never joined
+    try:
+        c = start_or_join(None, num_cpus=4)
+    finally:
+        if address is not None:
+            os.environ["RAY_ADDRESS"] = address
     c.seen = {}  # pid -> create_time of every cluster process seen while the module ran
     c.had_token_file = had_token_file
     yield c
@@ -396,3 +401,93 @@ def test_zz_no_ray_process_left(cluster, rollout):
             pass
     assert left == []
     assert not ray.is_initialized()
+
+
+@pytest.mark.slow
+def test_zzz_join_a_cluster_started_with_ray_start():
+    """``ray start --head`` (in the foreground, so its processes are its children), then join it by
+    address; the job's task runs in the head's processes; everything is stopped by PID."""
+    import shutil
+    import socket
+    import subprocess
+    import sys
+    import tempfile
+
+    from chatgym.trainer.distributed import cluster as cluster_mod
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    temp = tempfile.mkdtemp(prefix="rayj", dir="/tmp")  # short: Ray's socket paths live under it
+    # The token this process already uses (Ray's loader caches the first one it reads).
+    env = {
+        **os.environ,
+        "RAY_AUTH_TOKEN": cluster_mod._PROCESS_TOKEN,
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    }
+    ray_cli = str(Path(sys.executable).with_name("ray"))
+    head = subprocess.Popen(
+        [
+            ray_cli,
+            "start",
+            "--head",
+            "--block",
+            f"--port={port}",
+            "--node-ip-address=127.0.0.1",
+            "--num-cpus=1",
+            "--include-dashboard=false",
+            f"--temp-dir={temp}",
+            "--disable-usage-stats",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    tree: dict[int, float] = {}
+    old_token = os.environ.get("RAY_AUTH_TOKEN")
+    os.environ["RAY_AUTH_TOKEN"] = cluster_mod._PROCESS_TOKEN
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                assert head.poll() is None and time.monotonic() < deadline, "ray start --head did not come up"
+                time.sleep(0.5)
+        joined = cluster_mod.start_or_join(f"127.0.0.1:{port}")
+        assert not joined.local and joined.address == f"127.0.0.1:{port}" and joined.roots == {}
+
+        @ray.remote(num_cpus=1)
+        def where():
+            return os.getpid()
+
+        pid = ray.get(where.remote(), timeout=120)
+        for p in psutil.Process(head.pid).children(recursive=True):
+            tree[p.pid] = p.create_time()
+        assert pid in tree  # ran in a worker of the head we started
+        joined.shutdown()
+        assert not ray.is_initialized() and head.poll() is None  # leaving does not stop the cluster
+    finally:
+        for p in psutil.Process(head.pid).children(recursive=True) if head.poll() is None else []:
+            tree.setdefault(p.pid, p.create_time())
+        head.terminate()
+        try:
+            head.wait(20)
+        except subprocess.TimeoutExpired:
+            head.kill()
+            head.wait()
+        procs = [p for p in (cluster_mod._same_process(pid, t) for pid, t in tree.items()) if p is not None]
+        _, alive = psutil.wait_procs(procs, timeout=10)
+        for p in alive:
+            p.kill()
+        psutil.wait_procs(alive, timeout=10)
+        if old_token is None:
+            os.environ.pop("RAY_AUTH_TOKEN", None)
+        else:
+            os.environ["RAY_AUTH_TOKEN"] = old_token
+        shutil.rmtree(temp, ignore_errors=True)
+    left = [
+        pid for pid, t in tree.items() if (p := cluster_mod._same_process(pid, t)) and cluster_mod._alive(p)
+    ]
+    assert left == []

@@ -146,6 +146,22 @@ def start_or_join(
 
 
 def _join(ray: Any, address: str, namespace: str) -> RayCluster:
+    from ray._private import ray_constants
+
+    # Ray turns a loopback address into the machine's reachable one before connecting; a cluster
+    # started on loopback (this module's way, or `ray start` with the switch) listens on loopback only.
+    loopback = address.rsplit(":", 1)[0] in ("127.0.0.1", "localhost", "[::1]", "::1")
+    old_flag = ray_constants.ENABLE_RAY_CLUSTER
+    if loopback:
+        ray_constants.ENABLE_RAY_CLUSTER = False
+    # A driver joining sends no token unless token mode is on in this process: turn it on when a
+    # token is at hand (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token), as `ray.init()` of a
+    # local cluster does; RAY_AUTH_MODE set by the user wins.
+    from ray._private.authentication.authentication_token_setup import (
+        maybe_enable_token_auth_if_token_available,
+    )
+
+    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
     try:
         ctx = ray.init(address=address, namespace=namespace, configure_logging=False, log_to_driver=True)
     except Exception as exc:
@@ -156,6 +172,8 @@ def _join(ray: Any, address: str, namespace: str) -> RayCluster:
                 "(`ray get-auth-token` on the head node prints it)"
             ) from exc
         raise
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = old_flag
     return RayCluster(address=ctx.address_info["gcs_address"], local=False, session_dir=_session_dir(ray))
 
 
