@@ -218,3 +218,72 @@ def test_a_killed_learner_stops_the_run_naming_the_last_checkpoint(reference, re
             break
         time.sleep(0.2)
     assert not psutil.pid_exists(pids[0]) or psutil.Process(pids[0]).status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.slow
+def test_ray_backend_step1_matches_local(cluster, tmp_path):
+    """The main job's step 1 (``tests/step1_golden.py``'s ``math_grpo`` case: real SmolLM2-135M, hf
+    engine, 2 prompts x 4 samples of <= 32 tokens) with ``trainer.backend: ray`` (one rollout worker,
+    one learner) and locally: the same trajectories, the same batch (token ids, loss mask, advantages)
+    and the same weights after the update."""
+    import dataclasses
+
+    from chatgym.trainer.learner.prepare import prepare_batch
+    from chatgym.trainer.models import load_model_path
+    from chatgym.trainer.train import Trainer
+
+    pytest.importorskip("reasoning_gym")
+    try:
+        load_model_path("smollm2")
+    except ModuleNotFoundError as exc:
+        pytest.skip(str(exc))
+    from step1_golden import case_config
+
+    local_cfg = case_config("math_grpo", tmp_path / "local")
+    ray_cfg = dataclasses.replace(
+        local_cfg,
+        train=dataclasses.replace(local_cfg.train, output_dir=str(tmp_path / "ray")),
+        trainer=dataclasses.replace(
+            local_cfg.trainer,
+            backend="ray",
+            ray=dataclasses.replace(local_cfg.trainer.ray, learner_num_cpus=0.5, worker_num_cpus=0.5),
+        ),
+    )
+    local = Trainer(local_cfg)
+    try:
+        trajs_l = local.collect(0)
+        want = local.learner
+
+        batch_l, _ = prepare_batch(
+            trajs_l,
+            local_cfg.algo,
+            max_response_tokens=local_cfg.rollout.max_response_tokens,
+            pad_id=want.pad_id,
+            policy=want.policy,
+            plan=want.plan,
+        )
+        local.learner.train_on(trajs_l)
+        after_l = {n: p.detach().clone() for n, p in local.policy.named_parameters()}
+    finally:
+        local.close()
+    remote = Trainer(ray_cfg)
+    try:
+        trajs_r = remote.collect(0)
+        assert [t.token_ids for t in trajs_r] == [t.token_ids for t in trajs_l]
+        assert [t.reward for t in trajs_r] == [t.reward for t in trajs_l]
+        assert all(set(v for v in t.weight_versions if v >= 0) == {0} for t in trajs_r)
+        batch_r = ray.get(remote.learner.actors[0].batch_of.remote(trajs_r))
+        assert torch.equal(batch_r["input_ids"], batch_l.input_ids)
+        assert torch.equal(batch_r["loss_mask"], batch_l.loss_mask)
+        assert float(batch_l.advantages.abs().max()) > 0.1  # mixed rewards: the weights move
+        torch.testing.assert_close(batch_r["advantages"], batch_l.advantages, rtol=0, atol=2e-6)
+        remote.learner.train_on(trajs_r)
+        assert remote.learner.version == 1
+        got = remote.learner.state_dict()
+        for name, w in after_l.items():
+            torch.testing.assert_close(got[name], w, rtol=0, atol=2e-6, msg=name)
+        # The new weights reach the worker from the object store, with their version.
+        remote.sync_weights()
+        assert [i["weight_version"] for i in ray.get([w.info.remote() for w in remote.rollout.workers])] == [1]
+    finally:
+        remote.close()

@@ -67,11 +67,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FileNotFoundError as exc:
         print(f"chatgym train: {exc}", file=sys.stderr)
         return 2
+    from .distributed.learner import LearnerFailed  # imports no Ray
     from .train import Trainer  # torch and transformers load only once the config is good
 
     trainer = Trainer(config, resume=ckpt or False)  # already found and checked above
     try:
         summary = trainer.train()
+    except LearnerFailed as exc:  # trainer.backend: ray — a learner process died; the message names the checkpoint
+        print(f"chatgym train: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         last = latest_checkpoint(config.train.output_dir)
         where = f"the last checkpoint is {last} (continue with --resume)" if last else "no checkpoint was saved yet"
