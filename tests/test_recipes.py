@@ -165,3 +165,31 @@ def test_search_recipe_one_step_with_an_oracle_searcher(tmp_path, tok, mode):
         "episodes": 4.0, "tool_rate": 1.0, "calls": 1.0, "turns": 2.0, "tool_error_rate": 0.0, "em": 1.0, "f1": 1.0,
     }  # fmt: skip
     assert [(e["step"], e["accuracy"], e["f1"]) for e in data["eval"]] == [(0, 1.0, 1.0), (1, 1.0, 1.0)]
+
+
+def test_retool_sft_traces_train_only_the_assistant_turns(tok):
+    pytest.importorskip("reasoning_gym")
+    import gymnasium as gym
+
+    sys.path.insert(0, str(RECIPES / "retool"))
+    import sft_warmup
+
+    cfg = load_config(RECIPES / "retool/cpu.yaml")
+    kwargs = {k: v for k, v in cfg.env.kwargs.items() if k != "demo"}
+    env = gym.make(cfg.env.id, split="train", **kwargs).unwrapped
+    try:
+        messages = sft_warmup.scripted_episode(env, 4000)
+        task = env.tasks[4000]
+        ids, mask = sft_warmup.assistant_mask(tok, messages, env.tools)
+    finally:
+        env.close()
+    expr, answer = task["metadata"]["expression"], task["answer"]
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "assistant"]
+    assert messages[3]["content"] == f"status: ok (exit code 0)\nstdout:\n{answer}"
+    # Trained: exactly the two assistant turns, each up to its <|im_end|> (where generation stops).
+    trained = tok.decode([i for i, m in zip(ids, mask, strict=True) if m])
+    assert trained == (
+        '<tool_call>\n{"name": "python", "arguments": {"code": "print(' + expr + ')"}}\n</tool_call><|im_end|>'
+        f"<answer>{answer}</answer><|im_end|>"
+    )
+    assert tok.decode(ids).endswith(f"<|im_start|>assistant\n<answer>{answer}</answer><|im_end|>\n")
