@@ -414,8 +414,9 @@ class Pipeline:
     def state_dict(self) -> dict[str, Any]:
         """What ``--resume`` needs to continue the ``async`` pipeline: the buffer, the next
         never-issued group, and the groups issued but not finished (run again first on resume: a
-        group is trained on once, never lost). Empty for ``sync`` / ``one_step_off`` (their next
-        batch is a pure function of the step)."""
+        group is trained on once, never lost). Empty for ``sync`` / ``one_step_off``: their next
+        batch's tasks and seeds are a pure function of the step (``one_step_off`` resumed samples
+        that batch with the checkpoint's weights, one version newer than the uninterrupted run's)."""
         if self.options.mode != "async":
             return {}
         return {
