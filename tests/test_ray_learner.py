@@ -194,6 +194,44 @@ def test_weights_go_to_the_object_store_once_from_rank_0(replicate_group):
         assert got[name].dtype == torch.bfloat16 and torch.equal(got[name], w.to(torch.bfloat16)), name
 
 
+def test_collective_weight_sync_broadcasts_from_rank_0(replicate_group, tmp_path):
+    """``weight_sync: collective`` on CPU: learner rank 0 broadcasts one flat bf16 buffer over a gloo
+    group of itself and two rollout workers (the NCCL path on GPUs is the same code with ``nccl``)."""
+    from chatgym.trainer.distributed.ray_rollout import RayRollout
+    from chatgym.trainer.distributed.weights import CollectiveWeights, checksum
+    from chatgym.trainer.models import load_model_path
+
+    group, _ = replicate_group
+    cfg = tiny_config(
+        tmp_path,
+        "trainer.backend=ray",
+        "trainer.ray.num_rollout_workers=2",
+        "trainer.ray.worker_num_cpus=0.5",
+        "trainer.ray.engine_factory=chatgym.trainer.distributed.scripted:scripted_engine",
+        "trainer.ray.weight_sync=collective",
+    )
+    rollout = RayRollout(cfg, model_path=str(load_model_path("smollm2")), out_dir=str(tmp_path))
+    try:
+        group.weight_sync = cfg.trainer.ray.weight_sync  # this group was built with the CPU default
+        handle = group.export_weights(torch.bfloat16)
+        assert isinstance(handle, CollectiveWeights)
+        rollout.set_weights(handle, 7)
+        want = {n: t.to(torch.bfloat16) for n, t in group.state_dict().items()}
+        stats = group.collective.stats
+        assert sorted(stats) == [0, 1]  # both workers over the broadcast (no GPU: no CUDA IPC)
+        for s in stats.values():
+            assert s["checksum"] == checksum(want.items())
+            assert s["bytes"] == 2 * sum(t.numel() for t in want.values())
+        infos = ray.get([w.info.remote() for w in rollout.workers])
+        assert [i["weight_version"] for i in infos] == [7, 7]
+        # A second sync reuses the group (same worker processes) and carries the new version.
+        rollout.set_weights(group.export_weights(torch.bfloat16), 8)
+        assert [i["weight_version"] for i in ray.get([w.info.remote() for w in rollout.workers])] == [8, 8]
+    finally:
+        group.weight_sync = "object_store"
+        rollout.close()
+
+
 def test_a_killed_learner_stops_the_run_naming_the_last_checkpoint(reference, replicate_group):
     from chatgym.trainer.distributed.learner import LearnerFailed
 

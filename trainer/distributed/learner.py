@@ -269,6 +269,48 @@ class LearnerActor:
         state = self.full_weights(dtype)
         return [ray.put(state)] if state is not None else None
 
+    # -- collective weight sync (weights.py): rank 0 stages, broadcasts, or shares by CUDA IPC --
+
+    def weight_endpoint(self) -> tuple[str | None, str]:
+        """(this rank's CUDA device UUID or None, this node's address)."""
+        import ray
+
+        from .weights import device_uuid
+
+        return device_uuid(), ray.util.get_node_ip_address()
+
+    def weight_port(self, host: str) -> int:
+        from .weights import free_port
+
+        return free_port(host)
+
+    def join_weight_group(self, spec: dict[str, Any]) -> None:
+        from .weights import Stager, make_group
+
+        self.stager = getattr(self, "stager", None) or Stager()
+        self.stager.group = make_group(spec["backend"], spec["host"], spec["port"], 0, spec["world"])
+
+    def stage_weights(self, dtype: str, ipc: bool) -> tuple[Any, list[tuple[str, tuple[int, ...]]]] | None:
+        """Every rank (FSDP gathers); rank 0 lays the weights in ``dtype`` into one buffer on its
+        device and returns (its CUDA IPC handle when ``ipc``, else None; the layout)."""
+        from .weights import Stager
+
+        state = self.full_weights(dtype, device=str(self.learner.device))
+        if state is None:
+            return None
+        self.stager = getattr(self, "stager", None) or Stager()
+        handle = self.stager.stage(list(state.items()), self.learner.device, ipc)
+        return handle, self.stager.layout
+
+    def broadcast_staged(self) -> None:
+        from .weights import broadcast
+
+        broadcast(self.stager.group, self.stager.flat)
+
+    def release_staged(self) -> None:
+        if getattr(self, "stager", None) is not None:
+            self.stager.release()
+
     def save(self, output_dir: str, steps_done: int, config_dict: dict[str, Any], pipeline_state: Any) -> str | None:
         """Write the checkpoint (rank 0; every rank takes part in gathering the shards under FSDP)."""
         kwargs = {"pipeline_state": pipeline_state} if pipeline_state is not None else {}
@@ -508,6 +550,10 @@ class RayLearnerGroup:
         self.version = int(self.info["version"])
         self.device = torch.device(self.info["device"])
         self._base = _BaseModel(self, self.info["generation_config"])
+        self.weight_sync = rc.weight_sync
+        if self.weight_sync == "auto":
+            self.weight_sync = "collective" if self.device.type == "cuda" else "object_store"
+        self._collective: Any = None
         print(
             f"chatgym: {n} learner(s) on Ray, {self.info['device']}, sharding {self.info['sharding']}",
             file=sys.stderr,
@@ -524,12 +570,31 @@ class RayLearnerGroup:
         metrics["timing/learner_call_s"] = time.perf_counter() - t0
         return metrics
 
-    def export_weights(self, dtype: torch.dtype | None = None) -> WeightsHandle:
-        """The policy's weights, cast to ``dtype``, put into the object store by rank 0 (iterate for
-        ``(name, tensor)`` pairs, or pass the handle to a Ray rollout)."""
+    def export_weights(self, dtype: torch.dtype | None = None) -> Any:
+        """The policy's weights cast to ``dtype``, for a rollout's ``set_weights``: under
+        ``weight_sync: object_store`` a :class:`WeightsHandle` (put into the object store by rank 0);
+        under ``collective`` a :class:`~chatgym.trainer.distributed.weights.CollectiveWeights` (a Ray
+        rollout has it broadcast / shared on the GPU). Both iterate as ``(name, tensor)`` pairs."""
+        if self.weight_sync == "collective":
+            from .weights import CollectiveWeights
+
+            return CollectiveWeights(self, dtype, self.version)
+        return WeightsHandle(self.export_object_ref(dtype), self.version)
+
+    def export_object_ref(self, dtype: torch.dtype | None = None) -> Any:
+        """The weights (CPU, ``dtype``) put into the object store once by rank 0; their ref."""
         name = str(dtype).removeprefix("torch.") if dtype is not None else None
         [ref] = self._all("put_weights", name)[0]
-        return WeightsHandle(ref, self.version)
+        return ref
+
+    @property
+    def collective(self) -> Any:
+        """The driver side of the collective weight sync (formed on first use)."""
+        if self._collective is None:
+            from .weights import CollectiveSync
+
+            self._collective = CollectiveSync(self)
+        return self._collective
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The policy's full weights (float as trained) here, by name."""

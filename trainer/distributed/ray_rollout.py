@@ -184,7 +184,10 @@ class RayRollout:
                 self._down[w] = None  # its restarts are used up
                 continue
             if self._weights_ref is not None:
-                ray.get(self.workers[w].set_weights.remote(self._weights_ref, self.weight_version))
+                ref = self._weights_ref
+                if not isinstance(ref, ray.ObjectRef):  # a collective handle: into the object store now
+                    ref = self._weights_ref = ref.object_ref
+                ray.get(self.workers[w].set_weights.remote(ref, self.weight_version))
             del self._down[w]
 
     def wait_for_workers(self, timeout_s: float = 120.0) -> bool:
@@ -216,6 +219,15 @@ class RayRollout:
         """
         ray = import_ray()
         t0 = time.perf_counter()
+        live = [i for i in range(len(self.workers)) if i not in self._down]
+        deliver = getattr(weights, "deliver", None)
+        if deliver is not None:
+            # A learner group's collective sync (trainer.ray.weight_sync: collective): a NCCL broadcast
+            # from learner rank 0, or CUDA IPC on its GPU. A worker restarted later gets the weights
+            # from the object store (the handle puts them there on first use).
+            deliver({i: self.workers[i] for i in live}, {i: self.infos[i]["pid"] for i in live}, int(version))
+            self._weights_ref, self.weight_version = weights, int(version)
+            return time.perf_counter() - t0
         # A learner group's handle is already in the object store (put by learner rank 0): the
         # workers read it from there, the driver never holds the weights.
         ref = getattr(weights, "object_ref", None)

@@ -103,6 +103,28 @@ class RolloutWorker:
         into the engine and record ``version``; returns the seconds it took."""
         return self.local.set_weights(weights.items(), version)
 
+    # Collective weight sync (trainer.ray.weight_sync: collective; chatgym.trainer.distributed.weights).
+
+    def device_info(self) -> dict[str, Any]:
+        from .weights import device_uuid
+
+        return {"pid": self.pid, "device_uuid": device_uuid()}
+
+    def join_weight_group(self, spec: dict[str, Any]) -> dict[str, Any]:
+        from .weights import worker_join
+
+        return worker_join(spec)
+
+    def receive_weights(self, layout: list, dtype: str, version: int) -> dict[str, Any]:
+        from .weights import worker_receive
+
+        return worker_receive(self.local, layout, dtype, version)
+
+    def load_shared_weights(self, handle: Any, layout: list, version: int) -> dict[str, Any]:
+        from .weights import worker_load_shared
+
+        return worker_load_shared(self.local, handle, layout, version)
+
     def info(self) -> dict[str, Any]:
         """``pid``, ``index``, ``weight_version`` and ``started`` (epoch seconds) of this incarnation."""
         return {
