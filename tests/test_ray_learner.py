@@ -325,3 +325,99 @@ def test_ray_backend_step1_matches_local(cluster, tmp_path):
         assert [i["weight_version"] for i in ray.get([w.info.remote() for w in remote.rollout.workers])] == [1]
     finally:
         remote.close()
+
+
+# ---- GPU paths (run on a machine with 2 CUDA GPUs; skipped elsewhere) ------------------------------
+
+
+# A skipif mark, evaluated before the module's fixtures (cluster, reference run) are set up.
+two_gpus = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs"
+)
+
+
+@pytest.mark.gpu
+@two_gpus
+def test_gpu_two_fsdp_nccl_learners_update_as_one(reference, cluster, tmp_path):
+    """2 learners on 2 GPUs (NCCL, FSDP2) vs one learner on one GPU, on the tiny run's batch; the
+    sharded checkpoint is written in the one-learner format."""
+    from chatgym.trainer.distributed.learner import RayLearnerGroup
+    from chatgym.trainer.learner.role import Learner
+    from chatgym.trainer.models import load_model_path
+    from chatgym.trainer.rollout.tokenizer import get_tokenizer
+    from chatgym.trainer.train import seed_everything
+
+    trajs = reference[0]
+    local_cfg = tiny_config(tmp_path / "one", "model.device=cuda")
+    seed_everything(local_cfg.train.seed)
+    one = Learner(local_cfg, get_tokenizer(load_model_path(local_cfg.model.path)))
+    before = {n: p.detach().cpu().clone() for n, p in one.policy.named_parameters()}
+    want_metrics = one.train_on(trajs)
+    after = {n: p.detach().cpu().clone() for n, p in one.policy.named_parameters()}
+    del one
+    torch.cuda.empty_cache()
+    cfg = tiny_config(
+        tmp_path / "two",
+        "model.device=cuda",
+        "trainer.backend=ray",
+        "trainer.ray.num_learners=2",
+        "trainer.ray.learner_num_gpus=1",
+    )
+    group = RayLearnerGroup(cfg, out_dir=tmp_path / "two")
+    try:
+        assert group.info["sharding"] == "fsdp" and group.weight_sync == "collective"
+        got_metrics = group.train_on(trajs)
+        got = group.state_dict()
+        moved = max(float((after[n] - before[n]).abs().max()) for n in after)
+        assert moved > 1e-4
+        for name, w in after.items():
+            # cuBLAS sums in another order on two GPUs: a tolerance of float32 kernels, not ulps.
+            torch.testing.assert_close(got[name], w, rtol=0, atol=2e-5, msg=name)
+        assert got_metrics["actor/grad_norm"] == pytest.approx(want_metrics["actor/grad_norm"], rel=1e-4)
+        ckpt = group.save(tmp_path / "two", 1, {})
+        state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+        assert sorted(state["optimizer"]["policy"]["state"]) == list(range(len(after)))
+    finally:
+        group.close()
+
+
+@pytest.mark.gpu
+@two_gpus
+def test_gpu_weight_sync_nccl_to_another_gpu_and_cuda_ipc_on_the_same(cluster, tmp_path):
+    """Colocated placement on 2 GPUs, 1 learner and 2 rollout workers: worker 0 shares learner rank
+    0's GPU (bundle 0) and maps its buffer by CUDA IPC; worker 1 is on the other GPU and receives a
+    NCCL broadcast. Both load the same values with the version."""
+    from chatgym.trainer.distributed.learner import RayLearnerGroup
+    from chatgym.trainer.distributed.placement import placement_options
+    from chatgym.trainer.distributed.ray_rollout import RayRollout
+    from chatgym.trainer.distributed.weights import checksum
+    from chatgym.trainer.models import load_model_path
+
+    cfg = tiny_config(
+        tmp_path,
+        "model.device=cuda",
+        "trainer.backend=ray",
+        "trainer.ray.num_rollout_workers=2",
+        "trainer.ray.placement=colocated",
+        "trainer.ray.learner_num_gpus=0.5",
+        "trainer.ray.worker_num_gpus=0.5",
+        "trainer.ray.worker_num_cpus=0.5",
+        "trainer.ray.engine_factory=chatgym.trainer.distributed.scripted:scripted_engine",
+    )
+    place = placement_options(cfg)
+    group = RayLearnerGroup(cfg, out_dir=tmp_path, scheduling=place.learners)
+    rollout = RayRollout(
+        cfg, model_path=str(load_model_path("smollm2")), out_dir=str(tmp_path), worker_options=place.workers
+    )
+    try:
+        rollout.set_weights(group.export_weights(torch.bfloat16), 3)
+        assert group.collective.ipc == {0}
+        want = checksum((n, t.to(torch.bfloat16)) for n, t in group.state_dict().items())
+        stats = group.collective.stats
+        assert sorted(stats) == [0, 1] and all(s["checksum"] == want for s in stats.values())
+        infos = ray.get([w.info.remote() for w in rollout.workers])
+        assert [i["weight_version"] for i in infos] == [3, 3]
+    finally:
+        rollout.close()
+        group.close()
+        ray.util.remove_placement_group(place.group)

@@ -199,6 +199,8 @@ class LearnerActor:
         self.learner = learner
         if self.world_size > 1:
             backend = "nccl" if learner.device.type == "cuda" else "gloo"
+            if learner.device.type == "cuda":
+                torch.cuda.set_device(learner.device)  # Ray shows this actor its GPU(s) from cuda:0
             dist.init_process_group(
                 backend,
                 init_method=f"tcp://{master[0]}:{master[1]}",
