@@ -1,0 +1,219 @@
+"""Training on Ray with GPUs (issue 16's Measure section, GPU part): placement and data-parallel learners.
+
+The main job's shape: SmolLM2-135M-Instruct on Math-v0, 8 prompts x 8 samples, <= 128 new tokens,
+GRPO (clip-higher 0.2/0.28, token-mean, TIS 2.0, no KL), lr 1e-5, micro-batches of 16 rows, the HF
+engine in bf16, fp32 master weights with bf16 autocast. Two parts, each on a fresh local Ray cluster:
+
+(a) **placement**, one learner and one rollout worker (``trainer.backend: ray``, ``Trainer.step``):
+    ``colocated`` — both on GPU 0 (placement-group bundle, 0.5 GPU each; weights by CUDA IPC) vs
+    ``disaggregated`` — one GPU each (weights by a NCCL broadcast). Step 0 is a warm-up (CUDA graphs,
+    allocator); steps 1..N are timed: s/step and its parts (rollout, update, weight sync).
+(b) **data-parallel learners**: the trajectories of steps 0..N collected once (by part (a)'s
+    disaggregated run), then trained on by 1 learner (one GPU) and by 2 learners (two GPUs, FSDP2 over
+    NCCL, ``--sharding``): training tokens/s (batch tokens x passes / update time, rank 0's clock) and
+    the ratio 2 vs 1 (the issue's target: >= 1.8). The 2-learner run also writes a checkpoint (the
+    FSDP gather path).
+
+Every GPU path of ``trainer/distributed`` runs here: FSDP2/NCCL learners, NCCL weight broadcast, CUDA
+IPC weight sharing, the colocated placement group. The GPU tests in ``tests/test_ray_learner.py``
+(``-m gpu``) check their numbers.
+
+    python benchmarks/distributed_gpu.py --steps 3                # both parts, a table at the end
+    python benchmarks/distributed_gpu.py --steps 3 --parts b --out /tmp/dist_gpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PROMPTS, GROUP, NEW_TOKENS, LR, MICRO = 8, 8, 128, 1e-5, 16
+
+
+def config(out: Path, steps: int, *ray: str):
+    from chatgym.trainer.config import load_config
+
+    return load_config(
+        None,
+        [
+            "model.path=smollm2",
+            "model.device=cuda",
+            "engine.backend=hf",
+            "engine.dtype=bfloat16",
+            "env.id=Math-v0",
+            "env.eval_tasks=0",
+            f"rollout.max_tokens={NEW_TOKENS}",
+            f"rollout.max_response_tokens={NEW_TOKENS}",
+            "rollout.max_model_len=512",
+            f"train.max_steps={steps + 1}",
+            f"train.prompts_per_step={PROMPTS}",
+            f"train.group_size={GROUP}",
+            f"train.micro_batch_size={MICRO}",
+            "train.save_every=0",
+            "train.progress=false",
+            "train.tensorboard=false",
+            "train.trace_fraction=0.0",
+            f"train.output_dir={out}",
+            "algo.policy_loss=clip_higher",
+            "algo.policy_loss_kwargs={eps_low: 0.2, eps_high: 0.28}",
+            "algo.tis_cap=2.0",
+            f"optim.lr={LR}",
+            "trainer.backend=ray",
+            "trainer.ray.learner_num_cpus=1",
+            "trainer.ray.worker_num_cpus=1",
+            *ray,
+        ],
+    )
+
+
+PLACEMENTS = {
+    "colocated": [
+        "trainer.ray.placement=colocated",
+        "trainer.ray.learner_num_gpus=0.5",
+        "trainer.ray.worker_num_gpus=0.5",
+    ],
+    "disaggregated": [
+        "trainer.ray.placement=disaggregated",
+        "trainer.ray.learner_num_gpus=1",
+        "trainer.ray.worker_num_gpus=1",
+    ],
+}
+
+
+def run_placement(name: str, steps: int, out: Path, keep_trajs: bool) -> tuple[dict, list]:
+    """Part (a): ``steps`` timed steps (after one warm-up) with ``name`` placement."""
+    from chatgym.trainer.train import Trainer
+
+    trainer = Trainer(config(out / name, steps, *PLACEMENTS[name]))
+    trajs: list = []
+    rows = []
+    try:
+        for step in range(steps + 1):
+            t0 = time.perf_counter()
+            metrics = trainer.step(step)
+            wall = time.perf_counter() - t0
+            if step == 0:
+                continue
+            rows.append(
+                {
+                    "step_s": metrics["timing/step_s"],
+                    "wall_s": wall,
+                    "rollout_s": metrics.get("timing/rollout_s", float("nan")),
+                    "update_s": metrics.get("timing/update_s", float("nan")),
+                    "sync_s": metrics.get("timing/sync_s", float("nan")),
+                }
+            )
+        if keep_trajs:  # part (b)'s batches, untimed
+            trajs = [trainer.collect(step) for step in range(steps + 1)]
+        sync = getattr(trainer.learner, "_collective", None)
+        paths = sorted({"ipc" if i in sync.ipc else "nccl" for i in sync.stats}) if sync else ["object_store"]
+    finally:
+        trainer.close()
+    summary = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+    summary["weight_path"] = "+".join(paths)
+    return summary, trajs
+
+
+def run_learners(n: int, trajs: list, out: Path, sharding: str, steps: int) -> dict:
+    """Part (b): ``n`` learners train on the collected batches (the first one is a warm-up)."""
+    from chatgym.trainer.distributed.cluster import start_or_join
+    from chatgym.trainer.distributed.learner import RayLearnerGroup
+
+    cluster = start_or_join(None)
+    try:
+        cfg = config(
+            out / f"learners{n}",
+            steps,
+            f"trainer.ray.num_learners={n}",
+            "trainer.ray.learner_num_gpus=1",
+            f"trainer.ray.learner_sharding={sharding}",
+        )
+        group = RayLearnerGroup(cfg, out_dir=out / f"learners{n}")
+        try:
+            rows = []
+            for k, batch in enumerate(trajs):
+                metrics = group.train_on(batch)
+                if k == 0:
+                    continue
+                rows.append(
+                    {
+                        "train_tokens_per_s": metrics["throughput/train_tokens_per_s"],
+                        "update_s": metrics["timing/update_s"],
+                        "trained_tokens": metrics.get("batch/trained_tokens", float("nan")),
+                    }
+                )
+            t0 = time.perf_counter()
+            group.save(out / f"learners{n}", len(trajs), {})
+            save_s = time.perf_counter() - t0
+            sharded = group.info["sharding"]
+        finally:
+            group.close()
+    finally:
+        cluster.shutdown()
+    summary = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+    summary.update(save_s=save_s, sharding=sharded)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=3, help="timed steps / updates (after one warm-up)")
+    parser.add_argument("--parts", nargs="+", default=["a", "b"], choices=["a", "b"])
+    parser.add_argument("--sharding", default="fsdp", choices=["fsdp", "replicate"], help="part (b), 2 learners")
+    parser.add_argument("--out", type=Path, default=None, help="where runs and results.json go")
+    args = parser.parse_args(argv)
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        print("distributed_gpu: needs 2 CUDA GPUs", file=sys.stderr)
+        return 2
+    out = args.out or Path(tempfile.mkdtemp(prefix="dist-gpu-"))
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict = {"steps": args.steps, "shape": f"{PROMPTS}x{GROUP}, <= {NEW_TOKENS} new tokens"}
+    trajs: list = []
+    if "a" in args.parts:
+        for name in ("colocated", "disaggregated"):
+            results[name], got = run_placement(name, args.steps, out, keep_trajs=name == "disaggregated" and "b" in args.parts)
+            trajs = got or trajs
+    if "b" in args.parts:
+        if not trajs:  # part (b) alone: collect with the disaggregated layout, untimed
+            _, trajs = run_placement("disaggregated", args.steps, out, keep_trajs=True)
+        results["learners1"] = run_learners(1, trajs, out, "replicate", args.steps)
+        results["learners2"] = run_learners(2, trajs, out, args.sharding, args.steps)
+        results["dp_ratio"] = results["learners2"]["train_tokens_per_s"] / results["learners1"]["train_tokens_per_s"]
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    print(table(results))
+    print(f"\n(results: {out / 'results.json'})")
+    return 0
+
+
+def table(r: dict) -> str:
+    lines = [f"distributed_gpu: {r['shape']}, median of {r['steps']} steps after a warm-up"]
+    if "colocated" in r:
+        lines.append("\n(a) placement, 1 learner + 1 rollout worker (HF engine)")
+        lines.append(f"{'placement':<15}{'s/step':>8}{'rollout':>9}{'update':>8}{'sync':>8}  weights")
+        for name in ("colocated", "disaggregated"):
+            x = r[name]
+            lines.append(
+                f"{name:<15}{x['step_s']:>8.2f}{x['rollout_s']:>9.2f}{x['update_s']:>8.2f}{x['sync_s']:>8.3f}  {x['weight_path']}"
+            )
+        lines.append(f"disaggregated / colocated s/step: {r['disaggregated']['step_s'] / r['colocated']['step_s']:.2f}")
+    if "learners1" in r:
+        lines.append("\n(b) data-parallel learners on the same batches")
+        lines.append(f"{'learners':<10}{'sharding':<11}{'train tok/s':>12}{'update s':>10}{'save s':>8}")
+        for n in (1, 2):
+            x = r[f"learners{n}"]
+            lines.append(
+                f"{n:<10}{x['sharding']:<11}{x['train_tokens_per_s']:>12.0f}{x['update_s']:>10.2f}{x['save_s']:>8.2f}"
+            )
+        lines.append(f"2 / 1 learners, training tokens/s: {r['dp_ratio']:.2f}x (target >= 1.8)")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
