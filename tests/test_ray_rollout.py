@@ -276,7 +276,8 @@ def test_local_cluster_listens_on_loopback_only_with_token_auth(cluster, rollout
             pass
     assert listening and set(listening) <= {"127.0.0.1", "::ffff:127.0.0.1"}, listening
     # Token auth is on (Ray's default) with a token in the environment, not written to ~/.ray.
-    assert os.environ["RAY_AUTH_MODE"] == "token" and len(os.environ["RAY_AUTH_TOKEN"]) == 64
+    assert os.environ["RAY_AUTH_MODE"] == "token"
+    assert os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
     assert (Path.home() / ".ray" / "auth_token").exists() == cluster.had_token_file
 
 
@@ -369,12 +370,14 @@ async def test_shared_tool_limit_holds_across_workers(rollout, tmp_path):
     from chatgym.trainer.rollout.collector import Collector, CollectorConfig
     from chatgym.trainer.rollout.tokenizer import get_tokenizer
 
-    # Without a gate the same 8 episodes overlap their tool runs 8-fold (measured by the tool).
+    # Without a gate the same 8 episodes overlap their 1 s tool runs (measured by the tool): all 8 on
+    # an idle machine; more than the limit of 2 however slowly the 8 episodes get started.
     free = tmp_path / "free.json"
     tok = get_tokenizer("smollm2")
     col = Collector(ScriptedEngine(tok), tok, CollectorConfig(episode_timeout_s=60.0))
-    await col.collect(ENV_ID, list(range(8)), 1, env_kwargs={"sleep_s": 0.2, "counter_path": str(free)})
-    assert OverlapCounter(free).read() == {"now": 0, "peak": 8, "runs": 8}
+    await col.collect(ENV_ID, list(range(8)), 1, env_kwargs={"sleep_s": 1.0, "counter_path": str(free)})
+    free_runs = OverlapCounter(free).read()
+    assert free_runs["runs"] == 8 and free_runs["now"] == 0 and free_runs["peak"] > 2
 
     # On Ray, 4 episodes per worker want the tool at once; the limit of 2 holds cluster-wide.
     shared = tmp_path / "shared.json"
