@@ -203,7 +203,7 @@ class SearchEnv(ChatEnv):
         prompt = "search_tool_system.txt" if mode == "tool" else "search_tags_system.txt"
         self.system_prompt = load_prompt(prompt).format(topk=topk, max_searches=max_searches)
         self.searches = 0
-        self.searches_ok = 0  # searches that returned passages (not an error or limit notice)
+        self.searches_ok = 0  # searches that returned passages (not an error, limit notice or no result)
         self._retriever: Any = None
         self._owns_client = False
 
@@ -271,7 +271,7 @@ class SearchEnv(ChatEnv):
                 "search_error": type(exc).__name__
             }
         text, cut = cut_to_token_budget(format_passages(hits), self.max_passage_tokens, self.tokenizer)
-        self.searches_ok += 1
+        self.searches_ok += bool(hits)  # "No results." is no passage to read
         return text, {"obs_truncated": cut, "retrieved_ids": [p.id for p in hits]}
 
     def _make_search_tool(self) -> Tool:

@@ -192,6 +192,13 @@ def test_search_bonus_needs_passages_and_a_tagged_answer(cache_dir):
     env.step("<search>Kubrick 1968 film</search>")
     _, reward, *_ = env.step("<answer>2001: A Space Odyssey</answer>")
     assert reward == 1.25
+    # A search with no result (BM25 drops the stop word "and", as when the model copies the hint's
+    # "between <search> and </search>") is no passage: no bonus.
+    env.reset(options={"task": KUBRICK})
+    obs, *_ = env.step("<search> and </search>")
+    assert obs[0]["content"] == "<information>No results.</information>"
+    _, reward, *_ = env.step("<answer>Dune</answer>")
+    assert reward == 0.0
     # No search: no bonus.
     env.reset(options={"task": KUBRICK})
     _, reward, *_, info = env.step("<answer>2001: A Space Odyssey</answer>")
