@@ -200,7 +200,8 @@ class LearnerActor:
         if self.world_size > 1:
             backend = "nccl" if learner.device.type == "cuda" else "gloo"
             if learner.device.type == "cuda":
-                torch.cuda.set_device(learner.device)  # Ray shows this actor its GPU(s) from cuda:0
+                # Ray shows this actor its GPU(s) from cuda:0; "cuda" alone has no index to set.
+                torch.cuda.set_device(learner.device.index or 0)
             dist.init_process_group(
                 backend,
                 init_method=f"tcp://{master[0]}:{master[1]}",
