@@ -319,3 +319,201 @@ async def test_policy_engine_judges_through_local_rollout(tok):
     m = rollout_metrics(trajs, rollout_s=1.0)
     assert (m["genrm/judged_frac"], m["genrm/score_mean"], m["genrm/unparseable_frac"]) == (1.0, 0.5, 0.0)
     assert (m["reward/env_mean"], m["reward/genrm_mean"], m["reward/mean"]) == (0.5, 0.5, 0.75)
+
+
+# ---- one real-model run (slow): SmolLM2 judges its own Math-v0 answers through the hf engine ------
+
+
+@pytest.mark.slow
+async def test_real_model_judges_its_own_episodes(tok, tmp_path):
+    import time
+
+    from chatgym.trainer.config import load_config
+    from chatgym.trainer.engines.hf import TransformersEngine
+    from chatgym.trainer.genrm import genrm_env_source
+    from chatgym.trainer.models import load_model
+    from chatgym.trainer.rollout.collector import Collector, CollectorConfig
+    from chatgym.trainer.rollout.source import LocalRollout, RolloutRequest
+    from chatgym.trainer.step_metrics import rollout_metrics
+
+    model = load_model("smollm2", dtype="float32")
+    engine = TransformersEngine(model, tok, max_batch_size=16)
+    cfg = load_config(
+        None,
+        [
+            "reward.model=genrm",
+            "reward.max_tokens=48",
+            "reward.judge_weight=0.5",
+            "reward.unparseable_reward=0.1",
+        ],
+    )
+    col_cfg = CollectorConfig(temperature=0.0, max_tokens=32, max_response_tokens=32, episode_timeout_s=3000)
+    request = RolloutRequest("Math-v0", tasks=(0, 1, 2), group_size=2, env_kwargs={"split": "test"})
+    plain = LocalRollout(engine, Collector(engine, tok, col_cfg))
+    judged = LocalRollout(
+        engine,
+        Collector(engine, tok, col_cfg),
+        env_source=genrm_env_source(cfg, engine=engine, tokenizer=tok),
+    )
+    try:
+        t0 = time.perf_counter()
+        base = await plain.collect(request)
+        plain_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        trajs = await judged.collect(request)
+        judged_s = time.perf_counter() - t0
+    finally:
+        await engine.close()
+        plain.close()
+        judged.close()
+    assert [t.error for t in trajs] == [None] * 6 and [t.error for t in base] == [None] * 6
+    parser = cfg.reward.verdict_parser()
+    for t in trajs:
+        g, parts = t.info["genrm"], t.info["reward_components"]
+        assert t.reward == 1.0 * parts["env"] + 0.5 * parts["genrm"]
+        assert g["score"] == parser.parse(g["verdict"])[0]
+        assert parts["genrm"] == (0.1 if g["score"] is None else g["score"])
+    # Greedy policy and judge: the two samples of a group are one episode and one verdict.
+    for a, b in zip(trajs[::2], trajs[1::2], strict=True):
+        assert a.token_ids == b.token_ids and a.info["genrm"]["verdict"] == b.info["genrm"]["verdict"]
+
+    # Independently: transformers' own greedy generate on the judge prompt gives the same verdict.
+    t = trajs[0]
+    prompt = (
+        load_prompt("genrm_score.txt")
+        .replace("{question}", t.messages[1]["content"])
+        .replace("{reference}", str(gym.make("Math-v0", split="test").unwrapped.tasks[0]["answer"]))
+        .replace("{response}", t.messages[-1]["content"])
+    )
+    import torch
+
+    ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=48, do_sample=False, eos_token_id=2)
+    assert tok.decode(out[0, len(ids) :], skip_special_tokens=True).strip() == t.info["genrm"]["verdict"]
+
+    m = rollout_metrics(trajs, rollout_s=judged_s)
+    figures = {
+        "plain_rollout_s": plain_s,
+        "judged_rollout_s": judged_s,
+        "judge_s_sum": sum(t.info["genrm"]["judge_s"] for t in trajs),
+        **{k: v for k, v in m.items() if k.startswith(("genrm/", "reward/"))},
+        "verdicts": [t.info["genrm"]["verdict"] for t in trajs[::2]],
+        "answers": [t.messages[-1]["content"] for t in trajs[::2]],
+    }
+    print(json.dumps(figures, indent=1))
+
+
+async def test_a_separate_judge_model_gets_its_own_engine(tok, tmp_path):
+    # A tiny random Llama saved with SmolLM2's tokenizer: a real model directory the hf engine loads
+    # in a second; its verdicts are noise, so only their handling is checked.
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from chatgym.trainer.config import load_config
+    from chatgym.trainer.engines.hf import TransformersEngine
+    from chatgym.trainer.genrm import genrm_env_source
+    from chatgym.trainer.rollout.collector import Collector, CollectorConfig
+    from chatgym.trainer.rollout.source import LocalRollout, RolloutRequest
+
+    torch.manual_seed(0)
+    small = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        eos_token_id=2,
+    )
+    LlamaForCausalLM(small).save_pretrained(tmp_path / "judge")
+    tok.save_pretrained(tmp_path / "judge")
+    cfg = load_config(
+        None,
+        [
+            "reward.model=genrm",
+            f"reward.judge={tmp_path / 'judge'}",
+            "reward.judge_backend=hf",
+            "reward.max_tokens=8",
+            "reward.unparseable_reward=0.25",
+            "engine.dtype=float32",
+        ],
+    )
+    policy = judged_policy(tok)
+    hook = genrm_env_source(cfg, engine=policy, tokenizer=tok)
+    genrm = hook.args[0]
+    assert isinstance(genrm.owned_engine, TransformersEngine) and genrm.responder.engine is genrm.owned_engine
+    rollout = LocalRollout(
+        policy, Collector(policy, tok, CollectorConfig(episode_timeout_s=120.0)), env_source=hook
+    )
+    try:
+        [traj] = await rollout.collect(
+            RolloutRequest("MathCalculator-v0", tasks=(0,), env_kwargs={"split": "test"})
+        )
+    finally:
+        rollout.close()
+        await genrm.aclose()
+    assert traj.error is None and len(policy.calls) == 1  # the policy's engine served the policy only
+    g = traj.info["genrm"]
+    assert g["score"] == cfg.reward.verdict_parser().parse(g["verdict"])[0]
+    assert traj.reward == 1.0 + (0.25 if g["score"] is None else g["score"])
+
+
+@pytest.mark.slow
+def test_training_run_with_genrm_logs_the_judges_figures(tmp_path):
+    # chatgym train's own path (Trainer -> roles.build_local_rollout -> LocalRollout's env hook) on a
+    # tiny random policy that also judges: its verdicts are noise, so each episode gets the
+    # unparseable reward 0.5, weighted 2.0, on top of the env's letter share.
+    from train_helpers import LETTERS_ENV_ID, TINY_LLAMA, register
+
+    from chatgym.trainer.config import load_config
+    from chatgym.trainer.rollout.trace import read_trace
+    from chatgym.trainer.train import Trainer
+
+    register()
+    cfg = load_config(
+        None,
+        [
+            "model.random_init=true",
+            "model.config_overrides=" + json.dumps(TINY_LLAMA),
+            "engine.backend=hf",
+            "engine.dtype=float32",
+            f"env.id={LETTERS_ENV_ID}",
+            "env.eval_tasks=2",
+            "rollout.max_tokens=8",
+            "rollout.max_response_tokens=8",
+            "rollout.max_model_len=512",
+            "train.max_steps=1",
+            "train.prompts_per_step=2",
+            "train.group_size=2",
+            "train.trace_fraction=1.0",
+            "train.progress=false",
+            f"train.output_dir={tmp_path}",
+            "reward.model=genrm",
+            "reward.max_tokens=4",
+            "reward.unparseable_reward=0.5",
+            "reward.judge_weight=2.0",
+            "reward.pattern=<score>(\\d+)</score>",
+        ],
+    )
+    trainer = Trainer(cfg)
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 1]  # eval before, one step, eval after
+    step = rows[1]
+    assert step["batch/failed"] == 0 and step["genrm/judged_frac"] == 1.0
+    assert step["reward/mean"] == pytest.approx(step["reward/env_mean"] + 2.0 * step["reward/genrm_mean"])
+    assert (step["tools/calls_per_episode"], step["episode/turns_mean"], step["reward/by_turns/1"]) == (
+        0.0,
+        1.0,
+        step["reward/mean"],
+    )
+    for row in (rows[0], rows[2]):
+        assert row["eval/genrm/judged_frac"] == 1.0 and row["eval/episode/turns_mean"] == 1.0
+    for rec in read_trace(tmp_path / "traces.jsonl"):
+        parts, g = rec["info"]["reward_components"], rec["info"]["genrm"]
+        assert parts["genrm"] == (0.5 if g["score"] is None else g["score"])
+        assert rec["reward"] == pytest.approx(parts["letters"] + 2.0 * parts["genrm"], abs=1e-12)
