@@ -77,3 +77,18 @@ def test_server_request_sends_stop_strings_and_keeps_their_ids():
     answer["choices"][0].update(token_ids=[504, 2], stop_reason=None, logprobs={"token_logprobs": [-1, -2]})
     out = engine.parse_response(answer, params)
     assert (out.finish_reason, out.stop_reason, out.text) == ("stop", 2, "The")
+
+
+def test_cpu_scheduler_defaults_turn_chunked_prefill_off_on_cpu_only():
+    # Regression (async pipeline on the main job): vLLM 0.32 on CPU failed every episode of a step
+    # with "CPU Generator does not use offset" when a seeded request's prefill was chunked.
+    from chatgym.trainer.engines.vllm_inproc import cpu_scheduler_defaults
+
+    assert cpu_scheduler_defaults({"x": 1}, 512, cuda=False) == {
+        "x": 1,
+        "enable_chunked_prefill": False,
+        "max_num_batched_tokens": 4096,
+    }
+    assert cpu_scheduler_defaults({}, 8192, cuda=False)["max_num_batched_tokens"] == 8192
+    assert cpu_scheduler_defaults({"enable_chunked_prefill": True}, 512, cuda=False) == {"enable_chunked_prefill": True}
+    assert cpu_scheduler_defaults({}, 512, cuda=True) == {}

@@ -68,9 +68,32 @@ class QuietExpectedReloadWarnings(logging.Filter):
         return not (record.msg == self.MESSAGE and args and args[0] in self.layers)
 
 
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 # On a CPU-only machine vLLM reserves gpu_memory_utilization x RAM (default 0.92) and checks it is free at
 # start-up; a small model needs far less, so the engine asks for this unless told otherwise.
 CPU_DEFAULTS = {"gpu_memory_utilization": 0.25, "kv_cache_gib": 2}
+
+
+def cpu_scheduler_defaults(llm_kwargs: dict[str, Any], max_model_len: int, *, cuda: bool) -> dict[str, Any]:
+    """``llm_kwargs`` with whole (not chunked) prefills on a CPU-only machine, unless the caller chose.
+
+    vLLM 0.32 on CPU fails a step that chunks the prefill of a *seeded* request: it rewinds the
+    request's generator (``set_offset``), which a CPU generator does not have ("CPU Generator does not
+    use offset"), and every episode of the step fails. The trainer seeds every sampling request, and
+    many prompts arriving together (the async pipelines' overlapping steps, large steps) fill the
+    token budget so one prefill gets chunked. Without chunking a prompt waits for the next step
+    instead; the step budget must then hold a whole prompt (``max_num_batched_tokens >= max_model_len``).
+    """
+    if cuda or "enable_chunked_prefill" in llm_kwargs:
+        return llm_kwargs
+    kwargs = {**llm_kwargs, "enable_chunked_prefill": False}
+    kwargs.setdefault("max_num_batched_tokens", max(max_model_len, 4096))
+    return kwargs
 
 
 def cpu_memory_defaults(
@@ -84,9 +107,7 @@ def cpu_memory_defaults(
     ``$VLLM_CPU_KVCACHE_SPACE``) left them unset and the machine has no CUDA device (``cuda=None``
     asks torch)."""
     if cuda is None:
-        import torch
-
-        cuda = torch.cuda.is_available()
+        cuda = _has_cuda()
     if cuda:
         return kv_cache_gib, llm_kwargs
     kwargs = dict(llm_kwargs)
@@ -182,6 +203,7 @@ class VLLMEngine:
         if dtype == "auto":
             dtype = fast_dtype()
         kv_cache_gib, llm_kwargs = cpu_memory_defaults(kv_cache_gib, llm_kwargs)
+        llm_kwargs = cpu_scheduler_defaults(llm_kwargs, max_model_len, cuda=_has_cuda())
         if kv_cache_gib is not None:
             if int(kv_cache_gib) != kv_cache_gib or kv_cache_gib < 1:
                 raise ValueError(f"kv_cache_gib must be a whole number of GiB >= 1, got {kv_cache_gib!r}")
