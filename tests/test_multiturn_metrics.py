@@ -283,3 +283,31 @@ def test_eval_cell_metrics_carry_calls_truncation_and_reward_by_turns():
     m = cell_metrics(rows)
     assert m.tool_calls_per_episode == 5 / 4 and m.truncated_frac == 1 / 4
     assert m.reward_by_turns == {1: 0.0, 2: 0.75, 4: 0.0}  # 2 turns: (1.0 + 0.5) / 2
+
+
+async def test_collector_names_the_budget_that_cut_each_turn(tok):
+    from rollout_helpers import OkEnv
+
+    from chatgym.trainer.engines.replay import ReplayEngine
+    from chatgym.trainer.rollout.collector import Collector, CollectorConfig
+
+    long_turn = tok.encode("word " * 80, add_special_tokens=False)  # never ends by itself
+    engine = ReplayEngine(lambda ids: long_turn, tok)
+    # Turn 1 may write min(30, 40) = 30 (per-turn budget), turn 2 min(30, 40 - 30) = 10 (response
+    # budget), then nothing is left: the episode ends truncated by max_response_tokens.
+    col = Collector(
+        engine, tok, CollectorConfig(max_tokens=30, max_response_tokens=40, episode_timeout_s=30.0)
+    )
+    [t] = await col.collect(OkEnv, [0])
+    assert [r["cut_by"] for r in t.info["turns"]] == ["max_tokens", "max_response_tokens"]
+    assert t.info["truncated_by"] == "max_response_tokens"
+    # A context 20 tokens longer than the prompt: turn 1 is cut by it, and the episode ends there.
+    prompt_len = t.prompt_len
+    col = Collector(
+        engine, tok, CollectorConfig(max_tokens=30, max_model_len=prompt_len + 20, episode_timeout_s=30.0)
+    )
+    [t] = await col.collect(OkEnv, [0])
+    assert [(r["completion_tokens"], r["cut_by"]) for r in t.info["turns"]] == [(20, "max_model_len")]
+    assert t.info["truncated_by"] == "max_model_len"
+    m = multiturn_metrics([t])
+    assert (m["episode/truncated/max_model_len"], m["episode/truncated/max_tokens"]) == (1.0, 0.0)

@@ -451,14 +451,9 @@ class Collector:
             }
             if stop_cut:
                 record["stop_cut_tokens"] = stop_cut
-            if finish == "length":  # which budget set the limit (the per-turn one when they tie)
-                record["cut_by"] = (
-                    "max_tokens"
-                    if limit == cfg.max_tokens
-                    else "max_response_tokens"
-                    if limit == resp_left
-                    else "max_model_len"
-                )
+            if finish == "length":  # the budget that set the limit (the per-turn one on a tie)
+                cut_by = "max_response_tokens" if limit == resp_left else "max_model_len"
+                record["cut_by"] = "max_tokens" if limit == cfg.max_tokens else cut_by
             turns.append(record)
             if finish == "abort":
                 raise EpisodeFailure("engine_abort", f"engine aborted turn {turn}")
