@@ -138,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--gpus", type=int, default=None, help="most GPUs to use (default: all visible)")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--splits", type=int, nargs="*", default=None, help="run only these splits (indices)")
+    parser.add_argument("--max-learners", type=int, default=None, help="learner scaling up to this many")
+    parser.add_argument("--trajs", type=Path, default=None, help="save (or, if it exists, load) the batches here")
     args = parser.parse_args(argv)
     import torch
 
@@ -149,8 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     results: dict = {"gpus": gpus, "steps": args.steps, "device": torch.cuda.get_device_name(), "splits": {}}
     trajs: list = []
-    for name, (used, overrides) in splits(gpus).items():
-        if used > gpus:
+    for index, (name, (used, overrides)) in enumerate(splits(gpus).items()):
+        if used > gpus or (args.splits is not None and index not in args.splits):
             continue
         keep = name.startswith("2 GPUs: learner | replica")
         t0 = time.perf_counter()
@@ -171,9 +174,15 @@ def main(argv: list[str] | None = None) -> int:
         if name.startswith("1 GPU") or "replicas, learner beside" in name:
             rollout[str(v["gpus"])] = v["gen_tokens_per_s"]
     results["rollout"] = rollout
+    import pickle
+
+    if args.trajs is not None and trajs:
+        args.trajs.write_bytes(pickle.dumps(trajs))
+    elif args.trajs is not None and args.trajs.exists():
+        trajs = pickle.loads(args.trajs.read_bytes())
     if trajs and gpus >= 2:
         learners = {}
-        for n in range(1, gpus + 1):
+        for n in range(1, min(gpus, args.max_learners or gpus) + 1):
             try:
                 r = run_learners(n, trajs, out, "replicate" if n == 1 else "fsdp", args.steps)
                 learners[str(n)] = r["train_tokens_per_s"]
