@@ -147,8 +147,8 @@ def test_search_recipe_one_step_with_an_oracle_searcher(tmp_path, tok, mode):
             pytest.skip(str(exc))
 
     def script(prompt: str) -> str:
-        # Turn 1 searches the question; turn 2 answers with the gold answer (an oracle, so EM is 1 by
-        # construction and the figures below are exact).
+        # Turn 1 searches the question; turn 2 answers with the gold answer in tags (an oracle, so EM
+        # is 1 by construction and the figures below are exact).
         user = last_user_text(prompt)
         if user.startswith("Question: "):
             q = user.removeprefix("Question: ")
@@ -159,7 +159,9 @@ def test_search_recipe_one_step_with_an_oracle_searcher(tmp_path, tok, mode):
         return f"<answer>{answers[question]}</answer>"
 
     summary = tiny_run(tmp_path, f"search_r1/{mode}_cpu.yaml", tok, script)
-    assert summary["first_step"]["reward/mean"] == 1.0
+    # EM 1 + search_bonus 0.2 (a search that returned passages, a tagged answer) in every episode.
+    assert summary["first_step"]["reward/mean"] == pytest.approx(1.2)
+    assert summary["first_step"]["reward/accuracy"] == 1.0
     data = plot_recipe.main([str(tmp_path)])
     [train] = data["train"]
     assert {k: train[k] for k in ("episodes", "tool_rate", "calls", "turns", "tool_error_rate", "em", "f1")} == {
