@@ -103,6 +103,7 @@ def tiny_run(tmp_path, name: str, tok, script) -> dict:
     return summary
 
 
+@pytest.mark.slow  # ~1 min (trainer set-up, 2 evaluations, the sandbox); 70-120 s at load average 8-17
 def test_retool_recipe_one_step_with_a_perfect_tool_user(tmp_path, tok):
     pytest.importorskip("reasoning_gym")
 
@@ -132,6 +133,7 @@ def test_retool_recipe_one_step_with_a_perfect_tool_user(tmp_path, tok):
     ]
 
 
+@pytest.mark.slow  # ~1-2 min each (trainer set-up, the WikiQA splits, BM25)
 @pytest.mark.parametrize("mode", ["tags", "tool"])
 def test_search_recipe_one_step_with_an_oracle_searcher(tmp_path, tok, mode):
     pytest.importorskip("bm25s")
