@@ -162,6 +162,7 @@ def test_two_gloo_learners_update_as_one(reference, replicate_group):
     assert got_metrics["actor/optimizer_steps"] == metrics["actor/optimizer_steps"] == 4
 
 
+@pytest.mark.slow  # two more learner processes (~70 s on a loaded 2-core box)
 def test_two_fsdp_learners_update_as_one(reference, cluster, tmp_path):
     from chatgym.trainer.distributed.learner import RayLearnerGroup
 
@@ -192,6 +193,23 @@ def test_weights_go_to_the_object_store_once_from_rank_0(replicate_group):
     assert set(got) == set(want)
     for name, w in want.items():
         assert got[name].dtype == torch.bfloat16 and torch.equal(got[name], w.to(torch.bfloat16)), name
+
+
+def test_base_model_saves_the_engine_model_from_rank_0(replicate_group, tmp_path):
+    """What ``Trainer`` asks of ``learner.base_model()`` for a random-init engine model: the
+    generation config and ``save_pretrained`` (written by learner rank 0, read back here)."""
+    from safetensors.torch import load_file
+
+    group, _ = replicate_group
+    base = group.base_model()
+    assert base.generation_config is not None and base.generation_config.eos_token_id is not None
+    base.save_pretrained(tmp_path / "init_model", state_dict={}, safe_serialization=True)
+    saved = load_file(tmp_path / "init_model" / "model.safetensors")
+    want = group.state_dict()
+    # The tied output matrix is stored once, under the embedding's name.
+    assert set(saved) == set(want)
+    for name, w in want.items():
+        assert torch.equal(saved[name], w), name
 
 
 def test_collective_weight_sync_broadcasts_from_rank_0(replicate_group, tmp_path):

@@ -131,13 +131,14 @@ class Stager:
 def worker_join(spec: Mapping[str, Any]) -> dict[str, Any]:
     """Join the weight group as ``spec['rank']`` (a rollout worker's process)."""
     _RECEIVER["group"] = make_group(spec["backend"], spec["host"], spec["port"], spec["rank"], spec["world"])
+    _RECEIVER["backend"] = spec["backend"]
     return {"pid": os.getpid(), "device_uuid": device_uuid()}
 
 
 def worker_receive(local: Any, layout: list[tuple[str, tuple[int, ...]]], dtype: str, version: int) -> dict[str, Any]:
     """Receive the broadcast flat buffer and load it into ``local``'s engine with ``version``."""
     t0 = time.perf_counter()
-    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    device = torch.device("cuda", 0) if _RECEIVER["backend"] == "nccl" else torch.device("cpu")
     total = sum(_numel(s) for _, s in layout)
     flat = torch.empty(total, dtype=getattr(torch, dtype), device=device)
     broadcast(_RECEIVER["group"], flat)
@@ -197,7 +198,7 @@ class CollectiveSync:
             calls.append(self.group.actors[0].broadcast_staged.remote())
         for i in far:
             calls.append(workers[i].receive_weights.remote(layout, name, version))
-        for i in self.ipc:
+        for i in sorted(self.ipc):
             calls.append(workers[i].load_shared_weights.remote(handle, layout, version))
         results = ray.get(calls)
         worker_results = results[1:] if far else results
