@@ -140,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--splits", type=int, nargs="*", default=None, help="run only these splits (indices)")
     parser.add_argument("--max-learners", type=int, default=None, help="learner scaling up to this many")
+    parser.add_argument("--sharding", default="fsdp", choices=["fsdp", "replicate"], help="learners > 1")
     parser.add_argument("--trajs", type=Path, default=None, help="save (or, if it exists, load) the batches here")
     args = parser.parse_args(argv)
     import torch
@@ -184,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         learners = {}
         for n in range(1, min(gpus, args.max_learners or gpus) + 1):
             try:
-                r = run_learners(n, trajs, out, "replicate" if n == 1 else "fsdp", args.steps)
+                r = run_learners(n, trajs, out, "replicate" if n == 1 else args.sharding, args.steps)
                 learners[str(n)] = r["train_tokens_per_s"]
                 results[f"learners{n}"] = r
             except Exception as exc:
