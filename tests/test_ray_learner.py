@@ -74,7 +74,7 @@ class _Mini:
 
 
 def test_assign_gives_each_micro_batch_to_one_rank_longest_first():
-    from chatgym.trainer.distributed.learner import DataParallel
+    from chatgym.trainer.distributed.data_parallel import DataParallel
 
     # Rows of 10, 9, 3, 2, 8 tokens; micro-batches [0], [1, 2], [3], [4] hold 10, 12, 2, 8 tokens.
     mini = _Mini([10, 9, 3, 2, 8])

@@ -10,63 +10,12 @@ functions, so a one-worker Ray run and a local run construct the same objects.
 
 from __future__ import annotations
 
-import dataclasses
-import sys
 from pathlib import Path
 from typing import Any
 
-from .engines import build_engine, engine_dtype
-from .genrm import genrm_env_source
-from .rollout.collector import Collector
-from .rollout.source import LocalRollout
+from .local_rollout import build_local_rollout
 
-
-def build_local_rollout(
-    cfg: Any,
-    *,
-    engine: Any = None,
-    tokenizer: Any,
-    model_path: str | Path,
-    out_dir: str | Path,
-    generation_config: Any = None,
-    trace_name: str = "traces.jsonl",
-) -> LocalRollout:
-    """The engine (built from ``cfg.engine`` unless given) and the train/eval collectors.
-
-    Args:
-        cfg: the run's :class:`~chatgym.trainer.config.Config`.
-        engine: an already built engine (tests, custom set-ups), or None to build ``cfg.engine``
-            loading ``model_path``.
-        tokenizer: the model's tokenizer.
-        model_path: the directory the engine loads.
-        out_dir: where ``traces.jsonl`` / ``eval_traces.jsonl`` go.
-        generation_config: the model's ``GenerationConfig`` (EOS ids); None reads it from
-            ``model_path`` when there is one there.
-        trace_name: the training trace file's name (a rollout worker writes its own).
-    """
-    out = Path(out_dir)
-    if engine is None:
-        engine = build_engine(
-            cfg.engine, Path(model_path), tokenizer, cfg.train.seed, cfg.rollout.max_model_len
-        )
-        print(f"chatgym: engine {cfg.engine.backend} in {engine_dtype(cfg.engine)}", file=sys.stderr)
-    if generation_config is None:
-        generation_config = _generation_config(model_path)
-    train_cfg = dataclasses.replace(
-        cfg.rollout, trace_path=str(out / trace_name), trace_fraction=cfg.train.trace_fraction
-    )
-    eval_cfg = dataclasses.replace(
-        cfg.rollout,
-        temperature=cfg.env.eval_temperature,
-        trace_path=str(out / ("eval_" + trace_name)),
-        trace_fraction=1.0,
-    )
-    return LocalRollout(
-        engine,
-        Collector(engine, tokenizer, train_cfg, generation_config),
-        Collector(engine, tokenizer, eval_cfg, generation_config),
-        env_source=genrm_env_source(cfg, engine=engine, tokenizer=tokenizer),
-    )
+__all__ = ["build_learner", "build_local_rollout", "build_rollout", "start_ray"]
 
 
 def build_learner(
@@ -152,15 +101,3 @@ def start_ray(cfg: Any) -> Any:
     cluster = start_or_join(rc.address, num_cpus=num_cpus)
     atexit.register(cluster.shutdown)  # a run that fails half-built leaves no Ray process behind
     return cluster
-
-
-def _generation_config(model_path: str | Path) -> Any:
-    # What a model loaded by from_pretrained would carry: its own file, else one derived from config.json.
-    from transformers import AutoConfig, GenerationConfig
-
-    path = Path(model_path)
-    if (path / "generation_config.json").is_file():
-        return GenerationConfig.from_pretrained(path)
-    if (path / "config.json").is_file():
-        return GenerationConfig.from_model_config(AutoConfig.from_pretrained(path))
-    return None

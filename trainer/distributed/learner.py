@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import random
 import socket
 import sys
 import time
@@ -46,111 +47,16 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from . import import_ray
-
-_BUCKET_BYTES = 64 << 20  # gradient all-reduce buckets (one collective per ~64 MiB)
+from .data_parallel import DataParallel
+from .fsdp import save_sharded, shard, sharding
 
 
 class LearnerFailed(RuntimeError):
     """A learner process died; the run stops (the message is one line and names the checkpoint)."""
-
-
-# ---- the data-parallel share of one rank ---------------------------------------------------------
-
-
-class DataParallel:
-    """One rank's share of a data-parallel update (set as ``ForwardPlan.data_parallel``).
-
-    Args:
-        rank, world_size: this process's rank and the number of learners.
-        sharded: the model is FSDP2-sharded (every rank must run the same number of passes, and the
-            gradients are already reduced in backward).
-        group: the ``torch.distributed`` process group (None: the default one).
-    """
-
-    def __init__(self, rank: int, world_size: int, *, sharded: bool = False, group: Any = None):
-        self.rank, self.world_size, self.sharded, self.group = rank, world_size, sharded, group
-
-    def assign(self, mini: Any, micro_batches: Sequence[tuple[list[int], int]]) -> list[tuple[list[int], int, bool]]:
-        """This rank's ``(rows, prefix_len, active)`` of a mini-batch's micro-batches, in their order.
-
-        Micro-batches go longest first (by tokens) to the rank with the fewest tokens so far (ties: the
-        lower rank): the same answer on every rank. With ``sharded``, ranks with fewer micro-batches
-        get lockstep passes (``active`` False, the smallest micro-batch again) up to the most any rank
-        has.
-        """
-        lengths = mini.attention_mask.sum(dim=1)
-        sizes = [int(lengths[rows].sum()) for rows, _ in micro_batches]
-        loads = [0] * self.world_size
-        owner = [0] * len(micro_batches)
-        for i in sorted(range(len(micro_batches)), key=lambda i: (-sizes[i], i)):
-            r = min(range(self.world_size), key=lambda k: (loads[k], k))
-            owner[i], loads[r] = r, loads[r] + sizes[i]
-        mine = [(rows, p, True) for i, (rows, p) in enumerate(micro_batches) if owner[i] == self.rank]
-        if self.sharded and micro_batches:
-            most = max(owner.count(r) for r in range(self.world_size))
-            smallest = min(range(len(micro_batches)), key=lambda i: (sizes[i], i))
-            rows, p = micro_batches[smallest]
-            mine += [(rows, p, False)] * (most - len(mine))
-        return mine
-
-    def reduce_gradients(self, model: Any) -> None:
-        """Sum the trainable parameters' gradients over the ranks (``replicate``; a no-op under FSDP,
-        which reduced them in backward). A parameter without a gradient on one rank (it ran no
-        micro-batch) counts zeros; one without a gradient on every rank keeps none."""
-        if self.sharded:
-            return
-        import torch.distributed as dist
-
-        params = [p for p in model.parameters() if p.requires_grad]
-        if not params:
-            return
-        device = params[0].device
-        has = torch.tensor([p.grad is not None for p in params], dtype=torch.uint8, device=device)
-        dist.all_reduce(has, op=dist.ReduceOp.MAX, group=self.group)
-        live = [p for p, h in zip(params, has.tolist(), strict=True) if h]
-        for p in live:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        for bucket in _buckets([p.grad for p in live], _BUCKET_BYTES):
-            flat = torch.cat([g.reshape(-1) for g in bucket])
-            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
-            offset = 0
-            for g in bucket:
-                g.copy_(flat[offset : offset + g.numel()].view_as(g))
-                offset += g.numel()
-
-    def reduce_metrics(self, total: dict[str, float], weight: dict[str, float], ratio_max: float) -> float:
-        """Merge the ranks' weighted metric sums in place (sum of totals and of weights per name) and
-        return the largest ``ratio_max``."""
-        import torch.distributed as dist
-
-        mine = (dict(total), dict(weight), float(ratio_max))
-        every: list[Any] = [None] * self.world_size
-        dist.all_gather_object(every, mine, group=self.group)
-        total.clear()
-        weight.clear()
-        for t, w, _ in every:
-            for k, v in t.items():
-                total[k] = total.get(k, 0.0) + v
-            for k, v in w.items():
-                weight[k] = weight.get(k, 0.0) + v
-        return max(r for _, _, r in every)
-
-
-def _buckets(tensors: list[torch.Tensor], limit: int) -> Iterator[list[torch.Tensor]]:
-    bucket: list[torch.Tensor] = []
-    size = 0
-    for t in tensors:
-        if bucket and (size + t.numel() * t.element_size() > limit or t.dtype != bucket[0].dtype):
-            yield bucket
-            bucket, size = [], 0
-        bucket.append(t)
-        size += t.numel() * t.element_size()
-    if bucket:
-        yield bucket
 
 
 # ---- the actor ------------------------------------------------------------------------------------
@@ -190,11 +96,13 @@ class LearnerActor:
         from ..learner.role import Learner
         from ..models import load_model_path
         from ..rollout.tokenizer import get_tokenizer
-        from ..train import seed_everything
 
         cfg = self.cfg
         tokenizer = get_tokenizer(load_model_path(cfg.model.path))
-        seed_everything(cfg.train.seed)
+        # As Trainer's seed_everything before it builds the learner: the same initial weights.
+        random.seed(cfg.train.seed)
+        np.random.seed(cfg.train.seed)
+        torch.manual_seed(cfg.train.seed)
         learner = Learner(cfg, tokenizer, Path(ckpt) if ckpt else None)
         self.learner = learner
         if self.world_size > 1:
@@ -209,9 +117,9 @@ class LearnerActor:
                 world_size=self.world_size,
                 timeout=timedelta(minutes=30),
             )
-            self.sharded = _sharding(cfg, learner.device) == "fsdp"
+            self.sharded = sharding(cfg, learner.device) == "fsdp"
             if self.sharded:
-                _shard(learner, ckpt)
+                shard(learner, ckpt)
             learner.plan = dataclasses.replace(
                 learner.plan, data_parallel=DataParallel(self.rank, self.world_size, sharded=self.sharded)
             )
@@ -321,7 +229,7 @@ class LearnerActor:
             if self.rank != 0:
                 return None
             return str(self.learner.save(output_dir, steps_done, config_dict, **kwargs))
-        return _save_sharded(self.learner, self.rank, output_dir, steps_done, config_dict, kwargs)
+        return save_sharded(self.learner, self.rank, output_dir, steps_done, config_dict, kwargs)
 
     def save_model(self, path: str) -> None:
         """``save_pretrained`` of the plain model (the engine's random-init model) at ``path``."""
@@ -334,147 +242,6 @@ class LearnerActor:
 
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-def _sharding(cfg: Any, device: torch.device) -> str:
-    mode = cfg.trainer.ray.learner_sharding
-    if mode == "auto":
-        return "fsdp" if device.type == "cuda" else "replicate"
-    return mode
-
-
-def _shard(learner: Any, ckpt: str | None) -> None:
-    """FSDP2 ``fully_shard`` each decoder layer, then the whole model, of the policy (and critic);
-    rebuild the optimizers over the sharded parameters and restore a checkpoint's optimizer state.
-
-    Raises:
-        ValueError: LoRA (its merged export needs the whole model on every rank; use
-            ``trainer.ray.learner_sharding: replicate``).
-    """
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import FSDPModule, fully_shard
-
-    if learner.cfg.lora.enabled:
-        raise ValueError("trainer.ray.learner_sharding: fsdp does not take lora.enabled; use replicate")
-    mesh = init_device_mesh(learner.device.type, (dist.get_world_size(),))
-    for model in (learner.policy, learner.critic):
-        if model is None:
-            continue
-        for module in model.modules():
-            if type(module).__name__.endswith("DecoderLayer"):
-                fully_shard(module, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        for module in model.modules():
-            if isinstance(module, FSDPModule):
-                # Sums, as the one-learner gradient (the default divides by the world size), with
-                # plain SUM collectives (gloo has no pre-multiplied sum).
-                module.set_gradient_divide_factor(1.0)
-                module.set_force_sum_reduction_for_comms(True)
-    # The optimizers were built over the unsharded parameters: build them again over the shards.
-    learner.state = learner._build_optimizers()
-    if ckpt:
-        _restore_sharded_optimizer(learner, Path(ckpt))
-
-
-# Checkpoints stay in the one-learner format (``optimizer.state_dict()`` keyed by parameter index), so
-# a run saved with FSDP resumes locally and the other way round.
-
-
-def _save_sharded(
-    learner: Any, rank: int, output_dir: str, steps_done: int, config_dict: dict, kwargs: dict
-) -> str | None:
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-        get_optimizer_state_dict,
-    )
-
-    from ..learner.checkpoint import save_checkpoint
-    from ..learner.role import _Bundle
-
-    full = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    parts = {"policy": (learner.policy, learner.state.optimizer)}
-    if learner.critic is not None:
-        parts["critic"] = (learner.critic, learner.state.critic_optimizer)
-    models, optims = {}, {}
-    for key, (model, optim) in parts.items():
-        models[key] = get_model_state_dict(model, options=full)
-        optims[key] = get_optimizer_state_dict(model, optim, options=full)  # rank 0 only: {} elsewhere
-    if rank != 0:
-        return None
-    optims = {key: _by_index(parts[key][0], osd) for key, osd in optims.items()}
-    scheduler = _Bundle(policy=learner.state.scheduler, critic=learner.state.critic_scheduler)
-    path = save_checkpoint(
-        Path(output_dir),
-        steps_done,
-        policy=_Saved(learner.policy, models["policy"]),
-        tokenizer=learner.tokenizer,
-        optimizer=_Plain(optims),
-        scheduler=scheduler,
-        critic=_Saved(learner.critic, models["critic"]) if learner.critic is not None else None,
-        config=config_dict,
-        keep=learner.cfg.train.keep_checkpoints,
-        rng_extra={"update_generator": learner.update_generator.get_state()},
-        **kwargs,
-    )
-    return str(path)
-
-
-def _restore_sharded_optimizer(learner: Any, ckpt: Path) -> None:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-    from ..learner.checkpoint import load_trainer_state
-
-    saved = load_trainer_state(ckpt)
-    full = StateDictOptions(full_state_dict=True)
-    pairs = [("policy", learner.policy, learner.state.optimizer, learner.state.scheduler)]
-    if learner.critic is not None:
-        pairs.append(("critic", learner.critic, learner.state.critic_optimizer, learner.state.critic_scheduler))
-    for key, model, optim, sched in pairs:
-        set_optimizer_state_dict(model, optim, _by_name(model, saved["optimizer"][key]), options=full)
-        sched.load_state_dict(saved["scheduler"][key])
-
-
-def _trainable_names(model: Any) -> list[str]:
-    return [n for n, p in model.named_parameters() if p.requires_grad]
-
-
-def _by_index(model: Any, osd: dict[str, Any]) -> dict[str, Any]:
-    """A full optimizer state dict keyed by parameter name -> keyed by index (``Optimizer.state_dict``:
-    the order of the trainable parameters); a tied parameter's every name maps to its one index."""
-    order = {id(p): i for i, p in enumerate(p for p in model.parameters() if p.requires_grad)}
-    index = {n: order[id(p)] for n, p in model.named_parameters(remove_duplicate=False) if id(p) in order}
-    return {
-        "state": {index[n]: v for n, v in osd["state"].items()},
-        "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in osd["param_groups"]],
-    }
-
-
-def _by_name(model: Any, osd: dict[str, Any]) -> dict[str, Any]:
-    names = _trainable_names(model)
-    return {
-        "state": {names[i]: v for i, v in osd["state"].items()},
-        "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in osd["param_groups"]],
-    }
-
-
-class _Saved:
-    """``save_pretrained`` of a sharded model from its gathered full state dict."""
-
-    def __init__(self, model: Any, state: dict[str, torch.Tensor]):
-        self.model, self.state = model, state
-
-    def save_pretrained(self, path: Any, **kwargs: Any) -> None:
-        self.model.save_pretrained(path, state_dict=self.state, **kwargs)
-
-
-class _Plain:
-    def __init__(self, state: dict[str, Any]):
-        self.state = state
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.state
 
 
 # ---- the driver side ------------------------------------------------------------------------------

@@ -65,7 +65,7 @@ class RolloutWorker:
     ):
         from chatgym.envs import tool_gate
 
-        from ..roles import build_local_rollout
+        from ..local_rollout import build_local_rollout
         from ..rollout.tokenizer import get_tokenizer
 
         self.index = index
