@@ -1,6 +1,6 @@
 """Cold-start SFT for the ReTool recipe: teach the model the `python` call format before RL.
 
-    python examples/recipes/retool/sft_warmup.py --out runs/recipes/retool_sft [--examples 64]
+    python examples/recipes/retool/sft_warmup.py --out runs/recipes/retool_sft --examples 16 --batch-size 4 --lr 5e-5
 
 ReTool (Feng et al. 2025, arXiv:2504.11536, section 3.1) fine-tunes on code-integrated reasoning
 traces before RL, because RL cannot reinforce a tool call the policy never makes. SmolLM2-135M makes
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optim.step()
-            losses.append(float(loss))
+            losses.append(loss.item())
             print(f"sft step {len(losses)}: loss {losses[-1]:.4f}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     model.eval().save_pretrained(args.out)
