@@ -1,4 +1,4 @@
-"""Co-training (trainer/cotrain.py): the policy and its judge / simulated user as two learners.
+"""Co-training (trainer/cotrain.py, trainer/cotrain_party.py): the policy and its judge / simulated user as two learners.
 
 Scripted parties (ReplayEngine) for both sides; every reward below is derived by hand in a comment.
 The learners are tiny random-init Llamas (train_helpers.TINY_LLAMA), so a step runs in seconds.
@@ -14,14 +14,12 @@ from rollout_helpers import ASSISTANT_HEADER, tool_call_text
 from train_helpers import TINY_LLAMA
 
 from chatgym.envs.messages import assistant, system, user
-from chatgym.trainer.cotrain import (
-    CoTrainConfig,
-    CoTrainer,
+from chatgym.trainer.cotrain import CoTrainConfig, CoTrainer, load_cotrain_config
+from chatgym.trainer.cotrain_party import (
     VersionedResponder,
     facts,
     faithfulness,
     judge_agreement,
-    load_cotrain_config,
     party_trajectories,
     trace_trajectory,
 )
