@@ -205,9 +205,9 @@ def plot_main_job(results: dict[str, Any], png: str) -> None:
                 xytext=(3, 3),
                 textcoords="offset points",
             )
-    ax.set_xlabel("wall-clock minutes since the run started (evaluations included)")
+    ax.set_xlabel("wall-clock minutes since the run started (evaluations included; labels: step)")
     ax.set_ylabel("held-out accuracy (greedy)")
-    ax.set_title("Main job (SmolLM2-135M, Math-v0): held-out accuracy vs wall clock (labels: step)")
+    ax.set_title("Main job (SmolLM2-135M, Math-v0): held-out accuracy vs wall clock", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
