@@ -245,6 +245,17 @@ def test_collective_weight_sync_broadcasts_from_rank_0(replicate_group, tmp_path
         # A second sync reuses the group (same worker processes) and carries the new version.
         rollout.set_weights(group.export_weights(torch.bfloat16), 8)
         assert [i["weight_version"] for i in ray.get([w.info.remote() for w in rollout.workers])] == [8, 8]
+        # Regression (the main job on a memory-starved box: Ray's OOM killer took a worker just
+        # before the sync, and set_weights raised ActorUnavailableError): a worker that dies during
+        # an object-store sync is left to restart and gets these weights and version when back.
+        group.weight_sync = "object_store"
+        old_pid = rollout.infos[1]["pid"]
+        os.kill(old_pid, signal.SIGKILL)
+        rollout.set_weights(group.export_weights(torch.bfloat16), 9)
+        assert rollout.wait_for_workers(timeout_s=120)
+        infos = ray.get([w.info.remote() for w in rollout.workers])
+        assert [i["weight_version"] for i in infos] == [9, 9]
+        assert infos[1]["pid"] != old_pid  # a new incarnation, loaded on its return
     finally:
         group.weight_sync = "object_store"
         rollout.close()

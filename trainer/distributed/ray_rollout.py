@@ -237,9 +237,14 @@ class RayRollout:
                 for name, tensor in weights
             }
             ref = ray.put(state)
-        live = [i for i in range(len(self.workers)) if i not in self._down]
-        ray.get([self.workers[i].set_weights.remote(ref, int(version)) for i in live])
+        # Recorded first: a worker that dies or is restarting now gets these on its return.
         self._weights_ref, self.weight_version = ref, int(version)
+        calls = {i: self.workers[i].set_weights.remote(ref, int(version)) for i in live}
+        for i, call in calls.items():
+            try:
+                ray.get(call)
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+                self._mark_down(i)  # _settle_restarts sends it the weights once Ray has restarted it
         return time.perf_counter() - t0
 
     # ---- metrics and shutdown ----------------------------------------------------------------
