@@ -202,3 +202,22 @@ def test_fast_dtype_follows_the_hardware(monkeypatch):
     assert fast_dtype() == ("bfloat16" if native else "float32")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert fast_dtype() == "bfloat16"
+
+
+@pytest.mark.parametrize("random_init", [True, False])
+def test_critic_value_passes_are_deterministic_in_train_mode(random_init):
+    # Regression: transformers' token-classification head has classifier dropout 0.1 by default, so
+    # two value passes over the same tokens differed while the critic was in train mode.
+    from chatgym.trainer.config import ModelConfig
+    from chatgym.trainer.learner.policy import load_critic
+
+    overrides = {"num_hidden_layers": 1, "hidden_size": 64, "intermediate_size": 128,
+                 "num_attention_heads": 2, "num_key_value_heads": 1}
+    cfg = ModelConfig(path="smollm2", random_init=random_init, config_overrides=overrides if random_init else {})
+    critic = load_critic(cfg, torch.device("cpu"))
+    assert critic.training and critic.config.classifier_dropout == 0.0
+    assert [m.p for m in critic.modules() if isinstance(m, torch.nn.Dropout)] in ([], [0.0])
+    ids = torch.tensor([[1, 5, 9, 14, 2]])
+    with torch.no_grad():
+        first, second = critic(ids).logits, critic(ids).logits
+    assert torch.equal(first, second)

@@ -117,18 +117,21 @@ def load_policy(cfg: ModelConfig, lora: LoraConfig, device: torch.device) -> Any
 def load_critic(cfg: ModelConfig, device: torch.device) -> Any:
     """A value model: the policy's architecture and weights with a scalar head per token
     (``AutoModelForTokenClassification``, one label; the head starts at random, the trunk from the
-    policy's weights, as OpenRLHF's critic)."""
+    policy's weights, as OpenRLHF's critic). Its classifier dropout is 0: transformers' default (0.1)
+    made every value pass in train mode random, so old values and GAE targets changed run to run."""
     from transformers import AutoConfig, AutoModelForTokenClassification
 
     dtype = resolve_dtype(cfg.dtype)
     if cfg.random_init:
         config = random_model(cfg.path, dtype=dtype, **cfg.config_overrides).config
         config.num_labels = 1
+        config.classifier_dropout = 0.0
         torch.manual_seed(1)
         critic = AutoModelForTokenClassification.from_config(config, dtype=dtype)
     else:
         path = load_model_path(cfg.path)
         config = AutoConfig.from_pretrained(path, num_labels=1)
+        config.classifier_dropout = 0.0
         critic = AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=dtype)
     critic.config.use_cache = False
     if cfg.gradient_checkpointing:
