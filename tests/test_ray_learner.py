@@ -391,6 +391,7 @@ def test_gpu_two_fsdp_nccl_learners_update_as_one(reference, cluster, tmp_path):
         "trainer.backend=ray",
         "trainer.ray.num_learners=2",
         "trainer.ray.learner_num_gpus=1",
+        "trainer.ray.learner_sharding=fsdp",
     )
     group = RayLearnerGroup(cfg, out_dir=tmp_path / "two")
     try:

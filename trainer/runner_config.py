@@ -44,7 +44,8 @@ class RayConfig:
             GPUs; colocated with a rollout worker: a fraction, see ``placement``).
         learner_sharding: ``replicate`` (a full model per learner, gradients all-reduced), ``fsdp``
             (FSDP2 ``fully_shard``: parameters, gradients and optimizer state split over the
-            learners), ``auto`` (``fsdp`` on CUDA, ``replicate`` on CPU).
+            learners; for a model too large for one device), ``auto`` (``replicate``: measured faster for
+            models that fit, see ``distributed/fsdp.sharding``).
         placement: ``colocated`` (learner rank i and rollout worker i share bundle i of a placement
             group: one GPU each, split by ``learner_num_gpus`` / ``worker_num_gpus``) or
             ``disaggregated`` (each role on its own resources; Ray places them).
