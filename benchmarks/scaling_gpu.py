@@ -112,8 +112,9 @@ def plot(results: dict, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     for key, label in (
-        ("rollout", "generation tokens/s (replicas)"),
-        ("learners", "training tokens/s (FSDP2 learners)"),
+        ("rollout", "generation tokens/s (engine replicas)"),
+        ("learners", f"training tokens/s ({results.get('learner_sharding', 'data-parallel')} learners)"),
+        ("learners_fsdp", "training tokens/s (FSDP2 learners)"),
     ):
         pts = sorted(results.get(key, {}).items(), key=lambda kv: int(kv[0]))
         if pts:
@@ -141,7 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--splits", type=int, nargs="*", default=None, help="run only these splits (indices)")
     parser.add_argument("--max-learners", type=int, default=None, help="learner scaling up to this many")
     parser.add_argument("--sharding", default="fsdp", choices=["fsdp", "replicate"], help="learners > 1")
-    parser.add_argument("--trajs", type=Path, default=None, help="save (or, if it exists, load) the batches here")
+    parser.add_argument(
+        "--trajs", type=Path, default=None, help="save (or, if it exists, load) the batches here"
+    )
     args = parser.parse_args(argv)
     import torch
 
@@ -191,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as exc:
                 print(f"scaling_gpu: {n} learners: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         results["learners"] = learners
+        results["learner_sharding"] = args.sharding
     (out / "results.json").write_text(json.dumps(results, indent=2))
     plot(results, out / "scaling.png")
     print(table(results))
