@@ -142,19 +142,7 @@ class LearnerActor:
     def batch_of(self, trajs: Sequence[Any]) -> dict[str, torch.Tensor] | None:
         """The token batch this learner would train on for ``trajs`` (``input_ids``,
         ``attention_mask``, ``loss_mask``, ``advantages``), without updating: for checks."""
-        from ..learner.prepare import prepare_batch
-
-        lr = self.learner
-        batch, _ = prepare_batch(
-            trajs,
-            lr.cfg.algo,
-            max_response_tokens=lr.cfg.rollout.max_response_tokens,
-            pad_id=lr.pad_id,
-            policy=lr.policy,
-            plan=lr.plan,
-            reference=lr.reference,
-            critic=lr.critic,
-        )
+        batch, _ = self.learner.prepare(trajs)
         if batch is None:
             return None
         return {k: getattr(batch, k) for k in ("input_ids", "attention_mask", "loss_mask", "advantages")}

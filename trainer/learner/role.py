@@ -91,16 +91,7 @@ class Learner:
         policy (and critic) on it; ``version`` goes up by one when an update ran (a batch whose groups
         were all filtered out updates nothing). Returns the batch's and the update's metrics."""
         cfg = self.cfg
-        batch, metrics = prepare_batch(
-            trajs,
-            cfg.algo,
-            max_response_tokens=cfg.rollout.max_response_tokens,
-            pad_id=self.pad_id,
-            policy=self.policy,
-            plan=self.plan,
-            reference=self.reference,
-            critic=self.critic,
-        )
+        batch, metrics = self.prepare(trajs)
         if batch is None:
             return metrics
         t_update = time.perf_counter()
@@ -122,6 +113,20 @@ class Learner:
         )
         self.version += 1
         return metrics
+
+    def prepare(self, trajs: Sequence[Trajectory]) -> tuple[Any, dict[str, float]]:
+        """``prepare_batch`` of ``trajs`` with this learner's models and plan: the ``TokenBatch`` (None
+        when every group was filtered out) and the batch's metrics."""
+        return prepare_batch(
+            trajs,
+            self.cfg.algo,
+            max_response_tokens=self.cfg.rollout.max_response_tokens,
+            pad_id=self.pad_id,
+            policy=self.policy,
+            plan=self.plan,
+            reference=self.reference,
+            critic=self.critic,
+        )
 
     def export_weights(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         """The plain model's weights by name (LoRA merged), cast to ``dtype`` on the way (fp32 master

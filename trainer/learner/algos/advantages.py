@@ -273,6 +273,26 @@ def reinforce_plus_plus_baseline_advantages(
     return AdvantageOutput(masked_whiten(_broadcast(centered, m), m, eps), _broadcast(scores, m))
 
 
+def check_value_inputs(
+    name: str, token_rewards: torch.Tensor, mask: torch.Tensor, values: torch.Tensor | None, gamma: float, lam: float
+) -> torch.Tensor:
+    """The checks every value-based estimator (``gae``, ``tppo``) makes; returns the bool loss mask.
+
+    Raises:
+        ValueError: gamma or lam outside [0, 1], no ``values``, bad shapes, non-finite values.
+    """
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+    if not 0.0 <= lam <= 1.0:
+        raise ValueError(f"lam must be in [0, 1], got {lam}")
+    m = _check_inputs(token_rewards, mask, None, needs_groups=False)
+    if values is None:
+        raise ValueError(f"values is required by the {name!r} advantage estimator (a value model)")
+    check_shape("values", values, token_rewards.shape)
+    check_finite("values", values, m)
+    return m
+
+
 @register_advantage_estimator("gae")
 @torch.no_grad()
 def gae_advantages(
@@ -302,15 +322,7 @@ def gae_advantages(
     Estimation" (arXiv:1506.02438), eq. 16; PPO (arXiv:1707.06347); peer: verl
     ``compute_gae_advantage_return`` (multi-turn masking), OpenRLHF ``get_advantages_and_returns``.
     """
-    if not 0.0 <= gamma <= 1.0:
-        raise ValueError(f"gamma must be in [0, 1], got {gamma}")
-    if not 0.0 <= lam <= 1.0:
-        raise ValueError(f"lam must be in [0, 1], got {lam}")
-    m = _check_inputs(token_rewards, mask, None, needs_groups=False)
-    if values is None:
-        raise ValueError("values is required by the 'gae' advantage estimator (a value model)")
-    check_shape("values", values, token_rewards.shape)
-    check_finite("values", values, m)
+    m = check_value_inputs("gae", token_rewards, mask, values, gamma, lam)
     values = values.to(token_rewards.dtype)
     batch, length = token_rewards.shape
     zero = torch.zeros(batch, dtype=token_rewards.dtype, device=token_rewards.device)

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import torch
 
-from .advantages import AdvantageOutput, _check_inputs
-from .masked import check_finite, check_shape, masked_whiten
+from .advantages import AdvantageOutput, check_value_inputs
+from .masked import check_shape, masked_whiten
 from .registry import register_advantage_estimator
 
 
@@ -64,15 +64,7 @@ def extended_gae(
     Raises:
         ValueError: bad shapes, gamma/lam out of range, a truncated row without a finite bootstrap.
     """
-    if not 0.0 <= gamma <= 1.0:
-        raise ValueError(f"gamma must be in [0, 1], got {gamma}")
-    if not 0.0 <= lam <= 1.0:
-        raise ValueError(f"lam must be in [0, 1], got {lam}")
-    m = _check_inputs(token_rewards, mask, None, needs_groups=False)
-    if values is None:
-        raise ValueError("values is required by the 'tppo' advantage estimator (a value model)")
-    check_shape("values", values, token_rewards.shape)
-    check_finite("values", values, m)
+    m = check_value_inputs("tppo", token_rewards, mask, values, gamma, lam)
     batch, length = token_rewards.shape
     cut = _rows_flag("truncated", truncated, batch, token_rewards.device)
     zero = torch.zeros(batch, dtype=token_rewards.dtype, device=token_rewards.device)
