@@ -56,6 +56,16 @@ def test_bad_key_or_value_names_the_field(override, message):
         load_config(None, [override])
 
 
+def test_cli_refuses_importance_sampling_without_tis_cap_in_one_line(tmp_path, capsys):
+    # Regression: the check ran when the Trainer started, after the output dir was made, and the CLI
+    # printed a traceback (exit 1) instead of its one-line error (exit 2).
+    out = tmp_path / "never"
+    assert main(["trainer.stale=importance_sampling", "algo.tis_cap=null", "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("chatgym train: trainer.stale: 'importance_sampling'") and err.count("\n") == 1
+    assert not out.exists()
+
+
 def test_round_trip_through_yaml(tmp_path):
     cfg = load_config(
         None, ["algo.policy_loss=clip_higher", "algo.policy_loss_kwargs={eps_high: 0.3}", "optim.betas=[0.9, 0.95]"]

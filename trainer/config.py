@@ -396,7 +396,15 @@ class Config:
                 f"(group-relative baseline), got {self.train.group_size}"
             )
         if self.algo.advantage in ("gae", "tppo") and not self.model.value_head:
-            raise ValueError("model.value_head must be true with algo.advantage 'gae' (a value model)")
+            raise ValueError(
+                f"model.value_head must be true with algo.advantage {self.algo.advantage!r} (a value model)"
+            )
+        if self.trainer.stale == "importance_sampling" and self.algo.tis_cap is None:
+            # Checked at load, not when the trainer starts: a refused run leaves no output dir behind.
+            raise ValueError(
+                "trainer.stale: 'importance_sampling' keeps stale groups and corrects them with the truncated "
+                "IS weight; set algo.tis_cap (e.g. 2.0)"
+            )
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:

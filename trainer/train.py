@@ -78,7 +78,6 @@ class Trainer:
         ckpt = find_checkpoint(self.out, resume)  # before mkdir: a refused run leaves nothing behind
         self.out.mkdir(parents=True, exist_ok=True)
         seed_everything(cfg.train.seed)
-        _check_runner(cfg)
         self.cluster = start_ray(cfg)  # trainer.backend: ray — a local cluster, or the one to join
         self.model_path = load_model_path(cfg.model.path)
         from .rollout.tokenizer import get_tokenizer
@@ -349,17 +348,6 @@ class Trainer:
             self.learner.close()
         if self.cluster is not None:
             self.cluster.shutdown()
-
-
-def _check_runner(cfg: Config) -> None:
-    """Refuse, at start and by field name, runner settings this build does not run yet."""
-    from .config import ConfigError
-
-    if cfg.trainer.stale == "importance_sampling" and cfg.algo.tis_cap is None:
-        raise ConfigError(
-            "trainer.stale: 'importance_sampling' keeps stale groups and corrects them with the truncated "
-            "IS weight; set algo.tis_cap (e.g. 2.0)"
-        )
 
 
 def pipeline_options(cfg: Config) -> PipelineOptions:
