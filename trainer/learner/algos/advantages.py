@@ -293,6 +293,38 @@ def check_value_inputs(
     return m
 
 
+def gae_scan(
+    token_rewards: torch.Tensor,
+    m: torch.Tensor,
+    values: torch.Tensor,
+    gamma: float,
+    lam: float,
+    last_value: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The GAE recursion over the generated tokens of each row, right to left: (B, T) advantages.
+
+    ``m`` is the bool loss mask (its 1s are the time steps; rewards on other tokens are credited to
+    the next generated token to their left); ``values`` are in ``token_rewards``' dtype;
+    ``last_value`` (B,) is the value after each row's last generated token (None: 0, a finished
+    response; T-PPO bootstraps an unfinished one from V(s_l)).
+    """
+    batch, length = token_rewards.shape
+    zero = torch.zeros(batch, dtype=token_rewards.dtype, device=token_rewards.device)
+    advantages = torch.zeros_like(token_rewards)
+    next_value = zero if last_value is None else last_value
+    last_gae, pending = zero, zero
+    for t in reversed(range(length)):
+        pending = pending + token_rewards[:, t]
+        step = m[:, t]
+        value = torch.where(step, values[:, t], zero)
+        gae = pending + gamma * next_value - value + gamma * lam * last_gae
+        last_gae = torch.where(step, gae, last_gae)
+        next_value = torch.where(step, value, next_value)
+        pending = torch.where(step, zero, pending)
+        advantages[:, t] = torch.where(step, gae, zero)
+    return advantages
+
+
 @register_advantage_estimator("gae")
 @torch.no_grad()
 def gae_advantages(
@@ -324,19 +356,7 @@ def gae_advantages(
     """
     m = check_value_inputs("gae", token_rewards, mask, values, gamma, lam)
     values = values.to(token_rewards.dtype)
-    batch, length = token_rewards.shape
-    zero = torch.zeros(batch, dtype=token_rewards.dtype, device=token_rewards.device)
-    advantages = torch.zeros_like(token_rewards)
-    next_value, last_gae, pending = zero, zero, zero
-    for t in reversed(range(length)):
-        pending = pending + token_rewards[:, t]
-        step = m[:, t]
-        value = torch.where(step, values[:, t], zero)
-        gae = pending + gamma * next_value - value + gamma * lam * last_gae
-        last_gae = torch.where(step, gae, last_gae)
-        next_value = torch.where(step, value, next_value)
-        pending = torch.where(step, zero, pending)
-        advantages[:, t] = torch.where(step, gae, zero)
+    advantages = gae_scan(token_rewards, m, values, gamma, lam)
     returns = torch.where(m, advantages + values, torch.zeros_like(values))
     if whiten:
         advantages = masked_whiten(advantages, m, eps)

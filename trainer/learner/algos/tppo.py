@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from .advantages import AdvantageOutput, check_value_inputs
+from .advantages import AdvantageOutput, check_value_inputs, gae_scan
 from .masked import check_shape, masked_whiten
 from .registry import register_advantage_estimator
 
@@ -65,10 +65,9 @@ def extended_gae(
         ValueError: bad shapes, gamma/lam out of range, a truncated row without a finite bootstrap.
     """
     m = check_value_inputs("tppo", token_rewards, mask, values, gamma, lam)
-    batch, length = token_rewards.shape
+    batch = token_rewards.shape[0]
     cut = _rows_flag("truncated", truncated, batch, token_rewards.device)
-    zero = torch.zeros(batch, dtype=token_rewards.dtype, device=token_rewards.device)
-    next_value = zero
+    last_value = None
     if bool(cut.any()):
         if bootstrap_values is None:
             raise ValueError("bootstrap_values (V of the state a truncated response was cut at) is required")
@@ -77,20 +76,8 @@ def extended_gae(
         if not bool(torch.isfinite(boot[cut]).all()):
             raise ValueError("bootstrap_values must be finite on truncated rows")
         # The only change from GAE: the value after an unfinished row's last token is V(s_l), not 0.
-        next_value = torch.where(cut, boot, zero)
-    values = values.to(token_rewards.dtype)
-    advantages = torch.zeros_like(token_rewards)
-    last_gae, pending = zero, zero
-    for t in reversed(range(length)):
-        pending = pending + token_rewards[:, t]
-        step = m[:, t]
-        value = torch.where(step, values[:, t], zero)
-        gae = pending + gamma * next_value - value + gamma * lam * last_gae
-        last_gae = torch.where(step, gae, last_gae)
-        next_value = torch.where(step, value, next_value)
-        pending = torch.where(step, zero, pending)
-        advantages[:, t] = torch.where(step, gae, zero)
-    return advantages
+        last_value = torch.where(cut, boot, torch.zeros_like(boot))
+    return gae_scan(token_rewards, m, values.to(token_rewards.dtype), gamma, lam, last_value)
 
 
 @register_advantage_estimator("tppo")
