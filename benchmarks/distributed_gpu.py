@@ -85,11 +85,13 @@ PLACEMENTS = {
 }
 
 
-def run_placement(name: str, steps: int, out: Path, keep_trajs: bool) -> tuple[dict, list]:
-    """Part (a): ``steps`` timed steps (after one warm-up) with ``name`` placement."""
+def run_trainer(out: Path, steps: int, overrides: list[str], keep_trajs: bool) -> tuple[dict, list]:
+    """``steps`` timed ``Trainer.step`` calls after one warm-up, with ``trainer.ray`` ``overrides``:
+    the medians of s/step and its parts, the weight path used, and (``keep_trajs``) the batches of
+    steps 0..N collected again, untimed."""
     from chatgym.trainer.train import Trainer
 
-    trainer = Trainer(config(out / name, steps, *PLACEMENTS[name]))
+    trainer = Trainer(config(out, steps, *overrides))
     trajs: list = []
     rows = []
     try:
@@ -106,9 +108,10 @@ def run_placement(name: str, steps: int, out: Path, keep_trajs: bool) -> tuple[d
                     "rollout_s": metrics.get("timing/rollout_s", float("nan")),
                     "update_s": metrics.get("timing/update_s", float("nan")),
                     "sync_s": metrics.get("timing/sync_s", float("nan")),
+                    "gen_tokens_per_s": metrics.get("throughput/gen_tokens_per_s", float("nan")),
                 }
             )
-        if keep_trajs:  # part (b)'s batches, untimed
+        if keep_trajs:
             trajs = [trainer.collect(step) for step in range(steps + 1)]
         sync = getattr(trainer.learner, "_collective", None)
         paths = sorted({"ipc" if i in sync.ipc else "nccl" for i in sync.stats}) if sync else ["object_store"]
@@ -117,6 +120,11 @@ def run_placement(name: str, steps: int, out: Path, keep_trajs: bool) -> tuple[d
     summary = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
     summary["weight_path"] = "+".join(paths)
     return summary, trajs
+
+
+def run_placement(name: str, steps: int, out: Path, keep_trajs: bool) -> tuple[dict, list]:
+    """Part (a): ``steps`` timed steps (after one warm-up) with ``name`` placement."""
+    return run_trainer(out / name, steps, PLACEMENTS[name], keep_trajs)
 
 
 def run_learners(n: int, trajs: list, out: Path, sharding: str, steps: int) -> dict:
@@ -164,7 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=3, help="timed steps / updates (after one warm-up)")
     parser.add_argument("--parts", nargs="+", default=["a", "b"], choices=["a", "b"])
-    parser.add_argument("--sharding", default="fsdp", choices=["fsdp", "replicate"], help="part (b), 2 learners")
+    parser.add_argument(
+        "--sharding", default="fsdp", choices=["fsdp", "replicate"], help="part (b), 2 learners"
+    )
     parser.add_argument("--out", type=Path, default=None, help="where runs and results.json go")
     args = parser.parse_args(argv)
     import torch
@@ -178,14 +188,18 @@ def main(argv: list[str] | None = None) -> int:
     trajs: list = []
     if "a" in args.parts:
         for name in ("colocated", "disaggregated"):
-            results[name], got = run_placement(name, args.steps, out, keep_trajs=name == "disaggregated" and "b" in args.parts)
+            results[name], got = run_placement(
+                name, args.steps, out, keep_trajs=name == "disaggregated" and "b" in args.parts
+            )
             trajs = got or trajs
     if "b" in args.parts:
         if not trajs:  # part (b) alone: collect with the disaggregated layout, untimed
             _, trajs = run_placement("disaggregated", args.steps, out, keep_trajs=True)
         results["learners1"] = run_learners(1, trajs, out, "replicate", args.steps)
         results["learners2"] = run_learners(2, trajs, out, args.sharding, args.steps)
-        results["dp_ratio"] = results["learners2"]["train_tokens_per_s"] / results["learners1"]["train_tokens_per_s"]
+        results["dp_ratio"] = (
+            results["learners2"]["train_tokens_per_s"] / results["learners1"]["train_tokens_per_s"]
+        )
     (out / "results.json").write_text(json.dumps(results, indent=2))
     print(table(results))
     print(f"\n(results: {out / 'results.json'})")
@@ -202,7 +216,9 @@ def table(r: dict) -> str:
             lines.append(
                 f"{name:<15}{x['step_s']:>8.2f}{x['rollout_s']:>9.2f}{x['update_s']:>8.2f}{x['sync_s']:>8.3f}  {x['weight_path']}"
             )
-        lines.append(f"disaggregated / colocated s/step: {r['disaggregated']['step_s'] / r['colocated']['step_s']:.2f}")
+        lines.append(
+            f"disaggregated / colocated s/step: {r['disaggregated']['step_s'] / r['colocated']['step_s']:.2f}"
+        )
     if "learners1" in r:
         lines.append("\n(b) data-parallel learners on the same batches")
         lines.append(f"{'learners':<10}{'sharding':<11}{'train tok/s':>12}{'update s':>10}{'save s':>8}")

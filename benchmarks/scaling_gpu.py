@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from distributed_gpu import config, run_learners
+from distributed_gpu import run_learners, run_trainer
 
 
 def splits(gpus: int) -> dict[str, tuple[int, list[str]]]:
@@ -76,32 +75,8 @@ def splits(gpus: int) -> dict[str, tuple[int, list[str]]]:
 
 
 def run_split(name: str, overrides: list[str], steps: int, out: Path, keep: bool) -> tuple[dict, list]:
-    from chatgym.trainer.train import Trainer
-
     slug = "".join(c if c.isalnum() else "_" for c in name)[:60]
-    trainer = Trainer(config(out / slug, steps, *overrides))
-    rows, trajs = [], []
-    try:
-        for step in range(steps + 1):
-            t0 = time.perf_counter()
-            metrics = trainer.step(step)
-            wall = time.perf_counter() - t0
-            if step == 0:
-                continue
-            rows.append(
-                {
-                    "wall_s": wall,
-                    "rollout_s": metrics["timing/rollout_s"],
-                    "update_s": metrics.get("timing/update_s", float("nan")),
-                    "sync_s": metrics.get("timing/sync_s", float("nan")),
-                    "gen_tokens_per_s": metrics["throughput/gen_tokens_per_s"],
-                }
-            )
-        if keep:
-            trajs = [trainer.collect(step) for step in range(steps + 1)]
-    finally:
-        trainer.close()
-    return {k: statistics.median(r[k] for r in rows) for k in rows[0]}, trajs
+    return run_trainer(out / slug, steps, overrides, keep)
 
 
 def plot(results: dict, path: Path) -> None:
