@@ -412,15 +412,9 @@ class CoTrainer:
         return summary
 
     def _count_tasks(self, split: str) -> int:
-        import gymnasium as gym
+        from .train import count_tasks
 
-        import chatgym  # noqa: F401  (registers the env ids)
-
-        env = gym.make(self.cfg.env.id, split=split, **self.cfg.env.kwargs)
-        try:
-            return len(env.unwrapped.tasks)
-        finally:
-            env.close()
+        return count_tasks(self.cfg.env, split)
 
     def close(self) -> None:
         self.rollout.close()

@@ -51,6 +51,19 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def count_tasks(env: Any, split: str) -> int:
+    """How many tasks the split ``split`` of ``env`` (an ``EnvConfig``: id and kwargs) holds."""
+    import gymnasium as gym
+
+    import chatgym  # noqa: F401  (registers the env ids)
+
+    made = gym.make(env.id, split=split, **env.kwargs)
+    try:
+        return len(made.unwrapped.tasks)
+    finally:
+        made.close()
+
+
 def _step_seed(seed: int, step: int, salt: int) -> int:
     """A distinct, reproducible seed per (run seed, step, purpose)."""
     return int(np.random.SeedSequence([seed, step, salt]).generate_state(1)[0])
@@ -232,15 +245,7 @@ class Trainer:
         return path
 
     def _count_tasks(self, split: str) -> int:
-        import gymnasium as gym
-
-        import chatgym  # noqa: F401  (registers the env ids)
-
-        env = gym.make(self.cfg.env.id, split=split, **self.cfg.env.kwargs)
-        try:
-            return len(env.unwrapped.tasks)
-        finally:
-            env.close()
+        return count_tasks(self.cfg.env, split)
 
     # ---- the loop -------------------------------------------------------------------------------
 
