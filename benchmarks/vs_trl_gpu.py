@@ -14,6 +14,7 @@ Runs (``--runs``, any subset, each ``NAME:SEED``):
   ``decode: static`` = per-slot KV cache + CUDA graphs, fp32 master weights, bf16 autocast, gradient
   checkpointing; per step also the metrics line and the background curve redraw);
 * ``ours_dynamic`` — the same with the engine's dynamic-cache decode (what stop 10 measured);
+* ``ours_packed`` — ``ours`` with the update packed (``model.pack: true``; ``--pack`` sets it for ``ours``);
 * ``trl_bf16``    — TRL with bf16 weights (its fastest configuration in ANCHORS.md);
 * ``trl_fp32``    — TRL with fp32 weights, bf16 autocast and gradient checkpointing (its most accurate).
 
@@ -22,33 +23,55 @@ Wall clock per step is measured around the whole step (``Trainer.step`` + loggin
 ``<out>/<name>_<seed>.json``; ``--report DIR`` prints the table of all JSONs in DIR and draws
 ``accuracy_vs_wallclock.png`` (runs no model).
 
+Slow updates (issue 15 saw 0.6-2.7 s against a usual 0.3 s): every step of ours also records under
+``steps[i]["probe"]`` what the update was given and what happened around it: tokens in the batch,
+the padded batch shape, each micro-batch forward (its shape; packed: the pack lengths), the CUDA
+allocator's ``num_device_alloc`` / ``num_device_free`` / ``num_alloc_retries`` deltas over the update
+and over the step, Python garbage collections (generation, seconds, whether inside the update), and
+whether the background curve redraw was running when the update started / ended; ``--report``
+prints the slowest updates with those fields. Toggles to test the suspects: ``--gc-freeze``
+(``gc.freeze()`` after set-up: the long-lived objects leave the collector's generations),
+``--expandable-segments`` (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``: new shapes grow a
+segment instead of allocating new blocks), ``--no-plot`` (no curve redraw during the run).
+
     python benchmarks/vs_trl_gpu.py --runs ours:0 ours:1 trl_bf16:0 --out /tmp/vs_trl
+    python benchmarks/vs_trl_gpu.py --runs ours:0 ours_packed:0 --gc-freeze --out /tmp/vs_trl_packed
     python benchmarks/vs_trl_gpu.py --report /tmp/vs_trl
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import os
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 PROMPTS, GROUP, NEW_TOKENS, LR = 8, 8, 128, 1e-5
 DEVICE = "cuda"  # a CPU smoke run of the script sets "cpu"
 EVAL_TASKS = 64
+# ours' update settings (--pack, --pack-max-tokens, --checkpointing); the runs named ours_packed set pack.
+UPDATE = {"pack": "auto", "pack_max_tokens": None, "checkpointing": None}
 
 
-def our_config(seed: int, steps: int, out: Path, decode: str):
+def our_config(seed: int, steps: int, out: Path, decode: str, pack: str | None = None):
     from chatgym.trainer.config import load_config
 
+    checkpointing = UPDATE["checkpointing"] if UPDATE["checkpointing"] is not None else DEVICE == "cuda"
+    extra = [f"model.pack={pack or UPDATE['pack']}"]
+    if UPDATE["pack_max_tokens"]:
+        extra.append(f"model.pack_max_tokens={UPDATE['pack_max_tokens']}")
     return load_config(
         None,
         [
             "model.path=smollm2",
-            f"model.gradient_checkpointing={str(DEVICE == 'cuda').lower()}",
+            f"model.gradient_checkpointing={str(checkpointing).lower()}",
+            *extra,
             "engine.backend=hf",
             f"engine.dtype={'bfloat16' if DEVICE == 'cuda' else 'float32'}",
             f"engine.options={{decode: {decode}}}",
@@ -72,27 +95,154 @@ def our_config(seed: int, steps: int, out: Path, decode: str):
     )
 
 
-def run_ours(seed: int, steps: int, eval_every: int, decode: str) -> dict:
+ALLOC_KEYS = ("num_device_alloc", "num_device_free", "num_alloc_retries")
+
+
+def _alloc_stats() -> dict[str, int]:
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    stats = torch.cuda.memory_stats()
+    return {k: int(stats.get(k, 0)) for k in ALLOC_KEYS} | {
+        "reserved_bytes": int(stats.get("reserved_bytes.all.current", 0))
+    }
+
+
+def _delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    return {k: after[k] - before[k] for k in after}
+
+
+class UpdateProbe:
+    """Records, per training step of ours, what the update was given and what ran around it (see the
+    module docstring): wraps the ``update`` the Learner calls and the per-micro-batch forward it runs,
+    and listens to Python's garbage collector (``gc.callbacks``). Instrumentation of this benchmark
+    only; the wrappers call the originals unchanged."""
+
+    def __init__(self, trainer: Any):
+        import chatgym.trainer.learner.role as role
+        import chatgym.trainer.learner.update as update_module
+        from chatgym.trainer.learner.batch import pack_chunks
+
+        self.trainer = trainer
+        self.record: dict[str, Any] = {}
+        self.in_update = False
+        self._gc_t = 0.0
+        self._patched = [
+            (role, "update", role.update),
+            (update_module, "policy_logprobs", update_module.policy_logprobs),
+        ]
+        plain_update, plain_forward = role.update, update_module.policy_logprobs
+
+        def update(state, batch, algo, plan, **kw):
+            import torch
+
+            rec = self.record
+            rec["tokens"] = int(batch.attention_mask.sum())
+            rec["trained_tokens"] = int(batch.loss_mask.sum())
+            rec["batch_shape"] = list(batch.input_ids.shape)
+            rec["pack"], rec["share_prefix"] = plan.pack, plan.share_prefix
+            rec["forwards"] = []
+            rec["plot_running_at_update_start"] = self.plot_running()
+            before = _alloc_stats()
+            self.in_update = True
+            t = time.perf_counter()
+            try:
+                return plain_update(state, batch, algo, plan, **kw)
+            finally:
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+                self.in_update = False
+                rec["update_synced_s"] = time.perf_counter() - t
+                rec["update_alloc"] = _delta(_alloc_stats(), before)
+                rec["plot_running_at_update_end"] = self.plot_running()
+
+        def policy_logprobs(model, mb, prefix_len, **kw):
+            entry: dict[str, Any] = {"shape": list(mb.input_ids.shape), "prefix_len": prefix_len}
+            if kw.get("pack"):  # the packed forward reads the lengths on the host anyway
+                lengths = mb.lengths.tolist()
+                entry["packs"] = [
+                    prefix_len + sum(lengths[i] - prefix_len for i in run)
+                    for run in pack_chunks(lengths, prefix_len, kw.get("pack_max_tokens", 512))
+                ]
+            self.record.setdefault("forwards", []).append(entry)
+            return plain_forward(model, mb, prefix_len, **kw)
+
+        role.update = update
+        update_module.policy_logprobs = policy_logprobs
+        gc.callbacks.append(self._on_gc)
+
+    def plot_running(self) -> bool:
+        drawer = getattr(self.trainer.metrics, "_drawer", None)
+        return bool(drawer is not None and drawer.is_alive())
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_t = time.perf_counter()
+            return
+        self.record.setdefault("gc", []).append(
+            {
+                "generation": info["generation"],
+                "collected": info["collected"],
+                "s": round(time.perf_counter() - self._gc_t, 5),
+                "in_update": self.in_update,
+            }
+        )
+
+    def start_step(self) -> None:
+        self.record = {"gc": [], "plot_running_at_step_start": self.plot_running()}
+        self._step_alloc = _alloc_stats()
+
+    def end_step(self) -> dict[str, Any]:
+        self.record["step_alloc"] = _delta(_alloc_stats(), self._step_alloc)
+        self.record["gc_s"] = sum(e["s"] for e in self.record["gc"])
+        return self.record
+
+    def close(self) -> None:
+        for module, name, original in self._patched:
+            setattr(module, name, original)
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+
+
+def run_ours(
+    seed: int, steps: int, eval_every: int, decode: str, pack: str | None = None, options: dict | None = None
+) -> dict:
     import torch
 
     from chatgym.trainer.train import Trainer
 
+    options = options or {}
+    cuda = torch.cuda.is_available()
     out = Path(tempfile.mkdtemp(prefix="vs-trl-ours-"))
-    torch.cuda.reset_peak_memory_stats()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    trainer = Trainer(our_config(seed, steps, out, decode))
+    trainer = Trainer(our_config(seed, steps, out, decode, pack))
     setup_s = time.perf_counter() - t0
+    probe = UpdateProbe(trainer)
     try:
         curve = [(0.0, trainer.evaluate()["eval/accuracy"])]
+        if options.get("gc_freeze"):
+            gc.collect()
+            gc.freeze()  # set-up's objects (models, tokenizer, env data) are never collected again
         wall, rows = 0.0, []
         for step in range(steps):
+            probe.start_step()
             t = time.perf_counter()
             metrics = trainer.step(step)
+            t_log = time.perf_counter()
             trainer.metrics.log(step + 1, metrics)
-            trainer.metrics.plot_later()
-            torch.cuda.synchronize()
+            if not options.get("no_plot"):
+                trainer.metrics.plot_later()
+            log_s = time.perf_counter() - t_log
+            if cuda:
+                torch.cuda.synchronize()
             dt = time.perf_counter() - t
             wall += dt
+            record = probe.end_step()
+            record["log_s"] = log_s
+            record["sync_s"] = metrics.get("timing/sync_s", 0.0)
             rows.append(
                 {
                     "wall_s": dt,
@@ -100,15 +250,27 @@ def run_ours(seed: int, steps: int, eval_every: int, decode: str) -> dict:
                     "update_s": metrics["timing/update_s"],
                     "gen_tokens": metrics["throughput/gen_tokens_per_s"] * metrics["timing/rollout_s"],
                     "reward": metrics["reward/mean"],
+                    "probe": record,
                 }
             )
-            print(f"ours {decode} seed {seed} step {step + 1}: {rows[-1]}", flush=True)
+            brief = {k: v for k, v in rows[-1].items() if k != "probe"}
+            forwards = record.get("forwards", [])
+            print(
+                f"ours {decode} seed {seed} step {step + 1}: {brief} | tokens {record.get('tokens')} "
+                f"shape {record.get('batch_shape')} forwards {len(forwards)} alloc {record.get('update_alloc')} "
+                f"gc {record['gc_s']:.3f} s plot {record.get('plot_running_at_update_start')}",
+                flush=True,
+            )
             if (step + 1) % eval_every == 0 or step + 1 == steps:
                 curve.append((wall, trainer.evaluate()["eval/accuracy"]))
         trainer.metrics.wait_plotted()
     finally:
+        probe.close()
+        if options.get("gc_freeze"):
+            gc.unfreeze()
         trainer.close()
-    return {"setup_s": setup_s, "steps": rows, "curve": curve, "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+    peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan")
+    return {"setup_s": setup_s, "steps": rows, "curve": curve, "peak_gib": peak, "options": options}
 
 
 def run_trl(seed: int, steps: int, eval_every: int, fp32: bool, evaluator) -> dict:
@@ -175,7 +337,10 @@ def run_trl(seed: int, steps: int, eval_every: int, fp32: bool, evaluator) -> di
                 {"wall_s": dt, "gen_s": sum(x for x, _ in g), "gen_tokens": sum(n for _, n in g)}
             )
             steps_out[-1]["update_s"] = dt - steps_out[-1]["gen_s"]
-            print(f"trl {'fp32' if fp32 else 'bf16'} seed {seed} step {state.global_step}: {steps_out[-1]}", flush=True)
+            print(
+                f"trl {'fp32' if fp32 else 'bf16'} seed {seed} step {state.global_step}: {steps_out[-1]}",
+                flush=True,
+            )
             if state.global_step % eval_every == 0 or state.global_step == steps:
                 curve.append((wall[0], evaluator(model)))
 
@@ -272,36 +437,67 @@ def accuracy_at(curve: list, wall: float) -> float:
     return [acc for t, acc in curve if t <= wall + 1e-9][-1]
 
 
+def slow_updates(folder: Path, top: int = 3) -> None:
+    """Print each run's slowest updates next to its median, with what the probe saw (ours only)."""
+    for path in sorted(folder.glob("*.json")):
+        steps = json.loads(path.read_text())["steps"]
+        if not steps or "probe" not in steps[0]:
+            continue
+        median = statistics.median(r["update_s"] for r in steps)
+        print(f"\n{path.stem}: median update {median:.3f} s; slowest:")
+        order = sorted(range(len(steps)), key=lambda i: -steps[i]["update_s"])[:top]
+        for i in order:
+            p = steps[i]["probe"]
+            gc_in = [e for e in p.get("gc", []) if e["in_update"]]
+            print(
+                f"  step {i + 1}: update {steps[i]['update_s']:.3f} s (synced {p.get('update_synced_s', 0):.3f}), "
+                f"tokens {p.get('tokens')}, shape {p.get('batch_shape')}, forwards {len(p.get('forwards', []))}, "
+                f"alloc {p.get('update_alloc')}, gc in update {sum(e['s'] for e in gc_in):.3f} s "
+                f"(gens {[e['generation'] for e in gc_in]}), plot running {p.get('plot_running_at_update_start')}"
+                f"/{p.get('plot_running_at_update_end')}"
+            )
+
+
 def report(folder: Path) -> None:
     rows = [summarize(p.stem, json.loads(p.read_text())) for p in sorted(folder.glob("*.json"))]
     if not rows:
         raise SystemExit(f"no results in {folder}")
     equal = min(r["wall_total_s"] for r in rows)
-    print(f"{'run':16s} {'s/step':>7s} {'gen s':>6s} {'upd s':>6s} {'gen tok/s':>9s} {'peak GiB':>8s} "
-          f"{'acc before':>10s} {'acc after':>9s} {'acc @' + format(equal, '.0f') + ' s':>10s}")
+    print(
+        f"{'run':16s} {'s/step':>7s} {'gen s':>6s} {'upd s':>6s} {'gen tok/s':>9s} {'peak GiB':>8s} "
+        f"{'acc before':>10s} {'acc after':>9s} {'acc @' + format(equal, '.0f') + ' s':>10s}"
+    )
     for r in rows:
-        print(f"{r['run']:16s} {r['s_per_step']:7.3f} {r['gen_s']:6.3f} {r['update_s']:6.3f} "
-              f"{r['gen_tok_s']:9,.0f} {r['peak_gib']:8.2f} {r['acc_before']:10.4f} {r['acc_after']:9.4f} "
-              f"{accuracy_at(r['curve'], equal):10.4f}")
+        print(
+            f"{r['run']:16s} {r['s_per_step']:7.3f} {r['gen_s']:6.3f} {r['update_s']:6.3f} "
+            f"{r['gen_tok_s']:9,.0f} {r['peak_gib']:8.2f} {r['acc_before']:10.4f} {r['acc_after']:9.4f} "
+            f"{accuracy_at(r['curve'], equal):10.4f}"
+        )
     groups: dict[str, list[dict]] = {}
     for r in rows:
         groups.setdefault(r["run"].rsplit("_", 1)[0], []).append(r)
     print("\nmeans over seeds:")
     for name, rs in groups.items():
+
         def mean(key: str, rs: list[dict] = rs) -> float:
             return statistics.mean(r[key] for r in rs)
 
-        print(f"{name:16s} seeds {len(rs)}  s/step {mean('s_per_step'):.3f}  gen tok/s {mean('gen_tok_s'):,.0f}  "
-              f"acc {mean('acc_before'):.4f} -> {mean('acc_after'):.4f}  "
-              f"acc @ {equal:.0f} s {statistics.mean(accuracy_at(r['curve'], equal) for r in rs):.4f}")
-    if "ours" in groups:
+        print(
+            f"{name:16s} seeds {len(rs)}  s/step {mean('s_per_step'):.3f}  gen tok/s {mean('gen_tok_s'):,.0f}  "
+            f"acc {mean('acc_before'):.4f} -> {mean('acc_after'):.4f}  "
+            f"acc @ {equal:.0f} s {statistics.mean(accuracy_at(r['curve'], equal) for r in rs):.4f}"
+        )
+    for mine in [g for g in groups if g.startswith("ours")]:
         for name, rs in groups.items():
             if name.startswith("trl"):
-                ours = statistics.mean(r["s_per_step"] for r in groups["ours"])
+                ours = statistics.mean(r["s_per_step"] for r in groups[mine])
                 theirs = statistics.mean(r["s_per_step"] for r in rs)
-                g_ours = statistics.mean(r["gen_tok_s"] for r in groups["ours"])
+                g_ours = statistics.mean(r["gen_tok_s"] for r in groups[mine])
                 g_theirs = statistics.mean(r["gen_tok_s"] for r in rs)
-                print(f"ours vs {name}: {theirs / ours:.2f}x faster per step, {g_ours / g_theirs:.2f}x generation tok/s")
+                print(
+                    f"{mine} vs {name}: {theirs / ours:.2f}x faster per step, {g_ours / g_theirs:.2f}x generation tok/s"
+                )
+    slow_updates(folder)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -327,10 +523,36 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--out", default="vs_trl_results")
     ap.add_argument("--report", default=None, help="print the table of the JSONs in this folder and exit")
+    ap.add_argument("--pack", choices=("auto", "true", "false"), default="auto", help="ours' model.pack")
+    ap.add_argument("--pack-max-tokens", type=int, default=None, help="ours' model.pack_max_tokens")
+    ap.add_argument(
+        "--checkpointing",
+        choices=("on", "off"),
+        default=None,
+        help="ours' gradient checkpointing (default: on)",
+    )
+    ap.add_argument("--gc-freeze", action="store_true", help="gc.freeze() after ours' set-up")
+    ap.add_argument(
+        "--expandable-segments", action="store_true", help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+    )
+    ap.add_argument("--no-plot", action="store_true", help="no learning-curve redraw during ours' steps")
     args = ap.parse_args()
     if args.report:
         report(Path(args.report))
         return
+    if args.expandable_segments:  # read when CUDA is first initialised: before importing torch
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    UPDATE.update(
+        pack=args.pack,
+        pack_max_tokens=args.pack_max_tokens,
+        checkpointing=None if args.checkpointing is None else args.checkpointing == "on",
+    )
+    options = {
+        "gc_freeze": args.gc_freeze,
+        "no_plot": args.no_plot,
+        "expandable_segments": args.expandable_segments,
+        **UPDATE,
+    }
     import torch
 
     if not torch.cuda.is_available():
@@ -343,15 +565,20 @@ def main() -> None:
         if name.startswith("trl") and evaluator is None:
             evaluator = make_evaluator()
         if name == "ours":
-            result = run_ours(int(seed), args.steps, args.eval_every, "static")
+            result = run_ours(int(seed), args.steps, args.eval_every, "static", options=options)
+        elif name == "ours_packed":
+            result = run_ours(int(seed), args.steps, args.eval_every, "static", "true", options=options)
         elif name == "ours_dynamic":
-            result = run_ours(int(seed), args.steps, args.eval_every, "dynamic")
+            result = run_ours(int(seed), args.steps, args.eval_every, "dynamic", options=options)
         elif name in ("trl_bf16", "trl_fp32"):
             result = run_trl(int(seed), args.steps, args.eval_every, name == "trl_fp32", evaluator)
         else:
             sys.exit(f"unknown run {name!r}")
         (out / f"{name}_{seed}.json").write_text(json.dumps(result))
-        print(json.dumps({k: v for k, v in summarize(f"{name}_{seed}", result).items() if k != "curve"}), flush=True)
+        print(
+            json.dumps({k: v for k, v in summarize(f"{name}_{seed}", result).items() if k != "curve"}),
+            flush=True,
+        )
     report(out)
 
 

@@ -13,14 +13,16 @@ import torch
 from test_trainer import _group_batch, _sgd_models, _update_batch, traj
 from train_helpers import TINY_LLAMA
 
-from chatgym.trainer.config import AlgoConfig, load_config
+from chatgym.trainer.config import AlgoConfig, ConfigError, load_config
 from chatgym.trainer.learner.batch import collate, pack_chunks, pack_rows
 from chatgym.trainer.learner.forward import (
     ForwardPlan,
+    _packed_attention_mask,
     forward_logprobs,
     forward_logprobs_packed,
     per_token_pass,
     policy_logprobs,
+    resolve_pack,
 )
 from chatgym.trainer.learner.policy import resolve_compute_dtype
 from chatgym.trainer.learner.update import update
@@ -270,7 +272,7 @@ def test_trainer_logs_the_compute_choice_once_and_keeps_auto_in_the_config(capsy
     mixed = " autocast" if expected == "bfloat16" else ""
     assert err == (
         f"chatgym: training compute {expected}{mixed} over float32 weights on cpu ({reason}), "
-        f"{torch.get_num_threads()} torch threads, packed micro-batches\n"
+        f"{torch.get_num_threads()} torch threads, packed micro-batches (<= 512 tokens)\n"
     )
     assert trainer.compute_dtype == expected and trainer.pack
     # The machine's choice is not written back: the saved config still says auto.
@@ -289,3 +291,176 @@ def test_trainer_logs_the_compute_choice_once_and_keeps_auto_in_the_config(capsy
     assert trainer.share_prefix
     trainer.pack = False
     assert not trainer.share_prefix
+
+
+# ------------------------------------------------------------------------------- the model.pack knob
+
+
+@pytest.mark.parametrize(
+    ("pack", "max_tokens", "device", "expected"),
+    [
+        ("auto", None, "cpu", (True, 512)),  # packed on CPU, PACK_MAX_TOKENS
+        ("auto", None, "cuda", (False, 2048)),  # padded on CUDA (until measured), PACK_MAX_TOKENS_CUDA
+        (True, None, "cuda", (True, 2048)),
+        (False, None, "cpu", (False, 512)),
+        (True, 4096, "cpu", (True, 4096)),  # a set size wins on either device
+        ("auto", 300, "cuda", (False, 300)),
+    ],
+)
+def test_resolve_pack_per_device(pack, max_tokens, device, expected):
+    assert resolve_pack(pack, max_tokens, torch.device(device)) == expected
+
+
+@pytest.mark.parametrize(
+    ("override", "pack", "log"),
+    [
+        ([], True, "packed micro-batches (<= 512 tokens)"),  # auto on CPU
+        (["model.pack=auto"], True, "packed micro-batches (<= 512 tokens)"),
+        (["model.pack=true", "model.pack_max_tokens=64"], True, "packed micro-batches (<= 64 tokens)"),
+        (["model.pack=false"], False, "padded micro-batches"),
+    ],
+)
+def test_model_pack_setting_chooses_the_learners_layout(capsys, override, pack, log):
+    from chatgym.trainer.learner.role import Learner
+
+    cfg = load_config(None, ["engine.backend=hf", "engine.dtype=float32", *override])
+    learner = Learner.__new__(Learner)  # only the compute set-up, no models
+    learner.cfg, learner.device = cfg, CPU
+    learner._set_up_compute()
+    assert learner.pack is pack
+    assert capsys.readouterr().err.endswith(f", {log}\n")
+    # Padded under gradient checkpointing drops the shared prompt (it needs the KV cache); packed keeps it.
+    learner.cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, gradient_checkpointing=True))
+    assert learner.share_prefix is pack
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("model.pack=sometimes", r"^model\.pack: must be one of \['auto', True, False\], got 'sometimes'"),
+        ("model.pack=1", r"^model\.pack must be auto, true or false, got 1$"),  # 1 == True, still refused
+        ("model.pack_max_tokens=0", r"^model\.pack_max_tokens must be > 0, got 0$"),
+        ("model.pack_max_tokens=big", r"^model\.pack_max_tokens: .*'big'"),
+    ],
+)
+def test_bad_pack_settings_fail_at_config_load(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [override])
+
+
+def test_pack_max_tokens_reaches_the_update(tiny_model):
+    # _group_batch's row lengths are 9, 6, 8, 9, 12, 6 (prompts 4/4/4/6/6/3 + answers 5/2/4/3/6/3).
+    # One micro-batch of all 6 rows, no sharing, longest first: 12, 9, 9, 8, 6, 6. Packs of <= 12
+    # tokens: [12], [9] (9+9 > 12), [9], [8] (8+6 > 12), [6, 6] -> 5 forwards of 12, 9, 9, 8, 12
+    # tokens; <= 1024: one forward of all 50.
+    batch = group_batch_with_engine_logprobs(tiny_model)
+    assert batch.lengths.tolist() == [9, 6, 8, 9, 12, 6]
+    calls = []
+    for max_tokens in (12, 1024):
+        model = copy.deepcopy(tiny_model)
+        hook = model.model.register_forward_hook(
+            lambda m, a, kw, out: calls.append(kw["input_ids"].shape[1]), with_kwargs=True
+        )
+        update(
+            _sgd_models(model, 0.1),
+            batch,
+            AlgoConfig(tis_cap=2.0),
+            ForwardPlan(micro_batch_size=6, device=CPU, pack=True, pack_max_tokens=max_tokens),
+            max_grad_norm=None,
+            generator=torch.Generator().manual_seed(0),
+        )
+        hook.remove()
+    assert calls == [12, 9, 9, 8, 12, 50]
+
+
+def test_packed_update_under_gradient_checkpointing_matches_padded(tiny_model):
+    # Gradient checkpointing recomputes each layer's forward in the backward pass with the same inputs
+    # (the 4D mask and position ids included), so the gradient is the padded one up to rounding.
+    # share_prefix stays on with packing (no KV cache needed), as the Learner sets it.
+    algo = AlgoConfig(tis_cap=2.0, entropy_coef=0.01)
+    results = []
+    for pack, checkpointing in ((False, False), (True, True)):
+        model = copy.deepcopy(tiny_model)
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            assert model.model.gradient_checkpointing
+        update(
+            _sgd_models(model, 0.1),
+            group_batch_with_engine_logprobs(tiny_model),
+            algo,
+            ForwardPlan(micro_batch_size=3, device=CPU, share_prefix=pack, pack=pack),
+            max_grad_norm=None,
+            generator=torch.Generator().manual_seed(0),
+        )
+        results.append(flat(model))
+    assert (results[0] - flat(tiny_model)).abs().max() > 1e-4
+    torch.testing.assert_close(results[1], results[0], rtol=0, atol=1e-6)
+
+
+def test_eager_packed_mask_is_finite_in_bf16(tiny_model):
+    # Regression: the eager mask was float32 with float32's min, which is -inf once cast to bf16
+    # (3.40e38 is above bf16's largest finite 3.39e38); it is now built in the model's dtype.
+    assert torch.tensor(torch.finfo(torch.float32).min).to(torch.bfloat16).isinf()
+    eager = copy.deepcopy(tiny_model).to(torch.bfloat16)
+    eager.config._attn_implementation = "eager"
+    allowed = pack_rows(_update_batch()).attention_mask()
+    mask = _packed_attention_mask(eager, allowed)
+    assert mask.dtype == torch.bfloat16 and bool(mask.isfinite().all())
+    assert mask[allowed].eq(0).all() and mask[~allowed].eq(torch.finfo(torch.bfloat16).min).all()
+    assert _packed_attention_mask(tiny_model, allowed) is allowed  # SDPA takes the bool mask as is
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_packed_logprobs_equal_padded_on_cuda(tiny_model):
+    cuda = torch.device("cuda")
+    model = copy.deepcopy(tiny_model).to(cuda)
+    batch = _group_batch().to(cuda)
+    mask = batch.loss_mask
+    group = batch.select([0, 1, 2])  # shares a 4-token prompt
+    g_mask = group.loss_mask
+    width = group.input_ids.shape[1]
+    with torch.no_grad():
+        padded, _ = forward_logprobs(model, batch, with_entropy=False)
+        packed, _ = forward_logprobs_packed(model, batch, with_entropy=False, max_tokens=2048)
+        shared, _ = forward_logprobs_packed(model, group, 4, with_entropy=False)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            padded16, _ = forward_logprobs(model, batch, with_entropy=False)
+            packed16, _ = forward_logprobs_packed(model, batch, with_entropy=False, max_tokens=2048)
+            shared16, _ = forward_logprobs_packed(model, group, 4, with_entropy=False)
+    # fp32 (TF32 off, torch's default for matmuls): the same products in another order.
+    torch.testing.assert_close(packed[mask], padded[mask], rtol=0, atol=1e-4)
+    torch.testing.assert_close(shared[g_mask], padded[:3, :width][g_mask], rtol=0, atol=1e-4)
+    # bf16 autocast: both layouts round differently; the packed one must be no further from the fp32
+    # logprobs than twice the padded one's own bf16 error, + 0.02 (bf16 logits of size ~1 are rounded
+    # by ~0.004 each, so two layouts' errors may differ by about that much several times over).
+    err_padded = float((padded16 - padded)[mask].abs().max())
+    err_packed = float((packed16 - padded)[mask].abs().max())
+    err_shared = float((shared16 - padded[:3, :width])[g_mask].abs().max())
+    assert err_padded < 0.1, err_padded  # bf16 keeps ~3 significant digits of logprobs ~ -10.8
+    assert err_packed <= 2 * err_padded + 0.02, (err_packed, err_padded)
+    assert err_shared <= 2 * err_padded + 0.02, (err_shared, err_padded)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_packed_update_on_cuda_with_checkpointing_matches_padded(tiny_model):
+    # fp32 on CUDA, plain SGD: packed + shared prompt + gradient checkpointing vs padded, same step.
+    cuda = torch.device("cuda")
+    algo = AlgoConfig(tis_cap=2.0)
+    results = []
+    for pack in (False, True):
+        model = copy.deepcopy(tiny_model).to(cuda)
+        if pack:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        update(
+            _sgd_models(model, 0.1),
+            group_batch_with_engine_logprobs(tiny_model),
+            algo,
+            ForwardPlan(micro_batch_size=3, device=cuda, share_prefix=pack, pack=pack, pack_max_tokens=2048),
+            max_grad_norm=None,
+            generator=torch.Generator().manual_seed(0),
+        )
+        results.append(flat(model).cpu())
+    assert (results[0] - flat(tiny_model)).abs().max() > 1e-4
+    torch.testing.assert_close(results[1], results[0], rtol=0, atol=1e-5)

@@ -70,6 +70,14 @@ class ModelConfig:
             otherwise the weights' dtype. ``auto`` is resolved when the trainer is built and logged,
             never written back into the saved config (it depends on the machine) — see
             :func:`chatgym.trainer.learner.policy.resolve_compute_dtype`.
+        pack: the update's micro-batch layout. ``true``: each micro-batch's rows end to end in one
+            sequence, no padding (position ids restart per row, a block-diagonal mask, a GRPO group's
+            prompt once); ``false``: right-padded rows. ``auto``: packed on CPU, padded on CUDA (see
+            :func:`chatgym.trainer.learner.forward.resolve_pack`). Both give the same logprobs up to
+            float rounding.
+        pack_max_tokens: tokens per packed forward at most (the block-diagonal mask is a dense (N, N)
+            attention, so longer packs spend more on masked-out scores); None: 512 on CPU, 2048 on CUDA
+            (:func:`chatgym.trainer.learner.forward.resolve_pack`).
     """
 
     path: str = "smollm2"
@@ -80,6 +88,14 @@ class ModelConfig:
     random_init: bool = False
     config_overrides: dict[str, Any] = field(default_factory=dict)
     value_head: bool = False
+    pack: Literal["auto", True, False] = "auto"
+    pack_max_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        # Literal[True, False] also admits 1 and 0 (1 == True): only the words are meant.
+        if not (self.pack == "auto" or isinstance(self.pack, bool)):
+            raise ValueError(f"model.pack must be auto, true or false, got {self.pack!r}")
+        _positive("model", pack_max_tokens=self.pack_max_tokens)
 
 
 @dataclass(frozen=True)
@@ -330,7 +346,7 @@ class TrainConfig:
         micro_batch_size: trajectories per forward/backward (gradients are accumulated).
         share_prompt_prefix: forward a group's common prompt once for all its samples (exact; about
             G times fewer prompt tokens; on CUDA off under gradient checkpointing, which drops the KV
-            cache the padded layout uses — the packed CPU layout needs none).
+            cache the padded layout uses — the packed layout, ``model.pack``, needs none).
         seed: seeds torch, task sampling and the engine's sampling.
         output_dir: where metrics, curves, traces and checkpoints go.
         save_every: checkpoint every N steps (0: only at the end); keep_checkpoints: how many kept.

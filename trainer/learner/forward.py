@@ -29,6 +29,7 @@ class ForwardPlan:
         device: where the micro-batches are moved.
         share_prefix: forward a GRPO group's common prompt once (:func:`forward_logprobs_shared`).
         pack: forward each micro-batch packed without padding (:func:`forward_logprobs_packed`).
+        pack_max_tokens: tokens per packed forward at most (see :func:`resolve_pack`).
         autocast: returns a fresh mixed-precision context per forward (no-op by default).
         data_parallel: None (one learner), or this rank's share of a data-parallel update: an object
             with ``assign(mini, micro_batches)``, ``reduce_gradients(model)`` and ``reduce_metrics``
@@ -39,6 +40,7 @@ class ForwardPlan:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     share_prefix: bool = False
     pack: bool = False
+    pack_max_tokens: int = 512  # PACK_MAX_TOKENS
     autocast: Callable[[], Any] = contextlib.nullcontext
     data_parallel: Any = None
 
@@ -103,16 +105,39 @@ def forward_logprobs_shared(
 # cores of a Xeon (fp32): 169 tokens/s in packs of 348 tokens, 157 at 696, 118 at 1392. 512 holds a
 # main-job group (a 57-token prompt + 8 answers of <= 64 tokens, ~300 tokens) in one pack.
 PACK_MAX_TOKENS = 512
+# On CUDA a forward is launch-bound well past 512 tokens for a small model, so fewer, longer packs
+# win until the masked-out attention costs as much as the rest: for SmolLM2-135M (30 layers, hidden
+# 576) the dense (N, N) scores cost 4*576*N flops per token per layer against ~7M for the linear
+# layers, i.e. as much at N ~ 3000. 2048 holds a vs-TRL group (a ~60-token prompt + 8 answers of
+# <= 128 tokens, <= 1100 tokens) in one pack; benchmarks/train_step_gpu.py sweeps the size.
+PACK_MAX_TOKENS_CUDA = 2048
+
+
+def resolve_pack(pack: bool | str, max_tokens: int | None, device: torch.device) -> tuple[bool, int]:
+    """``model.pack`` and ``model.pack_max_tokens`` for the training ``device``: ``(pack, max_tokens)``.
+
+    ``pack`` ``auto`` is packed on CPU (the layout benchmarks/train_step_cpu.py measured fastest there)
+    and padded on CUDA until benchmarks/train_step_gpu.py has measured it on the H200; ``max_tokens``
+    None is :data:`PACK_MAX_TOKENS` on CPU, :data:`PACK_MAX_TOKENS_CUDA` on CUDA."""
+    if pack == "auto":
+        pack = device.type == "cpu"  # the one line to change when packed wins on CUDA too
+    default = PACK_MAX_TOKENS if device.type == "cpu" else PACK_MAX_TOKENS_CUDA
+    return bool(pack), int(max_tokens or default)
 
 
 def _packed_attention_mask(model: Any, allowed: torch.Tensor) -> torch.Tensor:
     """The 4D mask in the form the model's attention takes it: bool for SDPA (True = attend), an
-    additive float mask (0 / dtype min) for eager attention."""
+    additive mask (0 / the dtype's min) in the model's dtype for eager attention — float32's min cast
+    to bfloat16 would round to -inf (it is above bf16's largest finite value), as transformers' own
+    masks avoid by taking ``finfo(model dtype).min``."""
     impl = getattr(getattr(model, "config", None), "_attn_implementation", "sdpa")
     if impl == "sdpa":
         return allowed
-    return torch.zeros(allowed.shape, dtype=torch.float32, device=allowed.device).masked_fill(
-        ~allowed, torch.finfo(torch.float32).min
+    dtype = getattr(model, "dtype", torch.float32)
+    if not dtype.is_floating_point:
+        dtype = torch.float32
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
+        ~allowed, torch.finfo(dtype).min
     )
 
 
@@ -221,12 +246,18 @@ def policy_logprobs(
     with_entropy: bool,
     entropy_grad: bool = False,
     pack: bool = False,
+    pack_max_tokens: int = PACK_MAX_TOKENS,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`forward_logprobs_packed` with ``pack``, else :func:`forward_logprobs_shared` when
-    ``prefix_len`` > 0, else :func:`forward_logprobs`."""
+    """:func:`forward_logprobs_packed` with ``pack`` (packs of <= ``pack_max_tokens``), else
+    :func:`forward_logprobs_shared` when ``prefix_len`` > 0, else :func:`forward_logprobs`."""
     if pack:
         return forward_logprobs_packed(
-            model, mb, prefix_len, with_entropy=with_entropy, entropy_grad=entropy_grad
+            model,
+            mb,
+            prefix_len,
+            with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
+            max_tokens=pack_max_tokens,
         )
     if prefix_len:
         return forward_logprobs_shared(
@@ -241,7 +272,14 @@ def batch_logprobs(model: Any, batch: TokenBatch, plan: ForwardPlan) -> torch.Te
 
     def fn(mb: TokenBatch, prefix_len: int) -> torch.Tensor:
         with plan.autocast():
-            return policy_logprobs(model, mb, prefix_len, with_entropy=False, pack=plan.pack)[0]
+            return policy_logprobs(
+                model,
+                mb,
+                prefix_len,
+                with_entropy=False,
+                pack=plan.pack,
+                pack_max_tokens=plan.pack_max_tokens,
+            )[0]
 
     return per_token_pass(fn, batch, plan.micro_batch_size, plan.device, plan.share_prefix)
 

@@ -23,7 +23,7 @@ import torch
 
 from ..rollout.types import Trajectory
 from .checkpoint import load_trainer_state, save_checkpoint, set_rng_state
-from .forward import ForwardPlan
+from .forward import ForwardPlan, resolve_pack
 from .optim import build_optimizer
 from .policy import (
     autocast_context,
@@ -68,6 +68,7 @@ class Learner:
             device=self.device,
             share_prefix=self.share_prefix,
             pack=self.pack,
+            pack_max_tokens=self.pack_max_tokens,
             autocast=self._autocast,
         )
         self.policy = self._load_policy(ckpt)
@@ -184,21 +185,28 @@ class Learner:
         - ``compute_dtype``: :func:`~chatgym.trainer.learner.policy.resolve_compute_dtype` (bf16 autocast on
           CUDA and native-bf16 CPUs, fp32 on AVX2-only CPUs); used by the update and by the reference
           and old-logprob passes.
-        - ``pack``: on CPU each micro-batch is forwarded packed, without padding
-          (:func:`~chatgym.trainer.learner.forward.forward_logprobs_packed`); CUDA keeps padded batches.
+        - ``pack``, ``pack_max_tokens``: ``model.pack`` / ``model.pack_max_tokens`` for the device
+          (:func:`~chatgym.trainer.learner.forward.resolve_pack`; ``auto``: packed micro-batches
+          without padding on CPU, :func:`~chatgym.trainer.learner.forward.forward_logprobs_packed`,
+          padded on CUDA).
         - torch threads on CPU: set here once to the cores this process may use.
         """
         model = self.cfg.model
         self.compute_dtype, reason = resolve_compute_dtype(model.compute_dtype, model.dtype, self.device)
-        self.pack = self.device.type == "cpu"
+        self.pack, self.pack_max_tokens = resolve_pack(model.pack, model.pack_max_tokens, self.device)
         threads = ""
         if self.device.type == "cpu":
             torch.set_num_threads(cpu_threads())
             threads = f", {torch.get_num_threads()} torch threads"
         mixed = " autocast" if self.compute_dtype != model.dtype else ""
+        layout = (
+            f"packed micro-batches (<= {self.pack_max_tokens} tokens)"
+            if self.pack
+            else "padded micro-batches"
+        )
         print(
             f"chatgym: training compute {self.compute_dtype}{mixed} over {model.dtype} weights on "
-            f"{self.device} ({reason}){threads}, {'packed' if self.pack else 'padded'} micro-batches",
+            f"{self.device} ({reason}){threads}, {layout}",
             file=sys.stderr,
         )
 

@@ -121,6 +121,7 @@ def update(
                         with_entropy=True,
                         entropy_grad=algo.entropy_coef > 0,
                         pack=plan.pack,
+                        pack_max_tokens=plan.pack_max_tokens,
                     )
                 if not active:  # a lockstep pass of sharded learners: same collectives, adds nothing
                     mask = torch.zeros_like(mask)
