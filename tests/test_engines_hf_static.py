@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from chatgym.trainer.engines import SamplingParams
+from chatgym.trainer.engines import SamplingParams, hf_sampling
 from chatgym.trainer.engines.hf import TransformersEngine
 from chatgym.trainer.engines.hf_static import StaticSlots, supports
 from chatgym.trainer.models import random_model
@@ -165,3 +165,109 @@ async def test_cuda_graphs_match_eager_and_survive_weight_updates(tokenizer):
     after = await run(graphs)
     assert after == [greedy_reference(other, p, 12)[0] for p in prompts]
     assert graphs._slots.graphs_captured == captured
+
+
+# ---- the step's host side: batched draws, one read-back, cheaper row moves (issue 15) ---------------
+
+
+def _plan(params, seeds, shared):
+    """A sampling plan over fresh generators (``seeds[r]`` None: the shared one), and the generators."""
+    gens = [shared if s is None else torch.Generator().manual_seed(s) for s in seeds]
+    return hf_sampling.build_plan(params, gens, shared, VOCAB, "cpu")
+
+
+VOCAB = 500
+
+
+def test_batched_draws_are_the_per_row_multinomial_draws():
+    # Rows: seeded at T=1, seeded at T=0.7, greedy, seeded with top-k 20 + top-p 0.9, two on the shared
+    # generator. Five steps, so each generator's state must advance exactly as multinomial advances it.
+    params = [SamplingParams(seed=1), SamplingParams(temperature=0.7, seed=2), SamplingParams(temperature=0),
+              SamplingParams(top_k=20, top_p=0.9, seed=4), SamplingParams(), SamplingParams(temperature=1.3)]
+    seeds = [11, 12, None, 14, None, None]
+    logits = torch.randn(5, len(params), VOCAB, generator=torch.Generator().manual_seed(0)) * 3
+    batched = _plan(params, seeds, torch.Generator().manual_seed(99))
+    per_row = _plan(params, seeds, torch.Generator().manual_seed(99))
+    # Independent reference for the unfiltered seeded rows: torch.multinomial itself, row by row.
+    ref_gens = {0: torch.Generator().manual_seed(11), 1: torch.Generator().manual_seed(12)}
+    for step in range(5):
+        ids, invalid = hf_sampling.sample(logits[step], batched)
+        old, _ = hf_sampling.sample(logits[step], per_row, per_row=True)
+        assert ids.tolist() == old.tolist()
+        assert invalid.tolist() == [False] * 5  # one flag per sampled row (the greedy row is not one)
+        for r, temperature in ((0, 1.0), (1, 0.7)):
+            probs = torch.softmax(logits[step, r] / torch.tensor(temperature), -1)
+            assert int(ids[r]) == int(torch.multinomial(probs, 1, generator=ref_gens[r]))
+        assert int(ids[2]) == int(logits[step, 2].argmax())
+        # top-k 20: the drawn id is among the row's 20 largest logits.
+        assert int(ids[3]) in logits[step, 3].topk(20).indices.tolist()
+
+
+def test_a_nan_row_is_flagged_and_the_engine_says_so(model, tokenizer):
+    logits = torch.zeros(3, VOCAB)
+    logits[1, 7] = float("nan")
+    plan = _plan([SamplingParams(seed=1)] * 3, [1, 2, 3], torch.Generator())
+    _, invalid = hf_sampling.sample(logits, plan)
+    assert invalid.tolist() == [False, True, False]
+    engine = TransformersEngine(model, tokenizer, decode="static")
+    with pytest.raises(RuntimeError, match="not a distribution"):
+        engine._sample(logits, [SamplingParams(seed=1)] * 3, [torch.Generator()] * 3)
+
+
+def test_one_read_back_gives_the_values_of_separate_tolist_calls():
+    ids = torch.tensor([0, 49151, 123456789])
+    logprobs = torch.tensor([-0.1234567, -17.5, -1e-8], dtype=torch.float32)
+    got = hf_sampling.to_host(ids, logprobs, torch.tensor([False, True]))
+    assert got == (ids.tolist(), logprobs.tolist(), [1])
+    assert hf_sampling.to_host(ids, logprobs, None)[2] == []
+
+
+def test_rows_leaving_from_the_front_move_only_what_they_wrote(model):
+    # Four rows; row 0 leaves after 2 steps (rows 1..3 move down one slot), then the new row 0
+    # (prompt "b") leaves after 2 more (two rows move again). Every row must still be its own greedy
+    # continuation, and the freed slots' positions are reset.
+    prompts = [[1, 5, 9], [7, 8, 2, 2, 2, 2, 2, 2, 2], list(range(11, 40)), [300, 301]]
+    slots = StaticSlots(model, max_rows=4, max_len=96, use_graphs=False)
+    got: list[list[int]] = [[] for _ in prompts]
+    running = [0, 1, 2, 3]
+    with torch.inference_mode():
+        logits = slots.admit(prompts, pad_id=0)
+        for step in range(6):
+            tokens = logits.float().argmax(-1)
+            for r, name in enumerate(running):
+                got[name].append(int(tokens[r]))
+            slots.set_tokens(tokens)
+            if step in (1, 3):
+                slots.select(list(range(1, len(running))))
+                running = running[1:]
+            logits = slots.decode()
+    assert running == [2, 3] and slots.rows == 2
+    assert slots.pos.tolist() == [29 + 6, 2 + 6, 0, 0]
+    for name, prompt in enumerate(prompts):
+        assert got[name] == greedy_reference(model, prompt, len(got[name]))[0]
+    assert [len(g) for g in got] == [2, 4, 6, 6]
+
+
+async def test_engine_batched_draws_equal_the_per_row_draws(model, tokenizer):
+    # Seeded sampling at temperature 1 with staggered joins and leaves: the ids are the per-row
+    # multinomial draws' (the code before issue 15), the logprobs those of the same forward passes.
+    prompts = [[1, 5, 9, 200, 3], [7, 8], list(range(11, 40)), [300, 301, 302]]
+
+    async def run(per_row: bool):
+        engine = TransformersEngine(model, tokenizer, decode="static", max_model_len=64, eos_token_ids=[-1])
+        engine._per_row_draws = per_row
+
+        async def late(i: int):
+            await asyncio.sleep(0.02 * i)
+            return await engine.generate(prompts[i], SamplingParams(max_tokens=5 + 3 * i, seed=20 + i))
+
+        try:
+            return list(await asyncio.gather(*(late(i) for i in range(len(prompts)))))
+        finally:
+            await engine.close()
+
+    new, old = await run(False), await run(True)
+    assert [len(o.token_ids) for o in new] == [5, 8, 11, 14]
+    for a, b in zip(new, old, strict=True):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < ATOL

@@ -41,7 +41,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import hf_batch
+from . import hf_batch, hf_sampling
 from .base import Completion, SamplingParams
 from .common import (
     StopStringChecker,
@@ -184,6 +184,11 @@ class TransformersEngine:
         self._can_join: bool | None = None  # known after the first prefill (see hf_batch.can_join)
         self.decode = self._choose_decode(decode)
         self._slots: Any = None  # hf_static.StaticSlots, made by the worker on first use
+        self._plan: tuple[list[_Row], Any] = ([], None)  # the running rows' hf_sampling plan
+        # True: the sampling of the code before issue 15 (one torch.multinomial per seeded row, two
+        # device syncs each; tensors made every step; two reads back; same ids) — for before/after
+        # benchmarks and the test that the draws are equal.
+        self._per_row_draws = False
         self.batches_run = 0
         self.rows_run = 0
         self.decode_steps = 0
@@ -392,13 +397,43 @@ class TransformersEngine:
 
     def _take_tokens(self, rows: list[_Row], parts: list[Any]) -> tuple[Any, list[int]]:
         """Sample one id per row from the step's logits (``parts``, row order); record it and its raw
-        logprob; returns the ids ``(rows,)`` and the indices of the rows still running."""
+        logprob; returns the ids ``(rows,)`` (on the device) and the indices of the rows still running.
+
+        The step reads back from the device once (ids, logprobs and the sampler's validity flags in one
+        copy, :func:`.hf_sampling.to_host`); nothing else in the step waits for the device.
+        """
         import torch
 
         logits = (parts[0] if len(parts) == 1 else torch.cat(parts)).float()
-        tokens = self._sample(logits, [r.request.params for r in rows], [r.generator for r in rows])
+        plan = self._plan_for(rows)
+        tokens, invalid = hf_sampling.sample(logits, plan, per_row=self._per_row_draws)
         logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
-        return tokens, self._record(rows, tokens.tolist(), logprobs.tolist())
+        if self._per_row_draws:  # the earlier code: two reads back (and multinomial's own checks)
+            ids, lps, bad = tokens.tolist(), logprobs.tolist(), []
+        else:
+            ids, lps, bad = hf_sampling.to_host(tokens, logprobs, invalid)
+        if bad:
+            raise RuntimeError(
+                f"sampling: the next-token probabilities of {len(bad)} row(s) are not a distribution "
+                "(nan/inf logits)"
+            )
+        return tokens, self._record(rows, ids, lps)
+
+    def _plan_for(self, rows: list[_Row]) -> hf_sampling.SamplingPlan:
+        """The rows' sampling plan, rebuilt only when the running rows changed (joined or left)."""
+        cached_rows, plan = self._plan
+        if (
+            self._per_row_draws  # the earlier code built its tensors every step; kept for comparisons
+            or plan is None
+            or len(cached_rows) != len(rows)
+            or any(a is not b for a, b in zip(cached_rows, rows, strict=True))
+        ):
+            plan = hf_sampling.build_plan(
+                [r.request.params for r in rows], [r.generator for r in rows], self._generator,
+                self.vocab_size, self.device, legacy=self._per_row_draws,
+            )
+            self._plan = (list(rows), plan)  # holds the rows: their identity is the cache key
+        return plan
 
     def _record(self, rows: list[_Row], tokens: list[int], logprobs: list[float]) -> list[int]:
         """Append each row's new token; answer the rows that finished; returns the indices still running."""
@@ -494,40 +529,19 @@ class TransformersEngine:
         )
 
     def _sample(self, logits: Any, params: list[SamplingParams], generators: list[Any]) -> Any:
-        """One id per row: argmax for temperature 0, else temperature → top-k → top-p → multinomial.
+        """One id per row: argmax for temperature 0, else temperature → top-k → top-p → multinomial
+        (:func:`.hf_sampling.sample`; rows with their own ``seed`` draw from their own generator, so
+        their draws do not depend on the rest of the batch).
 
-        Filtering is batched over the sampling rows; rows drawing from the engine's shared generator
-        are sampled in one ``multinomial`` call, rows with their own ``seed`` one by one (so their
-        draws do not depend on the rest of the batch).
+        Raises:
+            RuntimeError: a sampled row's probabilities are not a distribution (nan/inf logits).
         """
-        import torch
-
-        tokens = logits.argmax(dim=-1)
-        rows = [r for r, sp in enumerate(params) if sp.temperature > 0]
-        if not rows:
-            return tokens
-        device, vocab = logits.device, logits.shape[-1]
-        x = logits[rows] / torch.tensor([params[r].temperature for r in rows], device=device)[:, None]
-        top_k = [params[r].top_k if 0 < params[r].top_k < vocab else vocab for r in rows]
-        top_p = [params[r].top_p for r in rows]
-        if min(top_k) < vocab or min(top_p) < 1.0:
-            sorted_x, order = torch.sort(x, dim=-1, descending=True)
-            ranks = torch.arange(vocab, device=device)[None, :]
-            drop = ranks >= torch.tensor(top_k, device=device)[:, None]
-            probs = torch.softmax(sorted_x.masked_fill(drop, float("-inf")), dim=-1)
-            # Top-p drops a token when the tokens ranked above it already hold top_p of the mass: the
-            # kept set is the smallest prefix reaching top_p (the top token is always kept).
-            drop |= (probs.cumsum(-1) - probs) >= torch.tensor(top_p, device=device)[:, None]
-            x = x.scatter(1, order, sorted_x.masked_fill(drop, float("-inf")))
-        probs = torch.softmax(x, dim=-1)
-        shared = [i for i, r in enumerate(rows) if generators[r] is self._generator]
-        if shared:
-            drawn = torch.multinomial(probs[shared], 1, generator=self._generator)[:, 0]
-            tokens[torch.tensor([rows[i] for i in shared], device=device)] = drawn
-        own = [(i, r) for i, r in enumerate(rows) if generators[r] is not self._generator]
-        if own:  # one draw per seeded row, written back with one indexing op (fewer GPU launches)
-            draws = [torch.multinomial(probs[i], 1, generator=generators[r]) for i, r in own]
-            tokens[torch.tensor([r for _, r in own], device=device)] = torch.cat(draws)
+        plan = hf_sampling.build_plan(
+            params, generators, self._generator, logits.shape[-1], logits.device, legacy=self._per_row_draws
+        )
+        tokens, invalid = hf_sampling.sample(logits, plan, per_row=self._per_row_draws)
+        if invalid is not None and bool(invalid.any()):
+            raise RuntimeError("sampling: next-token probabilities that are not a distribution (nan/inf logits)")
         return tokens
 
 

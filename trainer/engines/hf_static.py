@@ -12,8 +12,9 @@ head_dim)``, and writes each token's keys/values at the column equal to its posi
 * a decode step feeds every running row its last token at position ``pos[r]``, writes its keys/values
   at column ``pos[r]`` (one ``index_put_`` per layer) and attends to columns ``<= pos[r]`` (a boolean
   mask); nothing changes shape, so the step can be captured;
-* finished rows leave and the rest are moved down to keep slots ``0 .. m-1`` in use (one gather per
-  layer), so a step over ``m`` rows runs the graph of the smallest bucket ``>= m``.
+* finished rows leave and the rows after them are moved down to keep slots ``0 .. m-1`` in use (one
+  gather over all layers' keys and values, only the columns written), so a step over ``m`` rows runs
+  the graph of the smallest bucket ``>= m``.
 
 Graphs are captured lazily, one per (row bucket, column bucket): rows in powers of two up to
 ``max_rows``, columns in powers of two (>= 64) up to ``max_len``, so attention reads only the columns
@@ -112,8 +113,12 @@ class StaticSlots:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         shape = (self.max_rows, config.num_key_value_heads, self.max_len, head_dim)
         layers = len(model.model.layers)
-        keys = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(layers)]
-        values = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(layers)]
+        # Every layer's keys and values are views of ONE tensor (k/v, layer, slot, head, column, dim),
+        # so moving rows between slots is one gather and one write for the whole cache, not two per
+        # layer; each view has the layout a per-layer tensor would have.
+        self.kv = torch.zeros((2, layers, *shape), dtype=self.dtype, device=self.device)
+        keys = [self.kv[0, i] for i in range(layers)]
+        values = [self.kv[1, i] for i in range(layers)]
         long = dict(dtype=torch.long, device=self.device)
         self.tokens = torch.zeros(self.max_rows, **long)  # each row's last sampled id
         self.pos = torch.zeros(self.max_rows, **long)  # its position = the column it is written to
@@ -146,7 +151,10 @@ class StaticSlots:
         for i, p in enumerate(prompts):  # right-padded: real tokens at columns 0 .. len-1
             ids[i, : len(p)] = torch.tensor(p)
             attention[i, : len(p)] = 1
-        ids, attention = ids.to(self.device), attention.to(self.device)
+        if self.device.type == "cuda":  # queued, not waited for (see hf_sampling.device_tensor)
+            ids, attention = (t.pin_memory().to(self.device, non_blocking=True) for t in (ids, attention))
+        else:
+            ids, attention = ids.to(self.device), attention.to(self.device)
         lengths = attention.sum(-1)
         from transformers import DynamicCache
 
@@ -204,17 +212,24 @@ class StaticSlots:
         return logits
 
     def select(self, keep: list[int]) -> None:
-        """Keep rows ``keep`` (in that order) as rows ``0 .. len(keep)-1``; free the other slots."""
-        import torch
+        """Keep rows ``keep`` (ascending, the engine's order) as rows ``0 .. len(keep)-1``; free the
+        other slots.
+
+        Only rows whose slot changes are moved, and only the columns they have written (a row at
+        position ``p`` has keys/values in columns ``0 .. p-1``; the rest of its new slot is masked
+        until it writes there), in one gather over every layer's keys and values.
+        """
+        from .hf_sampling import device_tensor
 
         m = len(keep)
-        if keep != list(range(m)):
-            index = torch.tensor(keep, device=self.device)
-            for keys, values in zip(self.cache.keys, self.cache.values, strict=True):
-                keys[:m] = keys[index]
-                values[:m] = values[index]
-            self.tokens[:m] = self.tokens[index]
-            self.pos[:m] = self.pos[index]
+        moved = [(d, s) for d, s in enumerate(keep) if d != s]
+        if moved:
+            dst = device_tensor([d for d, _ in moved], self.device)
+            src = device_tensor([s for _, s in moved], self.device)
+            top = max(self._pos_host[s] for _, s in moved)
+            self.kv[:, :, dst, :, :top] = self.kv[:, :, src, :, :top]
+            self.tokens[dst] = self.tokens[src]
+            self.pos[dst] = self.pos[src]
         self._pos_host = [self._pos_host[r] for r in keep]
         # Freed slots still run inside a bucket's graph: position 0 keeps their writes in bounds.
         self.pos[m : self.rows] = 0
