@@ -22,6 +22,7 @@ CPU_CONFIGS = [c for c in CONFIGS if "cpu" in c]
 
 sys.path.insert(0, str(RECIPES))
 import plot_recipe  # noqa: E402
+import sft_warmup  # noqa: E402
 
 
 def test_the_recipes_are_there():
@@ -161,8 +162,8 @@ def test_search_recipe_one_step_with_an_oracle_searcher(tmp_path, tok, mode):
         return f"<answer>{answers[question]}</answer>"
 
     summary = tiny_run(tmp_path, f"search_r1/{mode}_cpu.yaml", tok, script)
-    # EM 1 + search_bonus 0.2 (a search that returned passages, a tagged answer) in every episode.
-    assert summary["first_step"]["reward/mean"] == pytest.approx(1.2)
+    # EM 1 in every episode; the reward is EM alone (search_bonus 0 after the SFT cold start).
+    assert summary["first_step"]["reward/mean"] == 1.0
     assert summary["first_step"]["reward/accuracy"] == 1.0
     data = plot_recipe.main([str(tmp_path)])
     [train] = data["train"]
@@ -174,21 +175,18 @@ def test_search_recipe_one_step_with_an_oracle_searcher(tmp_path, tok, mode):
 
 def test_retool_sft_traces_train_only_the_assistant_turns(tok):
     pytest.importorskip("reasoning_gym")
-    import gymnasium as gym
-
-    sys.path.insert(0, str(RECIPES / "retool"))
-    import sft_warmup
 
     cfg = load_config(RECIPES / "retool/cpu.yaml")
-    kwargs = {k: v for k, v in cfg.env.kwargs.items() if k != "demo"}
-    env = gym.make(cfg.env.id, split="train", **kwargs).unwrapped
+    env = sft_warmup.make_env("retool", cfg)
     try:
-        messages = sft_warmup.scripted_episode(env, 4000)
+        episode = sft_warmup.retool_episode(env, 4000)
+        messages = episode.messages
         task = env.tasks[4000]
         ids, mask = sft_warmup.assistant_mask(tok, messages, env.tools)
     finally:
         env.close()
     expr, answer = task["metadata"]["expression"], task["answer"]
+    assert (episode.reward, episode.info["success"]) == (1.0, True)  # call_bonus 0: the answer alone
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "assistant"]
     assert messages[3]["content"] == f"status: ok (exit code 0)\nstdout:\n{answer}"
     # Trained: exactly the two assistant turns, each up to its <|im_end|> (where generation stops).
@@ -198,3 +196,83 @@ def test_retool_sft_traces_train_only_the_assistant_turns(tok):
         f"<answer>{answer}</answer><|im_end|>"
     )
     assert tok.decode(ids).endswith(f"<|im_start|>assistant\n<answer>{answer}</answer><|im_end|>\n")
+
+
+@pytest.fixture(scope="module")
+def search_envs():
+    """The search recipe's SFT envs (the CPU configs' kwargs, training split), one per mode."""
+    pytest.importorskip("bm25s")
+    envs = {}
+    try:
+        for mode in ("tags", "tool"):
+            envs[mode] = sft_warmup.make_env("search", load_config(RECIPES / f"search_r1/{mode}_cpu.yaml"))
+            assert len(envs[mode].tasks) == SEARCH_TRAIN_TASKS
+    except (ModuleNotFoundError, FileNotFoundError) as exc:
+        pytest.skip(str(exc))
+    yield envs
+    for env in envs.values():
+        env.close()
+
+
+# Pinned from the data (WikiQA describe+define, seed 0): the training split's size and one task near
+# its end whose question's key phrase retrieves the gold article, and one whose does not.
+SEARCH_TRAIN_TASKS = 13265
+SEARCH_TASK = 13082
+SEARCH_QUESTION = 'What is "Capital of Iraq"?'
+SEARCH_QUERY = "Capital of Iraq"
+SEARCH_TITLE = "Baghdad"
+SEARCH_GOLD_RANK = 2  # BM25 ranks Mosul first; the policy reads both passages
+SEARCH_MISS = 12865  # 'What is "Large, round non-stellar astronomical object"?' (Planet): not in the top 2
+
+
+def test_search_query_is_the_questions_key_phrase():
+    query = sft_warmup.search_query('What is "1968 film by Stanley Kubrick"?')
+    assert query == "1968 film by Stanley Kubrick"
+    assert sft_warmup.search_query("Who was an English naturalist and biologist?") == (
+        "an English naturalist and biologist"
+    )
+    assert sft_warmup.search_query("Which are ?") == "Which are ?"  # nothing left: the question itself
+
+
+@pytest.mark.parametrize("mode", ["tags", "tool"])
+def test_search_sft_episode_is_a_real_successful_episode(tok, search_envs, mode):
+    env = search_envs[mode]
+    task = env.tasks[SEARCH_TASK]
+    assert (task["question"], task["answers"][0]) == (SEARCH_QUESTION, SEARCH_TITLE)
+    ep = sft_warmup.search_episode(env, SEARCH_TASK)
+    assert ep is not None and ep.query == SEARCH_QUERY
+    # The env's own verdict: EM 1, success, reward = EM (search_bonus 0 in the recipe configs).
+    assert (ep.reward, ep.info["success"], ep.info["em"], ep.info["searches"]) == (1.0, True, 1.0, 1)
+    # Real BM25: the gold article is among the 2 retrieved ones, at the pinned rank, and its title line
+    # is in the passages the policy read.
+    assert len(ep.retrieved) == 2 and ep.retrieved[SEARCH_GOLD_RANK - 1] == SEARCH_TITLE
+    assert ep.gold_rank == SEARCH_GOLD_RANK
+    assert f"Doc {SEARCH_GOLD_RANK} (Title: {SEARCH_TITLE}) " in ep.observation
+    assert ep.observation.startswith("<information>Doc 1 (Title: " if mode == "tags" else "Doc 1 (Title: ")
+
+    # The assistant turns as the policy generates them, each closed by <|im_end|> (id 2).
+    if mode == "tags":
+        roles = ["system", "user", "assistant", "user", "assistant"]
+        turns = [f"<search> {SEARCH_QUERY} </search>", f"<answer> {SEARCH_TITLE} </answer>"]
+    else:
+        roles = ["system", "user", "assistant", "tool", "assistant"]
+        call = json.dumps({"name": "search", "arguments": {"query": SEARCH_QUERY}})
+        turns = [f"<tool_call>\n{call}\n</tool_call>", f"<answer>{SEARCH_TITLE}</answer>"]
+    assert [m["role"] for m in ep.messages] == roles
+    ids, mask = sft_warmup.assistant_mask(tok, ep.messages, env.tools)
+    assert len(ids) == len(mask) and set(mask) == {0, 1}
+    # Independent count: each turn's text + <|im_end|> encoded on its own.
+    assert sum(mask) == sum(len(tok.encode(t + "<|im_end|>", add_special_tokens=False)) for t in turns)
+    # ... and the trained tokens are exactly those turns: no system, question or passage token.
+    trained = tok.decode([i for i, m in zip(ids, mask, strict=True) if m])
+    assert trained == "".join(t + "<|im_end|>" for t in turns)
+
+
+@pytest.mark.parametrize("mode", ["tags", "tool"])
+def test_search_sft_skips_an_episode_whose_search_misses(search_envs, mode):
+    env = search_envs[mode]
+    assert sft_warmup.search_episode(env, SEARCH_MISS) is None
+    # collect_episodes scans on from a negative offset (from the end) and fails clearly when the
+    # split runs out: only the last task is left after offset -1.
+    with pytest.raises(ValueError, match="episodes kept from tasks"):
+        sft_warmup.collect_episodes("search", env, 2, offset=-1)

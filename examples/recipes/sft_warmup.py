@@ -1,23 +1,33 @@
-"""Cold-start SFT for the ReTool recipe: teach the model the `python` call format before RL.
+"""Cold-start SFT for the tool recipes: teach the model the tool's format before RL.
 
-    python examples/recipes/retool/sft_warmup.py --out runs/recipes/retool_sft --examples 16 --batch-size 4 --lr 5e-5
+    python examples/recipes/sft_warmup.py --recipe retool --out runs/recipes/retool_sft --examples 16 --batch-size 4 --lr 5e-5
+    python examples/recipes/sft_warmup.py --recipe search --config examples/recipes/search_r1/tags_cpu.yaml \\
+        --out runs/recipes/search_sft_tags --examples 16 --batch-size 4 --lr 5e-5
 
-ReTool (Feng et al. 2025, arXiv:2504.11536, section 3.1) fine-tunes on code-integrated reasoning
-traces before RL, because RL cannot reinforce a tool call the policy never makes. SmolLM2-135M makes
-none on MathPython-v0 (zero-shot or with a worked example in the prompt; see the README), so this
-script writes such traces itself and fine-tunes on them:
+RL cannot reinforce a tool call the policy never makes, and SmolLM2-135M-Instruct makes none on
+either recipe's env (see the recipes' READMEs). ReTool (Feng et al. 2025, arXiv:2504.11536, section
+3.1) fine-tunes on tool-integrated traces before RL; this script writes such traces itself, as real
+episodes of the recipe's env (the env kwargs of ``--config``, its training split), and fine-tunes on
+them:
 
-* each trace is a real MathPython-v0 episode on the recipe's training split (the env kwargs of
-  ``--config``): the scripted policy calls ``python`` with ``print(<the task's expression>)``, the
-  real sandbox answers, and the policy copies the printed value into ``<answer></answer>``;
-* it is rendered with the rollout's chat template and tool schemas (what the policy sees in RL); the
-  loss covers the assistant turns only (each turn's text and its ``<|im_end|>``), never the system,
-  user or tool tokens;
-* AdamW, ``--epochs`` passes over ``--examples`` traces in batches of ``--batch-size``; the model and
-  tokenizer are saved to ``--out`` (a Hugging Face model directory: ``model.path`` of the RL config).
+* ``retool`` (MathPython-v0): the scripted policy calls ``python`` with ``print(<the task's
+  expression>)``, the real sandbox answers, and the policy copies the printed value into
+  ``<answer></answer>``;
+* ``search`` (Search-v0, tags or tool mode as the config says): the scripted policy searches for the
+  question's key phrase (:func:`search_query`: the question without its ``What is`` / ``Who was``
+  opening, quotes and question mark), the real BM25 retriever answers, and the policy answers with
+  the gold article's title when a returned passage carries it (``(Title: <title>)``). An episode where
+  the article was not retrieved, or that the env did not score correct, is skipped: every trace is a
+  real, successful episode.
 
-Tasks come from the end of the training split (``--offset``), away from the first tasks RL samples;
-the held-out test split is never used.
+Each trace is rendered with the rollout's chat template and tool schemas (what the policy sees in
+RL); the loss covers the assistant turns only (each turn's text and its ``<|im_end|>``), never the
+system, user, tool or retrieved tokens. AdamW, ``--epochs`` passes over ``--examples`` traces in
+batches of ``--batch-size``, fp32 on ``--device``; the model and tokenizer are saved to ``--out`` (a
+Hugging Face model directory: ``model.path`` of the RL config), with ``sft_summary.json``.
+
+Tasks are tried in order from ``--offset`` (a negative offset counts from the end of the training
+split) until ``--examples`` episodes are kept; the held-out test split is never used.
 """
 
 from __future__ import annotations
@@ -27,14 +37,34 @@ import asyncio
 import json
 import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 
-def scripted_episode(env: Any, task_index: int) -> list[dict[str, Any]]:
-    """One solved episode of MathPython-v0 (real sandbox); returns the full message history."""
+@dataclass
+class Episode:
+    """One scripted episode: the full message history, the final step's reward and info, the first
+    observation's text (the tool's output / the retrieved passages) and, for ``search``, the query,
+    the rank (1-based) of the gold article among the passages and the retrieved article ids."""
 
-    async def run() -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]]
+    reward: float
+    info: dict[str, Any]
+    observation: str
+    query: str = ""
+    gold_rank: int | None = None
+    retrieved: list[str] | None = None
+
+
+def retool_episode(env: Any, task_index: int) -> Episode:
+    """One solved episode of MathPython-v0 (real sandbox).
+
+    Raises:
+        RuntimeError: the sandbox printed nothing, or the env scored the copied value wrong.
+    """
+
+    async def run() -> Episode:
         await env.areset(options={"task_index": task_index})
         expr = env.task["metadata"]["expression"]
         call = json.dumps({"name": "python", "arguments": {"code": f"print({expr})"}})
@@ -42,12 +72,102 @@ def scripted_episode(env: Any, task_index: int) -> list[dict[str, Any]]:
         value = re.search(r"stdout:\n(\S+)", obs[0]["content"])
         if value is None:
             raise RuntimeError(f"task {task_index}: the sandbox printed nothing: {obs[0]['content']!r}")
-        *_, info = await env.astep(f"<answer>{value.group(1)}</answer>")
+        _, reward, _, _, info = await env.astep(f"<answer>{value.group(1)}</answer>")
         if not info["success"]:
             raise RuntimeError(f"task {task_index}: the scripted answer was scored wrong: {info}")
-        return [dict(m) for m in env.messages]
+        return Episode([dict(m) for m in env.messages], reward, info, obs[0]["content"])
 
     return asyncio.run(run())
+
+
+_WH_OPENING = re.compile(r"^(?:what|who|which)\s+(?:is|was|are|were)\s+", re.I)
+
+
+def search_query(question: str) -> str:
+    """The query a policy could write for a WikiQA question: its key phrase, i.e. the question without
+    the ``What is`` / ``Who was`` opening, the quotes and the question mark.
+
+    ``'What is "1968 film by Stanley Kubrick"?'`` -> ``'1968 film by Stanley Kubrick'``;
+    ``'Who was an English naturalist ...?'`` -> ``'an English naturalist ...'``.
+    """
+    q = _WH_OPENING.sub("", question.strip()).rstrip("?").strip()
+    return q.replace('"', "").strip() or question.strip()
+
+
+def search_episode(env: Any, task_index: int) -> Episode | None:
+    """One Search-v0 episode (real BM25): search :func:`search_query` of the question, then answer
+    with the gold title if a returned passage carries it. None when the gold article was not among
+    the passages the model reads (after the env's ``max_passage_tokens`` cut) or the env scored the
+    answer wrong."""
+
+    async def run() -> Episode | None:
+        await env.areset(options={"task_index": task_index})
+        task = env.task
+        title = task["answers"][0]  # the article title; answers[1] (if any) is it without "(...)"
+        query = search_query(task["question"])
+        if env.mode == "tags":
+            obs, *_, searched = await env.astep(f"<search> {query} </search>")
+        else:
+            call = json.dumps({"name": "search", "arguments": {"query": query}})
+            obs, *_, searched = await env.astep(f"<tool_call>\n{call}\n</tool_call>")
+        text = obs[0]["content"] if obs else ""
+        if f"(Title: {title}) " not in text:  # the passages shown, after the env's token cut
+            return None
+        rank = _rank_of(text, title)
+        answer = f"<answer> {title} </answer>" if env.mode == "tags" else f"<answer>{title}</answer>"
+        _, reward, terminated, _, info = await env.astep(answer)
+        if not (terminated and info.get("success")):
+            return None
+        retrieved = list(searched.get("retrieved_ids", []))
+        return Episode([dict(m) for m in env.messages], reward, info, text, query, rank, retrieved)
+
+    return asyncio.run(run())
+
+
+def _rank_of(text: str, title: str) -> int:
+    """1-based number of the ``Doc i (Title: <title>) `` line in ``text``."""
+    at = text.index(f"(Title: {title}) ") + len("(Title: ")
+    return int(re.findall(r"Doc (\d+) \(Title: ", text[:at])[-1])
+
+
+# recipe -> (default config, default --offset, episode function)
+RECIPES: dict[str, tuple[str, int, Any]] = {
+    "retool": ("examples/recipes/retool/cpu.yaml", 4000, retool_episode),
+    "search": ("examples/recipes/search_r1/tags_cpu.yaml", -400, search_episode),
+}
+
+
+def make_env(recipe: str, cfg: Any) -> Any:
+    """The recipe's env on its training split, with the config's env kwargs (a ReTool worked example
+    in the prompt, ``demo``, is left out: the traces carry none)."""
+    import gymnasium as gym
+
+    import chatgym  # noqa: F401  (registers the env ids)
+
+    kwargs = {k: v for k, v in cfg.env.kwargs.items() if not (recipe == "retool" and k == "demo")}
+    return gym.make(cfg.env.id, split=cfg.env.train_split, **kwargs).unwrapped
+
+
+def collect_episodes(recipe: str, env: Any, examples: int, offset: int) -> tuple[list[Episode], int]:
+    """``examples`` kept episodes from the tasks ``offset, offset + 1, ...`` of ``env``'s split
+    (negative ``offset``: from the end); returns them and the number of tasks tried.
+
+    Raises:
+        ValueError: the split ran out before ``examples`` episodes were kept.
+    """
+    episode = RECIPES[recipe][2]
+    start = len(env.tasks) + offset if offset < 0 else offset
+    kept, i = [], max(start, 0)
+    while len(kept) < examples:
+        if i >= len(env.tasks):
+            raise ValueError(
+                f"only {len(kept)} of {examples} episodes kept from tasks {start}..{i - 1}; lower --offset"
+            )
+        ep = episode(env, i)
+        if ep is not None:
+            kept.append(ep)
+        i += 1
+    return kept, i - max(start, 0)
 
 
 def assistant_mask(
@@ -58,6 +178,9 @@ def assistant_mask(
     The template is prefix-preserving (``chatml_tools``): the text of ``messages[:k]`` with the
     generation prompt is a prefix of the text of ``messages[:k+1]``, so each assistant turn is the
     character span between the two; a token is trained when it starts inside such a span.
+
+    Raises:
+        ValueError: the template is not prefix-preserving.
     """
 
     def render(msgs: list[dict[str, Any]], gen: bool) -> str:
@@ -78,51 +201,31 @@ def assistant_mask(
     return enc["input_ids"], mask
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True, type=Path, help="directory for the fine-tuned model")
-    p.add_argument("--config", default="examples/recipes/retool/cpu.yaml", help="recipe config (env kwargs)")
-    p.add_argument("--model", default="smollm2", help="packaged model name or model directory")
-    p.add_argument("--examples", type=int, default=64)
-    p.add_argument("--offset", type=int, default=4000, help="first training-split task used")
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--lr", type=float, default=1e-5)
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
-
-    import gymnasium as gym
+def sft(
+    model_path: Path,
+    rows: list[tuple[list[int], list[int]]],
+    *,
+    pad_id: int,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    device: str,
+) -> tuple[Any, list[float]]:
+    """Fine-tune the causal LM at ``model_path`` on ``rows`` (token ids, 0/1 loss mask): next-token
+    cross-entropy averaged over the masked tokens of each batch, AdamW, gradient norm clipped at 1,
+    fp32. Returns the model (eval mode) and the loss of every step."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    import chatgym  # noqa: F401  (registers the env ids)
-    from chatgym.trainer.config import load_config
-    from chatgym.trainer.models import load_model_path
-    from chatgym.trainer.rollout.tokenizer import get_tokenizer
-
-    torch.manual_seed(args.seed)
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    cfg = load_config(args.config)
-    kwargs = {k: v for k, v in cfg.env.kwargs.items() if k != "demo"}  # SFT traces carry no demo
-    env = gym.make(cfg.env.id, split=cfg.env.train_split, **kwargs).unwrapped
-    tokenizer = get_tokenizer(args.model, cfg.rollout.chat_template or "auto")
-    rows = []
-    for i in range(args.offset, args.offset + args.examples):
-        rows.append(assistant_mask(tokenizer, scripted_episode(env, i), env.tools))
-    env.close()
-
-    path = load_model_path(args.model)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).train()
-    optim = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    losses, t0 = [], time.perf_counter()
-    for _ in range(args.epochs):
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device).train()
+    optim = torch.optim.AdamW(model.parameters(), lr=lr)
+    losses = []
+    for _ in range(epochs):
         order = torch.randperm(len(rows)).tolist()
-        for b in range(0, len(order), args.batch_size):
-            batch = [rows[j] for j in order[b : b + args.batch_size]]
+        for b in range(0, len(order), batch_size):
+            batch = [rows[j] for j in order[b : b + batch_size]]
             width = max(len(ids) for ids, _ in batch)
-            ids = torch.tensor([i + [pad] * (width - len(i)) for i, _ in batch], device=device)
+            ids = torch.tensor([i + [pad_id] * (width - len(i)) for i, _ in batch], device=device)
             mask = torch.tensor([m + [0] * (width - len(m)) for _, m in batch], device=device)
             attn = torch.tensor([[1] * len(i) + [0] * (width - len(i)) for i, _ in batch], device=device)
             logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
@@ -135,18 +238,74 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             optim.step()
             losses.append(loss.item())
             print(f"sft step {len(losses)}: loss {losses[-1]:.4f}", flush=True)
+    return model.eval(), losses
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--recipe", choices=sorted(RECIPES), default="retool")
+    p.add_argument("--out", required=True, type=Path, help="directory for the fine-tuned model")
+    p.add_argument("--config", help="recipe config (env kwargs); default: the recipe's CPU config")
+    p.add_argument("--model", default="smollm2", help="packaged model name or model directory")
+    p.add_argument("--examples", type=int, default=64)
+    p.add_argument("--offset", type=int, help="first training-split task tried (< 0: from the end)")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--lr", type=float, default=1e-5)
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from chatgym.trainer.config import load_config
+    from chatgym.trainer.models import load_model_path
+    from chatgym.trainer.rollout.tokenizer import get_tokenizer
+
+    torch.manual_seed(args.seed)
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    default_config, default_offset, _ = RECIPES[args.recipe]
+    cfg = load_config(args.config or default_config)
+    offset = default_offset if args.offset is None else args.offset
+    t0 = time.perf_counter()
+    env = make_env(args.recipe, cfg)
+    try:
+        episodes, tried = collect_episodes(args.recipe, env, args.examples, offset)
+        tools = env.tools
+    finally:
+        env.close()
+    tokenizer = get_tokenizer(args.model, cfg.rollout.chat_template or "auto")
+    rows = [assistant_mask(tokenizer, ep.messages, tools) for ep in episodes]
+    t_traces = time.perf_counter() - t0
+
+    path = load_model_path(args.model)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    t1 = time.perf_counter()
+    model, losses = sft(
+        path, rows, pad_id=pad, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, device=device
+    )
+    t_train = time.perf_counter() - t1
     args.out.mkdir(parents=True, exist_ok=True)
-    model.eval().save_pretrained(args.out)
+    model.save_pretrained(args.out)
     AutoTokenizer.from_pretrained(path).save_pretrained(args.out)  # the model's own files, unchanged
     summary = {
+        "recipe": args.recipe,
+        "config": args.config or default_config,
         "examples": len(rows),
+        "tasks_tried": tried,
         "trained_tokens": sum(sum(m) for _, m in rows),
         "steps": len(losses),
         "loss_first": losses[0],
         "loss_last": losses[-1],
+        "traces_seconds": t_traces,
+        "train_seconds": t_train,
         "seconds": time.perf_counter() - t0,
         "device": device,
     }
+    ranks = [ep.gold_rank for ep in episodes if ep.gold_rank is not None]
+    if ranks:  # search: where the gold article was among the passages of the kept episodes
+        summary["gold_rank_counts"] = {str(r): ranks.count(r) for r in sorted(set(ranks))}
     (args.out / "sft_summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary))
     return summary
