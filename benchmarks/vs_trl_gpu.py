@@ -32,7 +32,10 @@ whether the background curve redraw was running when the update started / ended;
 prints the slowest updates with those fields. Toggles to test the suspects: ``--gc-freeze``
 (``gc.freeze()`` after set-up: the long-lived objects leave the collector's generations),
 ``--expandable-segments`` (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``: new shapes grow a
-segment instead of allocating new blocks), ``--no-plot`` (no curve redraw during the run).
+segment instead of allocating new blocks), ``--no-plot`` (no curve redraw during the run). Measured
+on the CPU box (Python 3.11, a tiny trainer after one step, 444k objects tracked by the collector):
+a full (generation 2) collection takes 0.40 s, and ~0 s after ``gc.freeze()`` — the size of the
+slow updates' excess, at the rare steps CPython runs one.
 
     python benchmarks/vs_trl_gpu.py --runs ours:0 ours:1 trl_bf16:0 --out /tmp/vs_trl
     python benchmarks/vs_trl_gpu.py --runs ours:0 ours_packed:0 --gc-freeze --out /tmp/vs_trl_packed
@@ -180,11 +183,16 @@ class UpdateProbe:
         if phase == "start":
             self._gc_t = time.perf_counter()
             return
+        seconds = time.perf_counter() - self._gc_t
+        if info["generation"] == 0 and seconds < 1e-3:  # hundreds per step: counted, not listed
+            self.record["gc0_quick"] = self.record.get("gc0_quick", 0) + 1
+            self.record["gc0_quick_s"] = self.record.get("gc0_quick_s", 0.0) + seconds
+            return
         self.record.setdefault("gc", []).append(
             {
                 "generation": info["generation"],
                 "collected": info["collected"],
-                "s": round(time.perf_counter() - self._gc_t, 5),
+                "s": round(seconds, 5),
                 "in_update": self.in_update,
             }
         )
@@ -195,7 +203,7 @@ class UpdateProbe:
 
     def end_step(self) -> dict[str, Any]:
         self.record["step_alloc"] = _delta(_alloc_stats(), self._step_alloc)
-        self.record["gc_s"] = sum(e["s"] for e in self.record["gc"])
+        self.record["gc_s"] = sum(e["s"] for e in self.record["gc"]) + self.record.get("gc0_quick_s", 0.0)
         return self.record
 
     def close(self) -> None:
