@@ -2,7 +2,7 @@
 
     python examples/recipes/sft_warmup.py --recipe retool --out runs/recipes/retool_sft --examples 16 --batch-size 4 --lr 5e-5
     python examples/recipes/sft_warmup.py --recipe search --config examples/recipes/search_r1/tags_cpu.yaml \\
-        --out runs/recipes/search_sft_tags --examples 16 --batch-size 4 --lr 5e-5
+        --out runs/recipes/search_sft_tags --examples 16 --batch-size 2 --lr 5e-5
 
 RL cannot reinforce a tool call the policy never makes, and SmolLM2-135M-Instruct makes none on
 either recipe's env (see the recipes' READMEs). ReTool (Feng et al. 2025, arXiv:2504.11536, section
