@@ -167,6 +167,59 @@ async def test_cuda_graphs_match_eager_and_survive_weight_updates(tokenizer):
     assert graphs._slots.graphs_captured == captured
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_capture_survives_cuda_calls_from_another_thread_and_a_failed_capture_runs_eagerly():
+    """Regression (H200, Search-v0 tags recipe): a capture invalidated by another thread's CUDA call left
+    the graph pool recording, and every later decode failed with 'already recording to mempool_id'."""
+    import threading
+
+    cuda_model = random_model("smollm2", device="cuda", seed=3, **TINY).eval()
+
+    def run_pair(slots, steps=70):  # greedy decode from two prompts; crosses the 64-column bucket
+        eager = StaticSlots(cuda_model, 8, 256, use_graphs=False)
+        with torch.inference_mode():
+            ids = eager.admit([[1, 5, 9, 200, 3], [7, 8]], pad_id=0).argmax(-1)
+            slots.admit([[1, 5, 9, 200, 3], [7, 8]], pad_id=0)
+            for _ in range(steps):
+                slots.set_tokens(ids)
+                eager.set_tokens(ids)
+                a, b = slots.decode(), eager.decode()
+                assert torch.equal(a.argmax(-1), b.argmax(-1))
+                ids = b.argmax(-1)
+
+    stop = threading.Event()
+
+    def busy():  # what the collector / learner threads may do meanwhile: syncs and pinned allocations
+        while not stop.is_set():
+            torch.zeros(4).pin_memory().to("cuda", non_blocking=True)
+            torch.cuda.synchronize()
+
+    thread = threading.Thread(target=busy, daemon=True)
+    thread.start()
+    try:
+        slots = StaticSlots(cuda_model, 8, 256, use_graphs=True)
+        run_pair(slots)
+    finally:
+        stop.set()
+        thread.join()
+    assert slots.capture_failures == {} and slots.graphs_captured == 2
+
+    # A capture that fails (a host read inside the step) is logged, that bucket runs eagerly, and the
+    # next bucket still captures into a fresh pool.
+    broken = StaticSlots(cuda_model, 8, 256, use_graphs=True)
+    forward = broken._forward
+
+    def forward_reading_the_host(n, width):
+        if width == 64:
+            broken.pos.sum().item()  # a device-to-host read: not allowed while capturing
+        return forward(n, width)
+
+    broken._forward = forward_reading_the_host
+    run_pair(broken)
+    assert list(broken.capture_failures) == [(2, 64)] and broken.graphs_captured == 1
+
+
 # ---- the step's host side: batched draws, one read-back, cheaper row moves (issue 15) ---------------
 
 

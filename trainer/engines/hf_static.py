@@ -33,7 +33,10 @@ whose rows all start together (no joining).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
 MIN_COLUMN_BUCKET = 64
@@ -129,6 +132,7 @@ class StaticSlots:
         self._graphs: dict[tuple[int, int], tuple[Any, Any]] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self.graphs_captured = 0
+        self.capture_failures: dict[tuple[int, int], str] = {}
 
     # ---- joining ---------------------------------------------------------------------------------
 
@@ -200,8 +204,9 @@ class StaticSlots:
             raise ValueError(f"a row reached {self.max_len} columns")
         n = _bucket(m, self.max_rows)
         width = _bucket(top + 1, self.max_len, MIN_COLUMN_BUCKET)
-        if self.use_graphs:
-            graph, out = self._graph(n, width)
+        captured = self._graph(n, width) if self.use_graphs else None
+        if captured is not None:
+            graph, out = captured
             graph.replay()
             logits = out[:m]
         else:
@@ -257,11 +262,13 @@ class StaticSlots:
             )
         return self.model.lm_head(inner.norm(hidden)[:, -1])
 
-    def _graph(self, n: int, width: int) -> tuple[Any, Any]:
+    def _graph(self, n: int, width: int) -> tuple[Any, Any] | None:
+        """The bucket's captured graph and its output buffer, captured on first use; None when its
+        capture failed (that bucket then runs eagerly, and the failure is logged once)."""
         import torch
 
         found = self._graphs.get((n, width))
-        if found is not None:
+        if found is not None or (n, width) in self.capture_failures:
             return found
         # Warm-up on a side stream, as torch.cuda.graphs asks; it writes the same keys/values that the
         # replay right after writes (same tokens, same positions), so running it changes nothing.
@@ -271,8 +278,22 @@ class StaticSlots:
             self._forward(n, width)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.inference_mode(), torch.cuda.graph(graph, pool=self._pool):
-            out = self._forward(n, width)
+        # "thread_local": the collector's and the learner's threads may call CUDA (a sync, a pinned
+        # host allocation) while this thread captures; in the default "global" mode any such call
+        # invalidates the capture ("operation failed due to a previous error during capture").
+        try:
+            with torch.inference_mode(), torch.cuda.graph(
+                graph, pool=self._pool, capture_error_mode="thread_local"
+            ):
+                out = self._forward(n, width)
+        except Exception as exc:
+            # A failed capture leaves its memory pool recording, and every later capture into it fails
+            # ("beginAllocateToPool: already recording to mempool_id"): later graphs get a fresh pool.
+            self._pool = torch.cuda.graph_pool_handle()
+            self.capture_failures[(n, width)] = f"{type(exc).__name__}: {exc}"
+            logger.warning("StaticSlots: capturing the (%d rows, %d columns) step failed, it runs eagerly: %s",
+                           n, width, self.capture_failures[(n, width)])
+            return None
         self._graphs[(n, width)] = (graph, out)
         self.graphs_captured += 1
         return graph, out
