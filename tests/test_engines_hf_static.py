@@ -190,10 +190,11 @@ def test_capture_survives_cuda_calls_from_another_thread_and_a_failed_capture_ru
 
     stop = threading.Event()
 
-    def busy():  # what the collector / learner threads may do meanwhile: syncs and pinned allocations
-        while not stop.is_set():
+    def busy():  # what other threads may do meanwhile: pinned copies, stream queries, allocations
+        while not stop.is_set():  # (not a device-wide sync: that breaks any capture; see below)
             torch.zeros(4).pin_memory().to("cuda", non_blocking=True)
-            torch.cuda.synchronize()
+            torch.cuda.current_stream().query()
+            torch.empty(1 << 20, device="cuda")
 
     thread = threading.Thread(target=busy, daemon=True)
     thread.start()
@@ -205,8 +206,9 @@ def test_capture_survives_cuda_calls_from_another_thread_and_a_failed_capture_ru
         thread.join()
     assert slots.capture_failures == {} and slots.graphs_captured == 2
 
-    # A capture that fails (a host read inside the step) is logged, that bucket runs eagerly, and the
-    # next bucket still captures into a fresh pool.
+    # A capture that fails (here a host read inside the step; another thread's torch.cuda.synchronize()
+    # does the same even in thread_local mode) is logged, that bucket runs eagerly, and the next bucket
+    # still captures into a fresh pool.
     broken = StaticSlots(cuda_model, 8, 256, use_graphs=True)
     forward = broken._forward
 
