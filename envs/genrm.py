@@ -28,6 +28,9 @@ in the judge's text counts (an earlier one may echo the format's example). A num
 ``judge_retries`` times (each a new sample); after that the score is ``unparseable_reward`` and
 ``info["genrm"]["status"] = "unparseable"`` (counted by the trainer's metrics). A judge that raises
 fails the episode like any env error.
+The parser reads the judge's whole reply message: a judge whose reply is prefilled (the trainer's
+``reward.prefill``, :class:`chatgym.trainer.engines.prefill.PrefillResponder`) returns prefill +
+sampled text, so ``"<score>"`` + ``"7</score>"`` parses as 7.
 
 **What the last step's info gets**: ``info["reward_components"]`` keeps the env's components and adds
 ``env`` (the env's return) and ``genrm`` (the judge score used); ``info["genrm"]`` holds ``score``

@@ -217,6 +217,8 @@ def test_judge_output_is_json_serialisable_in_info():
         ("reward.judge_retries=-1", r"^reward\.judge_retries must be >= 0"),
         ("reward.judge_backend=nope", r"^reward\.judge_backend: unknown 'nope'"),
         ("reward.max_tokens=0", r"^reward\.max_tokens must be >= 1"),
+        ("reward.prefill=5", r"^reward\.prefill: expected a string, got 5"),
+        ("reward.prefill=[<score>]", r"^reward\.prefill: expected a string, got \['<score>'\]"),
     ],
 )
 def test_bad_reward_config_fails_at_load_naming_the_field(override, match):
@@ -224,6 +226,17 @@ def test_bad_reward_config_fails_at_load_naming_the_field(override, match):
 
     with pytest.raises(ConfigError, match=match):
         load_config(None, [override])
+
+
+def test_prefill_of_a_wrong_type_or_for_a_chat_judge_fails_at_load():
+    from chatgym.trainer.config import ConfigError, load_config
+    from chatgym.trainer.reward_config import RewardConfig
+
+    with pytest.raises(ConfigError, match=r"^reward\.prefill needs a token engine for the judge"):
+        load_config(None, ["reward.judge_backend=openai", "reward.prefill=<score>"])
+
+    with pytest.raises(ValueError, match=r"^reward\.prefill must be a string, got 5$"):
+        RewardConfig(model="genrm", prefill=5)
 
 
 @pytest.mark.parametrize(
@@ -319,6 +332,77 @@ async def test_policy_engine_judges_through_local_rollout(tok):
     m = rollout_metrics(trajs, rollout_s=1.0)
     assert (m["genrm/judged_frac"], m["genrm/score_mean"], m["genrm/unparseable_frac"]) == (1.0, 0.5, 0.0)
     assert (m["reward/env_mean"], m["reward/genrm_mean"], m["reward/mean"]) == (0.5, 0.5, 0.75)
+
+
+async def test_prefilled_judge_on_the_policy_engine_scores_prefill_plus_reply(tok):
+    # reward.prefill "<score>": the judge's prompt ends with the ids of "<score>" after the assistant
+    # header, the engine samples only "7</score>", and the parser reads "<score>" + "7</score>" = 7/10.
+    from chatgym.trainer.config import load_config
+    from chatgym.trainer.engines.replay import ReplayEngine
+    from chatgym.trainer.genrm import genrm_env_source
+    from chatgym.trainer.rollout.chat_delta import ChatRenderer
+    from chatgym.trainer.rollout.collector import Collector, CollectorConfig
+    from chatgym.trainer.rollout.source import LocalRollout, RolloutRequest
+
+    def script(prompt_ids):
+        text = tok.decode(prompt_ids)
+        if "[Reference answer]" in text:
+            reply = "7</score>"
+        else:
+            reply = "<answer>-2</answer>" if "26 - 28" in text else "<answer>5</answer>"
+        return [*tok.encode(reply, add_special_tokens=False), 2]  # 2: <|im_end|>
+
+    cfg = load_config(
+        None,
+        [
+            "reward.model=genrm",
+            "reward.verdict=score",
+            "reward.prefill=<score>",
+            "reward.env_weight=2.0",
+            "reward.judge_weight=0.5",
+        ],
+    )
+    assert cfg.reward.prefill == "<score>"
+    engine = ReplayEngine(script, tok)
+    hook = genrm_env_source(cfg, engine=engine, tokenizer=tok)
+    rollout = LocalRollout(
+        engine, Collector(engine, tok, CollectorConfig(episode_timeout_s=60.0)), env_source=hook
+    )
+    request = RolloutRequest("MathCalculator-v0", tasks=(0, 1), group_size=2, env_kwargs={"split": "test"})
+    trajs = await rollout.collect(request)
+    rollout.close()
+    assert [t.error for t in trajs] == [None] * 4
+    for t in trajs:
+        g = t.info["genrm"]
+        assert (g["verdict"], g["score"], g["reward"], g["status"]) == ("<score>7</score>", 0.7, 0.7, "ok")
+    # Task 0 right (env 1.0), task 1 wrong (env 0.0): 2.0 * env + 0.5 * 0.7.
+    assert [t.reward for t in trajs] == [2.0 * 1.0 + 0.5 * 0.7] * 2 + [2.0 * 0.0 + 0.5 * 0.7] * 2
+    assert [t.reward for t in trajs] == pytest.approx([2.35, 2.35, 0.35, 0.35], abs=1e-12)
+
+    # The judge's prompts: the shipped template rendered as one user turn, then the prefill's ids.
+    prefill_ids = tok.encode("<score>", add_special_tokens=False)
+    judge_calls = [ids for ids, _ in engine.calls if "[Reference answer]" in tok.decode(ids)]
+    assert len(engine.calls) == 8 and len(judge_calls) == 4  # 4 policy turns + 4 verdicts
+    header_ids = tok.encode("<|im_start|>assistant\n", add_special_tokens=False)
+    for ids in judge_calls:
+        assert ids[-len(prefill_ids) :] == prefill_ids
+        assert ids[-len(prefill_ids) - len(header_ids) : -len(prefill_ids)] == header_ids
+    # Task 0's judge prompt exactly: the template filled with its question, gold answer and response.
+    prompt = (
+        load_prompt("genrm_score.txt")
+        .replace("{question}", QUESTION)
+        .replace("{reference}", GOLD)
+        .replace("{response}", "<answer>-2</answer>")
+    )
+    # (rendered by the plain ChatRenderer, the same as a responder without prefill renders it)
+    header = ChatRenderer(tok).prompt_ids([M.user(prompt)])
+    task0 = [ids for ids in judge_calls if QUESTION in tok.decode(ids)]
+    assert task0 == [[*header, *prefill_ids]] * 2
+    # The judge's tokens (prefill included) are not in the policy's trajectory.
+    for t in trajs:
+        assert t.response_tokens == len(tok.encode(t.messages[-1]["content"], add_special_tokens=False)) + 1
+        policy_text = tok.decode(t.token_ids)
+        assert "<score>" not in policy_text and "[Reference answer]" not in policy_text
 
 
 # ---- one real-model run (slow): SmolLM2 judges its own Math-v0 answers through the hf engine ------
@@ -438,6 +522,7 @@ async def test_a_separate_judge_model_gets_its_own_engine(tok, tmp_path):
             "reward.judge_backend=hf",
             "reward.max_tokens=8",
             "reward.unparseable_reward=0.25",
+            "reward.prefill=<score>",
             "engine.dtype=float32",
         ],
     )
@@ -445,6 +530,9 @@ async def test_a_separate_judge_model_gets_its_own_engine(tok, tmp_path):
     hook = genrm_env_source(cfg, engine=policy, tokenizer=tok)
     genrm = hook.args[0]
     assert isinstance(genrm.owned_engine, TransformersEngine) and genrm.responder.engine is genrm.owned_engine
+    # The separate judge's prompts end with the prefill's ids; its verdict text starts with the prefill.
+    assert genrm.responder.prefill == "<score>"
+    assert genrm.responder.renderer.ids == tok.encode("<score>", add_special_tokens=False)
     rollout = LocalRollout(
         policy, Collector(policy, tok, CollectorConfig(episode_timeout_s=120.0)), env_source=hook
     )
@@ -459,6 +547,7 @@ async def test_a_separate_judge_model_gets_its_own_engine(tok, tmp_path):
     g = traj.info["genrm"]
     assert g["score"] == cfg.reward.verdict_parser().parse(g["verdict"])[0]
     assert traj.reward == 1.0 + (0.25 if g["score"] is None else g["score"])
+    assert g["verdict"].startswith("<score>")
 
 
 @pytest.mark.slow

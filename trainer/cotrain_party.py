@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from .engines.responder import EngineResponder
+from .engines.prefill import PrefillResponder
 from .rollout.types import Trajectory
 
 # The env keyword argument the party is passed as, and the info key its samples come back under.
@@ -41,47 +41,27 @@ PARTIES = {"judge": ("judge", "judge_traces"), "user": ("user", "user_traces")}
 # ---- the party's samples as trajectories ----------------------------------------------------------
 
 
-class VersionedResponder(EngineResponder):
-    """:class:`EngineResponder` (``trace=True``) whose traces also name the engine's
-    ``weight_version`` when the reply was requested (the party learner's version that sampled it).
+class VersionedResponder(PrefillResponder):
+    """:class:`~chatgym.trainer.engines.prefill.PrefillResponder` (``trace=True``) whose traces also
+    name the engine's ``weight_version`` when the reply was requested (the party learner's version
+    that sampled it).
 
     Args:
         prefill: text the reply starts with, sent to the engine as prompt tokens after the assistant
             header (so loss mask 0 in the party's trajectory); the returned message is ``prefill`` +
             the sampled text. ``"Rating: [["`` makes a small judge answer in MT-bench's format.
-        engine, tokenizer, kwargs: as :class:`EngineResponder`.
+        engine, tokenizer, kwargs: as :class:`~chatgym.trainer.engines.responder.EngineResponder`.
     """
 
     def __init__(self, engine: Any, tokenizer: Any = None, *, prefill: str = "", **kwargs: Any):
-        super().__init__(engine, tokenizer, trace=True, **kwargs)
-        self.prefill = prefill
-        if prefill:
-            self.renderer = _Prefilled(
-                self.renderer, self.tokenizer.encode(prefill, add_special_tokens=False)
-            )
+        super().__init__(engine, tokenizer, trace=True, prefill=prefill, **kwargs)
 
     async def respond_with_trace(self, messages: list[Any]) -> tuple[Any, dict[str, Any] | None]:
         version = int(getattr(self.engine, "weight_version", 0))
         message, trace = await super().respond_with_trace(messages)
-        if self.prefill:
-            message = {"role": "assistant", "content": self.prefill + message["content"]}
         if trace is not None:
-            trace.update(weight_version=version, text=message["content"], prefill=self.prefill)
+            trace.update(weight_version=version)
         return message, trace
-
-
-class _Prefilled:
-    """A chat renderer whose prompts end with fixed ids (the reply's prefill)."""
-
-    def __init__(self, renderer: Any, ids: list[int]):
-        self.renderer = renderer
-        self.ids = list(ids)
-
-    def prompt_ids(self, messages: list[Any]) -> list[int]:
-        return [*self.renderer.prompt_ids(messages), *self.ids]
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.renderer, name)
 
 
 def trace_trajectory(

@@ -12,6 +12,11 @@ A Ray rollout worker builds its local part with the same function, so its episod
 The judge is the policy's own engine (``reward.judge: policy``: its requests join the engine's
 continuous batch next to the policy's, and it judges with the current weights) or a separate engine
 built from ``reward.judge`` (a packaged model name or a directory).
+
+With ``reward.prefill`` the judge (a token engine) is a
+:class:`~chatgym.trainer.engines.prefill.PrefillResponder`: its prompt ends with the prefill's ids
+after the assistant header and its verdict text is prefill + reply. The judge's tokens (prefill
+included) stay in ``info["genrm"]``, never in the policy's trajectory.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import gymnasium as gym
 from chatgym.envs.genrm import GenRMEnv
 
 from .engines.base import SamplingParams
+from .engines.prefill import PrefillResponder
 from .reward_config import RewardConfig
 from .rollout.env_runner import EnvSource, make_env
 
@@ -46,7 +52,7 @@ class GenRMReward:
             renders with it when it is the policy.
 
     Raises:
-        ValueError: ``cfg.model`` is not ``genrm``.
+        ValueError: ``cfg.model`` is not ``genrm``; ``cfg.prefill`` with a chat (``openai``) judge.
     """
 
     def __init__(
@@ -87,9 +93,17 @@ class GenRMReward:
         kwargs: dict[str, Any] = {"params": params}
         if chat_template is not None:
             kwargs["chat_template"] = chat_template
-        if not _is_chat_engine(judge_engine):
+        if _is_chat_engine(judge_engine):
+            if cfg.prefill:
+                raise ValueError(
+                    "reward.prefill needs a token engine for the judge; "
+                    f"{type(judge_engine).__name__} is a chat engine (no prompt tokens)"
+                )
+            self.responder = as_responder(judge_engine, judge_tokenizer, **kwargs)
+        else:
+            # The prefill's ids count against the judge's prompt budget (they are prompt tokens).
             kwargs["max_prompt_tokens"] = max(1, max_model_len - cfg.max_tokens)
-        self.responder = as_responder(judge_engine, judge_tokenizer, **kwargs)
+            self.responder = PrefillResponder(judge_engine, judge_tokenizer, prefill=cfg.prefill, **kwargs)
         self.template = cfg.template_text()
         self.verdict = cfg.verdict_parser()
 

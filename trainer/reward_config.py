@@ -6,6 +6,7 @@ instead of, the env's own reward.
       judge: policy             # the policy's own engine; or a model (packaged name / directory)
       template: null            # a prompt file; null: the shipped envs/prompts/genrm_score.txt
       verdict: score            # score (<score>N</score>, 0..10) | rating ([[N]], 1..10) | ab ([[A]]/[[B]])
+      prefill: ""               # text the judge's reply starts with, e.g. "<score>" (given as prompt tokens)
       unparseable_reward: 0.0   # the judge score when no valid verdict came (counted in metrics)
       env_weight: 1.0           # reward = env_weight * env return + judge_weight * judge score
       judge_weight: 1.0
@@ -39,6 +40,11 @@ class RewardConfig:
             (``[[N]]``, 1..10, MT-bench) or ``ab`` (``[[A]]`` = 1, ``[[B]]`` = 0).
         pattern, score_range, labels: override the format's regex (one capture group; the last match
             counts), numeric range mapped to [0, 1], and label -> score table.
+        prefill: text the judge's reply starts with, given to a token engine as prompt tokens after
+            the assistant header (its continuation is sampled); the verdict parser reads ``prefill``
+            + the reply. ``"<score>"`` for the ``score`` verdict or ``"[["`` for ``rating`` makes a
+            small judge write the verdict first (SmolLM2-135M-Instruct otherwise writes prose with
+            no verdict). ``""``: none. Needs a token engine (not ``judge_backend: openai``).
         unparseable_reward: the judge score (before ``judge_weight``) when the verdict cannot be
             parsed after ``judge_retries`` extra samples.
         env_weight, judge_weight: the episode return is ``env_weight * env return + judge_weight *
@@ -55,6 +61,7 @@ class RewardConfig:
     pattern: str | None = None
     score_range: tuple[float, float] | None = None
     labels: dict[str, float] = field(default_factory=dict)
+    prefill: str = ""
     unparseable_reward: float = 0.0
     env_weight: float = 1.0
     judge_weight: float = 1.0
@@ -87,6 +94,12 @@ class RewardConfig:
             raise ValueError(f"reward.max_tokens must be >= 1, got {self.max_tokens}")
         if self.temperature < 0:
             raise ValueError(f"reward.temperature must be >= 0, got {self.temperature}")
+        if not isinstance(self.prefill, str):
+            raise ValueError(f"reward.prefill must be a string, got {self.prefill!r}")
+        if self.prefill and self.judge_backend == "openai":
+            raise ValueError(
+                "reward.prefill needs a token engine for the judge; the openai chat engine has no prompt tokens"
+            )
         if not self.judge:
             raise ValueError("reward.judge must be 'policy' or a model name/path, got ''")
         if self.judge_backend is not None:
