@@ -41,8 +41,13 @@ GOLDEN = Path(__file__).parent / "data" / "step1_golden.json"
 ROOT = Path(__file__).resolve().parent.parent
 
 # Relative tolerances of the weight summary (float32 kernels may round differently on another CPU
-# kind, e.g. AVX-512 vs AVX2; on one machine the values repeat to the last bit).
+# kind, e.g. AVX-512 vs AVX2; on one machine the values repeat to the last bit). The projection's is
+# PROJECTION_RTOL x the change's norm: AdamW's first step is ~lr x sign(g) per element, so an element
+# whose tiny gradient rounds the other way moves by up to 2 lr. Measured on an AVX-512 BF16 EPYC against
+# this AVX2-recorded golden: norms within 1.5e-7 relative; projections off by 1.01e-3-1.04e-3 x the
+# norm in 3 of the main job's tensors, within 1e-3 x the norm in the rest.
 WEIGHT_RTOL = 1e-4
+PROJECTION_RTOL = 3e-3
 ADVANTAGE_ATOL = 2e-6
 
 
@@ -206,7 +211,7 @@ def compare(name: str, got: dict[str, Any], want: dict[str, Any]) -> list[str]:
             continue
         norm_g, proj_g = got["weights"][pname]
         scale = max(norm_w, 1e-12)
-        if abs(norm_g - norm_w) > WEIGHT_RTOL * scale or abs(proj_g - proj_w) > 10 * WEIGHT_RTOL * scale:
+        if abs(norm_g - norm_w) > WEIGHT_RTOL * scale or abs(proj_g - proj_w) > PROJECTION_RTOL * scale:
             problems.append(f"{name}: {pname} change [{norm_g:.9g}, {proj_g:.9g}], golden [{norm_w:.9g}, {proj_w:.9g}]")
     return problems
 

@@ -27,7 +27,8 @@ def test_step1_batch_and_weights_match_the_golden(case, tmp_path):
     want = json.loads(GOLDEN.read_text())[case]
     got = run_case(case, tmp_path)
     # Exact: token ids and loss mask of every row; advantages to 2e-6; the weight change per
-    # parameter (its norm and a fixed random projection) to a relative 1e-4 (1e-3 for the projection).
+    # parameter (its norm and a fixed random projection) to a relative 1e-4 (3e-3 for the projection:
+    # see PROJECTION_RTOL).
     assert compare(case, got, want) == []
     assert got["token_ids_sha"] == want["token_ids_sha"]
     assert got["trained_tokens"] == want["trained_tokens"]
