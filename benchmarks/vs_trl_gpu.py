@@ -29,8 +29,9 @@ the padded batch shape, each micro-batch forward (its shape; packed: the pack le
 allocator's ``num_device_alloc`` / ``num_device_free`` / ``num_alloc_retries`` deltas over the update
 and over the step, Python garbage collections (generation, seconds, whether inside the update), and
 whether the background curve redraw was running when the update started / ended; ``--report``
-prints the slowest updates with those fields. Toggles to test the suspects: ``--gc-freeze``
-(``gc.freeze()`` after set-up: the long-lived objects leave the collector's generations),
+prints the slowest updates with those fields. Toggles to test the suspects: ``--no-gc-freeze``
+(ours' steps run as ``chatgym train`` runs them, with set-up's objects frozen out of the
+collector, ``train.gc_freeze``; this turns that off),
 ``--expandable-segments`` (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``: new shapes grow a
 segment instead of allocating new blocks), ``--no-plot`` (no curve redraw during the run). Measured
 on the CPU box (Python 3.11, a tiny trainer after one step, 444k objects tracked by the collector):
@@ -38,7 +39,7 @@ a full (generation 2) collection takes 0.40 s, and ~0 s after ``gc.freeze()`` â€
 slow updates' excess, at the rare steps CPython runs one.
 
     python benchmarks/vs_trl_gpu.py --runs ours:0 ours:1 trl_bf16:0 --out /tmp/vs_trl
-    python benchmarks/vs_trl_gpu.py --runs ours:0 ours_packed:0 --gc-freeze --out /tmp/vs_trl_packed
+    python benchmarks/vs_trl_gpu.py --runs ours:0 ours_packed:0 --no-gc-freeze --out /tmp/vs_trl_packed
     python benchmarks/vs_trl_gpu.py --report /tmp/vs_trl
 """
 
@@ -218,7 +219,7 @@ def run_ours(
 ) -> dict:
     import torch
 
-    from chatgym.trainer.train import Trainer
+    from chatgym.trainer.train import Trainer, frozen_gc
 
     options = options or {}
     cuda = torch.cuda.is_available()
@@ -231,51 +232,47 @@ def run_ours(
     probe = UpdateProbe(trainer)
     try:
         curve = [(0.0, trainer.evaluate()["eval/accuracy"])]
-        if options.get("gc_freeze"):
-            gc.collect()
-            gc.freeze()  # set-up's objects (models, tokenizer, env data) are never collected again
-        wall, rows = 0.0, []
-        for step in range(steps):
-            probe.start_step()
-            t = time.perf_counter()
-            metrics = trainer.step(step)
-            t_log = time.perf_counter()
-            trainer.metrics.log(step + 1, metrics)
-            if not options.get("no_plot"):
-                trainer.metrics.plot_later()
-            log_s = time.perf_counter() - t_log
-            if cuda:
-                torch.cuda.synchronize()
-            dt = time.perf_counter() - t
-            wall += dt
-            record = probe.end_step()
-            record["log_s"] = log_s
-            record["sync_s"] = metrics.get("timing/sync_s", 0.0)
-            rows.append(
-                {
-                    "wall_s": dt,
-                    "gen_s": metrics["timing/rollout_s"],
-                    "update_s": metrics["timing/update_s"],
-                    "gen_tokens": metrics["throughput/gen_tokens_per_s"] * metrics["timing/rollout_s"],
-                    "reward": metrics["reward/mean"],
-                    "probe": record,
-                }
-            )
-            brief = {k: v for k, v in rows[-1].items() if k != "probe"}
-            forwards = record.get("forwards", [])
-            print(
-                f"ours {decode} seed {seed} step {step + 1}: {brief} | tokens {record.get('tokens')} "
-                f"shape {record.get('batch_shape')} forwards {len(forwards)} alloc {record.get('update_alloc')} "
-                f"gc {record['gc_s']:.3f} s plot {record.get('plot_running_at_update_start')}",
-                flush=True,
-            )
-            if (step + 1) % eval_every == 0 or step + 1 == steps:
-                curve.append((wall, trainer.evaluate()["eval/accuracy"]))
+        with frozen_gc(not options.get("no_gc_freeze")):  # as Trainer.train runs its steps
+            wall, rows = 0.0, []
+            for step in range(steps):
+                probe.start_step()
+                t = time.perf_counter()
+                metrics = trainer.step(step)
+                t_log = time.perf_counter()
+                trainer.metrics.log(step + 1, metrics)
+                if not options.get("no_plot"):
+                    trainer.metrics.plot_later()
+                log_s = time.perf_counter() - t_log
+                if cuda:
+                    torch.cuda.synchronize()
+                dt = time.perf_counter() - t
+                wall += dt
+                record = probe.end_step()
+                record["log_s"] = log_s
+                record["sync_s"] = metrics.get("timing/sync_s", 0.0)
+                rows.append(
+                    {
+                        "wall_s": dt,
+                        "gen_s": metrics["timing/rollout_s"],
+                        "update_s": metrics["timing/update_s"],
+                        "gen_tokens": metrics["throughput/gen_tokens_per_s"] * metrics["timing/rollout_s"],
+                        "reward": metrics["reward/mean"],
+                        "probe": record,
+                    }
+                )
+                brief = {k: v for k, v in rows[-1].items() if k != "probe"}
+                forwards = record.get("forwards", [])
+                print(
+                    f"ours {decode} seed {seed} step {step + 1}: {brief} | tokens {record.get('tokens')} "
+                    f"shape {record.get('batch_shape')} forwards {len(forwards)} alloc {record.get('update_alloc')} "
+                    f"gc {record['gc_s']:.3f} s plot {record.get('plot_running_at_update_start')}",
+                    flush=True,
+                )
+                if (step + 1) % eval_every == 0 or step + 1 == steps:
+                    curve.append((wall, trainer.evaluate()["eval/accuracy"]))
         trainer.metrics.wait_plotted()
     finally:
         probe.close()
-        if options.get("gc_freeze"):
-            gc.unfreeze()
         trainer.close()
     peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan")
     return {"setup_s": setup_s, "steps": rows, "curve": curve, "peak_gib": peak, "options": options}
@@ -539,7 +536,7 @@ def main() -> None:
         default=None,
         help="ours' gradient checkpointing (default: on)",
     )
-    ap.add_argument("--gc-freeze", action="store_true", help="gc.freeze() after ours' set-up")
+    ap.add_argument("--no-gc-freeze", action="store_true", help="ours without train.gc_freeze")
     ap.add_argument(
         "--expandable-segments", action="store_true", help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
     )
@@ -556,7 +553,7 @@ def main() -> None:
         checkpointing=None if args.checkpointing is None else args.checkpointing == "on",
     )
     options = {
-        "gc_freeze": args.gc_freeze,
+        "no_gc_freeze": args.no_gc_freeze,
         "no_plot": args.no_plot,
         "expandable_segments": args.expandable_segments,
         **UPDATE,

@@ -353,6 +353,10 @@ class TrainConfig:
         trace_fraction: share of rollouts written to ``traces.jsonl``.
         tensorboard, wandb: also log there (wandb only if installed); wandb_project: its project.
         progress: show a progress bar.
+        gc_freeze: move every object alive when training starts (models, tokenizer, env data) out of
+            Python's garbage collector for the run (``gc.freeze()``, as vLLM does after start-up): a
+            full collection then walks only what the steps allocate. On the H200 a full collection
+            inside the update took 0.33-0.37 s of a 1.7 s step.
     """
 
     max_steps: int = 10
@@ -369,6 +373,7 @@ class TrainConfig:
     wandb: bool = False
     wandb_project: str = "chatgym"
     progress: bool = True
+    gc_freeze: bool = True
 
     def __post_init__(self) -> None:
         _positive(
