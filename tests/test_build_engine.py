@@ -3,6 +3,7 @@ engine's constructor, e.g. the main job's vLLM options with engine.backend=hf)."
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -20,3 +21,42 @@ def test_an_option_the_backend_does_not_take_is_named():
         "it takes ["
     )
     assert "'decode'" in message and "'max_batch_size'" in message
+
+
+def test_a_misspelt_vllm_option_is_named_before_the_engine_starts():
+    # Regression (fresh-user check): `engine.options={enforce_eagr: true}` was vLLM's raw TypeError
+    # after the policy had loaded; VLLMEngine passes **kwargs on to EngineArgs, so nothing was checked.
+    pytest.importorskip("vllm")
+    from chatgym.trainer.config_io import ConfigError
+
+    cfg = SimpleNamespace(backend="vllm", options={"enforce_eagr": True, "max_num_seqs": 8}, dtype="auto")
+    with pytest.raises(ConfigError) as err:
+        build_engine(cfg, "unused", tokenizer=None, seed=0, max_model_len=512)
+    assert str(err.value) == (
+        "engine.options: 'enforce_eagr' not taken by the 'vllm' engine (VLLMEngine); "
+        "did you mean 'enforce_eager' for 'enforce_eagr'?"
+    )
+
+
+def test_cli_names_a_bad_engine_option_in_one_line_and_leaves_no_output_dir(tmp_path, capsys):
+    import json
+
+    from train_helpers import TINY_LLAMA
+
+    from chatgym.trainer.train_cli import main
+
+    config = str(Path(__file__).resolve().parent.parent / "examples" / "configs" / "math_grpo.yaml")
+    out = tmp_path / "run"
+    overrides = [
+        "engine.backend=hf",
+        "engine.options={decod: static}",
+        "model.random_init=true",
+        "model.config_overrides=" + json.dumps(TINY_LLAMA),
+    ]
+    assert main([config, "--output-dir", str(out), *overrides]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (
+        "chatgym train: engine.options: 'decod' not taken by the 'hf' engine (TransformersEngine); "
+        "did you mean 'decode' for 'decod'?"
+    )
+    assert not out.exists()

@@ -101,3 +101,22 @@ def test_cpu_compile_env_turns_off_the_aot_cache_only_where_unset():
     assert cpu_compile_env(cuda=False, environ={}) == {"VLLM_USE_AOT_COMPILE": "0"}
     assert cpu_compile_env(cuda=False, environ={"VLLM_USE_AOT_COMPILE": "1"}) == {}  # the user's choice
     assert cpu_compile_env(cuda=True, environ={}) == {}  # GPUs: vLLM's own default
+
+
+def test_only_the_requested_cast_is_silenced(caplog):
+    # Fresh-user check: vLLM warned once per tensor (122 lines) when the bf16 engine loaded fp32 weights.
+    import torch
+
+    from chatgym.trainer.engines.vllm_inproc import LOAD_LOGGER, QuietRequestedCast
+
+    logger = logging.getLogger(LOAD_LOGGER + ".test")
+    logger.addFilter(QuietRequestedCast("bfloat16"))
+    msg = QuietRequestedCast.MESSAGE
+    with caplog.at_level(logging.WARNING, logger=logger.name):
+        logger.warning(msg, "embed_tokens.weight", torch.float32, torch.bfloat16)  # asked for: dropped
+        logger.warning(msg, "lm_head.weight", torch.float32, torch.float16)  # not asked for: kept
+        logger.warning(msg, "norm.weight", torch.bfloat16, torch.bfloat16)  # another pair: kept
+    assert [r.getMessage() for r in caplog.records] == [
+        "Attempted to load weight lm_head.weight with dtype torch.float32 into parameter with dtype torch.float16",
+        "Attempted to load weight norm.weight with dtype torch.bfloat16 into parameter with dtype torch.bfloat16",
+    ]

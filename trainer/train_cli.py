@@ -8,8 +8,10 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -70,7 +72,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .distributed.learner import LearnerFailed  # imports no Ray
     from .train import Trainer  # torch and transformers load only once the config is good
 
-    trainer = Trainer(config, resume=ckpt or False)  # already found and checked above
+    out = Path(config.train.output_dir)
+    made_out = not out.exists()
+    try:
+        trainer = Trainer(config, resume=ckpt or False)  # already found and checked above
+    except ConfigError as exc:  # a setting checked only when its part is built (engine.options)
+        if made_out:
+            shutil.rmtree(out, ignore_errors=True)  # this run made it and wrote nothing worth keeping
+        print(f"chatgym train: {exc}", file=sys.stderr)
+        return 2
     try:
         summary = trainer.train()
     except LearnerFailed as exc:  # trainer.backend: ray — a learner process died; the message names the checkpoint

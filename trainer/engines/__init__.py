@@ -14,11 +14,13 @@ nor torch.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import inspect
 from pathlib import Path
 from typing import Any
 
+from ..config_io import ConfigError
 from .base import Completion, Engine, SamplingParams
 
 ENGINES: dict[str, tuple[str, str]] = {
@@ -76,17 +78,25 @@ def build_engine(cfg: Any, model_path: Path, tokenizer: Any, seed: int, max_mode
 
     Raises:
         ModuleNotFoundError: the backend's package is missing (e.g. vLLM: ``pip install 'chatgym[vllm]'``).
-        ValueError: an ``engine.options`` key the backend does not take (named, with the allowed ones).
+        ConfigError: (a ValueError) an ``engine.options`` key the backend does not take (named, with the
+            closest known name or the allowed ones).
     """
     cls = engine_class(cfg.backend)
     accepted = inspect.signature(cls).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
-    unknown = sorted(set(cfg.options) - set(accepted)) if not takes_any else []
+    # An engine that passes **kwargs on (vLLM's EngineArgs) names what it passes on: a typo then fails
+    # here, named, not as the library's TypeError after the policy has loaded.
+    passed_on = getattr(cls, "option_names", None)
+    known = set(accepted) | (set(passed_on()) if takes_any and passed_on else set())
+    unknown = sorted(set(cfg.options) - known) if (not takes_any or passed_on) else []
     if unknown:
         allowed = sorted(n for n, p in accepted.items() if p.kind is inspect.Parameter.KEYWORD_ONLY)
-        raise ValueError(
+        close = {u: difflib.get_close_matches(u, sorted(known), n=1) for u in unknown}
+        hints = [f"did you mean {c[0]!r} for {u!r}?" for u, c in close.items() if c]
+        takes = f"it takes {allowed}" + (" and vLLM's EngineArgs" if takes_any else "")
+        raise ConfigError(
             f"engine.options: {', '.join(map(repr, unknown))} not taken by the {cfg.backend!r} engine "
-            f"({cls.__name__}); it takes {allowed}"
+            f"({cls.__name__}); {' '.join(hints) or takes}"
         )
     candidates = {"dtype": engine_dtype(cfg), "tokenizer": tokenizer, "seed": seed, "max_model_len": max_model_len}
     kwargs = {k: v for k, v in candidates.items() if k in accepted}

@@ -46,6 +46,28 @@ _INSTALL_HINT = (
 
 
 RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+LOAD_LOGGER = "vllm.model_executor.models.utils"
+
+
+class QuietRequestedCast(logging.Filter):
+    """Drops vLLM's "Attempted to load weight <name> with dtype float32 into parameter with dtype
+    <dtype>" warning when ``<dtype>`` is the dtype the engine was asked for.
+
+    The packaged SmolLM2 (and every checkpoint the trainer writes) is fp32; an engine in bf16 on a GPU
+    or a native-bf16 CPU casts each tensor on load, as asked, and vLLM warned once per tensor (122
+    lines at every start, burying the trainer's own lines). Any other dtype mismatch still shows.
+    """
+
+    MESSAGE = "Attempted to load weight %s with dtype %s into parameter with dtype %s"
+
+    def __init__(self, dtype: str) -> None:
+        super().__init__()
+        self.dtype = dtype
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        requested = len(args) == 3 and str(args[1]) == "torch.float32" and str(args[2]) == f"torch.{self.dtype}"
+        return not (record.msg == self.MESSAGE and requested)
 
 
 class QuietExpectedReloadWarnings(logging.Filter):
@@ -242,6 +264,9 @@ class VLLMEngine:
         reload_logger = logging.getLogger(RELOAD_LOGGER)
         if not any(getattr(f, "layers", None) == quiet.layers for f in reload_logger.filters):
             reload_logger.addFilter(quiet)
+        load_logger = logging.getLogger(LOAD_LOGGER)
+        if not any(getattr(f, "dtype", None) == dtype for f in load_logger.filters):
+            load_logger.addFilter(QuietRequestedCast(dtype))
         self.eos_token_ids = eos_token_ids(gen_config, config, self.tokenizer)
         self._ids = itertools.count()
         self._inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
@@ -267,6 +292,14 @@ class VLLMEngine:
         )
         self._thread.start()
         ready.result()  # re-raises a start-up failure here, in the caller's thread
+
+    @staticmethod
+    def option_names() -> set[str]:
+        """The ``**llm_kwargs`` names this engine passes on: the fields of ``vllm.EngineArgs``
+        (imports vLLM)."""
+        import dataclasses
+
+        return {f.name for f in dataclasses.fields(import_vllm().EngineArgs)}
 
     # ---- Engine contract -------------------------------------------------------------------------
 
