@@ -66,8 +66,19 @@ def test_unknown_model_fails_before_the_output_dir_is_made(tmp_path, capsys):
     out = tmp_path / "run"
     assert main([CONFIG, "--output-dir", str(out), "model.path=/nonexistent"]) == 2
     assert capsys.readouterr().err.startswith(
-        "chatgym train: model '/nonexistent' is neither a packaged model (['smollm2'])"
+        "chatgym train: model.path: model '/nonexistent' is neither a packaged model (['smollm2'])"
     )
+    assert not out.exists()
+
+
+def test_a_recipe_model_not_made_yet_points_to_the_cold_start(tmp_path, capsys):
+    # Fresh-user check: a recipe config run before its SFT step named neither the field nor the fix.
+    recipe = str(Path(CONFIG).parent.parent / "recipes" / "retool" / "cpu.yaml")
+    out = tmp_path / "run"
+    assert main([recipe, "--output-dir", str(out), "model.path=runs/recipes/not_made_yet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("chatgym train: model.path: model 'runs/recipes/not_made_yet' is neither")
+    assert err.rstrip().endswith("(make it first: examples/recipes/README.md, sft_warmup.py)")
     assert not out.exists()
 
 

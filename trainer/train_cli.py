@@ -67,7 +67,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         load_model_path(config.model.path)  # an unknown model fails here, not after the output dir is made
     except FileNotFoundError as exc:
-        print(f"chatgym train: {exc}", file=sys.stderr)
+        # The recipes' configs start from a cold-start SFT model that their README makes first.
+        hint = " (make it first: examples/recipes/README.md, sft_warmup.py)" if "recipes" in str(config.model.path) else ""
+        print(f"chatgym train: model.path: {exc}{hint}", file=sys.stderr)
         return 2
     from .distributed.learner import LearnerFailed  # imports no Ray
     from .train import Trainer  # torch and transformers load only once the config is good
