@@ -247,13 +247,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--out", required=True, type=Path, help="directory for the fine-tuned model")
     p.add_argument("--config", help="recipe config (env kwargs); default: the recipe's CPU config")
     p.add_argument("--model", default="smollm2", help="packaged model name or model directory")
-    p.add_argument("--examples", type=int, default=64)
+    p.add_argument("--examples", type=int, default=64, help="successful episodes kept as traces")
     p.add_argument("--offset", type=int, help="first training-split task tried (< 0: from the end)")
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--lr", type=float, default=1e-5)
+    p.add_argument("--epochs", type=int, default=1, help="passes over the traces")
+    p.add_argument("--batch-size", type=int, default=8, help="traces per AdamW step")
+    p.add_argument("--lr", type=float, default=1e-5, help="AdamW learning rate (constant)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="torch seed (the order of the traces)")
     args = p.parse_args(argv)
 
     import torch
