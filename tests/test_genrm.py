@@ -302,22 +302,31 @@ def tok():
         pytest.skip(str(exc))
 
 
-async def test_policy_engine_judges_through_local_rollout(tok):
-    from chatgym.trainer.config import load_config
+async def judged_rollout(cfg, engine, tok):
+    """MathCalculator-v0 test tasks 0 and 1, 2 samples each, through LocalRollout with the GenRM hook
+    of ``cfg`` on ``engine``."""
     from chatgym.trainer.genrm import genrm_env_source
     from chatgym.trainer.rollout.collector import Collector, CollectorConfig
     from chatgym.trainer.rollout.source import LocalRollout, RolloutRequest
-    from chatgym.trainer.step_metrics import rollout_metrics
 
-    cfg = load_config(None, ["reward.model=genrm", "reward.verdict=ab", "reward.judge_weight=0.5"])
-    engine = judged_policy(tok)
     hook = genrm_env_source(cfg, engine=engine, tokenizer=tok)
     rollout = LocalRollout(
         engine, Collector(engine, tok, CollectorConfig(episode_timeout_s=60.0)), env_source=hook
     )
     request = RolloutRequest("MathCalculator-v0", tasks=(0, 1), group_size=2, env_kwargs={"split": "test"})
-    trajs = await rollout.collect(request)
-    rollout.close()
+    try:
+        return await rollout.collect(request)
+    finally:
+        rollout.close()
+
+
+async def test_policy_engine_judges_through_local_rollout(tok):
+    from chatgym.trainer.config import load_config
+    from chatgym.trainer.step_metrics import rollout_metrics
+
+    cfg = load_config(None, ["reward.model=genrm", "reward.verdict=ab", "reward.judge_weight=0.5"])
+    engine = judged_policy(tok)
+    trajs = await judged_rollout(cfg, engine, tok)
     assert [t.error for t in trajs] == [None] * 4 and [t.env_id for t in trajs] == ["MathCalculator-v0"] * 4
     # Task 0 right: 1.0 + 0.5 * 1 ([[A]]); task 1 wrong: 0.0 + 0.5 * 0 ([[B]]).
     assert [t.reward for t in trajs] == [1.5, 1.5, 0.0, 0.0]
@@ -339,10 +348,7 @@ async def test_prefilled_judge_on_the_policy_engine_scores_prefill_plus_reply(to
     # header, the engine samples only "7</score>", and the parser reads "<score>" + "7</score>" = 7/10.
     from chatgym.trainer.config import load_config
     from chatgym.trainer.engines.replay import ReplayEngine
-    from chatgym.trainer.genrm import genrm_env_source
     from chatgym.trainer.rollout.chat_delta import ChatRenderer
-    from chatgym.trainer.rollout.collector import Collector, CollectorConfig
-    from chatgym.trainer.rollout.source import LocalRollout, RolloutRequest
 
     def script(prompt_ids):
         text = tok.decode(prompt_ids)
@@ -364,13 +370,7 @@ async def test_prefilled_judge_on_the_policy_engine_scores_prefill_plus_reply(to
     )
     assert cfg.reward.prefill == "<score>"
     engine = ReplayEngine(script, tok)
-    hook = genrm_env_source(cfg, engine=engine, tokenizer=tok)
-    rollout = LocalRollout(
-        engine, Collector(engine, tok, CollectorConfig(episode_timeout_s=60.0)), env_source=hook
-    )
-    request = RolloutRequest("MathCalculator-v0", tasks=(0, 1), group_size=2, env_kwargs={"split": "test"})
-    trajs = await rollout.collect(request)
-    rollout.close()
+    trajs = await judged_rollout(cfg, engine, tok)
     assert [t.error for t in trajs] == [None] * 4
     for t in trajs:
         g = t.info["genrm"]
