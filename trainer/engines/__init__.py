@@ -93,7 +93,7 @@ def build_engine(cfg: Any, model_path: Path, tokenizer: Any, seed: int, max_mode
         allowed = sorted(n for n, p in accepted.items() if p.kind is inspect.Parameter.KEYWORD_ONLY)
         close = {u: difflib.get_close_matches(u, sorted(known), n=1) for u in unknown}
         hints = [f"did you mean {c[0]!r} for {u!r}?" for u, c in close.items() if c]
-        takes = f"it takes {allowed}" + (" and vLLM's EngineArgs" if takes_any else "")
+        takes = f"it takes {allowed}" + (f" and {cls.__name__}.option_names()" if takes_any else "")
         raise ConfigError(
             f"engine.options: {', '.join(map(repr, unknown))} not taken by the {cfg.backend!r} engine "
             f"({cls.__name__}); {' '.join(hints) or takes}"
