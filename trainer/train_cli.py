@@ -71,6 +71,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         hint = " (make it first: examples/recipes/README.md, sft_warmup.py)" if "recipes" in str(config.model.path) else ""
         print(f"chatgym train: model.path: {exc}{hint}", file=sys.stderr)
         return 2
+    from .engines import check_options
+
+    try:
+        check_options(config.engine)  # a misspelt engine option fails here, before any model loads
+    except ConfigError as exc:
+        print(f"chatgym train: {exc}", file=sys.stderr)
+        return 2
     from .distributed.learner import LearnerFailed  # imports no Ray
     from .train import Trainer  # torch and transformers load only once the config is good
 

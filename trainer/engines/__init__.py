@@ -69,15 +69,14 @@ def engine_dtype(cfg: Any) -> str:
     return fast_dtype() if cfg.dtype == "auto" else cfg.dtype
 
 
-def build_engine(cfg: Any, model_path: Path, tokenizer: Any, seed: int, max_model_len: int) -> Any:
-    """Build the engine of a run's ``engine`` section (``EngineConfig``): ``engine.backend``'s class.
-
-    ``dtype`` (``auto`` resolved by :func:`engine_dtype`), ``tokenizer``, ``seed`` and
-    ``max_model_len`` (tokens) are passed when the engine's constructor takes them, then
-    ``engine.options`` (which win).
+def check_options(cfg: Any) -> None:
+    """Check ``engine.options`` (``cfg``: an ``EngineConfig``) against what ``engine.backend``'s class
+    takes — its keyword arguments, and for an engine that passes ``**kwargs`` on, its
+    ``option_names()`` (vLLM: the fields of ``EngineArgs``; imports vLLM). ``chatgym train`` calls it
+    before any model loads; :func:`build_engine` calls it too.
 
     Raises:
-        ModuleNotFoundError: the backend's package is missing (e.g. vLLM: ``pip install 'chatgym[vllm]'``).
+        ModuleNotFoundError: the backend's package is missing.
         ConfigError: (a ValueError) an ``engine.options`` key the backend does not take (named, with the
             closest known name or the allowed ones).
     """
@@ -85,7 +84,7 @@ def build_engine(cfg: Any, model_path: Path, tokenizer: Any, seed: int, max_mode
     accepted = inspect.signature(cls).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
     # An engine that passes **kwargs on (vLLM's EngineArgs) names what it passes on: a typo then fails
-    # here, named, not as the library's TypeError after the policy has loaded.
+    # here, named, not as the library's TypeError once the engine starts.
     passed_on = getattr(cls, "option_names", None)
     known = set(accepted) | (set(passed_on()) if takes_any and passed_on else set())
     unknown = sorted(set(cfg.options) - known) if (not takes_any or passed_on) else []
@@ -98,6 +97,23 @@ def build_engine(cfg: Any, model_path: Path, tokenizer: Any, seed: int, max_mode
             f"engine.options: {', '.join(map(repr, unknown))} not taken by the {cfg.backend!r} engine "
             f"({cls.__name__}); {' '.join(hints) or takes}"
         )
+
+
+def build_engine(cfg: Any, model_path: Path, tokenizer: Any, seed: int, max_model_len: int) -> Any:
+    """Build the engine of a run's ``engine`` section (``EngineConfig``): ``engine.backend``'s class.
+
+    ``dtype`` (``auto`` resolved by :func:`engine_dtype`), ``tokenizer``, ``seed`` and
+    ``max_model_len`` (tokens) are passed when the engine's constructor takes them, then
+    ``engine.options`` (which win).
+
+    Raises:
+        ModuleNotFoundError: the backend's package is missing (e.g. vLLM: ``pip install 'chatgym[vllm]'``).
+        ConfigError: (a ValueError) an ``engine.options`` key the backend does not take (named, with the
+            closest known name or the allowed ones).
+    """
+    check_options(cfg)
+    cls = engine_class(cfg.backend)
+    accepted = inspect.signature(cls).parameters
     candidates = {"dtype": engine_dtype(cfg), "tokenizer": tokenizer, "seed": seed, "max_model_len": max_model_len}
     kwargs = {k: v for k, v in candidates.items() if k in accepted}
     kwargs.update(cfg.options)
@@ -110,6 +126,7 @@ __all__ = [
     "Engine",
     "SamplingParams",
     "build_engine",
+    "check_options",
     "engine_class",
     "engine_dtype",
     "make_engine",
