@@ -1,25 +1,19 @@
 """Run outputs a user watches: metrics as JSONL (+ TensorBoard, + wandb when installed and asked
-for) and a learning-curve PNG redrawn during the run."""
+for) and a learning-curve PNG redrawn during the run (by a child process: :mod:`.curves`)."""
 
 from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-CURVE_KEYS = (
-    ("reward/mean", "reward (train)"),
-    ("reward/accuracy", "accuracy (train)"),
-    ("eval/score", "held-out score"),
-    ("actor/kl", "KL to reference"),
-    ("actor/entropy", "entropy (nats)"),
-    ("response/length_mean", "response length (tokens)"),
-    ("actor/clip_frac", "clip fraction"),
-    ("timing/step_s", "seconds per step"),
-)
+from .curves import draw
 
 
 class MetricsLogger:
@@ -33,6 +27,8 @@ class MetricsLogger:
         wandb_project, run_config: passed to ``wandb.init``.
         resume_step: drop lines of steps >= this from an existing ``metrics.jsonl`` (a resumed run
             rewrites them).
+        plot_interval_s: seconds between the starts of two background redraws (:meth:`plot_later`);
+            calls in between draw nothing (the next redraw, or :meth:`plot`, shows their steps).
     """
 
     def __init__(
@@ -44,6 +40,7 @@ class MetricsLogger:
         wandb_project: str = "chatgym",
         run_config: Mapping[str, Any] | None = None,
         resume_step: int | None = None,
+        plot_interval_s: float = 30.0,
     ):
         self.dir = Path(output_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -58,11 +55,17 @@ class MetricsLogger:
             self.path.write_text("".join(json.dumps(r) + "\n" for r in self.history))
         self.warnings: list[str] = []
         # Background redraws (plot_later): a redraw takes 0.5-1 s, which a training step should not
-        # wait for. One drawing thread; requests made while it draws collapse into one more redraw.
+        # wait for, in a child process (a thread would hold the GIL the engine's decode thread needs).
+        # One waiting thread; requests made while a redraw runs collapse into one more redraw. A child
+        # still costs a process start and ~1 s of CPU per redraw: one per plot_interval_s is enough
+        # for a curve a person watches, not one per step (GPU steps take ~1 s).
         self._draw_lock = threading.Lock()
         self._draw_wanted = threading.Condition()
         self._draw_pending = False
         self._drawer: threading.Thread | None = None
+        self.plot_interval_s = float(plot_interval_s)
+        self._last_redraw = -math.inf  # time.monotonic() when the last background redraw was asked for
+        self.redraws_requested = 0
         self.draw_errors: list[str] = []
         self._tb = None
         if tensorboard:
@@ -107,7 +110,7 @@ class MetricsLogger:
             self._wandb.log(scalars, step=step)
 
     def plot(self, path: str | Path | None = None) -> Path:
-        """Draw the learning curves of :data:`CURVE_KEYS` that have data into a PNG; returns its path.
+        """Draw the learning curves of :data:`.curves.CURVE_KEYS` that have data into a PNG; returns its path.
 
         Waits for a redraw :meth:`plot_later` started, so the file it leaves has every logged step.
         """
@@ -116,11 +119,18 @@ class MetricsLogger:
             return self._draw(list(self.history), path)
 
     def plot_later(self) -> Path:
-        """Redraw ``learning_curve.png`` in a background thread; returns its path at once.
+        """Redraw ``learning_curve.png`` from ``metrics.jsonl`` in a child process (``python
+        curves.py``); returns its path at once.
 
-        A failed redraw is kept in ``draw_errors`` (the run goes on); :meth:`plot` and :meth:`close`
-        wait for the drawing thread.
+        A failed redraw is kept in ``draw_errors`` (the last line the child wrote to stderr; the run
+        goes on); :meth:`plot` and :meth:`close` wait for the redraw. Within ``plot_interval_s`` of
+        the last redraw asked for, it draws nothing.
         """
+        now = time.monotonic()
+        if now - self._last_redraw < self.plot_interval_s:
+            return self.dir / "learning_curve.png"
+        self._last_redraw = now
+        self.redraws_requested += 1
         with self._draw_wanted:
             self._draw_pending = True
             if self._drawer is None or not self._drawer.is_alive():
@@ -142,43 +152,25 @@ class MetricsLogger:
                     self._draw_wanted.notify_all()
                     return
                 self._draw_pending = False
-                history = list(self.history)
             try:
                 with self._draw_lock:
-                    self._draw(history, None)
+                    self._draw_in_child()
             except Exception as exc:  # a redraw must never stop training
                 self.draw_errors.append(repr(exc))
 
-    def _draw(self, history: list[dict[str, Any]], path: str | Path | None) -> Path:
-        # The object-oriented API (no pyplot): safe off the main thread, no global figure state.
-        from matplotlib.figure import Figure
-        from matplotlib.ticker import MaxNLocator
+    def _draw_in_child(self) -> None:
+        from . import curves
 
-        out = Path(path) if path is not None else self.dir / "learning_curve.png"
-        panels = []
-        for key, label in CURVE_KEYS:
-            points = [(r["step"], r[key]) for r in history if isinstance(r.get(key), (int, float))]
-            if points:
-                panels.append((label, points))
-        cols = 3
-        rows = max(1, math.ceil(len(panels) / cols))
-        fig = Figure(figsize=(4.2 * cols, 3.0 * rows))
-        axes = fig.subplots(rows, cols, squeeze=False)
-        for ax in axes.flat[len(panels) :]:
-            ax.axis("off")
-        for ax, (label, points) in zip(axes.flat, panels, strict=False):
-            xs, ys = zip(*points, strict=True)
-            ax.plot(xs, ys, marker="o", markersize=3)
-            ax.set_title(label)
-            ax.set_xlabel("step")
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            ax.ticklabel_format(axis="y", useOffset=False)
-            ax.grid(alpha=0.3)
-        fig.tight_layout()
-        tmp = out.with_suffix(".tmp.png")
-        fig.savefig(tmp, dpi=100)
-        tmp.replace(out)
-        return out
+        out = self.dir / "learning_curve.png"
+        done = subprocess.run(
+            [sys.executable, curves.__file__, str(self.path), str(out)], capture_output=True, text=True
+        )
+        if done.returncode != 0:
+            lines = done.stderr.strip().splitlines()
+            self.draw_errors.append(lines[-1] if lines else f"curves.py exited with {done.returncode}")
+
+    def _draw(self, history: list[dict[str, Any]], path: str | Path | None) -> Path:
+        return draw(history, path if path is not None else self.dir / "learning_curve.png")
 
     def close(self) -> None:
         self.wait_plotted()
