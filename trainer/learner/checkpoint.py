@@ -18,7 +18,7 @@ import os
 import random
 import re
 import shutil
-import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -129,7 +129,9 @@ def save_checkpoint(
     root = checkpoint_root(output_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:06d}"
-    tmp = Path(tempfile.mkdtemp(prefix=f".step_{step:06d}.", dir=root))
+    # Not mkdtemp: its mode 0700 would stay on the renamed checkpoint; mkdir follows the umask.
+    tmp = root / f".step_{step:06d}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
     try:
         policy.save_pretrained(tmp / "policy", safe_serialization=True)
         if tokenizer is not None:
