@@ -528,8 +528,9 @@ async def test_a_separate_judge_model_gets_its_own_engine(tok, tmp_path):
     )
     policy = judged_policy(tok)
     hook = genrm_env_source(cfg, engine=policy, tokenizer=tok)
-    genrm = hook.args[0]
-    assert isinstance(genrm.owned_engine, TransformersEngine) and genrm.responder.engine is genrm.owned_engine
+    genrm = hook.genrm
+    judge = genrm.owned_engine
+    assert isinstance(judge, TransformersEngine) and genrm.responder.engine is judge
     # The separate judge's prompts end with the prefill's ids; its verdict text starts with the prefill.
     assert genrm.responder.prefill == "<score>"
     assert genrm.responder.renderer.ids == tok.encode("<score>", add_special_tokens=False)
@@ -541,8 +542,9 @@ async def test_a_separate_judge_model_gets_its_own_engine(tok, tmp_path):
             RolloutRequest("MathCalculator-v0", tasks=(0,), env_kwargs={"split": "test"})
         )
     finally:
-        rollout.close()
-        await genrm.aclose()
+        await rollout.aclose()
+    # Regression: LocalRollout's close left the separate judge's engine (and its worker thread) running.
+    assert genrm.owned_engine is None and judge._worker is None
     assert traj.error is None and len(policy.calls) == 1  # the policy's engine served the policy only
     g = traj.info["genrm"]
     assert g["score"] == cfg.reward.verdict_parser().parse(g["verdict"])[0]

@@ -157,8 +157,9 @@ def env_source(
 
 def genrm_env_source(run_cfg: Any, *, engine: Any, tokenizer: Any) -> Any:
     """The rollout side's env hook for a run (``LocalRollout(env_source=...)``): None when
-    ``reward.model`` is ``none``, else ``(env_id, env_kwargs) -> (factory, None)`` wrapping each
-    episode's env in the run's judge (built here, once).
+    ``reward.model`` is ``none``, else a :class:`GenRMEnvSource` — ``(env_id, env_kwargs) -> (factory,
+    None)`` wrapping each episode's env in the run's judge (built here, once), whose ``aclose``
+    closes the judge's own engine (``LocalRollout.aclose`` calls it).
 
     Args:
         run_cfg: the run's :class:`~chatgym.trainer.config.Config`.
@@ -176,4 +177,18 @@ def genrm_env_source(run_cfg: Any, *, engine: Any, tokenizer: Any) -> Any:
         max_model_len=run_cfg.rollout.max_model_len,
         chat_template=run_cfg.rollout.chat_template,
     )
-    return functools.partial(env_source, genrm)
+    return GenRMEnvSource(genrm)
+
+
+@dataclasses.dataclass
+class GenRMEnvSource:
+    """A run's GenRM env hook: calls :func:`env_source` with its judge; ``aclose`` closes the judge's
+    own engine (none when the judge is the policy's engine)."""
+
+    genrm: GenRMReward
+
+    def __call__(self, env_id: str, env_kwargs: Mapping[str, Any]) -> tuple[EnvSource, dict[str, Any] | None]:
+        return env_source(self.genrm, env_id, env_kwargs)
+
+    async def aclose(self) -> None:
+        await self.genrm.aclose()

@@ -350,7 +350,10 @@ class Trainer:
         return first, last, checkpoint
 
     def close(self) -> None:
-        self.rollout.close()
+        if hasattr(self.rollout, "aclose"):  # LocalRollout: also a separate GenRM judge's engine
+            self.loop.run_until_complete(self.rollout.aclose())
+        else:
+            self.rollout.close()
         self.metrics.close()
         with contextlib.suppress(Exception):
             self.loop.run_until_complete(self.engine.close())

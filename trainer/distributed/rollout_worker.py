@@ -138,5 +138,6 @@ class RolloutWorker:
         """Every prompt this replica's engine served, when the engine keeps them (the scripted one)."""
         return [list(p) for p in getattr(self.local.engine, "prompts", [])]
 
-    def close(self) -> None:
-        self.local.close()
+    async def close(self) -> None:
+        """The collectors, and a separate GenRM judge's engine (``LocalRollout.aclose``)."""
+        await self.local.aclose()

@@ -139,3 +139,11 @@ class LocalRollout:
         self.collector.close()
         if self.eval_collector is not self.collector:
             self.eval_collector.close()
+
+    async def aclose(self) -> None:
+        """:meth:`close`, then what the env hook built for itself (a GenRM judge's own engine, via the
+        hook's ``aclose``). The policy's engine is left to its owner."""
+        self.close()
+        closer = getattr(self.env_source, "aclose", None)
+        if closer is not None:
+            await closer()
