@@ -18,6 +18,7 @@ import os
 import random
 import re
 import shutil
+import stat
 import uuid
 from pathlib import Path
 from typing import Any
@@ -148,6 +149,7 @@ def save_checkpoint(
         if pipeline_state is not None:
             state["pipeline"] = pipeline_state
         torch.save(state, tmp / STATE_FILE)
+        _files_follow_the_umask(tmp)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -156,6 +158,20 @@ def save_checkpoint(
     for old in list_checkpoints(output_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _files_follow_the_umask(root: Path) -> None:
+    """Give every file under ``root`` the mode a new file gets here (``0o666`` less the umask):
+    safetensors writes its files 0600 whatever the umask, which left a checkpoint's weights unreadable
+    to anyone else. The mode is read from a probe file, not from ``os.umask`` (setting it to read it
+    races with other threads)."""
+    probe = root / ".mode_probe"
+    probe.touch()
+    mode = stat.S_IMODE(probe.stat().st_mode)
+    probe.unlink()
+    for path in root.rglob("*"):
+        if path.is_file():
+            os.chmod(path, mode)
 
 
 def load_trainer_state(path: str | Path) -> dict[str, Any]:
