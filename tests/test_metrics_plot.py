@@ -85,3 +85,28 @@ def test_the_child_reads_whole_rows_only(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1, "reward/mean": 0.5}\n{"step": 2, "rew')  # row 2 still being written
     assert read_history(path) == [{"step": 1, "reward/mean": 0.5}]
+
+
+def test_a_half_written_last_row_is_dropped_on_resume(tmp_path):
+    """Regression: a run stopped while writing a row could not be resumed (json.loads raised on the
+    half line)."""
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.1}\n{"step": 2, "reward/mean": 0.2}\n{"st')
+    logger = MetricsLogger(tmp_path, tensorboard=False, resume_step=3)
+    assert [r["step"] for r in logger.history] == [1, 2]
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1, "reward/mean": 0.1}\n{"step": 2, "reward/mean": 0.2}\n'
+    logger.close()
+
+
+def test_the_childs_errors_name_the_file_and_line(tmp_path, capsys):
+    import pytest
+
+    from chatgym.trainer.curves import main, read_history
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n{"step": 2, "rew\n{"step": 3}\n')
+    with pytest.raises(ValueError, match=r"metrics\.jsonl, line 2: not a JSON row \(Unterminated string"):
+        read_history(path)
+    missing = tmp_path / "nowhere.jsonl"
+    assert main([str(missing), str(tmp_path / "c.png")]) == 1
+    assert capsys.readouterr().err == f"FileNotFoundError: [Errno 2] No such file or directory: '{missing}'\n"
+    assert main([]) == 2

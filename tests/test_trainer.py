@@ -525,3 +525,24 @@ def test_frozen_gc_leaves_a_callers_freeze_in_place():
     finally:
         gc.unfreeze()
     assert gc.get_freeze_count() == 0
+
+
+def test_a_failed_background_redraw_is_reported_at_the_end(tmp_path, tiny_model, monkeypatch, capsys):
+    """The run goes on when a redraw of the curve fails (a child process draws it); the user hears of
+    it once, at the end (draw_errors was kept but never shown)."""
+    from chatgym.trainer.metrics import MetricsLogger
+    from chatgym.trainer.train import Trainer
+
+    def failing(self):
+        self.draw_errors.append("OSError: [Errno 28] No space left on device")
+
+    monkeypatch.setattr(MetricsLogger, "_draw_in_child", failing)
+    trainer = Trainer(tiny_config(tmp_path, steps=1))
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    err = capsys.readouterr().err
+    assert ("chatgym: 1 background redraw(s) of the learning curve failed; the last: "
+            "OSError: [Errno 28] No space left on device\n") in err
+    assert (tmp_path / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # drawn at the end

@@ -32,10 +32,18 @@ def read_history(path: str | Path) -> list[dict[str, Any]]:
 
     Raises:
         FileNotFoundError: no such file.
+        ValueError: a whole line that is not JSON (the message names the file and the line number).
     """
-    text = Path(path).read_text()
-    lines = text.split("\n")[:-1]  # whatever follows the last newline is not a whole row yet
-    return [json.loads(line) for line in lines if line.strip()]
+    lines = Path(path).read_text().split("\n")[:-1]  # what follows the last newline is not a whole row yet
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}, line {number}: not a JSON row ({exc.msg})") from exc
+    return rows
 
 
 def draw(history: list[dict[str, Any]], out: str | Path) -> Path:
@@ -79,7 +87,7 @@ def main(argv: list[str]) -> int:
     try:
         draw(read_history(argv[0]), argv[1])
     except Exception as exc:  # the parent keeps the last line of stderr as the error
-        print(repr(exc), file=sys.stderr)
+        print(f"{type(exc).__name__}: {exc}", file=sys.stderr)  # str() of an OSError names the path
         return 1
     return 0
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .curves import draw
+from .curves import draw, read_history
 
 
 class MetricsLogger:
@@ -47,11 +47,10 @@ class MetricsLogger:
         self.path = self.dir / "metrics.jsonl"
         self.history: list[dict[str, Any]] = []
         if self.path.is_file():
-            for line in self.path.read_text().splitlines():
-                if line.strip():
-                    row = json.loads(line)
-                    if resume_step is None or row.get("step", 0) < resume_step:
-                        self.history.append(row)
+            # A run stopped while writing a row leaves half a line: it is dropped (read_history).
+            for row in read_history(self.path):
+                if resume_step is None or row.get("step", 0) < resume_step:
+                    self.history.append(row)
             self.path.write_text("".join(json.dumps(r) + "\n" for r in self.history))
         self.warnings: list[str] = []
         # Background redraws (plot_later): a redraw takes 0.5-1 s, which a training step should not

@@ -290,6 +290,10 @@ class Trainer:
         if eval_after:
             self.metrics.log(cfg.train.max_steps, eval_after)
         curve = self.metrics.plot()
+        if self.metrics.draw_errors:  # the run went on; the final curve above is drawn in-process
+            errors = self.metrics.draw_errors
+            print(f"chatgym: {len(errors)} background redraw(s) of the learning curve failed; the last: "
+                  f"{errors[-1]}", file=sys.stderr)
         summary = {
             "output_dir": str(self.out),
             "steps": cfg.train.max_steps,
