@@ -106,3 +106,21 @@ def test_unreadable_config_is_a_clean_error(tmp_path, capsys, kind):
     err = capsys.readouterr().err
     assert err.startswith("chatgym train: ") and "Traceback" not in err
     assert not (tmp_path / "run").exists()
+
+
+def test_an_output_dir_that_is_a_file_is_a_config_error(tmp_path, capsys):
+    # Fresh-user check: a raw FileExistsError traceback (rc 1) from the Trainer's mkdir, 8 s in.
+    path = tmp_path / "train.log"
+    path.write_text("not a directory")
+    assert main([CONFIG, "--output-dir", str(path)]) == 2
+    assert capsys.readouterr().err == f"chatgym train: train.output_dir: {path} exists and is not a directory\n"
+    assert path.read_text() == "not a directory"
+
+
+def test_resume_with_no_checkpoint_says_it_starts_at_step_0(tmp_path, capsys):
+    # Fresh-user check: `--resume` into a new (e.g. mistyped) folder restarted from step 0 silently.
+    out = tmp_path / "typo"
+    assert main([CONFIG, "--output-dir", str(out), "--resume", "model.path=/nonexistent"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == f"chatgym train: --resume: no checkpoint in {out}; starting at step 0"
+    assert err[1].startswith("chatgym train: model.path:")

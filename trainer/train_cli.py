@@ -57,6 +57,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, OSError, yaml.YAMLError) as exc:  # OSError: missing file, a directory, ...
         print(f"chatgym train: {exc}", file=sys.stderr)
         return 2
+    out = Path(config.train.output_dir)
+    if out.exists() and not out.is_dir():
+        print(f"chatgym train: train.output_dir: {out} exists and is not a directory", file=sys.stderr)
+        return 2
+    if resume is True and ckpt is None:  # a mistyped --output-dir would otherwise restart unnoticed
+        print(f"chatgym train: --resume: no checkpoint in {out}; starting at step 0", file=sys.stderr)
     done = checkpoint_step(ckpt) if ckpt is not None else None
     if done is not None and done >= config.train.max_steps:
         print(
@@ -81,7 +87,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .distributed.learner import LearnerFailed  # imports no Ray
     from .train import Trainer  # torch and transformers load only once the config is good
 
-    out = Path(config.train.output_dir)
     made_out = not out.exists()
     try:
         trainer = Trainer(config, resume=ckpt or False)  # already found and checked above
