@@ -124,3 +124,36 @@ def test_resume_with_no_checkpoint_says_it_starts_at_step_0(tmp_path, capsys):
     err = capsys.readouterr().err.splitlines()
     assert err[0] == f"chatgym train: --resume: no checkpoint in {out}; starting at step 0"
     assert err[1].startswith("chatgym train: model.path:")
+
+
+def test_a_missing_config_names_the_closest_one(tmp_path, capsys):
+    # Fresh-user check: `math_grpo.yml` gave only "[Errno 2] No such file or directory".
+    typo = Path(CONFIG).with_suffix(".yml")
+    assert main([str(typo)]) == 2
+    assert capsys.readouterr().err == (
+        f"chatgym train: no config file {typo}; did you mean {Path(CONFIG)}?\n"
+    )
+    (tmp_path / "a.yaml").write_text("{}")
+    (tmp_path / "b.yaml").write_text("{}")
+    assert main([str(tmp_path / "zzz_other.yaml")]) == 2
+    assert capsys.readouterr().err == (
+        f"chatgym train: no config file {tmp_path / 'zzz_other.yaml'} ({tmp_path} has a.yaml, b.yaml)\n"
+    )
+
+
+def test_an_underscored_option_gets_its_dashed_name(capsys):
+    # Fresh-user check: `--max_steps 2` got argparse's bare "unrecognized arguments".
+    assert main([CONFIG, "--max_steps", "2"]) == 2
+    assert capsys.readouterr().err == "chatgym train: unknown option --max_steps; did you mean --max-steps?\n"
+
+
+def test_vllm_logs_warnings_only_unless_the_user_chose(tmp_path, monkeypatch, capsys):
+    # Fresh-user check: `.venv/bin/chatgym train` (not scripts/train.sh) showed vLLM's INFO lines.
+    import os
+
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
+    assert main([CONFIG, "--output-dir", str(tmp_path / "r"), "model.path=/nonexistent"]) == 2
+    assert os.environ["VLLM_LOGGING_LEVEL"] == "WARNING"
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "DEBUG")
+    assert main([CONFIG, "--output-dir", str(tmp_path / "r"), "model.path=/nonexistent"]) == 2
+    assert os.environ["VLLM_LOGGING_LEVEL"] == "DEBUG"

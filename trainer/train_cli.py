@@ -8,6 +8,8 @@
 from __future__ import annotations
 
 import argparse
+import difflib
+import os
 import shutil
 import sys
 from collections.abc import Sequence
@@ -19,6 +21,8 @@ import yaml
 from .config import ConfigError, load_config
 from .learner.checkpoint import checkpoint_step, find_checkpoint, latest_checkpoint
 from .models import load_model_path
+
+OPTIONS = ("--max-steps", "--output-dir", "--resume", "--resume-from", "--help")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -40,8 +44,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--resume", action="store_true", help="continue from the newest checkpoint in the output dir"
     )
     parser.add_argument("--resume-from", metavar="CKPT", help="continue from this checkpoint directory")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    for arg in argv:  # `--max_steps`: argparse would only say "unrecognized arguments"
+        name = arg.split("=", 1)[0]
+        if name.startswith("--") and "_" in name and name.replace("_", "-") in OPTIONS:
+            print(f"chatgym train: unknown option {name}; did you mean {name.replace('_', '-')}?", file=sys.stderr)
+            return 2
     # Intermixed: `--output-dir runs/x algo.kl_coef=0.01` must not leave the override unrecognised.
     args = parser.parse_intermixed_args(argv)
+    # As scripts/train.sh does: vLLM's INFO lines drown the progress bar (read when vLLM is imported).
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    if args.config and "=" not in args.config and not Path(args.config).exists():
+        print(f"chatgym train: {_missing_config(Path(args.config))}", file=sys.stderr)
+        return 2
     overrides = list(args.overrides)
     if args.config and "=" in args.config:  # only overrides, no file
         overrides.insert(0, args.config)
@@ -141,3 +156,16 @@ def _print_summary(summary: dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def _missing_config(path: Path) -> str:
+    """The message for a config file that does not exist: the closest name in its folder, or the
+    folder's configs."""
+    folder = path.parent
+    found = sorted(p.name for p in folder.glob("*.yaml")) if folder.is_dir() else []
+    close = difflib.get_close_matches(path.name, found, n=1)
+    if close:
+        return f"no config file {path}; did you mean {folder / close[0]}?"
+    if found:
+        return f"no config file {path} ({folder} has {', '.join(found)})"
+    return f"no config file {path}"
