@@ -16,7 +16,8 @@ allocator growth) are left out of the figures. Per mode it prints, over the time
 * with ``--count-syncs`` (CUDA), device syncs per decode step (``torch.cuda.set_sync_debug_mode``),
   in a separate untimed round.
 
-Modes: ``batched`` (the engine as it is) and ``per_row`` (``engine._per_row_draws``: the sampling of
+Modes: ``batched`` (the engine as it is), ``async`` (the same with ``async_scheduling``: step ``k + 1``
+queued before step ``k``'s ids are read back) and ``per_row`` (``engine._per_row_draws``: the sampling of
 the code before issue 15 — one ``torch.multinomial`` per seeded row, two device syncs each; sampling
 tensors made every step by copies that wait for the device; two reads back per step; the same ids).
 Both modes use the new row moves and prefill copies. On a CPU it runs a tiny random Llama so the host
@@ -208,6 +209,7 @@ def run_mode(mode: str, args, device: str) -> dict:
 
     engine = make_engine(device, args.real_weights if device == "cuda" else False, args.seed)
     engine._per_row_draws = mode == "per_row"
+    engine.async_scheduling = mode == "async"
     probe = Probe(engine)
     cfg = CollectorConfig(temperature=1.0, max_tokens=NEW_TOKENS, max_response_tokens=NEW_TOKENS,
                           max_model_len=MAX_LEN, max_concurrent_episodes=PROMPTS * GROUP)
@@ -257,7 +259,7 @@ def main() -> None:
     import torch
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--modes", nargs="+", default=["batched", "per_row"], choices=["batched", "per_row"])
+    ap.add_argument("--modes", nargs="+", default=["batched", "async", "per_row"], choices=["batched", "async", "per_row"])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)

@@ -13,6 +13,8 @@ Runs (``--runs``, any subset, each ``NAME:SEED``):
 * ``ours``        — ``chatgym.trainer.train.Trainer`` as ``chatgym train`` runs it (HF engine,
   ``decode: static`` = per-slot KV cache + CUDA graphs, fp32 master weights, bf16 autocast, gradient
   checkpointing; per step also the metrics line and the background curve redraw);
+* ``ours_async``  — ``ours`` with ``engine.options.async_scheduling`` (decode step ``k + 1`` queued before step
+  ``k``'s ids are read back);
 * ``ours_dynamic`` — the same with the engine's dynamic-cache decode (what stop 10 measured);
 * ``ours_packed`` — ``ours`` with the update packed (``model.pack: true``; ``--pack`` sets it for ``ours``);
 * ``trl_bf16``    — TRL with bf16 weights (its fastest configuration in ANCHORS.md);
@@ -78,7 +80,10 @@ def our_config(seed: int, steps: int, out: Path, decode: str, pack: str | None =
             *extra,
             "engine.backend=hf",
             f"engine.dtype={'bfloat16' if DEVICE == 'cuda' else 'float32'}",
-            f"engine.options={{decode: {decode}}}",
+            # "async": the static decode with async_scheduling (the next step queued before the read-back).
+            "engine.options={decode: static, async_scheduling: true}"
+            if decode == "async"
+            else f"engine.options={{decode: {decode}}}",
             "env.id=Math-v0",
             f"env.eval_tasks={EVAL_TASKS}",
             f"rollout.max_tokens={NEW_TOKENS}",
@@ -573,6 +578,8 @@ def main() -> None:
             result = run_ours(int(seed), args.steps, args.eval_every, "static", options=options)
         elif name == "ours_packed":
             result = run_ours(int(seed), args.steps, args.eval_every, "static", "true", options=options)
+        elif name == "ours_async":
+            result = run_ours(int(seed), args.steps, args.eval_every, "async", options=options)
         elif name == "ours_dynamic":
             result = run_ours(int(seed), args.steps, args.eval_every, "dynamic", options=options)
         elif name in ("trl_bf16", "trl_fp32"):

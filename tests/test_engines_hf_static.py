@@ -139,7 +139,8 @@ async def test_engine_static_path_equals_dynamic_path(model, tokenizer):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-async def test_cuda_graphs_match_eager_and_survive_weight_updates(tokenizer):
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+async def test_cuda_graphs_match_eager_and_survive_weight_updates(tokenizer, async_scheduling):
     model = random_model("smollm2", device="cuda", seed=3, **TINY)
     model.eval()
     prompts = [[1, 5, 9, 200, 3], [7, 8], list(range(11, 40))]
@@ -151,7 +152,9 @@ async def test_cuda_graphs_match_eager_and_survive_weight_updates(tokenizer):
         finally:
             await engine.close()
 
-    graphs = TransformersEngine(model, tokenizer, decode="static", max_model_len=128)
+    graphs = TransformersEngine(
+        model, tokenizer, decode="static", max_model_len=128, async_scheduling=async_scheduling
+    )
     assert graphs.decode == "static"
     first = await run(graphs)
     captured = graphs._slots.graphs_captured
@@ -324,5 +327,60 @@ async def test_engine_batched_draws_equal_the_per_row_draws(model, tokenizer):
     new, old = await run(False), await run(True)
     assert [len(o.token_ids) for o in new] == [5, 8, 11, 14]
     for a, b in zip(new, old, strict=True):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < ATOL
+
+
+async def test_async_scheduling_gives_the_ids_of_the_synchronous_loop(model, tokenizer, monkeypatch):
+    # Seeded and greedy rows joining at different steps, one cut by max_model_len (29-token prompt,
+    # 64 columns: its queued step must not run past the cache), one cancelled: the queued-ahead loop
+    # returns the synchronous loop's ids and logprobs, and really queues ahead.
+    prompts = [[1, 5, 9, 200, 3], [7, 8], list(range(11, 40)), [300, 301, 302], [9, 9, 9]]
+    queued_before_wait = []
+
+    def run(async_scheduling: bool):
+        engine = TransformersEngine(
+            model, tokenizer, decode="static", max_model_len=64, eos_token_ids=[-1],
+            async_scheduling=async_scheduling,
+        )
+        start = hf_sampling.start_to_host
+
+        def watched(*args):
+            wait = start(*args)
+
+            def waiting():
+                queued_before_wait.append(engine._ahead is not None)
+                return wait()
+
+            return waiting
+
+        monkeypatch.setattr(hf_sampling, "start_to_host", watched)
+
+        async def late(i: int):
+            await asyncio.sleep(0.02 * i)
+            params = SamplingParams(max_tokens=[5, 9, 60, 7, 40][i], temperature=[1.0, 0.0, 1.0, 1.0, 1.0][i], seed=30 + i)
+            return await engine.generate(prompts[i], params)
+
+        async def go():
+            tasks = [asyncio.ensure_future(late(i)) for i in range(len(prompts))]
+            await asyncio.sleep(0.1)
+            tasks[4].cancel()  # cancelled while it decodes
+            try:
+                outs = await asyncio.gather(*tasks[:4])
+            finally:
+                await engine.close()
+            assert engine._ahead is None
+            return outs
+
+        return go()
+
+    sync = await run(False)
+    assert not any(queued_before_wait)
+    queued_before_wait.clear()
+    ahead = await run(True)
+    assert sum(queued_before_wait) >= 10  # most steps queued the next one before reading back
+    assert [len(o.token_ids) for o in ahead] == [5, 9, 35, 7]  # row 2: 64 - 29 columns
+    assert ahead[2].finish_reason == "length"
+    for a, b in zip(ahead, sync, strict=True):
         assert a.token_ids == b.token_ids
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < ATOL

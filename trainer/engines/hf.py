@@ -51,6 +51,7 @@ from .common import (
     iter_weights,
     judge_stop,
     stop_ids,
+    without_cudnn_attention,
 )
 
 
@@ -116,6 +117,9 @@ class TransformersEngine:
             per-token launch overhead; one graph capture per batch/length bucket on first use, reused
             across weight updates); ``"auto"`` (default): static on CUDA when the model supports it
             and batching is continuous, dynamic otherwise (on the CPU the dynamic path is as fast).
+        async_scheduling: static path: queue decode step ``k + 1`` before step ``k``'s ids are read
+            back, so the host's per-step work overlaps it (as vLLM's async scheduling); same ids and
+            logprobs up to float rounding. Default False: not yet timed on a GPU.
 
     Counters (for tests and benchmarks): ``batches_run`` prefill passes (each admits a group of
     requests), ``rows_run`` requests admitted, ``decode_steps`` decode passes.
@@ -136,6 +140,7 @@ class TransformersEngine:
         max_model_len: int | None = None,
         num_threads: int | None = None,
         decode: str = "auto",
+        async_scheduling: bool = False,
     ) -> None:
         import torch
 
@@ -184,6 +189,8 @@ class TransformersEngine:
         self._can_join: bool | None = None  # known after the first prefill (see hf_batch.can_join)
         self.decode = self._choose_decode(decode)
         self._slots: Any = None  # hf_static.StaticSlots, made by the worker on first use
+        self.async_scheduling = bool(async_scheduling)
+        self._ahead: Any = None  # async_scheduling: logits of the decode step queued for the running rows
         self._plan: tuple[list[_Row], Any] = ([], None)  # the running rows' hf_sampling plan
         # True: the sampling of the code before issue 15 (one torch.multinomial per seeded row, two
         # device syncs each; tensors made every step; two reads back; same ids) — for before/after
@@ -342,12 +349,14 @@ class TransformersEngine:
                     for request in [r.request for r in rows] + joiners:
                         self._answer(request, error)
                     rows, batch = [], None
+                    self._ahead = None
                     if self._slots is not None:
                         self._slots.clear()
                 if not rows:
                     batch = None
                     self._model_lock.release()
         finally:
+            self._ahead = None
             if self._slots is not None:
                 self._slots.clear()
             if rows:
@@ -395,12 +404,13 @@ class TransformersEngine:
                     hf_batch.select(batch, keep)
         return rows, (batch if rows else None)
 
-    def _take_tokens(self, rows: list[_Row], parts: list[Any]) -> tuple[Any, list[int]]:
+    def _take_tokens(self, rows: list[_Row], parts: list[Any], ahead: Any = None) -> tuple[Any, list[int]]:
         """Sample one id per row from the step's logits (``parts``, row order); record it and its raw
         logprob; returns the ids ``(rows,)`` (on the device) and the indices of the rows still running.
 
         The step reads back from the device once (ids, logprobs and the sampler's validity flags in one
         copy, :func:`.hf_sampling.to_host`); nothing else in the step waits for the device.
+        ``ahead(tokens)`` (``async_scheduling``) runs between the draw and the wait for it.
         """
         import torch
 
@@ -411,7 +421,10 @@ class TransformersEngine:
         if self._per_row_draws:  # the earlier code: two reads back (and multinomial's own checks)
             ids, lps, bad = tokens.tolist(), logprobs.tolist(), []
         else:
-            ids, lps, bad = hf_sampling.to_host(tokens, logprobs, invalid)
+            wait = hf_sampling.start_to_host(tokens, logprobs, invalid)
+            if ahead is not None:
+                ahead(tokens)
+            ids, lps, bad = wait()
         if bad:
             raise RuntimeError(
                 f"sampling: the next-token probabilities of {len(bad)} row(s) are not a distribution "
@@ -477,19 +490,30 @@ class TransformersEngine:
         with torch.inference_mode(), self._attention_backends():
             parts = []
             if rows:
-                parts.append(slots.decode().float())
+                queued, self._ahead = self._ahead, None
+                parts.append((queued if queued is not None else slots.decode()).float())
                 self.decode_steps += 1
             if joiners:
                 parts.append(slots.admit([r.prompt_ids for r in joiners], self.pad_token_id).float())
                 self.batches_run += 1
                 self.rows_run += len(joiners)
                 rows = rows + [self._new_row(r) for r in joiners]
-            tokens, keep = self._take_tokens(rows, parts)
-            slots.set_tokens(tokens)
+            ahead = self._decode_ahead if self.async_scheduling and not self._per_row_draws else None
+            tokens, keep = self._take_tokens(rows, parts, ahead)
+            if ahead is None:
+                slots.set_tokens(tokens)
             if len(keep) < len(rows):
                 slots.select(keep)
                 rows = [rows[r] for r in keep]
+                if self._ahead is not None:  # the queued step ran for the rows that left too
+                    self._ahead = self._ahead[hf_sampling.device_tensor(keep, self.device)] if keep else None
         return rows
+
+    def _decode_ahead(self, tokens: Any) -> None:
+        """``async_scheduling``: queue the next step for every row now (rows that finish here are decoded
+        once more for nothing). It fits: a row's last id sits at ``prompt + budget - 1 < max_model_len``."""
+        self._slots.set_tokens(tokens)
+        self._ahead = self._slots.decode()
 
     def _attention_backends(self) -> Any:
         """SDPA without its cuDNN backend while a step runs on CUDA (the other backends as they are).
@@ -502,7 +526,7 @@ class TransformersEngine:
         """
         if self.device.type != "cuda":
             return contextlib.nullcontext()
-        return _without_cudnn_attention()
+        return without_cudnn_attention()
 
     def _new_row(self, request: _Request) -> _Row:
         import torch
@@ -544,17 +568,6 @@ class TransformersEngine:
             raise RuntimeError("sampling: next-token probabilities that are not a distribution (nan/inf logits)")
         return tokens
 
-
-@contextlib.contextmanager
-def _without_cudnn_attention() -> Any:
-    import torch
-
-    enabled = torch.backends.cuda.cudnn_sdp_enabled()
-    torch.backends.cuda.enable_cudnn_sdp(False)
-    try:
-        yield
-    finally:
-        torch.backends.cuda.enable_cudnn_sdp(enabled)
 
 
 def eos_token_ids_of(model: Any, tokenizer: Any = None) -> frozenset[int]:

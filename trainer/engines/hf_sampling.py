@@ -17,7 +17,7 @@ leave, so they are turned into device tensors once per set of rows (:func:`build
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -191,12 +191,34 @@ def to_host(ids: Any, logprobs: Any, invalid: Any) -> tuple[list[int], list[floa
     Ids go through float64 (exact below 2**53) and float32 logprobs convert to float64 exactly, so the
     values are those of separate ``.tolist()`` calls.
     """
+    return start_to_host(ids, logprobs, invalid)()
+
+
+def start_to_host(ids: Any, logprobs: Any, invalid: Any) -> Callable[[], tuple[list[int], list[float], list[int]]]:
+    """:func:`to_host` in two halves: the copy is queued now (on CUDA into pinned memory, with an event
+    after it) and the returned function waits for that event alone and gives the lists — so work queued
+    after this call (the next decode step) does not delay them."""
     import torch
 
     n = ids.shape[0]
     parts = [ids.to(torch.float64), logprobs.to(torch.float64)]
     if invalid is not None:
         parts.append(invalid.to(torch.float64))
-    host = torch.cat(parts).cpu().tolist()
-    bad = [i for i, flag in enumerate(host[2 * n :]) if flag]
-    return [int(v) for v in host[:n]], host[n : 2 * n], bad
+    flat = torch.cat(parts)
+    event = None
+    if flat.device.type == "cuda":
+        host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+        host.copy_(flat, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+    else:
+        host = flat
+
+    def wait() -> tuple[list[int], list[float], list[int]]:
+        if event is not None:
+            event.synchronize()
+        values = host.tolist()
+        bad = [i for i, flag in enumerate(values[2 * n :]) if flag]
+        return [int(v) for v in values[:n]], values[n : 2 * n], bad
+
+    return wait
