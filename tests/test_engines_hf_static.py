@@ -278,6 +278,9 @@ def test_one_read_back_gives_the_values_of_separate_tolist_calls():
     got = hf_sampling.to_host(ids, logprobs, torch.tensor([False, True]))
     assert got == (ids.tolist(), logprobs.tolist(), [1])
     assert hf_sampling.to_host(ids, logprobs, None)[2] == []
+    # The two-step read-back of async_scheduling gives the same lists.
+    assert hf_sampling.start_to_host(ids, logprobs, torch.tensor([False, True]))() == got
+    assert hf_sampling.start_to_host(ids, logprobs, None)() == (ids.tolist(), logprobs.tolist(), [])
 
 
 def test_rows_leaving_from_the_front_move_only_what_they_wrote(model):

@@ -420,10 +420,11 @@ class TransformersEngine:
         logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
         if self._per_row_draws:  # the earlier code: two reads back (and multinomial's own checks)
             ids, lps, bad = tokens.tolist(), logprobs.tolist(), []
+        elif ahead is None:
+            ids, lps, bad = hf_sampling.to_host(tokens, logprobs, invalid)
         else:
             wait = hf_sampling.start_to_host(tokens, logprobs, invalid)
-            if ahead is not None:
-                ahead(tokens)
+            ahead(tokens)
             ids, lps, bad = wait()
         if bad:
             raise RuntimeError(

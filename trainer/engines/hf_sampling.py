@@ -191,13 +191,21 @@ def to_host(ids: Any, logprobs: Any, invalid: Any) -> tuple[list[int], list[floa
     Ids go through float64 (exact below 2**53) and float32 logprobs convert to float64 exactly, so the
     values are those of separate ``.tolist()`` calls.
     """
-    return start_to_host(ids, logprobs, invalid)()
+    import torch
+
+    n = ids.shape[0]
+    parts = [ids.to(torch.float64), logprobs.to(torch.float64)]
+    if invalid is not None:
+        parts.append(invalid.to(torch.float64))
+    host = torch.cat(parts).cpu().tolist()
+    bad = [i for i, flag in enumerate(host[2 * n :]) if flag]
+    return [int(v) for v in host[:n]], host[n : 2 * n], bad
 
 
 def start_to_host(ids: Any, logprobs: Any, invalid: Any) -> Callable[[], tuple[list[int], list[float], list[int]]]:
-    """:func:`to_host` in two halves: the copy is queued now (on CUDA into pinned memory, with an event
-    after it) and the returned function waits for that event alone and gives the lists — so work queued
-    after this call (the next decode step) does not delay them."""
+    """:func:`to_host` in two halves (``async_scheduling``): the copy is queued now (on CUDA into pinned
+    memory, with an event after it) and the returned function waits for that event alone and gives the
+    same lists — so work queued after this call (the next decode step) does not delay them."""
     import torch
 
     n = ids.shape[0]
