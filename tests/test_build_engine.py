@@ -60,3 +60,27 @@ def test_cli_names_a_bad_engine_option_in_one_line_and_leaves_no_output_dir(tmp_
         "did you mean 'decode' for 'decod'?"
     )
     assert not out.exists()
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="decode 'auto' is static on CUDA")
+def test_cli_names_a_value_the_engine_refuses_and_leaves_no_output_dir(tmp_path, capsys):
+    # Fresh-user check: async_scheduling with the CPU's dynamic decode was silently ignored; a
+    # ValueError of the engine's constructor is now a one-line config error.
+    import json
+
+    from train_helpers import TINY_LLAMA
+
+    from chatgym.trainer.train_cli import main
+
+    config = str(Path(__file__).resolve().parent.parent / "examples" / "configs" / "math_grpo.yaml")
+    out = tmp_path / "run"
+    overrides = [
+        "engine.backend=hf",
+        "engine.options={async_scheduling: true}",
+        "model.random_init=true",
+        "model.config_overrides=" + json.dumps(TINY_LLAMA),
+    ]
+    assert main([config, "--output-dir", str(out), *overrides]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "chatgym train: engine: async_scheduling needs decode 'static' (this engine decodes 'dynamic')"
+    assert not out.exists()

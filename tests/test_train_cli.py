@@ -157,3 +157,35 @@ def test_vllm_logs_warnings_only_unless_the_user_chose(tmp_path, monkeypatch, ca
     monkeypatch.setenv("VLLM_LOGGING_LEVEL", "DEBUG")
     assert main([CONFIG, "--output-dir", str(tmp_path / "r"), "model.path=/nonexistent"]) == 2
     assert os.environ["VLLM_LOGGING_LEVEL"] == "DEBUG"
+
+
+def test_ctrl_c_leaves_the_curve_of_the_steps_logged(tmp_path, monkeypatch, capsys):
+    # Fresh-user check: an interrupted run left no learning_curve.png (only the end of a run drew it).
+    import json
+
+    from train_helpers import LETTERS_ENV_ID, TINY_LLAMA, register
+
+    from chatgym.trainer.metrics import MetricsLogger
+    from chatgym.trainer.train import Trainer
+
+    register()
+    step = Trainer.step
+
+    def interrupted_at_the_second_step(self, i):
+        if i == 1:
+            raise KeyboardInterrupt
+        return step(self, i)
+
+    monkeypatch.setattr(Trainer, "step", interrupted_at_the_second_step)
+    # No background redraw finishes: a terminal's Ctrl-C reached the redraw child too (the helper's case).
+    monkeypatch.setattr(MetricsLogger, "plot_later", lambda self: self.dir / "learning_curve.png")
+    overrides = [
+        "model.random_init=true", "model.config_overrides=" + json.dumps(TINY_LLAMA), "engine.backend=hf",
+        "engine.dtype=float32", f"env.id={LETTERS_ENV_ID}", "env.eval_tasks=0", "rollout.max_tokens=8",
+        "rollout.max_response_tokens=8", "rollout.max_model_len=128", "train.max_steps=3",
+        "train.prompts_per_step=2", "train.group_size=2", "train.progress=false", "train.tensorboard=false",
+    ]
+    assert main([*overrides, "--output-dir", str(tmp_path)]) == 130
+    assert capsys.readouterr().err.endswith("chatgym train: interrupted; no checkpoint was saved yet\n")
+    assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1]
+    assert (tmp_path / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

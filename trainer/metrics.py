@@ -161,8 +161,12 @@ class MetricsLogger:
         from . import curves
 
         out = self.dir / "learning_curve.png"
+        # Its own session: a Ctrl-C at the terminal interrupts training, not a redraw half-way.
         done = subprocess.run(
-            [sys.executable, curves.__file__, str(self.path), str(out)], capture_output=True, text=True
+            [sys.executable, curves.__file__, str(self.path), str(out)],
+            capture_output=True,
+            text=True,
+            start_new_session=True,
         )
         if done.returncode != 0:
             lines = done.stderr.strip().splitlines()

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import os
 import shutil
@@ -116,6 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"chatgym train: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
+        with contextlib.suppress(Exception):  # the curve of the steps logged so far, as a finished run has
+            trainer.metrics.plot()
         last = latest_checkpoint(config.train.output_dir)
         where = f"the last checkpoint is {last} (continue with --resume)" if last else "no checkpoint was saved yet"
         print(f"\nchatgym train: interrupted; {where}", file=sys.stderr)

@@ -109,7 +109,8 @@ def build_engine(cfg: Any, model_path: Path, tokenizer: Any, seed: int, max_mode
     Raises:
         ModuleNotFoundError: the backend's package is missing (e.g. vLLM: ``pip install 'chatgym[vllm]'``).
         ConfigError: (a ValueError) an ``engine.options`` key the backend does not take (named, with the
-            closest known name or the allowed ones).
+            closest known name or the allowed ones), or a ValueError of the engine's constructor (a value
+            it refuses), prefixed ``engine:``.
     """
     check_options(cfg)
     cls = engine_class(cfg.backend)
@@ -117,7 +118,12 @@ def build_engine(cfg: Any, model_path: Path, tokenizer: Any, seed: int, max_mode
     candidates = {"dtype": engine_dtype(cfg), "tokenizer": tokenizer, "seed": seed, "max_model_len": max_model_len}
     kwargs = {k: v for k, v in candidates.items() if k in accepted}
     kwargs.update(cfg.options)
-    return cls(str(model_path), **kwargs)
+    try:
+        return cls(str(model_path), **kwargs)
+    except ConfigError:
+        raise
+    except ValueError as exc:  # a setting the engine refuses (e.g. async_scheduling without decode static)
+        raise ConfigError(f"engine: {exc}") from exc
 
 
 __all__ = [

@@ -189,6 +189,8 @@ class TransformersEngine:
         self._can_join: bool | None = None  # known after the first prefill (see hf_batch.can_join)
         self.decode = self._choose_decode(decode)
         self._slots: Any = None  # hf_static.StaticSlots, made by the worker on first use
+        if async_scheduling and self.decode != "static":
+            raise ValueError(f"async_scheduling needs decode 'static' (this engine decodes {self.decode!r})")
         self.async_scheduling = bool(async_scheduling)
         self._ahead: Any = None  # async_scheduling: logits of the decode step queued for the running rows
         self._plan: tuple[list[_Row], Any] = ([], None)  # the running rows' hf_sampling plan
