@@ -38,7 +38,9 @@ def test_a_misspelt_vllm_option_is_named_before_the_engine_starts():
     )
 
 
-def test_cli_names_a_bad_engine_option_in_one_line_and_leaves_no_output_dir(tmp_path, capsys):
+def cli_with_engine_options(tmp_path, capsys, options: str) -> tuple[int, str, Path]:
+    """``chatgym train`` of the main job's config on a tiny random policy with the hf engine and
+    ``engine.options=<options>``: (exit status, last stderr line, the output dir asked for)."""
     import json
 
     from train_helpers import TINY_LLAMA
@@ -49,13 +51,17 @@ def test_cli_names_a_bad_engine_option_in_one_line_and_leaves_no_output_dir(tmp_
     out = tmp_path / "run"
     overrides = [
         "engine.backend=hf",
-        "engine.options={decod: static}",
+        f"engine.options={options}",
         "model.random_init=true",
         "model.config_overrides=" + json.dumps(TINY_LLAMA),
     ]
-    assert main([config, "--output-dir", str(out), *overrides]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1] == (
+    status = main([config, "--output-dir", str(out), *overrides])
+    return status, capsys.readouterr().err.strip().splitlines()[-1], out
+
+
+def test_cli_names_a_bad_engine_option_in_one_line_and_leaves_no_output_dir(tmp_path, capsys):
+    status, err, out = cli_with_engine_options(tmp_path, capsys, "{decod: static}")
+    assert status == 2 and err == (
         "chatgym train: engine.options: 'decod' not taken by the 'hf' engine (TransformersEngine); "
         "did you mean 'decode' for 'decod'?"
     )
@@ -66,21 +72,7 @@ def test_cli_names_a_bad_engine_option_in_one_line_and_leaves_no_output_dir(tmp_
 def test_cli_names_a_value_the_engine_refuses_and_leaves_no_output_dir(tmp_path, capsys):
     # Fresh-user check: async_scheduling with the CPU's dynamic decode was silently ignored; a
     # ValueError of the engine's constructor is now a one-line config error.
-    import json
-
-    from train_helpers import TINY_LLAMA
-
-    from chatgym.trainer.train_cli import main
-
-    config = str(Path(__file__).resolve().parent.parent / "examples" / "configs" / "math_grpo.yaml")
-    out = tmp_path / "run"
-    overrides = [
-        "engine.backend=hf",
-        "engine.options={async_scheduling: true}",
-        "model.random_init=true",
-        "model.config_overrides=" + json.dumps(TINY_LLAMA),
-    ]
-    assert main([config, "--output-dir", str(out), *overrides]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1] == "chatgym train: engine: async_scheduling needs decode 'static' (this engine decodes 'dynamic')"
+    status, err, out = cli_with_engine_options(tmp_path, capsys, "{async_scheduling: true}")
+    assert status == 2
+    assert err == "chatgym train: engine: async_scheduling needs decode 'static' (this engine decodes 'dynamic')"
     assert not out.exists()
