@@ -110,3 +110,19 @@ def test_the_childs_errors_name_the_file_and_line(tmp_path, capsys):
     assert main([str(missing), str(tmp_path / "c.png")]) == 1
     assert capsys.readouterr().err == f"FileNotFoundError: [Errno 2] No such file or directory: '{missing}'\n"
     assert main([]) == 2
+
+
+def test_a_damaged_line_inside_the_log_is_one_config_error(tmp_path):
+    # Second fresh-user check: a resume over such a file ended in a ValueError traceback.
+    import pytest
+
+    from chatgym.trainer.config_io import ConfigError
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n{"step": 2, "rew\n{"step": 3}\n')
+    with pytest.raises(ConfigError) as err:
+        MetricsLogger(tmp_path, tensorboard=False, resume_step=3)
+    assert str(err.value) == (
+        f"train.output_dir: {path}, line 2: not a JSON row (Unterminated string starting at); "
+        "move the file away to start its log afresh"
+    )

@@ -189,3 +189,15 @@ def test_ctrl_c_leaves_the_curve_of_the_steps_logged(tmp_path, monkeypatch, caps
     assert capsys.readouterr().err.endswith("chatgym train: interrupted; no checkpoint was saved yet\n")
     assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1]
     assert (tmp_path / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_summary_counts_one_step_in_the_singular(capsys):
+    from chatgym.trainer.train_cli import _print_summary
+
+    summary = {"steps_run": 1, "steps": 4, "wall_s": 12.4, "first_step": None, "last_step": None,
+               "eval_before": None, "eval_after": None, "learning_curve": "c.png", "checkpoint": "ck",
+               "metrics": "m.jsonl"}
+    _print_summary(summary)
+    assert capsys.readouterr().out.splitlines()[0] == "done: 1 step (resumed at step 3), now at step 4, in 12 s"
+    _print_summary({**summary, "steps_run": 4})
+    assert capsys.readouterr().out.splitlines()[0] == "done: 4 steps, now at step 4, in 12 s"

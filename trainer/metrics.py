@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .config_io import ConfigError
 from .curves import draw, read_history
 
 
@@ -29,6 +30,10 @@ class MetricsLogger:
             rewrites them).
         plot_interval_s: seconds between the starts of two background redraws (:meth:`plot_later`);
             calls in between draw nothing (the next redraw, or :meth:`plot`, shows their steps).
+
+    Raises:
+        ConfigError: an existing ``metrics.jsonl`` has a damaged line before its last (file and line
+            named).
     """
 
     def __init__(
@@ -48,7 +53,11 @@ class MetricsLogger:
         self.history: list[dict[str, Any]] = []
         if self.path.is_file():
             # A run stopped while writing a row leaves half a line: it is dropped (read_history).
-            for row in read_history(self.path):
+            try:
+                rows = read_history(self.path)
+            except ValueError as exc:  # a damaged line inside the file: say which, in one line
+                raise ConfigError(f"train.output_dir: {exc}; move the file away to start its log afresh") from exc
+            for row in rows:
                 if resume_step is None or row.get("step", 0) < resume_step:
                     self.history.append(row)
             self.path.write_text("".join(json.dumps(r) + "\n" for r in self.history))

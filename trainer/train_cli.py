@@ -145,7 +145,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
     )
     start = summary["steps"] - summary["steps_run"]
     resumed = f" (resumed at step {start})" if start else ""
-    print(f"done: {summary['steps_run']} steps{resumed}, now at step {summary['steps']}, in {summary['wall_s']:.0f} s")
+    steps = f"{summary['steps_run']} step{'' if summary['steps_run'] == 1 else 's'}"
+    print(f"done: {steps}{resumed}, now at step {summary['steps']}, in {summary['wall_s']:.0f} s")
     print(f"  first step: {pick(summary['first_step'], *keys)}")
     print(f"  last step:  {pick(summary['last_step'], *keys)}")
     print(f"  held-out before: {pick(summary['eval_before'], 'eval/score', 'eval/accuracy')}")
