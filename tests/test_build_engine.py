@@ -72,7 +72,16 @@ def test_cli_names_a_bad_engine_option_in_one_line_and_leaves_no_output_dir(tmp_
 def test_cli_names_a_value_the_engine_refuses_and_leaves_no_output_dir(tmp_path, capsys):
     # Fresh-user check: async_scheduling with the CPU's dynamic decode was silently ignored; a
     # ValueError of the engine's constructor is now a one-line config error.
-    status, err, out = cli_with_engine_options(tmp_path, capsys, "{async_scheduling: true}")
+    import gc
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always", ResourceWarning)
+        status, err, out = cli_with_engine_options(tmp_path, capsys, "{async_scheduling: true}")
+        gc.collect()
     assert status == 2
     assert err == "chatgym train: engine: async_scheduling needs decode 'static' (this engine decodes 'dynamic')"
     assert not out.exists()
+    # Regression (CI rehearsal): the failed Trainer left its event loop unclosed, and a later test's
+    # check_env caught the ResourceWarning when the garbage collector found it.
+    assert [str(w.message) for w in seen if "event loop" in str(w.message)] == []

@@ -106,7 +106,6 @@ class Trainer:
         self.resumed_from = ckpt
 
         # The rollout role: the engine (holding the policy's weights) and its collectors.
-        self.loop = asyncio.new_event_loop()
         self.engine_dtype = engine_dtype(cfg.engine)
         self.rollout = build_rollout(
             cfg,
@@ -116,34 +115,41 @@ class Trainer:
             out_dir=self.out,
             generation_config=getattr(self.learner.base_model(), "generation_config", None),
         )
-        # In this process with trainer.backend: local (None on Ray: the engines live in the workers).
-        self.engine = getattr(self.rollout, "engine", None)
-        self.collector = getattr(self.rollout, "collector", None)
-        self.eval_collector = getattr(self.rollout, "eval_collector", None)
-        self.sync_weights()
-        self.num_train_tasks = self._count_tasks(cfg.env.train_split)
-        self._num_eval_tasks: int | None = None
-        self.pipeline = Pipeline(
-            self.rollout,
-            self.learner,
-            self.request_for,
-            pipeline_options(cfg),
-            weights_dtype=getattr(torch, self.engine_dtype),
-        )
-        if ckpt is not None:
-            self.pipeline.load_state_dict(load_pipeline_state(ckpt) or {})
-        save_config(cfg, self.out / "config.yaml")
-        self.metrics = MetricsLogger(
-            self.out,
-            tensorboard=cfg.train.tensorboard,
-            wandb=cfg.train.wandb,
-            wandb_project=cfg.train.wandb_project,
-            run_config=config_to_dict(cfg),
-            # A fresh run drops rows an earlier, interrupted run left in metrics.jsonl.
-            resume_step=self.start_step + 1 if ckpt is not None else 0,
-        )
-        for warning in self.metrics.warnings:
-            print(f"chatgym: {warning}", file=sys.stderr)
+        # Made once the rollout side exists; closed again if the rest of the set-up fails (an
+        # unclosed loop is a ResourceWarning whenever the garbage collector finds it later).
+        self.loop = asyncio.new_event_loop()
+        try:
+            # In this process with trainer.backend: local (None on Ray: the engines live in the workers).
+            self.engine = getattr(self.rollout, "engine", None)
+            self.collector = getattr(self.rollout, "collector", None)
+            self.eval_collector = getattr(self.rollout, "eval_collector", None)
+            self.sync_weights()
+            self.num_train_tasks = self._count_tasks(cfg.env.train_split)
+            self._num_eval_tasks: int | None = None
+            self.pipeline = Pipeline(
+                self.rollout,
+                self.learner,
+                self.request_for,
+                pipeline_options(cfg),
+                weights_dtype=getattr(torch, self.engine_dtype),
+            )
+            if ckpt is not None:
+                self.pipeline.load_state_dict(load_pipeline_state(ckpt) or {})
+            save_config(cfg, self.out / "config.yaml")
+            self.metrics = MetricsLogger(
+                self.out,
+                tensorboard=cfg.train.tensorboard,
+                wandb=cfg.train.wandb,
+                wandb_project=cfg.train.wandb_project,
+                run_config=config_to_dict(cfg),
+                # A fresh run drops rows an earlier, interrupted run left in metrics.jsonl.
+                resume_step=self.start_step + 1 if ckpt is not None else 0,
+            )
+            for warning in self.metrics.warnings:
+                print(f"chatgym: {warning}", file=sys.stderr)
+        except BaseException:
+            self.loop.close()
+            raise
 
     # ---- one training step ------------------------------------------------------------------------
 
