@@ -201,3 +201,15 @@ def test_the_summary_counts_one_step_in_the_singular(capsys):
     assert capsys.readouterr().out.splitlines()[0] == "done: 1 step (resumed at step 3), now at step 4, in 12 s"
     _print_summary({**summary, "steps_run": 4})
     assert capsys.readouterr().out.splitlines()[0] == "done: 4 steps, now at step 4, in 12 s"
+
+
+def test_a_missing_config_through_python_m(tmp_path):
+    # Regression: _missing_config sat below the `__main__` guard, so `python -m` hit a NameError.
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "chatgym.trainer.train_cli", str(tmp_path / "nope.yaml")],
+        capture_output=True, text=True, cwd=tmp_path,
+    )
+    assert (done.returncode, done.stderr) == (2, f"chatgym train: no config file {tmp_path / 'nope.yaml'}\n")

@@ -158,9 +158,6 @@ def _print_summary(summary: dict[str, Any]) -> None:
 
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
-
 
 def _missing_config(path: Path) -> str:
     """The message for a config file that does not exist: the closest name in its folder, or the
@@ -173,3 +170,7 @@ def _missing_config(path: Path) -> str:
     if found:
         return f"no config file {path} ({folder} has {', '.join(found)})"
     return f"no config file {path}"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
