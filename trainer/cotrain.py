@@ -417,10 +417,7 @@ class CoTrainer:
         return count_tasks(self.cfg.env, split)
 
     def close(self) -> None:
-        if hasattr(self.rollout, "aclose"):  # LocalRollout: also a separate GenRM judge's engine
-            self.loop.run_until_complete(self.rollout.aclose())
-        else:
-            self.rollout.close()
+        self.loop.run_until_complete(self.rollout.aclose())  # also a separate GenRM judge's engine
         self.metrics.close()
         for engine in (self.rollout.engine, self.party.engine):
             with contextlib.suppress(Exception):

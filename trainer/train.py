@@ -360,10 +360,7 @@ class Trainer:
         return first, last, checkpoint
 
     def close(self) -> None:
-        if hasattr(self.rollout, "aclose"):  # LocalRollout: also a separate GenRM judge's engine
-            self.loop.run_until_complete(self.rollout.aclose())
-        else:
-            self.rollout.close()
+        self.loop.run_until_complete(self.rollout.aclose())  # also a separate GenRM judge's engine
         self.metrics.close()
         with contextlib.suppress(Exception):
             self.loop.run_until_complete(self.engine.close())

@@ -264,6 +264,10 @@ class RayRollout:
         """The shared tool budget's counters per kind (empty without one)."""
         return {} if self.limiter is None else import_ray().get(self.limiter.stats.remote())
 
+    async def aclose(self) -> None:
+        """:meth:`close` (the workers close their own judges' engines, ``RolloutWorker.close``)."""
+        self.close()
+
     def close(self) -> None:
         """Close the workers' collectors and end the actors (the cluster itself stays)."""
         ray = import_ray()

@@ -83,6 +83,10 @@ class RolloutSource(Protocol):
 
     def close(self) -> None: ...
 
+    async def aclose(self) -> None:
+        """:meth:`close` and what closing needs the event loop for (engines the source built)."""
+        ...
+
 
 class LocalRollout:
     """The engine and its collectors in this process.
