@@ -191,15 +191,7 @@ def to_host(ids: Any, logprobs: Any, invalid: Any) -> tuple[list[int], list[floa
     Ids go through float64 (exact below 2**53) and float32 logprobs convert to float64 exactly, so the
     values are those of separate ``.tolist()`` calls.
     """
-    import torch
-
-    n = ids.shape[0]
-    parts = [ids.to(torch.float64), logprobs.to(torch.float64)]
-    if invalid is not None:
-        parts.append(invalid.to(torch.float64))
-    host = torch.cat(parts).cpu().tolist()
-    bad = [i for i, flag in enumerate(host[2 * n :]) if flag]
-    return [int(v) for v in host[:n]], host[n : 2 * n], bad
+    return _unpack(_pack(ids, logprobs, invalid).cpu().tolist(), ids.shape[0])
 
 
 def start_to_host(ids: Any, logprobs: Any, invalid: Any) -> Callable[[], tuple[list[int], list[float], list[int]]]:
@@ -208,25 +200,31 @@ def start_to_host(ids: Any, logprobs: Any, invalid: Any) -> Callable[[], tuple[l
     same lists — so work queued after this call (the next decode step) does not delay them."""
     import torch
 
-    n = ids.shape[0]
-    parts = [ids.to(torch.float64), logprobs.to(torch.float64)]
-    if invalid is not None:
-        parts.append(invalid.to(torch.float64))
-    flat = torch.cat(parts)
-    event = None
-    if flat.device.type == "cuda":
-        host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
-        host.copy_(flat, non_blocking=True)
+    host, event = _pack(ids, logprobs, invalid), None
+    if host.device.type == "cuda":
+        device, host = host, torch.empty(host.shape, dtype=host.dtype, pin_memory=True)
+        host.copy_(device, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
-    else:
-        host = flat
 
     def wait() -> tuple[list[int], list[float], list[int]]:
         if event is not None:
             event.synchronize()
-        values = host.tolist()
-        bad = [i for i, flag in enumerate(values[2 * n :]) if flag]
-        return [int(v) for v in values[:n]], values[n : 2 * n], bad
+        return _unpack(host.tolist(), ids.shape[0])
 
     return wait
+
+
+def _pack(ids: Any, logprobs: Any, invalid: Any) -> Any:
+    """ids, logprobs (and the invalid flags) as one float64 device tensor: one copy reads them all."""
+    import torch
+
+    parts = [ids.to(torch.float64), logprobs.to(torch.float64)]
+    if invalid is not None:
+        parts.append(invalid.to(torch.float64))
+    return torch.cat(parts)
+
+
+def _unpack(values: list[float], n: int) -> tuple[list[int], list[float], list[int]]:
+    bad = [i for i, flag in enumerate(values[2 * n :]) if flag]
+    return [int(v) for v in values[:n]], values[n : 2 * n], bad
