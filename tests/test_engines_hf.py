@@ -40,6 +40,17 @@ def reference(model, prompt: list[int], completion: list[int]) -> tuple[list[int
     return steps.argmax(-1).tolist(), logprobs
 
 
+def logit_shortfall(model, prompt: list[int], completion: list[int]) -> list[float]:
+    """Per completion token: how far its logit falls below the largest one under one full fp32-read
+    forward pass (0 where it is the argmax). A greedy engine in bf16 may take a token whose shortfall
+    is within bf16's rounding of the logits instead of the argmax: a near-tie, not a wrong id."""
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + completion], device=device)).logits[0].float().cpu()
+    steps = logits[len(prompt) - 1 : -1]
+    return (steps.max(-1).values - steps.gather(1, torch.tensor(completion)[:, None])[:, 0]).tolist()
+
+
 async def test_greedy_ids_and_logprobs_match_a_full_forward_pass(engine):
     prompt = chat_ids(engine, "What is 2+2?")
     out = await engine.generate(prompt, GREEDY)
@@ -277,12 +288,16 @@ async def test_cancelled_request_does_not_break_the_batcher(engine):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-async def test_cuda_bf16_matches_cpu_first_tokens(engine):
+async def test_cuda_bf16_greedy_ids_are_the_fp32_models_up_to_rounding(engine):
     prompt = chat_ids(engine, "What is 2+2?")
-    cpu = await engine.generate(prompt, GREEDY)
     gpu = TransformersEngine("smollm2", dtype="bfloat16", device="cuda")
     out = await gpu.generate(prompt, GREEDY)
-    assert out.token_ids[:4] == cpu.token_ids[:4]
+    # Each GPU id is the fp32 model's greedy choice after the GPU's own prefix, up to bf16 rounding.
+    # The GPU takes t over the fp32 argmax a only if bf16(t) >= bf16(a), so t's shortfall is at most
+    # twice the largest bf16 logit error: SmolLM2's bf16 logits were up to 0.98 from fp32 (H200, 24
+    # decode steps), and this prompt's fp32 top-2 gaps at the first 4 tokens are 0.466, 2.86, 0.575 and
+    # 0.082 (' ' 19.747 vs ':' 19.665 after "The answer is"): near-ties that bf16 may break either way.
+    assert max(logit_shortfall(engine.model, prompt, out.token_ids[:4])) < 2.0
     _, logprobs = reference(gpu.model, prompt, out.token_ids)
     assert torch.allclose(torch.tensor(out.logprobs), logprobs, atol=0.1)  # bf16 rounding
     await gpu.close()
@@ -323,10 +338,12 @@ async def test_cuda_bf16_random_model_batched_greedy_logprobs_and_update():
     outs = await asyncio.gather(*(eng.generate(p, params) for p in prompts))
     assert eng.batches_run == 1
     for prompt, out in zip(prompts, outs, strict=True):
-        argmax, logprobs = reference(policy, prompt, out.token_ids)
-        # bf16: padded+cached vs unpadded logits differ by rounding; random weights give flat
-        # distributions, so near-ties can flip an argmax late in a sequence — the first 4 must agree.
-        assert out.token_ids[:4] == argmax[:4]
+        _, logprobs = reference(policy, prompt, out.token_ids)
+        # bf16: the engine's fused kernels and one unpadded forward round differently (random weights
+        # of this shape: logits up to 0.031 apart on an H200), and random weights give flat
+        # distributions, so a greedy id may be a near-tie rather than the reference's argmax: its
+        # shortfall is at most twice that error.
+        assert max(logit_shortfall(policy, prompt, out.token_ids[:4])) < 0.1
         assert torch.allclose(torch.tensor(out.logprobs[:4]), logprobs[:4], atol=0.05)
     trainer = random_model(smollm2_shaped_config(), dtype="float32", device="cpu", seed=1)
     eng.update_weights(trainer.state_dict())

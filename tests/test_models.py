@@ -221,3 +221,37 @@ def test_critic_value_passes_are_deterministic_in_train_mode(random_init):
     with torch.no_grad():
         first, second = critic(ids).logits, critic(ids).logits
     assert torch.equal(first, second)
+
+
+def test_cudnn_attention_stays_off_while_any_holder_is_inside():
+    """Regression (H200, issue 15): the engine's worker closed its block after the learner had opened
+    its own, and a save/restore per block turned cuDNN attention back on inside the update. The order
+    here is that one: engine opens, learner opens, engine closes, learner closes."""
+    from chatgym.trainer.models import without_cudnn_attention
+
+    flag = torch.backends.cuda.cudnn_sdp_enabled
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    seen = {}
+    engine_in, learner_in, engine_out = threading.Event(), threading.Event(), threading.Event()
+
+    def engine_step():
+        with without_cudnn_attention():
+            engine_in.set()
+            learner_in.wait(5)
+        engine_out.set()
+
+    worker = threading.Thread(target=engine_step)
+    worker.start()
+    engine_in.wait(5)
+    with without_cudnn_attention():
+        learner_in.set()
+        engine_out.wait(5)
+        seen["after the engine closed"] = flag()
+    worker.join(5)
+    seen["after both"] = flag()
+    assert seen == {"after the engine closed": False, "after both": True}
+    torch.backends.cuda.enable_cudnn_sdp(False)  # a process that had it off keeps it off
+    with without_cudnn_attention():
+        pass
+    assert flag() is False
+    torch.backends.cuda.enable_cudnn_sdp(True)

@@ -405,8 +405,21 @@ def test_resume_continues_with_the_same_batch_and_weights(tmp_path, tiny_model):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_training_steps_on_cuda_in_bf16(tmp_path, tiny_model):
+def test_training_steps_on_cuda_in_bf16(tmp_path, tiny_model, monkeypatch):
+    import chatgym.trainer.learner.role as role
     from chatgym.trainer.train import Trainer
+
+    # The update (forward and backward) runs without SDPA's cuDNN backend, which plans per new shape;
+    # the flag is the process's again after it.
+    cudnn_in_update = []
+    plain_update = role.update
+
+    def update(*args, **kwargs):
+        cudnn_in_update.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return plain_update(*args, **kwargs)
+
+    monkeypatch.setattr(role, "update", update)
+    torch.backends.cuda.enable_cudnn_sdp(True)
 
     # fp32 master weights, bf16 autocast, gradient checkpointing, a bf16 engine on the same GPU.
     cfg = tiny_config(
@@ -426,6 +439,7 @@ def test_training_steps_on_cuda_in_bf16(tmp_path, tiny_model):
         for name, param in trainer.engine.model.named_parameters():
             assert param.dtype == torch.bfloat16
             assert torch.equal(param, policy[name].detach().to(torch.bfloat16)), name
+        assert cudnn_in_update == [False, False] and torch.backends.cuda.cudnn_sdp_enabled()
     finally:
         trainer.close()
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]

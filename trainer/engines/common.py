@@ -7,8 +7,7 @@ Keeping them in one place is what makes engines interchangeable: the same ids gi
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .base import FinishReason, SamplingParams
@@ -302,16 +301,3 @@ def server_stop(
         server_matched if isinstance(server_matched, int) and not isinstance(server_matched, bool) else None
     )
     return finish, matched if finish == "stop" else None
-
-
-@contextlib.contextmanager
-def without_cudnn_attention() -> Iterator[None]:
-    """SDPA's cuDNN backend off inside the block (a process-wide torch flag, restored after it)."""
-    import torch
-
-    enabled = torch.backends.cuda.cudnn_sdp_enabled()
-    torch.backends.cuda.enable_cudnn_sdp(False)
-    try:
-        yield
-    finally:
-        torch.backends.cuda.enable_cudnn_sdp(enabled)

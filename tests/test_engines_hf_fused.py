@@ -1,0 +1,148 @@
+"""The fused decode step (trainer/engines/hf_fused.py): the static slots' step on concatenated weights
+gives the logits of full forward passes of the model (fp32, so only summation order differs) for
+Llama, Qwen2 (q/k/v biases) and Qwen3 (per-head q/k norms); its weight copies follow in-place updates;
+models it cannot run are named and decoded through their own layers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+
+from chatgym.trainer.engines import SamplingParams
+from chatgym.trainer.engines.hf import TransformersEngine
+from chatgym.trainer.engines.hf_fused import fusable
+from chatgym.trainer.engines.hf_static import StaticSlots
+from chatgym.trainer.models import random_model
+from chatgym.trainer.rollout.tokenizer import get_tokenizer
+
+SHAPE = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=16, vocab_size=320, max_position_embeddings=256)
+ATOL = 2e-5  # fp32 logits of magnitude ~1: summation order only
+
+
+def tiny(config_class, device="cpu", seed=3, **overrides):
+    """A random model; biases and norm weights (initialised to 0 and 1) drawn too, so that a step
+    which dropped a bias or used the wrong norm's weight would give other logits."""
+    model = random_model(config_class(**{**SHAPE, **overrides}), device=device, seed=seed)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                base = 0.0 if name.endswith("bias") else 1.0
+                param.copy_(base + 0.5 * torch.randn(param.shape, generator=generator))
+    return model.eval()
+
+
+def full_forward_logits(model, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([ids], device=model.device)).logits[0, -1].float()
+
+
+def decode_sequence(slots: StaticSlots, prompts: list[list[int]], steps: int) -> dict[int, list]:
+    """Prefill ``prompts``, decode ``steps`` greedy steps with row 1 leaving after step 2; returns each
+    prompt's (ids so far, logits) before every token it took."""
+    seen: dict[int, list] = {i: [] for i in range(len(prompts))}
+    ids = {i: list(p) for i, p in enumerate(prompts)}
+    running = list(range(len(prompts)))
+    with torch.inference_mode():
+        logits = slots.admit(prompts, pad_id=0).float()
+        for step in range(steps):
+            tokens = logits.argmax(-1)
+            for r, i in enumerate(running):
+                seen[i].append((list(ids[i]), logits[r].clone()))
+                ids[i].append(int(tokens[r]))
+            if step == 2:
+                slots.select([0, 2])
+                tokens, running = tokens[[0, 2]], [running[0], running[2]]
+            slots.set_tokens(tokens)
+            logits = slots.decode().float()
+    return seen
+
+
+@pytest.mark.parametrize("config_class", [LlamaConfig, Qwen2Config, Qwen3Config], ids=["llama", "qwen2", "qwen3"])
+def test_the_fused_step_gives_the_logits_of_full_forward_passes(config_class):
+    model = tiny(config_class)
+    slots = StaticSlots(model, max_rows=4, max_len=96, use_graphs=False)
+    assert slots.fused is not None and slots.unfused_reason == ""
+    seen = decode_sequence(slots, [[1, 5, 9, 200, 3], [7, 8], list(range(11, 40))], steps=6)
+    assert [len(v) for v in seen.values()] == [6, 3, 6]
+    for rows in seen.values():
+        for ids, logits in rows:
+            assert (logits - full_forward_logits(model, ids)).abs().max().item() < ATOL
+
+
+def test_the_fused_step_equals_the_models_own_layers_step():
+    model = tiny(LlamaConfig)
+    prompts = [[4, 5, 6], list(range(20, 50)), [9]]
+    fused = decode_sequence(StaticSlots(model, 4, 96, use_graphs=False), prompts, steps=5)
+    layers_slots = StaticSlots(model, 4, 96, use_graphs=False, fused=False)
+    assert layers_slots.fused is None and layers_slots.unfused_reason == "fused=False"
+    layers = decode_sequence(layers_slots, prompts, steps=5)
+    for i in fused:
+        for (ids_a, a), (ids_b, b) in zip(fused[i], layers[i], strict=True):
+            assert ids_a == ids_b and (a - b).abs().max().item() < ATOL
+
+
+def test_the_fused_weights_follow_in_place_updates():
+    model, other = tiny(LlamaConfig, seed=3), tiny(LlamaConfig, seed=4)
+    slots = StaticSlots(model, 2, 64, use_graphs=False)
+    prompt = [3, 1, 4, 1, 5]
+    with torch.inference_mode():
+        slots.admit([prompt], pad_id=0)
+    assert slots.fused.refreshes == 0 and slots.fused.refresh() is False  # nothing changed: no copy
+    slots.clear()
+    with torch.no_grad():  # what TransformersEngine.update_weights does: copy_ into each parameter
+        for name, tensor in other.state_dict().items():
+            model.get_parameter(name).copy_(tensor)
+    with torch.inference_mode():
+        slots.admit([prompt], pad_id=0)
+        slots.set_tokens(torch.tensor([7]))
+        logits = slots.decode().float()[0]
+    assert slots.fused.refreshes == 1
+    assert (logits - full_forward_logits(other, [*prompt, 7])).abs().max().item() < ATOL
+
+
+def test_models_it_cannot_run_are_named_and_decode_through_their_layers():
+    gelu = tiny(LlamaConfig, hidden_act="gelu")
+    assert fusable(gelu) == (False, "hidden_act 'gelu'")
+    assert fusable(tiny(LlamaConfig, mlp_bias=True)) == (False, "layer 0: bias on o_proj or the MLP")
+    lora_like = tiny(LlamaConfig)
+
+    class Adapter(torch.nn.Linear):  # stands for a LoRA layer: its forward is not the plain matmul
+        pass
+
+    lora_like.model.layers[1].self_attn.v_proj.__class__ = Adapter
+    assert fusable(lora_like) == (False, "layer 1: a projection is not a plain torch.nn.Linear")
+    slots = StaticSlots(gelu, 4, 64, use_graphs=False)
+    assert slots.fused is None and slots.unfused_reason == "hidden_act 'gelu'"
+    seen = decode_sequence(slots, [[1, 2, 3], [4, 5], [6]], steps=3)
+    for ids, logits in seen[0]:
+        assert (logits - full_forward_logits(gelu, ids)).abs().max().item() < ATOL
+
+
+async def test_the_engine_option_turns_the_fused_step_off():
+    model, tokenizer = tiny(LlamaConfig, vocab_size=49152), get_tokenizer("smollm2")
+    params = SamplingParams(max_tokens=5, temperature=0)
+    outs = []
+    for fused_step in (True, False):
+        engine = TransformersEngine(model, tokenizer, decode="static", max_model_len=64, fused_step=fused_step)
+        try:
+            outs.append((await engine.generate([1, 2, 3, 4], params)).token_ids)
+            assert (engine._slots.fused is not None) is fused_step
+        finally:
+            await engine.close()
+    assert outs[0] == outs[1]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fused_graphs_on_cuda_give_the_full_forward_logits():
+    model = tiny(LlamaConfig, device="cuda")
+    slots = StaticSlots(model, max_rows=4, max_len=128)
+    assert slots.use_graphs and slots.fused is not None
+    seen = decode_sequence(slots, [[1, 5, 9, 200, 3], [7, 8], list(range(11, 40))], steps=6)
+    assert slots.graphs_captured >= 2 and not slots.capture_failures  # 4 rows then 2: two buckets
+    for rows in seen.values():
+        for ids, logits in rows:
+            assert (logits - full_forward_logits(model, ids)).abs().max().item() < 1e-4  # TF32 off: fp32

@@ -1,0 +1,283 @@
+"""The static path's forward passes with few kernels: Llama-family layers on fused weights.
+
+A replayed CUDA graph costs about the sum of its kernels, and at decode a small model's kernels are
+tiny, so their NUMBER sets the step time. SmolLM2-135M's decode step through the model's own layers
+launches 1,371 kernels (~45 a layer: RMSNorm alone is seven — upcast, square, mean, add, rsqrt,
+multiply, downcast; RoPE about ten; grouped-query attention copies the keys and values to every query
+head) and replays in 5.19 ms at 64 rows on an H200 (3.50 ms at 8 rows: launch-bound), where
+``torch.compile`` of the whole step replayed in 3.0 ms after 140 s of compilation
+(``benchmarks/results/vs_trl_h200_s24/``). This module computes the same function in 558 kernels (~18 a
+layer), with no compiler: 2.04 ms at 64 rows, 1.77 ms at 8 (``benchmarks/decode_step_gpu.py``,
+``benchmarks/results/vs_trl_h200_s26/``):
+
+* one matmul for q, k and v and one for gate and up, on concatenated copies of those weights (the
+  layout vLLM's ``QKVParallelLinear`` / ``MergedColumnParallelLinear`` keep);
+* the residual adds folded into the output and down projections (``addmm`` with the residual as the
+  bias term);
+* ``torch.nn.functional.rms_norm`` (one fused kernel on CUDA);
+* RoPE on q and k together, as ``x * cos + roll(x) * sin'`` where ``sin'`` is ``sin`` with its first
+  half negated: ``roll(x, d/2)`` is ``cat(x2, x1)``, so ``roll(x) * sin'`` is ``rotate_half(x) * sin``
+  exactly;
+* at decode, attention with each key/value head's query heads as its queries (``(rows, kv_heads,
+  group, d)`` against the cache's ``(rows, kv_heads, columns, d)``): grouped-query attention without
+  repeating the cache, in one ``scaled_dot_product_attention`` call, and the mask built once per step.
+
+The prompts' prefill (:meth:`FusedDecoder.prefill`, eager: prompts have every length) runs the same
+layers over all prompt tokens and writes keys/values straight into the slots: the model's own forward
+spent ~45 launches a layer there too, from Python, plus transformers' mask building.
+
+The result equals the model's own layers up to float rounding (fused kernels round once where the
+layers round twice): in fp32 the logits match full forward passes within 2e-5 on CPU
+(``tests/test_engines_hf_fused.py``) and 1e-4 on the H200 with SmolLM2's real weights; in bf16 both
+this step and the model's layers are up to ~1 logit from fp32 there. The concatenated weights are
+copies: they are refreshed when a source weight changed (its version counter or storage), which
+:meth:`FusedDecoder.refresh` checks when rows join — ``update_weights`` copies in place while no row
+decodes, so every row's tokens come from one set of weights. Memory: one more copy of the q/k/v and
+gate/up weights (SmolLM2-135M in bf16: 133 MiB).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+FUSED_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
+
+
+def fusable(model: Any) -> tuple[bool, str]:
+    """Whether :class:`FusedDecoder` computes ``model``'s decode step; the reason when it cannot.
+
+    Needs the plain Llama layer: linear projections (bias only on q/k/v), SiLU-gated MLP without bias,
+    RMSNorm, per-head q/k norms only as Qwen3 has them, no tensor-parallel slicing (``pretraining_tp``).
+    A model wrapped by adapters (LoRA layers instead of ``nn.Linear``) is refused.
+    """
+    import torch
+
+    config = model.config
+    kind = getattr(config, "model_type", None)
+    if kind not in FUSED_MODEL_TYPES:
+        return False, f"model_type {kind!r}"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return False, f"hidden_act {config.hidden_act!r}"
+    if getattr(config, "pretraining_tp", 1) not in (None, 1):
+        return False, "pretraining_tp > 1"
+    linear = torch.nn.Linear
+    for i, layer in enumerate(model.model.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        parts = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
+        parts += [getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
+        if any(type(p) is not linear for p in parts):
+            return False, f"layer {i}: a projection is not a plain torch.nn.Linear"
+        if any(p.bias is not None for p in parts[3:]):
+            return False, f"layer {i}: bias on o_proj or the MLP"
+        if (parts[0].bias is None) != (parts[1].bias is None) or (parts[0].bias is None) != (parts[2].bias is None):
+            return False, f"layer {i}: bias on some of q/k/v only"
+        if (getattr(attn, "q_norm", None) is None) != (kind != "qwen3"):
+            return False, f"layer {i}: q/k norms do not match model_type {kind!r}"
+        for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+            if not hasattr(norm, "variance_epsilon") or getattr(norm, "weight", None) is None:
+                return False, f"layer {i}: a norm that is not RMSNorm"
+    final = getattr(model.model, "norm", None)
+    if not hasattr(final, "variance_epsilon") or getattr(final, "weight", None) is None:
+        return False, "the final norm is not RMSNorm"
+    return True, ""
+
+
+@dataclass
+class _Layer:
+    qkv: Any  # (q + 2 kv) x hidden, a copy
+    qkv_bias: Any
+    gate_up: Any  # 2 intermediate x hidden, a copy
+    o: Any  # the model's own modules from here on (read at every step, never stale)
+    down: Any
+    norm_in: Any
+    norm_post: Any
+    q_norm: Any
+    k_norm: Any
+    scaling: float
+
+
+class FusedDecoder:
+    """The decode step and the prefill of a :func:`fusable` model over the static slots' KV cache
+    (module doc).
+
+    Args:
+        model: the causal LM (its modules are read, never changed).
+
+    Raises:
+        ValueError: the model is not :func:`fusable` (the reason is in the message).
+    """
+
+    def __init__(self, model: Any) -> None:
+        import torch
+
+        ok, why = fusable(model)
+        if not ok:
+            raise ValueError(f"fused decode step: {why}")
+        config, inner = model.config, model.model
+        self.model = model
+        self.heads = int(config.num_attention_heads)
+        self.kv_heads = int(config.num_key_value_heads)
+        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
+        self.layers: list[_Layer] = []
+        self._copies: list[tuple[Any, list[Any]]] = []  # (concatenated copy, its source modules)
+        for layer in inner.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            qkv_src = [attn.q_proj, attn.k_proj, attn.v_proj]
+            qkv = torch.cat([m.weight.detach() for m in qkv_src])
+            self._copies.append((qkv, [m.weight for m in qkv_src]))
+            bias = None
+            if attn.q_proj.bias is not None:
+                bias = torch.cat([m.bias.detach() for m in qkv_src])
+                self._copies.append((bias, [m.bias for m in qkv_src]))
+            gate_up = torch.cat([mlp.gate_proj.weight.detach(), mlp.up_proj.weight.detach()])
+            self._copies.append((gate_up, [mlp.gate_proj.weight, mlp.up_proj.weight]))
+            self.layers.append(_Layer(
+                qkv, bias, gate_up, attn.o_proj, mlp.down_proj, layer.input_layernorm,
+                layer.post_attention_layernorm, getattr(attn, "q_norm", None), getattr(attn, "k_norm", None),
+                float(getattr(attn, "scaling", self.head_dim**-0.5)),
+            ))
+        self._seen = self._stamps()
+        self.refreshes = 0
+
+    def _stamps(self) -> list[tuple[int, int]]:
+        return [(_version(w), w.data_ptr()) for _, sources in self._copies for w in sources]
+
+    def refresh(self) -> bool:
+        """Copy the sources of every concatenated weight in place if any changed since the last copy
+        (captured graphs keep reading the same buffers); returns whether it copied."""
+        import torch
+
+        stamps = self._stamps()
+        if stamps == self._seen:
+            return False
+        with torch.no_grad():
+            for copy, sources in self._copies:
+                torch.cat([w.detach() for w in sources], out=copy)
+        self._seen = stamps
+        self.refreshes += 1
+        return True
+
+    def step(self, tokens: Any, positions: Any, keys: list[Any], values: list[Any], rows: Any, width: int,
+             columns: Any) -> Any:
+        """Next-token logits ``(n, vocab)`` of ``n`` rows, writing each row's key/value at its position.
+
+        Args:
+            tokens: ``(n,)`` int64, each row's last id; positions: ``(n,)`` int64, its position (the cache
+                column written).
+            keys, values: per layer, ``(slots, kv_heads, max_len, head_dim)`` caches.
+            rows: ``(n,)`` int64 slot of each row (``arange(n)``).
+            width: columns attended (a bucket ``> max(positions)``); columns: ``(>= width,)`` int64 arange.
+        """
+        import torch
+        import torch.nn.functional as F
+
+        n, heads, kv_heads, d = tokens.shape[0], self.heads, self.kv_heads, self.head_dim
+        hidden, cos, sin = self._embed(tokens, positions[:, None])  # (n, hidden), (n, 1, d)
+        mask = torch.zeros((n, 1, 1, width), dtype=hidden.dtype, device=hidden.device)
+        mask.masked_fill_((columns[:width] > positions[:, None])[:, None, None, :], float("-inf"))
+        for layer, k_cache, v_cache in zip(self.layers, keys, values, strict=True):
+            qk, v = self._qkv(layer, hidden, cos, sin)  # (n, heads + kv_heads, d), (n, kv_heads, d)
+            k_cache[rows, :, positions] = qk[:, heads:]
+            v_cache[rows, :, positions] = v
+            attended = F.scaled_dot_product_attention(
+                qk[:, :heads].view(n, kv_heads, heads // kv_heads, d), k_cache[:n, :, :width],
+                v_cache[:n, :, :width], attn_mask=mask, scale=layer.scaling,
+            )  # (n, kv_heads, group, d): query head kv * group + g, the model's own head order
+            hidden = self._after_attention(layer, hidden, attended.reshape(n, heads * d))
+        return self._logits(hidden)
+
+    def prefill(self, ids: Any, lengths: Any, keys: list[Any], values: list[Any], start: int) -> Any:
+        """The prompts' forward pass: next-token logits ``(j, vocab)`` at each prompt's last token, with
+        every layer's keys/values written to slots ``start .. start + j - 1``, columns ``0 .. width - 1``.
+
+        Args:
+            ids: ``(j, width)`` int64 prompts, right-padded (real tokens at columns ``0 .. len - 1``).
+            lengths: ``(j,)`` int64 prompt lengths (on the device).
+            keys, values: per layer, ``(slots, kv_heads, max_len, head_dim)`` caches.
+            start: first slot written.
+
+        Causal attention alone keeps the padding apart: a real token at column ``i < len`` sees columns
+        ``<= i``, all real; the padding's own outputs and keys are never read (the decode step's mask
+        stops at each row's position, and decoding overwrites those columns).
+        """
+        import torch
+        import torch.nn.functional as F
+
+        j, width = ids.shape
+        heads, kv_heads, d = self.heads, self.kv_heads, self.head_dim
+        positions = torch.arange(width, device=ids.device)[None, :].expand(j, width)
+        hidden, cos, sin = self._embed(ids, positions)  # (j, width, hidden), (j, width, d)
+        hidden, cos, sin = hidden.view(j * width, -1), cos.reshape(j * width, 1, d), sin.reshape(j * width, 1, d)
+        group = heads // kv_heads
+        for layer, k_cache, v_cache in zip(self.layers, keys, values, strict=True):
+            qk, v = self._qkv(layer, hidden, cos, sin)
+            q = qk[:, :heads].view(j, width, heads, d).transpose(1, 2)  # (j, heads, width, d)
+            k = qk[:, heads:].view(j, width, kv_heads, d).transpose(1, 2)  # (j, kv_heads, width, d)
+            v = v.view(j, width, kv_heads, d).transpose(1, 2)
+            k_cache[start : start + j, :, :width] = k
+            v_cache[start : start + j, :, :width] = v
+            attended = F.scaled_dot_product_attention(  # query head h reads key/value head h // group
+                q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1), is_causal=True,
+                scale=layer.scaling,
+            )  # (j, heads, width, d)
+            hidden = self._after_attention(layer, hidden, attended.transpose(1, 2).reshape(j * width, heads * d))
+        last = hidden.view(j, width, -1)[torch.arange(j, device=ids.device), lengths - 1]
+        return self._logits(last)
+
+    # ---- the pieces both passes share (rows are tokens: (t, hidden)) -------------------------------
+
+    def _embed(self, ids: Any, positions: Any) -> tuple[Any, Any, Any]:
+        """Embeddings of ``ids`` and RoPE's ``cos`` / signed ``sin`` at ``positions`` (``(..., d)``)."""
+        import torch
+
+        inner = self.model.model
+        hidden = inner.embed_tokens(ids)
+        cos, sin = inner.rotary_emb(hidden, positions)
+        half = self.head_dim // 2
+        return hidden, cos, torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+    def _qkv(self, layer: _Layer, hidden: Any, cos: Any, sin: Any) -> tuple[Any, Any]:
+        """Pre-norm, the fused q/k/v projection, q/k norms (Qwen3), RoPE on q and k together:
+        ``(t, heads + kv_heads, d)`` roped q and k, and ``(t, kv_heads, d)`` v."""
+        import torch
+        import torch.nn.functional as F
+
+        t, heads, kv_heads, d = hidden.shape[0], self.heads, self.kv_heads, self.head_dim
+        x = F.rms_norm(hidden, (hidden.shape[-1],), layer.norm_in.weight, layer.norm_in.variance_epsilon)
+        qkv = F.linear(x, layer.qkv, layer.qkv_bias)
+        split = (heads + kv_heads) * d
+        qk = qkv[:, :split].view(t, heads + kv_heads, d)
+        if layer.q_norm is not None:
+            qk = torch.cat((
+                F.rms_norm(qk[:, :heads], (d,), layer.q_norm.weight, layer.q_norm.variance_epsilon),
+                F.rms_norm(qk[:, heads:], (d,), layer.k_norm.weight, layer.k_norm.variance_epsilon),
+            ), dim=1)
+        qk = torch.addcmul(qk * cos, torch.roll(qk, d // 2, dims=-1), sin)
+        return qk, qkv[:, split:].view(t, kv_heads, d)
+
+    def _after_attention(self, layer: _Layer, hidden: Any, attended: Any) -> Any:
+        """The output projection and the MLP, each added to the residual stream in its matmul."""
+        import torch
+        import torch.nn.functional as F
+
+        size = (hidden.shape[-1],)
+        hidden = torch.addmm(hidden, attended, layer.o.weight.t())
+        x = F.rms_norm(hidden, size, layer.norm_post.weight, layer.norm_post.variance_epsilon)
+        gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
+        return torch.addmm(hidden, F.silu(gate) * up, layer.down.weight.t())
+
+    def _logits(self, hidden: Any) -> Any:
+        import torch.nn.functional as F
+
+        norm = self.model.model.norm
+        return self.model.lm_head(F.rms_norm(hidden, (hidden.shape[-1],), norm.weight, norm.variance_epsilon))
+
+
+def _version(tensor: Any) -> int:
+    """The tensor's in-place version counter; -1 for an inference tensor (it has none: such weights
+    can only change by being replaced, which the storage address shows)."""
+    try:
+        return tensor._version
+    except RuntimeError:
+        return -1
