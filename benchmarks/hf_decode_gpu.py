@@ -4,7 +4,11 @@ SmolLM2-135M (real weights with ``--real-weights``, else its shape with random w
 prompts of 40-120 tokens, 128 new tokens each, sampling at temperature 1 (EOS ignored so every row
 runs the full 128 tokens: the figure is decode speed, not the model's reply lengths):
 
-* ``engine static``  — ``TransformersEngine(decode="static")``: per-slot KV cache + CUDA graphs;
+* ``engine static``  — ``TransformersEngine(decode="static")``: per-slot KV cache + CUDA graphs, the
+  step through :mod:`chatgym.trainer.engines.hf_fused` (the default);
+* ``engine async``   — the same with ``async_scheduling`` (step ``k + 1`` queued before step ``k``'s
+  ids are read back);
+* ``engine layers``  — ``decode="static"`` through the model's own layers (``fused_step=False``);
 * ``engine dynamic`` — ``TransformersEngine(decode="dynamic")``: padded ``DynamicCache`` batch;
 * ``generate``       — ``model.generate`` with the dynamic cache (what TRL's GRPOTrainer calls).
 
@@ -12,6 +16,9 @@ Each path runs the same prompts ``--repeats`` times after one warm-up round (whi
 / allocator growth; reported as ``first_s``). Prints tokens/s, ms per decode step and the ratio of each
 to ``generate``. Also checks token-exactness of the static path: greedy ids of a few prompts equal the
 dynamic path's, and their logprobs match a full forward pass of the same weights.
+
+``--seeded`` gives every request its own ``seed`` (as the trainer does: one generator per row) instead
+of the engine's shared generator.
 
     python benchmarks/hf_decode_gpu.py --real-weights --batch 64 256
 """
@@ -33,9 +40,17 @@ def make_prompts(n: int, vocab: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(100, vocab) for _ in range(rng.randint(40, 120))] for _ in range(n)]
 
 
+ENGINE_MODES = {
+    "static": {"decode": "static"},
+    "async": {"decode": "static", "async_scheduling": True},
+    "layers": {"decode": "static", "fused_step": False},
+    "dynamic": {"decode": "dynamic"},
+}
+
+
 async def run_engine(engine, prompts, params) -> tuple[float, int]:
     t0 = time.perf_counter()
-    outs = await asyncio.gather(*(engine.generate(p, params) for p in prompts))
+    outs = await asyncio.gather(*(engine.generate(p, sp) for p, sp in zip(prompts, params, strict=True)))
     return time.perf_counter() - t0, sum(len(o.token_ids) for o in outs)
 
 
@@ -110,6 +125,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--real-weights", action="store_true")
     ap.add_argument("--skip-generate", action="store_true")
+    ap.add_argument("--seeded", action="store_true", help="a seed per request (the trainer's way)")
+    ap.add_argument("--modes", nargs="+", default=list(ENGINE_MODES), choices=list(ENGINE_MODES))
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs CUDA")
@@ -121,14 +138,15 @@ def main() -> None:
     model.eval()
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
     print("exactness:", exactness(model, tokenizer))
-    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=1.0, seed=None)
     rows = []
     for batch in args.batch:
         prompts = make_prompts(batch, model.config.vocab_size, batch)
+        params = [SamplingParams(max_tokens=NEW_TOKENS, temperature=1.0, seed=i if args.seeded else None)
+                  for i in range(batch)]
         results = {}
-        for mode in ("static", "dynamic"):
+        for mode in args.modes:
             eng = TransformersEngine(
-                model, tokenizer, decode=mode, max_batch_size=batch, eos_token_ids=[-1], max_model_len=512
+                model, tokenizer, max_batch_size=batch, eos_token_ids=[-1], max_model_len=512, **ENGINE_MODES[mode]
             )
             first, _ = asyncio.run(run_engine(eng, prompts, params))
             times = []
@@ -141,12 +159,12 @@ def main() -> None:
             first, _ = run_generate(model, prompts, 0)
             times = [run_generate(model, prompts, 0) for _ in range(args.repeats)]
             results["generate"] = (statistics.median(t for t, _ in times), times[0][1], first)
-        base = results.get("generate", results["engine dynamic"])
+        base = results.get("generate") or next(iter(results.values()))
         for name, (dt, toks, first) in results.items():
             rows.append(
                 f"batch {batch:4d}  {name:15s} {toks / dt:10,.0f} tok/s  {1000 * dt / NEW_TOKENS:7.2f} ms/step"
                 f"  first {first:6.2f} s  x{(toks / dt) / (base[1] / base[0]):.2f} vs "
-                f"{'generate' if 'generate' in results else 'dynamic'}"
+                f"{'generate' if 'generate' in results else next(iter(results))}"
             )
             print(rows[-1], flush=True)
     print("\n".join(rows))

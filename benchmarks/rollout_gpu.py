@@ -17,7 +17,8 @@ allocator growth) are left out of the figures. Per mode it prints, over the time
   in a separate untimed round.
 
 Modes: ``batched`` (the engine as it is), ``async`` (the same with ``async_scheduling``: step ``k + 1``
-queued before step ``k``'s ids are read back) and ``per_row`` (``engine._per_row_draws``: the sampling of
+queued before step ``k``'s ids are read back), ``layers`` / ``layers_async`` (those two decoding
+through the model's own layers, ``fused_step=False``, instead of :mod:`.hf_fused`) and ``per_row`` (``engine._per_row_draws``: the sampling of
 the code before issue 15 — one ``torch.multinomial`` per seeded row, two device syncs each; sampling
 tensors made every step by copies that wait for the device; two reads back per step; the same ids).
 Both modes use the new row moves and prefill copies. On a CPU it runs a tiny random Llama so the host
@@ -209,7 +210,8 @@ def run_mode(mode: str, args, device: str) -> dict:
 
     engine = make_engine(device, args.real_weights if device == "cuda" else False, args.seed)
     engine._per_row_draws = mode == "per_row"
-    engine.async_scheduling = mode == "async"
+    engine.async_scheduling = mode.endswith("async")
+    engine.fused_step = not mode.startswith("layers")
     probe = Probe(engine)
     cfg = CollectorConfig(temperature=1.0, max_tokens=NEW_TOKENS, max_response_tokens=NEW_TOKENS,
                           max_model_len=MAX_LEN, max_concurrent_episodes=PROMPTS * GROUP)
@@ -259,7 +261,8 @@ def main() -> None:
     import torch
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--modes", nargs="+", default=["batched", "async", "per_row"], choices=["batched", "async", "per_row"])
+    modes = ["batched", "async", "layers", "layers_async", "per_row"]
+    ap.add_argument("--modes", nargs="+", default=modes[:4], choices=modes)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
@@ -277,11 +280,11 @@ def main() -> None:
     print(torch.cuda.get_device_name() if device == "cuda" else "cpu (tiny random Llama)",
           "torch", torch.__version__, "switch interval", sys.getswitchinterval(), flush=True)
     results = [run_mode(mode, args, device) for mode in args.modes]
-    print(f"{'mode':8s} {'tok/s':>8s} {'round s':>8s} {'tokens':>7s} {'steps':>6s} {'rows/st':>7s} "
+    print(f"{'mode':12s} {'tok/s':>8s} {'round s':>8s} {'tokens':>7s} {'steps':>6s} {'rows/st':>7s} "
           f"{'ms/step':>8s} {'floor':>7s} {'host':>7s} {'prefill s':>9s} {'prefills':>8s} {'syncs/st':>8s}")
     for r in results:
         syncs = "-" if r["syncs_per_step"] is None else f"{r['syncs_per_step']:.1f}"
-        print(f"{r['mode']:8s} {r['tok_s']:8,.0f} {r['wall_s']:8.3f} {r['tokens']:7.0f} {r['steps']:6.0f} "
+        print(f"{r['mode']:12s} {r['tok_s']:8,.0f} {r['wall_s']:8.3f} {r['tokens']:7.0f} {r['steps']:6.0f} "
               f"{r['rows_per_step']:7.1f} {r['step_ms']:8.2f} {r['floor_ms']:7.2f} {r['host_ms']:7.2f} "
               f"{r['prefill_s']:9.3f} {r['prefills']:8.0f} {syncs:>8s}")
 

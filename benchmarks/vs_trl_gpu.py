@@ -35,10 +35,14 @@ prints the slowest updates with those fields. Toggles to test the suspects: ``--
 (ours' steps run as ``chatgym train`` runs them, with set-up's objects frozen out of the
 collector, ``train.gc_freeze``; this turns that off),
 ``--expandable-segments`` (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``: new shapes grow a
-segment instead of allocating new blocks), ``--no-plot`` (no curve redraw during the run). Measured
-on the CPU box (Python 3.11, a tiny trainer after one step, 444k objects tracked by the collector):
-a full (generation 2) collection takes 0.40 s, and ~0 s after ``gc.freeze()`` — the size of the
-slow updates' excess, at the rare steps CPython runs one.
+segment instead of allocating new blocks), ``--no-plot`` (no curve redraw during the run),
+``--learner-cudnn`` (the learner's update with SDPA's cuDNN backend allowed, as before issue 15's
+fix; the engine keeps it off). Measured on the CPU box (Python 3.11, a tiny trainer after one step,
+444k objects tracked by the collector): a full (generation 2) collection takes 0.40 s, and ~0 s
+after ``gc.freeze()``. The slow updates' cause was elsewhere: the probe's per-phase CUDA events
+(``phases``: forward, loss + backward, optimizer; host and GPU seconds) showed the GPU itself taking
+7-8x longer in the forward and the backward of those steps, which were the steps whose padded length
+was new — cuDNN attention's per-shape plans (``chatgym.trainer.models.without_cudnn_attention``).
 
     python benchmarks/vs_trl_gpu.py --runs ours:0 ours:1 trl_bf16:0 --out /tmp/vs_trl
     python benchmarks/vs_trl_gpu.py --runs ours:0 ours_packed:0 --no-gc-freeze --out /tmp/vs_trl_packed
@@ -140,8 +144,19 @@ class UpdateProbe:
         self._patched = [
             (role, "update", role.update),
             (update_module, "policy_logprobs", update_module.policy_logprobs),
+            (update_module, "_step", update_module._step),
         ]
-        plain_update, plain_forward = role.update, update_module.policy_logprobs
+        plain_update, plain_forward, plain_step = role.update, update_module.policy_logprobs, update_module._step
+        self._marks: list[tuple[str, float, Any]] = []  # (label, host time, CUDA event) inside the update
+
+        def mark(label: str) -> None:
+            import torch
+
+            event = None
+            if torch.cuda.is_available():
+                event = torch.cuda.Event(enable_timing=True)
+                event.record()
+            self._marks.append((label, time.perf_counter(), event))
 
         def update(state, batch, algo, plan, **kw):
             import torch
@@ -155,14 +170,18 @@ class UpdateProbe:
             rec["plot_running_at_update_start"] = self.plot_running()
             before = _alloc_stats()
             self.in_update = True
+            self._marks = []
             t = time.perf_counter()
+            mark("start")
             try:
                 return plain_update(state, batch, algo, plan, **kw)
             finally:
+                mark("end")
                 if torch.cuda.is_available():
                     torch.cuda.synchronize()
                 self.in_update = False
                 rec["update_synced_s"] = time.perf_counter() - t
+                rec["phases"] = self.phases()
                 rec["update_alloc"] = _delta(_alloc_stats(), before)
                 rec["plot_running_at_update_end"] = self.plot_running()
 
@@ -175,11 +194,33 @@ class UpdateProbe:
                     for run in pack_chunks(lengths, prefix_len, kw.get("pack_max_tokens", 512))
                 ]
             self.record.setdefault("forwards", []).append(entry)
-            return plain_forward(model, mb, prefix_len, **kw)
+            mark("forward")
+            try:
+                return plain_forward(model, mb, prefix_len, **kw)
+            finally:
+                mark("loss+backward")
+
+        def step(*args, **kw):
+            mark("optimizer")
+            try:
+                return plain_step(*args, **kw)
+            finally:
+                mark("after optimizer")
 
         role.update = update
         update_module.policy_logprobs = policy_logprobs
+        update_module._step = step
         gc.callbacks.append(self._on_gc)
+
+    def phases(self) -> list[dict[str, Any]]:
+        """The update cut at the marks (synchronised first): per phase its host seconds (the time the
+        Python thread spent issuing it) and GPU seconds (between its CUDA events). A phase whose host
+        time far exceeds its GPU time was held up on the host (GIL, CPU), not by the device."""
+        out = []
+        for (label, t0, e0), (_, t1, e1) in zip(self._marks, self._marks[1:], strict=False):
+            gpu = e0.elapsed_time(e1) / 1e3 if e0 is not None else None
+            out.append({"phase": label, "host_s": round(t1 - t0, 5), "gpu_s": None if gpu is None else round(gpu, 5)})
+        return out
 
     def plot_running(self) -> bool:
         drawer = getattr(self.trainer.metrics, "_drawer", None)
@@ -233,6 +274,10 @@ def run_ours(
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     trainer = Trainer(our_config(seed, steps, out, decode, pack))
+    if options.get("learner_cudnn"):  # the update as before the fix: cuDNN attention allowed
+        import contextlib
+
+        trainer.learner._attention_backends = contextlib.nullcontext
     setup_s = time.perf_counter() - t0
     probe = UpdateProbe(trainer)
     try:
@@ -466,6 +511,12 @@ def slow_updates(folder: Path, top: int = 3) -> None:
                 f"(gens {[e['generation'] for e in gc_in]}), plot running {p.get('plot_running_at_update_start')}"
                 f"/{p.get('plot_running_at_update_end')}"
             )
+            phases = ", ".join(
+                f"{e['phase']} host {e['host_s']:.3f} gpu {e['gpu_s'] if e['gpu_s'] is None else format(e['gpu_s'], '.3f')}"
+                for e in p.get("phases", [])
+            )
+            if phases:
+                print(f"    phases (s): {phases}")
 
 
 def report(folder: Path) -> None:
@@ -546,6 +597,7 @@ def main() -> None:
         "--expandable-segments", action="store_true", help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
     )
     ap.add_argument("--no-plot", action="store_true", help="no learning-curve redraw during ours' steps")
+    ap.add_argument("--learner-cudnn", action="store_true", help="ours' update with cuDNN attention allowed")
     args = ap.parse_args()
     if args.report:
         report(Path(args.report))
@@ -560,6 +612,7 @@ def main() -> None:
     options = {
         "no_gc_freeze": args.no_gc_freeze,
         "no_plot": args.no_plot,
+        "learner_cudnn": args.learner_cudnn,
         "expandable_segments": args.expandable_segments,
         **UPDATE,
     }
