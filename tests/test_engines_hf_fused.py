@@ -146,3 +146,96 @@ def test_fused_graphs_on_cuda_give_the_full_forward_logits():
     for rows in seen.values():
         for ids, logits in rows:
             assert (logits - full_forward_logits(model, ids)).abs().max().item() < 1e-4  # TF32 off: fp32
+
+
+def test_replaced_weights_and_modules_rebuild_the_step():
+    """Found by the fresh-user check: ``load_state_dict(assign=True)`` gives the model new Parameter
+    objects; the fused copies followed the old ones (logits 0.836 from the new model's forward)."""
+    model, other = tiny(LlamaConfig, seed=3), tiny(LlamaConfig, seed=4)
+    slots = StaticSlots(model, 2, 64, use_graphs=False)
+    prompt = [3, 1, 4, 1, 5]
+    with torch.inference_mode():
+        slots.admit([prompt], pad_id=0)
+    slots.clear()
+    model.load_state_dict(other.state_dict(), assign=True)
+    with torch.inference_mode():
+        logits = slots.admit([prompt], pad_id=0).float()[0]
+    assert slots.rebuilds == 1 and slots.fused is not None
+    assert (logits - full_forward_logits(other, prompt)).abs().max().item() < ATOL
+    slots.clear()
+
+    class Adapter(torch.nn.Linear):  # a module wrapped in after the slots were made (LoRA-like)
+        def forward(self, x):
+            return super().forward(x) * 2
+
+    v_proj = model.model.layers[0].self_attn.v_proj
+    adapter = Adapter(v_proj.in_features, v_proj.out_features, bias=False)
+    with torch.no_grad():
+        adapter.weight.copy_(v_proj.weight)
+    model.model.layers[0].self_attn.v_proj = adapter
+    with torch.inference_mode():
+        logits = slots.admit([prompt], pad_id=0).float()[0]
+    assert slots.rebuilds == 2 and slots.fused is None
+    assert slots.unfused_reason == "layer 0: a projection is not a plain torch.nn.Linear"
+    assert (logits - full_forward_logits(model, prompt)).abs().max().item() < ATOL
+
+
+def test_inference_tensor_weights_written_in_place_are_followed():
+    """Inference tensors keep no version counter, and can be written in place inside
+    ``inference_mode``: the fused copies are then refreshed whenever rows join an idle engine."""
+    model, other = tiny(LlamaConfig, seed=3), tiny(LlamaConfig, seed=4)
+    with torch.inference_mode():
+        for name, param in list(model.named_parameters()):
+            owner, attr = model.get_submodule(name.rpartition(".")[0]), name.rpartition(".")[2]
+            setattr(owner, attr, torch.nn.Parameter(param.detach().clone(), requires_grad=False))
+    assert model.model.layers[0].self_attn.q_proj.weight.is_inference()
+    slots = StaticSlots(model, 2, 64, use_graphs=False)
+    prompt = [2, 7, 1, 8]
+    with torch.inference_mode():
+        slots.admit([prompt], pad_id=0)
+        slots.clear()
+        for name, tensor in other.state_dict().items():
+            model.get_parameter(name).copy_(tensor)
+        logits = slots.admit([prompt], pad_id=0).float()[0]
+    assert slots.rebuilds == 0 and slots.fused.refreshes == 2  # no version counter: copied each time
+    assert (logits - full_forward_logits(other, prompt)).abs().max().item() < ATOL
+
+
+def test_fusable_refuses_partial_qk_norms_and_sliding_windows():
+    qwen3 = tiny(Qwen3Config)
+    qwen3.model.layers[1].self_attn.k_norm = None
+    assert fusable(qwen3) == (False, "layer 1: q/k norms do not match model_type 'qwen3'")
+    windowed = tiny(Qwen3Config, sliding_window=16, use_sliding_window=True)
+    assert fusable(windowed) == (False, "sliding-window attention")
+
+
+@pytest.mark.parametrize("rope_type", ["dynamic", "longrope"])
+def test_static_slots_refuse_rope_that_depends_on_the_sequence_length(rope_type):
+    from chatgym.trainer.engines.hf_static import supports
+
+    scaling = {"rope_type": rope_type, "factor": 2.0}
+    if rope_type == "longrope":  # per-dimension factors, head_dim / 2 of each
+        scaling = {**scaling, "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
+                   "original_max_position_embeddings": 128}
+    model = tiny(LlamaConfig, rope_scaling=scaling)
+    assert supports(model) == (False, f"RoPE type {rope_type!r} (its scaling depends on the sequence length)")
+
+
+async def test_engine_weight_updates_refresh_in_place_without_a_rebuild():
+    """``update_weights`` copies in place: the fused copies are refreshed once, nothing is rebuilt (a
+    rebuild on CUDA would drop and recapture every graph), and the ids are the new weights' greedy ids."""
+    model, other = tiny(LlamaConfig, vocab_size=49152, seed=3), tiny(LlamaConfig, vocab_size=49152, seed=4)
+    engine = TransformersEngine(model, get_tokenizer("smollm2"), decode="static", max_model_len=64)
+    params, prompt = SamplingParams(max_tokens=4, temperature=0), [5, 6, 7]
+    try:
+        await engine.generate(prompt, params)
+        engine.update_weights(other.state_dict())
+        out = await engine.generate(prompt, params)
+        await engine.generate(prompt, params)
+    finally:
+        await engine.close()
+    assert engine._slots.rebuilds == 0 and engine._slots.fused.refreshes == 1
+    ids = list(prompt)
+    for _ in range(4):
+        ids.append(int(full_forward_logits(other, ids).argmax()))
+    assert out.token_ids == ids[len(prompt):]

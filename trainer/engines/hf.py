@@ -117,7 +117,8 @@ class TransformersEngine:
             and batching is continuous, dynamic otherwise (on the CPU the dynamic path is as fast).
         async_scheduling: static path: queue decode step ``k + 1`` before step ``k``'s ids are read
             back, so the host's per-step work overlaps it (as vLLM's async scheduling); same ids and
-            logprobs up to float rounding. Default False: not yet timed on a GPU.
+            logprobs up to float rounding. Default False: faster generation on an H200, but its training
+            runs had slower updates and more peak memory (``benchmarks/results/vs_trl_h200_s26/``).
         fused_step: static path: prefill and decode through :mod:`.hf_fused` (fused weights, ~18
             kernels a layer; 2.5x faster decode steps on an H200) when the model allows; False: through
             the model's own layers. Same function up to float rounding.
@@ -529,7 +530,7 @@ class TransformersEngine:
         every decode step a new shape: on the H200 with SmolLM2 and 64 staggered requests a step took
         48.8 ms with cuDNN allowed and 35.3 ms without; in the GRPO step of ``benchmarks/train_step.py``
         (Math-v0, 8 x 8, <= 128 tokens) the rollout went from 7.7 s to 4.5 s. The switch is
-        process-wide (a torch flag), so it is set only for the step and restored after it.
+        process-wide (a torch flag) and the learner holds it too: restored when both are done.
         """
         if self.device.type != "cuda":
             return contextlib.nullcontext()

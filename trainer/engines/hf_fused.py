@@ -61,6 +61,8 @@ def fusable(model: Any) -> tuple[bool, str]:
         return False, f"hidden_act {config.hidden_act!r}"
     if getattr(config, "pretraining_tp", 1) not in (None, 1):
         return False, "pretraining_tp > 1"
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return False, "sliding-window attention"
     linear = torch.nn.Linear
     for i, layer in enumerate(model.model.layers):
         attn, mlp = layer.self_attn, layer.mlp
@@ -72,7 +74,8 @@ def fusable(model: Any) -> tuple[bool, str]:
             return False, f"layer {i}: bias on o_proj or the MLP"
         if (parts[0].bias is None) != (parts[1].bias is None) or (parts[0].bias is None) != (parts[2].bias is None):
             return False, f"layer {i}: bias on some of q/k/v only"
-        if (getattr(attn, "q_norm", None) is None) != (kind != "qwen3"):
+        norms = [getattr(attn, n, None) for n in ("q_norm", "k_norm")]
+        if any((m is None) != (kind != "qwen3") for m in norms):
             return False, f"layer {i}: q/k norms do not match model_type {kind!r}"
         for norm in (layer.input_layernorm, layer.post_attention_layernorm):
             if not hasattr(norm, "variance_epsilon") or getattr(norm, "weight", None) is None:
@@ -140,16 +143,23 @@ class FusedDecoder:
         self._seen = self._stamps()
         self.refreshes = 0
 
-    def _stamps(self) -> list[tuple[int, int]]:
+    def _stamps(self) -> list[tuple[int | None, int]]:
         return [(_version(w), w.data_ptr()) for _, sources in self._copies for w in sources]
 
     def refresh(self) -> bool:
-        """Copy the sources of every concatenated weight in place if any changed since the last copy
-        (captured graphs keep reading the same buffers); returns whether it copied."""
+        """Copy the sources of every concatenated weight in place if any may have changed since the
+        last copy (captured graphs keep reading the same buffers); returns whether it copied.
+
+        A change is seen by the source tensors' version counters, which every in-place write bumps.
+        Inference tensors have none (and may be written in place inside ``torch.inference_mode``):
+        with such sources it copies every time (SmolLM2-135M: 133 MiB). Parameters *replaced* by
+        other tensors, or modules replaced, are :class:`~.hf_static.StaticSlots`' to notice: it builds
+        a new decoder then.
+        """
         import torch
 
         stamps = self._stamps()
-        if stamps == self._seen:
+        if stamps == self._seen and all(v is not None for v, _ in stamps):
             return False
         with torch.no_grad():
             for copy, sources in self._copies:
@@ -274,10 +284,9 @@ class FusedDecoder:
         return self.model.lm_head(F.rms_norm(hidden, (hidden.shape[-1],), norm.weight, norm.variance_epsilon))
 
 
-def _version(tensor: Any) -> int:
-    """The tensor's in-place version counter; -1 for an inference tensor (it has none: such weights
-    can only change by being replaced, which the storage address shows)."""
+def _version(tensor: Any) -> int | None:
+    """The tensor's in-place version counter; None for an inference tensor (it keeps none)."""
     try:
         return tensor._version
     except RuntimeError:
-        return -1
+        return None

@@ -21,15 +21,17 @@ Graphs are captured lazily, one per (row bucket, column bucket): rows in powers 
 ``max_rows``, columns in powers of two (>= 64) up to ``max_len``, so attention reads only the columns
 in use. A weight update copies into the parameters in place, so captured graphs stay valid (no
 recapture, no recompilation; the fused step's concatenated weights are refreshed in place when rows
-join). Sampling stays outside the graph (per-row seeds and settings), so the returned ids and raw
+join an idle engine). Modules or weight tensors *replaced* (``load_state_dict(assign=True)``, an
+adapter wrapped in) are noticed then too: the graphs are dropped and captured again. Sampling stays outside the graph (per-row seeds and settings), so the returned ids and raw
 logprobs mean exactly what the engine's other path returns.
 
 The step (and the prefill) is :mod:`.hf_fused`'s (the model's weights, fused: ~18 kernels a layer
 instead of ~45; 2.04 against 5.19 ms a step at 64 rows on an H200) when the model allows it, else the
 model's own layers (``model.model.layers``, its rotary embedding, norm and LM
 head) with our cache object and loop. Both restrict the path to decoder-only models whose layers have
-that shape and plain full attention (Llama, Qwen2, Qwen3, Mistral without a sliding window) —
-:func:`supports` checks it; others use the dynamic path. The same idea — static
+that shape and plain full attention (Llama, Qwen2, Qwen3, Mistral without a sliding window; RoPE whose
+scaling does not depend on the sequence length) — :func:`supports` checks it; others use the dynamic
+path. The same idea — static
 per-slot KV cache, decode captured per batch-size bucket — is what vLLM's CUDA-graph mode and
 nano-vllm do over a paged cache; transformers' ``cache_implementation="static"`` does it for a batch
 whose rows all start together (no joining).
@@ -43,6 +45,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
+LENGTH_DEPENDENT_ROPE = frozenset({"dynamic", "longrope"})
 MIN_COLUMN_BUCKET = 64
 
 
@@ -60,6 +63,12 @@ def supports(model: Any) -> tuple[bool, str]:
             return False, f"model.model has no {part}"
     if getattr(config, "_attn_implementation", "sdpa") not in ("sdpa", "eager"):
         return False, f"attention implementation {config._attn_implementation!r}"
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    kind = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else None
+    if kind in LENGTH_DEPENDENT_ROPE:
+        # Their frequencies depend on the longest position in the forward pass, so one row's logits
+        # would depend on the other rows decoded with it (and differ from a forward pass of its own).
+        return False, f"RoPE type {kind!r} (its scaling depends on the sequence length)"
     return True, ""
 
 
@@ -112,8 +121,6 @@ class StaticSlots:
                  fused: bool = True) -> None:
         import torch
 
-        from . import hf_fused
-
         ok, why = supports(model)
         if not ok:
             raise ValueError(f"static-slot decoding does not support this model: {why}")
@@ -143,9 +150,42 @@ class StaticSlots:
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self.graphs_captured = 0
         self.capture_failures: dict[tuple[int, int], str] = {}
-        ok, why = hf_fused.fusable(model) if fused else (False, "fused=False")
-        self.fused = hf_fused.FusedDecoder(model) if ok else None
-        self.unfused_reason = why  # why the step runs through the model's own layers ("" when fused)
+        self._want_fused = bool(fused)
+        self.fused: Any = None
+        self.unfused_reason = ""  # why the step runs through the model's own layers ("" when fused)
+        self.rebuilds = 0  # times the model's modules or weight tensors were found replaced
+        self._structure = self._model_structure()
+        self._build_step()
+
+    def _build_step(self) -> None:
+        from . import hf_fused
+
+        ok, why = hf_fused.fusable(self.model) if self._want_fused else (False, "fused=False")
+        self.fused = hf_fused.FusedDecoder(self.model) if ok else None
+        self.unfused_reason = why
+
+    def _model_structure(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The model's modules and the storage of its weights, as identities: a captured graph reads
+        those addresses, and the fused step its copies of them."""
+        return (tuple(map(id, self.model.modules())), tuple(p.data_ptr() for p in self.model.parameters()))
+
+    def _follow_the_model(self) -> None:
+        """Before rows join: weights written in place are seen by the graphs as they are (the fused
+        copies are refreshed); modules or weight tensors *replaced* (``load_state_dict(assign=True)``,
+        an adapter wrapped in) drop every captured graph and rebuild the fused step."""
+        import torch
+
+        structure = self._model_structure()
+        if structure != self._structure:
+            self._structure = structure
+            self._graphs.clear()
+            self.capture_failures.clear()
+            if self.use_graphs:
+                self._pool = torch.cuda.graph_pool_handle()
+            self._build_step()
+            self.rebuilds += 1
+        elif self.fused is not None:
+            self.fused.refresh()
 
     # ---- joining ---------------------------------------------------------------------------------
 
@@ -157,8 +197,8 @@ class StaticSlots:
         """
         import torch
 
-        if self.fused is not None:  # the fused weights are copies: refresh them if the model changed
-            self.fused.refresh()
+        if self.rows == 0:  # no row is decoding: the model may have changed since the last one
+            self._follow_the_model()
         j = len(prompts)
         if self.rows + j > self.max_rows:
             raise ValueError(f"{j} joiners do not fit: {self.rows} of {self.max_rows} slots in use")
