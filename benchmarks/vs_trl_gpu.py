@@ -277,7 +277,9 @@ def run_ours(
     if options.get("learner_cudnn"):  # the update as before the fix: cuDNN attention allowed
         import contextlib
 
-        trainer.learner._attention_backends = contextlib.nullcontext
+        import chatgym.trainer.learner.role as role
+
+        role.without_cudnn_attention = lambda device: contextlib.nullcontext()
     setup_s = time.perf_counter() - t0
     probe = UpdateProbe(trainer)
     try:

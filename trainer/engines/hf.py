@@ -32,7 +32,6 @@ logits processors (temperature, top-k/top-p), not from the raw logits.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import threading
 from collections import deque
@@ -386,7 +385,7 @@ class TransformersEngine:
 
         if self.decode == "static":
             return self._step_static(rows, joiners), None
-        with torch.inference_mode(), self._attention_backends():
+        with torch.inference_mode(), without_cudnn_attention(self.device):
             parts = []
             if rows:
                 assert batch is not None
@@ -495,7 +494,7 @@ class TransformersEngine:
                 self.model, self.max_batch_size, self.max_model_len, fused=self.fused_step
             )
         slots = self._slots
-        with torch.inference_mode(), self._attention_backends():
+        with torch.inference_mode(), without_cudnn_attention(self.device):
             parts = []
             if rows:
                 queued, self._ahead = self._ahead, None
@@ -522,19 +521,6 @@ class TransformersEngine:
         once more for nothing). It fits: a row's last id sits at ``prompt + budget - 1 < max_model_len``."""
         self._slots.set_tokens(tokens)
         self._ahead = self._slots.decode()
-
-    def _attention_backends(self) -> Any:
-        """SDPA without its cuDNN backend while a step runs on CUDA (the other backends as they are).
-
-        cuDNN attention builds an execution plan for every new shape, and a growing KV cache gives
-        every decode step a new shape: on the H200 with SmolLM2 and 64 staggered requests a step took
-        48.8 ms with cuDNN allowed and 35.3 ms without; in the GRPO step of ``benchmarks/train_step.py``
-        (Math-v0, 8 x 8, <= 128 tokens) the rollout went from 7.7 s to 4.5 s. The switch is
-        process-wide (a torch flag) and the learner holds it too: restored when both are done.
-        """
-        if self.device.type != "cuda":
-            return contextlib.nullcontext()
-        return without_cudnn_attention()
 
     def _new_row(self, request: _Request) -> _Row:
         import torch

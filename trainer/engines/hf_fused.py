@@ -123,7 +123,7 @@ class FusedDecoder:
         self.kv_heads = int(config.num_key_value_heads)
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
         self.layers: list[_Layer] = []
-        self._copies: list[tuple[Any, list[Any]]] = []  # (concatenated copy, its source modules)
+        self._copies: list[tuple[Any, list[Any]]] = []  # (concatenated copy, the tensors it joins)
         for layer in inner.layers:
             attn, mlp = layer.self_attn, layer.mlp
             qkv_src = [attn.q_proj, attn.k_proj, attn.v_proj]

@@ -22,17 +22,17 @@ Graphs are captured lazily, one per (row bucket, column bucket): rows in powers 
 in use. A weight update copies into the parameters in place, so captured graphs stay valid (no
 recapture, no recompilation; the fused step's concatenated weights are refreshed in place when rows
 join an idle engine). Modules or weight tensors *replaced* (``load_state_dict(assign=True)``, an
-adapter wrapped in) are noticed then too: the graphs are dropped and captured again. Sampling stays outside the graph (per-row seeds and settings), so the returned ids and raw
-logprobs mean exactly what the engine's other path returns.
+adapter wrapped in) are noticed then too: the graphs are dropped and captured again. Sampling stays
+outside the graph (per-row seeds and settings), so the returned ids and raw logprobs mean exactly
+what the engine's other path returns.
 
 The step (and the prefill) is :mod:`.hf_fused`'s (the model's weights, fused: ~18 kernels a layer
 instead of ~45; 2.04 against 5.19 ms a step at 64 rows on an H200) when the model allows it, else the
-model's own layers (``model.model.layers``, its rotary embedding, norm and LM
-head) with our cache object and loop. Both restrict the path to decoder-only models whose layers have
-that shape and plain full attention (Llama, Qwen2, Qwen3, Mistral without a sliding window; RoPE whose
-scaling does not depend on the sequence length) — :func:`supports` checks it; others use the dynamic
-path. The same idea — static
-per-slot KV cache, decode captured per batch-size bucket — is what vLLM's CUDA-graph mode and
+model's own layers (``model.model.layers``, its rotary embedding, norm and LM head) with our cache
+object and loop. Both restrict the path to decoder-only models whose layers have that shape and plain
+full attention (Llama, Qwen2, Qwen3, Mistral without a sliding window; RoPE whose scaling does not
+depend on the sequence length) — :func:`supports` checks it; others use the dynamic path. The same
+idea — static per-slot KV cache, decode captured per batch-size bucket — is what vLLM's CUDA-graph mode and
 nano-vllm do over a paged cache; transformers' ``cache_implementation="static"`` does it for a batch
 whose rows all start together (no joining).
 """

@@ -12,7 +12,6 @@ the engine that made them.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import sys
 import time
@@ -96,7 +95,7 @@ class Learner:
         cfg = self.cfg
         # Every batch is padded to its longest row, so most have a length not seen before: no cuDNN
         # attention, which builds a plan per new shape (0.2-1.7 s on an H200; models.without_cudnn_attention).
-        with self._attention_backends():
+        with without_cudnn_attention(self.device):
             batch, metrics = self.prepare(trajs)
             if batch is None:
                 return metrics
@@ -119,9 +118,6 @@ class Learner:
         )
         self.version += 1
         return metrics
-
-    def _attention_backends(self) -> Any:
-        return without_cudnn_attention() if self.device.type == "cuda" else contextlib.nullcontext()
 
     def prepare(self, trajs: Sequence[Trajectory]) -> tuple[Any, dict[str, float]]:
         """``prepare_batch`` of ``trajs`` with this learner's models and plan: the ``TokenBatch`` (None
