@@ -532,10 +532,14 @@ def test_frozen_gc_leaves_a_callers_freeze_in_place():
     gc.unfreeze()
     gc.freeze()
     before = gc.get_freeze_count()
+    assert before > 0
     try:
         with frozen_gc():
-            assert gc.get_freeze_count() >= before
-        assert gc.get_freeze_count() >= before > 0  # not unfrozen: the caller froze first
+            assert gc.get_freeze_count() > before // 2
+        # Not unfrozen (that would make it 0): the caller froze first. Frozen objects are still freed
+        # by reference counting, so a daemon thread left by an earlier test may lower the count by a
+        # few (seen: 538,426 -> 538,424); ">= before" failed then.
+        assert gc.get_freeze_count() > before // 2
     finally:
         gc.unfreeze()
     assert gc.get_freeze_count() == 0
