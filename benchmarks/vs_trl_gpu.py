@@ -17,7 +17,7 @@ Runs (``--runs``, any subset, each ``NAME:SEED``):
   ``k``'s ids are read back);
 * ``ours_dynamic`` — the same with the engine's dynamic-cache decode (what stop 10 measured);
 * ``ours_packed`` — ``ours`` with the update packed (``model.pack: true``; ``--pack`` sets it for ``ours``);
-* ``trl_bf16``    — TRL with bf16 weights (its fastest configuration in ANCHORS.md);
+* ``trl_bf16``    — TRL with bf16 weights (its fastest configuration in the peers' figures we were given);
 * ``trl_fp32``    — TRL with fp32 weights, bf16 autocast and gradient checkpointing (its most accurate).
 
 Wall clock per step is measured around the whole step (``Trainer.step`` + logging; TRL: callback from
@@ -618,10 +618,15 @@ def main() -> None:
         "expandable_segments": args.expandable_segments,
         **UPDATE,
     }
+    import importlib.util
+
     import torch
 
     if not torch.cuda.is_available():
         sys.exit("vs_trl_gpu.py needs CUDA")
+    if any(spec.startswith("trl") for spec in args.runs) and importlib.util.find_spec("trl") is None:
+        # Checked before any run: the TRL runs come last, after minutes of ours.
+        sys.exit("vs_trl_gpu.py: the trl_* runs need TRL: pip install trl==1.16.0 datasets")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     evaluator = None
