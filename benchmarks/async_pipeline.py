@@ -130,10 +130,10 @@ async def run_once(args: argparse.Namespace, tokenizer: Any, mode: str, max_stal
 
 def main_job(overrides: list[str], out: str, modes: list[str], runs_dir: str) -> None:
     """The main job once per pipeline on one shared engine (see the module docstring)."""
-    from chatgym.trainer.config import load_config
+    from chatgym.trainer.chat.tokenizer import get_tokenizer
+    from chatgym.trainer.config.run import load_config
     from chatgym.trainer.engines import build_engine
-    from chatgym.trainer.models import load_model_path
-    from chatgym.trainer.rollout.tokenizer import get_tokenizer
+    from chatgym.trainer.models.packaged import load_model_path
     from chatgym.trainer.train import Trainer
 
     os.makedirs(out, exist_ok=True)
@@ -243,7 +243,7 @@ def main() -> None:
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
 
-    from chatgym.trainer.rollout.tokenizer import get_tokenizer
+    from chatgym.trainer.chat.tokenizer import get_tokenizer
 
     tokenizer = get_tokenizer("smollm2")
     configs = [("sync", 0), ("one_step_off", 0), ("async", 1), ("async", 2)]

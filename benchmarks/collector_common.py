@@ -57,7 +57,7 @@ def make_engine(
             return TransformersEngine(
                 model, tokenizer, dtype=dtype, device=device, max_batch_size=256, num_threads=threads
             )
-        from chatgym.trainer.models import random_model
+        from chatgym.trainer.models.random_init import random_model
 
         net = random_model(model, dtype=dtype, device=device or "cpu")
         return TransformersEngine(net, tokenizer, max_batch_size=256, num_threads=threads)

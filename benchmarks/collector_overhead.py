@@ -25,8 +25,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from collector_common import OneTurnEnv, fmt_runs, make_engine, median
 
+from chatgym.trainer.chat.delta import ChatRenderer
 from chatgym.trainer.engines.base import SamplingParams
-from chatgym.trainer.rollout.chat_delta import ChatRenderer
 from chatgym.trainer.rollout.collector import Collector, CollectorConfig
 
 
@@ -43,7 +43,7 @@ async def main() -> None:
     ap.add_argument("--repeats", type=int, default=6, help="pairs of runs")
     args = ap.parse_args()
 
-    from chatgym.trainer.rollout.tokenizer import get_tokenizer
+    from chatgym.trainer.chat.tokenizer import get_tokenizer
 
     tokenizer = get_tokenizer(args.model)
     engine = make_engine(

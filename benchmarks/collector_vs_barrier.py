@@ -27,8 +27,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from collector_common import LatencyEnv, fmt_runs, make_engine, median
 
+from chatgym.trainer.chat.delta import ChatRenderer, closing_ids
+from chatgym.trainer.chat.template_probe import probe_template
 from chatgym.trainer.engines.base import SamplingParams
-from chatgym.trainer.rollout.chat_delta import ChatRenderer, closing_ids, probe_template
 from chatgym.trainer.rollout.collector import Collector, CollectorConfig
 
 
@@ -103,7 +104,7 @@ async def main() -> None:
     ap.add_argument("--warmup", action="store_true", help="one short untimed round first (GPU warm-up)")
     args = ap.parse_args()
 
-    from chatgym.trainer.rollout.tokenizer import get_tokenizer
+    from chatgym.trainer.chat.tokenizer import get_tokenizer
 
     tokenizer = get_tokenizer(args.model)
     engine = make_engine(

@@ -75,7 +75,8 @@ def main() -> None:
 
     from chatgym.trainer.engines import hf_sampling
     from chatgym.trainer.engines.base import SamplingParams
-    from chatgym.trainer.models import load_model, random_model
+    from chatgym.trainer.models.packaged import load_model
+    from chatgym.trainer.models.random_init import random_model
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--random", action="store_true", help="random weights of SmolLM2's shape (no model files)")

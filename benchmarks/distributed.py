@@ -33,11 +33,11 @@ import tempfile
 import time
 from typing import Any
 
-from chatgym.trainer.config import Config, EngineConfig, EnvConfig, TrainConfig
+from chatgym.trainer.config.run import Config, EngineConfig, EnvConfig, TrainConfig
+from chatgym.trainer.config.runner import RayConfig, RunnerConfig
 from chatgym.trainer.distributed.scripted import ENV_ID
 from chatgym.trainer.rollout.config import CollectorConfig
 from chatgym.trainer.rollout.source import RolloutRequest
-from chatgym.trainer.runner_config import RayConfig, RunnerConfig
 
 
 def config(out: str, *, workers: int, capacity: int, gen_delay: float, tool_turns: int) -> Config:
@@ -105,11 +105,11 @@ def scaling(args: argparse.Namespace, model_path: str, out: str) -> None:
 
 
 def overhead(args: argparse.Namespace, model_path: str, out: str) -> None:
+    from chatgym.trainer.chat.tokenizer import get_tokenizer
     from chatgym.trainer.distributed.ray_rollout import RayRollout
     from chatgym.trainer.distributed.scripted import ScriptedEngine
     from chatgym.trainer.rollout.collector import Collector
     from chatgym.trainer.rollout.source import LocalRollout
-    from chatgym.trainer.rollout.tokenizer import get_tokenizer
 
     cfg = config(out, workers=1, capacity=4096, gen_delay=0.0, tool_turns=0)
     tok = get_tokenizer(model_path)
@@ -182,7 +182,7 @@ def main() -> None:
         return
 
     from chatgym.trainer.distributed.cluster import start_or_join
-    from chatgym.trainer.models import load_model_path
+    from chatgym.trainer.models.packaged import load_model_path
 
     model_path = str(load_model_path("smollm2"))
     cluster = start_or_join(None, num_cpus=args.num_cpus)

@@ -36,7 +36,7 @@ PROMPTS, GROUP, NEW_TOKENS, LR, MICRO = 8, 8, 128, 1e-5, 16
 
 
 def config(out: Path, steps: int, *ray: str):
-    from chatgym.trainer.config import load_config
+    from chatgym.trainer.config.run import load_config
 
     return load_config(
         None,

@@ -115,7 +115,7 @@ def main() -> None:
 
     from chatgym.trainer.engines.hf import TransformersEngine
     from chatgym.trainer.engines.vllm_inproc import VLLMEngine
-    from chatgym.trainer.models import fast_dtype
+    from chatgym.trainer.models.dtype import fast_dtype
 
     if args.dtype == "auto":
         args.dtype = fast_dtype()

@@ -39,10 +39,10 @@ def main() -> None:
 
     import torch
 
+    from chatgym.trainer.chat.tokenizer import get_tokenizer
     from chatgym.trainer.engines import SamplingParams
     from chatgym.trainer.engines.hf import TransformersEngine
-    from chatgym.trainer.models import load_model
-    from chatgym.trainer.rollout.tokenizer import get_tokenizer
+    from chatgym.trainer.models.packaged import load_model
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -115,10 +115,11 @@ async def _gather(engine, prompts, params):
 def main() -> None:
     import torch
 
+    from chatgym.trainer.chat.tokenizer import get_tokenizer
     from chatgym.trainer.engines import SamplingParams
     from chatgym.trainer.engines.hf import TransformersEngine
-    from chatgym.trainer.models import load_model, random_model
-    from chatgym.trainer.rollout.tokenizer import get_tokenizer
+    from chatgym.trainer.models.packaged import load_model
+    from chatgym.trainer.models.random_init import random_model
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, nargs="+", default=[64, 256])

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from chatgym.envs.datasets.wiki_qa import load_wiki_qa
+from chatgym.envs.search.wiki_qa import load_wiki_qa
 from chatgym.retrievers import (
     BM25Retriever,
     DenseRetriever,

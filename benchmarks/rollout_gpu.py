@@ -49,9 +49,9 @@ TINY = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_atte
 
 
 def make_engine(device: str, real_weights: bool, seed: int):
+    from chatgym.trainer.chat.tokenizer import get_tokenizer
     from chatgym.trainer.engines.hf import TransformersEngine
-    from chatgym.trainer.models import random_model
-    from chatgym.trainer.rollout.tokenizer import get_tokenizer
+    from chatgym.trainer.models.random_init import random_model
 
     tokenizer = get_tokenizer("smollm2")
     if real_weights:

@@ -20,7 +20,7 @@ import statistics
 import sys
 import time
 
-from chatgym.sandboxes.local import LocalSandbox
+from chatgym.sandboxes.local.sandbox import LocalSandbox
 
 CODE = "print(1)"
 

@@ -15,7 +15,7 @@ waits for the service to settle and takes the census again. The census counts
   its two rows read -1 before and after.
 
 The docker backends use ``DOCKER_HOST`` if set; otherwise (as root, with ``dockerd`` installed) a
-private daemon is started for the test and stopped after (``chatgym.sandboxes.docker_engine``).
+private daemon is started for the test and stopped after (``chatgym.sandboxes.docker.engine``).
 
 Every request is checked (the mix: 90 % ``print(sum(range(k)))`` with a known answer, 10 % a raised
 exception). Prints p50/p99 latency (ms, client side, queueing included), throughput (runs/s), the
@@ -34,8 +34,8 @@ import sys
 import time
 import urllib.request
 
-from chatgym.sandboxes.fusion_client import SandboxFusionSandbox
-from chatgym.sandboxes.service import start_service, stop_service
+from chatgym.sandboxes.fusion.client import SandboxFusionSandbox
+from chatgym.sandboxes.fusion.service import start_service, stop_service
 
 
 def _stat(pid: int) -> tuple[int, str, int] | None:
@@ -116,7 +116,7 @@ def census(server_pid: int, uids: list[int], docker: bool = False) -> dict[str, 
     # same uid 65534) are left out; everything else of the sandbox uids counts, escapes included.
     skip: set[int] = set()
     if docker:
-        from chatgym.sandboxes.docker_engine import container_pids
+        from chatgym.sandboxes.docker.engine import container_pids
 
         skip = container_pids(others=True)
     uid_procs = 0
@@ -200,7 +200,7 @@ def load_test(backend: str = "local", runs: int = 1000, concurrency: int = 32) -
     """Run the whole load test; returns the figures, the censuses and their differences.
 
     The docker backends need ``DOCKER_HOST`` (and ``CHATGYM_DOCKER_IMAGE``) set: run it inside
-    ``chatgym.sandboxes.docker_engine.provide()`` (the ``__main__`` below does).
+    ``chatgym.sandboxes.docker.engine.provide()`` (the ``__main__`` below does).
     """
     docker = backend.startswith("docker")
     args = (
@@ -250,7 +250,7 @@ if __name__ == "__main__":
     ap.add_argument("--backend", default="local", choices=BACKENDS)
     args = ap.parse_args()
     if args.backend.startswith("docker"):
-        from chatgym.sandboxes.docker_engine import provide
+        from chatgym.sandboxes.docker.engine import provide
 
         with provide("bench") as engine:
             print(

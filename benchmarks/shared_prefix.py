@@ -16,7 +16,7 @@ import torch
 
 from chatgym.trainer.learner.batch import collate
 from chatgym.trainer.learner.forward import forward_logprobs, forward_logprobs_shared
-from chatgym.trainer.models import load_model
+from chatgym.trainer.models.packaged import load_model
 from chatgym.trainer.rollout.types import Trajectory
 
 

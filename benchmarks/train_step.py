@@ -68,7 +68,7 @@ def run(args: argparse.Namespace, options: str, steps: int) -> None:
     import torch
     import train_helpers
 
-    from chatgym.trainer.config import load_config
+    from chatgym.trainer.config.run import load_config
     from chatgym.trainer.train import Trainer
 
     train_helpers.register()

@@ -40,13 +40,13 @@ from typing import Any
 
 import torch
 
-from chatgym.trainer.config import AlgoConfig
+from chatgym.trainer.config.run import AlgoConfig
 from chatgym.trainer.learner.batch import TokenBatch, collate
 from chatgym.trainer.learner.forward import ForwardPlan, micro_batch_plan, per_token_pass, policy_logprobs
 from chatgym.trainer.learner.policy import autocast_context, resolve_compute_dtype
 from chatgym.trainer.learner.prepare import compute_advantages
 from chatgym.trainer.learner.update import UpdateState, update
-from chatgym.trainer.models import NATIVE_BF16_FLAGS, cpu_flags
+from chatgym.trainer.models.dtype import NATIVE_BF16_FLAGS, cpu_flags
 from chatgym.trainer.rollout.types import Trajectory
 
 # The main job's algorithm (examples/configs/math_grpo.yaml).
@@ -222,7 +222,8 @@ def main() -> None:
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from chatgym.trainer.models import load_model_path, random_model
+    from chatgym.trainer.models.packaged import load_model_path
+    from chatgym.trainer.models.random_init import random_model
 
     path = args.config_dir or str(load_model_path("smollm2"))
     tokenizer = None if args.load_batch else AutoTokenizer.from_pretrained(path)

@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from chatgym.trainer.config import AlgoConfig, LoraConfig, ModelConfig, OptimConfig
+from chatgym.trainer.config.run import AlgoConfig, LoraConfig, ModelConfig, OptimConfig
 from chatgym.trainer.learner.batch import TokenBatch, collate
 from chatgym.trainer.learner.forward import (
     PACK_MAX_TOKENS_CUDA,
@@ -191,7 +191,7 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args()
 
-    from chatgym.trainer.rollout.tokenizer import get_tokenizer
+    from chatgym.trainer.chat.tokenizer import get_tokenizer
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     overrides = {"num_hidden_layers": args.layers} if args.random_init and args.layers else {}

@@ -42,7 +42,7 @@ fix; the engine keeps it off). Measured on the CPU box (Python 3.11, a tiny trai
 after ``gc.freeze()``. The slow updates' cause was elsewhere: the probe's per-phase CUDA events
 (``phases``: forward, loss + backward, optimizer; host and GPU seconds) showed the GPU itself taking
 7-8x longer in the forward and the backward of those steps, which were the steps whose padded length
-was new — cuDNN attention's per-shape plans (``chatgym.trainer.models.without_cudnn_attention``).
+was new — cuDNN attention's per-shape plans (``chatgym.trainer.models.cuda.without_cudnn_attention``).
 
     python benchmarks/vs_trl_gpu.py --runs ours:0 ours:1 trl_bf16:0 --out /tmp/vs_trl
     python benchmarks/vs_trl_gpu.py --runs ours:0 ours_packed:0 --no-gc-freeze --out /tmp/vs_trl_packed
@@ -70,7 +70,7 @@ UPDATE = {"pack": "auto", "pack_max_tokens": None, "checkpointing": None}
 
 
 def our_config(seed: int, steps: int, out: Path, decode: str, pack: str | None = None):
-    from chatgym.trainer.config import load_config
+    from chatgym.trainer.config.run import load_config
 
     checkpointing = UPDATE["checkpointing"] if UPDATE["checkpointing"] is not None else DEVICE == "cuda"
     extra = [f"model.pack={pack or UPDATE['pack']}"]
@@ -133,7 +133,7 @@ class UpdateProbe:
     only; the wrappers call the originals unchanged."""
 
     def __init__(self, trainer: Any):
-        import chatgym.trainer.learner.role as role
+        import chatgym.trainer.learner.learner as role
         import chatgym.trainer.learner.update as update_module
         from chatgym.trainer.learner.batch import pack_chunks
 
@@ -277,7 +277,7 @@ def run_ours(
     if options.get("learner_cudnn"):  # the update as before the fix: cuDNN attention allowed
         import contextlib
 
-        import chatgym.trainer.learner.role as role
+        import chatgym.trainer.learner.learner as role
 
         role.without_cudnn_attention = lambda device: contextlib.nullcontext()
     setup_s = time.perf_counter() - t0
@@ -338,8 +338,8 @@ def run_trl(seed: int, steps: int, eval_every: int, fp32: bool, evaluator) -> di
     from trl import GRPOConfig, GRPOTrainer
 
     import chatgym  # noqa: F401  (registers the env ids)
-    from chatgym.trainer.models import load_model
-    from chatgym.trainer.rollout.tokenizer import get_tokenizer
+    from chatgym.trainer.chat.tokenizer import get_tokenizer
+    from chatgym.trainer.models.packaged import load_model
     from chatgym.trainer.sampler import tasks_for_step
 
     _fingerprint_fallback()

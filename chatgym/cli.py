@@ -22,7 +22,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "train a policy with GRPO/PPO from a YAML config (key.sub=value overrides, --resume)",
     ),
     "cotrain": (
-        "chatgym.trainer.cotrain:main",
+        "chatgym.trainer.cotrain.loop:main",
         "co-train a policy and its judge / simulated user (two learners, two engines) from a YAML config",
     ),
     "eval": (
@@ -38,7 +38,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "serve a BM25 / dense / hybrid index over HTTP (Search-R1 /retrieve shape)",
     ),
     "serve-sandbox": (
-        "chatgym.sandboxes.service:cli_main",
+        "chatgym.sandboxes.fusion.service:cli_main",
         "run untrusted code over HTTP, SandboxFusion API (/run_code, /run_jupyter); local/bwrap/docker",
     ),
 }

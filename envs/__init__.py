@@ -1,9 +1,9 @@
 """Chat environments: messages, the ChatEnv contract, tools, tool-call parsers, and the envs."""
 
-from .core import AssistantTurn, ChatEnv, StepOutcome
-from .messages import Message, ToolCall
-from .parsers import ParsedAction, ToolCallParser, get_parser
-from .tools import Tool, ToolResult, register_tool, run_tool_calls, tool
+from chatgym.envs.core import AssistantTurn, ChatEnv, StepOutcome
+from chatgym.envs.messages import Message, ToolCall
+from chatgym.envs.parsers import ParsedAction, ToolCallParser, get_parser
+from chatgym.envs.tools import Tool, ToolResult, register_tool, run_tool_calls, tool
 
 __all__ = [
     "AssistantTurn",

@@ -22,9 +22,9 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from . import messages as M
-from . import tool_gate
-from .messages import Message, message_errors
+from chatgym.envs import messages as M
+from chatgym.envs import tool_gate
+from chatgym.envs.messages import Message, message_errors
 
 
 @runtime_checkable

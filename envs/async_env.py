@@ -1,5 +1,5 @@
 """Which object to await for an env's ``areset``/``astep`` (shared by the rollout collector and by
-env wrappers such as :class:`chatgym.envs.genrm.GenRMEnv` that drive the env they wrap).
+env wrappers such as :class:`chatgym.envs.wrappers.genrm.GenRMEnv` that drive the env they wrap).
 
 An env is driven through its async API (``areset``/``astep``, the ChatEnv contract) when it has one
 and nothing in between would be skipped:

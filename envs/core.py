@@ -32,26 +32,38 @@ from typing import Any, ClassVar, TypeVar
 
 import gymnasium as gym
 
-from . import messages as M
-from .messages import Message, ToolCall, message_errors
-from .parsers import ParsedAction, ToolCallParser, get_parser, parse_openai_message
-from .spaces import ActionSpace, MessagesSpace
-from .tool_config import LoadedTools, load_tools, parse_tools_config, read_tools_config
-from .tools import Tool, ToolOutcome, register_tool, resolve_tools, run_tool_calls, tool_error_kinds
+from chatgym.envs import messages as M
+from chatgym.envs.messages import Message, ToolCall, message_errors
+from chatgym.envs.parsers import ParsedAction, ToolCallParser, get_parser, parse_openai_message
+from chatgym.envs.spaces import ActionSpace, MessagesSpace
+from chatgym.envs.tool_config import LoadedTools, load_tools, parse_tools_config, read_tools_config
+from chatgym.envs.tools import (
+    Tool,
+    ToolOutcome,
+    register_tool,
+    resolve_tools,
+    run_tool_calls,
+    tool_error_kinds,
+)
 
 T = TypeVar("T")
 
 
-def load_prompt(name: str) -> str:
-    """Text of ``envs/prompts/<name>`` (package data, UTF-8), without surrounding whitespace: the one
-    reader of the envs' prompt files.
+def load_prompt(package: str, name: str) -> str:
+    """Text of ``prompts/<name>`` inside the env family's package ``package`` (package data, UTF-8),
+    without surrounding whitespace: the one reader of the envs' prompt files.
+
+    Args:
+        package: the family's package, e.g. ``"chatgym.envs.math"`` (an env module passes its
+            ``__package__``); its folder holds ``prompts/``.
+        name: the file name, e.g. ``"math_system.txt"``.
 
     Raises:
         FileNotFoundError: no such prompt file.
     """
     from importlib import resources
 
-    return resources.files("chatgym.envs").joinpath("prompts", name).read_text(encoding="utf-8").strip()
+    return resources.files(package).joinpath("prompts", name).read_text(encoding="utf-8").strip()
 
 
 @dataclass

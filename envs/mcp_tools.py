@@ -27,7 +27,7 @@ import threading
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
-from .tools import Tool, ToolResult
+from chatgym.envs.tools import Tool, ToolResult
 
 T = TypeVar("T")
 MCP_EXTRA_HINT = "MCP tools need the mcp SDK: pip install 'chatgym[mcp]'"

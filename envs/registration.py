@@ -9,14 +9,14 @@ import gymnasium as gym
 
 # id -> (entry point, default kwargs)
 ENV_SPECS: dict[str, tuple[str, dict]] = {
-    "CodeSandbox-v0": ("chatgym.envs.code_sandbox:CodeSandboxEnv", {}),
-    "Math-v0": ("chatgym.envs.math_env:MathEnv", {}),
-    "MathCalculator-v0": ("chatgym.envs.math_env:MathEnv", {"calculator": True}),
-    "MathPython-v0": ("chatgym.envs.math_python:MathPythonEnv", {}),
-    "Search-v0": ("chatgym.envs.search:SearchEnv", {}),
+    "CodeSandbox-v0": ("chatgym.envs.code.env:CodeSandboxEnv", {}),
+    "Math-v0": ("chatgym.envs.math.env:MathEnv", {}),
+    "MathCalculator-v0": ("chatgym.envs.math.env:MathEnv", {"calculator": True}),
+    "MathPython-v0": ("chatgym.envs.math.python:MathPythonEnv", {}),
+    "Search-v0": ("chatgym.envs.search.env:SearchEnv", {}),
     "UserSim-v0": ("chatgym.envs.usersim.env:UserSimEnv", {}),
-    "Judge-v0": ("chatgym.envs.judge:JudgeEnv", {}),
-    "ToolUse-v0": ("chatgym.envs.tool_use:ToolUseEnv", {}),
+    "Judge-v0": ("chatgym.envs.judge.env:JudgeEnv", {}),
+    "ToolUse-v0": ("chatgym.envs.tool_use.env:ToolUseEnv", {}),
 }
 
 

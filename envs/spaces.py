@@ -12,7 +12,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector.utils import create_empty_array
 
-from .messages import message_errors
+from chatgym.envs.messages import message_errors
 
 _ALPHABET = np.array(list("abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,:;!?()[]{}'\"\n"))
 

@@ -4,7 +4,7 @@ An env's toolset changes without code: ``gym.make("MathCalculator-v0", tools_con
 adds the file's tools to the env's own (any ChatEnv accepts ``tools_config``). The format::
 
     tools:                                     # native Python tools
-      - function: chatgym.envs.calculator:calculate   # "module:attribute": a documented function or a Tool
+      - function: chatgym.envs.math.calculator:calculate   # "module:attribute": a documented function or a Tool
         name: calc                             # optional: the name the model sees
     mcp_servers:                               # tools of MCP servers started over stdio
       - name: notes                            # a label for errors
@@ -35,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from .tools import Tool, register_tool
+from chatgym.envs.tools import Tool, register_tool
 
 _TOP_KEYS = {"tools", "mcp_servers"}
 _TOOL_KEYS = {"function", "name"}
@@ -217,7 +217,7 @@ def load_tools(config: ToolConfig | str | os.PathLike[str], *, register: bool = 
         ImportError: naming the ``mcp`` extra when the config has servers and the SDK is missing.
         RuntimeError: a server did not start or lacks an ``include``-d tool.
     """
-    from .mcp_tools import MCPToolset
+    from chatgym.envs.mcp_tools import MCPToolset
 
     if not isinstance(config, ToolConfig):
         config = read_tools_config(config)

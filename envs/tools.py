@@ -18,9 +18,9 @@ from typing import Any
 
 import jsonschema
 
-from . import tool_gate
-from .messages import Message, ToolCall
-from .messages import tool as tool_message
+from chatgym.envs import tool_gate
+from chatgym.envs.messages import Message, ToolCall
+from chatgym.envs.messages import tool as tool_message
 
 
 @dataclass

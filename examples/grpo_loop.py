@@ -16,18 +16,13 @@ import asyncio
 import torch
 
 import chatgym  # noqa: F401  (registers the env ids)
+from chatgym.trainer.algos import aggregate_loss, get_advantage_estimator, get_policy_loss, place_rewards
+from chatgym.trainer.chat.tokenizer import get_tokenizer
 from chatgym.trainer.engines.hf import TransformersEngine
-from chatgym.trainer.learner.algos import (
-    aggregate_loss,
-    get_advantage_estimator,
-    get_policy_loss,
-    place_rewards,
-)
 from chatgym.trainer.learner.batch import collate
 from chatgym.trainer.learner.logprobs import token_logprobs
-from chatgym.trainer.models import load_model
+from chatgym.trainer.models.packaged import load_model
 from chatgym.trainer.rollout.collector import Collector, CollectorConfig
-from chatgym.trainer.rollout.tokenizer import get_tokenizer
 
 
 def main(steps: int, prompts: int, group_size: int) -> None:

@@ -11,14 +11,14 @@ Heavy libraries (bm25s, faiss, sentence-transformers) are imported only when a r
 they come with ``pip install 'chatgym[retrieval]'``.
 """
 
-from .base import Document, Passage, Retriever
-from .bm25 import BM25Retriever
-from .build import cached_retriever, load_index
-from .client import RetrievalClient, RetrievalError
-from .corpora import load_jsonl_corpus, wiki_corpus
-from .dense import DenseRetriever
-from .hybrid import HybridRetriever, reciprocal_rank_fusion
-from .metrics import recall_at_k
+from chatgym.retrievers.base import Document, Passage, Retriever
+from chatgym.retrievers.bm25 import BM25Retriever
+from chatgym.retrievers.build import cached_retriever, load_index
+from chatgym.retrievers.client import RetrievalClient, RetrievalError
+from chatgym.retrievers.corpora import load_jsonl_corpus, wiki_corpus
+from chatgym.retrievers.dense import DenseRetriever
+from chatgym.retrievers.hybrid import HybridRetriever, reciprocal_rank_fusion
+from chatgym.retrievers.metrics import recall_at_k
 
 __all__ = [
     "BM25Retriever",

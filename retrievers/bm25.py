@@ -27,8 +27,16 @@ from typing import Any
 
 import numpy as np
 
-from .base import Document, Passage, check_queries, check_unique_ids, corpus_fingerprint
-from .store import atomic_dir, cache_key, cache_root, load_docs, read_meta, save_docs, write_meta
+from chatgym.retrievers.base import Document, Passage, check_queries, check_unique_ids, corpus_fingerprint
+from chatgym.retrievers.store import (
+    atomic_dir,
+    cache_key,
+    cache_root,
+    load_docs,
+    read_meta,
+    save_docs,
+    write_meta,
+)
 
 
 def _import_bm25s() -> Any:

@@ -8,11 +8,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .base import Document, Retriever
-from .bm25 import BM25Retriever
-from .dense import DenseRetriever
-from .hybrid import HybridRetriever
-from .store import META_FILE, read_meta
+from chatgym.retrievers.base import Document, Retriever
+from chatgym.retrievers.bm25 import BM25Retriever
+from chatgym.retrievers.dense import DenseRetriever
+from chatgym.retrievers.hybrid import HybridRetriever
+from chatgym.retrievers.store import META_FILE, read_meta
 
 KINDS = ("bm25", "dense", "hybrid")
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import aiohttp
 
-from .base import Passage, check_queries
-from .server import document_to_passage, dumps, loads
+from chatgym.retrievers.base import Passage, check_queries
+from chatgym.retrievers.server import document_to_passage, dumps, loads
 
 _JSON = {"Content-Type": "application/json"}
 

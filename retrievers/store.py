@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from .base import Document
+from chatgym.retrievers.base import Document
 
 META_FILE = "meta.json"
 DOCS_FILE = "docs.jsonl"

@@ -6,11 +6,11 @@ e.g. ``chatgym serve-sandbox``: ``service.py``) share the ``Sandbox`` contract (
 process-wide limiter (``limits.py``). What each isolates: the table in the README's Sandboxes section.
 """
 
-from .base import ExecResult, Sandbox, Session
-from .bwrap import BwrapSandbox
-from .limits import Limiter, configure, global_limiter
-from .local import LocalSandbox
-from .session import LocalSession
+from chatgym.sandboxes.base import ExecResult, Sandbox, Session
+from chatgym.sandboxes.limits import Limiter, configure, global_limiter
+from chatgym.sandboxes.local.bwrap import BwrapSandbox
+from chatgym.sandboxes.local.sandbox import LocalSandbox
+from chatgym.sandboxes.local.session import LocalSession
 
 __all__ = [
     "BwrapSandbox",

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 
-from .slots import SlotPool
+from chatgym.sandboxes.slots import SlotPool
 
 
 class TokenBucket:

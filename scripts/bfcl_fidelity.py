@@ -121,7 +121,7 @@ def bfcl_score(entry: dict[str, Any], category: str, cand: Candidate) -> tuple[f
         return float(not contains_call), ""
     if decoded is None or not bfcl.is_function_calling_format_output(decoded):
         return 0.0, ""
-    from chatgym.envs.bfcl.data import CATEGORIES as STEMS
+    from chatgym.envs.tool_use.bfcl.data import CATEGORIES as STEMS
 
     stem = STEMS[category][0]  # BFCL's category name ("simple_python"): ast_checker dispatches on it
     try:
@@ -208,7 +208,7 @@ def _dump(args: dict[str, Any]) -> str:
 
 def ast_candidates(category: str, index: int, entry: dict[str, Any]) -> Iterator[Candidate]:
     """The ground truth of an AST entry and its mutations (see the module docstring)."""
-    from chatgym.envs.tool_use import _concrete_dict, reference_calls
+    from chatgym.envs.tool_use.env import _concrete_dict, reference_calls
 
     truth = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in reference_calls(entry["ground_truth"], entry["function"])]
     docs = {f["name"]: f for f in reversed(entry["function"])}
@@ -306,7 +306,7 @@ def chatgym_score(env: Any, cand: Candidate) -> float:
 def compare(category: str, every: int = 1, **env_kwargs: Any) -> Tally:
     """Agreement of ToolUse-v0 (``env_kwargs`` passed to it) with BFCL on all the candidates of every
     ``every``-th entry (whole entries: building an entry's tools is the slow part of a reset)."""
-    from chatgym.envs.tool_use import ToolUseEnv
+    from chatgym.envs.tool_use.env import ToolUseEnv
 
     env = ToolUseEnv(category=category, **env_kwargs)
     tally = Tally(disagreements=[])

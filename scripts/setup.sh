@@ -17,7 +17,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! command -v chromium 
 fi
 
 # Docker engine for DockerSandbox (tests start a private daemon per session: tests/conftest.py;
-# by hand: python -m chatgym.sandboxes.docker_engine start). Nothing is started here.
+# by hand: python -m chatgym.sandboxes.docker.engine start). Nothing is started here.
 # The package's own service must not start on install (it would make a bridge, NAT rules and turn on
 # IP forwarding): a policy-rc.d that says no, for the install only, where the system has none.
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! command -v dockerd >/dev/null; then

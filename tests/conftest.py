@@ -1,7 +1,7 @@
 """Session fixtures shared by test modules. Docker only: ``docker_engine``.
 
 ``docker_engine`` gives the Docker tests a real engine and the offline image, through
-``chatgym.sandboxes.docker_engine.provide``:
+``chatgym.sandboxes.docker.engine.provide``:
 
 * ``DOCKER_HOST`` set: that engine is used as it is (never stopped here); the image is built on it.
 * otherwise, as root with ``dockerd`` installed (``scripts/setup.sh`` installs Debian's ``docker.io``):
@@ -22,12 +22,12 @@ import pytest
 
 @pytest.fixture(scope="session")
 def docker_engine():
-    """``chatgym.sandboxes.docker_engine.Engine`` (``host``, ``image``, ``daemon``), or a skip."""
+    """``chatgym.sandboxes.docker.engine.Engine`` (``host``, ``image``, ``daemon``), or a skip."""
     try:
         import docker
     except ImportError:
         pytest.skip("no Docker engine: the docker SDK is not installed (pip install 'chatgym[docker]')")
-    from chatgym.sandboxes.docker_engine import provide
+    from chatgym.sandboxes.docker.engine import provide
 
     manager = provide("test")
     try:

@@ -53,7 +53,7 @@ ADVANTAGE_ATOL = 2e-6
 
 
 def case_config(name: str, out: Path) -> Any:
-    from chatgym.trainer.config import load_config
+    from chatgym.trainer.config.run import load_config
 
     common = [
         "engine.backend=hf",
@@ -112,10 +112,10 @@ CASES = ("math_grpo", "tiny_kl_ppo", "tiny_lora_kl")
 
 
 def _capture_point() -> tuple[Any, str]:
-    """Where the step hands the prepared batch to the update: ``chatgym.trainer.learner.role.update``
+    """Where the step hands the prepared batch to the update: ``chatgym.trainer.learner.learner.update``
     (called as ``update(models, batch, ...)``; it was ``chatgym.trainer.train.update`` until the
     learner became its own role)."""
-    from chatgym.trainer.learner import role
+    from chatgym.trainer.learner import learner as role
 
     return role, "update"
 

@@ -1,4 +1,4 @@
-"""Hand-computed checks of chatgym.trainer.learner.algos (derivations in the comments)."""
+"""Hand-computed checks of chatgym.trainer.algos (derivations in the comments)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from chatgym.trainer.learner.algos import (
+from chatgym.trainer.algos import (
     ADVANTAGE_ESTIMATORS,
     aggregate_loss,
     apply_kl_penalty,

@@ -18,8 +18,8 @@ import gymnasium as gym
 import pytest
 
 import chatgym  # noqa: F401  (registers the env ids)
-from chatgym.envs.bfcl import check_calls
-from chatgym.envs.tool_use import ToolUseEnv
+from chatgym.envs.tool_use.bfcl import check_calls
+from chatgym.envs.tool_use.env import ToolUseEnv
 
 pytest.importorskip("bfcl_eval", reason="needs bfcl-eval (scripts/setup.sh installs it)")
 

@@ -27,7 +27,7 @@ def test_a_misspelt_vllm_option_is_named_before_the_engine_starts():
     # Regression (fresh-user check): `engine.options={enforce_eagr: true}` was vLLM's raw TypeError
     # after the policy had loaded; VLLMEngine passes **kwargs on to EngineArgs, so nothing was checked.
     pytest.importorskip("vllm")
-    from chatgym.trainer.config_io import ConfigError
+    from chatgym.trainer.config.loader import ConfigError
 
     cfg = SimpleNamespace(backend="vllm", options={"enforce_eagr": True, "max_num_seqs": 8}, dtype="auto")
     with pytest.raises(ConfigError) as err:

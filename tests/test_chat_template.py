@@ -7,7 +7,7 @@ import json
 import pytest
 
 from chatgym.envs.messages import assistant, make_tool_call, system, tool, user
-from chatgym.trainer.rollout.tokenizer import (
+from chatgym.trainer.chat.tokenizer import (
     builtin_template,
     get_tokenizer,
     resolve_chat_template,

@@ -8,7 +8,7 @@ import stat
 import torch
 
 from chatgym.trainer.learner.checkpoint import list_checkpoints, save_checkpoint
-from chatgym.trainer.models import random_model
+from chatgym.trainer.models.random_init import random_model
 
 TINY = dict(num_hidden_layers=1, hidden_size=16, intermediate_size=32, num_attention_heads=2,
             num_key_value_heads=1, head_dim=8)

@@ -1,6 +1,6 @@
 """CodeSandbox-v0 on HumanEval: data and splits, the grader's resistance to cheating, the env's API.
 
-Everything runs through the real default sandbox (``chatgym.sandboxes.local.LocalSandbox``).
+Everything runs through the real default sandbox (``chatgym.sandboxes.local.sandbox.LocalSandbox``).
 """
 
 import gzip
@@ -16,10 +16,10 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import chatgym  # noqa: F401  (registers the env ids)
-from chatgym.envs.code_sandbox import CodeSandboxEnv, cut_text, default_sandbox, extract_code
-from chatgym.envs.datasets import humaneval
-from chatgym.envs.datasets.humaneval import load_humaneval
-from chatgym.envs.graders import grade_function
+from chatgym.envs.code import humaneval
+from chatgym.envs.code.env import CodeSandboxEnv, cut_text, default_sandbox, extract_code
+from chatgym.envs.code.grader import grade_function
+from chatgym.envs.code.humaneval import load_humaneval
 from chatgym.envs.messages import make_tool_call
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""Co-training (trainer/cotrain.py, trainer/cotrain_party.py): the policy and its judge / simulated user as two learners.
+"""Co-training (trainer/cotrain/loop.py, trainer/cotrain/party.py): the policy and its judge / simulated user as two learners.
 
 Scripted parties (ReplayEngine) for both sides; every reward below is derived by hand in a comment.
 The learners are tiny random-init Llamas (train_helpers.TINY_LLAMA), so a step runs in seconds.
@@ -14,8 +14,9 @@ from rollout_helpers import ASSISTANT_HEADER, tool_call_text
 from train_helpers import TINY_LLAMA
 
 from chatgym.envs.messages import assistant, system, user
-from chatgym.trainer.cotrain import CoTrainConfig, CoTrainer, load_cotrain_config
-from chatgym.trainer.cotrain_party import (
+from chatgym.trainer.config.cotrain import CoTrainConfig, load_cotrain_config
+from chatgym.trainer.cotrain.loop import CoTrainer
+from chatgym.trainer.cotrain.party import (
     VersionedResponder,
     facts,
     faithfulness,
@@ -33,7 +34,7 @@ IM_END = 2  # SmolLM2's <|im_end|>
 @pytest.fixture(scope="module")
 def tok():
     try:
-        from chatgym.trainer.rollout.tokenizer import get_tokenizer
+        from chatgym.trainer.chat.tokenizer import get_tokenizer
 
         return get_tokenizer("smollm2")
     except ModuleNotFoundError as exc:
@@ -84,7 +85,7 @@ def test_trace_trajectory_is_token_exact():
 
 async def test_prefill_is_prompt_and_starts_the_reply(tok):
     from chatgym.envs.agents import ask
-    from chatgym.envs.judge import parse_rating
+    from chatgym.envs.judge.env import parse_rating
 
     engine = ReplayEngine(lambda prompt: [*enc(tok, "7]] fine"), IM_END], tok)
     engine.weight_version = 3
@@ -102,7 +103,7 @@ async def test_prefill_is_prompt_and_starts_the_reply(tok):
 
 
 async def test_judge_agreement_against_the_reference_rating():
-    from chatgym.envs.judge import JudgeEnv
+    from chatgym.envs.judge.env import JudgeEnv
 
     env = JudgeEnv(split="reference")
     await env.areset(options={"task_index": 3})  # mtbench/104: reference "David has only one brother."
@@ -150,7 +151,7 @@ def judge_fixture_trainer(tmp_path, tok):
         rating = 4 if "zzzq" in tok.decode(prompt) else 10
         return [*enc(tok, f"Short answer.\nRating: [[{rating}]]"), IM_END]
 
-    from chatgym.trainer.config import load_config
+    from chatgym.trainer.config.run import load_config
 
     cfg = load_config(
         None,
@@ -187,7 +188,7 @@ def judge_fixture_trainer(tmp_path, tok):
 @pytest.fixture(scope="module")
 def judge_step(tmp_path_factory, tok):
     try:
-        from chatgym.trainer.models import load_model_path
+        from chatgym.trainer.models.packaged import load_model_path
 
         load_model_path("smollm2")
     except ModuleNotFoundError as exc:
@@ -365,7 +366,7 @@ def _async(fn):
 
 
 def test_example_config_loads_and_bad_keys_are_named(tmp_path):
-    from chatgym.trainer.config import ConfigError
+    from chatgym.trainer.config.run import ConfigError
 
     cfg, co = load_cotrain_config("examples/configs/cotrain_judge_cpu.yaml", ["cotrain.lr=2e-5"])
     assert cfg.env.id == "Judge-v0" and co.party == "judge" and co.lr == 2e-5

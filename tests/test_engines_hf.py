@@ -11,7 +11,7 @@ import torch
 from chatgym.trainer.engines import SamplingParams
 from chatgym.trainer.engines.common import first_stop_cut
 from chatgym.trainer.engines.hf import TransformersEngine
-from chatgym.trainer.models import random_model
+from chatgym.trainer.models.random_init import random_model
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0)
 LOGPROB_ATOL = 1e-4  # fp32: padded/cached decoding vs one unpadded forward differ by float rounding (~1e-5)

@@ -13,7 +13,7 @@ import torch
 
 from chatgym.trainer.engines import SamplingParams, hf_batch
 from chatgym.trainer.engines.hf import TransformersEngine
-from chatgym.trainer.models import random_model
+from chatgym.trainer.models.random_init import random_model
 
 LOGPROB_ATOL = 1e-4  # fp32: padding/joining changes only float rounding (~1e-5)
 LONG = SamplingParams(max_tokens=12, temperature=0)  # these prompts run 12 tokens without an EOS

@@ -9,12 +9,12 @@ import pytest
 import torch
 from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
+from chatgym.trainer.chat.tokenizer import get_tokenizer
 from chatgym.trainer.engines import SamplingParams
 from chatgym.trainer.engines.hf import TransformersEngine
 from chatgym.trainer.engines.hf_fused import fusable
 from chatgym.trainer.engines.hf_static import StaticSlots
-from chatgym.trainer.models import random_model
-from chatgym.trainer.rollout.tokenizer import get_tokenizer
+from chatgym.trainer.models.random_init import random_model
 
 SHAPE = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
              num_key_value_heads=2, head_dim=16, vocab_size=320, max_position_embeddings=256)

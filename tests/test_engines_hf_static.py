@@ -12,11 +12,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from chatgym.trainer.chat.tokenizer import get_tokenizer
 from chatgym.trainer.engines import SamplingParams, hf_sampling
 from chatgym.trainer.engines.hf import TransformersEngine
 from chatgym.trainer.engines.hf_static import StaticSlots, supports
-from chatgym.trainer.models import random_model
-from chatgym.trainer.rollout.tokenizer import get_tokenizer
+from chatgym.trainer.models.random_init import random_model
 
 TINY = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16)

@@ -118,7 +118,7 @@ async def fake():
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from chatgym.trainer.rollout.tokenizer import get_tokenizer
+    from chatgym.trainer.chat.tokenizer import get_tokenizer
 
     return get_tokenizer("smollm2")
 

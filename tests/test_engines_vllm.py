@@ -18,7 +18,8 @@ from chatgym.trainer.engines import SamplingParams, make_engine
 from chatgym.trainer.engines.hf import TransformersEngine
 from chatgym.trainer.engines.openai_chat import OpenAIChatEngine
 from chatgym.trainer.engines.vllm_server import VLLMServerEngine, start_vllm_server
-from chatgym.trainer.models import load_model, random_model
+from chatgym.trainer.models.packaged import load_model
+from chatgym.trainer.models.random_init import random_model
 
 pytest.importorskip("vllm", reason="needs vLLM: pip install 'chatgym[vllm]' (see scripts/setup.sh)")
 pytestmark = pytest.mark.slow

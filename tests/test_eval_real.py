@@ -25,7 +25,7 @@ TASKS = 4
 
 
 def test_smollm2_vllm_on_two_envs_and_page(tmp_path):
-    from chatgym.trainer.models import load_model_path
+    from chatgym.trainer.models.packaged import load_model_path
 
     db = tmp_path / "results.sqlite"
     cmd = [

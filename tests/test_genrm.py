@@ -1,4 +1,4 @@
-"""GenRM rewards: an LLM judge scores an env's episodes (chatgym.envs.genrm + trainer.genrm).
+"""GenRM rewards: an LLM judge scores an env's episodes (chatgym.envs.wrappers.genrm + trainer.genrm).
 
 The env is the real MathCalculator-v0 (test task 0: "Calculate 26 - 28.", answer -2); the judge is a
 scripted responder whose verdicts are fixed, so every reward is known by hand:
@@ -17,7 +17,7 @@ from chatgym.envs import messages as M
 from chatgym.envs.agents import RuleResponder, ScriptedResponder
 from chatgym.envs.async_env import async_core
 from chatgym.envs.core import load_prompt
-from chatgym.envs.genrm import GenRMEnv, VerdictParser, check_template
+from chatgym.envs.wrappers.genrm import GenRMEnv, VerdictParser, check_template
 
 QUESTION, GOLD = "Calculate 26 - 28.", "-2"
 CALL = '<tool_call>\n{"name": "calculate", "arguments": {"expression": "26 - 28"}}\n</tool_call>'
@@ -62,7 +62,7 @@ async def test_scripted_judge_exact_rewards_over_a_tool_episode():
     assert info["success"] is True  # the env's, untouched
     # The judge saw the shipped template filled with the task, the gold answer and the final turn.
     expected = (
-        load_prompt("genrm_score.txt")
+        load_prompt("chatgym.envs.wrappers", "genrm_score.txt")
         .replace("{question}", QUESTION)
         .replace("{reference}", GOLD)
         .replace("{response}", "<answer>-2</answer>")
@@ -182,7 +182,7 @@ def test_verdict_parser_errors(kwargs, match):
 
 
 def test_template_checks():
-    check_template(load_prompt("genrm_score.txt"))
+    check_template(load_prompt("chatgym.envs.wrappers", "genrm_score.txt"))
     with pytest.raises(ValueError, match=r"\{answer\} is not one of"):
         check_template("{question} {answer}")
     with pytest.raises(ValueError, match=r"must contain \{response\} or \{conversation\}"):
@@ -222,15 +222,15 @@ def test_judge_output_is_json_serialisable_in_info():
     ],
 )
 def test_bad_reward_config_fails_at_load_naming_the_field(override, match):
-    from chatgym.trainer.config import ConfigError, load_config
+    from chatgym.trainer.config.run import ConfigError, load_config
 
     with pytest.raises(ConfigError, match=match):
         load_config(None, [override])
 
 
 def test_prefill_of_a_wrong_type_or_for_a_chat_judge_fails_at_load():
-    from chatgym.trainer.config import ConfigError, load_config
-    from chatgym.trainer.reward_config import RewardConfig
+    from chatgym.trainer.config.reward import RewardConfig
+    from chatgym.trainer.config.run import ConfigError, load_config
 
     with pytest.raises(ConfigError, match=r"^reward\.prefill needs a token engine for the judge"):
         load_config(None, ["reward.judge_backend=openai", "reward.prefill=<score>"])
@@ -247,7 +247,7 @@ def test_prefill_of_a_wrong_type_or_for_a_chat_judge_fails_at_load():
     ],
 )
 def test_bad_template_file_fails_at_load(tmp_path, text, match):
-    from chatgym.trainer.config import ConfigError, load_config
+    from chatgym.trainer.config.run import ConfigError, load_config
 
     path = tmp_path / "judge.txt"
     path.write_text(text)
@@ -256,7 +256,7 @@ def test_bad_template_file_fails_at_load(tmp_path, text, match):
 
 
 def test_reward_section_round_trips_through_config_yaml(tmp_path):
-    from chatgym.trainer.config import load_config, save_config
+    from chatgym.trainer.config.run import load_config, save_config
 
     template = tmp_path / "judge.txt"
     template.write_text("Is this right? {response}\nAnswer [[A]] or [[B]].")
@@ -295,7 +295,7 @@ def judged_policy(tok):
 @pytest.fixture(scope="module")
 def tok():
     try:
-        from chatgym.trainer.rollout.tokenizer import get_tokenizer
+        from chatgym.trainer.chat.tokenizer import get_tokenizer
 
         return get_tokenizer("smollm2")
     except ModuleNotFoundError as exc:
@@ -305,7 +305,7 @@ def tok():
 async def judged_rollout(cfg, engine, tok):
     """MathCalculator-v0 test tasks 0 and 1, 2 samples each, through LocalRollout with the GenRM hook
     of ``cfg`` on ``engine``."""
-    from chatgym.trainer.genrm import genrm_env_source
+    from chatgym.trainer.rewards.genrm import genrm_env_source
     from chatgym.trainer.rollout.collector import Collector, CollectorConfig
     from chatgym.trainer.rollout.source import LocalRollout, RolloutRequest
 
@@ -321,8 +321,8 @@ async def judged_rollout(cfg, engine, tok):
 
 
 async def test_policy_engine_judges_through_local_rollout(tok):
-    from chatgym.trainer.config import load_config
-    from chatgym.trainer.step_metrics import rollout_metrics
+    from chatgym.trainer.config.run import load_config
+    from chatgym.trainer.logging.step_metrics import rollout_metrics
 
     cfg = load_config(None, ["reward.model=genrm", "reward.verdict=ab", "reward.judge_weight=0.5"])
     engine = judged_policy(tok)
@@ -346,9 +346,9 @@ async def test_policy_engine_judges_through_local_rollout(tok):
 async def test_prefilled_judge_on_the_policy_engine_scores_prefill_plus_reply(tok):
     # reward.prefill "<score>": the judge's prompt ends with the ids of "<score>" after the assistant
     # header, the engine samples only "7</score>", and the parser reads "<score>" + "7</score>" = 7/10.
-    from chatgym.trainer.config import load_config
+    from chatgym.trainer.chat.delta import ChatRenderer
+    from chatgym.trainer.config.run import load_config
     from chatgym.trainer.engines.replay import ReplayEngine
-    from chatgym.trainer.rollout.chat_delta import ChatRenderer
 
     def script(prompt_ids):
         text = tok.decode(prompt_ids)
@@ -389,7 +389,7 @@ async def test_prefilled_judge_on_the_policy_engine_scores_prefill_plus_reply(to
         assert ids[-len(prefill_ids) - len(header_ids) : -len(prefill_ids)] == header_ids
     # Task 0's judge prompt exactly: the template filled with its question, gold answer and response.
     prompt = (
-        load_prompt("genrm_score.txt")
+        load_prompt("chatgym.envs.wrappers", "genrm_score.txt")
         .replace("{question}", QUESTION)
         .replace("{reference}", GOLD)
         .replace("{response}", "<answer>-2</answer>")
@@ -412,13 +412,13 @@ async def test_prefilled_judge_on_the_policy_engine_scores_prefill_plus_reply(to
 async def test_real_model_judges_its_own_episodes(tok, tmp_path):
     import time
 
-    from chatgym.trainer.config import load_config
+    from chatgym.trainer.config.run import load_config
     from chatgym.trainer.engines.hf import TransformersEngine
-    from chatgym.trainer.genrm import genrm_env_source
-    from chatgym.trainer.models import load_model
+    from chatgym.trainer.logging.step_metrics import rollout_metrics
+    from chatgym.trainer.models.packaged import load_model
+    from chatgym.trainer.rewards.genrm import genrm_env_source
     from chatgym.trainer.rollout.collector import Collector, CollectorConfig
     from chatgym.trainer.rollout.source import LocalRollout, RolloutRequest
-    from chatgym.trainer.step_metrics import rollout_metrics
 
     model = load_model("smollm2", dtype="float32")
     engine = TransformersEngine(model, tok, max_batch_size=16)
@@ -475,7 +475,7 @@ async def test_real_model_judges_its_own_episodes(tok, tmp_path):
     # Independently: transformers' own greedy generate on the judge prompt gives the same verdict.
     t = trajs[0]
     prompt = (
-        load_prompt("genrm_score.txt")
+        load_prompt("chatgym.envs.wrappers", "genrm_score.txt")
         .replace("{question}", t.messages[1]["content"])
         .replace("{reference}", str(gym.make("Math-v0", split="test").unwrapped.tasks[0]["answer"]))
         .replace("{response}", t.messages[-1]["content"])
@@ -496,9 +496,9 @@ async def test_a_separate_judge_model_gets_its_own_engine(tok, tmp_path):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from chatgym.trainer.config import load_config
+    from chatgym.trainer.config.run import load_config
     from chatgym.trainer.engines.hf import TransformersEngine
-    from chatgym.trainer.genrm import genrm_env_source
+    from chatgym.trainer.rewards.genrm import genrm_env_source
     from chatgym.trainer.rollout.collector import Collector, CollectorConfig
     from chatgym.trainer.rollout.source import LocalRollout, RolloutRequest
 
@@ -559,7 +559,7 @@ def test_training_run_with_genrm_logs_the_judges_figures(tmp_path):
     # unparseable reward 0.5, weighted 2.0, on top of the env's letter share.
     from train_helpers import LETTERS_ENV_ID, TINY_LLAMA, register
 
-    from chatgym.trainer.config import load_config
+    from chatgym.trainer.config.run import load_config
     from chatgym.trainer.rollout.trace import read_trace
     from chatgym.trainer.train import Trainer
 

@@ -25,7 +25,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def tok():
-    from chatgym.trainer.rollout.tokenizer import get_tokenizer
+    from chatgym.trainer.chat.tokenizer import get_tokenizer
 
     return get_tokenizer("smollm2")
 

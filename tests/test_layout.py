@@ -99,23 +99,91 @@ def test_learner_side_never_imports_the_collector_engines_or_envs():
     def allowed(t: str) -> bool:
         if _under(t, "chatgym.trainer.rollout"):
             return t in allowed_rollout
-        return not (_under(t, "chatgym.trainer.engines") or _under(t, "chatgym.envs"))
+        return not any(_under(t, p) for p in ("chatgym.trainer.engines", "chatgym.trainer.chat", "chatgym.envs"))
 
     assert _violations("chatgym.trainer.learner", allowed) == []
     # The run config (which the learner reads) takes only the collector's config type from there.
-    assert {t for t in GRAPH["chatgym.trainer.config"] if _under(t, "chatgym.trainer.rollout")} == {
+    assert {t for t in GRAPH["chatgym.trainer.config.run"] if _under(t, "chatgym.trainer.rollout")} == {
         "chatgym.trainer.rollout.config"
     }
 
 
+# The layers, lowest first: a module may import its own layer and the ones below, never one above.
+# ``config.loader`` (the generic YAML -> dataclass loader), ``models`` and ``algos`` are base rooms that
+# import nothing of the trainer; the chat layer (tokenizers, templates, deltas) sits below both the
+# engines and the rollout side, which is why it is not inside either.
+LAYERS: list[tuple[str, ...]] = [
+    ("chatgym.package_files", "chatgym.trainer.config.loader", "chatgym.trainer.models", "chatgym.trainer.algos"),
+    ("chatgym.sandboxes", "chatgym.retrievers"),
+    ("chatgym.envs",),
+    ("chatgym.trainer.chat",),
+    ("chatgym.trainer.engines",),
+    ("chatgym.trainer.rollout",),
+]
+
+
+def layer_of(module: str) -> int:
+    """Index in :data:`LAYERS` (the most specific prefix wins); ``len(LAYERS)`` for the training side."""
+    if module == "chatgym":  # the package root only registers the env ids
+        return 2
+    best, depth = len(LAYERS), -1
+    for i, prefixes in enumerate(LAYERS):
+        for p in prefixes:
+            if _under(module, p) and p.count(".") > depth:
+                best, depth = i, p.count(".")
+    return best
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    bad = sorted(f"{m} imports {t}" for m in GRAPH for t in GRAPH[m] if layer_of(t) > layer_of(m))
+    assert bad == []
+
+
+def test_the_layer_check_can_fail(monkeypatch):
+    tok = "chatgym.trainer.chat.tokenizer"
+    monkeypatch.setitem(GRAPH, tok, {*GRAPH[tok], "chatgym.trainer.rollout.collector"})
+    assert [m for m in GRAPH for t in GRAPH[m] if layer_of(t) > layer_of(m)] == [tok]
+
+
 def test_rollout_side_never_imports_the_learner_or_the_loop():
+    training_side = {"chatgym.trainer." + r for r in ("learner", "config.run", "config.runner", "config.reward",
+                                                       "config.cotrain", "roles", "logging", "rewards", "cotrain",
+                                                       "distributed", "eval", "train", "train_cli", "pipeline")}
+
     def allowed(t: str) -> bool:
-        return not (
-            _under(t, "chatgym.trainer.learner")
-            or t in {"chatgym.trainer.config", "chatgym.trainer.train", "chatgym.trainer.train_cli"}
-        )
+        return not any(_under(t, p) for p in training_side)
 
     assert _violations("chatgym.trainer.rollout", allowed) == []
+
+
+TRAINER_ROOT = ROOT / "trainer"
+
+
+def test_the_trainer_root_holds_only_the_loop_and_its_cli():
+    modules = sorted(p.name for p in TRAINER_ROOT.glob("*.py"))
+    assert len(modules) <= 6, modules
+
+
+def _private_imports() -> list[str]:
+    """``from a.b import _name`` where ``_name`` is private to a package other than the importer's."""
+    out = []
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = _resolve(module, node.level, node.module) if node.level else (node.module or "")
+            if not _under(base, "chatgym"):
+                continue
+            home = base.rsplit(".", 1)[0] if base in MODULES and not _is_package(base) else base
+            mine = module.rsplit(".", 1)[0] if not _is_package(module) else module
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__") and home != mine:
+                    out.append(f"{module}: {alias.name} from {base}")
+    return sorted(out)
+
+
+def test_no_module_imports_a_private_name_of_another_package():
+    assert _private_imports() == []
 
 
 def _cycles() -> list[list[str]]:
@@ -160,9 +228,9 @@ def test_no_import_circle():
 def test_the_cycle_finder_finds_a_circle(monkeypatch):
     # The check above can fail: session.py importing local.py again (the circle issue 13 broke:
     # local imports session) is found, as the component of the modules involved.
-    session = "chatgym.sandboxes.session"
-    monkeypatch.setitem(GRAPH, session, {*GRAPH[session], "chatgym.sandboxes.local"})
-    assert _cycles() == [["chatgym.sandboxes.local", "chatgym.sandboxes.session"]]
+    session = "chatgym.sandboxes.local.session"
+    monkeypatch.setitem(GRAPH, session, {*GRAPH[session], "chatgym.sandboxes.local.sandbox"})
+    assert _cycles() == [["chatgym.sandboxes.local.sandbox", "chatgym.sandboxes.local.session"]]
 
 
 # Known exception: the transformers engine grew its static-slot decode in parallel work while issue 13

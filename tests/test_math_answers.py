@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from chatgym.envs.math_answer import (
+from chatgym.envs.math.answer import (
     answers_equal,
     extract_answer,
     math_verify_equal,

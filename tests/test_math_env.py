@@ -6,8 +6,8 @@ import gymnasium as gym
 import pytest
 
 import chatgym  # noqa: F401  (registers the env ids)
-from chatgym.envs.calculator import _eval, calculate
-from chatgym.envs.math_env import extract_answer
+from chatgym.envs.math.calculator import _eval, calculate
+from chatgym.envs.math.env import extract_answer
 
 pytest.importorskip("reasoning_gym")
 

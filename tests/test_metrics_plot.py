@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shutil
 
-from chatgym.trainer.metrics import MetricsLogger
+from chatgym.trainer.logging.writer import MetricsLogger
 
 
 def png_size(path) -> tuple[int, int]:
@@ -65,7 +65,8 @@ def test_redraws_are_at_most_one_per_interval(tmp_path):
 def test_the_background_redraw_runs_in_a_child_process(tmp_path, monkeypatch):
     """Regression (issue 15): redrawn in a thread, the curve held the GIL the engine's decode thread
     needs; on an H200 the rollout took 1.33 s a step with it and 0.74-0.83 s without."""
-    from chatgym.trainer import curves, metrics
+    from chatgym.trainer.logging import curves
+    from chatgym.trainer.logging import writer as metrics
 
     def broken(*args, **kwargs):
         raise AssertionError("drawn in the training process")
@@ -80,7 +81,7 @@ def test_the_background_redraw_runs_in_a_child_process(tmp_path, monkeypatch):
 
 
 def test_the_child_reads_whole_rows_only(tmp_path):
-    from chatgym.trainer.curves import read_history
+    from chatgym.trainer.logging.curves import read_history
 
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1, "reward/mean": 0.5}\n{"step": 2, "rew')  # row 2 still being written
@@ -100,7 +101,7 @@ def test_a_half_written_last_row_is_dropped_on_resume(tmp_path):
 def test_the_childs_errors_name_the_file_and_line(tmp_path, capsys):
     import pytest
 
-    from chatgym.trainer.curves import main, read_history
+    from chatgym.trainer.logging.curves import main, read_history
 
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1}\n{"step": 2, "rew\n{"step": 3}\n')
@@ -116,7 +117,7 @@ def test_a_damaged_line_inside_the_log_is_one_config_error(tmp_path):
     # Second fresh-user check: a resume over such a file ended in a ValueError traceback.
     import pytest
 
-    from chatgym.trainer.config_io import ConfigError
+    from chatgym.trainer.config.loader import ConfigError
 
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1}\n{"step": 2, "rew\n{"step": 3}\n')

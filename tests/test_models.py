@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from chatgym.trainer import models
-from chatgym.trainer.models import PackagedGGUF, load_model_path, random_model, resolve_dtype
+from chatgym.trainer.models import packaged as models
+from chatgym.trainer.models.dtype import resolve_dtype
+from chatgym.trainer.models.packaged import PackagedGGUF, load_model_path
+from chatgym.trainer.models.random_init import random_model
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +196,7 @@ def test_real_conversion_in_two_processes(tmp_path):
 
 
 def test_fast_dtype_follows_the_hardware(monkeypatch):
-    from chatgym.trainer.models import fast_dtype
+    from chatgym.trainer.models.dtype import fast_dtype
 
     flags = Path("/proc/cpuinfo").read_text()
     native = "avx512_bf16" in flags or "amx_bf16" in flags
@@ -208,7 +210,7 @@ def test_fast_dtype_follows_the_hardware(monkeypatch):
 def test_critic_value_passes_are_deterministic_in_train_mode(random_init):
     # Regression: transformers' token-classification head has classifier dropout 0.1 by default, so
     # two value passes over the same tokens differed while the critic was in train mode.
-    from chatgym.trainer.config import ModelConfig
+    from chatgym.trainer.config.run import ModelConfig
     from chatgym.trainer.learner.policy import load_critic
 
     overrides = {"num_hidden_layers": 1, "hidden_size": 64, "intermediate_size": 128,
@@ -227,7 +229,7 @@ def test_cudnn_attention_stays_off_while_any_holder_is_inside():
     """Regression (H200, issue 15): the engine's worker closed its block after the learner had opened
     its own, and a save/restore per block turned cuDNN attention back on inside the update. The order
     here is that one: engine opens, learner opens, engine closes, learner closes."""
-    from chatgym.trainer.models import without_cudnn_attention
+    from chatgym.trainer.models.cuda import without_cudnn_attention
 
     flag = torch.backends.cuda.cudnn_sdp_enabled
     torch.backends.cuda.enable_cudnn_sdp(True)

@@ -1,5 +1,5 @@
 """Multi-turn metrics on every run: tool calls and tool errors by kind, turns, truncation by budget,
-reward by turn count (``chatgym.trainer.step_metrics.multiturn_metrics``), from the kinds the envs
+reward by turn count (``chatgym.trainer.logging.step_metrics.multiturn_metrics``), from the kinds the envs
 report (``info["tool_error_kinds"]``) through the collector's per-episode sums to the step metrics.
 """
 
@@ -16,9 +16,9 @@ import chatgym  # noqa: F401  (registers env ids)
 from chatgym.envs import messages as M
 from chatgym.envs.core import ChatEnv
 from chatgym.envs.tools import TOOL_ERROR_KINDS, Tool, ToolResult
+from chatgym.trainer.logging.step_metrics import TRUNCATION_BUDGETS, multiturn_metrics, rollout_metrics
 from chatgym.trainer.rollout.episode import record_step
 from chatgym.trainer.rollout.types import Trajectory
-from chatgym.trainer.step_metrics import TRUNCATION_BUDGETS, multiturn_metrics, rollout_metrics
 
 
 def call(name: str, **arguments: Any) -> str:
@@ -220,7 +220,7 @@ def scripted_policy(tok):
 @pytest.fixture(scope="module")
 def tok():
     try:
-        from chatgym.trainer.rollout.tokenizer import get_tokenizer
+        from chatgym.trainer.chat.tokenizer import get_tokenizer
 
         return get_tokenizer("smollm2")
     except ModuleNotFoundError as exc:  # the model package is a set-up step (scripts/setup.sh)

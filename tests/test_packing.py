@@ -13,7 +13,7 @@ import torch
 from test_trainer import _group_batch, _sgd_models, _update_batch, traj
 from train_helpers import TINY_LLAMA
 
-from chatgym.trainer.config import AlgoConfig, ConfigError, load_config
+from chatgym.trainer.config.run import AlgoConfig, ConfigError, load_config
 from chatgym.trainer.learner.batch import collate, pack_chunks, pack_rows
 from chatgym.trainer.learner.forward import (
     ForwardPlan,
@@ -26,14 +26,15 @@ from chatgym.trainer.learner.forward import (
 )
 from chatgym.trainer.learner.policy import resolve_compute_dtype
 from chatgym.trainer.learner.update import update
-from chatgym.trainer.models import choose_compute_dtype, cpu_flags
+from chatgym.trainer.models.dtype import choose_compute_dtype, cpu_flags
 
 CPU = torch.device("cpu")
 
 
 @pytest.fixture(scope="module")
 def tiny_model():
-    from chatgym.trainer.models import load_model_path, random_model
+    from chatgym.trainer.models.packaged import load_model_path
+    from chatgym.trainer.models.random_init import random_model
 
     try:
         load_model_path("smollm2")
@@ -260,8 +261,8 @@ def test_cpu_flags_reads_the_flags_lines():
 
 
 def test_trainer_logs_the_compute_choice_once_and_keeps_auto_in_the_config(capsys, tmp_path):
-    from chatgym.trainer.config import save_config
-    from chatgym.trainer.learner.role import Learner
+    from chatgym.trainer.config.run import save_config
+    from chatgym.trainer.learner.learner import Learner
 
     cfg = load_config(None, ["engine.backend=hf", "engine.dtype=float32"])
     trainer = Learner.__new__(Learner)  # only the compute set-up, no models
@@ -321,7 +322,7 @@ def test_resolve_pack_per_device(pack, max_tokens, device, expected):
     ],
 )
 def test_model_pack_setting_chooses_the_learners_layout(capsys, override, pack, log):
-    from chatgym.trainer.learner.role import Learner
+    from chatgym.trainer.learner.learner import Learner
 
     cfg = load_config(None, ["engine.backend=hf", "engine.dtype=float32", *override])
     learner = Learner.__new__(Learner)  # only the compute set-up, no models

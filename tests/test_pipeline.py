@@ -371,7 +371,7 @@ class VersionedReplayEngine:
 @pytest.fixture(scope="module")
 def tok():
     try:
-        from chatgym.trainer.rollout.tokenizer import get_tokenizer
+        from chatgym.trainer.chat.tokenizer import get_tokenizer
 
         return get_tokenizer("smollm2")
     except ModuleNotFoundError as exc:  # the model package is a set-up step (scripts/setup.sh)
@@ -459,7 +459,7 @@ def loop_config(out, *extra: str, steps: int = 2):
 
     from train_helpers import LETTERS_ENV_ID, TINY_LLAMA, register
 
-    from chatgym.trainer.config import load_config
+    from chatgym.trainer.config.run import load_config
 
     register()
     return load_config(
@@ -508,7 +508,7 @@ def run_trainer(cfg, resume=False):
 
 @pytest.fixture(scope="module")
 def smollm2_files():
-    from chatgym.trainer.models import load_model_path
+    from chatgym.trainer.models.packaged import load_model_path
 
     try:
         load_model_path("smollm2")
@@ -551,7 +551,7 @@ def test_trainer_async_resume_with_a_buffer_takes_the_same_next_batch(tmp_path, 
 
 
 def test_trainer_section_maps_to_pipeline_options_and_is_checked_by_name():
-    from chatgym.trainer.config import ConfigError, load_config
+    from chatgym.trainer.config.run import ConfigError, load_config
     from chatgym.trainer.train import pipeline_options
 
     cfg = load_config(

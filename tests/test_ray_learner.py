@@ -27,7 +27,7 @@ ray = pytest.importorskip("ray")
 
 
 def tiny_config(out: Path, *extra: str):
-    from chatgym.trainer.config import load_config
+    from chatgym.trainer.config.run import load_config
 
     register()
     return load_config(
@@ -217,7 +217,7 @@ def test_collective_weight_sync_broadcasts_from_rank_0(replicate_group, tmp_path
     group of itself and two rollout workers (the NCCL path on GPUs is the same code with ``nccl``)."""
     from chatgym.trainer.distributed.ray_rollout import RayRollout
     from chatgym.trainer.distributed.weights import CollectiveWeights, checksum
-    from chatgym.trainer.models import load_model_path
+    from chatgym.trainer.models.packaged import load_model_path
 
     group, _ = replicate_group
     cfg = tiny_config(
@@ -296,7 +296,7 @@ def test_ray_backend_step1_matches_local(cluster, tmp_path):
     import dataclasses
 
     from chatgym.trainer.learner.prepare import prepare_batch
-    from chatgym.trainer.models import load_model_path
+    from chatgym.trainer.models.packaged import load_model_path
     from chatgym.trainer.train import Trainer
 
     pytest.importorskip("reasoning_gym")
@@ -370,10 +370,10 @@ two_gpus = pytest.mark.skipif(
 def test_gpu_two_fsdp_nccl_learners_update_as_one(reference, cluster, tmp_path):
     """2 learners on 2 GPUs (NCCL, FSDP2) vs one learner on one GPU, on the tiny run's batch; the
     sharded checkpoint is written in the one-learner format."""
+    from chatgym.trainer.chat.tokenizer import get_tokenizer
     from chatgym.trainer.distributed.learner import RayLearnerGroup
-    from chatgym.trainer.learner.role import Learner
-    from chatgym.trainer.models import load_model_path
-    from chatgym.trainer.rollout.tokenizer import get_tokenizer
+    from chatgym.trainer.learner.learner import Learner
+    from chatgym.trainer.models.packaged import load_model_path
     from chatgym.trainer.train import seed_everything
 
     trajs = reference[0]
@@ -421,7 +421,7 @@ def test_gpu_weight_sync_nccl_to_another_gpu_and_cuda_ipc_on_the_same(cluster, t
     from chatgym.trainer.distributed.placement import placement_options
     from chatgym.trainer.distributed.ray_rollout import RayRollout
     from chatgym.trainer.distributed.weights import checksum
-    from chatgym.trainer.models import load_model_path
+    from chatgym.trainer.models.packaged import load_model_path
 
     cfg = tiny_config(
         tmp_path,

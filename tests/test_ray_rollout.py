@@ -67,13 +67,13 @@ async def test_gate_without_gate_enters_and_rejects_unknown_kinds():
 
 async def test_every_choke_point_asks_the_gate_for_its_kind(recording_gate, tmp_path):
     from chatgym.envs.agents import ScriptedResponder, ask
-    from chatgym.envs.graders.code import grade_function
+    from chatgym.envs.code.grader import grade_function
     from chatgym.envs.messages import make_tool_call, user
-    from chatgym.envs.search import SearchEnv
+    from chatgym.envs.search.env import SearchEnv
     from chatgym.envs.tools import Tool, run_tool_call
     from chatgym.retrievers.base import Document
     from chatgym.retrievers.bm25 import BM25Retriever
-    from chatgym.sandboxes.local import LocalSandbox
+    from chatgym.sandboxes.local.sandbox import LocalSandbox
 
     seen_inside: list[list[str]] = []
 
@@ -110,7 +110,8 @@ async def test_every_choke_point_asks_the_gate_for_its_kind(recording_gate, tmp_
 
 
 async def test_limiter_concurrency_rate_and_retire():
-    from chatgym.trainer.distributed.limiter import ToolLimiter, check_limits
+    from chatgym.trainer.config.runner import check_limits
+    from chatgym.trainer.distributed.limiter import ToolLimiter
 
     lim = ToolLimiter({"sandbox": 2}, {"api": 20.0})
     now, peak = 0, 0
@@ -223,9 +224,9 @@ def _remember(cluster) -> None:
 
 
 def make_config(tmp: Path, **ray_fields):
-    from chatgym.trainer.config import Config, EngineConfig, EnvConfig, TrainConfig
+    from chatgym.trainer.config.run import Config, EngineConfig, EnvConfig, TrainConfig
+    from chatgym.trainer.config.runner import RayConfig, RunnerConfig
     from chatgym.trainer.rollout.config import CollectorConfig
-    from chatgym.trainer.runner_config import RayConfig, RunnerConfig
 
     ray_cfg = {
         "num_rollout_workers": 2,
@@ -246,7 +247,7 @@ def make_config(tmp: Path, **ray_fields):
 @pytest.fixture(scope="module")
 def rollout(cluster, tmp_path_factory):
     from chatgym.trainer.distributed.ray_rollout import RayRollout
-    from chatgym.trainer.models import load_model_path
+    from chatgym.trainer.models.packaged import load_model_path
 
     out = tmp_path_factory.mktemp("ray_rollout")
     r = RayRollout(make_config(out), model_path=str(load_model_path("smollm2")), out_dir=str(out))
@@ -366,9 +367,9 @@ async def test_kill_9_of_a_worker_mid_step_loses_nothing(cluster, rollout):
 
 
 async def test_shared_tool_limit_holds_across_workers(rollout, tmp_path):
+    from chatgym.trainer.chat.tokenizer import get_tokenizer
     from chatgym.trainer.distributed.scripted import ScriptedEngine
     from chatgym.trainer.rollout.collector import Collector, CollectorConfig
-    from chatgym.trainer.rollout.tokenizer import get_tokenizer
 
     # Without a gate the same 8 episodes overlap their 1 s tool runs (measured by the tool): all 8 on
     # an idle machine; more than the limit of 2 however slowly the 8 episodes get started.

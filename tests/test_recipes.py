@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from train_helpers import TINY_LLAMA
 
-from chatgym.trainer.config import load_config
+from chatgym.trainer.config.run import load_config
 from chatgym.trainer.engines.replay import ReplayEngine
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,7 +64,7 @@ class ScriptedPolicy(ReplayEngine):
 @pytest.fixture(scope="module")
 def tok():
     try:
-        from chatgym.trainer.rollout.tokenizer import get_tokenizer
+        from chatgym.trainer.chat.tokenizer import get_tokenizer
 
         return get_tokenizer("smollm2")
     except (ModuleNotFoundError, FileNotFoundError, OSError) as exc:

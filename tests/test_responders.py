@@ -11,11 +11,11 @@ from aiohttp import web
 
 from chatgym.envs import messages as M
 from chatgym.envs.agents import ask
-from chatgym.envs.judge import JudgeEnv
+from chatgym.envs.judge.env import JudgeEnv
+from chatgym.trainer.chat.tokenizer import get_tokenizer
 from chatgym.trainer.engines.openai_chat import OpenAIChatEngine
 from chatgym.trainer.engines.replay import ReplayEngine, replay_logprob
 from chatgym.trainer.engines.responder import ChatResponder, EngineResponder, as_responder
-from chatgym.trainer.rollout.tokenizer import get_tokenizer
 
 
 @pytest.fixture(scope="module")

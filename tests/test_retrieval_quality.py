@@ -5,7 +5,7 @@ minutes on 2 cores). Floors sit ~0.02 under the recall@10 measured when this was
 
 import pytest
 
-from chatgym.envs.datasets.wiki_qa import load_wiki_qa
+from chatgym.envs.search.wiki_qa import load_wiki_qa
 from chatgym.retrievers import BM25Retriever, DenseRetriever, HybridRetriever, recall_at_k, wiki_corpus
 
 pytestmark = pytest.mark.slow

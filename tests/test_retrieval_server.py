@@ -15,8 +15,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from chatgym.envs.datasets.wiki_qa import load_wiki_qa
-from chatgym.envs.search import SearchEnv, format_passages
+from chatgym.envs.search.env import SearchEnv, format_passages
+from chatgym.envs.search.wiki_qa import load_wiki_qa
 from chatgym.retrievers.bm25 import BM25Retriever
 from chatgym.retrievers.client import RetrievalClient, RetrievalError
 from chatgym.retrievers.corpora import wiki_corpus

@@ -12,8 +12,8 @@ import time
 import pytest
 from rollout_helpers import ASSISTANT_HEADER, TASKS, AddEnv, OkEnv, SyncEchoEnv, tool_call_text
 
+from chatgym.trainer.chat.delta import ChatRenderer, TemplateError
 from chatgym.trainer.engines.replay import ReplayEngine, replay_logprob, turn_script
-from chatgym.trainer.rollout.chat_delta import ChatRenderer, TemplateError
 from chatgym.trainer.rollout.collector import Collector, CollectorConfig, _request_seed
 from chatgym.trainer.rollout.trace import read_trace
 
@@ -23,7 +23,7 @@ IM_START, IM_END, NL, ENDOFTEXT = 1, 2, 198, 0  # SmolLM2 ids of <|im_start|>, <
 @pytest.fixture(scope="module")
 def tok():
     try:
-        from chatgym.trainer.rollout.tokenizer import get_tokenizer
+        from chatgym.trainer.chat.tokenizer import get_tokenizer
 
         return get_tokenizer("smollm2")
     except ModuleNotFoundError as exc:  # the model package is a set-up step (scripts/setup.sh)

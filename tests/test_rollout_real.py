@@ -14,7 +14,7 @@ import importlib.util
 import pytest
 from rollout_helpers import AddEnv
 
-from chatgym.trainer.rollout.chat_delta import ChatRenderer
+from chatgym.trainer.chat.delta import ChatRenderer
 from chatgym.trainer.rollout.collector import Collector, CollectorConfig
 
 pytestmark = pytest.mark.slow
@@ -22,14 +22,14 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def tok():
-    from chatgym.trainer.rollout.tokenizer import get_tokenizer
+    from chatgym.trainer.chat.tokenizer import get_tokenizer
 
     return get_tokenizer("smollm2")
 
 
 @pytest.fixture(scope="module")
 def hf_model():
-    from chatgym.trainer.models import load_model
+    from chatgym.trainer.models.packaged import load_model
 
     return load_model("smollm2", dtype="float32")
 

@@ -14,7 +14,7 @@ from chatgym.trainer.rollout.source import LocalRollout, RolloutRequest
 @pytest.fixture(scope="module")
 def tok():
     try:
-        from chatgym.trainer.rollout.tokenizer import get_tokenizer
+        from chatgym.trainer.chat.tokenizer import get_tokenizer
 
         return get_tokenizer("smollm2")
     except ModuleNotFoundError as exc:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from chatgym.sandboxes.bwrap import BwrapSandbox, bwrap_args, probe
+from chatgym.sandboxes.local.bwrap import BwrapSandbox, bwrap_args, probe
 
 REPO = Path(__file__).resolve().parents[1]
 BWRAP = shutil.which("bwrap")

@@ -17,9 +17,9 @@ import gymnasium as gym
 import pytest
 
 import chatgym  # noqa: F401  (registers the env ids)
-from chatgym.envs.datasets.humaneval import load_humaneval
-from chatgym.sandboxes import docker_engine as de
-from chatgym.sandboxes.container import INIT, LABEL, DockerSandbox
+from chatgym.envs.code.humaneval import load_humaneval
+from chatgym.sandboxes.docker import engine as de
+from chatgym.sandboxes.docker.sandbox import INIT, LABEL, DockerSandbox
 
 ALL = load_humaneval("all")
 
@@ -219,8 +219,8 @@ async def test_code_sandbox_graded_in_docker_all_164(docker_engine):
 
 
 async def test_serve_sandbox_docker_backend(docker_engine):
-    from chatgym.sandboxes.fusion_client import SandboxFusionSandbox
-    from chatgym.sandboxes.service import start_service, stop_service
+    from chatgym.sandboxes.fusion.client import SandboxFusionSandbox
+    from chatgym.sandboxes.fusion.service import start_service, stop_service
 
     proc, url = start_service("--backend", "docker", "--max-concurrency", "2")  # DOCKER_HOST, image: env
     try:
@@ -286,7 +286,7 @@ def test_daemon_cli_start_status_stop(docker_engine, tmp_path):
     if docker_engine.daemon is None:
         pytest.skip("DOCKER_HOST is set: the private daemon is not used")
     root = de.cache_dir() / f"cli-{os.getpid()}"
-    cli = [sys.executable, "-m", "chatgym.sandboxes.docker_engine"]
+    cli = [sys.executable, "-m", "chatgym.sandboxes.docker.engine"]
     env = {k: v for k, v in os.environ.items() if k not in ("DOCKER_HOST", "CHATGYM_DOCKER_IMAGE")}
     try:
         start = subprocess.run(

@@ -8,7 +8,7 @@ import pytest
 
 from chatgym.sandboxes import limits
 from chatgym.sandboxes.limits import Limiter, TokenBucket
-from chatgym.sandboxes.local import LocalSandbox
+from chatgym.sandboxes.local.sandbox import LocalSandbox
 
 
 class Clock:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from chatgym.sandboxes.bwrap import bwrap_args, probe
+from chatgym.sandboxes.local.bwrap import bwrap_args, probe
 
 spec = importlib.util.spec_from_file_location(
     "sandbox_load", Path(__file__).resolve().parents[1] / "benchmarks" / "sandbox_load.py"

@@ -536,7 +536,7 @@ async def test_without_privilege_drop():
 
 
 def test_classify():
-    from chatgym.sandboxes.outputs import classify
+    from chatgym.sandboxes.local.outputs import classify
 
     assert classify(0, False, b"") == "ok"
     assert classify(3, False, b"") == "error"
@@ -549,7 +549,7 @@ def test_classify():
 
 
 def test_output_cap():
-    from chatgym.sandboxes.outputs import Output
+    from chatgym.sandboxes.local.outputs import Output
 
     out = Output(cap=5)
     for chunk in (b"abc", b"defg", b"h"):
@@ -561,7 +561,7 @@ def test_output_cap():
 
 
 def test_remove_tree_does_not_follow_symlinks(tmp_path):
-    from chatgym.sandboxes.outputs import remove_tree
+    from chatgym.sandboxes.local.outputs import remove_tree
 
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -579,7 +579,7 @@ def test_remove_tree_does_not_follow_symlinks(tmp_path):
 def test_compile_cache_counts_then_caches():
     import marshal
 
-    from chatgym.sandboxes.compile_cache import CompileCache
+    from chatgym.sandboxes.local.compile_cache import CompileCache
 
     cache = CompileCache(size=2)
     assert cache.get("x = 1") is None  # first sighting: the child compiles it
@@ -594,7 +594,7 @@ def test_compile_cache_counts_then_caches():
 
 
 def test_wire_frames_split_anywhere():
-    from chatgym.sandboxes import wire
+    from chatgym.sandboxes.local import wire
 
     data = wire.encode({"a": 1}) + wire.encode({"b": "é" * 3})
     dec = wire.FrameDecoder()

@@ -14,9 +14,9 @@ import pytest
 sf = pytest.importorskip("sandbox_fusion", reason="pip install sandbox-fusion (the dev extra)")
 
 from chatgym.sandboxes.base import Sandbox, Session  # noqa: E402
-from chatgym.sandboxes.fusion import exec_result  # noqa: E402
-from chatgym.sandboxes.fusion_client import SandboxFusionSandbox  # noqa: E402
-from chatgym.sandboxes.service import start_service, stop_service  # noqa: E402
+from chatgym.sandboxes.fusion.api import exec_result  # noqa: E402
+from chatgym.sandboxes.fusion.client import SandboxFusionSandbox  # noqa: E402
+from chatgym.sandboxes.fusion.service import start_service, stop_service  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -212,7 +212,7 @@ def test_code_env_over_the_service(service):
     import gymnasium as gym
 
     import chatgym  # noqa: F401  (registers the env ids)
-    from chatgym.envs.datasets.humaneval import load_humaneval
+    from chatgym.envs.code.humaneval import load_humaneval
 
     task = load_humaneval("all")[0]
     solution = task["prompt"] + task["canonical_solution"]

@@ -6,9 +6,9 @@ from collections import Counter
 
 import pytest
 
-from chatgym.envs.datasets.freshqa import load_freshqa
-from chatgym.envs.datasets.wiki_qa import QA_TYPES, _all_questions, base_title, load_wiki_qa
-from chatgym.envs.qa_metrics import exact_match, normalize_answer, token_f1
+from chatgym.envs.search.freshqa import load_freshqa
+from chatgym.envs.search.qa_metrics import exact_match, normalize_answer, token_f1
+from chatgym.envs.search.wiki_qa import QA_TYPES, _all_questions, base_title, load_wiki_qa
 from chatgym.retrievers.corpora import wiki_corpus
 
 DOCS = {d.id: d for d in wiki_corpus()}

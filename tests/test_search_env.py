@@ -11,7 +11,7 @@ from gymnasium.utils.env_checker import check_env
 
 import chatgym  # noqa: F401  (registers the env ids)
 from chatgym.envs.messages import message_errors
-from chatgym.envs.search import SearchEnv, cut_to_token_budget, format_passages
+from chatgym.envs.search.env import SearchEnv, cut_to_token_budget, format_passages
 from chatgym.retrievers.base import Document
 from chatgym.retrievers.bm25 import BM25Retriever
 from chatgym.retrievers.client import RetrievalClient

@@ -16,7 +16,7 @@ from step1_golden import CASES, GOLDEN, compare, run_case
 
 @pytest.mark.parametrize("case", CASES)
 def test_step1_batch_and_weights_match_the_golden(case, tmp_path):
-    from chatgym.trainer.models import load_model_path
+    from chatgym.trainer.models.packaged import load_model_path
 
     try:
         load_model_path("smollm2")  # the tiny cases read its config and tokenizer too

@@ -11,9 +11,10 @@ from __future__ import annotations
 import pytest
 from rollout_helpers import ASSISTANT_HEADER
 
-from chatgym.envs.search import SearchEnv, format_passages
+from chatgym.envs.search.env import SearchEnv, format_passages
 from chatgym.retrievers.base import Document
 from chatgym.retrievers.bm25 import BM25Retriever
+from chatgym.trainer.chat.delta import ChatRenderer
 from chatgym.trainer.engines.base import SamplingParams
 from chatgym.trainer.engines.common import (
     StopStringChecker,
@@ -25,7 +26,6 @@ from chatgym.trainer.engines.common import (
 )
 from chatgym.trainer.engines.replay import ReplayEngine, replay_logprob, turn_script
 from chatgym.trainer.rollout import Collector, CollectorConfig
-from chatgym.trainer.rollout.chat_delta import ChatRenderer
 from chatgym.trainer.rollout.trace import read_trace
 
 IM_END, NL = 2, 198  # SmolLM2's <|im_end|> and "\n"
@@ -35,7 +35,7 @@ SEARCH_STOPS = ("</search>", "</answer>")
 @pytest.fixture(scope="module")
 def tok():
     try:
-        from chatgym.trainer.rollout.tokenizer import get_tokenizer
+        from chatgym.trainer.chat.tokenizer import get_tokenizer
 
         return get_tokenizer("smollm2")
     except ModuleNotFoundError as exc:  # the model package is a set-up step (scripts/setup.sh)

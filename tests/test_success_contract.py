@@ -54,7 +54,7 @@ def _traj(success, reward=0.0, error=None) -> Trajectory:
 
 
 def test_training_accuracy_reads_success_only():
-    from chatgym.trainer.step_metrics import rollout_metrics
+    from chatgym.trainer.logging.step_metrics import rollout_metrics
 
     # reward 1.0 with success False is not correct; a None (undefined) is left out; a failed
     # episode is left out: 1 success of 2 defined -> 0.5.

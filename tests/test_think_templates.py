@@ -6,7 +6,7 @@ opens ``<think>\\n`` in the generation prompt. Neither is prefix-preserving, so 
 refuse them. Now the probe picks ``"base"`` deltas: the model's sampled ids are kept for every turn and
 each observation is the new messages rendered after a fixed base conversation.
 
-The templates are the models' own text (trainer/rollout/templates/qwen3.jinja, qwq.jinja) on SmolLM2's
+The templates are the models' own text (trainer/chat/templates/qwen3.jinja, qwq.jinja) on SmolLM2's
 tokenizer, whose ``<|im_start|>`` / ``<|im_end|>`` ids (1, 2) are the ChatML ones: what is under test
 is the template logic. Expected streams are written out by hand from the templates' text.
 """
@@ -17,10 +17,11 @@ import pytest
 from rollout_helpers import TASKS, AddEnv, OkEnv, tool_call_text
 
 from chatgym.envs import messages as M
+from chatgym.trainer.chat.delta import ChatRenderer
+from chatgym.trainer.chat.template_probe import probe_template
+from chatgym.trainer.chat.tokenizer import builtin_template, get_tokenizer, resolve_chat_template
 from chatgym.trainer.engines.replay import ReplayEngine, replay_logprob, turn_script
 from chatgym.trainer.rollout import Collector, CollectorConfig
-from chatgym.trainer.rollout.chat_delta import ChatRenderer, probe_template
-from chatgym.trainer.rollout.tokenizer import builtin_template, get_tokenizer, resolve_chat_template
 
 IM_START, IM_END, NL = 1, 2, 198
 HEADER = "<|im_start|>assistant\n"

@@ -23,7 +23,7 @@ def write(tmp_path, text):
 
 
 def test_native_tool_renamed_and_used_in_an_env(tmp_path):
-    path = write(tmp_path, "tools:\n  - function: chatgym.envs.calculator:calculate\n    name: calc\n")
+    path = write(tmp_path, "tools:\n  - function: chatgym.envs.math.calculator:calculate\n    name: calc\n")
     env = gym.make("Math-v0", size=4, max_turns=3, tools_config=str(path)).unwrapped
     try:
         assert [t["function"]["name"] for t in env.tools] == ["calc"]
@@ -37,7 +37,7 @@ def test_native_tool_renamed_and_used_in_an_env(tmp_path):
 
 
 def test_same_tool_twice_in_one_env_is_an_error():
-    config = {"tools": [{"function": "chatgym.envs.calculator:calculate"}]}
+    config = {"tools": [{"function": "chatgym.envs.math.calculator:calculate"}]}
     with pytest.raises(ValueError, match="<dict>: tool 'calculate' is already one of MathEnv's tools"):
         gym.make("MathCalculator-v0", tools_config=config)
 
@@ -80,8 +80,8 @@ def test_bad_config_names_the_field(tmp_path, text, message):
     ("function", "message"),
     [
         ("chatgym.envs.nope:f", r"<dict>: tools\[0\]\.function: cannot import 'chatgym\.envs\.nope:f': No module named"),
-        ("chatgym.envs.calculator:nope", r"tools\[0\]\.function: cannot import 'chatgym\.envs\.calculator:nope'"),
-        ("chatgym.envs.calculator:_MAX_ABS", r"tools\[0\]\.function: 'chatgym\.envs\.calculator:_MAX_ABS' is not callable"),
+        ("chatgym.envs.math.calculator:nope", r"tools\[0\]\.function: cannot import 'chatgym\.envs\.math\.calculator:nope'"),
+        ("chatgym.envs.math.calculator:_MAX_ABS", r"tools\[0\]\.function: 'chatgym\.envs\.math\.calculator:_MAX_ABS' is not callable"),
         (f"{__name__}:undocumented", r"tools\[0\]\.function: cannot make a tool of 'test_tool_config:undocumented'"),
     ],
 )

@@ -186,7 +186,7 @@ def _math_with_mcp_server():
 
 
 def _search():
-    from chatgym.envs.search import SearchEnv
+    from chatgym.envs.search.env import SearchEnv
     from chatgym.retrievers.base import Document
     from chatgym.retrievers.bm25 import BM25Retriever
 
@@ -200,7 +200,7 @@ def _code_sandbox():
 
 
 def _tool_use_multi_turn():
-    from chatgym.envs.tool_use import ToolUseEnv
+    from chatgym.envs.tool_use.env import ToolUseEnv
 
     return ToolUseEnv(category="multi_turn_base"), {"task_index": 0}, "pwd", {}
 

@@ -9,10 +9,10 @@ import pytest
 
 import chatgym  # noqa: F401  (registers the env ids)
 from chatgym.envs import messages as M
-from chatgym.envs.bfcl import check_calls, normalise_string
-from chatgym.envs.bfcl.data import to_json_schema, to_openai_tool
-from chatgym.envs.bfcl.multi_turn import keyword_arguments, make_backends, methods, parse_call
-from chatgym.envs.tool_use import ToolUseEnv
+from chatgym.envs.tool_use.bfcl import check_calls, normalise_string
+from chatgym.envs.tool_use.bfcl.data import to_json_schema, to_openai_tool
+from chatgym.envs.tool_use.bfcl.multi_turn import keyword_arguments, make_backends, methods, parse_call
+from chatgym.envs.tool_use.env import ToolUseEnv
 
 pytest.importorskip("bfcl_eval", reason="needs bfcl-eval (scripts/setup.sh installs it)")
 

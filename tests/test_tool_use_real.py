@@ -18,8 +18,8 @@ pytestmark = [
 
 async def test_vllm_agent_on_single_and_multi_turn_bfcl():
     import chatgym  # noqa: F401  (registers ToolUse-v0)
+    from chatgym.trainer.chat.tokenizer import get_tokenizer
     from chatgym.trainer.engines.vllm_inproc import VLLMEngine
-    from chatgym.trainer.rollout.tokenizer import get_tokenizer
 
     tok = get_tokenizer("smollm2")
     # A multi-turn entry's prompt (system + ~30 tool schemas of two backends) is ~5,000 SmolLM2 tokens.

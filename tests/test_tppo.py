@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from chatgym.trainer.learner.algos import get_advantage_estimator, masked_whiten
-from chatgym.trainer.learner.algos.tppo import extended_gae, tppo_advantages, tppo_value_mask
+from chatgym.trainer.algos import get_advantage_estimator, masked_whiten
+from chatgym.trainer.algos.tppo import extended_gae, tppo_advantages, tppo_value_mask
 
 # Row 0, finished: prompt, gen, gen, observation, gen; reward 1 on its last token.
 # Row 1, unfinished (cut after 3 generated tokens; last column is padding), no reward yet.
@@ -123,7 +123,7 @@ def _traj(ids, mask, finish, reward, sample):
 
 
 def test_prepare_batch_bootstraps_unfinished_rows_and_masks_them_out_of_the_value_loss():
-    from chatgym.trainer.config import AlgoConfig
+    from chatgym.trainer.config.run import AlgoConfig
     from chatgym.trainer.learner.forward import ForwardPlan
     from chatgym.trainer.learner.prepare import prepare_batch
     from chatgym.trainer.learner.update import UpdateState, update
@@ -169,7 +169,7 @@ def test_prepare_batch_bootstraps_unfinished_rows_and_masks_them_out_of_the_valu
     # the critic's gradient equals that of the value loss written out by hand on row 0.
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from chatgym.trainer.learner.algos import clipped_value_loss
+    from chatgym.trainer.algos import clipped_value_loss
     from chatgym.trainer.learner.forward import forward_values
 
     torch.manual_seed(1)

@@ -85,7 +85,7 @@ def test_a_recipe_model_not_made_yet_points_to_the_cold_start(tmp_path, capsys):
 def test_fresh_run_drops_metrics_of_an_interrupted_run(tmp_path):
     # Regression: a fresh run into a dir without checkpoints appended to the old metrics.jsonl
     # (steps 0,1,2,3 then 0,1,...). The Trainer passes resume_step=0 for a fresh run.
-    from chatgym.trainer.metrics import MetricsLogger
+    from chatgym.trainer.logging.writer import MetricsLogger
 
     (tmp_path / "metrics.jsonl").write_text("".join(f'{{"step": {i}}}\n' for i in range(4)))
     fresh = MetricsLogger(tmp_path, tensorboard=False, resume_step=0)
@@ -165,7 +165,7 @@ def test_ctrl_c_leaves_the_curve_of_the_steps_logged(tmp_path, monkeypatch, caps
 
     from train_helpers import LETTERS_ENV_ID, TINY_LLAMA, register
 
-    from chatgym.trainer.metrics import MetricsLogger
+    from chatgym.trainer.logging.writer import MetricsLogger
     from chatgym.trainer.train import Trainer
 
     register()

@@ -6,7 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from chatgym.trainer.config import Config, ConfigError, config_to_dict, from_dict, load_config, save_config
+from chatgym.trainer.config.run import (
+    Config,
+    ConfigError,
+    config_to_dict,
+    from_dict,
+    load_config,
+    save_config,
+)
 from chatgym.trainer.train_cli import main
 
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples" / "configs").glob("*.yaml"))
@@ -78,7 +85,7 @@ def test_round_trip_through_yaml(tmp_path):
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_example_configs_load(path):
     if path.stem.startswith("cotrain_"):  # chatgym cotrain's configs: the train sections + cotrain:
-        from chatgym.trainer.cotrain import load_cotrain_config
+        from chatgym.trainer.config.cotrain import load_cotrain_config
 
         cfg, _ = load_cotrain_config(path)
     else:
@@ -102,7 +109,7 @@ def test_engine_dtype_auto_resolves_when_the_engine_is_built_not_in_the_config(t
 
     import torch
 
-    from chatgym.trainer.config import EngineConfig, load_config, save_config
+    from chatgym.trainer.config.run import EngineConfig, load_config, save_config
     from chatgym.trainer.engines import engine_dtype
 
     flags = Path("/proc/cpuinfo").read_text()
@@ -129,7 +136,7 @@ def test_engine_dtype_auto_resolves_when_the_engine_is_built_not_in_the_config(t
 )
 def test_algo_kwargs_are_checked_against_the_registered_function_at_load(override, message):
     # Regression (issue 13): a typo in *_kwargs failed only at the first update, minutes in.
-    from chatgym.trainer.config import ConfigError, load_config
+    from chatgym.trainer.config.run import ConfigError, load_config
 
     with pytest.raises(ConfigError) as err:
         load_config(None, [override])
@@ -140,7 +147,7 @@ def test_algo_kwargs_are_checked_against_the_registered_function_at_load(overrid
 
 def test_unknown_env_id_fails_at_config_load_naming_the_field():
     # Regression: a bad env.id was only found after the engine had started (minutes on CPU).
-    from chatgym.trainer.config import ConfigError, EnvConfig, load_config
+    from chatgym.trainer.config.run import ConfigError, EnvConfig, load_config
 
     with pytest.raises(ConfigError, match=r"env\.id: unknown env 'Nope-v0'"):
         load_config(None, ["env.id=Nope-v0"])

@@ -12,16 +12,16 @@ import pytest
 import torch
 from train_helpers import LETTERS_ENV_ID, TINY_LLAMA, register
 
-from chatgym.trainer.config import AlgoConfig, OptimConfig, load_config
-from chatgym.trainer.learner.algos import get_advantage_estimator
+from chatgym.trainer.algos import get_advantage_estimator
+from chatgym.trainer.config.run import AlgoConfig, OptimConfig, load_config
 from chatgym.trainer.learner.batch import collate, micro_batches, shared_prefix_batches
 from chatgym.trainer.learner.checkpoint import latest_checkpoint, load_trainer_state
 from chatgym.trainer.learner.forward import ForwardPlan, forward_logprobs, forward_logprobs_shared
 from chatgym.trainer.learner.logprobs import logits_to_keep, token_logprobs
 from chatgym.trainer.learner.optim import lr_factor
-from chatgym.trainer.learner.prepare import hit_budget, informative_groups, shape_rewards, token_rewards
+from chatgym.trainer.learner.prepare import informative_groups, shape_rewards, token_rewards
 from chatgym.trainer.learner.update import UpdateState, update
-from chatgym.trainer.rollout.types import Trajectory
+from chatgym.trainer.rollout.types import Trajectory, hit_budget
 from chatgym.trainer.sampler import tasks_for_step
 
 
@@ -42,7 +42,8 @@ def traj(ids, mask, *, reward=0.0, rewards=None, group=0, finish=("stop",), **kw
 
 @pytest.fixture(scope="module")
 def tiny_model():
-    from chatgym.trainer.models import load_model_path, random_model
+    from chatgym.trainer.models.packaged import load_model_path
+    from chatgym.trainer.models.random_init import random_model
 
     try:
         load_model_path("smollm2")
@@ -406,7 +407,7 @@ def test_resume_continues_with_the_same_batch_and_weights(tmp_path, tiny_model):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_training_steps_on_cuda_in_bf16(tmp_path, tiny_model, monkeypatch):
-    import chatgym.trainer.learner.role as role
+    import chatgym.trainer.learner.learner as role
     from chatgym.trainer.train import Trainer
 
     # The update (forward and backward) runs without SDPA's cuDNN backend, which plans per new shape;
@@ -548,7 +549,7 @@ def test_frozen_gc_leaves_a_callers_freeze_in_place():
 def test_a_failed_background_redraw_is_reported_at_the_end(tmp_path, tiny_model, monkeypatch, capsys):
     """The run goes on when a redraw of the curve fails (a child process draws it); the user hears of
     it once, at the end (draw_errors was kept but never shown)."""
-    from chatgym.trainer.metrics import MetricsLogger
+    from chatgym.trainer.logging.writer import MetricsLogger
     from chatgym.trainer.train import Trainer
 
     def failing(self):

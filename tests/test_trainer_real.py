@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 
 
 def real_config(out, *extra: str):
-    from chatgym.trainer.config import load_config
+    from chatgym.trainer.config.run import load_config
 
     return load_config(
         None,
@@ -56,7 +56,7 @@ def run(cfg, resume=False):
 
 def test_real_steps_sync_and_resume(tmp_path):
     pytest.importorskip("reasoning_gym")
-    from chatgym.trainer.models import load_model_path
+    from chatgym.trainer.models.packaged import load_model_path
 
     try:
         load_model_path("smollm2")

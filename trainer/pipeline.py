@@ -42,9 +42,9 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .replay_buffer import GroupEntry, ReplayBuffer, entries_from_trajectories
-from .rollout.source import RolloutRequest, RolloutSource
-from .rollout.types import Trajectory
+from chatgym.trainer.replay_buffer import GroupEntry, ReplayBuffer, entries_from_trajectories
+from chatgym.trainer.rollout.source import RolloutRequest, RolloutSource
+from chatgym.trainer.rollout.types import Trajectory
 
 PIPELINES = ("sync", "one_step_off", "async")
 STALE_POLICIES = ("drop", "importance_sampling")

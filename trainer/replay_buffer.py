@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from .rollout.trace import _jsonable
-from .rollout.types import Trajectory
+from chatgym.trainer.rollout.trace import jsonable
+from chatgym.trainer.rollout.types import Trajectory
 
 
 @dataclass
@@ -192,7 +192,7 @@ class ReplayBuffer:
         path = self._path(entry)
         record = {"meta": entry.meta_dict(), "trajectories": [t.to_json() for t in entry.trajectories or []]}
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record, default=_jsonable))
+        tmp.write_text(json.dumps(record, default=jsonable))
         os.replace(tmp, path)  # a crash never leaves a half-written group file
 
     def _read(self, entry: GroupEntry) -> list[Trajectory]:

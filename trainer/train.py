@@ -32,18 +32,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from .config import Config, config_to_dict, save_config
-from .engines import engine_dtype
-from .learner.checkpoint import find_checkpoint, load_pipeline_state
-from .learner.role import Learner
-from .metrics import MetricsLogger
-from .models import load_model_path
-from .pipeline import Pipeline, PipelineOptions
-from .roles import build_learner, build_rollout, start_ray
-from .rollout.source import RolloutRequest
-from .rollout.types import Trajectory
-from .sampler import tasks_for_step
-from .step_metrics import accuracy, multiturn_metrics, rollout_metrics
+from chatgym.trainer.config.run import Config, config_to_dict, save_config
+from chatgym.trainer.engines import engine_dtype
+from chatgym.trainer.learner.checkpoint import find_checkpoint, load_pipeline_state
+from chatgym.trainer.learner.learner import Learner
+from chatgym.trainer.logging.step_metrics import accuracy, multiturn_metrics, rollout_metrics
+from chatgym.trainer.logging.writer import MetricsLogger
+from chatgym.trainer.models.packaged import load_model_path
+from chatgym.trainer.pipeline import Pipeline, PipelineOptions
+from chatgym.trainer.roles.build import build_learner, build_rollout, start_ray
+from chatgym.trainer.rollout.source import RolloutRequest
+from chatgym.trainer.rollout.types import Trajectory
+from chatgym.trainer.sampler import tasks_for_step
 
 
 def seed_everything(seed: int) -> None:
@@ -71,7 +71,7 @@ def _step_seed(seed: int, step: int, salt: int) -> int:
 
 
 class Trainer:
-    """Runs :class:`~chatgym.trainer.config.Config` end to end.
+    """Runs :class:`~chatgym.trainer.config.run.Config` end to end.
 
     Args:
         config: the run's configuration.
@@ -94,7 +94,7 @@ class Trainer:
         seed_everything(cfg.train.seed)
         self.cluster = start_ray(cfg)  # trainer.backend: ray — a local cluster, or the one to join
         self.model_path = load_model_path(cfg.model.path)
-        from .rollout.tokenizer import get_tokenizer
+        from chatgym.trainer.chat.tokenizer import get_tokenizer
 
         self.tokenizer = get_tokenizer(self.model_path)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0

@@ -19,9 +19,9 @@ from typing import Any
 
 import yaml
 
-from .config import ConfigError, load_config
-from .learner.checkpoint import checkpoint_step, find_checkpoint, latest_checkpoint
-from .models import load_model_path
+from chatgym.trainer.config.run import ConfigError, load_config
+from chatgym.trainer.learner.checkpoint import checkpoint_step, find_checkpoint, latest_checkpoint
+from chatgym.trainer.models.packaged import load_model_path
 
 OPTIONS = ("--max-steps", "--output-dir", "--resume", "--resume-from", "--help")
 
@@ -93,15 +93,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         hint = " (make it first: examples/recipes/README.md, sft_warmup.py)" if "recipes" in str(config.model.path) else ""
         print(f"chatgym train: model.path: {exc}{hint}", file=sys.stderr)
         return 2
-    from .engines import check_options
+    from chatgym.trainer.engines import check_options
 
     try:
         check_options(config.engine)  # a misspelt engine option fails here, before any model loads
     except ConfigError as exc:
         print(f"chatgym train: {exc}", file=sys.stderr)
         return 2
-    from .distributed.learner import LearnerFailed  # imports no Ray
-    from .train import Trainer  # torch and transformers load only once the config is good
+    from chatgym.trainer.distributed.learner import LearnerFailed  # imports no Ray
+    from chatgym.trainer.train import Trainer  # torch and transformers load only once the config is good
 
     made_out = not out.exists()
     try:

@@ -52,12 +52,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import ParsedAction, ToolCallParser, normalise_arguments
-from .hermes import HermesParser
-from .llama_json import JsonParser
-from .openai import OpenAIParser, parse_openai_message, parse_openai_tool_calls
-from .pythonic import PythonicParser
-from .reasoning import DEFAULT_REASONING_TAGS
+from chatgym.envs.parsers.base import ParsedAction, ToolCallParser, normalise_arguments
+from chatgym.envs.parsers.hermes import HermesParser
+from chatgym.envs.parsers.llama_json import JsonParser
+from chatgym.envs.parsers.openai import OpenAIParser, parse_openai_message, parse_openai_tool_calls
+from chatgym.envs.parsers.pythonic import PythonicParser
+from chatgym.envs.parsers.reasoning import DEFAULT_REASONING_TAGS
 
 __all__ = [
     "DEFAULT_REASONING_TAGS",

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..messages import ToolCall, make_tool_call
-from .lenient_json import json_error, loads
+from chatgym.envs.messages import ToolCall, make_tool_call
+from chatgym.envs.parsers.lenient_json import json_error, loads
 
 _SNIPPET_CHARS = 120
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .base import CallList, ParsedAction, call_from_object, check_text, snippet
-from .lenient_json import decode_json, json_error, skip_ws
-from .quoting import backtick_run_end, code_span_end
-from .reasoning import DEFAULT_REASONING_TAGS, leading_reasoning_end, reasoning_end
+from chatgym.envs.parsers.base import CallList, ParsedAction, call_from_object, check_text, snippet
+from chatgym.envs.parsers.lenient_json import decode_json, json_error, skip_ws
+from chatgym.envs.parsers.quoting import backtick_run_end, code_span_end
+from chatgym.envs.parsers.reasoning import DEFAULT_REASONING_TAGS, leading_reasoning_end, reasoning_end
 
 _QUOTE_PAIRS = {'"': '"', "'": "'", "\u201c": "\u201d", "\u2018": "\u2019"}
 

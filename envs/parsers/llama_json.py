@@ -6,9 +6,16 @@ import re
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from .base import CallList, ParsedAction, call_from_object, check_text, is_call_object, snippet
-from .lenient_json import decode_json, json_error, skip_ws
-from .reasoning import DEFAULT_REASONING_TAGS, answer_start, reasoning_spans
+from chatgym.envs.parsers.base import (
+    CallList,
+    ParsedAction,
+    call_from_object,
+    check_text,
+    is_call_object,
+    snippet,
+)
+from chatgym.envs.parsers.lenient_json import decode_json, json_error, skip_ws
+from chatgym.envs.parsers.reasoning import DEFAULT_REASONING_TAGS, answer_start, reasoning_spans
 
 _FENCE_OPEN = re.compile(r"```json[ \t]*\n?", re.IGNORECASE)
 _FENCE_CLOSE = "```"

@@ -6,9 +6,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..messages import ToolCall
-from .base import CallList, ParsedAction, call_from_object, check_text, json_type, snippet
-from .lenient_json import json_error, loads
+from chatgym.envs.messages import ToolCall
+from chatgym.envs.parsers.base import CallList, ParsedAction, call_from_object, check_text, json_type, snippet
+from chatgym.envs.parsers.lenient_json import json_error, loads
 
 
 def parse_openai_tool_calls(tool_calls: Any) -> tuple[list[ToolCall], list[str]]:

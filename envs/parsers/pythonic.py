@@ -14,9 +14,9 @@ import tokenize
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from .base import CallList, ParsedAction, check_text, snippet
-from .lenient_json import skip_ws
-from .reasoning import DEFAULT_REASONING_TAGS, answer_start
+from chatgym.envs.parsers.base import CallList, ParsedAction, check_text, snippet
+from chatgym.envs.parsers.lenient_json import skip_ws
+from chatgym.envs.parsers.reasoning import DEFAULT_REASONING_TAGS, answer_start
 
 _CALL_LIST_START = re.compile(r"\[\s*[A-Za-z_][\w.]*\s*\(")
 

@@ -15,7 +15,7 @@ Rules (shared by every text parser):
 
 from __future__ import annotations
 
-from .lenient_json import skip_ws
+from chatgym.envs.parsers.lenient_json import skip_ws
 
 DEFAULT_REASONING_TAGS: tuple[str, str] = ("<think>", "</think>")
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from .airline_models import (
+from chatgym.envs.usersim.airline_models import (
     AirportCode,
     Certificate,
     DirectFlight,
@@ -30,7 +30,17 @@ from .airline_models import (
     Reservation,
     ReservationFlight,
 )
-from .toolkit import CALCULATE_SPEC, INT, STR, TRANSFER_SPEC, calculate, from_dicts, params, plain, prop
+from chatgym.envs.usersim.toolkit import (
+    CALCULATE_SPEC,
+    INT,
+    STR,
+    TRANSFER_SPEC,
+    calculate,
+    from_dicts,
+    params,
+    plain,
+    prop,
+)
 
 CABINS = ["business", "economy", "basic_economy"]
 NOW = "2024-05-15T15:00:00"

@@ -50,8 +50,8 @@ def db_text(domain: str) -> str:
 def _tau2_db_text(domain: str) -> str:
     # Validated once per process (~1 s for airline's 7 MB); JSON keeps the dumped types (100.0 stays
     # a float), so each fresh copy is a json.loads away.
-    from .airline_models import FlightDB
-    from .retail_models import RetailDB
+    from chatgym.envs.usersim.airline_models import FlightDB
+    from chatgym.envs.usersim.retail_models import RetailDB
 
     model = {"airline": FlightDB, "retail": RetailDB}[domain]
     return json.dumps(model.model_validate_json(db_text(domain)).model_dump())

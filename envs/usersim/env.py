@@ -44,17 +44,17 @@ import textwrap
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .. import messages as M
-from ..agents import Responder, ScriptedResponder, ask, flip_roles
-from ..core import AssistantTurn, ChatEnv, StepOutcome, load_prompt
-from ..messages import Message
-from ..tools import tool_error_kinds
-from . import data
-from .airline import SPECS as AIRLINE_SPECS
-from .airline import AirlineTools
-from .retail import SPECS as RETAIL_SPECS
-from .retail import RetailTools
-from .toolkit import bind_tools, db_hash
+from chatgym.envs import messages as M
+from chatgym.envs.agents import Responder, ScriptedResponder, ask, flip_roles
+from chatgym.envs.core import AssistantTurn, ChatEnv, StepOutcome, load_prompt
+from chatgym.envs.messages import Message
+from chatgym.envs.tools import tool_error_kinds
+from chatgym.envs.usersim import data
+from chatgym.envs.usersim.airline import SPECS as AIRLINE_SPECS
+from chatgym.envs.usersim.airline import AirlineTools
+from chatgym.envs.usersim.retail import SPECS as RETAIL_SPECS
+from chatgym.envs.usersim.retail import RetailTools
+from chatgym.envs.usersim.toolkit import bind_tools, db_hash
 
 STOP = "###STOP###"
 TRANSFER = "###TRANSFER###"
@@ -229,7 +229,7 @@ class UserSimEnv(ChatEnv):
         raise TypeError(f"user must be a Responder, a callable task -> Responder, or None; got {spec!r}")
 
     def user_system_prompt(self, task: dict[str, Any]) -> str:
-        return load_prompt("usersim_user_system.txt").replace("{scenario}", scenario_text(task))
+        return load_prompt(__package__, "usersim_user_system.txt").replace("{scenario}", scenario_text(task))
 
     async def on_reset(self, task: dict[str, Any]) -> None:
         self.toolkit.db = data.fresh_db(self.domain)
@@ -239,7 +239,7 @@ class UserSimEnv(ChatEnv):
         self._opening = await self._user_turn(task, [M.assistant(GREETING)])
 
     def initial_messages(self, task: dict[str, Any]) -> list[Message]:
-        system = load_prompt("usersim_agent_system.txt").replace("{policy}", data.policy(self.domain))
+        system = load_prompt(__package__, "usersim_agent_system.txt").replace("{policy}", data.policy(self.domain))
         return [M.system(system), M.assistant(GREETING), self._opening]
 
     async def _user_turn(self, task: dict[str, Any], dialogue: list[Message]) -> Message:

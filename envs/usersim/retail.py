@@ -17,8 +17,8 @@ import copy
 import json
 from typing import Any
 
-from .retail_models import OrderPayment, UserAddress
-from .toolkit import CALCULATE_SPEC, STR, STR_LIST, TRANSFER_SPEC, calculate, params, prop
+from chatgym.envs.usersim.retail_models import OrderPayment, UserAddress
+from chatgym.envs.usersim.toolkit import CALCULATE_SPEC, STR, STR_LIST, TRANSFER_SPEC, calculate, params, prop
 
 
 class RetailTools:

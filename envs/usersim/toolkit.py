@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ..tools import Tool, ToolResult
+from chatgym.envs.tools import Tool, ToolResult
 
 STR = {"type": "string"}
 INT = {"type": "integer"}

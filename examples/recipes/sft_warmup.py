@@ -259,9 +259,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import torch
     from transformers import AutoTokenizer
 
-    from chatgym.trainer.config import load_config
-    from chatgym.trainer.models import load_model_path
-    from chatgym.trainer.rollout.tokenizer import get_tokenizer
+    from chatgym.trainer.chat.tokenizer import get_tokenizer
+    from chatgym.trainer.config.run import load_config
+    from chatgym.trainer.models.packaged import load_model_path
 
     torch.manual_seed(args.seed)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device

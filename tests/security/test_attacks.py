@@ -23,11 +23,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from chatgym.envs.graders.code import grade_function
-from chatgym.sandboxes.bwrap import BwrapSandbox, bwrap_args, probe
-from chatgym.sandboxes.fusion_client import SandboxFusionSandbox
-from chatgym.sandboxes.local import LocalSandbox
-from chatgym.sandboxes.service import start_service, stop_service
+from chatgym.envs.code.grader import grade_function
+from chatgym.sandboxes.fusion.client import SandboxFusionSandbox
+from chatgym.sandboxes.fusion.service import start_service, stop_service
+from chatgym.sandboxes.local.bwrap import BwrapSandbox, bwrap_args, probe
+from chatgym.sandboxes.local.sandbox import LocalSandbox
 
 REPO = Path(__file__).resolve().parents[2]
 PROGRAMS = Path(__file__).parent / "programs"
@@ -111,7 +111,7 @@ def backend(request):
             health = loop.run_until_complete(get_json(url + "/health"))
             b = Backend(name, sb, health["isolation"]["uids"], url, expect=LOCAL_EXPECT)
         else:
-            from chatgym.sandboxes.container import DockerSandbox
+            from chatgym.sandboxes.docker.sandbox import DockerSandbox
 
             # docker-warm: containers reset and reused, so each attack's container serves the
             # `clean` check's next run (and the next attack) too.
@@ -158,7 +158,7 @@ def clean(backend):
     # Docker: uid 65534 anywhere on the host but in another engine's containers (a concurrent test
     # session's runs the same uid); escapes and this engine's leftovers count.
     if backend.name.startswith("docker"):
-        from chatgym.sandboxes.docker_engine import container_pids
+        from chatgym.sandboxes.docker.engine import container_pids
 
         scope = lambda: container_pids(others=True)  # noqa: E731
     else:

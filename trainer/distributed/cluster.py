@@ -39,7 +39,7 @@ from typing import Any
 
 import psutil
 
-from . import import_ray
+from chatgym.trainer.distributed import import_ray
 
 # One token per process: Ray's token loader caches the first token it reads, so a second local
 # cluster in this process must see the same one.

@@ -63,8 +63,8 @@ def save_sharded(
         get_optimizer_state_dict,
     )
 
-    from ..learner.checkpoint import save_checkpoint
-    from ..learner.role import _Bundle
+    from chatgym.trainer.learner.checkpoint import save_checkpoint
+    from chatgym.trainer.learner.learner import StateBundle
 
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)
     parts = {"policy": (learner.policy, learner.state.optimizer)}
@@ -77,7 +77,7 @@ def save_sharded(
     if rank != 0:
         return None
     optims = {key: _by_index(parts[key][0], osd) for key, osd in optims.items()}
-    scheduler = _Bundle(policy=learner.state.scheduler, critic=learner.state.critic_scheduler)
+    scheduler = StateBundle(policy=learner.state.scheduler, critic=learner.state.critic_scheduler)
     path = save_checkpoint(
         Path(output_dir),
         steps_done,
@@ -97,7 +97,7 @@ def save_sharded(
 def _restore_sharded_optimizer(learner: Any, ckpt: Path) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-    from ..learner.checkpoint import load_trainer_state
+    from chatgym.trainer.learner.checkpoint import load_trainer_state
 
     saved = load_trainer_state(ckpt)
     full = StateDictOptions(full_state_dict=True)

@@ -5,7 +5,7 @@
     rollout.set_weights(group.export_weights(torch.bfloat16), group.version)
     group.save(out, steps_done, config_dict)
 
-Each of the ``trainer.ray.num_learners`` actors holds one :class:`~chatgym.trainer.learner.role.Learner`
+Each of the ``trainer.ray.num_learners`` actors holds one :class:`~chatgym.trainer.learner.learner.Learner`
 (the same object a local run builds, with the same seed, so the initial weights are the same) and
 joins one ``torch.distributed`` group: ``gloo`` on CPU, ``nccl`` on CUDA.
 
@@ -14,7 +14,7 @@ way (rewards, advantages, reference/old logprobs: deterministic, so identical on
 optimizer steps see the same mini-batches (the shared update generator orders them); inside a
 mini-batch each micro-batch is run by exactly one rank (:meth:`DataParallel.assign`, longest first to
 the least-loaded rank). A micro-batch's loss is already divided by the *mini-batch's* token (or
-sequence) count (:func:`~chatgym.trainer.learner.algos.aggregate_loss` gets the global totals), so the
+sequence) count (:func:`~chatgym.trainer.algos.aggregate_loss` gets the global totals), so the
 SUM of the ranks' gradients is the one-learner gradient — the token-mean of the global batch, not a
 mean of per-rank means. Clipping then sees the global norm: after the all-reduce every rank holds the
 full gradient (``replicate``), or FSDP2 computes the norm over all shards (``fsdp``). The same scheme
@@ -50,9 +50,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import import_ray
-from .data_parallel import DataParallel
-from .fsdp import save_sharded, shard, sharding
+from chatgym.trainer.distributed import import_ray
+from chatgym.trainer.distributed.data_parallel import DataParallel
+from chatgym.trainer.distributed.fsdp import save_sharded, shard, sharding
 
 
 class LearnerFailed(RuntimeError):
@@ -66,7 +66,7 @@ class LearnerActor:
     """One data-parallel learner process (``ray.remote(LearnerActor)``; built by :class:`RayLearnerGroup`).
 
     Args:
-        cfg: the run's :class:`~chatgym.trainer.config.Config`.
+        cfg: the run's :class:`~chatgym.trainer.config.run.Config`.
         rank, world_size: this learner's rank and the number of learners.
     """
 
@@ -93,9 +93,9 @@ class LearnerActor:
         ``generation_config``."""
         import torch.distributed as dist
 
-        from ..learner.role import Learner
-        from ..models import load_model_path
-        from ..rollout.tokenizer import get_tokenizer
+        from chatgym.trainer.chat.tokenizer import get_tokenizer
+        from chatgym.trainer.learner.learner import Learner
+        from chatgym.trainer.models.packaged import load_model_path
 
         cfg = self.cfg
         tokenizer = get_tokenizer(load_model_path(cfg.model.path))
@@ -174,17 +174,17 @@ class LearnerActor:
         """(this rank's CUDA device UUID or None, this node's address)."""
         import ray
 
-        from .weights import device_uuid
+        from chatgym.trainer.distributed.weights import device_uuid
 
         return device_uuid(), ray.util.get_node_ip_address()
 
     def weight_port(self, host: str) -> int:
-        from .weights import free_port
+        from chatgym.trainer.distributed.weights import free_port
 
         return free_port(host)
 
     def join_weight_group(self, spec: dict[str, Any]) -> None:
-        from .weights import Stager, make_group
+        from chatgym.trainer.distributed.weights import Stager, make_group
 
         self.stager = getattr(self, "stager", None) or Stager()
         self.stager.group = make_group(spec["backend"], spec["host"], spec["port"], 0, spec["world"])
@@ -192,7 +192,7 @@ class LearnerActor:
     def stage_weights(self, dtype: str, ipc: bool) -> tuple[Any, list[tuple[str, tuple[int, ...]]]] | None:
         """Every rank (FSDP gathers); rank 0 lays the weights in ``dtype`` into one buffer on its
         device and returns (its CUDA IPC handle when ``ipc``, else None; the layout)."""
-        from .weights import Stager
+        from chatgym.trainer.distributed.weights import Stager
 
         state = self.full_weights(dtype, device=str(self.learner.device))
         if state is None:
@@ -202,7 +202,7 @@ class LearnerActor:
         return handle, self.stager.layout
 
     def broadcast_staged(self) -> None:
-        from .weights import broadcast
+        from chatgym.trainer.distributed.weights import broadcast
 
         broadcast(self.stager.group, self.stager.flat)
 
@@ -261,7 +261,7 @@ class _BaseModel:
 
 class RayLearnerGroup:
     """The learner side of a ``trainer.backend: ray`` run: ``trainer.ray.num_learners`` actors, with
-    the surface of :class:`~chatgym.trainer.learner.role.Learner` the loop uses.
+    the surface of :class:`~chatgym.trainer.learner.learner.Learner` the loop uses.
 
     Args:
         cfg: the run's config (``trainer.ray.num_learners``, ``learner_num_cpus``, ``learner_num_gpus``,
@@ -334,7 +334,7 @@ class RayLearnerGroup:
         under ``collective`` a :class:`~chatgym.trainer.distributed.weights.CollectiveWeights` (a Ray
         rollout has it broadcast / shared on the GPU). Both iterate as ``(name, tensor)`` pairs."""
         if self.weight_sync == "collective":
-            from .weights import CollectiveWeights
+            from chatgym.trainer.distributed.weights import CollectiveWeights
 
             return CollectiveWeights(self, dtype, self.version)
         return WeightsHandle(self.export_object_ref(dtype), self.version)
@@ -349,7 +349,7 @@ class RayLearnerGroup:
     def collective(self) -> Any:
         """The driver side of the collective weight sync (formed on first use)."""
         if self._collective is None:
-            from .weights import CollectiveSync
+            from chatgym.trainer.distributed.weights import CollectiveSync
 
             self._collective = CollectiveSync(self)
         return self._collective
@@ -413,7 +413,7 @@ class RayLearnerGroup:
         self.actors = []
 
     def _fail(self, rank: int, exc: BaseException) -> None:
-        from ..learner.checkpoint import latest_checkpoint
+        from chatgym.trainer.learner.checkpoint import latest_checkpoint
 
         self._kill_all()
         last = latest_checkpoint(self.out_dir)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chatgym.envs.tool_gate import KINDS
+from chatgym.trainer.config.runner import check_limits
 
 
 @dataclass
@@ -148,24 +149,6 @@ class ToolLimiter:
             return self.kinds[kind]
         except KeyError:
             raise ValueError(f"unknown limiter kind {kind!r}; choose one of {KINDS}") from None
-
-
-def check_limits(limits: Mapping[str, Any], rates: Mapping[str, Any], prefix: str = "") -> None:
-    """Validate ``{kind: limit}`` / ``{kind: rate}``; ``prefix`` names the config field in errors.
-
-    Raises:
-        ValueError: an unknown kind, a limit that is not an int >= 1, a rate that is not > 0.
-    """
-    for name, table in (("tool_limits", limits), ("tool_rates", rates)):
-        for kind, value in table.items():
-            if kind not in KINDS:
-                raise ValueError(f"{prefix}{name}: unknown kind {kind!r}; choose among {list(KINDS)}")
-            if name == "tool_limits" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{prefix}{name}.{kind} must be an int >= 1, got {value!r}")
-            if name == "tool_rates" and (
-                isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0
-            ):
-                raise ValueError(f"{prefix}{name}.{kind} must be a number > 0, got {value!r}")
 
 
 class LimiterGate:

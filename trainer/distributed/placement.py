@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import import_ray
+from chatgym.trainer.distributed import import_ray
 
 
 @dataclass

@@ -36,10 +36,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..rollout.source import RolloutRequest
-from ..rollout.types import Trajectory
-from . import import_ray
-from .router import Router
+from chatgym.trainer.distributed import import_ray
+from chatgym.trainer.distributed.router import Router
+from chatgym.trainer.rollout.source import RolloutRequest
+from chatgym.trainer.rollout.types import Trajectory
 
 
 class RayRollout:
@@ -47,7 +47,7 @@ class RayRollout:
     workers. Ray must be initialised (:func:`~chatgym.trainer.distributed.cluster.start_or_join`).
 
     Args:
-        cfg: the run's :class:`~chatgym.trainer.config.Config` (``trainer.ray`` settings).
+        cfg: the run's :class:`~chatgym.trainer.config.run.Config` (``trainer.ray`` settings).
         model_path: the model directory every worker's engine loads.
         out_dir: the run's output directory (each worker writes ``traces_worker{i}.jsonl``).
 
@@ -66,8 +66,8 @@ class RayRollout:
         ray = import_ray()
         if not ray.is_initialized():
             raise RuntimeError("RayRollout needs a Ray cluster: call distributed.cluster.start_or_join first")
-        from .limiter import ToolLimiter
-        from .rollout_worker import RolloutWorker
+        from chatgym.trainer.distributed.limiter import ToolLimiter
+        from chatgym.trainer.distributed.rollout_worker import RolloutWorker
 
         rc = cfg.trainer.ray
         self.cfg = cfg

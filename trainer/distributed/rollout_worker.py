@@ -2,7 +2,7 @@
 
 The worker builds everything from the run's config in its own process — the tokenizer, the engine
 (``engine.backend``, or ``trainer.ray.engine_factory``) and the train/eval collectors — with the same
-:func:`~chatgym.trainer.roles.build_local_rollout` a local run uses. It is an async actor: the driver
+:func:`~chatgym.trainer.roles.build.build_local_rollout` a local run uses. It is an async actor: the driver
 sends one call per episode and many run at once on the actor's event loop, the engine batching
 whatever generate calls are in flight. A whole episode (every turn) runs inside one call, so it stays
 on this replica. Weights arrive with a version; every trajectory records the version of each token.
@@ -20,8 +20,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..rollout.source import RolloutRequest
-from ..rollout.types import Trajectory
+from chatgym.trainer.rollout.source import RolloutRequest
+from chatgym.trainer.rollout.types import Trajectory
 
 
 def load_factory(path: str) -> Any:
@@ -46,7 +46,7 @@ class RolloutWorker:
     """The actor class (``ray.remote(RolloutWorker)``; see :func:`worker_actor_class`).
 
     Args:
-        cfg: the run's :class:`~chatgym.trainer.config.Config`.
+        cfg: the run's :class:`~chatgym.trainer.config.run.Config`.
         index: this worker's index (0..N-1); its trace file is ``traces_worker{index}.jsonl``.
         model_path: the model directory the engine loads (and the tokenizer comes from).
         out_dir: the run's output directory (traces).
@@ -64,15 +64,14 @@ class RolloutWorker:
         limited_kinds: Sequence[str] = (),
     ):
         from chatgym.envs import tool_gate
-
-        from ..local_rollout import build_local_rollout
-        from ..rollout.tokenizer import get_tokenizer
+        from chatgym.trainer.chat.tokenizer import get_tokenizer
+        from chatgym.trainer.roles.local import build_local_rollout
 
         self.index = index
         self.pid = os.getpid()
         self.started = time.time()
         if limiter is not None:
-            from .limiter import LimiterGate
+            from chatgym.trainer.distributed.limiter import LimiterGate
 
             holder = f"{index}:{self.pid}"
             limiter.retire.remote(str(index), holder)  # frees what a crashed incarnation held
@@ -106,22 +105,22 @@ class RolloutWorker:
     # Collective weight sync (trainer.ray.weight_sync: collective; chatgym.trainer.distributed.weights).
 
     def device_info(self) -> dict[str, Any]:
-        from .weights import device_uuid
+        from chatgym.trainer.distributed.weights import device_uuid
 
         return {"pid": self.pid, "device_uuid": device_uuid()}
 
     def join_weight_group(self, spec: dict[str, Any]) -> dict[str, Any]:
-        from .weights import worker_join
+        from chatgym.trainer.distributed.weights import worker_join
 
         return worker_join(spec)
 
     def receive_weights(self, layout: list, dtype: str, version: int) -> dict[str, Any]:
-        from .weights import worker_receive
+        from chatgym.trainer.distributed.weights import worker_receive
 
         return worker_receive(self.local, layout, dtype, version)
 
     def load_shared_weights(self, handle: Any, layout: list, version: int) -> dict[str, Any]:
-        from .weights import worker_load_shared
+        from chatgym.trainer.distributed.weights import worker_load_shared
 
         return worker_load_shared(self.local, handle, layout, version)
 

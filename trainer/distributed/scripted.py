@@ -26,9 +26,8 @@ import numpy as np
 from chatgym.envs import messages as M
 from chatgym.envs.core import AssistantTurn, ChatEnv, StepOutcome
 from chatgym.envs.tools import Tool
-
-from ..engines.base import Completion, SamplingParams
-from ..engines.replay import ReplayEngine, count_subsequence
+from chatgym.trainer.engines.base import Completion, SamplingParams
+from chatgym.trainer.engines.replay import ReplayEngine, count_subsequence
 
 ENV_ID = "chatgym.trainer.distributed.scripted:SleepTool-v0"
 ASSISTANT_HEADER = "<|im_start|>assistant\n"

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from . import import_ray
+from chatgym.trainer.distributed import import_ray
 
 _TIMEOUT = timedelta(minutes=10)
 _RECEIVER: dict[str, Any] = {}  # this worker process's group and layout (one per actor process)

@@ -20,8 +20,8 @@ import inspect
 from pathlib import Path
 from typing import Any
 
-from ..config_io import ConfigError
-from .base import Completion, Engine, SamplingParams
+from chatgym.trainer.config.loader import ConfigError
+from chatgym.trainer.engines.base import Completion, Engine, SamplingParams
 
 ENGINES: dict[str, tuple[str, str]] = {
     "vllm": ("vllm_inproc", "VLLMEngine"),
@@ -61,10 +61,10 @@ def make_engine(name: str = "vllm", model: Any = "smollm2", **kwargs: Any) -> An
 
 
 def engine_dtype(cfg: Any) -> str:
-    """``engine.dtype`` with ``auto`` resolved on this machine (:func:`chatgym.trainer.models.fast_dtype`:
+    """``engine.dtype`` with ``auto`` resolved on this machine (:func:`chatgym.trainer.models.dtype.fast_dtype`:
     bf16 on GPUs and native-bf16 CPUs, else fp32). Resolved when the engine is built, never written
     back into the config, so ``config.yaml`` is the same on every machine."""
-    from ..models import fast_dtype
+    from chatgym.trainer.models.dtype import fast_dtype
 
     return fast_dtype() if cfg.dtype == "auto" else cfg.dtype
 

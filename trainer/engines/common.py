@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .base import FinishReason, SamplingParams
+from chatgym.trainer.engines.base import FinishReason, SamplingParams
 
 
 def eos_token_ids(generation_config: Any = None, config: Any = None, tokenizer: Any = None) -> frozenset[int]:
@@ -253,7 +253,7 @@ def local_model_info(model: Any, tokenizer: Any = None) -> tuple[Any, Any, froze
     ids with the model's own EOS list. A model that is not local (a remote server's name) gives
     ``(None, tokenizer, frozenset())`` and the server's finish reason is used instead.
     """
-    from ..models import load_model_path
+    from chatgym.trainer.models.packaged import load_model_path
 
     try:
         path = load_model_path(model)
@@ -262,7 +262,7 @@ def local_model_info(model: Any, tokenizer: Any = None) -> tuple[Any, Any, froze
     from transformers import AutoConfig, GenerationConfig
 
     if tokenizer is None:
-        from ..rollout.tokenizer import get_tokenizer
+        from chatgym.trainer.chat.tokenizer import get_tokenizer
 
         tokenizer = get_tokenizer(path)
     try:

@@ -38,10 +38,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..models import without_cudnn_attention
-from . import hf_batch, hf_sampling
-from .base import Completion, SamplingParams
-from .common import (
+from chatgym.trainer.engines import hf_batch, hf_sampling
+from chatgym.trainer.engines.base import Completion, SamplingParams
+from chatgym.trainer.engines.common import (
     StopStringChecker,
     check_prompt,
     completion_text,
@@ -50,6 +49,7 @@ from .common import (
     judge_stop,
     stop_ids,
 )
+from chatgym.trainer.models.cuda import without_cudnn_attention
 
 
 @dataclass
@@ -146,7 +146,7 @@ class TransformersEngine:
     ) -> None:
         import torch
 
-        from ..models import load_model
+        from chatgym.trainer.models.packaged import load_model
 
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -157,7 +157,7 @@ class TransformersEngine:
         if isinstance(model, (str, os.PathLike)):
             device = device or ("cuda" if torch.cuda.is_available() else "cpu")
             if tokenizer is None:
-                from ..rollout.tokenizer import get_tokenizer
+                from chatgym.trainer.chat.tokenizer import get_tokenizer
 
                 tokenizer = get_tokenizer(model)
             model = load_model(model, dtype=dtype, device=device)  # in eval mode
@@ -472,7 +472,7 @@ class TransformersEngine:
         return keep
 
     def _choose_decode(self, decode: str) -> str:
-        from . import hf_static
+        from chatgym.trainer.engines import hf_static
 
         if decode not in ("auto", "static", "dynamic"):
             raise ValueError(f"decode must be 'auto', 'static' or 'dynamic', got {decode!r}")
@@ -487,7 +487,7 @@ class TransformersEngine:
         """:meth:`_step` over :class:`.hf_static.StaticSlots` (row ``r`` is slot ``r``)."""
         import torch
 
-        from . import hf_static
+        from chatgym.trainer.engines import hf_static
 
         if self._slots is None:
             self._slots = hf_static.StaticSlots(

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .base import SamplingParams
+from chatgym.trainer.engines.base import SamplingParams
 
 
 @dataclass

@@ -158,7 +158,7 @@ class StaticSlots:
         self._build_step()
 
     def _build_step(self) -> None:
-        from . import hf_fused
+        from chatgym.trainer.engines import hf_fused
 
         ok, why = hf_fused.fusable(self.model) if self._want_fused else (False, "fused=False")
         self.fused = hf_fused.FusedDecoder(self.model) if ok else None
@@ -286,7 +286,7 @@ class StaticSlots:
         position ``p`` has keys/values in columns ``0 .. p-1``; the rest of its new slot is masked
         until it writes there), in one gather over every layer's keys and values.
         """
-        from .hf_sampling import device_tensor
+        from chatgym.trainer.engines.hf_sampling import device_tensor
 
         m = len(keep)
         moved = [(d, s) for d, s in enumerate(keep) if d != s]

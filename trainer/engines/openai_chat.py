@@ -24,10 +24,9 @@ import os
 from typing import Any
 
 from chatgym.envs.messages import Message, ToolCall
-
-from .base import Completion, SamplingParams
-from .common import earliest_stop
-from .http import JSONClient, ServerError
+from chatgym.trainer.engines.base import Completion, SamplingParams
+from chatgym.trainer.engines.common import earliest_stop
+from chatgym.trainer.engines.http import JSONClient, ServerError
 
 STOP_MODES = ("client", "server")
 

@@ -3,8 +3,8 @@
 A small model asked for a format (a judge's ``[[r]]`` or ``<score>N</score>``) often writes prose
 instead; starting its reply with the format's opening (``"Rating: [["``, ``"<score>"``) after the
 assistant header makes the next tokens the verdict itself. Used by co-training's party
-(:class:`chatgym.trainer.cotrain_party.VersionedResponder`) and by GenRM's judge
-(:mod:`chatgym.trainer.genrm`).
+(:class:`chatgym.trainer.cotrain.party.VersionedResponder`) and by GenRM's judge
+(:mod:`chatgym.trainer.rewards.genrm`).
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from chatgym.envs.messages import Message
-
-from .responder import EngineResponder
+from chatgym.trainer.engines.responder import EngineResponder
 
 
 class PrefilledRenderer:

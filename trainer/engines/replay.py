@@ -14,8 +14,8 @@ import asyncio
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from .base import Completion, SamplingParams
-from .common import StopStringChecker
+from chatgym.trainer.engines.base import Completion, SamplingParams
+from chatgym.trainer.engines.common import StopStringChecker
 
 Script = Callable[[list[int]], Sequence[int]]
 

@@ -21,9 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 from chatgym.envs.messages import Message
-
-from ..rollout.chat_delta import ChatRenderer, resolve_eos_ids
-from .base import SamplingParams
+from chatgym.trainer.chat.delta import ChatRenderer, resolve_eos_ids
+from chatgym.trainer.engines.base import SamplingParams
 
 
 class EngineResponder:
@@ -128,7 +127,7 @@ def as_responder(engine: Any, tokenizer: Any = None, **kwargs: Any) -> EngineRes
         tokenizer: for token engines (default: the engine's own).
         kwargs: passed to the responder class (``params``, ``trace``, ``chat_template``, ...).
     """
-    from .openai_chat import OpenAIChatEngine
+    from chatgym.trainer.engines.openai_chat import OpenAIChatEngine
 
     if isinstance(engine, OpenAIChatEngine):
         return ChatResponder(engine, **kwargs)

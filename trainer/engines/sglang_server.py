@@ -38,9 +38,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .base import Completion, SamplingParams
-from .common import check_prompt, completion_text, local_model_info, save_weights, server_stop, stop_ids
-from .http import JSONClient, ServerError
+from chatgym.trainer.engines.base import Completion, SamplingParams
+from chatgym.trainer.engines.common import (
+    check_prompt,
+    completion_text,
+    local_model_info,
+    save_weights,
+    server_stop,
+    stop_ids,
+)
+from chatgym.trainer.engines.http import JSONClient, ServerError
 
 
 class SGLangServerEngine:
@@ -159,7 +166,7 @@ class SGLangServerEngine:
         Raises:
             ServerError: the server answered ``success: false`` or failed.
         """
-        from ..models import cache_dir
+        from chatgym.trainer.models.packaged import cache_dir
 
         if self._weights_dir is None:
             root = cache_dir() / "weights"

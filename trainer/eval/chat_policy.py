@@ -19,11 +19,10 @@ from concurrent.futures import Executor
 from typing import Any
 
 from chatgym.envs.messages import Message
-
-from ..engines.base import SamplingParams
-from ..rollout.env_runner import EnvRunner, make_env
-from ..rollout.episode import EpisodeFailure, ended, env_call, record_step, run_guarded
-from ..rollout.types import Trajectory
+from chatgym.trainer.engines.base import SamplingParams
+from chatgym.trainer.rollout.env_runner import EnvRunner, make_env
+from chatgym.trainer.rollout.episode import EpisodeFailure, ended, env_call, record_step, run_guarded
+from chatgym.trainer.rollout.types import Trajectory
 
 # act(env, history, tools, turn) -> (assistant action, completion tokens or None)
 Act = Callable[[Any, list[Message], list[dict[str, Any]] | None, int], Awaitable[tuple[Any, int | None]]]

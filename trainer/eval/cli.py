@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ..rollout.cli import add_rollout_flags, key_values, rollout_config
+from chatgym.trainer.rollout.cli import add_rollout_flags, key_values, rollout_config
 
 DEFAULT_DB = "runs/eval/results.sqlite"
 
@@ -25,8 +25,8 @@ def _key_values(items: Sequence[str], flag: str) -> dict[str, Any]:
 
 
 def eval_parser() -> argparse.ArgumentParser:
-    from ..engines import ENGINES
-    from .run import REFERENCE
+    from chatgym.trainer.engines import ENGINES
+    from chatgym.trainer.eval.run import REFERENCE
 
     p = argparse.ArgumentParser(
         prog="chatgym eval",
@@ -67,7 +67,7 @@ def eval_parser() -> argparse.ArgumentParser:
 
 def eval_main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``chatgym eval``: prints a JSON report per env; 1 when nothing could be evaluated."""
-    from .run import EvalConfig, evaluate, report_dicts
+    from chatgym.trainer.eval.run import EvalConfig, evaluate, report_dicts
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = eval_parser().parse_intermixed_args(argv)
@@ -99,7 +99,7 @@ def eval_main(argv: Sequence[str] | None = None) -> int:
             env_kwargs=_key_values(args.env_arg, "--env-arg"),
             engine_kwargs=engine_kwargs,
         )
-        from .run import resolve_env_ids
+        from chatgym.trainer.eval.run import resolve_env_ids
 
         resolve_env_ids(config.envs)
     except ValueError as exc:
@@ -147,8 +147,8 @@ def _model_for(engine: str, model: str | None, engine_kwargs: dict[str, Any]) ->
 def _print_board(db: str, **filters: Any) -> Any:
     from rich.console import Console
 
-    from .leaderboard import build_leaderboard, rich_tables
-    from .store import ResultsStore
+    from chatgym.trainer.eval.leaderboard import build_leaderboard, rich_tables
+    from chatgym.trainer.eval.store import ResultsStore
 
     with ResultsStore(db) as store:
         board = build_leaderboard(store, **filters)
@@ -176,9 +176,9 @@ def leaderboard_main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``chatgym leaderboard``; 1 when the store holds no episodes."""
     from pathlib import Path
 
-    from .leaderboard import build_leaderboard, rich_tables
-    from .page import render_html
-    from .store import ResultsStore
+    from chatgym.trainer.eval.leaderboard import build_leaderboard, rich_tables
+    from chatgym.trainer.eval.page import render_html
+    from chatgym.trainer.eval.store import ResultsStore
 
     args = leaderboard_parser().parse_args(argv)
     if not Path(args.db).expanduser().is_file():

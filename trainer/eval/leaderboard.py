@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .identity import EnvId
-from .metrics import CellMetrics, cell_metrics
-from .store import ResultsStore
+from chatgym.trainer.eval.identity import EnvId
+from chatgym.trainer.eval.metrics import CellMetrics, cell_metrics
+from chatgym.trainer.eval.store import ResultsStore
 
 ROW_FIELDS = ("model_name", "model_hash", "engine", "sampling")
 COLUMN_FIELDS = ("env_id", "env_version", "dataset_hash", "split", "env_kwargs")

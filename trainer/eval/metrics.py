@@ -17,7 +17,7 @@
   episodes), episode failure rate (episodes that crashed or timed out / episodes), wall time;
 * the multi-turn figures a training run logs as ``eval/tools/calls_per_episode``,
   ``eval/episode/truncated_frac`` and ``eval/reward/by_turns/<n>``
-  (:func:`chatgym.trainer.step_metrics.multiturn_metrics`): tool calls per episode, share of
+  (:func:`chatgym.trainer.logging.step_metrics.multiturn_metrics`): tool calls per episode, share of
   episodes truncated, mean reward of the episodes with ``n`` turns. The store keeps no per-kind tool
   errors or truncating budget, so those splits are in the training run's metrics only.
 """

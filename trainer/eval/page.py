@@ -13,7 +13,7 @@ import datetime as _dt
 import html
 from typing import Any
 
-from .leaderboard import Cell, Leaderboard, ci_text, fmt, metric_columns
+from chatgym.trainer.eval.leaderboard import Cell, Leaderboard, ci_text, fmt, metric_columns
 
 _CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:24px;color:#1b1f24;max-width:1400px}

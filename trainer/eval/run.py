@@ -29,10 +29,18 @@ from typing import Any
 
 import gymnasium as gym
 
-from ..rollout.config import CollectorConfig
-from ..rollout.types import Trajectory
-from .identity import EnvId, ModelId, canonical_json, dataset_hash, env_version, run_key, weights_hash
-from .store import ResultsStore
+from chatgym.trainer.eval.identity import (
+    EnvId,
+    ModelId,
+    canonical_json,
+    dataset_hash,
+    env_version,
+    run_key,
+    weights_hash,
+)
+from chatgym.trainer.eval.store import ResultsStore
+from chatgym.trainer.rollout.config import CollectorConfig
+from chatgym.trainer.rollout.types import Trajectory
 
 REFERENCE = "reference"
 TOKEN_ENGINES = ("vllm", "vllm-server", "sglang", "hf")
@@ -87,7 +95,7 @@ class EvalConfig:
     engine_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from ..engines import ENGINES
+        from chatgym.trainer.engines import ENGINES
 
         if self.engine != REFERENCE and self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {[*sorted(ENGINES), REFERENCE]}, got {self.engine!r}")
@@ -206,7 +214,7 @@ def model_identity(config: EvalConfig) -> ModelId:
     if config.model_hash:
         return ModelId(name, config.model_hash, config.engine)
     if config.engine in LOCAL_WEIGHT_ENGINES:
-        from ..models import load_model_path
+        from chatgym.trainer.models.packaged import load_model_path
 
         return ModelId(name, weights_hash(load_model_path(config.model)), config.engine)
     return ModelId(name, f"api:{config.engine}", config.engine)
@@ -261,11 +269,11 @@ class _Backend:
         cfg = self.config
         if cfg.engine == REFERENCE:
             return
-        from ..engines import engine_class, make_engine
+        from chatgym.trainer.engines import engine_class, make_engine
 
         if self.token_level:
-            from ..rollout.collector import Collector
-            from ..rollout.tokenizer import get_tokenizer
+            from chatgym.trainer.chat.tokenizer import get_tokenizer
+            from chatgym.trainer.rollout.collector import Collector
 
             tok_source = cfg.engine_kwargs.get("tokenizer", cfg.model)
             self.tokenizer = get_tokenizer(tok_source, cfg.chat_template)
@@ -321,12 +329,12 @@ class _Backend:
                 only=todo,
             )
             return
-        from .chat_policy import api_act, reference_act, run_chat_episode
+        from chatgym.trainer.eval.chat_policy import api_act, reference_act, run_chat_episode
 
         if cfg.engine == REFERENCE:
             act = reference_act
         else:
-            from ..engines.base import SamplingParams
+            from chatgym.trainer.engines.base import SamplingParams
 
             params = SamplingParams(
                 max_tokens=rollout.max_tokens, temperature=rollout.temperature, top_p=rollout.top_p
@@ -359,8 +367,7 @@ async def evaluate(
     from tqdm import tqdm
 
     from chatgym import __version__
-
-    from ..rollout.trace import TraceWriter
+    from chatgym.trainer.rollout.trace import TraceWriter
 
     log = log or (lambda msg: print(msg, file=sys.stderr))
     env_ids = resolve_env_ids(config.envs)

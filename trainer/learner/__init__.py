@@ -7,7 +7,7 @@ forward passes (:mod:`.forward`, :mod:`.logprobs`), the reference policy (:mod:`
 update (:mod:`.update`: loss and optimizer step only), model loading (:mod:`.policy`), the optimizer
 and schedule (:mod:`.optim`) and checkpoints (:mod:`.checkpoint`).
 
-May import: ``chatgym.trainer.config`` (the run config), ``chatgym.trainer.models`` (model files),
+May import: ``chatgym.trainer.config.run`` (the run config), ``chatgym.trainer.models`` (model files),
 and from the rollout side only the data types it consumes (``chatgym.trainer.rollout.types``,
 ``chatgym.trainer.rollout.config``). Never the collector, the engines or the envs: a learner
 process needs trajectories, not the machinery that made them.

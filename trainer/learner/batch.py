@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..rollout.types import Trajectory
+from chatgym.trainer.rollout.types import Trajectory
 
 
 @dataclass

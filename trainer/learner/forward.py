@@ -15,9 +15,15 @@ from typing import Any
 
 import torch
 
-from .algos.entropy import entropy_from_logits
-from .batch import TokenBatch, micro_batches, pack_chunks, pack_rows, shared_prefix_batches
-from .logprobs import logits_to_keep, token_logprobs
+from chatgym.trainer.algos.entropy import entropy_from_logits
+from chatgym.trainer.learner.batch import (
+    TokenBatch,
+    micro_batches,
+    pack_chunks,
+    pack_rows,
+    shared_prefix_batches,
+)
+from chatgym.trainer.learner.logprobs import logits_to_keep, token_logprobs
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .algos.entropy import entropy_from_logits
+from chatgym.trainer.algos.entropy import entropy_from_logits
 
 
 def token_logprobs(

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 import torch
 
-from ..config import OptimConfig
+from chatgym.trainer.config.run import OptimConfig
 
 
 def lr_factor(step: int, total_steps: int, cfg: OptimConfig) -> float:

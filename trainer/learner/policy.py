@@ -13,8 +13,10 @@ from typing import Any
 
 import torch
 
-from ..config import LoraConfig, ModelConfig
-from ..models import choose_compute_dtype, cpu_flags, load_model_path, random_model, resolve_dtype
+from chatgym.trainer.config.run import LoraConfig, ModelConfig
+from chatgym.trainer.models.dtype import choose_compute_dtype, cpu_flags, resolve_dtype
+from chatgym.trainer.models.packaged import load_model_path
+from chatgym.trainer.models.random_init import random_model
 
 
 def resolve_device(device: str) -> torch.device:
@@ -40,12 +42,12 @@ def resolve_compute_dtype(
         compute_dtype: ``model.compute_dtype`` (``auto`` or a dtype name).
         weights_dtype: ``model.dtype``, the weights' dtype.
         device: the training device.
-        flags: CPU flags (default: this machine's, :func:`chatgym.trainer.models.cpu_flags`).
+        flags: CPU flags (default: this machine's, :func:`chatgym.trainer.models.dtype.cpu_flags`).
 
     Returns:
         ``(dtype name, reason)``. An explicit ``compute_dtype`` is kept; ``auto`` over non-fp32 weights
         is the weights' dtype; ``auto`` over fp32 weights is
-        :func:`chatgym.trainer.models.choose_compute_dtype` (bf16 on CUDA and native-bf16 CPUs).
+        :func:`chatgym.trainer.models.dtype.choose_compute_dtype` (bf16 on CUDA and native-bf16 CPUs).
     """
     if compute_dtype != "auto":
         return compute_dtype, "model.compute_dtype"

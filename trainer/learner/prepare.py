@@ -6,7 +6,7 @@ One function, :func:`prepare_batch`, in the order the data flows:
 2. shape the rewards (missing-EOS penalty, DAPO over-long penalty);
 3. keep only informative groups (DAPO dynamic sampling: rewards not all equal);
 4. pad into a :class:`~chatgym.trainer.learner.batch.TokenBatch`;
-5. place the rewards on tokens (:func:`~chatgym.trainer.learner.algos.place_rewards`);
+5. place the rewards on tokens (:func:`~chatgym.trainer.algos.place_rewards`);
 6. zero the loss mask of budget-truncated completions (DAPO over-long filtering);
 7. reference logprobs (KL), old-policy logprobs (several optimizer steps per batch), critic values;
 8. advantages and returns (KL-in-reward first when configured).
@@ -21,9 +21,7 @@ from typing import Any
 
 import torch
 
-from ..config import AlgoConfig
-from ..rollout.types import Trajectory
-from .algos import (
+from chatgym.trainer.algos import (
     apply_kl_penalty,
     get_advantage_estimator,
     mask_truncated,
@@ -32,18 +30,10 @@ from .algos import (
     place_rewards,
     tppo_value_mask,
 )
-from .batch import TokenBatch, collate
-from .forward import ForwardPlan, batch_logprobs, batch_values
-
-BUDGETS = ("max_tokens", "max_response_tokens", "max_model_len")
-
-
-def hit_budget(traj: Trajectory) -> bool:
-    """True when the trajectory ended because a token budget ran out, not with EOS: its last turn
-    finished with ``length``, or the collector truncated it by a token budget before a turn."""
-    if traj.finish_reasons and traj.finish_reasons[-1] == "length":
-        return True
-    return bool(traj.truncated and traj.info.get("truncated_by") in BUDGETS)
+from chatgym.trainer.config.run import AlgoConfig
+from chatgym.trainer.learner.batch import TokenBatch, collate
+from chatgym.trainer.learner.forward import ForwardPlan, batch_logprobs, batch_values
+from chatgym.trainer.rollout.types import Trajectory, hit_budget
 
 
 def shape_rewards(trajs: Sequence[Trajectory], algo: AlgoConfig, max_response_tokens: int) -> torch.Tensor:

@@ -12,10 +12,10 @@ from typing import Any
 
 import torch
 
-from ..config import LoraConfig, ModelConfig
-from .batch import TokenBatch
-from .forward import ForwardPlan, batch_logprobs
-from .policy import load_policy
+from chatgym.trainer.config.run import LoraConfig, ModelConfig
+from chatgym.trainer.learner.batch import TokenBatch
+from chatgym.trainer.learner.forward import ForwardPlan, batch_logprobs
+from chatgym.trainer.learner.policy import load_policy
 
 
 class ReferencePolicy:

@@ -2,7 +2,7 @@
 
 The batch comes from :func:`chatgym.trainer.learner.prepare.prepare_batch` with its advantages (and
 reference / old logprobs, values) filled in; this module only runs the forward passes with gradient
-(:mod:`.forward`), the losses of :mod:`chatgym.trainer.learner.algos`, and the optimizer steps.
+(:mod:`.forward`), the losses of :mod:`chatgym.trainer.algos`, and the optimizer steps.
 
 Logprobs of the behaviour policy: when each rollout batch is used for exactly one optimizer step
 (``ppo_epochs = mini_batches = 1``, the default), the policy before the step *is* the behaviour
@@ -20,11 +20,17 @@ from typing import Any
 
 import torch
 
-from ..config import AlgoConfig
-from .algos import aggregate_loss, clipped_value_loss, get_kl_estimator, get_policy_loss, truncated_is_weights
-from .algos.masked import masked_sum
-from .batch import TokenBatch
-from .forward import ForwardPlan, forward_values, micro_batch_plan, policy_logprobs
+from chatgym.trainer.algos import (
+    aggregate_loss,
+    clipped_value_loss,
+    get_kl_estimator,
+    get_policy_loss,
+    truncated_is_weights,
+)
+from chatgym.trainer.algos.masked import masked_sum
+from chatgym.trainer.config.run import AlgoConfig
+from chatgym.trainer.learner.batch import TokenBatch
+from chatgym.trainer.learner.forward import ForwardPlan, forward_values, micro_batch_plan, policy_logprobs
 
 
 class _Sums:

@@ -8,7 +8,7 @@ from asyncio), the chat-template delta, its start-up probe and the tokenizer (:m
 trajectory types (:mod:`.types`), traces (:mod:`.trace`) and the ``chatgym rollout`` CLI (:mod:`.cli`).
 
 May import: ``chatgym.envs`` (messages, the env contract), ``chatgym.trainer.engines``,
-``chatgym.trainer.models`` and the generic config loader ``chatgym.trainer.config_io`` (the CLI's
+``chatgym.trainer.models`` and the generic config loader ``chatgym.trainer.config.loader`` (the CLI's
 ``rollout.KEY=VALUE`` overrides). Never the learner (``chatgym.trainer.learner``), the run config or
 the training loop: a rollout worker runs without torch training code.
 

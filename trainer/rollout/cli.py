@@ -24,9 +24,9 @@ from typing import Any
 
 import yaml
 
-from ..config_io import ConfigError, apply_overrides, from_dict
-from ..engines import ENGINES
-from .config import CollectorConfig
+from chatgym.trainer.config.loader import ConfigError, apply_overrides, from_dict
+from chatgym.trainer.engines import ENGINES
+from chatgym.trainer.rollout.config import CollectorConfig
 
 
 def key_values(items: Sequence[str], flag: str, prog: str = "chatgym rollout") -> dict[str, Any]:
@@ -116,11 +116,10 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     from tqdm import tqdm
 
     import chatgym  # noqa: F401  (registers the env ids)
-
-    from ..engines import make_engine
-    from .collector import Collector
-    from .tokenizer import get_tokenizer
-    from .trace import TraceWriter
+    from chatgym.trainer.chat.tokenizer import get_tokenizer
+    from chatgym.trainer.engines import make_engine
+    from chatgym.trainer.rollout.collector import Collector
+    from chatgym.trainer.rollout.trace import TraceWriter
 
     if args.num_tasks < 1:
         raise SystemExit(f"chatgym rollout: -n/--num-tasks must be >= 1, got {args.num_tasks}")

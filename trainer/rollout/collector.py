@@ -11,7 +11,7 @@ engine batches whatever requests are in flight). Sync envs run in a thread pool 
 **Token-in/token-out.** The sampled ids are appended exactly as the engine returned them (never
 decoded and re-encoded), with their logprobs 1:1 and loss mask 1. Everything else — prompt, the
 tokens that close a turn, observation messages, the next assistant header — has loss mask 0 and
-logprob 0.0; it comes from :mod:`chatgym.trainer.rollout.chat_delta` (its docstring says exactly which
+logprob 0.0; it comes from :mod:`chatgym.trainer.chat.delta` (its docstring says exactly which
 tokens sit between a completion and the next observation). Message text is always encoded as plain
 text: the only control ids are those the chat template writes. The chat template is probed at
 start-up; one that re-renders history (Qwen3 drops earlier ``<think>`` blocks) gets its observation
@@ -67,22 +67,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chatgym.envs.messages import Message, message_errors
-
-from ..engines.base import Engine, SamplingParams
-from ..engines.common import first_stop_cut
-from .chat_delta import (
+from chatgym.trainer.chat.delta import (
     ChatRenderer,
     TemplateError,
     closing_ids,
-    probe_template,
     resolve_eos_ids,
     truncate_text_tokens,
 )
-from .config import CollectorConfig
-from .env_runner import EnvRunner, EnvSource, env_name, make_env
-from .episode import EpisodeFailure, ended, env_call, fail, record_step, run_guarded
-from .trace import TraceWriter
-from .types import Trajectory
+from chatgym.trainer.chat.template_probe import probe_template
+from chatgym.trainer.engines.base import Engine, SamplingParams
+from chatgym.trainer.engines.common import first_stop_cut
+from chatgym.trainer.rollout.config import CollectorConfig
+from chatgym.trainer.rollout.env_runner import EnvRunner, EnvSource, env_name, make_env
+from chatgym.trainer.rollout.episode import EpisodeFailure, ended, env_call, fail, record_step, run_guarded
+from chatgym.trainer.rollout.trace import TraceWriter
+from chatgym.trainer.rollout.types import Trajectory
 
 
 @dataclass

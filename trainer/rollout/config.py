@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..engines.base import SamplingParams
+from chatgym.trainer.engines.base import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class CollectorConfig:
         if not 0.0 <= self.trace_fraction <= 1.0:
             raise ValueError(f"CollectorConfig.trace_fraction must be in [0, 1], got {self.trace_fraction}")
         if self.chat_template is not None:
-            from .tokenizer import check_chat_template_setting
+            from chatgym.trainer.chat.tokenizer import check_chat_template_setting
 
             try:
                 check_chat_template_setting(self.chat_template)

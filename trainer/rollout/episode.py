@@ -21,8 +21,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from chatgym.envs.messages import Message
-
-from .types import Trajectory
+from chatgym.trainer.rollout.types import Trajectory
 
 # Keys the runner owns in ``Trajectory.info``: an env's info must not overwrite them.
 _RUNNER_KEYS = ("turns", "truncated_by")

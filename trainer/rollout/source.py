@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .collector import Collector
-from .env_runner import EnvSource
-from .types import Trajectory
+from chatgym.trainer.rollout.collector import Collector
+from chatgym.trainer.rollout.env_runner import EnvSource
+from chatgym.trainer.rollout.types import Trajectory
 
 # What turns a request's env id and kwargs into the collector's env source (see LocalRollout).
 EnvSourceHook = Callable[[str, Mapping[str, Any]], tuple[EnvSource, "dict[str, Any] | None"]]
@@ -97,7 +97,7 @@ class LocalRollout:
         eval_collector: the evaluation collector (eval temperature, every trace kept); None: use
             ``collector``.
         env_source: ``(env_id, env_kwargs) -> (env id or factory, env_kwargs)``: what the collector
-            is given for a request's env (GenRM wraps each env: :func:`chatgym.trainer.genrm.env_source`);
+            is given for a request's env (GenRM wraps each env: :func:`chatgym.trainer.rewards.genrm.env_source`);
             None: the id and kwargs as they are.
     """
 

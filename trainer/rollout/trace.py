@@ -16,10 +16,10 @@ import os
 import random
 from typing import IO, Any
 
-from .types import Trajectory
+from chatgym.trainer.rollout.types import Trajectory
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return dataclasses.asdict(value)
     if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
@@ -74,7 +74,7 @@ class TraceWriter:
         record: dict[str, Any] = {"batch": batch, **traj.to_json()}
         if self.tokenizer is not None:
             record["text"] = self.tokenizer.decode(traj.token_ids, skip_special_tokens=False)
-        self._file.write(json.dumps(record, ensure_ascii=False, default=_jsonable) + "\n")
+        self._file.write(json.dumps(record, ensure_ascii=False, default=jsonable) + "\n")
         self._file.flush()
         self.written += 1
         return True

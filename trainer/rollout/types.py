@@ -82,3 +82,14 @@ class Trajectory:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+BUDGETS = ("max_tokens", "max_response_tokens", "max_model_len")
+
+
+def hit_budget(traj: Trajectory) -> bool:
+    """True when the trajectory ended because a token budget ran out, not with EOS: its last turn
+    finished with ``length``, or the collector truncated it by a token budget before a turn."""
+    if traj.finish_reasons and traj.finish_reasons[-1] == "length":
+        return True
+    return bool(traj.truncated and traj.info.get("truncated_by") in BUDGETS)

@@ -1,0 +1,1 @@
+"""Judge-v0: MT-bench questions answered and revised under an LLM judge's rating."""

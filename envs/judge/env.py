@@ -1,0 +1,275 @@
+"""Judge-v0: answer MT-bench questions; a judge agent scores each answer (and may ask for a revision).
+
+Data: MT-bench's 80 two-turn questions (:mod:`chatgym.envs.judge.mtbench`). The judge follows
+MT-bench's single-answer grading (Zheng et al. 2023, arXiv:2306.05685; FastChat's ``single-v1``,
+``single-math-v1`` and their multi-turn forms): a rubric prompt (``prompts/judge_*.txt``; the
+``_ref`` forms carry the reference answer, used where the question has one) and a rating written
+``[[r]]``, ``1 <= r <= 10``. This is generative reward modelling (GenRM): the reward is parsed from a
+model's text.
+
+Episode: the user asks turn 1; the agent answers; the judge scores the answer. With
+``max_revisions > 0`` and a rating below ``accept_rating``, the judge's critique (its text without
+the rating) comes back as the next user turn (``prompts/judge_feedback.txt``) and the agent revises;
+the last rating of a question turn counts. Then the user asks turn 2, judged with the multi-turn
+prompt on the final answers. Each question turn's reward is ``(rating - 1) / 9 / n_turns``, given on
+the step that closes it, so the episode return is in [0, 1]; ``info["reward_components"]`` has one
+entry per question turn and ``info["ratings"]`` every rating.
+
+A judge reply with no valid rating is asked again (``judge_retries`` times, each a new sample); if
+it still has none, the episode ends ``truncated`` with reward 0 and ``info["status"] =
+"judge_error"`` and ``info["judge_error"]`` saying why — never a made-up score. Filter those
+trajectories out of training (their 0 is not the agent's score).
+
+The judge is any :class:`~chatgym.envs.agents.Responder` (an engine through
+``chatgym.trainer.engines.responder``, possibly the policy's own engine). A judge being trained
+returns its own samples (``respond_with_trace``); they are in ``info["judge_traces"]``, each with
+the rating parsed from it (``None`` when malformed), so the judge can be trained too. The default
+judge, :class:`ReferenceF1Judge`, is rule-based (token F1 against the reference answer), runs
+offline, and can only judge questions with a reference answer: without a judge, the default split is
+``"reference"``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from chatgym.envs import messages as M
+from chatgym.envs.agents import Responder, ask
+from chatgym.envs.core import AssistantTurn, ChatEnv, StepOutcome, load_prompt
+from chatgym.envs.judge.mtbench import load_mtbench
+from chatgym.envs.messages import Message
+from chatgym.envs.parsers import ParsedAction
+from chatgym.envs.search.qa_metrics import token_f1
+
+_RATING = re.compile(r"\[\[\s*(\d+(?:\.\d+)?)\s*\]\]")
+_PLACEHOLDER = re.compile(r"\{(\w+)\}")
+_RATING_LINE = re.compile(r"(?:\b[Rr]ating:\s*)?\[\[\s*\d+(?:\.\d+)?\s*\]\]\.?")
+
+
+def parse_rating(text: str) -> tuple[float | None, str | None]:
+    """The judge's rating: the LAST ``[[r]]`` in ``text`` (an earlier one may echo the format's
+    example); returns ``(rating, None)`` or ``(None, why)`` when there is none or it is outside 1..10."""
+    found = _RATING.findall(text)
+    if not found:
+        return None, f"no [[rating]] in judge output: {text[-300:]!r}"
+    rating = float(found[-1])
+    if not 1 <= rating <= 10:
+        return None, f"judge rating {found[-1]} is outside 1..10"
+    return rating, None
+
+
+def critique_of(text: str) -> str:
+    """The judge's explanation without the rating."""
+    return _RATING_LINE.sub("", text).strip() or "No further comments."
+
+
+def fill(template: str, values: dict[str, str]) -> str:
+    """Replace ``{name}`` placeholders in ONE pass, so braces inside the values (code answers) are
+    left alone. Unknown names stay as written."""
+    return _PLACEHOLDER.sub(lambda m: values.get(m.group(1), m.group(0)), template)
+
+
+def _between(text: str, start: str, end: str) -> str | None:
+    i = text.rfind(start)
+    if i < 0:
+        return None
+    j = text.find(end, i + len(start))
+    return text[i + len(start) : j if j >= 0 else len(text)].strip()
+
+
+class _NoTools:
+    """Judge-v0 answers are prose; nothing in them is a tool call."""
+
+    name = "none"
+
+    def parse(self, text: str) -> ParsedAction:
+        return ParsedAction(text, [], [])
+
+
+class ReferenceF1Judge:
+    """Rule-based judge: ``rating = 1 + round(9 * F1)``, F1 = SQuAD token F1 of the judged answer
+    against the reference answer, both read back from the ``_ref`` rubric prompts. Deterministic
+    and offline (for tests and ``check_env``); it is no substitute for a model judge."""
+
+    async def respond(self, messages: list[Message]) -> Message:
+        prompt = messages[-1]["content"]
+        if "### Reference answer:" in prompt:  # multi-turn form: judge the second answer
+            answer = _between(prompt, "### Assistant A:\n", "<|The End of Assistant A's Conversation")
+            reference = _between(prompt, "### Reference answer:\n", "<|The End of Reference Answer|>")
+        else:
+            answer = _between(
+                prompt, "[The Start of Assistant's Answer]\n", "[The End of Assistant's Answer]"
+            )
+            reference = _between(prompt, "[The Start of Reference Answer]\n", "[The End of Reference Answer]")
+        if reference is None or answer is None:
+            return M.assistant("I need a reference answer to judge this; I cannot rate it.")
+        f1 = token_f1(answer, [reference])
+        return M.assistant(f"Token F1 with the reference answer: {f1:.3f}.\nRating: [[{1 + round(9 * f1)}]]")
+
+
+class JudgeEnv(ChatEnv):
+    """Judge-v0 (see the module docstring).
+
+    Args:
+        split: ``"all"`` (80 questions) or ``"reference"`` (30 with reference answers); default
+            ``"all"`` with a judge given, ``"reference"`` with the default rule-based judge.
+        judge: a :class:`~chatgym.envs.agents.Responder`, or None for :class:`ReferenceF1Judge`.
+        max_revisions: judge-feedback rounds allowed per question turn (0: no feedback).
+        accept_rating: a rating at or above this ends the feedback rounds of a turn.
+        judge_retries: extra judge samples when a reply has no valid rating.
+        system_prompt: optional system message for the agent (MT-bench uses none).
+        kwargs: passed to :class:`ChatEnv` (``render_mode``; ``max_turns`` defaults to
+            ``2 * (max_revisions + 1)``, enough for every turn).
+
+    Raises:
+        ValueError: unknown split, ``max_revisions < 0``, ``judge_retries < 0``, or
+            ``accept_rating`` outside 1..10.
+    """
+
+    def __init__(
+        self,
+        *,
+        split: str | None = None,
+        judge: Responder | None = None,
+        max_revisions: int = 0,
+        accept_rating: float = 10.0,
+        judge_retries: int = 1,
+        system_prompt: str | None = None,
+        **kwargs: Any,
+    ):
+        if split is None:
+            split = "all" if judge is not None else "reference"
+        if split not in ("all", "reference"):
+            raise ValueError(f"split must be 'all' or 'reference', got {split!r}")
+        if max_revisions < 0:
+            raise ValueError(f"max_revisions must be >= 0, got {max_revisions}")
+        if judge_retries < 0:
+            raise ValueError(f"judge_retries must be >= 0, got {judge_retries}")
+        if not 1 <= accept_rating <= 10:
+            raise ValueError(f"accept_rating must be in 1..10, got {accept_rating}")
+        kwargs.setdefault("max_turns", 2 * (max_revisions + 1))
+        # Answers are prose: no tool calls are parsed out of them.
+        kwargs.setdefault("parser", _NoTools())
+        super().__init__(split=split, **kwargs)
+        self.judge: Responder = judge if judge is not None else ReferenceF1Judge()
+        self.max_revisions = max_revisions
+        self.accept_rating = accept_rating
+        self.judge_retries = judge_retries
+        self.system_prompt = system_prompt
+
+    def load_tasks(self, split: str) -> Sequence[dict[str, Any]]:
+        return load_mtbench(split)
+
+    async def on_reset(self, task: dict[str, Any]) -> None:
+        if isinstance(self.judge, ReferenceF1Judge) and not task.get("reference"):
+            raise ValueError(
+                f"{task.get('task_id')} has no reference answer, which the default rule-based judge "
+                "needs; pass judge= (a model judge) or use split='reference'"
+            )
+        self.q_turn = 0  # index of the question turn being answered
+        self.revisions = 0
+        self.answers: list[str] = []  # final answer of each question turn
+        self.ratings: list[list[float]] = [[] for _ in task["turns"]]
+        self.components: dict[str, float] = {}
+        self.judge_traces: list[dict[str, Any]] = []
+
+    def initial_messages(self, task: dict[str, Any]) -> list[Message]:
+        first = [M.system(self.system_prompt)] if self.system_prompt else []
+        return [*first, M.user(task["turns"][0])]
+
+    # ---- judging ---------------------------------------------------------------------------
+
+    def judge_prompt(self, answer: str) -> str:
+        """The rubric prompt for the current question turn's ``answer``."""
+        task = self.task
+        ref = task.get("reference")
+        values = {"question_1": task["turns"][0], "answer_1": answer if self.q_turn == 0 else self.answers[0]}
+        if self.q_turn == 0:
+            name = "judge_single_ref.txt" if ref else "judge_single.txt"
+        else:
+            name = "judge_multi_ref.txt" if ref else "judge_multi.txt"
+            values.update(question_2=task["turns"][1], answer_2=answer)
+        if ref:
+            values.update(ref_answer_1=ref[0], ref_answer_2=ref[1] if len(ref) > 1 else "")
+        return fill(load_prompt(__package__, name), values)
+
+    async def _judge(self, answer: str) -> tuple[float | None, str, str | None]:
+        """Ask the judge (with retries); returns ``(rating, judge_text, error)``."""
+        view = [M.user(self.judge_prompt(answer))]
+        text, error = "", None
+        for attempt in range(self.judge_retries + 1):
+            reply, trace = await ask(self.judge, view)
+            text = reply["content"]
+            rating, error = parse_rating(text)
+            if trace is not None:
+                self.judge_traces.append(
+                    {
+                        **trace,
+                        "question_turn": self.q_turn,
+                        "attempt": attempt,
+                        "rating": rating,
+                        "error": error,
+                    }
+                )
+            if rating is not None:
+                return rating, text, None
+        return None, text, error
+
+    async def react(self, turn: AssistantTurn) -> StepOutcome:
+        answer = turn.message["content"]
+        rating, text, error = await self._judge(answer)
+        info: dict[str, Any] = {"question_turn": self.q_turn + 1, "judge_output": text}
+        if self.judge_traces:
+            info["judge_traces"] = list(self.judge_traces)
+        if rating is None:
+            info.update(status="judge_error", judge_error=error, ratings=[list(r) for r in self.ratings])
+            self.force_truncate = True
+            return StepOutcome(reward=0.0, terminated=False, info=info)
+        self.ratings[self.q_turn].append(rating)
+        info.update(status="ok", rating=rating, ratings=[list(r) for r in self.ratings])
+        if rating < self.accept_rating and self.revisions < self.max_revisions:
+            self.revisions += 1
+            feedback = fill(
+                load_prompt(__package__, "judge_feedback.txt"), {"rating": f"{rating:g}", "critique": critique_of(text)}
+            )
+            info["reward_components"] = dict(self.components)
+            return StepOutcome(messages=[M.user(feedback)], info=info)
+        n = len(self.task["turns"])
+        reward = (rating - 1.0) / 9.0 / n
+        self.components[f"turn_{self.q_turn + 1}"] = reward
+        info["reward_components"] = dict(self.components)
+        self.answers.append(answer)
+        self.q_turn += 1
+        self.revisions = 0
+        if self.q_turn == n:
+            return StepOutcome(reward=reward, terminated=True, info=info)
+        return StepOutcome(messages=[M.user(self.task["turns"][self.q_turn])], reward=reward, info=info)
+
+    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        self.force_truncate = False
+        return await super().areset(seed=seed, options=options)
+
+    async def astep(self, action: str | Message):
+        obs, reward, terminated, truncated, info = await super().astep(action)
+        if self.force_truncate:  # a judge failure ends the episode without a score
+            self._done = True
+            return obs, reward, False, True, info
+        return obs, reward, terminated, truncated, info
+
+    # ---- the scripted reference agent ------------------------------------------------------
+
+    def reference_action(self) -> str:
+        """The reference answer of the current question turn.
+
+        Raises:
+            RuntimeError: called before ``reset``.
+            NotImplementedError: the question has no reference answer (50 of MT-bench's 80).
+        """
+        if self.task is None:
+            raise RuntimeError("call reset() before reference_action()")
+        ref = self.task.get("reference")
+        if not ref:
+            raise NotImplementedError(f"{self.task.get('task_id')} has no reference answer")
+        return ref[min(self.q_turn, len(ref) - 1)]

@@ -1,0 +1,1 @@
+"""Wrappers around any env: GenRM (an LLM judge scores the finished episode)."""

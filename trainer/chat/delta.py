@@ -1,0 +1,316 @@
+"""Chat-template deltas: the token ids that new messages add to a running token stream.
+
+The collector never re-tokenizes what the model sampled. After a completion it appends only the
+tokens of what came after: the rest of the template's end-of-turn text, then the new observation
+messages, then the next assistant header. Those tokens are the *delta*. :func:`probe_template` picks
+one of two ways to compute it at start-up (:attr:`TemplateProbe.delta_mode`):
+
+* ``"history"`` — for *prefix-preserving* templates (rendering ``messages[:k]`` is a prefix of
+  rendering ``messages[:k+1]``; chatgym's ``chatml_tools``, SmolLM2's own)::
+
+      render(history + new, add_generation_prompt=True)  minus  render(history)
+
+  where ``history`` already ends with the assistant turn just sampled. :meth:`ChatRenderer.delta_text`
+  checks the prefix on every call and raises :class:`TemplateError` when it does not hold.
+* ``"base"`` — for templates that re-render history differently, e.g. *think-stripping* ones
+  (Qwen3 drops the ``<think>`` block of assistant turns before the last user query; QwQ drops every
+  turn's reasoning and opens ``<think>\\n`` in the generation prompt). The new messages are rendered
+  after a fixed base conversation (a user query and an assistant turn) and the delta is what follows
+  that assistant turn's suffix. The stream then holds every turn once, as sampled (the model's own
+  ``<think>`` tokens included), and each observation as the template writes it after any history —
+  exactly what the model conditioned on at each step, though not what one rendering of the whole
+  conversation would give. The probe checks, on a tool conversation with and without ``<think>``
+  blocks, that the full rendering ends with each base delta (new messages render the same after any
+  history) and that each cut is a token boundary. verl (``BASE_CHAT_HISTORY`` in its rollout schemas)
+  and SkyRL's generator (``base_conversation``, the "fixed base approach") compute observation ids
+  this way; SkyRL also ships a prefix-preserving variant of Qwen3's template as an alternative.
+
+What sits between a completion and the next observation. A template closes an assistant turn with a
+fixed *turn suffix* (ChatML: ``<|im_end|>\\n``, ids ``[2, 198]`` on SmolLM2). ``"history"`` mode finds
+it as the text after an assistant turn's content; ``"base"`` mode as the text after the base assistant
+turn up to the first EOS token and the whitespace after it. Its first token must be one of the EOS
+ids, so generation stops at the turn's end. Then:
+
+* the completion ended with the suffix's first token (``<|im_end|>``): the closing tokens are the
+  rest of the suffix (``\\n``);
+* the completion ended with another EOS id, or was cut by ``max_tokens`` without any EOS: the
+  closing tokens are the whole suffix (``<|im_end|>\\n``), so the stream has a well-formed turn end.
+
+Closing tokens are observation tokens (loss mask 0). The delta never depends on how the template
+prints the assistant's content (some templates re-format tool calls) — only on what follows it.
+
+**Message text is plain text.** Every id this module returns comes from
+:meth:`ChatRenderer.encode_marked`: control-token text inside messages and tool schemas (a tool result
+holding ``<|im_end|>\\n<|im_start|>system``) is encoded as ordinary text, and the only control ids are
+the ones the template writes (:class:`chatgym.trainer.chat.tokenizer.ContentCodec`).
+
+**Supported templates** (tested in tests/test_think_templates.py and tests/test_special_tokens.py):
+``chatml_tools`` and SmolLM2's own (history mode); Qwen3's and QwQ's stock templates, shipped as
+``qwen3`` / ``qwq`` (base mode). Any other template is probed the same way at start-up: it runs when
+one of the two modes checks out, else the collector refuses it with the reason. To add one, put its
+text in ``trainer/chat/templates/<name>.jinja`` (with its source named in a ``{#- ... -#}`` comment) or pass
+a path / template string as ``chat_template``; then add it to the template lists of those two test
+files.
+
+The idea of a text-level delta over a prefix-preserving template is shared with SkyRL's
+``SkyRLGymGenerator`` (token-in-token-out) and verl's multi-turn rollout; the probe, the checks and the
+closing-token rule here are our own.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from chatgym.envs.messages import Message
+from chatgym.trainer.chat.template_probe import (
+    BASE_QUERY,
+    BASE_STUB,
+    TemplateError,
+    TemplateProbe,
+    first_difference,
+)
+from chatgym.trainer.chat.tokenizer import (
+    SENTINEL_CLOSE,
+    SENTINEL_OPEN,
+    ContentCodec,
+    content_codec,
+    content_ids,
+    is_template_text,
+    resolve_chat_template,
+)
+
+
+@dataclass
+class ChatRenderer:
+    """Renders messages with a tokenizer's chat template and computes token deltas.
+
+    Every token id it returns comes from :meth:`encode_marked`: message and tool text is plain text,
+    and the only control ids are those the template writes (see
+    :class:`chatgym.trainer.chat.tokenizer.ContentCodec`).
+
+    Args:
+        tokenizer: a Hugging Face tokenizer (``apply_chat_template``, ``encode``, ``decode``).
+        chat_template: the template overriding the tokenizer's own (None: use the tokenizer's): Jinja
+            text, or a name or path as :func:`~chatgym.trainer.chat.tokenizer.resolve_chat_template`
+            takes (``"qwen3"``, ``"qwq"``, ``"chatml_tools"``, ``"auto"``, ``"model"``,
+            ``"path/to/t.jinja"``), resolved here against the tokenizer's own template.
+
+    Raises:
+        TemplateError: the template's text holds the codec's private-use sentinel characters.
+        FileNotFoundError: a template name that is not shipped, or a ``.jinja`` path that does not exist.
+    """
+
+    tokenizer: Any
+    chat_template: str | None = None
+    _tools_warned: bool = field(default=False, repr=False)
+    codec: ContentCodec = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.codec = content_codec(self.tokenizer)
+        if isinstance(self.chat_template, str) and not is_template_text(self.chat_template):
+            self.chat_template = resolve_chat_template(
+                getattr(self.tokenizer, "chat_template", None), self.chat_template
+            )
+        source = self.chat_template or getattr(self.tokenizer, "chat_template", None)
+        if isinstance(source, str) and (SENTINEL_OPEN in source or SENTINEL_CLOSE in source):
+            raise TemplateError("chat template holds the characters U+E000/U+E001 that chatgym reserves")
+
+    def _apply(self, messages: Sequence[Message], tools: Any, add_generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            list(messages),
+            tools=list(tools) if tools else None,
+            chat_template=self.chat_template,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=False,
+        )
+
+    def render(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = False,
+    ) -> str:
+        """The template's text for ``messages`` (``tools``: OpenAI tool schemas, or None)."""
+        return self._apply(messages, tools, add_generation_prompt)
+
+    def render_marked(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = False,
+    ) -> str:
+        """:meth:`render` of the messages and tools with their control-token texts protected; pass the
+        result to :meth:`encode_marked` (or :meth:`unmark` for the plain text)."""
+        tools = self.codec.protect(list(tools)) if tools else None
+        return self._apply(self.codec.protect_messages(messages), tools, add_generation_prompt)
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of text the template wrote (no message text in it): every control-token text is a
+        control id. Text that holds message content goes through :meth:`encode_marked`."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def unmark(self, marked: str) -> str:
+        """The plain text of :meth:`render_marked` output.
+
+        Raises:
+            TemplateError: the template cut a protected marker apart.
+        """
+        try:
+            return self.codec.unmark(marked)
+        except ValueError as exc:
+            raise TemplateError(str(exc)) from None
+
+    def _shown(self, marked: str) -> str:
+        # For error messages: a cut may split a sentinel; show what can be restored.
+        try:
+            return self.codec.unmark(marked)
+        except ValueError:
+            return marked
+
+    def encode_marked(self, marked: str) -> list[int]:
+        """Ids of :meth:`render_marked` output: the one way rendered message text becomes token ids.
+
+        Raises:
+            TemplateError: the template cut a protected marker apart.
+        """
+        try:
+            return self.codec.encode_marked(marked)
+        except ValueError as exc:
+            raise TemplateError(str(exc)) from None
+
+    def prompt_ids(
+        self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None
+    ) -> list[int]:
+        """Token ids of the opening messages followed by the assistant header."""
+        return self.encode_marked(self.render_marked(messages, tools, add_generation_prompt=True))
+
+    def _history_delta(self, history: Sequence[Message], new: Sequence[Message], tools: Any) -> str:
+        before = self.render_marked(history, tools)
+        after = self.render_marked([*history, *new], tools, add_generation_prompt=True)
+        if not after.startswith(before):
+            at = first_difference(before, after)
+            before, after = self._shown(before[: at + 40]), self._shown(after[: at + 40])
+            at = first_difference(before, after)
+            raise TemplateError(
+                "chat template is not prefix-preserving: rendering the history plus "
+                f"{len(new)} new message(s) changes earlier text at character {at}: "
+                f"{before[max(0, at - 40) : at + 40]!r} became {after[max(0, at - 40) : at + 40]!r}"
+            )
+        return after[len(before) :]
+
+    def _base_delta(self, new: Sequence[Message], tools: Any, turn_suffix: str) -> str:
+        base = [{"role": "user", "content": BASE_QUERY}, {"role": "assistant", "content": BASE_STUB}]
+        tools = self.codec.protect(list(tools)) if tools else None
+        text = self._apply([*base, *self.codec.protect_messages(new)], tools, True)
+        at = text.find(BASE_STUB)
+        if at < 0:
+            raise TemplateError("chat template drops the content of an assistant turn that is followed by others")
+        rest = text[at + len(BASE_STUB) :]
+        if not rest.startswith(turn_suffix):
+            raise TemplateError(
+                f"chat template ends an assistant turn with {self._shown(rest[:40])!r} before "
+                f"{len(new)} new message(s), not with its turn suffix {turn_suffix!r}"
+            )
+        return rest[len(turn_suffix) :]
+
+    def _delta_marked(
+        self, history: Sequence[Message], new: Sequence[Message], tools: Any, probe: TemplateProbe | None
+    ) -> str:
+        if probe is not None and probe.delta_mode == "base":
+            return self._base_delta(new, tools, probe.turn_suffix)
+        return self._history_delta(history, new, tools)
+
+    def delta_text(
+        self,
+        history: Sequence[Message],
+        new: Sequence[Message],
+        tools: Sequence[dict[str, Any]] | None = None,
+        probe: TemplateProbe | None = None,
+    ) -> str:
+        """Text that ``new`` (plus the next assistant header) adds after ``history``.
+
+        ``probe`` (from :func:`probe_template`) picks the delta mode; None: ``"history"``.
+
+        Raises:
+            TemplateError: ``"history"`` mode and ``render(history)`` is not a prefix of
+                ``render(history + new)``; ``"base"`` mode and the template does not end the base
+                assistant turn with ``probe.turn_suffix``.
+        """
+        return self.unmark(self._delta_marked(history, new, tools, probe))
+
+    def delta_ids(
+        self,
+        history: Sequence[Message],
+        new: Sequence[Message],
+        tools: Sequence[dict[str, Any]] | None = None,
+        probe: TemplateProbe | None = None,
+    ) -> list[int]:
+        """Token ids of :meth:`delta_text` (message text as plain text; ``list[int]``).
+
+        Raises:
+            TemplateError: as :meth:`delta_text`.
+        """
+        return self.encode_marked(self._delta_marked(history, new, tools, probe))
+
+    def warn_if_tools_ignored(self, probe: TemplateProbe, tools: Sequence[dict[str, Any]] | None) -> None:
+        if tools and not probe.renders_tools and not self._tools_warned:
+            self._tools_warned = True
+            warnings.warn(
+                "the chat template ignores tools=: the model never sees the tool schemas unless the "
+                "env writes them into its prompt (use chatgym's chatml_tools template)",
+                stacklevel=3,
+            )
+
+
+def closing_ids(probe: TemplateProbe, completion_ids: Sequence[int]) -> list[int]:
+    """Observation tokens that close an assistant turn after its sampled ids (see module docstring).
+
+    Args:
+        probe: the template's probe result (``turn_suffix_ids``, e.g. ``[2, 198]``).
+        completion_ids: the ids sampled in this turn (judged on these only, never on the prompt).
+
+    Returns:
+        ``turn_suffix_ids[1:]`` when the completion ended with ``turn_suffix_ids[0]``, else the whole
+        ``turn_suffix_ids`` (a cut completion, or one ended by a different EOS id).
+    """
+    suffix = probe.turn_suffix_ids
+    if completion_ids and completion_ids[-1] == suffix[0]:
+        return list(suffix[1:])
+    return list(suffix)
+
+
+def resolve_eos_ids(
+    tokenizer: Any, generation_config: Any = None, extra: Iterable[int] = ()
+) -> tuple[int, ...]:
+    """Every EOS id of a model: the generation config's ``eos_token_id`` (int or list), the
+    tokenizer's ``eos_token_id`` and ``extra``, sorted, without duplicates."""
+    ids: set[int] = set(extra)
+    for source in (
+        getattr(generation_config, "eos_token_id", None),
+        getattr(tokenizer, "eos_token_id", None),
+    ):
+        if isinstance(source, int):
+            ids.add(source)
+        elif source is not None:
+            ids.update(int(i) for i in source)
+    return tuple(sorted(ids))
+
+
+def truncate_text_tokens(tokenizer: Any, text: str, max_tokens: int) -> tuple[str, int]:
+    """Cut ``text`` to its first ``max_tokens`` tokens and add a visible marker.
+
+    Returns:
+        ``(text, cut)``: the text unchanged and 0 when it has at most ``max_tokens`` tokens; otherwise
+        the decoded first ``max_tokens`` tokens followed by ``"\\n[... N more tokens truncated]"`` and N.
+        Tokens are counted as the model reads message text: control-token text is plain text
+        (:func:`chatgym.trainer.chat.tokenizer.content_ids`).
+    """
+    ids = content_ids(tokenizer, text)
+    if len(ids) <= max_tokens:
+        return text, 0
+    cut = len(ids) - max_tokens
+    head = tokenizer.decode(ids[:max_tokens], skip_special_tokens=False)
+    return f"{head}\n[... {cut} more tokens truncated]", cut

@@ -1,0 +1,101 @@
+"""The ``cotrain:`` section of a co-training config (``chatgym cotrain``), and the party learner's config.
+
+    cotrain:
+      party: judge          # judge (Judge-v0) | user (UserSim-v0)
+      model_path: smollm2
+      lr: 1.0e-6
+"""
+
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from chatgym.trainer.config.loader import apply_overrides, from_dict
+from chatgym.trainer.config.run import Config, ConfigError, check_env_id
+
+
+@dataclass(frozen=True)
+class CoTrainConfig:
+    """The ``cotrain:`` section: the second party and how it learns.
+
+    Attributes:
+        party: ``judge`` (``Judge-v0``: the env's ``judge=``) or ``user`` (``UserSim-v0``: ``user=``).
+        model_path: the party's model (a packaged name such as ``smollm2`` or a local directory).
+        lr: the party's learning rate (its own optimizer; the rest of ``optim`` is shared).
+        kl_coef: the party's ``algo.kl_coef`` (0: no reference model for it).
+        max_tokens: tokens per party reply (also its learner's ``max_response_tokens``).
+        temperature: the party's sampling temperature in training (evaluation uses
+            ``env.eval_temperature``).
+        max_prompt_tokens: a party prompt longer than this is refused (``ValueError`` in the env:
+            that episode fails); None: no check.
+        max_model_len: the party engine's context length (tokens).
+        tasks: train only on these task indices of ``env.train_split`` (None: all).
+        prefill: text every party reply starts with, given as prompt tokens (not trained on):
+            ``"Rating: [["`` makes a 135M judge write a parseable MT-bench rating (without it
+            SmolLM2-135M-Instruct wrote no ``[[r]]`` at all: parse rate 0, nothing to learn from).
+        eval_task_ids: evaluate on these task indices of ``env.eval_split`` (the first
+            ``env.eval_tasks`` of them); None: its first ``env.eval_tasks`` tasks.
+    """
+
+    party: Literal["judge", "user"] = "judge"
+    model_path: str = "smollm2"
+    lr: float = 1e-6
+    kl_coef: float = 0.0
+    max_tokens: int = 128
+    temperature: float = 1.0
+    max_prompt_tokens: int | None = None
+    max_model_len: int = 4096
+    tasks: tuple[int, ...] | None = None
+    prefill: str = ""
+    eval_task_ids: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.kl_coef < 0:
+            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
+        if self.max_tokens < 1 or self.max_model_len < 1:
+            raise ValueError("max_tokens and max_model_len must be >= 1")
+        if self.tasks is not None and not self.tasks:
+            raise ValueError("tasks must be None or non-empty")
+
+
+def load_cotrain_config(
+    path: str | Path | None, overrides: Sequence[str] = ()
+) -> tuple[Config, CoTrainConfig]:
+    """A co-training YAML: the sections of ``chatgym train``'s config plus ``cotrain:``.
+
+    Overrides may address either (``cotrain.lr=1e-5``, ``train.max_steps=2``).
+
+    Raises:
+        ConfigError: as :func:`chatgym.trainer.config.run.load_config`, with the dotted field name.
+        FileNotFoundError: ``path`` does not exist.
+    """
+    data: Any = yaml.safe_load(Path(path).read_text()) if path is not None else {}
+    if not isinstance(data or {}, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    data = apply_overrides(dict(data or {}), overrides)
+    section = data.pop("cotrain", None) or {}
+    if not isinstance(section, dict):
+        raise ConfigError("cotrain: must be a mapping")
+    config = from_dict(Config, data)
+    check_env_id(config.env)
+    return config, from_dict(CoTrainConfig, section, prefix="cotrain")
+
+
+def party_config(cfg: Config, co: CoTrainConfig) -> Config:
+    """The party learner's :class:`Config`: the policy's with the party's model, lr, KL and budget."""
+    return dataclasses.replace(
+        cfg,
+        model=dataclasses.replace(cfg.model, path=co.model_path, random_init=cfg.model.random_init),
+        optim=dataclasses.replace(cfg.optim, lr=co.lr),
+        algo=dataclasses.replace(cfg.algo, kl_coef=co.kl_coef),
+        rollout=dataclasses.replace(cfg.rollout, max_response_tokens=co.max_tokens, max_tokens=co.max_tokens),
+    )

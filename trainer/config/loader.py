@@ -1,0 +1,173 @@
+"""Frozen dataclasses from YAML-shaped dicts, checked field by field: the loader behind
+:func:`chatgym.trainer.config.run.load_config` (any config dataclass may use it; it knows none of them).
+
+Rules of :func:`from_dict`:
+
+- an unknown key fails with its dotted name and the close matches (``train.max_step`` -> did you mean
+  ``train.max_steps``?);
+- a value is checked against the field's annotation: ``int`` (not bool), ``float`` (an int or a
+  number written as a string, since YAML 1.1 reads ``1e-6`` as a string), ``bool``, ``str``,
+  ``X | None``, ``tuple[X, ...]``, ``Literal[...]``, ``dict[str, Any]`` and nested dataclasses;
+- each dataclass's own ``__post_init__`` checks (ranges, registered names) run, and their errors
+  are prefixed with the section's dotted name.
+
+Override values (:func:`apply_overrides`) are parsed as YAML (``train.max_steps=5`` is an int,
+``algo.tis_cap=null`` is None, ``lora.target_modules=[q_proj,v_proj]`` a list).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A bad config key or value; the message starts with the field's dotted name."""
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _convert(value: Any, tp: Any, name: str) -> Any:
+    """``value`` checked (and minimally converted) against annotation ``tp``; ConfigError names ``name``."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _convert(value, arg, name)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{name}: {value!r} matches none of {tp}")
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{name}: must be one of {list(args)}, got {value!r}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{name}: expected a mapping of {tp.__name__} fields, got {value!r}")
+        return from_dict(tp, value, prefix=name)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{name}: expected a list, got {value!r}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_convert(v, args[0], f"{name}[{i}]") for i, v in enumerate(value))
+        if len(value) != len(args):
+            raise ConfigError(f"{name}: expected {len(args)} items, got {len(value)}")
+        return tuple(_convert(v, a, f"{name}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=True)))
+    if origin in (dict, Mapping) or tp is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{name}: expected a mapping, got {value!r}")
+        return dict(value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name}: expected true/false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{name}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                raise ConfigError(f"{name}: expected a number, got {value!r}") from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{name}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{name}: expected a string, got {value!r}")
+        return value
+    raise ConfigError(f"{name}: unsupported field type {_type_name(tp)}")
+
+
+def from_dict(cls: type, data: Mapping[str, Any], prefix: str = "") -> Any:
+    """Build dataclass ``cls`` from ``data`` (missing keys keep their defaults).
+
+    Raises:
+        ConfigError: an unknown key, a value of the wrong type, or a failed ``__post_init__`` check;
+            the message starts with the dotted field name.
+    """
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    kwargs = {}
+    for key, value in data.items():
+        dotted = f"{prefix}.{key}" if prefix else str(key)
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=1)
+            hint = f"; did you mean {prefix + '.' if prefix else ''}{close[0]}?" if close else ""
+            raise ConfigError(f"{dotted}: unknown config key{hint} (valid: {', '.join(fields)})")
+        kwargs[key] = _convert(value, hints[key], dotted)
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(_name_field(str(exc), cls, prefix, list(fields))) from None
+
+
+def _name_field(message: str, cls: type, prefix: str, fields: list[str]) -> str:
+    """Make a ``__post_init__`` message start with the dotted field name.
+
+    Our sections already write ``algo.kl_coef ...``; a reused dataclass (``CollectorConfig``) writes
+    ``CollectorConfig.max_tokens ...`` or names the field inside a longer message.
+    """
+    if not prefix or message.startswith(prefix + "."):
+        return message
+    message = message.replace(f"{cls.__name__}.", f"{prefix}.")
+    if message.startswith(prefix + "."):
+        return message
+    named = [f for f in fields if re.search(rf"\b{re.escape(f)}\b", message)]
+    return f"{prefix}.{named[0] if len(named) == 1 else ''}: {message}".replace(".: ", ": ")
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Set ``key.sub=value`` pairs into a nested dict (a copy); values are parsed as YAML.
+
+    Raises:
+        ConfigError: an override without ``=`` or with an empty key.
+    """
+    out = yaml.safe_load(yaml.safe_dump(data)) or {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise ConfigError(f"override {item!r}: expected key.sub=value")
+        value = yaml.safe_load(raw) if raw.strip() else ""
+        node = out
+        parts = key.split(".")
+        for i, part in enumerate(parts[:-1]):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"{'.'.join(parts[: i + 1])}: is a value, cannot set {key}")
+            node = child
+        node[parts[-1]] = value
+    return out
+
+
+def config_to_dict(config: Any) -> dict[str, Any]:
+    """Plain nested dict of a config (tuples as lists), loadable again by :func:`from_dict`."""
+    return yaml.safe_load(yaml.safe_dump(_plain(dataclasses.asdict(config)))) or {}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value

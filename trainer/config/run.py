@@ -1,0 +1,459 @@
+"""The training run's configuration: frozen dataclasses, loaded from YAML with ``key.sub=value``
+overrides, checked field by field so a bad key or value fails at start with its dotted name.
+
+    cfg = load_config("examples/configs/math_grpo.yaml", ["algo.kl_coef=0.01", "train.max_steps=3"])
+
+The loader's rules (unknown keys, types, ``__post_init__`` errors named by their dotted field, YAML
+override values) are in :mod:`chatgym.trainer.config.loader`; :func:`load_config` adds the checks that
+need the outside world (the env id is registered).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from chatgym.trainer.algos import ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, KL_ESTIMATORS, POLICY_LOSSES
+from chatgym.trainer.config.loader import ConfigError, apply_overrides, config_to_dict, from_dict
+from chatgym.trainer.config.reward import RewardConfig
+from chatgym.trainer.config.runner import RayConfig, RunnerConfig
+from chatgym.trainer.rollout.config import CollectorConfig
+
+__all__ = [
+    "AlgoConfig",
+    "Config",
+    "ConfigError",
+    "EngineConfig",
+    "EnvConfig",
+    "LoraConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "RayConfig",
+    "RewardConfig",
+    "RunnerConfig",
+    "TrainConfig",
+    "apply_overrides",
+    "config_to_dict",
+    "from_dict",
+    "load_config",
+    "save_config",
+]
+
+
+def _positive(section: str, **values: float | int | None) -> None:
+    for name, value in values.items():
+        if value is not None and not value > 0:
+            raise ValueError(f"{section}.{name} must be > 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The policy model.
+
+    Attributes:
+        path: a packaged model name (``smollm2``) or a local Hugging Face model directory.
+        dtype: training dtype (``float32`` or ``bfloat16``; optimizer states follow it).
+        device: ``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda``, ``cuda:1``.
+        gradient_checkpointing: recompute activations in the backward pass (saves memory).
+        random_init: random weights of ``path``'s architecture (GPU checks without the weights).
+        config_overrides: architecture changes for ``random_init`` (e.g. ``num_hidden_layers: 2``).
+        value_head: add a scalar value head (needed by the ``gae`` advantage estimator).
+        compute_dtype: dtype of the matrix products in forward/backward (``torch.autocast``) of the
+            update and of the reference / old-logprob passes, the weights staying in ``dtype``.
+            ``auto``: with float32 weights, bfloat16 (mixed precision) on CUDA and on a CPU with native
+            bf16 (AVX-512 BF16 / AMX), float32 elsewhere (emulated bf16 is several times slower);
+            otherwise the weights' dtype. ``auto`` is resolved when the trainer is built and logged,
+            never written back into the saved config (it depends on the machine) — see
+            :func:`chatgym.trainer.learner.policy.resolve_compute_dtype`.
+        pack: the update's micro-batch layout. ``true``: each micro-batch's rows end to end in one
+            sequence, no padding (position ids restart per row, a block-diagonal mask, a GRPO group's
+            prompt once); ``false``: right-padded rows. ``auto``: packed on CPU, padded on CUDA (see
+            :func:`chatgym.trainer.learner.forward.resolve_pack`). Both give the same logprobs up to
+            float rounding.
+        pack_max_tokens: tokens per packed forward at most (the block-diagonal mask is a dense (N, N)
+            attention, so longer packs spend more on masked-out scores); None: 512 on CPU, 2048 on CUDA
+            (:func:`chatgym.trainer.learner.forward.resolve_pack`).
+    """
+
+    path: str = "smollm2"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    compute_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    device: str = "auto"
+    gradient_checkpointing: bool = False
+    random_init: bool = False
+    config_overrides: dict[str, Any] = field(default_factory=dict)
+    value_head: bool = False
+    pack: Literal["auto", True, False] = "auto"
+    pack_max_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        # Literal[True, False] also admits 1 and 0 (1 == True): only the words are meant.
+        if not (self.pack == "auto" or isinstance(self.pack, bool)):
+            raise ValueError(f"model.pack must be auto, true or false, got {self.pack!r}")
+        _positive("model", pack_max_tokens=self.pack_max_tokens)
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """Optional LoRA adapters (peft) instead of full fine-tuning.
+
+    Attributes:
+        enabled: train LoRA adapters only; the engine receives the merged weights.
+        r, alpha, dropout: rank, scaling numerator (scale = alpha / r) and dropout of the adapters.
+        target_modules: names of the linear layers that get adapters.
+    """
+
+    enabled: bool = False
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = (
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    )
+
+    def __post_init__(self) -> None:
+        _positive("lora", r=self.r, alpha=self.alpha)
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"lora.dropout must be in [0, 1), got {self.dropout}")
+        if not self.target_modules:
+            raise ValueError("lora.target_modules must name at least one module")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The inference engine that generates rollouts.
+
+    Attributes:
+        backend: an engine name of :data:`chatgym.trainer.engines.ENGINES` (``vllm``: in-process vLLM,
+            ``hf``: transformers).
+        dtype: the engine's dtype; ``auto`` is resolved when the engine is built (and logged; the config
+            keeps ``auto``, so ``config.yaml`` is the same on every machine) to ``bfloat16`` on GPUs and
+            CPUs with native bf16 (AVX-512 BF16 / AMX), else ``float32`` (emulated bf16 was 5.7x slower
+            than fp32 on an AVX2-only CPU) — see :func:`chatgym.trainer.engines.engine_dtype`.
+        options: backend-specific keyword arguments (e.g. ``enforce_eager``, ``kv_cache_gib``).
+    """
+
+    backend: str = "vllm"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from chatgym.trainer.engines import ENGINES
+
+        if self.backend not in ENGINES:
+            raise ValueError(f"engine.backend: unknown {self.backend!r}; choose one of {sorted(ENGINES)}")
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """The environment and its task splits.
+
+    Attributes:
+        id: a registered Gymnasium env id (``Math-v0``, ``CodeSandbox-v0``, ...).
+        kwargs: keyword arguments of ``gym.make`` (both splits).
+        train_split, eval_split: the env's split names for training and held-out evaluation.
+        eval_tasks: held-out tasks evaluated before and after training (0: no evaluation).
+        eval_every: also evaluate every N steps (0: only before and after).
+        eval_temperature: sampling temperature of evaluation (0: greedy).
+    """
+
+    id: str = "Math-v0"
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    train_split: str = "train"
+    eval_split: str = "test"
+    eval_tasks: int = 64
+    eval_every: int = 0
+    eval_temperature: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("eval_tasks", "eval_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"env.{name} must be >= 0, got {getattr(self, name)}")
+        if "split" in self.kwargs:
+            raise ValueError("env.kwargs must not set 'split'; use env.train_split / env.eval_split")
+
+
+def check_env_id(env: EnvConfig) -> None:
+    """Fail at load, before minutes of engine start-up, when ``env.id`` is not a registered Gymnasium
+    id (run by :func:`load_config`; not in ``EnvConfig.__post_init__``, so building a config never
+    reads the registry).
+
+    Raises:
+        ConfigError: ``env.id: unknown env ...`` with the chatgym env ids.
+    """
+    import gymnasium as gym
+
+    import chatgym  # noqa: F401  (registers the env ids)
+
+    if env.id not in gym.registry:
+        from chatgym.envs.registration import ENV_SPECS
+
+        known = ", ".join(sorted(ENV_SPECS))
+        raise ConfigError(f"env.id: unknown env {env.id!r}; chatgym envs: {known}")
+
+
+# Arguments the trainer passes to an advantage estimator / policy loss itself: not ``*_kwargs`` keys.
+_ESTIMATOR_INPUTS = frozenset(
+    {"token_rewards", "mask", "group_ids", "values", "truncated", "bootstrap_values"}
+)
+_POLICY_LOSS_INPUTS = frozenset({"logprobs", "old_logprobs", "advantages", "mask", "is_weights"})
+
+
+def check_kwargs(section: str, fn: Any, kwargs: Mapping[str, Any], passed: frozenset[str]) -> None:
+    """Raise ValueError naming ``section`` when ``kwargs`` holds a key that ``fn`` (a registered
+    estimator or loss) does not take as a keyword, listing the names it does take."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    allowed = sorted(
+        name
+        for name, p in params.items()
+        if name not in passed and p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    )
+    for key in kwargs:
+        if key not in allowed:
+            raise ValueError(
+                f"{section}: unknown key {key!r} for {getattr(fn, '__name__', fn)}; allowed: {allowed or 'none'}"
+            )
+
+
+@dataclass(frozen=True)
+class AlgoConfig:
+    """The RL algorithm (names are those registered in :mod:`chatgym.trainer.algos`).
+
+    Attributes:
+        advantage: advantage estimator (``grpo``, ``dr_grpo``, ``rloo``, ``reinforce_plus_plus``,
+            ``reinforce_plus_plus_baseline``, ``gae``, ``tppo``); ``advantage_kwargs`` its parameters.
+        policy_loss: ``ppo_clip``, ``clip_higher`` or ``dual_clip``; ``policy_loss_kwargs`` its ε/c.
+        loss_agg: loss aggregation mode; ``loss_norm_constant`` its C (``seq-mean-token-sum-norm``).
+        kl_coef: β of the KL to the reference model (0: no reference model is loaded).
+        kl_estimator: ``k1``, ``k2`` or ``k3``; ``kl_in_reward``: subtract β·KL from the token
+            rewards instead of adding β·KL to the loss.
+        entropy_coef: weight of an entropy bonus (subtracted from the loss).
+        tis_cap: truncated importance-sampling cap C for the engine-vs-trainer mismatch (None: off).
+        ppo_epochs: passes over each rollout batch; mini_batches: optimizer steps per pass.
+        dynamic_sampling: drop groups whose rewards are all equal (DAPO) before the update.
+        mask_truncated: zero the loss mask of completions cut by a token budget (DAPO).
+        missing_eos_penalty: subtracted from the reward of completions without EOS (0: off).
+        overlong_buffer: DAPO's L_cache in tokens (0: off), with ``overlong_penalty`` as the factor;
+            L_max is ``rollout.max_response_tokens``.
+        value_loss_coef, value_clip: weight and clip range of the value loss (``gae``, ``tppo``).
+    """
+
+    advantage: str = "grpo"
+    advantage_kwargs: dict[str, Any] = field(default_factory=dict)
+    policy_loss: str = "ppo_clip"
+    policy_loss_kwargs: dict[str, Any] = field(default_factory=dict)
+    loss_agg: str = "token-mean"
+    loss_norm_constant: float | None = None
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    kl_in_reward: bool = False
+    entropy_coef: float = 0.0
+    tis_cap: float | None = 2.0
+    ppo_epochs: int = 1
+    mini_batches: int = 1
+    dynamic_sampling: bool = False
+    mask_truncated: bool = False
+    missing_eos_penalty: float = 0.0
+    overlong_buffer: int = 0
+    overlong_penalty: float = 1.0
+    value_loss_coef: float = 0.5
+    value_clip: float | None = 0.2
+
+    def __post_init__(self) -> None:
+        for name, table in (
+            ("advantage", ADVANTAGE_ESTIMATORS),
+            ("policy_loss", POLICY_LOSSES),
+            ("loss_agg", AGGREGATION_MODES),
+            ("kl_estimator", KL_ESTIMATORS),
+        ):
+            value = getattr(self, name)
+            if value not in table:
+                raise ValueError(f"algo.{name}: unknown {value!r}; choose one of {sorted(table)}")
+        check_kwargs(
+            "algo.advantage_kwargs",
+            ADVANTAGE_ESTIMATORS[self.advantage],
+            self.advantage_kwargs,
+            _ESTIMATOR_INPUTS,
+        )
+        check_kwargs(
+            "algo.policy_loss_kwargs", POLICY_LOSSES[self.policy_loss], self.policy_loss_kwargs, _POLICY_LOSS_INPUTS
+        )
+        if self.loss_agg == "seq-mean-token-sum-norm" and self.loss_norm_constant is None:
+            raise ValueError("algo.loss_norm_constant is required with loss_agg 'seq-mean-token-sum-norm'")
+        for name in ("kl_coef", "entropy_coef", "missing_eos_penalty", "overlong_penalty", "value_loss_coef"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"algo.{name} must be >= 0, got {getattr(self, name)}")
+        if self.overlong_buffer < 0:
+            raise ValueError(f"algo.overlong_buffer must be >= 0, got {self.overlong_buffer}")
+        _positive("algo", tis_cap=self.tis_cap, ppo_epochs=self.ppo_epochs, mini_batches=self.mini_batches)
+        _positive("algo", loss_norm_constant=self.loss_norm_constant, value_clip=self.value_clip)
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW with a warm-up then constant / linear / cosine learning-rate schedule.
+
+    Attributes:
+        lr: peak learning rate; value_lr: the value head's (None: same as ``lr``).
+        weight_decay, betas, eps: AdamW's.
+        warmup_steps: optimizer steps of linear warm-up from 0 to ``lr``.
+        schedule: shape after warm-up; decays reach ``min_lr_ratio · lr`` at the last step.
+        max_grad_norm: clip the global gradient norm (None: no clipping).
+    """
+
+    lr: float = 1e-6
+    value_lr: float | None = None
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    warmup_steps: int = 0
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    min_lr_ratio: float = 0.0
+    max_grad_norm: float | None = 1.0
+
+    def __post_init__(self) -> None:
+        _positive("optim", lr=self.lr, value_lr=self.value_lr, eps=self.eps, max_grad_norm=self.max_grad_norm)
+        if self.weight_decay < 0:
+            raise ValueError(f"optim.weight_decay must be >= 0, got {self.weight_decay}")
+        if not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"optim.betas must be in [0, 1), got {self.betas}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"optim.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The loop, its outputs and its reproducibility.
+
+    Attributes:
+        max_steps: training steps (one rollout batch each).
+        prompts_per_step: tasks per step; group_size: samples per task (GRPO's G).
+        micro_batch_size: trajectories per forward/backward (gradients are accumulated).
+        share_prompt_prefix: forward a group's common prompt once for all its samples (exact; about
+            G times fewer prompt tokens; on CUDA off under gradient checkpointing, which drops the KV
+            cache the padded layout uses — the packed layout, ``model.pack``, needs none).
+        seed: seeds torch, task sampling and the engine's sampling.
+        output_dir: where metrics, curves, traces and checkpoints go.
+        save_every: checkpoint every N steps (0: only at the end); keep_checkpoints: how many kept.
+        trace_fraction: share of rollouts written to ``traces.jsonl``.
+        tensorboard, wandb: also log there (wandb only if installed); wandb_project: its project.
+        progress: show a progress bar.
+        gc_freeze: move every object alive when training starts (models, tokenizer, env data) out of
+            Python's garbage collector for the run (``gc.freeze()``, as vLLM does after start-up): a
+            full collection then walks only what the steps allocate. On the H200 a full collection
+            inside the update took 0.33-0.37 s of a 1.7 s step.
+    """
+
+    max_steps: int = 10
+    prompts_per_step: int = 8
+    group_size: int = 8
+    micro_batch_size: int = 8
+    share_prompt_prefix: bool = True
+    seed: int = 0
+    output_dir: str = "runs/default"
+    save_every: int = 0
+    keep_checkpoints: int = 2
+    trace_fraction: float = 0.1
+    tensorboard: bool = True
+    wandb: bool = False
+    wandb_project: str = "chatgym"
+    progress: bool = True
+    gc_freeze: bool = True
+
+    def __post_init__(self) -> None:
+        _positive(
+            "train",
+            max_steps=self.max_steps,
+            prompts_per_step=self.prompts_per_step,
+            group_size=self.group_size,
+            micro_batch_size=self.micro_batch_size,
+            keep_checkpoints=self.keep_checkpoints,
+        )
+        if self.save_every < 0:
+            raise ValueError(f"train.save_every must be >= 0, got {self.save_every}")
+        if not 0.0 <= self.trace_fraction <= 1.0:
+            raise ValueError(f"train.trace_fraction must be in [0, 1], got {self.trace_fraction}")
+
+
+# Estimators whose baseline is the other samples of the same task's group.
+GROUP_RELATIVE_ADVANTAGES = frozenset({"grpo", "dr_grpo", "rloo"})
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole run (see each section's class for its fields)."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    rollout: CollectorConfig = field(default_factory=CollectorConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    trainer: RunnerConfig = field(default_factory=RunnerConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+
+    def __post_init__(self) -> None:
+        if self.algo.advantage in GROUP_RELATIVE_ADVANTAGES and self.train.group_size < 2:
+            # A group of one is its own baseline: advantage 0 for every sample, so nothing is learned.
+            raise ValueError(
+                f"train.group_size must be >= 2 with algo.advantage {self.algo.advantage!r} "
+                f"(group-relative baseline), got {self.train.group_size}"
+            )
+        if self.algo.advantage in ("gae", "tppo") and not self.model.value_head:
+            raise ValueError(
+                f"model.value_head must be true with algo.advantage {self.algo.advantage!r} (a value model)"
+            )
+        if self.trainer.stale == "importance_sampling" and self.algo.tis_cap is None:
+            # Checked at load, not when the trainer starts: a refused run leaves no output dir behind.
+            raise ValueError(
+                "trainer.stale: 'importance_sampling' keeps stale groups and corrects them with the truncated "
+                "IS weight; set algo.tis_cap (e.g. 2.0)"
+            )
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
+    """Load a :class:`Config` from a YAML file (or defaults when None) plus overrides.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ConfigError: malformed YAML (file:line:column), bad YAML shape, unknown key, wrong type or value
+            (names the dotted field).
+    """
+    data: Any = {}
+    if path is not None:
+        text = Path(path).read_text()
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.MarkedYAMLError as exc:
+            mark = exc.problem_mark
+            at = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+            raise ConfigError(f"{path}{at}: {exc.problem or exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(
+                f"{path}: the top level must be a mapping of sections, got {type(data).__name__}"
+            )
+    config = from_dict(Config, apply_overrides(data, overrides))
+    check_env_id(config.env)
+    return config
+
+
+def save_config(config: Config, path: str | Path) -> None:
+    """Write ``config`` as YAML (the resolved config of a run, for ``--resume`` and records)."""
+    Path(path).write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))

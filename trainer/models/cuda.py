@@ -1,0 +1,61 @@
+"""CUDA switches the engine and the learner share (a no-op off CUDA).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+
+class _CudnnOffHolders:
+    """Who holds "SDPA's cuDNN backend off" now (see :func:`without_cudnn_attention`)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.lock = threading.Lock()
+        self.count = 0
+        self.saved = True  # the flag as the first holder found it
+
+
+_CUDNN_OFF = _CudnnOffHolders()
+
+
+@contextlib.contextmanager
+def without_cudnn_attention(device: Any = "cuda") -> Iterator[None]:
+    """SDPA's cuDNN backend off inside the block when ``device`` is a CUDA device (a no-op for any
+    other): a process-wide torch flag, turned off by the first block to open and restored by the last
+    to close (blocks may overlap across threads).
+
+    cuDNN attention builds an execution plan for every new input shape, and both sides of a run keep
+    making new shapes: the engine's growing KV cache at every decode step (SmolLM2 on an H200, 64
+    staggered requests: 48.8 ms a step with cuDNN allowed, 35.3 without; the rollout of a Math-v0 8 x 8
+    GRPO step 7.7 s against 4.5 s), and the learner's padded
+    batch, whose length is the longest row's (a GRPO step whose length had not been seen before spent
+    0.7-1.0 s in the forward and 0.8-1.3 s in the backward, against 0.13 and 0.32 s;
+    ``benchmarks/results/vs_trl_h200_s26/``). The other SDPA backends need no plan and were as fast at
+    shapes already seen. The engine's worker thread and the learner each hold it for their own work,
+    and those blocks overlap: the engine's last step closes its block after it has answered the
+    requests, so after the learner opened its own. With a save/restore per block the engine's
+    restore turned cuDNN back on inside the learner's update (seen on the H200); counting the holders
+    keeps it off until both are done.
+    """
+    import torch
+
+    if torch.device(device).type != "cuda":
+        yield
+        return
+    state = _CUDNN_OFF
+    with state.lock:
+        if state.count == 0:
+            state.saved = torch.backends.cuda.cudnn_sdp_enabled()
+            torch.backends.cuda.enable_cudnn_sdp(False)
+        state.count += 1
+    try:
+        yield
+    finally:
+        with state.lock:
+            state.count -= 1
+            if state.count == 0:
+                torch.backends.cuda.enable_cudnn_sdp(state.saved)

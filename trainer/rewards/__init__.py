@@ -1,0 +1,1 @@
+"""Reward sources beyond the env's own: a GenRM judge wrapped around each episode's env."""

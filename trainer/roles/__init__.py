@@ -1,0 +1,1 @@
+"""Building a run's two roles from its config: the rollout source and the learner, locally or on Ray."""
