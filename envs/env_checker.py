@@ -383,7 +383,7 @@ def check_tool_messages(expected: list[str], recorded: dict[str, Any], step: Ste
     if sorted(answered) == sorted(expected):
         problem = f"the tool messages answer the calls {answered}, out of call order {expected}."
     elif len(answered) != len(expected):
-        problem = f"{len(answered)} tool messages ({answered}) for {len(expected)} calls {expected}."
+        problem = f"{len(answered)} tool message(s) {answered} for {len(expected)} call(s) {expected}."
     else:
         problem = f"the tool messages carry tool_call_ids {answered}; the calls' ids are {expected}."
     raise ChatEnvCheckError(
@@ -451,7 +451,7 @@ def check_reference_action(env: gym.Env, *, seed: int = 0, top_reward: float = 1
         if len(steps) >= MAX_REFERENCE_STEPS:
             raise ChatEnvCheckError(
                 "reference_action",
-                f"the reference episode did not end in {len(steps)} steps.",
+                f"the reference episode did not end in {len(steps)} step(s).",
                 "end the episode: terminate when the task is decided, truncate at max_turns.",
             )
         try:
@@ -478,14 +478,14 @@ def check_reference_action(env: gym.Env, *, seed: int = 0, top_reward: float = 1
     if not last.terminated:
         raise ChatEnvCheckError(
             "reference_action",
-            f"the reference episode was truncated after {len(steps)} steps (return {total:g}).",
+            f"the reference episode was truncated after {len(steps)} step(s) (return {total:g}).",
             fix,
         )
     if total < top_reward - 1e-9:
         raise ChatEnvCheckError(
             "reference_action",
-            f"the reference episode's return is {total:g} ({len(steps)} steps), below the top reward "
-            f"{top_reward:g}.",
+            f"the reference episode's return is {total:g} after {len(steps)} step(s), below the top "
+            f"reward {top_reward:g}.",
             fix + " If the env's best return is not 1.0, pass top_reward= to check_chat_env.",
         )
     if last.info.get("success") is False:
@@ -528,11 +528,11 @@ def check_tool_call_order(env: gym.Env, *, seed: int = 0) -> list[Step]:
         "content": "",
         "tool_calls": [_call("chk_0", first, "{}"), _call("chk_1", first, BAD_JSON), _call("chk_2", last, "{}")],
     }
-    steps.append(_step(env, action, "tool-call turn (structured calls)", "tool_messages", fix))
+    steps.append(_step(env, action, "tool-call turn (structured calls)", "malformed_action", fix))
     text = _text_calls(getattr(_attr(env, "parser"), "name", ""), [(first, "{}"), (last, "{}")])
     if text is not None:
         check_reset(env, seed=seed)
-        steps.append(_step(env, text, "tool-call turn (calls in the parser's text format)", "tool_messages", fix))
+        steps.append(_step(env, text, "tool-call turn (calls in the parser's text format)", "malformed_action", fix))
     return steps
 
 
