@@ -50,7 +50,7 @@ from collector_common import LatencyEnv
 
 from chatgym.trainer.engines.base import Completion
 from chatgym.trainer.pipeline import Pipeline, PipelineOptions
-from chatgym.trainer.rollout.collector import Collector, CollectorConfig
+from chatgym.trainer.rollout.collector import Collector, RolloutConfig
 from chatgym.trainer.rollout.source import LocalRollout, RolloutRequest
 
 
@@ -102,7 +102,7 @@ class SleepLearner:
 
 async def run_once(args: argparse.Namespace, tokenizer: Any, mode: str, max_staleness: int) -> dict[str, Any]:
     engine = TailEngine(tokenizer, args.slots, args.token_ms / 1000, args.len_median, args.len_sigma)
-    cfg = CollectorConfig(max_tokens=args.max_tokens, max_response_tokens=4096, max_model_len=8192)
+    cfg = RolloutConfig(max_tokens=args.max_tokens, max_response_tokens=4096, max_model_len=8192)
     rollout = LocalRollout(engine, Collector(engine, tokenizer, cfg))
     env = functools.partial(LatencyEnv, n_turns=args.turns, median_s=args.tool_median, cap_s=3.0)
     P, G = args.groups, args.group_size

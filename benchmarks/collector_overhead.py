@@ -27,7 +27,7 @@ from collector_common import OneTurnEnv, fmt_runs, make_engine, median
 
 from chatgym.trainer.chat.delta import ChatRenderer
 from chatgym.trainer.engines.base import SamplingParams
-from chatgym.trainer.rollout.collector import Collector, CollectorConfig
+from chatgym.trainer.rollout.collector import Collector, RolloutConfig
 
 
 async def main() -> None:
@@ -55,7 +55,7 @@ async def main() -> None:
         delay_s=args.replay_delay,
         threads=args.threads,
     )
-    cfg = CollectorConfig(
+    cfg = RolloutConfig(
         temperature=0.0,
         max_tokens=args.max_tokens,
         max_response_tokens=args.max_tokens,

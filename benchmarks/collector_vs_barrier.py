@@ -30,7 +30,7 @@ from collector_common import LatencyEnv, fmt_runs, make_engine, median
 from chatgym.trainer.chat.delta import ChatRenderer, closing_ids
 from chatgym.trainer.chat.template_probe import probe_template
 from chatgym.trainer.engines.base import SamplingParams
-from chatgym.trainer.rollout.collector import Collector, CollectorConfig
+from chatgym.trainer.rollout.collector import Collector, RolloutConfig
 
 
 async def barrier_rollout(
@@ -121,7 +121,7 @@ async def main() -> None:
     def env_factory(seed: int):
         return lambda: LatencyEnv(args.turns, args.median, args.sigma, args.cap, latency_seed=seed)
 
-    cfg = CollectorConfig(
+    cfg = RolloutConfig(
         temperature=0.0,
         max_tokens=args.max_tokens,
         max_response_tokens=args.max_tokens * args.turns,

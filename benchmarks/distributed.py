@@ -36,7 +36,7 @@ from typing import Any
 from chatgym.trainer.config.run import Config, EngineConfig, EnvConfig, TrainConfig
 from chatgym.trainer.config.runner import RayConfig, RunnerConfig
 from chatgym.trainer.distributed.scripted import ENV_ID
-from chatgym.trainer.rollout.config import CollectorConfig
+from chatgym.trainer.rollout.config import RolloutConfig
 from chatgym.trainer.rollout.source import RolloutRequest
 
 
@@ -44,7 +44,7 @@ def config(out: str, *, workers: int, capacity: int, gen_delay: float, tool_turn
     return Config(
         engine=EngineConfig(backend="hf", options={"delay_s": gen_delay, "tool_turns": tool_turns}),
         env=EnvConfig(id=ENV_ID),
-        rollout=CollectorConfig(seed=1, episode_timeout_s=None, max_concurrent_episodes=4096),
+        rollout=RolloutConfig(seed=1, episode_timeout_s=None, max_concurrent_episodes=4096),
         train=TrainConfig(output_dir=out, trace_fraction=0.0),
         trainer=RunnerConfig(
             backend="ray",

@@ -206,14 +206,14 @@ def count_syncs(engine, collector, round_index: int, seed: int) -> int:
 def run_mode(mode: str, args, device: str) -> dict:
     import torch
 
-    from chatgym.trainer.rollout.collector import Collector, CollectorConfig
+    from chatgym.trainer.rollout.collector import Collector, RolloutConfig
 
     engine = make_engine(device, args.real_weights if device == "cuda" else False, args.seed)
     engine._per_row_draws = mode == "per_row"
     engine.async_scheduling = mode.endswith("async")
     engine.fused_step = not mode.startswith("layers")
     probe = Probe(engine)
-    cfg = CollectorConfig(temperature=1.0, max_tokens=NEW_TOKENS, max_response_tokens=NEW_TOKENS,
+    cfg = RolloutConfig(temperature=1.0, max_tokens=NEW_TOKENS, max_response_tokens=NEW_TOKENS,
                           max_model_len=MAX_LEN, max_concurrent_episodes=PROMPTS * GROUP)
     collector = Collector(engine, engine.tokenizer, cfg)
     rounds = []

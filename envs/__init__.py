@@ -1,6 +1,7 @@
-"""Chat environments: messages, the ChatEnv contract, tools, tool-call parsers, and the envs."""
+"""Chat environments: messages, the ChatEnv contract and its checker, tools, tool-call parsers, and the envs."""
 
 from chatgym.envs.core import AssistantTurn, ChatEnv, StepOutcome
+from chatgym.envs.env_checker import ChatEnvCheckError, check_chat_env
 from chatgym.envs.messages import Message, ToolCall
 from chatgym.envs.parsers import ParsedAction, ToolCallParser, get_parser
 from chatgym.envs.tools import Tool, ToolResult, register_tool, run_tool_calls, tool
@@ -8,6 +9,7 @@ from chatgym.envs.tools import Tool, ToolResult, register_tool, run_tool_calls, 
 __all__ = [
     "AssistantTurn",
     "ChatEnv",
+    "ChatEnvCheckError",
     "Message",
     "ParsedAction",
     "StepOutcome",
@@ -15,6 +17,7 @@ __all__ = [
     "ToolCall",
     "ToolCallParser",
     "ToolResult",
+    "check_chat_env",
     "get_parser",
     "register_tool",
     "run_tool_calls",

@@ -1,6 +1,7 @@
 """Every chatgym env id, registered with Gymnasium by ``import chatgym``.
 
-Add a row here when adding an env; the tests run ``check_env`` over this table.
+Add a row here when adding an env; the tests run Gymnasium's ``check_env`` and
+:func:`chatgym.envs.env_checker.check_chat_env` over this table.
 """
 
 from __future__ import annotations
@@ -23,5 +24,6 @@ ENV_SPECS: dict[str, tuple[str, dict]] = {
 def register_envs() -> None:
     for env_id, (entry_point, kwargs) in ENV_SPECS.items():
         if env_id not in gym.registry:
-            # No TimeLimit wrapper: ChatEnv truncates by assistant turns itself (max_turns).
-            gym.register(id=env_id, entry_point=entry_point, kwargs=kwargs, disable_env_checker=True)
+            # No TimeLimit wrapper: ChatEnv truncates by assistant turns itself (max_turns). gym.make
+            # wraps each env in Gymnasium's PassiveEnvChecker, which checks the first reset/step/render.
+            gym.register(id=env_id, entry_point=entry_point, kwargs=kwargs)

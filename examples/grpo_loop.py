@@ -22,7 +22,7 @@ from chatgym.trainer.engines.hf import TransformersEngine
 from chatgym.trainer.learner.batch import collate
 from chatgym.trainer.learner.logprobs import token_logprobs
 from chatgym.trainer.models.packaged import load_model
-from chatgym.trainer.rollout.collector import Collector, CollectorConfig
+from chatgym.trainer.rollout.collector import Collector, RolloutConfig
 
 
 def main(steps: int, prompts: int, group_size: int) -> None:
@@ -31,7 +31,7 @@ def main(steps: int, prompts: int, group_size: int) -> None:
     policy = load_model("smollm2").train()  # fp32 weights, CPU
     engine = TransformersEngine(policy, tokenizer)  # generates with the very same weights
     collector = Collector(
-        engine, tokenizer, CollectorConfig(max_tokens=48, max_response_tokens=48, temperature=1.0)
+        engine, tokenizer, RolloutConfig(max_tokens=48, max_response_tokens=48, temperature=1.0)
     )
     optimizer = torch.optim.AdamW(policy.parameters(), lr=2e-6)
     advantage_fn, loss_fn = get_advantage_estimator("grpo"), get_policy_loss("clip_higher")

@@ -18,7 +18,7 @@ from chatgym.retrievers.client import RetrievalClient, RetrievalError
 from chatgym.retrievers.corpora import load_jsonl_corpus, wiki_corpus
 from chatgym.retrievers.dense import DenseRetriever
 from chatgym.retrievers.hybrid import HybridRetriever, reciprocal_rank_fusion
-from chatgym.retrievers.metrics import recall_at_k
+from chatgym.retrievers.quality import recall_at_k
 
 __all__ = [
     "BM25Retriever",

@@ -25,7 +25,7 @@ from chatgym.trainer.cotrain.party import (
     trace_trajectory,
 )
 from chatgym.trainer.engines.replay import ReplayEngine, count_subsequence, replay_logprob, turn_script
-from chatgym.trainer.rollout.collector import Collector, CollectorConfig
+from chatgym.trainer.rollout.collector import Collector, RolloutConfig
 from chatgym.trainer.rollout.source import LocalRollout, RolloutRequest
 
 IM_END = 2  # SmolLM2's <|im_end|>
@@ -297,7 +297,7 @@ def usersim_rollout(tok, policy_turns, **env_kwargs):
     )
     user_engine = ReplayEngine(turn_script([[*enc(tok, t), IM_END] for t in USER_REPLIES], header), tok)
     responder = VersionedResponder(user_engine, tok)
-    collector = Collector(policy, tok, CollectorConfig(max_model_len=32768, episode_timeout_s=60.0))
+    collector = Collector(policy, tok, RolloutConfig(max_model_len=32768, episode_timeout_s=60.0))
     request = RolloutRequest(
         "UserSim-v0", (0,), 1, {"domain": "airline", "split": "train", "user": responder, **env_kwargs}
     )

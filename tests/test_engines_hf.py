@@ -137,12 +137,12 @@ async def test_collector_sends_env_stop_strings_to_the_real_engine(engine):
     # completes it; the turn is the model's own greedy run cut there (checked against a free run).
     from rollout_helpers import OkEnv
 
-    from chatgym.trainer.rollout import Collector, CollectorConfig
+    from chatgym.trainer.rollout import Collector, RolloutConfig
 
     class StopEnv(OkEnv):
         stop_strings = (" is 4",)
 
-    col = Collector(engine, engine.tokenizer, CollectorConfig(max_tokens=6, temperature=0))
+    col = Collector(engine, engine.tokenizer, RolloutConfig(max_tokens=6, temperature=0))
     [traj] = await col.collect(lambda: StopEnv(max_turns=2), [{"task_id": "t", "question": "What is 2+2?"}])
     assert traj.error is None and traj.finish_reasons[0] == "stop"
     prompt = traj.token_ids[: traj.prompt_len]

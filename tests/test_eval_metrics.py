@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from chatgym.trainer.eval.metrics import Z_95, cell_metrics, mean_ci, pass_at_k
+from chatgym.trainer.eval.scores import Z_95, cell_metrics, mean_ci, pass_at_k
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from chatgym.trainer.eval.cli import leaderboard_main
 from chatgym.trainer.eval.identity import weights_hash
 from chatgym.trainer.eval.run import EvalConfig, evaluate
 from chatgym.trainer.eval.store import ResultsStore
-from chatgym.trainer.rollout.config import CollectorConfig
+from chatgym.trainer.rollout.config import RolloutConfig
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("vllm", reason="needs vLLM: pip install 'chatgym[vllm]' (see scripts/setup.sh)")
@@ -88,7 +88,7 @@ def test_openai_engine_against_a_vllm_server(tmp_path):
             model="smollm2",
             envs=("Math-v0",),
             max_tasks=3,
-            rollout=CollectorConfig(temperature=0.0, max_tokens=64),
+            rollout=RolloutConfig(temperature=0.0, max_tokens=64),
             db=str(tmp_path / "api.sqlite"),
             engine_kwargs={"base_url": f"{server.url}/v1", "api_key": "unused"},
         )

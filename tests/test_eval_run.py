@@ -26,7 +26,7 @@ from chatgym.envs.registration import ENV_SPECS
 from chatgym.trainer.eval.leaderboard import build_leaderboard
 from chatgym.trainer.eval.run import EvalConfig, evaluate
 from chatgym.trainer.eval.store import ResultsStore
-from chatgym.trainer.rollout.config import CollectorConfig
+from chatgym.trainer.rollout.config import RolloutConfig
 from chatgym.trainer.rollout.trace import read_trace
 
 
@@ -146,7 +146,7 @@ def test_every_registered_env_appears_and_missing_reference_is_skipped(tmp_path)
     [r] = reports
     assert r.skipped is not None and "no scripted reference policy" in r.skipped and r.ran == 0
     # `all` enumerates ENV_SPECS: every id gets a report, evaluated or skipped with its reason.
-    reports = run_eval(envs=("all",), max_tasks=1, db=str(tmp_path / "b.sqlite"), rollout=CollectorConfig(episode_timeout_s=120.0))
+    reports = run_eval(envs=("all",), max_tasks=1, db=str(tmp_path / "b.sqlite"), rollout=RolloutConfig(episode_timeout_s=120.0))
     assert [r.env_id for r in reports] == list(ENV_SPECS)
     for r in reports:
         assert r.skipped or r.ran == 1, r

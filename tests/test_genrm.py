@@ -306,12 +306,12 @@ async def judged_rollout(cfg, engine, tok):
     """MathCalculator-v0 test tasks 0 and 1, 2 samples each, through LocalRollout with the GenRM hook
     of ``cfg`` on ``engine``."""
     from chatgym.trainer.rewards.genrm import genrm_env_source
-    from chatgym.trainer.rollout.collector import Collector, CollectorConfig
+    from chatgym.trainer.rollout.collector import Collector, RolloutConfig
     from chatgym.trainer.rollout.source import LocalRollout, RolloutRequest
 
     hook = genrm_env_source(cfg, engine=engine, tokenizer=tok)
     rollout = LocalRollout(
-        engine, Collector(engine, tok, CollectorConfig(episode_timeout_s=60.0)), env_source=hook
+        engine, Collector(engine, tok, RolloutConfig(episode_timeout_s=60.0)), env_source=hook
     )
     request = RolloutRequest("MathCalculator-v0", tasks=(0, 1), group_size=2, env_kwargs={"split": "test"})
     try:
@@ -417,7 +417,7 @@ async def test_real_model_judges_its_own_episodes(tok, tmp_path):
     from chatgym.trainer.logging.step_metrics import rollout_metrics
     from chatgym.trainer.models.packaged import load_model
     from chatgym.trainer.rewards.genrm import genrm_env_source
-    from chatgym.trainer.rollout.collector import Collector, CollectorConfig
+    from chatgym.trainer.rollout.collector import Collector, RolloutConfig
     from chatgym.trainer.rollout.source import LocalRollout, RolloutRequest
 
     model = load_model("smollm2", dtype="float32")
@@ -431,7 +431,7 @@ async def test_real_model_judges_its_own_episodes(tok, tmp_path):
             "reward.unparseable_reward=0.1",
         ],
     )
-    col_cfg = CollectorConfig(temperature=0.0, max_tokens=32, max_response_tokens=32, episode_timeout_s=3000)
+    col_cfg = RolloutConfig(temperature=0.0, max_tokens=32, max_response_tokens=32, episode_timeout_s=3000)
     request = RolloutRequest("Math-v0", tasks=(0, 1), group_size=2, env_kwargs={"split": "test"})
     plain = LocalRollout(engine, Collector(engine, tok, col_cfg))
     judged = LocalRollout(
@@ -499,7 +499,7 @@ async def test_a_separate_judge_model_gets_its_own_engine(tok, tmp_path):
     from chatgym.trainer.config.run import load_config
     from chatgym.trainer.engines.hf import TransformersEngine
     from chatgym.trainer.rewards.genrm import genrm_env_source
-    from chatgym.trainer.rollout.collector import Collector, CollectorConfig
+    from chatgym.trainer.rollout.collector import Collector, RolloutConfig
     from chatgym.trainer.rollout.source import LocalRollout, RolloutRequest
 
     torch.manual_seed(0)
@@ -535,7 +535,7 @@ async def test_a_separate_judge_model_gets_its_own_engine(tok, tmp_path):
     assert genrm.responder.prefill == "<score>"
     assert genrm.responder.renderer.ids == tok.encode("<score>", add_special_tokens=False)
     rollout = LocalRollout(
-        policy, Collector(policy, tok, CollectorConfig(episode_timeout_s=120.0)), env_source=hook
+        policy, Collector(policy, tok, RolloutConfig(episode_timeout_s=120.0)), env_source=hook
     )
     try:
         [traj] = await rollout.collect(

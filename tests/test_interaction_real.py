@@ -15,7 +15,7 @@ import pytest
 
 from chatgym.trainer.engines.base import SamplingParams
 from chatgym.trainer.engines.responder import EngineResponder
-from chatgym.trainer.rollout.collector import Collector, CollectorConfig
+from chatgym.trainer.rollout.collector import Collector, RolloutConfig
 
 pytestmark = [
     pytest.mark.slow,
@@ -39,7 +39,7 @@ def engine(tok):
 
 
 def _collector(engine, tok) -> Collector:
-    cfg = CollectorConfig(
+    cfg = RolloutConfig(
         temperature=0.0, max_model_len=8192, max_tokens=48, max_response_tokens=160, episode_timeout_s=900
     )
     return Collector(engine, tok, cfg)

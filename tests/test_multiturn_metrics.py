@@ -228,9 +228,9 @@ def tok():
 
 
 async def test_collector_run_on_math_calculator(tok):
-    from chatgym.trainer.rollout.collector import Collector, CollectorConfig
+    from chatgym.trainer.rollout.collector import Collector, RolloutConfig
 
-    collector = Collector(scripted_policy(tok), tok, CollectorConfig(max_tokens=64, episode_timeout_s=60.0))
+    collector = Collector(scripted_policy(tok), tok, RolloutConfig(max_tokens=64, episode_timeout_s=60.0))
     trajs = await collector.collect("MathCalculator-v0", range(5), 1, env_kwargs={"split": "test"})
     collector.close()
     assert [t.error for t in trajs] == [None] * 5
@@ -264,7 +264,7 @@ async def test_collector_run_on_math_calculator(tok):
 
 
 def test_eval_cell_metrics_carry_calls_truncation_and_reward_by_turns():
-    from chatgym.trainer.eval.metrics import cell_metrics
+    from chatgym.trainer.eval.scores import cell_metrics
 
     def row(task, reward, turns, calls, truncated, failed=0):
         return {
@@ -289,14 +289,14 @@ async def test_collector_names_the_budget_that_cut_each_turn(tok):
     from rollout_helpers import OkEnv
 
     from chatgym.trainer.engines.replay import ReplayEngine
-    from chatgym.trainer.rollout.collector import Collector, CollectorConfig
+    from chatgym.trainer.rollout.collector import Collector, RolloutConfig
 
     long_turn = tok.encode("word " * 80, add_special_tokens=False)  # never ends by itself
     engine = ReplayEngine(lambda ids: long_turn, tok)
     # Turn 1 may write min(30, 40) = 30 (per-turn budget), turn 2 min(30, 40 - 30) = 10 (response
     # budget), then nothing is left: the episode ends truncated by max_response_tokens.
     col = Collector(
-        engine, tok, CollectorConfig(max_tokens=30, max_response_tokens=40, episode_timeout_s=30.0)
+        engine, tok, RolloutConfig(max_tokens=30, max_response_tokens=40, episode_timeout_s=30.0)
     )
     [t] = await col.collect(OkEnv, [0])
     assert [r["cut_by"] for r in t.info["turns"]] == ["max_tokens", "max_response_tokens"]
@@ -304,7 +304,7 @@ async def test_collector_names_the_budget_that_cut_each_turn(tok):
     # A context 20 tokens longer than the prompt: turn 1 is cut by it, and the episode ends there.
     prompt_len = t.prompt_len
     col = Collector(
-        engine, tok, CollectorConfig(max_tokens=30, max_model_len=prompt_len + 20, episode_timeout_s=30.0)
+        engine, tok, RolloutConfig(max_tokens=30, max_model_len=prompt_len + 20, episode_timeout_s=30.0)
     )
     [t] = await col.collect(OkEnv, [0])
     assert [(r["completion_tokens"], r["cut_by"]) for r in t.info["turns"]] == [(20, "max_model_len")]

@@ -379,11 +379,11 @@ def tok():
 
 
 def local_rollout(tok, delay_s: float = 0.0):
-    from chatgym.trainer.rollout.collector import Collector, CollectorConfig
+    from chatgym.trainer.rollout.collector import Collector, RolloutConfig
     from chatgym.trainer.rollout.source import LocalRollout
 
     engine = VersionedReplayEngine(tok, delay_s)
-    return LocalRollout(engine, Collector(engine, tok, CollectorConfig(episode_timeout_s=30.0, seed=3)))
+    return LocalRollout(engine, Collector(engine, tok, RolloutConfig(episode_timeout_s=30.0, seed=3)))
 
 
 def add_request(step: int) -> RolloutRequest:

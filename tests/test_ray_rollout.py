@@ -226,7 +226,7 @@ def _remember(cluster) -> None:
 def make_config(tmp: Path, **ray_fields):
     from chatgym.trainer.config.run import Config, EngineConfig, EnvConfig, TrainConfig
     from chatgym.trainer.config.runner import RayConfig, RunnerConfig
-    from chatgym.trainer.rollout.config import CollectorConfig
+    from chatgym.trainer.rollout.config import RolloutConfig
 
     ray_cfg = {
         "num_rollout_workers": 2,
@@ -238,7 +238,7 @@ def make_config(tmp: Path, **ray_fields):
     return Config(
         engine=EngineConfig(backend="hf", options={"delay_s": [FAST_S, SLOW_S], "tool_turns": 1}),
         env=EnvConfig(id=ENV_ID),
-        rollout=CollectorConfig(temperature=1.0, seed=5, episode_timeout_s=60.0),
+        rollout=RolloutConfig(temperature=1.0, seed=5, episode_timeout_s=60.0),
         train=TrainConfig(output_dir=str(tmp), group_size=2, trace_fraction=0.0),
         trainer=RunnerConfig(backend="ray", ray=RayConfig(**ray_cfg)),
     )
@@ -369,13 +369,13 @@ async def test_kill_9_of_a_worker_mid_step_loses_nothing(cluster, rollout):
 async def test_shared_tool_limit_holds_across_workers(rollout, tmp_path):
     from chatgym.trainer.chat.tokenizer import get_tokenizer
     from chatgym.trainer.distributed.scripted import ScriptedEngine
-    from chatgym.trainer.rollout.collector import Collector, CollectorConfig
+    from chatgym.trainer.rollout.collector import Collector, RolloutConfig
 
     # Without a gate the same 8 episodes overlap their 1 s tool runs (measured by the tool): all 8 on
     # an idle machine; more than the limit of 2 however slowly the 8 episodes get started.
     free = tmp_path / "free.json"
     tok = get_tokenizer("smollm2")
-    col = Collector(ScriptedEngine(tok), tok, CollectorConfig(episode_timeout_s=60.0))
+    col = Collector(ScriptedEngine(tok), tok, RolloutConfig(episode_timeout_s=60.0))
     await col.collect(ENV_ID, list(range(8)), 1, env_kwargs={"sleep_s": 1.0, "counter_path": str(free)})
     free_runs = OverlapCounter(free).read()
     assert free_runs["runs"] == 8 and free_runs["now"] == 0 and free_runs["peak"] > 2

@@ -14,7 +14,7 @@ from rollout_helpers import ASSISTANT_HEADER, TASKS, AddEnv, OkEnv, SyncEchoEnv,
 
 from chatgym.trainer.chat.delta import ChatRenderer, TemplateError
 from chatgym.trainer.engines.replay import ReplayEngine, replay_logprob, turn_script
-from chatgym.trainer.rollout.collector import Collector, CollectorConfig, _request_seed
+from chatgym.trainer.rollout.collector import Collector, RolloutConfig, _request_seed
 from chatgym.trainer.rollout.trace import read_trace
 
 IM_START, IM_END, NL, ENDOFTEXT = 1, 2, 198, 0  # SmolLM2 ids of <|im_start|>, <|im_end|>, "\n", <|endoftext|>
@@ -46,7 +46,7 @@ def scripted(tok, texts: list[str], eos: int | None = IM_END) -> list[list[int]]
 def make_collector(tok, turns, **cfg) -> Collector:
     engine = ReplayEngine(turn_script(turns, enc(tok, ASSISTANT_HEADER)), tok)
     cfg.setdefault("episode_timeout_s", 30.0)
-    return Collector(engine, tok, CollectorConfig(**cfg))
+    return Collector(engine, tok, RolloutConfig(**cfg))
 
 
 def expected_prompt(tok, task) -> list[int]:
@@ -330,7 +330,7 @@ async def test_engine_error_fails_only_its_episodes(tok):
 
     turns = scripted(tok, ["9"])
     engine = FlakyEngine(turn_script(turns, enc(tok, ASSISTANT_HEADER)), tok)
-    col = Collector(engine, tok, CollectorConfig(seed=7))
+    col = Collector(engine, tok, RolloutConfig(seed=7))
     trajs = await col.collect(AddEnv, [0], group_size=6)
     failed = [x for x in trajs if x.failed]
     assert 0 < len(failed) < 6
@@ -397,25 +397,25 @@ def test_template_that_re_renders_history_gets_base_deltas_and_one_that_fits_nei
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
     engine = ReplayEngine(lambda ids: [IM_END])
-    assert Collector(engine, tok, CollectorConfig(chat_template=bad)).probe.delta_mode == "base"
+    assert Collector(engine, tok, RolloutConfig(chat_template=bad)).probe.delta_mode == "base"
     # Prefix-preserving for assistant turns, but drops earlier tool results once a user speaks.
     drops = (
         "{% for m in messages %}{% if m.role != 'tool' or loop.last %}<|im_start|>{{ m.role }}\n"
         "{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
-    assert Collector(engine, tok, CollectorConfig(chat_template=drops)).probe.delta_mode == "base"
+    assert Collector(engine, tok, RolloutConfig(chat_template=drops)).probe.delta_mode == "base"
     # Numbers the messages too: new messages render differently after the base conversation than
     # after the real history, so neither mode is exact.
     numbered = bad.replace("{{ m.role }}\n", "{{ m.role }} {{ loop.index }}\n")
     with pytest.raises(TemplateError, match=r"not prefix-preserving.*base conversation.*depends on earlier"):
-        Collector(engine, tok, CollectorConfig(chat_template=numbered))
+        Collector(engine, tok, RolloutConfig(chat_template=numbered))
 
 
 def test_turn_end_token_must_be_an_eos_id(tok):
     engine = ReplayEngine(lambda ids: [IM_END])
     with pytest.raises(TemplateError, match=r"'<\|im_end\|>' \(id 2\), which is not among the EOS ids \[1\]"):
-        Collector(engine, tok, CollectorConfig(eos_token_ids=(IM_START,)))
+        Collector(engine, tok, RolloutConfig(eos_token_ids=(IM_START,)))
 
 
 @pytest.mark.parametrize(
@@ -430,7 +430,7 @@ def test_turn_end_token_must_be_an_eos_id(tok):
 )
 def test_config_errors_name_the_field(field, value):
     with pytest.raises(ValueError, match=field):
-        CollectorConfig(**{field: value})
+        RolloutConfig(**{field: value})
 
 
 async def test_collect_argument_errors(tok):

@@ -72,11 +72,11 @@ def test_rollout_command_writes_trajectories(tmp_path):
 
 def test_rollout_and_eval_take_the_same_dotted_overrides_and_defaults():
     # Issue 13: one set of rollout settings. Both CLIs build the collector's config from the same
-    # flags (shortcuts) and `rollout.KEY=VALUE` overrides; with neither, CollectorConfig's defaults
+    # flags (shortcuts) and `rollout.KEY=VALUE` overrides; with neither, RolloutConfig's defaults
     # (max_concurrent_episodes 256 in both; it was 64 in `chatgym eval`).
     from chatgym.trainer.eval.cli import eval_parser
     from chatgym.trainer.rollout.cli import rollout_config
-    from chatgym.trainer.rollout.config import CollectorConfig
+    from chatgym.trainer.rollout.config import RolloutConfig
 
     args = build_parser().parse_intermixed_args(
         [
@@ -91,14 +91,14 @@ def test_rollout_and_eval_take_the_same_dotted_overrides_and_defaults():
         ]
     )
     got = rollout_config(args, "chatgym rollout", seed=3)
-    # The flag wins over the override of the same field; the rest are CollectorConfig's defaults.
-    assert got == CollectorConfig(top_k=20, max_tokens=64, seed=3)
+    # The flag wins over the override of the same field; the rest are RolloutConfig's defaults.
+    assert got == RolloutConfig(top_k=20, max_tokens=64, seed=3)
     eval_args = eval_parser().parse_intermixed_args(
         ["--engine", "reference", "rollout.top_k=20", "--max-tokens", "64"]
     )
     assert rollout_config(eval_args, "chatgym eval", seed=3) == got
     defaults = rollout_config(build_parser().parse_intermixed_args(["--env", "X", "--out", "t"]), "p")
-    assert defaults.max_concurrent_episodes == 256 == CollectorConfig().max_concurrent_episodes
+    assert defaults.max_concurrent_episodes == 256 == RolloutConfig().max_concurrent_episodes
     assert rollout_config(eval_parser().parse_intermixed_args([]), "p") == defaults
     with pytest.raises(
         SystemExit,

@@ -15,7 +15,7 @@ import pytest
 from rollout_helpers import AddEnv
 
 from chatgym.trainer.chat.delta import ChatRenderer
-from chatgym.trainer.rollout.collector import Collector, CollectorConfig
+from chatgym.trainer.rollout.collector import Collector, RolloutConfig
 
 pytestmark = pytest.mark.slow
 
@@ -79,7 +79,7 @@ async def test_transformers_engine_tool_episodes(tok, hf_model):
     from chatgym.trainer.engines.hf import TransformersEngine
 
     engine = TransformersEngine(hf_model, tok, max_batch_size=8)
-    cfg = CollectorConfig(temperature=0.0, max_tokens=40, max_response_tokens=100, episode_timeout_s=300)
+    cfg = RolloutConfig(temperature=0.0, max_tokens=40, max_response_tokens=100, episode_timeout_s=300)
     col = Collector(engine, tok, cfg)
     try:
         trajs = await col.collect(AddEnv, [0, 1], group_size=2)
@@ -106,7 +106,7 @@ async def test_vllm_cpu_code_sandbox_episode(tok, hf_model):
     engine = VLLMEngine(
         "smollm2", tok, dtype="float32", max_model_len=2048, enforce_eager=True, kv_cache_gib=1
     )
-    cfg = CollectorConfig(
+    cfg = RolloutConfig(
         temperature=0.0, max_model_len=2048, max_tokens=64, max_response_tokens=128, episode_timeout_s=600
     )
     col = Collector(engine, tok, cfg)

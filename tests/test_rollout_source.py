@@ -7,7 +7,7 @@ import pytest
 from rollout_helpers import ASSISTANT_HEADER, AddEnv, tool_call_text
 
 from chatgym.trainer.engines.replay import ReplayEngine, turn_script
-from chatgym.trainer.rollout.collector import Collector, CollectorConfig, _request_seed
+from chatgym.trainer.rollout.collector import Collector, RolloutConfig, _request_seed
 from chatgym.trainer.rollout.source import LocalRollout, RolloutRequest
 
 
@@ -51,7 +51,7 @@ class SeedRecorder(ReplayEngine):
 def rollout(tok, turns_text, **kw):
     turns = [[*enc(tok, t), IM_END] for t in turns_text]
     engine = SeedRecorder(turn_script(turns, enc(tok, ASSISTANT_HEADER)), tok, **kw)
-    collector = Collector(engine, tok, CollectorConfig(episode_timeout_s=30.0))
+    collector = Collector(engine, tok, RolloutConfig(episode_timeout_s=30.0))
     return LocalRollout(engine, collector), engine
 
 

@@ -25,7 +25,7 @@ from chatgym.trainer.engines.common import (
     server_stop,
 )
 from chatgym.trainer.engines.replay import ReplayEngine, replay_logprob, turn_script
-from chatgym.trainer.rollout import Collector, CollectorConfig
+from chatgym.trainer.rollout import Collector, RolloutConfig
 from chatgym.trainer.rollout.trace import read_trace
 
 IM_END, NL = 2, 198  # SmolLM2's <|im_end|> and "\n"
@@ -180,7 +180,7 @@ class IgnoresStops(ReplayEngine):
 def search_collector(tok, turns, engine_cls=ReplayEngine, **cfg):
     engine = engine_cls(turn_script(turns, enc(tok, ASSISTANT_HEADER)), tok)
     cfg.setdefault("episode_timeout_s", 30.0)
-    return Collector(engine, tok, CollectorConfig(**cfg)), engine
+    return Collector(engine, tok, RolloutConfig(**cfg)), engine
 
 
 def search_env(retriever):

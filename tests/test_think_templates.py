@@ -21,7 +21,7 @@ from chatgym.trainer.chat.delta import ChatRenderer
 from chatgym.trainer.chat.template_probe import probe_template
 from chatgym.trainer.chat.tokenizer import builtin_template, get_tokenizer, resolve_chat_template
 from chatgym.trainer.engines.replay import ReplayEngine, replay_logprob, turn_script
-from chatgym.trainer.rollout import Collector, CollectorConfig
+from chatgym.trainer.rollout import Collector, RolloutConfig
 
 IM_START, IM_END, NL = 1, 2, 198
 HEADER = "<|im_start|>assistant\n"
@@ -44,7 +44,7 @@ def enc(tok, text: str) -> list[int]:
 def collector(tok, template: str, turns: list[list[int]]) -> Collector:
     engine = ReplayEngine(turn_script(turns, enc(tok, HEADER)), tok)
     return Collector(
-        engine, tok, CollectorConfig(chat_template=builtin_template(template), episode_timeout_s=30.0)
+        engine, tok, RolloutConfig(chat_template=builtin_template(template), episode_timeout_s=30.0)
     )
 
 
@@ -177,14 +177,14 @@ def test_a_template_name_or_path_in_the_config_is_resolved_everywhere(tok):
     assert ChatRenderer(tok, path).chat_template == builtin_template("qwq")
     assert ChatRenderer(tok, "auto").chat_template == resolve_chat_template(tok.chat_template, "auto")
     assert ChatRenderer(tok, qwen3).chat_template == qwen3  # template text is used as given
-    collector = Collector(ReplayEngine(tok, {}), tok, CollectorConfig(chat_template="qwen3"))
+    collector = Collector(ReplayEngine(tok, {}), tok, RolloutConfig(chat_template="qwen3"))
     assert collector.renderer.chat_template == qwen3 and collector.probe.delta_mode == "base"
     collector.close()
 
 
 def test_a_template_setting_that_names_nothing_fails_at_config_time():
-    with pytest.raises(ValueError, match=r"CollectorConfig.chat_template: chat_template 'qwen4' is not shipped; "
+    with pytest.raises(ValueError, match=r"RolloutConfig.chat_template: chat_template 'qwen4' is not shipped; "
                        r"choose one of \['chatml_tools', 'qwen3', 'qwq'\]"):
-        CollectorConfig(chat_template="qwen4")
+        RolloutConfig(chat_template="qwen4")
     with pytest.raises(ValueError, match=r"chat_template file '/nonexistent/t.jinja' does not exist"):
-        CollectorConfig(chat_template="/nonexistent/t.jinja")
+        RolloutConfig(chat_template="/nonexistent/t.jinja")

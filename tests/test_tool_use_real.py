@@ -7,7 +7,7 @@ import importlib.util
 import gymnasium as gym
 import pytest
 
-from chatgym.trainer.rollout.collector import Collector, CollectorConfig
+from chatgym.trainer.rollout.collector import Collector, RolloutConfig
 
 pytestmark = [
     pytest.mark.slow,
@@ -24,7 +24,7 @@ async def test_vllm_agent_on_single_and_multi_turn_bfcl():
     tok = get_tokenizer("smollm2")
     # A multi-turn entry's prompt (system + ~30 tool schemas of two backends) is ~5,000 SmolLM2 tokens.
     engine = VLLMEngine("smollm2", tok, dtype="float32", max_model_len=8192, enforce_eager=True, kv_cache_gib=1)
-    cfg = CollectorConfig(
+    cfg = RolloutConfig(
         temperature=0.0, max_model_len=8192, max_tokens=64, max_response_tokens=256, episode_timeout_s=900
     )
     col = Collector(engine, tok, cfg)

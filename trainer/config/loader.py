@@ -124,8 +124,8 @@ def from_dict(cls: type, data: Mapping[str, Any], prefix: str = "") -> Any:
 def _name_field(message: str, cls: type, prefix: str, fields: list[str]) -> str:
     """Make a ``__post_init__`` message start with the dotted field name.
 
-    Our sections already write ``algo.kl_coef ...``; a reused dataclass (``CollectorConfig``) writes
-    ``CollectorConfig.max_tokens ...`` or names the field inside a longer message.
+    Our sections already write ``algo.kl_coef ...``; a reused dataclass (``RolloutConfig``) writes
+    ``RolloutConfig.max_tokens ...`` or names the field inside a longer message.
     """
     if not prefix or message.startswith(prefix + "."):
         return message

@@ -22,7 +22,7 @@ from chatgym.trainer.algos import ADVANTAGE_ESTIMATORS, AGGREGATION_MODES, KL_ES
 from chatgym.trainer.config.loader import ConfigError, apply_overrides, config_to_dict, from_dict
 from chatgym.trainer.config.reward import RewardConfig
 from chatgym.trainer.config.runner import RayConfig, RunnerConfig
-from chatgym.trainer.rollout.config import CollectorConfig
+from chatgym.trainer.rollout.config import RolloutConfig
 
 __all__ = [
     "AlgoConfig",
@@ -402,7 +402,7 @@ class Config:
     lora: LoraConfig = field(default_factory=LoraConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
-    rollout: CollectorConfig = field(default_factory=CollectorConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)

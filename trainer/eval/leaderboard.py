@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from chatgym.trainer.eval.identity import EnvId
-from chatgym.trainer.eval.metrics import CellMetrics, cell_metrics
+from chatgym.trainer.eval.scores import CellMetrics, cell_metrics
 from chatgym.trainer.eval.store import ResultsStore
 
 ROW_FIELDS = ("model_name", "model_hash", "engine", "sampling")

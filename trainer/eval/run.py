@@ -39,7 +39,7 @@ from chatgym.trainer.eval.identity import (
     weights_hash,
 )
 from chatgym.trainer.eval.store import ResultsStore
-from chatgym.trainer.rollout.config import CollectorConfig
+from chatgym.trainer.rollout.config import RolloutConfig
 from chatgym.trainer.rollout.types import Trajectory
 
 REFERENCE = "reference"
@@ -63,7 +63,7 @@ class EvalConfig:
         max_tasks: first tasks of the split to use (None: all).
         db: the SQLite results file.
         traces_dir: where JSONL traces go (default: ``traces/`` next to ``db``).
-        rollout: the collector's settings (:class:`~chatgym.trainer.rollout.config.CollectorConfig`:
+        rollout: the collector's settings (:class:`~chatgym.trainer.rollout.config.RolloutConfig`:
             budgets, sampling, episode timeout, concurrency), the same section as ``chatgym train``'s
             ``rollout``; None: its defaults with temperature 0 (greedy) when ``n_samples == 1``, else
             1.0. Its ``seed`` is always ``seed`` (see :meth:`collector_config`).
@@ -87,7 +87,7 @@ class EvalConfig:
     max_tasks: int | None = None
     db: str = "runs/eval/results.sqlite"
     traces_dir: str | None = None
-    rollout: CollectorConfig | None = None
+    rollout: RolloutConfig | None = None
     chat_template: str = "auto"
     success_threshold: float = 1.0
     retry_failed: bool = False
@@ -106,11 +106,11 @@ class EvalConfig:
         if not self.envs:
             raise ValueError("envs: give at least one env id (or 'all')")
 
-    def collector_config(self) -> CollectorConfig:
+    def collector_config(self) -> RolloutConfig:
         """The collector's settings of this evaluation: ``rollout`` (or the defaults, greedy for one
         sample per task) with ``seed`` as the sampling seed."""
         if self.rollout is None:
-            return CollectorConfig(temperature=0.0 if self.n_samples == 1 else 1.0, seed=self.seed)
+            return RolloutConfig(temperature=0.0 if self.n_samples == 1 else 1.0, seed=self.seed)
         return dataclasses.replace(self.rollout, seed=self.seed)
 
     def sampling(self) -> dict[str, Any]:

@@ -12,7 +12,7 @@ May import: ``chatgym.envs`` (messages, the env contract), ``chatgym.trainer.eng
 ``rollout.KEY=VALUE`` overrides). Never the learner (``chatgym.trainer.learner``), the run config or
 the training loop: a rollout worker runs without torch training code.
 
-``from chatgym.trainer.rollout import Collector, CollectorConfig`` keeps working; the names are
+``from chatgym.trainer.rollout import Collector, RolloutConfig`` keeps working; the names are
 loaded on first use so that importing :mod:`.config` alone stays light.
 """
 
@@ -26,7 +26,7 @@ _EXPORTS = {
     "CollectStats": "collector",
     "EpisodeFailure": "episode",
     "summarize": "collector",
-    "CollectorConfig": "config",
+    "RolloutConfig": "config",
     "Trajectory": "types",
 }
 

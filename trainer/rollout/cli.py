@@ -5,7 +5,7 @@
 
 The collector's settings are the ``rollout`` section of ``chatgym train``'s config, given as the same
 dotted overrides (``rollout.KEY=VALUE``); ``--max-tokens`` and the other budget/sampling flags are
-shortcuts for them, with ``CollectorConfig``'s defaults.
+shortcuts for them, with ``RolloutConfig``'s defaults.
 
 Runs tasks ``0..n-1`` of the env's split (``-g`` samples each) through the collector with a progress
 bar, writes one JSON line per trajectory (the trace format of :mod:`chatgym.trainer.rollout.trace`) and
@@ -26,7 +26,7 @@ import yaml
 
 from chatgym.trainer.config.loader import ConfigError, apply_overrides, from_dict
 from chatgym.trainer.engines import ENGINES
-from chatgym.trainer.rollout.config import CollectorConfig
+from chatgym.trainer.rollout.config import RolloutConfig
 
 
 def key_values(items: Sequence[str], flag: str, prog: str = "chatgym rollout") -> dict[str, Any]:
@@ -63,8 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-# Flag -> CollectorConfig field: the flags are shortcuts for ``rollout.<field>=<value>`` overrides, with
-# no default of their own (the one default is CollectorConfig's).
+# Flag -> RolloutConfig field: the flags are shortcuts for ``rollout.<field>=<value>`` overrides, with
+# no default of their own (the one default is RolloutConfig's).
 ROLLOUT_FLAGS: dict[str, tuple[str, type, str]] = {
     "--temperature": ("temperature", float, "sampling temperature (0: greedy)"),
     "--top-p": ("top_p", float, "nucleus sampling"),
@@ -80,7 +80,7 @@ ROLLOUT_FLAGS: dict[str, tuple[str, type, str]] = {
 def add_rollout_flags(parser: argparse.ArgumentParser) -> None:
     """The collector's flags (:data:`ROLLOUT_FLAGS`) and positional ``rollout.<field>=<value>``
     overrides, as in ``chatgym train``'s ``rollout`` section."""
-    defaults = CollectorConfig()
+    defaults = RolloutConfig()
     for flag, (name, kind, text) in ROLLOUT_FLAGS.items():
         parser.add_argument(
             flag, type=kind, default=None, help=f"{text}; rollout.{name} (default {getattr(defaults, name)})"
@@ -90,8 +90,8 @@ def add_rollout_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def rollout_config(args: argparse.Namespace, prog: str, **base: Any) -> CollectorConfig:
-    """The :class:`CollectorConfig` of a CLI call: ``base`` values, then ``args.overrides``, then the
+def rollout_config(args: argparse.Namespace, prog: str, **base: Any) -> RolloutConfig:
+    """The :class:`RolloutConfig` of a CLI call: ``base`` values, then ``args.overrides``, then the
     flags given (a flag wins over an override of the same field).
 
     Raises:
@@ -107,7 +107,7 @@ def rollout_config(args: argparse.Namespace, prog: str, **base: Any) -> Collecto
         if bad:
             raise ConfigError(f"override {bad[0]!r}: expected rollout.KEY=VALUE")
         data = apply_overrides({"rollout": dict(base)}, items)
-        return from_dict(CollectorConfig, data["rollout"], prefix="rollout")
+        return from_dict(RolloutConfig, data["rollout"], prefix="rollout")
     except ConfigError as exc:
         raise SystemExit(f"{prog}: {exc}") from None
 

@@ -77,7 +77,7 @@ from chatgym.trainer.chat.delta import (
 from chatgym.trainer.chat.template_probe import probe_template
 from chatgym.trainer.engines.base import Engine, SamplingParams
 from chatgym.trainer.engines.common import first_stop_cut
-from chatgym.trainer.rollout.config import CollectorConfig
+from chatgym.trainer.rollout.config import RolloutConfig
 from chatgym.trainer.rollout.env_runner import EnvRunner, EnvSource, env_name, make_env
 from chatgym.trainer.rollout.episode import EpisodeFailure, ended, env_call, fail, record_step, run_guarded
 from chatgym.trainer.rollout.trace import TraceWriter
@@ -159,7 +159,7 @@ class Collector:
         engine: anything implementing the Engine contract (``async generate(prompt_ids, params)``).
         tokenizer: the model's Hugging Face tokenizer (with a chat template, or pass
             ``config.chat_template``).
-        config: :class:`CollectorConfig`.
+        config: :class:`RolloutConfig`.
         generation_config: the model's ``GenerationConfig``. EOS ids come from
             ``config.eos_token_ids``, else the engine's ``eos_token_ids`` attribute, else this config's
             ``eos_token_id`` list plus the tokenizer's ``eos_token_id``.
@@ -173,12 +173,12 @@ class Collector:
         self,
         engine: Engine,
         tokenizer: Any,
-        config: CollectorConfig | None = None,
+        config: RolloutConfig | None = None,
         generation_config: Any = None,
     ):
         self.engine = engine
         self.tokenizer = tokenizer
-        self.config = config or CollectorConfig()
+        self.config = config or RolloutConfig()
         # The engine knows its model's EOS ids (generation config); the tokenizer's is a fallback.
         engine_eos = tuple(sorted(getattr(engine, "eos_token_ids", None) or ()))
         self.eos_token_ids = (

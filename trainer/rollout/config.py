@@ -8,7 +8,7 @@ from chatgym.trainer.engines.base import SamplingParams
 
 
 @dataclass(frozen=True)
-class CollectorConfig:
+class RolloutConfig:
     """Settings of the collector (token counts are tokens of the model's tokenizer).
 
     Attributes:
@@ -56,22 +56,22 @@ class CollectorConfig:
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
-                raise ValueError(f"CollectorConfig.{name} must be an int >= 1, got {value!r}")
+                raise ValueError(f"RolloutConfig.{name} must be an int >= 1, got {value!r}")
         if self.episode_timeout_s is not None and not self.episode_timeout_s > 0:
             raise ValueError(
-                f"CollectorConfig.episode_timeout_s must be > 0 or None, got {self.episode_timeout_s}"
+                f"RolloutConfig.episode_timeout_s must be > 0 or None, got {self.episode_timeout_s}"
             )
         if not 0.0 <= self.trace_fraction <= 1.0:
-            raise ValueError(f"CollectorConfig.trace_fraction must be in [0, 1], got {self.trace_fraction}")
+            raise ValueError(f"RolloutConfig.trace_fraction must be in [0, 1], got {self.trace_fraction}")
         if self.chat_template is not None:
             from chatgym.trainer.chat.tokenizer import check_chat_template_setting
 
             try:
                 check_chat_template_setting(self.chat_template)
             except FileNotFoundError as exc:
-                raise ValueError(f"CollectorConfig.chat_template: {exc}") from None
+                raise ValueError(f"RolloutConfig.chat_template: {exc}") from None
         # SamplingParams validates temperature/top_p; build one now so a bad value fails here.
         try:
             SamplingParams(max_tokens=1, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
         except ValueError as exc:
-            raise ValueError(f"CollectorConfig: {exc}") from None
+            raise ValueError(f"RolloutConfig: {exc}") from None
