@@ -3,7 +3,7 @@
 CPU part (this machine; the scripted engine, no model compute):
 
 1. *Scaling* — the same episodes on 1 and on 2 rollout workers (``RayRollout``), each worker a
-   scripted engine replica (``scripted.ScriptedEngine``, ``--gen-delay`` seconds per generate call)
+   scripted engine replica (``chatgym.testing.ScriptedEngine``, ``--gen-delay`` seconds per generate call)
    that takes at most ``--capacity`` episodes at once (a replica's batch slots), and an env whose tool
    has a heavy-tailed latency (``SleepToolEnv``: log-normal, median ``--tool-median`` s, sigma
    ``--tool-sigma``, capped at ``--tool-cap`` s; fixed per (task, turn), so both sides meet the same
@@ -33,8 +33,8 @@ import tempfile
 import time
 from typing import Any
 
+from chatgym.testing import ENV_ID
 from chatgym.trainer.config import Config, EngineConfig, EnvConfig, TrainConfig
-from chatgym.trainer.distributed.scripted import ENV_ID
 from chatgym.trainer.rollout.config import CollectorConfig
 from chatgym.trainer.rollout.source import RolloutRequest
 from chatgym.trainer.runner_config import RayConfig, RunnerConfig
@@ -50,7 +50,7 @@ def config(out: str, *, workers: int, capacity: int, gen_delay: float, tool_turn
             backend="ray",
             ray=RayConfig(
                 num_rollout_workers=workers,
-                engine_factory="chatgym.trainer.distributed.scripted:scripted_engine",
+                engine_factory="chatgym.testing:scripted_engine",
                 worker_num_cpus=0,
                 worker_capacity=capacity,
             ),
@@ -105,8 +105,8 @@ def scaling(args: argparse.Namespace, model_path: str, out: str) -> None:
 
 
 def overhead(args: argparse.Namespace, model_path: str, out: str) -> None:
+    from chatgym.testing import ScriptedEngine
     from chatgym.trainer.distributed.ray_rollout import RayRollout
-    from chatgym.trainer.distributed.scripted import ScriptedEngine
     from chatgym.trainer.rollout.collector import Collector
     from chatgym.trainer.rollout.source import LocalRollout
     from chatgym.trainer.rollout.tokenizer import get_tokenizer
