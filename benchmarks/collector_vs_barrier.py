@@ -28,8 +28,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from collector_common import LatencyEnv, fmt_runs, make_engine, median
 
 from chatgym.trainer.engines.base import SamplingParams
-from chatgym.trainer.rollout.chat_delta import ChatRenderer, closing_ids, probe_template
+from chatgym.trainer.rollout.chat_delta import ChatRenderer, closing_ids
 from chatgym.trainer.rollout.collector import Collector, CollectorConfig
+from chatgym.trainer.rollout.template_probe import probe_template
 
 
 async def barrier_rollout(

@@ -20,9 +20,9 @@ from chatgym.trainer.rollout import Collector, CollectorConfig
 from chatgym.trainer.rollout.chat_delta import (
     ChatRenderer,
     TemplateError,
-    probe_template,
     truncate_text_tokens,
 )
+from chatgym.trainer.rollout.template_probe import probe_template
 from chatgym.trainer.rollout.tokenizer import builtin_template, content_codec, get_tokenizer
 
 IM_START, IM_END, NL = 1, 2, 198  # SmolLM2 ids of <|im_start|>, <|im_end|>, "\n"

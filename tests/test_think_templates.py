@@ -19,7 +19,8 @@ from rollout_helpers import TASKS, AddEnv, OkEnv, tool_call_text
 from chatgym.envs import messages as M
 from chatgym.trainer.engines.replay import ReplayEngine, replay_logprob, turn_script
 from chatgym.trainer.rollout import Collector, CollectorConfig
-from chatgym.trainer.rollout.chat_delta import ChatRenderer, probe_template
+from chatgym.trainer.rollout.chat_delta import ChatRenderer
+from chatgym.trainer.rollout.template_probe import probe_template
 from chatgym.trainer.rollout.tokenizer import builtin_template, get_tokenizer, resolve_chat_template
 
 IM_START, IM_END, NL = 1, 2, 198

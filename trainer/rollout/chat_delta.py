@@ -66,16 +66,7 @@ from typing import Any
 
 from chatgym.envs.messages import Message
 
-from .template_probe import (  # noqa: F401  (the probe's types and entry point, re-exported here)
-    BASE_QUERY,
-    BASE_STUB,
-    PROBE_CONVERSATION,
-    PROBE_TOOLS,
-    TemplateError,
-    TemplateProbe,
-    first_difference,
-    probe_template,
-)
+from .template_probe import BASE_QUERY, BASE_STUB, TemplateError, TemplateProbe, first_difference
 from .tokenizer import (
     SENTINEL_CLOSE,
     SENTINEL_OPEN,

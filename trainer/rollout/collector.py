@@ -74,13 +74,13 @@ from .chat_delta import (
     ChatRenderer,
     TemplateError,
     closing_ids,
-    probe_template,
     resolve_eos_ids,
     truncate_text_tokens,
 )
 from .config import CollectorConfig
 from .env_runner import EnvRunner, EnvSource, env_name, make_env
 from .episode import EpisodeFailure, ended, env_call, fail, record_step, run_guarded
+from .template_probe import probe_template
 from .trace import TraceWriter
 from .types import Trajectory
 
