@@ -114,7 +114,7 @@ class TransformersEngine:
         async_scheduling: static path: queue decode step ``k + 1`` before step ``k``'s ids are read
             back, so the host's per-step work overlaps it (as vLLM's async scheduling); same ids and
             logprobs up to float rounding. Default False: faster generation on an H200, but its training
-            runs had slower updates and more peak memory (``benchmarks/results/vs_trl_h200_s26/``).
+            runs had slower updates and more peak memory (``benchmarks/results/vs_trl_h200_fused_step/``).
         fused_step: static path: prefill and decode through :mod:`.hf_fused` (fused weights, ~18
             kernels a layer; 2.5x faster decode steps on an H200) when the model allows; False: through
             the model's own layers. Same function up to float rounding.
