@@ -146,7 +146,7 @@ def overhead(args: argparse.Namespace, model_path: str, out: str) -> None:
     )
 
 
-# ==== GPU part: run by the lead on the 2 x H200 machine (not run here) =============================
+# ==== GPU part: for a 2 x H200 machine (not run on the CPU box) ===================================
 def gpu_part(args: argparse.Namespace) -> None:
     """The main job's shape (SmolLM2 on Math-v0) on Ray with GPUs, two measurements:
 

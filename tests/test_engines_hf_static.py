@@ -110,7 +110,7 @@ def test_engine_decode_choice(model, tokenizer):
     assert TransformersEngine(model, tokenizer, decode="static").decode == "static"
     with pytest.raises(ValueError, match="decode must be 'auto', 'static' or 'dynamic', got 'fast'"):
         TransformersEngine(model, tokenizer, decode="fast")
-    # Fresh-user check: async_scheduling on the dynamic path was silently ignored.
+    # Regression: async_scheduling on the dynamic path was silently ignored.
     with pytest.raises(ValueError, match=r"^async_scheduling needs decode 'static' \(this engine decodes 'dynamic'\)$"):
         TransformersEngine(model, tokenizer, decode="dynamic", async_scheduling=True)
 
