@@ -17,7 +17,7 @@ Runs (``--runs``, any subset, each ``NAME:SEED``):
   ``k``'s ids are read back);
 * ``ours_dynamic`` — the same with the engine's dynamic-cache decode (``decode: dynamic``);
 * ``ours_packed`` — ``ours`` with the update packed (``model.pack: true``; ``--pack`` sets it for ``ours``);
-* ``trl_bf16``    — TRL with bf16 weights (its fastest configuration in the peers' figures we were given);
+* ``trl_bf16``    — TRL with bf16 weights (its fastest configuration in the peers' figures);
 * ``trl_fp32``    — TRL with fp32 weights, bf16 autocast and gradient checkpointing (its most accurate).
 
 Wall clock per step is measured around the whole step (``Trainer.step`` + logging; TRL: callback from
