@@ -5,10 +5,9 @@ decode step, requests that arrived meanwhile are prefilled and join the batch (u
 ``max_batch_size`` rows), and rows that finish leave it and are answered at once (iteration-level
 scheduling, Orca, Yu et al., OSDI 2022; the cache handling is in :mod:`.hf_batch`). Nothing waits for
 a whole batch to end, which matters under the collector's traffic: episodes send their turns at
-different times. Each row keeps its own sampling
-settings (temperature, top-p, top-k, stop ids, stop strings, max tokens, seed). Stop strings are
-matched on the decoded text after every token (``common.StopStringChecker``: the row ends on the token
-that completes one, which is kept).
+different times. Each row keeps its own sampling settings (temperature, top-p, top-k, stop ids, stop
+strings, max tokens, seed). Stop strings are matched on the decoded text after every token
+(``common.StopStringChecker``: the row ends on the token that completes one, which is kept).
 
 Logprobs: each returned logprob is ``log_softmax(logits)[sampled id]`` of the model's RAW next-token
 logits (upcast to float32) — temperature 1, before top-p/top-k — i.e. exactly what a trainer gets from
@@ -434,7 +433,7 @@ class TransformersEngine:
         ):
             plan = hf_sampling.build_plan(
                 [r.request.params for r in rows], [r.generator for r in rows], self._generator,
-                self.vocab_size, self.device,
+                self.vocab_size, self.device
             )
             self._plan = (list(rows), plan)  # holds the rows: their identity is the cache key
         return plan
