@@ -2,7 +2,7 @@
 model's own layers (``layers``), through :mod:`chatgym.trainer.engines.hf_fused` (``fused``, the
 engine's default), and (``--compile``) the layers' step compiled by ``torch.compile`` (Inductor, the
 whole step, row and column counts dynamic) then captured; and the host-side sampling per step. The
-engine itself does not compile (``benchmarks/results/vs_trl_h200_s24/README.md``: 140 s, and 91 s
+engine itself does not compile (``benchmarks/results/vs_trl_h200_curve_subprocess/README.md``: 140 s, and 91 s
 more at the 512-column bucket). Per mode it also counts the CUDA kernels one step launches (profiler,
 one eager step at 64 rows x 256 columns).
 

@@ -3,7 +3,7 @@
 CPU part (this machine; the scripted engine, no model compute):
 
 1. *Scaling* — the same episodes on 1 and on 2 rollout workers (``RayRollout``), each worker a
-   scripted engine replica (``scripted.ScriptedEngine``, ``--gen-delay`` seconds per generate call)
+   scripted engine replica (``chatgym.testing.ScriptedEngine``, ``--gen-delay`` seconds per generate call)
    that takes at most ``--capacity`` episodes at once (a replica's batch slots), and an env whose tool
    has a heavy-tailed latency (``SleepToolEnv``: log-normal, median ``--tool-median`` s, sigma
    ``--tool-sigma``, capped at ``--tool-cap`` s; fixed per (task, turn), so both sides meet the same
@@ -33,9 +33,9 @@ import tempfile
 import time
 from typing import Any
 
+from chatgym.testing import ENV_ID
 from chatgym.trainer.config.run import Config, EngineConfig, EnvConfig, TrainConfig
 from chatgym.trainer.config.runner import RayConfig, RunnerConfig
-from chatgym.trainer.distributed.scripted import ENV_ID
 from chatgym.trainer.rollout.config import RolloutConfig
 from chatgym.trainer.rollout.source import RolloutRequest
 
@@ -50,7 +50,7 @@ def config(out: str, *, workers: int, capacity: int, gen_delay: float, tool_turn
             backend="ray",
             ray=RayConfig(
                 num_rollout_workers=workers,
-                engine_factory="chatgym.trainer.distributed.scripted:scripted_engine",
+                engine_factory="chatgym.testing:scripted_engine",
                 worker_num_cpus=0,
                 worker_capacity=capacity,
             ),
@@ -105,9 +105,9 @@ def scaling(args: argparse.Namespace, model_path: str, out: str) -> None:
 
 
 def overhead(args: argparse.Namespace, model_path: str, out: str) -> None:
+    from chatgym.testing import ScriptedEngine
     from chatgym.trainer.chat.tokenizer import get_tokenizer
     from chatgym.trainer.distributed.ray_rollout import RayRollout
-    from chatgym.trainer.distributed.scripted import ScriptedEngine
     from chatgym.trainer.rollout.collector import Collector
     from chatgym.trainer.rollout.source import LocalRollout
 
@@ -146,7 +146,7 @@ def overhead(args: argparse.Namespace, model_path: str, out: str) -> None:
     )
 
 
-# ==== GPU part: run by the lead on the 2 x H200 machine (not run here) =============================
+# ==== GPU part: for a 2 x H200 machine (not run on the CPU box) ===================================
 def gpu_part(args: argparse.Namespace) -> None:
     """The main job's shape (SmolLM2 on Math-v0) on Ray with GPUs, two measurements:
 

@@ -1,4 +1,4 @@
-"""Training on Ray with GPUs (issue 16's Measure section, GPU part): placement and data-parallel learners.
+"""Training on Ray with GPUs (the GPU part of the distributed measurements): placement and data-parallel learners.
 
 The main job's shape: SmolLM2-135M-Instruct on Math-v0, 8 prompts x 8 samples, <= 128 new tokens,
 GRPO (clip-higher 0.2/0.28, token-mean, TIS 2.0, no KL), lr 1e-5, micro-batches of 16 rows, the HF

@@ -1,23 +1,28 @@
-"""Continuous vs static batching in the transformers engine, under collector-like traffic.
+"""The transformers engine's continuous batching under collector-like traffic.
 
 Clients (episodes) start a few milliseconds apart and run several turns each: generate a reply, wait
-for a "tool" (a seeded log-normal latency), then generate the next turn from the longer chat. With
-static batching a request that arrives while a batch decodes waits for the whole batch to end; with
-continuous batching it joins at the next decode step. Both policies run in this process on the same
-model, alternating (static, continuous, static, ...), with the same seeded requests: each request's
-sampling seed makes its tokens independent of its batch, so both policies generate the same tokens
-(the script counts the requests whose tokens agree) and the wall times compare like for like.
+for a "tool" (a seeded log-normal latency), then generate the next turn from the longer chat. A
+request that arrives while rows decode joins at the next decode step. Each request's sampling seed
+makes its tokens independent of its batch, so every run generates the same tokens (the script prints
+a digest of them) and the wall times compare like for like.
 
     python benchmarks/hf_continuous.py                   # SmolLM2, fp32, CPU
     python benchmarks/hf_continuous.py --clients 32 --turns 3 --threads 2
 
-Prints each run's wall time and tokens/s, the medians, and the ratio continuous / static.
+Prints each run's wall time and tokens/s, the median, and the tokens' digest.
+
+Static batching (a request waits until the running batch is empty) is not an engine option. To
+compare with it, run this benchmark from a commit that still has it, which runs both policies
+alternating in one process: ``git worktree add /tmp/old <tag>``, then
+``python /tmp/old/benchmarks/hf_continuous.py`` with the same arguments.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
+import json
 import random
 import statistics
 import time
@@ -33,7 +38,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32, help="per turn")
     parser.add_argument("--stagger-ms", type=float, default=20.0, help="gap between episode starts")
     parser.add_argument("--tool-ms", type=float, default=50.0, help="median tool latency between turns")
-    parser.add_argument("--repeats", type=int, default=2, help="runs of each policy (alternating)")
+    parser.add_argument("--repeats", type=int, default=2, help="timed runs (after one warm-up run)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     args = parser.parse_args()
 
@@ -49,14 +54,11 @@ def main() -> None:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = get_tokenizer(args.model)
     model = load_model(args.model, dtype=args.dtype, device=device)
-    engines = {
-        policy: TransformersEngine(model, tokenizer, max_batch_size=64, continuous=policy == "continuous")
-        for policy in ("static", "continuous")
-    }
+    engine = TransformersEngine(model, tokenizer, max_batch_size=64)
     topics = ["a lighthouse", "the moon", "a lost key", "bread", "a storm", "a robot", "tea", "a river"]
 
-    async def episode(engine: TransformersEngine, i: int) -> tuple[list[list[int]], int]:
-        rng = random.Random(i)  # the same start, latencies and seeds for both policies
+    async def episode(i: int) -> tuple[list[list[int]], int]:
+        rng = random.Random(i)  # the same start, latencies and seeds in every run
         await asyncio.sleep(i * args.stagger_ms / 1000)
         chat = [{"role": "user", "content": f"Write a short story about {topics[i % len(topics)]}."}]
         replies, tokens = [], 0
@@ -72,37 +74,31 @@ def main() -> None:
             await asyncio.sleep(rng.lognormvariate(0, 0.7) * args.tool_ms / 1000)
         return replies, tokens
 
-    async def run(policy: str) -> tuple[float, int, list[list[list[int]]]]:
-        engine = engines[policy]
+    async def run() -> tuple[float, int, list[list[list[int]]]]:
         t0 = time.perf_counter()
-        results = await asyncio.gather(*(episode(engine, i) for i in range(args.clients)))
+        results = await asyncio.gather(*(episode(i) for i in range(args.clients)))
         wall = time.perf_counter() - t0
         return wall, sum(n for _, n in results), [r for r, _ in results]
 
     async def bench() -> None:
-        await run("continuous")  # warm-up (first-call costs), not counted
-        walls: dict[str, list[float]] = {"static": [], "continuous": []}
-        replies: dict[str, list] = {}
+        await run()  # warm-up (first-call costs), not counted
+        walls: list[float] = []
+        replies: list = []
         for rep in range(args.repeats):
-            for policy in ("static", "continuous"):
-                engine = engines[policy]
-                steps, prefills = engine.decode_steps, engine.batches_run
-                wall, tokens, replies[policy] = await run(policy)
-                walls[policy].append(wall)
-                print(
-                    f"run {rep + 1} {policy:10s}: {wall:6.2f} s, {tokens} tokens, {tokens / wall:7.1f} tok/s, "
-                    f"{engine.decode_steps - steps} decode steps, {engine.batches_run - prefills} prefills",
-                    flush=True,
-                )
-        same = sum(a == b for a, b in zip(replies["static"], replies["continuous"], strict=True))
-        print(f"episodes with identical tokens under both policies: {same}/{args.clients}")
-        med = {p: statistics.median(w) for p, w in walls.items()}
-        print(f"median wall: static {med['static']:.2f} s, continuous {med['continuous']:.2f} s")
+            steps, prefills = engine.decode_steps, engine.batches_run
+            wall, tokens, replies = await run()
+            walls.append(wall)
+            print(
+                f"run {rep + 1}: {wall:6.2f} s, {tokens} tokens, {tokens / wall:7.1f} tok/s, "
+                f"{engine.decode_steps - steps} decode steps, {engine.batches_run - prefills} prefills",
+                flush=True,
+            )
+        print(f"median wall: {statistics.median(walls):.2f} s")
         print(
-            f"ratio (static wall / continuous wall, = continuous speed-up): {med['static'] / med['continuous']:.2f}x"
+            "tokens digest (sha256 of every episode's reply ids): "
+            f"{hashlib.sha256(json.dumps(replies).encode()).hexdigest()[:16]}"
         )
-        for engine in engines.values():
-            await engine.close()
+        await engine.close()
 
     print(
         f"{args.model} {args.dtype} on {device}, torch threads {torch.get_num_threads()}; {args.clients} "

@@ -18,17 +18,18 @@ allocator growth) are left out of the figures. Per mode it prints, over the time
 
 Modes: ``batched`` (the engine as it is), ``async`` (the same with ``async_scheduling``: step ``k + 1``
 queued before step ``k``'s ids are read back), ``layers`` / ``layers_async`` (those two decoding
-through the model's own layers, ``fused_step=False``, instead of :mod:`.hf_fused`) and ``per_row`` (``engine._per_row_draws``: the sampling of
-the code before issue 15 — one ``torch.multinomial`` per seeded row, two device syncs each; sampling
-tensors made every step by copies that wait for the device; two reads back per step; the same ids).
-Both modes use the new row moves and prefill copies. On a CPU it runs a tiny random Llama so the host
-side dominates. ``--switch-interval`` sets Python's GIL switch interval (default 5 ms) for the run: the
+through the model's own layers, ``fused_step=False``, instead of :mod:`.hf_fused`). On a CPU it runs
+a tiny random Llama so the host side dominates. ``--switch-interval`` sets Python's GIL switch interval (default 5 ms) for the run: the
 engine's worker thread gives the GIL up at every torch call and may wait that long to get it back
 while the collector's threads run Python (scoring, tokenizing).
 
     python benchmarks/rollout_gpu.py                      # CUDA: SmolLM2-135M real weights, bf16
     python benchmarks/rollout_gpu.py --count-syncs
     .venv/bin/python benchmarks/rollout_gpu.py --rounds 2 --warmup 1   # CPU: tiny model
+
+To compare with an older engine (for instance one ``torch.multinomial`` per seeded row, two device
+syncs each), run this script from that commit: ``git worktree add /tmp/old <tag>``, then
+``python /tmp/old/benchmarks/rollout_gpu.py`` with the same arguments.
 """
 
 from __future__ import annotations
@@ -209,7 +210,6 @@ def run_mode(mode: str, args, device: str) -> dict:
     from chatgym.trainer.rollout.collector import Collector, RolloutConfig
 
     engine = make_engine(device, args.real_weights if device == "cuda" else False, args.seed)
-    engine._per_row_draws = mode == "per_row"
     engine.async_scheduling = mode.endswith("async")
     engine.fused_step = not mode.startswith("layers")
     probe = Probe(engine)
@@ -261,8 +261,8 @@ def main() -> None:
     import torch
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    modes = ["batched", "async", "layers", "layers_async", "per_row"]
-    ap.add_argument("--modes", nargs="+", default=modes[:4], choices=modes)
+    modes = ["batched", "async", "layers", "layers_async"]
+    ap.add_argument("--modes", nargs="+", default=modes, choices=modes)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)

@@ -1,4 +1,4 @@
-"""The distributed trainer's scaling on one GPU machine (issue 19): rollout replicas, learners, splits.
+"""The distributed trainer's scaling on one GPU machine: rollout replicas, learners, splits.
 
 The main job's shape (SmolLM2-135M-Instruct, Math-v0, GRPO, 8 prompts x 8 samples, <= 128 new tokens;
 ``benchmarks/distributed_gpu.py``'s config), ``trainer.backend: ray``, the HF engine (bf16, static-cache

@@ -9,10 +9,10 @@ the transformers engine in bf16 on the same GPU.
 
     python benchmarks/train_step.py --steps 6            # CUDA if available, else CPU
     python benchmarks/train_step.py --steps 3 --real-weights --engine vllm
-    # the H200 check: Math-v0 (reasoning-gym basic_arithmetic), real weights, HF engine with
-    # continuous batching, then the same with the static policy (new requests wait for the batch)
+    # the H200 check: Math-v0 (reasoning-gym basic_arithmetic), real weights, HF engine with the
+    # static-slot decode (CUDA graphs), then the same with the padded dynamic-cache decode
     python benchmarks/train_step.py --real-weights --env Math-v0 --lr 1e-5 --steps 20 \
-        --engine-options '{continuous: true}' --then-options '{continuous: false}' --then-steps 6
+        --engine-options '{decode: static}' --then-options '{decode: dynamic}' --then-steps 6
 
 Prints each step's split (rollout / update / sync), then medians over steps 2.. (step 1 pays warm-up).
 """

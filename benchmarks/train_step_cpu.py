@@ -8,10 +8,10 @@ advantages — and times :func:`chatgym.trainer.learner.update.update` (forward 
 each layout, each on a fresh copy of the same weights:
 
 - ``padded``: length-sorted micro-batches, right-padded (``share_prompt_prefix: false``).
-- ``shared``: the group's prompt forwarded once, its KV cache repeated for the padded answers (the
-  main job before this change: ``share_prompt_prefix: true``).
+- ``shared``: the group's prompt forwarded once, its KV cache repeated for the padded answers (``share_prompt_prefix: true``
+  without packing).
 - ``packed``: each micro-batch's rows end to end, no padding, block-diagonal mask.
-- ``packed+shared``: the same with the group's prompt laid down once (the CPU default now).
+- ``packed+shared``: the same with the group's prompt laid down once (the CPU default).
 - ``packed+shared mb N``: other micro-batch sizes.
 - ``... +old-logprob pass``: a no-grad pass computing ``old_logprobs`` first (what ``ppo_epochs`` /
   ``mini_batches`` > 1 needs; skipped when each batch is used for one step — ratio 1 by construction).

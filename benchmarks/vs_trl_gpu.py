@@ -15,9 +15,9 @@ Runs (``--runs``, any subset, each ``NAME:SEED``):
   checkpointing; per step also the metrics line and the background curve redraw);
 * ``ours_async``  — ``ours`` with ``engine.options.async_scheduling`` (decode step ``k + 1`` queued before step
   ``k``'s ids are read back);
-* ``ours_dynamic`` — the same with the engine's dynamic-cache decode (what stop 10 measured);
+* ``ours_dynamic`` — the same with the engine's dynamic-cache decode (``decode: dynamic``);
 * ``ours_packed`` — ``ours`` with the update packed (``model.pack: true``; ``--pack`` sets it for ``ours``);
-* ``trl_bf16``    — TRL with bf16 weights (its fastest configuration in the peers' figures we were given);
+* ``trl_bf16``    — TRL with bf16 weights (its fastest configuration in the peers' figures);
 * ``trl_fp32``    — TRL with fp32 weights, bf16 autocast and gradient checkpointing (its most accurate).
 
 Wall clock per step is measured around the whole step (``Trainer.step`` + logging; TRL: callback from
@@ -25,7 +25,7 @@ Wall clock per step is measured around the whole step (``Trainer.step`` + loggin
 ``<out>/<name>_<seed>.json``; ``--report DIR`` prints the table of all JSONs in DIR and draws
 ``accuracy_vs_wallclock.png`` (runs no model).
 
-Slow updates (issue 15 saw 0.6-2.7 s against a usual 0.3 s): every step of ours also records under
+Slow updates (some steps took 0.6-2.7 s against a usual 0.3 s): every step of ours also records under
 ``steps[i]["probe"]`` what the update was given and what happened around it: tokens in the batch,
 the padded batch shape, each micro-batch forward (its shape; packed: the pack lengths), the CUDA
 allocator's ``num_device_alloc`` / ``num_device_free`` / ``num_alloc_retries`` deltas over the update
@@ -36,8 +36,8 @@ prints the slowest updates with those fields. Toggles to test the suspects: ``--
 collector, ``train.gc_freeze``; this turns that off),
 ``--expandable-segments`` (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``: new shapes grow a
 segment instead of allocating new blocks), ``--no-plot`` (no curve redraw during the run),
-``--learner-cudnn`` (the learner's update with SDPA's cuDNN backend allowed, as before issue 15's
-fix; the engine keeps it off). Measured on the CPU box (Python 3.11, a tiny trainer after one step,
+``--learner-cudnn`` (the learner's update with SDPA's cuDNN backend allowed; the engine keeps it
+off). Measured on the CPU box (Python 3.11, a tiny trainer after one step,
 444k objects tracked by the collector): a full (generation 2) collection takes 0.40 s, and ~0 s
 after ``gc.freeze()``. The slow updates' cause was elsewhere: the probe's per-phase CUDA events
 (``phases``: forward, loss + backward, optimizer; host and GPU seconds) showed the GPU itself taking
@@ -274,7 +274,7 @@ def run_ours(
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     trainer = Trainer(our_config(seed, steps, out, decode, pack))
-    if options.get("learner_cudnn"):  # the update as before the fix: cuDNN attention allowed
+    if options.get("learner_cudnn"):  # cuDNN attention allowed in the update (its per-shape plans)
         import contextlib
 
         import chatgym.trainer.learner.learner as role

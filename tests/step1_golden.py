@@ -18,9 +18,9 @@ Regenerate (only when a change is meant to alter the numbers; say so in the comm
 
     .venv/bin/python tests/step1_golden.py --write
 
-It captures the batch where ``Trainer.step`` hands it to ``chatgym.trainer.train.update`` — the same
-name before issue 13's refactor and after it — so the golden can be recorded from a checkout of the
-old code and compared on the new one.
+It captures the batch where ``Trainer.step`` hands it to ``chatgym.trainer.train.update``; keep that
+name stable across a refactor, so the golden can be recorded from a checkout of one commit and
+compared on another.
 """
 
 from __future__ import annotations

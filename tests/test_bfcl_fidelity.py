@@ -1,4 +1,4 @@
-"""ToolUse-v0 scores as BFCL's own evaluation functions do, rule for rule (issue 12, item 8).
+"""ToolUse-v0 scores as BFCL's own evaluation functions do, rule for rule.
 
 BFCL's side is bfcl-eval's ``ast_checker`` and ``is_empty_output`` / ``is_function_calling_format_output``,
 imported from the installed package by ``scripts/bfcl_fidelity.py`` (which says what it stands in
@@ -319,5 +319,4 @@ def test_every_value_rule_on_a_grid_matches_bfcl():
                     disagree.append((spec, options, value, ours, theirs))
     assert n == len(GRID_SPECS) * len(grid_options()) * len(GRID_VALUES) == 14 * 66 * 41
     assert raised == 185  # e.g. a list option for a dict-items array given non-dict items
-    # (the checker as it was before issue 12 disagreed on 246 of these 37,884)
     assert disagree[:20] == [] and len(disagree) == 0

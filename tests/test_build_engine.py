@@ -24,7 +24,7 @@ def test_an_option_the_backend_does_not_take_is_named():
 
 
 def test_a_misspelt_vllm_option_is_named_before_the_engine_starts():
-    # Regression (fresh-user check): `engine.options={enforce_eagr: true}` was vLLM's raw TypeError
+    # Regression: `engine.options={enforce_eagr: true}` was vLLM's raw TypeError
     # after the policy had loaded; VLLMEngine passes **kwargs on to EngineArgs, so nothing was checked.
     pytest.importorskip("vllm")
     from chatgym.trainer.config.loader import ConfigError
@@ -70,7 +70,7 @@ def test_cli_names_a_bad_engine_option_in_one_line_and_leaves_no_output_dir(tmp_
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="decode 'auto' is static on CUDA")
 def test_cli_names_a_value_the_engine_refuses_and_leaves_no_output_dir(tmp_path, capsys):
-    # Fresh-user check: async_scheduling with the CPU's dynamic decode was silently ignored; a
+    # Regression: async_scheduling with the CPU's dynamic decode was silently ignored; a
     # ValueError of the engine's constructor is now a one-line config error.
     import gc
     import warnings

@@ -343,7 +343,7 @@ def test_malformed_server_call_is_answered_by_its_own_id():
     bad = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": '}}
     good = {"id": "c2", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
     obs, *_ = env.step({"role": "assistant", "content": None, "tool_calls": [bad, good]})
-    # One tool message per call, in the calls' order (issue 12 item 2; this test pinned ["c2", "c1"]).
+    # One tool message per call, in the calls' order (the error first: it was the first call).
     assert [m["tool_call_id"] for m in obs] == ["c1", "c2"]
     assert obs[0]["content"].startswith("Error: could not parse tool call: tool call 1: arguments are not valid JSON")
     assert obs[1]["content"] == "5"

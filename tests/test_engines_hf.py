@@ -8,7 +8,7 @@ import asyncio
 import pytest
 import torch
 
-from chatgym.trainer.engines import SamplingParams
+from chatgym.trainer.engines import SamplingParams, hf_sampling
 from chatgym.trainer.engines.common import first_stop_cut
 from chatgym.trainer.engines.hf import TransformersEngine
 from chatgym.trainer.models.random_init import random_model
@@ -204,7 +204,18 @@ async def test_seed_is_honoured_and_top_k_1_is_greedy(engine):
         assert (await engine.generate(prompt, params)).token_ids == greedy.token_ids
 
 
-def test_sampling_filters_keep_exactly_the_documented_sets(engine):
+def draw(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The engine's sampler (:func:`hf_sampling.sample`) on every row of ``logits`` with ``params``,
+    all rows drawing from one generator."""
+    generator = torch.Generator().manual_seed(0)
+    rows = len(logits)
+    plan = hf_sampling.build_plan([params] * rows, [generator] * rows, generator, logits.shape[-1], "cpu")
+    ids, invalid = hf_sampling.sample(logits, plan)
+    assert not invalid.any()
+    return ids
+
+
+def test_sampling_filters_keep_exactly_the_documented_sets():
     # p = [0.5, 0.3, 0.15, 0.05]. top_p=0.7 keeps the smallest prefix reaching 0.7: {0, 1}
     # (0.5 < 0.7, 0.5 + 0.3 >= 0.7); top_k=3 keeps {0, 1, 2}; both at once keep {0, 1}.
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).repeat(4000, 1)
@@ -215,12 +226,12 @@ def test_sampling_filters_keep_exactly_the_documented_sets(engine):
         SamplingParams(): ({0, 1, 2, 3}, 0.5),
     }
     for params, (kept, p0) in cases.items():
-        drawn = engine._sample(logits, [params] * len(logits), [engine._generator] * len(logits))
+        drawn = draw(logits, params)
         assert set(drawn.tolist()) == kept
         # 4000 draws: the share of id 0 is within 4 standard errors (≤ 0.032) of the renormalised p.
         assert abs((drawn == 0).float().mean().item() - p0) < 0.032
     # Temperature 0.5 squares-and-renormalises p: p0 = 0.25 / (0.25 + 0.09 + 0.0225 + 0.0025) = 0.6849.
-    drawn = engine._sample(logits, [SamplingParams(temperature=0.5)] * 4000, [engine._generator] * 4000)
+    drawn = draw(logits, SamplingParams(temperature=0.5))
     assert abs((drawn == 0).float().mean().item() - 0.6849) < 0.03
 
 

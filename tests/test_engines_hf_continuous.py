@@ -108,21 +108,6 @@ async def test_max_batch_size_makes_later_requests_wait_for_a_free_row(engine):
     await small.close()
 
 
-async def test_static_policy_waits_for_the_batch_to_end(engine):
-    tok = engine.tokenizer
-    static = TransformersEngine(engine.model, tok, continuous=False)
-    story, hi = chat_ids(tok, "Tell me a story."), chat_ids(tok, "Say hi")
-    short = SamplingParams(max_tokens=4, temperature=0)
-    steps = static.decode_steps
-    first = asyncio.ensure_future(static.generate(story, LONG))
-    await wait_for_steps(static, 2)
-    second = await static.generate(hi, short)
-    assert first.done()  # it could only start after the first request ended
-    assert static.decode_steps == steps + 11 + 3
-    assert_same(second, await engine.generate(hi, short))
-    await static.close()
-
-
 async def test_update_weights_waits_for_running_rows_then_applies_to_new_ones(engine):
     tok = engine.tokenizer
     old = random_model("smollm2", num_hidden_layers=2, seed=0)

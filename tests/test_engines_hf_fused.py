@@ -149,7 +149,7 @@ def test_fused_graphs_on_cuda_give_the_full_forward_logits():
 
 
 def test_replaced_weights_and_modules_rebuild_the_step():
-    """Found by the fresh-user check: ``load_state_dict(assign=True)`` gives the model new Parameter
+    """Regression: ``load_state_dict(assign=True)`` gives the model new Parameter
     objects; the fused copies followed the old ones (logits 0.836 from the new model's forward)."""
     model, other = tiny(LlamaConfig, seed=3), tiny(LlamaConfig, seed=4)
     slots = StaticSlots(model, 2, 64, use_graphs=False)

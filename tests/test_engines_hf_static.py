@@ -110,7 +110,7 @@ def test_engine_decode_choice(model, tokenizer):
     assert TransformersEngine(model, tokenizer, decode="static").decode == "static"
     with pytest.raises(ValueError, match="decode must be 'auto', 'static' or 'dynamic', got 'fast'"):
         TransformersEngine(model, tokenizer, decode="fast")
-    # Fresh-user check: async_scheduling on the dynamic path was silently ignored.
+    # Regression: async_scheduling on the dynamic path was silently ignored.
     with pytest.raises(ValueError, match=r"^async_scheduling needs decode 'static' \(this engine decodes 'dynamic'\)$"):
         TransformersEngine(model, tokenizer, decode="dynamic", async_scheduling=True)
 
@@ -228,7 +228,7 @@ def test_capture_survives_cuda_calls_from_another_thread_and_a_failed_capture_ru
     assert list(broken.capture_failures) == [(2, 64)] and broken.graphs_captured == 1
 
 
-# ---- the step's host side: batched draws, one read-back, cheaper row moves (issue 15) ---------------
+# ---- the step's host side: batched draws, one read-back, cheaper row moves ---------------------------
 
 
 def _plan(params, seeds, shared):
@@ -240,6 +240,24 @@ def _plan(params, seeds, shared):
 VOCAB = 500
 
 
+def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """One row's sampling distribution, by the documented rules: temperature, then the top_k largest
+    logits, then the smallest prefix (by rank) of those whose renormalised mass reaches top_p."""
+    x = logits / torch.tensor(params.temperature)
+    order = x.argsort(descending=True).tolist()
+    k = params.top_k if 0 < params.top_k < len(order) else len(order)
+    mass = torch.softmax(x[order[:k]], -1).tolist()
+    kept, above = [], 0.0
+    for token, p in zip(order[:k], mass, strict=True):
+        if kept and above >= params.top_p:
+            break
+        kept.append(token)
+        above += p
+    keep = torch.zeros(len(order), dtype=torch.bool)
+    keep[kept] = True
+    return torch.softmax(x.masked_fill(~keep, float("-inf")), -1)
+
+
 def test_batched_draws_are_the_per_row_multinomial_draws():
     # Rows: seeded at T=1, seeded at T=0.7, greedy, seeded with top-k 20 + top-p 0.9, two on the shared
     # generator. Five steps, so each generator's state must advance exactly as multinomial advances it.
@@ -248,31 +266,41 @@ def test_batched_draws_are_the_per_row_multinomial_draws():
     seeds = [11, 12, None, 14, None, None]
     logits = torch.randn(5, len(params), VOCAB, generator=torch.Generator().manual_seed(0)) * 3
     batched = _plan(params, seeds, torch.Generator().manual_seed(99))
-    per_row = _plan(params, seeds, torch.Generator().manual_seed(99))
-    # Independent reference for the unfiltered seeded rows: torch.multinomial itself, row by row.
-    ref_gens = {0: torch.Generator().manual_seed(11), 1: torch.Generator().manual_seed(12)}
+    # Independent reference: torch.multinomial itself, one call per seeded row on its own generator
+    # and one call for the rows on the shared generator (rows 4 and 5, in row order).
+    ref_gens = {r: torch.Generator().manual_seed(s) for r, s in enumerate(seeds) if s is not None}
+    ref_shared = torch.Generator().manual_seed(99)
     for step in range(5):
         ids, invalid = hf_sampling.sample(logits[step], batched)
-        old, _ = hf_sampling.sample(logits[step], per_row, per_row=True)
-        assert ids.tolist() == old.tolist()
         assert invalid.tolist() == [False] * 5  # one flag per sampled row (the greedy row is not one)
-        for r, temperature in ((0, 1.0), (1, 0.7)):
-            probs = torch.softmax(logits[step, r] / torch.tensor(temperature), -1)
-            assert int(ids[r]) == int(torch.multinomial(probs, 1, generator=ref_gens[r]))
+        probs = [filtered_probs(logits[step, r], params[r]) for r in range(len(params))]
+        for r, generator in ref_gens.items():
+            assert int(ids[r]) == int(torch.multinomial(probs[r], 1, generator=generator))
+        shared = torch.multinomial(torch.stack([probs[4], probs[5]]), 1, generator=ref_shared)[:, 0]
+        assert ids[[4, 5]].tolist() == shared.tolist()
         assert int(ids[2]) == int(logits[step, 2].argmax())
-        # top-k 20: the drawn id is among the row's 20 largest logits.
-        assert int(ids[3]) in logits[step, 3].topk(20).indices.tolist()
+        # top-k 20 + top-p 0.9: the drawn id is in the row's kept set.
+        assert probs[3][int(ids[3])] > 0
 
 
-def test_a_nan_row_is_flagged_and_the_engine_says_so(model, tokenizer):
+async def test_a_nan_row_is_flagged_and_the_engine_says_so(tokenizer):
     logits = torch.zeros(3, VOCAB)
     logits[1, 7] = float("nan")
     plan = _plan([SamplingParams(seed=1)] * 3, [1, 2, 3], torch.Generator())
     _, invalid = hf_sampling.sample(logits, plan)
     assert invalid.tolist() == [False, True, False]
-    engine = TransformersEngine(model, tokenizer, decode="static")
-    with pytest.raises(RuntimeError, match="not a distribution"):
-        engine._sample(logits, [SamplingParams(seed=1)] * 3, [torch.Generator()] * 3)
+    # The engine: a model whose logit for id 7 is nan (its output row, tied to the input embedding
+    # of id 7, which the prompt does not use) fails the request with the sampler's message.
+    bad = random_model("smollm2", seed=3, **TINY)
+    bad.eval()
+    with torch.no_grad():
+        bad.get_output_embeddings().weight[7] = float("nan")
+    engine = TransformersEngine(bad, tokenizer, decode="static", max_model_len=64)
+    try:
+        with pytest.raises(RuntimeError, match="not a distribution"):
+            await engine.generate([1, 5, 9], SamplingParams(max_tokens=3, seed=1))
+    finally:
+        await engine.close()
 
 
 def test_one_read_back_gives_the_values_of_separate_tolist_calls():
@@ -312,29 +340,30 @@ def test_rows_leaving_from_the_front_move_only_what_they_wrote(model):
     assert [len(g) for g in got] == [2, 4, 6, 6]
 
 
-async def test_engine_batched_draws_equal_the_per_row_draws(model, tokenizer):
-    # Seeded sampling at temperature 1 with staggered joins and leaves: the ids are the per-row
-    # multinomial draws' (the code before issue 15), the logprobs those of the same forward passes.
+async def test_engine_seeded_draws_are_each_rows_own_multinomial_draws(model, tokenizer):
+    # Seeded sampling at temperature 1 with staggered joins and leaves (the sampling plan is rebuilt
+    # as rows come and go): each row's ids are torch.multinomial's draws from its own seeded generator
+    # over a full forward pass's probabilities, and its logprobs are that pass's raw ones.
     prompts = [[1, 5, 9, 200, 3], [7, 8], list(range(11, 40)), [300, 301, 302]]
+    engine = TransformersEngine(model, tokenizer, decode="static", max_model_len=64, eos_token_ids=[-1])
 
-    async def run(per_row: bool):
-        engine = TransformersEngine(model, tokenizer, decode="static", max_model_len=64, eos_token_ids=[-1])
-        engine._per_row_draws = per_row
+    async def late(i: int):
+        await asyncio.sleep(0.02 * i)
+        return await engine.generate(prompts[i], SamplingParams(max_tokens=5 + 3 * i, seed=20 + i))
 
-        async def late(i: int):
-            await asyncio.sleep(0.02 * i)
-            return await engine.generate(prompts[i], SamplingParams(max_tokens=5 + 3 * i, seed=20 + i))
-
-        try:
-            return list(await asyncio.gather(*(late(i) for i in range(len(prompts)))))
-        finally:
-            await engine.close()
-
-    new, old = await run(False), await run(True)
-    assert [len(o.token_ids) for o in new] == [5, 8, 11, 14]
-    for a, b in zip(new, old, strict=True):
-        assert a.token_ids == b.token_ids
-        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < ATOL
+    try:
+        outs = list(await asyncio.gather(*(late(i) for i in range(len(prompts)))))
+    finally:
+        await engine.close()
+    assert [len(o.token_ids) for o in outs] == [5, 8, 11, 14]
+    for i, (prompt, out) in enumerate(zip(prompts, outs, strict=True)):
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + out.token_ids])).logits[0, len(prompt) - 1 : -1].float()
+        generator = torch.Generator().manual_seed(20 + i)
+        want = [int(torch.multinomial(torch.softmax(row, -1), 1, generator=generator)) for row in logits]
+        assert out.token_ids == want
+        raw = torch.log_softmax(logits, -1).gather(1, torch.tensor(want)[:, None])[:, 0]
+        assert max(abs(x - y) for x, y in zip(out.logprobs, raw.tolist(), strict=True)) < ATOL
 
 
 async def test_async_scheduling_gives_the_ids_of_the_synchronous_loop(model, tokenizer, monkeypatch):

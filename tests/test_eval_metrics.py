@@ -41,7 +41,7 @@ def test_mean_ci_hand_values():
     assert half == pytest.approx(0.400076, abs=1e-6)
     assert mean_ci([0.25]) == (0.25, None, None)
     # Rewards in [0, 1]: [0, 0.25] has mean 0.125, sd 0.25 / sqrt(2), half z * 0.125 = 0.244995 -> the low
-    # end is clipped at 0 (the leaderboard printed [-0.024, 0.302] for Judge-v0 before).
+    # end is clipped at 0 (regression: the leaderboard printed [-0.024, 0.302] for Judge-v0).
     mean, lo, hi = mean_ci([0.0, 0.25])
     assert (mean, lo) == (0.125, 0.0) and hi == pytest.approx(0.125 + Z_95 * 0.125)
     _, lo, _ = mean_ci([-1.0, 0.25])  # outside [0, 1]: no clipping

@@ -143,7 +143,7 @@ def test_identities(tmp_path):
         weights_hash(tmp_path / "empty")
 
 
-# ---- several processes opening one store at once (issue 12, item 7) -------------------------------
+# ---- several processes opening one store at once ------------------------------------------------
 # Parallel `chatgym eval` runs into one results file are the normal way to fill a leaderboard. Each
 # worker waits at a barrier so that all of them open the file in the same instant, then stores 20
 # episodes with its own task indices (worker * 20 + i): 80 distinct keys in all.

@@ -226,15 +226,15 @@ def test_no_import_circle():
 
 
 def test_the_cycle_finder_finds_a_circle(monkeypatch):
-    # The check above can fail: session.py importing local.py again (the circle issue 13 broke:
-    # local imports session) is found, as the component of the modules involved.
+    # The check above can fail: session.py importing local.py (a circle: local imports session) is
+    # found, as the component of the modules involved.
     session = "chatgym.sandboxes.local.session"
     monkeypatch.setitem(GRAPH, session, {*GRAPH[session], "chatgym.sandboxes.local.sandbox"})
     assert _cycles() == [["chatgym.sandboxes.local.sandbox", "chatgym.sandboxes.local.session"]]
 
 
-# Known exception: the transformers engine grew its static-slot decode in parallel work while issue 13
-# ran; split the decode paths out once that work has landed. A new entry here needs a reason like it.
+# Known exception: the transformers engine holds both decode paths' scheduling (dynamic and static
+# slots); split them out of hf.py to drop this entry. A new entry here needs a reason like it.
 LONG_MODULES = {"chatgym.trainer.engines.hf": 580}
 
 

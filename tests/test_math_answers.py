@@ -1,8 +1,8 @@
-"""Issue 12 item 4: number formats in math answers, and math-verify used where it is right.
+"""Number formats in math answers, and math-verify used where it is right.
 
 The failure: gold 9500, replies ``\\boxed{$9{,}500}`` and ``The answer is $9{,}500.`` were read as
-``500`` (rewards 0.01 on gsm_symbolic, 0.0 on basic_arithmetic). Every common form of the number now
-reads 9500 whether or not it is in tags, and the reward scale of reasoning-gym's scorers (1.0 right,
+``500`` (rewards 0.01 on gsm_symbolic, 0.0 on basic_arithmetic). Every common form of the
+number reads 9500 whether or not it is in tags, and the reward scale of reasoning-gym's scorers (1.0 right,
 gsm_symbolic's 0.01 for a wrong number) is kept.
 """
 
@@ -71,9 +71,9 @@ mv = pytest.importorskip("math_verify")
         ("<answer>0,1</answer>", ("0,1", True)),  # a pair: a comma groups exactly three digits
         ("<answer>12,34</answer>", ("12,34", True)),
         ("<answer>5 or maybe six</answer>", ("5 or maybe six", True)),  # a hedge is no unit
-        ("the numbers 1,2,3", ("3", False)),  # was "123": any comma used to be dropped
+        ("the numbers 1,2,3", ("3", False)),  # not "123": commas between single digits separate numbers
         ("no idea", (None, False)),
-        ("<answer></answer>", ("", True)),  # raised IndexError while this module was written
+        ("<answer></answer>", ("", True)),  # an empty answer, not an IndexError
         ("<answer> . </answer>", ("", True)),
     ],
 )

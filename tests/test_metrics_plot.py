@@ -63,7 +63,7 @@ def test_redraws_are_at_most_one_per_interval(tmp_path):
 
 
 def test_the_background_redraw_runs_in_a_child_process(tmp_path, monkeypatch):
-    """Regression (issue 15): redrawn in a thread, the curve held the GIL the engine's decode thread
+    """Regression: redrawn in a thread, the curve held the GIL the engine's decode thread
     needs; on an H200 the rollout took 1.33 s a step with it and 0.74-0.83 s without."""
     from chatgym.trainer.logging import curves
     from chatgym.trainer.logging import writer as metrics
@@ -114,7 +114,7 @@ def test_the_childs_errors_name_the_file_and_line(tmp_path, capsys):
 
 
 def test_a_damaged_line_inside_the_log_is_one_config_error(tmp_path):
-    # Second fresh-user check: a resume over such a file ended in a ValueError traceback.
+    # Regression: a resume over such a file ended in a ValueError traceback.
     import pytest
 
     from chatgym.trainer.config.loader import ConfigError

@@ -226,7 +226,7 @@ def test_critic_value_passes_are_deterministic_in_train_mode(random_init):
 
 
 def test_cudnn_attention_stays_off_while_any_holder_is_inside():
-    """Regression (H200, issue 15): the engine's worker closed its block after the learner had opened
+    """Regression (found on an H200): the engine's worker closed its block after the learner had opened
     its own, and a save/restore per block turned cuDNN attention back on inside the update. The order
     here is that one: engine opens, learner opens, engine closes, learner closes."""
     from chatgym.trainer.models.cuda import without_cudnn_attention

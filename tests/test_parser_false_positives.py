@@ -1,9 +1,9 @@
-"""Issue 12 item 3: no parser reads data, code fences, JSON examples or quoted call syntax as a call.
+"""No parser reads data, code fences, JSON examples or quoted call syntax as a call.
 
 The failure: with ``parser="json"`` a fenced ```` ```json {"name": "my-app", "version": "1.0.0"}``` ````
 (or ``[{"name": "alice", "age": 30}]``) was a call to ``my-app`` with ``{}``; on Math-v0 the correct
-``<answer>`` next to it then scored 0 (the "call" ran, failed, and the one turn was used up). The rule
-now: an object is a call only with the call shape (``name`` plus ``arguments``/``parameters``, nothing
+``<answer>`` next to it then scored 0 (the "call" ran, failed, and the one turn was used up). The rule:
+an object is a call only with the call shape (``name`` plus ``arguments``/``parameters``, nothing
 else but ``type``/``id``); hermes tags mentioned in prose, inside markdown code or in quotes are text.
 Real calls next to such text are still read (true positives below).
 """

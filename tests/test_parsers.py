@@ -672,7 +672,7 @@ _texts = st.one_of(
 def _check_shape(parsed: ParsedAction) -> None:
     assert isinstance(parsed.content, str)
     assert all(isinstance(e, str) and e for e in parsed.errors)
-    # Every call and every error has one place in the order written (issue 12 item 2).
+    # Every call and every error has one place in the order written.
     assert len(parsed.error_positions) == len(parsed.errors)
     order = parsed.in_order()
     assert [i for kind, i in order if kind == "call"] == list(range(len(parsed.calls)))

@@ -225,7 +225,7 @@ def test_collective_weight_sync_broadcasts_from_rank_0(replicate_group, tmp_path
         "trainer.backend=ray",
         "trainer.ray.num_rollout_workers=2",
         "trainer.ray.worker_num_cpus=0.5",
-        "trainer.ray.engine_factory=chatgym.trainer.distributed.scripted:scripted_engine",
+        "trainer.ray.engine_factory=chatgym.testing:scripted_engine",
         "trainer.ray.weight_sync=collective",
     )
     rollout = RayRollout(cfg, model_path=str(load_model_path("smollm2")), out_dir=str(tmp_path))
@@ -432,7 +432,7 @@ def test_gpu_weight_sync_nccl_to_another_gpu_and_cuda_ipc_on_the_same(cluster, t
         "trainer.ray.learner_num_gpus=0.5",
         "trainer.ray.worker_num_gpus=0.5",
         "trainer.ray.worker_num_cpus=0.5",
-        "trainer.ray.engine_factory=chatgym.trainer.distributed.scripted:scripted_engine",
+        "trainer.ray.engine_factory=chatgym.testing:scripted_engine",
     )
     place = placement_options(cfg)
     group = RayLearnerGroup(cfg, out_dir=tmp_path, scheduling=place.learners)

@@ -191,7 +191,7 @@ def test_router_picks_least_loaded_with_capacity():
 
 ray = pytest.importorskip("ray")
 
-from chatgym.trainer.distributed.scripted import ENV_ID, OverlapCounter  # noqa: E402
+from chatgym.testing import ENV_ID, OverlapCounter  # noqa: E402
 
 FAST_S, SLOW_S = 0.05, 1.0
 
@@ -230,7 +230,7 @@ def make_config(tmp: Path, **ray_fields):
 
     ray_cfg = {
         "num_rollout_workers": 2,
-        "engine_factory": "chatgym.trainer.distributed.scripted:scripted_engine",
+        "engine_factory": "chatgym.testing:scripted_engine",
         "worker_num_cpus": 1,
         "tool_limits": {"tool": 2},
         **ray_fields,
@@ -367,8 +367,8 @@ async def test_kill_9_of_a_worker_mid_step_loses_nothing(cluster, rollout):
 
 
 async def test_shared_tool_limit_holds_across_workers(rollout, tmp_path):
+    from chatgym.testing import ScriptedEngine
     from chatgym.trainer.chat.tokenizer import get_tokenizer
-    from chatgym.trainer.distributed.scripted import ScriptedEngine
     from chatgym.trainer.rollout.collector import Collector, RolloutConfig
 
     # Without a gate the same 8 episodes overlap their 1 s tool runs (measured by the tool): all 8 on

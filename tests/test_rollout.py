@@ -388,9 +388,9 @@ async def test_trace_jsonl(tok, tmp_path):
 
 
 def test_template_that_re_renders_history_gets_base_deltas_and_one_that_fits_neither_fails(tok):
-    # Marks the last message: adding a message changes the rendering of the one before it. Until issue
-    # 12 item 6 this was refused; now (as for Qwen3's think-stripping) the observation delta is the new
-    # messages rendered after a fixed base conversation, which matches the template's full rendering.
+    # Marks the last message: adding a message changes the rendering of the one before it. As for
+    # Qwen3's think-stripping, the observation delta is the new messages rendered after a fixed base
+    # conversation, which matches the template's full rendering.
     bad = (
         "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
         "{% if loop.last %} (latest){% endif %}<|im_end|>\n{% endfor %}"

@@ -71,9 +71,9 @@ def test_rollout_command_writes_trajectories(tmp_path):
 
 
 def test_rollout_and_eval_take_the_same_dotted_overrides_and_defaults():
-    # Issue 13: one set of rollout settings. Both CLIs build the collector's config from the same
+    # One set of rollout settings: both CLIs build the collector's config from the same
     # flags (shortcuts) and `rollout.KEY=VALUE` overrides; with neither, RolloutConfig's defaults
-    # (max_concurrent_episodes 256 in both; it was 64 in `chatgym eval`).
+    # (max_concurrent_episodes 256 in both).
     from chatgym.trainer.eval.cli import eval_parser
     from chatgym.trainer.rollout.cli import rollout_config
     from chatgym.trainer.rollout.config import RolloutConfig

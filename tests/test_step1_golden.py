@@ -1,9 +1,10 @@
-"""Behaviour pin for the trainer's layout (issue 13): step 1 of the main job (and of two tiny cases
-covering the reference policy, old logprobs and LoRA) trains on the same batch — token ids, loss
-mask, advantages — and ends at the same weights as the code before the refactor.
+"""Behaviour pin for the trainer's layout: step 1 of the main job (and of two tiny cases covering
+the reference policy, old logprobs and LoRA) trains on the same batch — token ids, loss mask,
+advantages — and ends at the same weights as the recorded golden, so a change of layout that
+changes behaviour fails here.
 
-The golden values in ``tests/data/step1_golden.json`` were recorded from the pre-refactor trainer
-with ``tests/step1_golden.py --write`` (see its docstring for what is stored and the tolerances).
+The golden values in ``tests/data/step1_golden.json`` are recorded with
+``tests/step1_golden.py --write`` (see its docstring for what is stored and the tolerances).
 """
 
 from __future__ import annotations

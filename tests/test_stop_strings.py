@@ -1,4 +1,4 @@
-"""Stop strings (issue 12 item 5): the shared rule, the scripted engine, the collector and Search-v0.
+"""Stop strings: the shared rule, the scripted engine, the collector and Search-v0.
 
 The rule (``engines.common``): generation ends after the first token whose addition makes the decoded
 completion contain a stop string; that token is kept whole. Expected cut points are written out from

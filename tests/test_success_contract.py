@@ -1,4 +1,4 @@
-"""The success contract (issue 13): every env step states ``info["success"]``; the rollout side
+"""The success contract: every env step states ``info["success"]``; the rollout side
 copies it into ``Trajectory.success``; training accuracy, eval accuracy and the eval store's pass@k
 rows read that one field."""
 

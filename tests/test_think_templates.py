@@ -1,9 +1,9 @@
-"""Issue 12 item 6: think-stripping templates (Qwen3, QwQ) run token-exact in the collector.
+"""Think-stripping templates (Qwen3, QwQ) run token-exact in the collector.
 
 Qwen3's stock template drops the ``<think>`` block of an assistant turn once a later user query
 follows (and gives the last assistant message an empty one); QwQ's drops every turn's reasoning and
-opens ``<think>\\n`` in the generation prompt. Neither is prefix-preserving, so the collector used to
-refuse them. Now the probe picks ``"base"`` deltas: the model's sampled ids are kept for every turn and
+opens ``<think>\\n`` in the generation prompt. Neither is prefix-preserving, so history deltas
+cannot serve them; the probe picks ``"base"`` deltas: the model's sampled ids are kept for every turn and
 each observation is the new messages rendered after a fixed base conversation.
 
 The templates are the models' own text (trainer/chat/templates/qwen3.jinja, qwq.jinja) on SmolLM2's

@@ -1,4 +1,4 @@
-"""Issue 12 item 2: one tool message per call, in the calls' order, each with its call's id, errors included.
+"""One tool message per call, in the calls' order, each with its call's id, errors included.
 
 The failure: an assistant turn with a malformed call first and a valid one second got the tool messages
 [valid result, error], so templates that pair results with calls by position (Qwen's

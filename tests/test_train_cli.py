@@ -72,7 +72,7 @@ def test_unknown_model_fails_before_the_output_dir_is_made(tmp_path, capsys):
 
 
 def test_a_recipe_model_not_made_yet_points_to_the_cold_start(tmp_path, capsys):
-    # Fresh-user check: a recipe config run before its SFT step named neither the field nor the fix.
+    # Regression: a recipe config run before its SFT step named neither the field nor the fix.
     recipe = str(Path(CONFIG).parent.parent / "recipes" / "retool" / "cpu.yaml")
     out = tmp_path / "run"
     assert main([recipe, "--output-dir", str(out), "model.path=runs/recipes/not_made_yet"]) == 2
@@ -109,7 +109,7 @@ def test_unreadable_config_is_a_clean_error(tmp_path, capsys, kind):
 
 
 def test_an_output_dir_that_is_a_file_is_a_config_error(tmp_path, capsys):
-    # Fresh-user check: a raw FileExistsError traceback (rc 1) from the Trainer's mkdir, 8 s in.
+    # Regression: a raw FileExistsError traceback (rc 1) from the Trainer's mkdir, 8 s in.
     path = tmp_path / "train.log"
     path.write_text("not a directory")
     assert main([CONFIG, "--output-dir", str(path)]) == 2
@@ -118,7 +118,7 @@ def test_an_output_dir_that_is_a_file_is_a_config_error(tmp_path, capsys):
 
 
 def test_resume_with_no_checkpoint_says_it_starts_at_step_0(tmp_path, capsys):
-    # Fresh-user check: `--resume` into a new (e.g. mistyped) folder restarted from step 0 silently.
+    # Regression: `--resume` into a new (e.g. mistyped) folder restarted from step 0 silently.
     out = tmp_path / "typo"
     assert main([CONFIG, "--output-dir", str(out), "--resume", "model.path=/nonexistent"]) == 2
     err = capsys.readouterr().err.splitlines()
@@ -127,7 +127,7 @@ def test_resume_with_no_checkpoint_says_it_starts_at_step_0(tmp_path, capsys):
 
 
 def test_a_missing_config_names_the_closest_one(tmp_path, capsys):
-    # Fresh-user check: `math_grpo.yml` gave only "[Errno 2] No such file or directory".
+    # Regression: `math_grpo.yml` gave only "[Errno 2] No such file or directory".
     typo = Path(CONFIG).with_suffix(".yml")
     assert main([str(typo)]) == 2
     assert capsys.readouterr().err == (
@@ -142,13 +142,13 @@ def test_a_missing_config_names_the_closest_one(tmp_path, capsys):
 
 
 def test_an_underscored_option_gets_its_dashed_name(capsys):
-    # Fresh-user check: `--max_steps 2` got argparse's bare "unrecognized arguments".
+    # Regression: `--max_steps 2` got argparse's bare "unrecognized arguments".
     assert main([CONFIG, "--max_steps", "2"]) == 2
     assert capsys.readouterr().err == "chatgym train: unknown option --max_steps; did you mean --max-steps?\n"
 
 
 def test_vllm_logs_warnings_only_unless_the_user_chose(tmp_path, monkeypatch, capsys):
-    # Fresh-user check: `.venv/bin/chatgym train` (not scripts/train.sh) showed vLLM's INFO lines.
+    # Regression: `.venv/bin/chatgym train` (not scripts/train.sh) showed vLLM's INFO lines.
     import os
 
     monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
@@ -160,7 +160,7 @@ def test_vllm_logs_warnings_only_unless_the_user_chose(tmp_path, monkeypatch, ca
 
 
 def test_ctrl_c_leaves_the_curve_of_the_steps_logged(tmp_path, monkeypatch, capsys):
-    # Fresh-user check: an interrupted run left no learning_curve.png (only the end of a run drew it).
+    # Regression: an interrupted run left no learning_curve.png (only the end of a run drew it).
     import json
 
     from train_helpers import LETTERS_ENV_ID, TINY_LLAMA, register

@@ -103,8 +103,8 @@ def test_cli_rejects_a_bad_key_before_doing_anything(tmp_path, capsys):
 
 def test_engine_dtype_auto_resolves_when_the_engine_is_built_not_in_the_config(tmp_path):
     # Emulated bf16 is several times slower than fp32 on CPUs without AVX-512 BF16, so "auto" picks
-    # by hardware; the independent check reads the same CPU flags. The config keeps "auto" (issue 13:
-    # the saved config.yaml must not differ by machine).
+    # by hardware; the independent check reads the same CPU flags. The config keeps "auto" (the
+    # saved config.yaml must not differ by machine).
     from pathlib import Path
 
     import torch
@@ -135,7 +135,7 @@ def test_engine_dtype_auto_resolves_when_the_engine_is_built_not_in_the_config(t
     ],
 )
 def test_algo_kwargs_are_checked_against_the_registered_function_at_load(override, message):
-    # Regression (issue 13): a typo in *_kwargs failed only at the first update, minutes in.
+    # Regression: a typo in *_kwargs failed only at the first update, minutes in.
     from chatgym.trainer.config.run import ConfigError, load_config
 
     with pytest.raises(ConfigError) as err:

@@ -1,4 +1,4 @@
-"""UserSim-v0's tools accept, coerce, store and hash exactly what tau2's do (issue 12, item 9).
+"""UserSim-v0's tools accept, coerce, store and hash exactly what tau2's do.
 
 tau2 calls its tool methods with the arguments as the model wrote them; the pydantic models the
 methods build coerce in pydantic's lax mode (``send_certificate(amount="50")`` stores ``50.0``), and

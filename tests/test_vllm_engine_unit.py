@@ -104,7 +104,7 @@ def test_cpu_compile_env_turns_off_the_aot_cache_only_where_unset():
 
 
 def test_only_the_requested_cast_is_silenced(caplog):
-    # Fresh-user check: vLLM warned once per tensor (122 lines) when the bf16 engine loaded fp32 weights.
+    # Regression: vLLM warned once per tensor (122 lines) when the bf16 engine loaded fp32 weights.
     import torch
 
     from chatgym.trainer.engines.vllm_inproc import LOAD_LOGGER, QuietRequestedCast

@@ -1,6 +1,6 @@
 """The start-up probe of a chat template (:func:`probe_template`): can it give token-exact deltas, and
 in which mode (``"history"`` or ``"base"``; see :mod:`chatgym.trainer.chat.delta`, which
-renders the deltas and re-exports these names)?
+renders the deltas)?
 
 The renderer is used through its methods only (``render``, ``encode``, ``tokenizer``, ...), so this
 module does not import :mod:`.chat_delta` and the two import one way.

@@ -10,7 +10,7 @@ collector computes deltas after a fixed base conversation (see :mod:`chatgym.tra
 
 :class:`ContentCodec` turns rendered chat text into token ids with message and tool text as plain
 text: control-token text a tool result, user, system or retrieved passage holds never becomes a
-control id (issue 12 item 1).
+control id (so a tool result cannot inject a turn).
 """
 
 from __future__ import annotations

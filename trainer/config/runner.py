@@ -42,7 +42,7 @@ class RayConfig:
         tool_rates: ``{kind: starts per second}`` in the whole cluster.
         engine_factory: ``"module:function"`` building each worker's engine as
             ``function(cfg, tokenizer, model_path, worker_index)`` instead of ``engine.backend``
-            (scripted engines in tests and benchmarks: ``chatgym.trainer.distributed.scripted:scripted_engine``).
+            (scripted engines in tests and benchmarks: ``chatgym.testing:scripted_engine``).
         learner_num_cpus, learner_num_gpus: Ray resources each learner reserves (one GPU per learner on
             GPUs; colocated with a rollout worker: a fraction, see ``placement``).
         learner_sharding: ``replicate`` (a full model per learner, gradients all-reduced), ``fsdp``

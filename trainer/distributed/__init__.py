@@ -8,9 +8,10 @@
 * :mod:`.limiter` — ``ToolLimiter``: one concurrency/rate budget for tool calls, sandbox runs,
   retrieval and API calls shared by every worker (through :mod:`chatgym.envs.tool_gate`);
 * :mod:`.ray_rollout` — ``RayRollout``: the ``RolloutSource`` over N workers (routing, versioned
-  weight sync through the object store, re-running the episodes of a worker that died);
-* :mod:`.scripted` — fakes for tests and benchmarks: a scripted engine with latency and an env whose
-  tool sleeps and counts concurrent runs across processes.
+  weight sync through the object store, re-running the episodes of a worker that died).
+
+The fakes for tests and benchmarks (a scripted engine with latency, an env whose tool sleeps and counts
+concurrent runs across processes) are in :mod:`chatgym.testing`.
 
 Ray is an optional dependency, imported only when one of these is used: ``pip install 'chatgym[ray]'``.
 """

@@ -11,11 +11,11 @@ from typing import Any
 import torch
 
 
-def sharding(cfg: Any, device: torch.device) -> str:
+def sharding(cfg: Any) -> str:
     """``trainer.ray.learner_sharding`` resolved: ``auto`` is ``replicate`` on every device. On two H200s
     with SmolLM2-135M, 2 replicate learners gave 1.80x one learner's training tokens/s and 2 FSDP2
     learners 0.67x (a small model is launch-bound; sharding adds per-layer all-gathers), so FSDP2 is
-    for models that do not fit one device, asked for by name. ``device`` is kept for callers."""
+    for models that do not fit one device, asked for by name."""
     mode = cfg.trainer.ray.learner_sharding
     return "replicate" if mode == "auto" else mode
 

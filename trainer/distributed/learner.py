@@ -117,7 +117,7 @@ class LearnerActor:
                 world_size=self.world_size,
                 timeout=timedelta(minutes=30),
             )
-            self.sharded = sharding(cfg, learner.device) == "fsdp"
+            self.sharded = sharding(cfg) == "fsdp"
             if self.sharded:
                 shard(learner, ckpt)
             learner.plan = dataclasses.replace(

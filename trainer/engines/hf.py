@@ -5,11 +5,9 @@ decode step, requests that arrived meanwhile are prefilled and join the batch (u
 ``max_batch_size`` rows), and rows that finish leave it and are answered at once (iteration-level
 scheduling, Orca, Yu et al., OSDI 2022; the cache handling is in :mod:`.hf_batch`). Nothing waits for
 a whole batch to end, which matters under the collector's traffic: episodes send their turns at
-different times. ``continuous=False`` restores the older policy (new requests wait until the batch is
-empty), kept for comparison in ``benchmarks/hf_continuous.py``. Each row keeps its own sampling
-settings (temperature, top-p, top-k, stop ids, stop strings, max tokens, seed). Stop strings are
-matched on the decoded text after every token (``common.StopStringChecker``: the row ends on the token
-that completes one, which is kept).
+different times. Each row keeps its own sampling settings (temperature, top-p, top-k, stop ids, stop
+strings, max tokens, seed). Stop strings are matched on the decoded text after every token
+(``common.StopStringChecker``: the row ends on the token that completes one, which is kept).
 
 Logprobs: each returned logprob is ``log_softmax(logits)[sampled id]`` of the model's RAW next-token
 logits (upcast to float32) — temperature 1, before top-p/top-k — i.e. exactly what a trainer gets from
@@ -102,8 +100,6 @@ class TransformersEngine:
         batch_window_s: seconds the first request waits for others when the engine is idle, so that
             a burst is prefilled in one forward pass. Requests arriving while rows decode join at the
             next step without waiting.
-        continuous: True (default): requests join the running batch between decode steps. False:
-            they wait until the batch is empty (static batching; for comparisons).
         seed: seed of the generator used by requests without their own ``seed``.
         eos_token_ids: override the EOS ids (default: every id in the generation config).
         max_model_len: prompt + completion limit in tokens (default: ``max_position_embeddings``);
@@ -112,12 +108,12 @@ class TransformersEngine:
         decode: ``"dynamic"``: the padded ``DynamicCache`` batch of :mod:`.hf_batch`; ``"static"``: the
             preallocated per-slot KV cache of :mod:`.hf_static`, replayed as CUDA graphs on a GPU (no
             per-token launch overhead; one graph capture per batch/length bucket on first use, reused
-            across weight updates); ``"auto"`` (default): static on CUDA when the model supports it
-            and batching is continuous, dynamic otherwise (on the CPU the dynamic path is as fast).
+            across weight updates); ``"auto"`` (default): static on CUDA when the model supports it,
+            dynamic otherwise (on the CPU the dynamic path is as fast).
         async_scheduling: static path: queue decode step ``k + 1`` before step ``k``'s ids are read
             back, so the host's per-step work overlaps it (as vLLM's async scheduling); same ids and
             logprobs up to float rounding. Default False: faster generation on an H200, but its training
-            runs had slower updates and more peak memory (``benchmarks/results/vs_trl_h200_s26/``).
+            runs had slower updates and more peak memory (``benchmarks/results/vs_trl_h200_fused_step/``).
         fused_step: static path: prefill and decode through :mod:`.hf_fused` (fused weights, ~18
             kernels a layer; 2.5x faster decode steps on an H200) when the model allows; False: through
             the model's own layers. Same function up to float rounding.
@@ -135,7 +131,6 @@ class TransformersEngine:
         device: str | None = None,
         max_batch_size: int = 64,
         batch_window_s: float = 0.005,
-        continuous: bool = True,
         seed: int = 0,
         eos_token_ids: Any = None,
         max_model_len: int | None = None,
@@ -175,7 +170,6 @@ class TransformersEngine:
         self.pad_token_id = int(pad if pad is not None else min(self.eos_token_ids, default=0))
         self.max_batch_size = max_batch_size
         self.batch_window_s = batch_window_s
-        self.continuous = continuous
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
         # The worker holds the model lock from the moment rows start decoding until the batch is
         # empty, so a weight update never lands in the middle of a sequence; while an update waits,
@@ -196,10 +190,6 @@ class TransformersEngine:
         self.async_scheduling, self.fused_step = bool(async_scheduling), bool(fused_step)
         self._ahead: Any = None  # async_scheduling: logits of the decode step queued for the running rows
         self._plan: tuple[list[_Row], Any] = ([], None)  # the running rows' hf_sampling plan
-        # True: the sampling of the code before issue 15 (one torch.multinomial per seeded row, two
-        # device syncs each; tensors made every step; two reads back; same ids) — for before/after
-        # benchmarks and the test that the draws are equal.
-        self._per_row_draws = False
         self.batches_run = 0
         self.rows_run = 0
         self.decode_steps = 0
@@ -308,9 +298,7 @@ class TransformersEngine:
             while True:
                 if self._stopping:
                     return None
-                admit = self._updates_waiting == 0 and (
-                    running == 0 or (self.continuous and self._can_join is not False)
-                )
+                admit = self._updates_waiting == 0 and (running == 0 or self._can_join is not False)
                 if admit and self._inbox:
                     break
                 if running:
@@ -420,11 +408,9 @@ class TransformersEngine:
 
         logits = (parts[0] if len(parts) == 1 else torch.cat(parts)).float()
         plan = self._plan_for(rows)
-        tokens, invalid = hf_sampling.sample(logits, plan, per_row=self._per_row_draws)
+        tokens, invalid = hf_sampling.sample(logits, plan)
         logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
-        if self._per_row_draws:  # the earlier code: two reads back (and multinomial's own checks)
-            ids, lps, bad = tokens.tolist(), logprobs.tolist(), []
-        elif ahead is None:
+        if ahead is None:
             ids, lps, bad = hf_sampling.to_host(tokens, logprobs, invalid)
         else:
             wait = hf_sampling.start_to_host(tokens, logprobs, invalid)
@@ -441,14 +427,13 @@ class TransformersEngine:
         """The rows' sampling plan, rebuilt only when the running rows changed (joined or left)."""
         cached_rows, plan = self._plan
         if (
-            self._per_row_draws  # the earlier code built its tensors every step; kept for comparisons
-            or plan is None
+            plan is None
             or len(cached_rows) != len(rows)
             or any(a is not b for a, b in zip(cached_rows, rows, strict=True))
         ):
             plan = hf_sampling.build_plan(
                 [r.request.params for r in rows], [r.generator for r in rows], self._generator,
-                self.vocab_size, self.device, legacy=self._per_row_draws,
+                self.vocab_size, self.device
             )
             self._plan = (list(rows), plan)  # holds the rows: their identity is the cache key
         return plan
@@ -480,7 +465,7 @@ class TransformersEngine:
         if decode == "static" and not ok:
             raise ValueError(f"decode='static' cannot run this model: {why}")
         if decode == "auto":
-            return "static" if ok and self.device.type == "cuda" and self.continuous else "dynamic"
+            return "static" if ok and self.device.type == "cuda" else "dynamic"
         return decode
 
     def _step_static(self, rows: list[_Row], joiners: list[_Request]) -> list[_Row]:
@@ -505,7 +490,7 @@ class TransformersEngine:
                 self.batches_run += 1
                 self.rows_run += len(joiners)
                 rows = rows + [self._new_row(r) for r in joiners]
-            ahead = self._decode_ahead if self.async_scheduling and not self._per_row_draws else None
+            ahead = self._decode_ahead if self.async_scheduling else None
             tokens, keep = self._take_tokens(rows, parts, ahead)
             if ahead is None:
                 slots.set_tokens(tokens)
@@ -542,22 +527,6 @@ class TransformersEngine:
             info={"prompt_tokens": len(row.request.prompt_ids)},
             stop_reason=reason,
         )
-
-    def _sample(self, logits: Any, params: list[SamplingParams], generators: list[Any]) -> Any:
-        """One id per row: argmax for temperature 0, else temperature → top-k → top-p → multinomial
-        (:func:`.hf_sampling.sample`; rows with their own ``seed`` draw from their own generator, so
-        their draws do not depend on the rest of the batch).
-
-        Raises:
-            RuntimeError: a sampled row's probabilities are not a distribution (nan/inf logits).
-        """
-        plan = hf_sampling.build_plan(
-            params, generators, self._generator, logits.shape[-1], logits.device, legacy=self._per_row_draws
-        )
-        tokens, invalid = hf_sampling.sample(logits, plan, per_row=self._per_row_draws)
-        if invalid is not None and bool(invalid.any()):
-            raise RuntimeError("sampling: next-token probabilities that are not a distribution (nan/inf logits)")
-        return tokens
 
 
 def eos_token_ids_of(model: Any, tokenizer: Any = None) -> frozenset[int]:

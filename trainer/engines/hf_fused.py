@@ -6,9 +6,9 @@ launches 1,371 kernels (~45 a layer: RMSNorm alone is seven — upcast, square, 
 multiply, downcast; RoPE about ten; grouped-query attention copies the keys and values to every query
 head) and replays in 5.19 ms at 64 rows on an H200 (3.50 ms at 8 rows: launch-bound), where
 ``torch.compile`` of the whole step replayed in 3.0 ms after 140 s of compilation
-(``benchmarks/results/vs_trl_h200_s24/``). This module computes the same function in 558 kernels (~18 a
+(``benchmarks/results/vs_trl_h200_curve_subprocess/``). This module computes the same function in 558 kernels (~18 a
 layer), with no compiler: 2.04 ms at 64 rows, 1.77 ms at 8 (``benchmarks/decode_step_gpu.py``,
-``benchmarks/results/vs_trl_h200_s26/``):
+``benchmarks/results/vs_trl_h200_fused_step/``):
 
 * one matmul for q, k and v and one for gate and up, on concatenated copies of those weights (the
   layout vLLM's ``QKVParallelLinear`` / ``MergedColumnParallelLinear`` keep);

@@ -3,13 +3,12 @@
 ``torch.multinomial(p, 1, generator=g)`` is, in PyTorch's own implementation (the one-sample fast path
 of ``aten/src/ATen/native/Distributions.cpp``), ``argmax(p / q)`` with ``q = empty_like(p)
 .exponential_(generator=g)`` (the exponential form of the Gumbel-max trick) — preceded by two checks
-of ``p`` that each read a value back to the host (``.item()``). Called once per seeded row, that was
+of ``p`` that each read a value back to the host (``.item()``). Called once per seeded row, that would be
 two GPU syncs per row per decode step (128 at 64 rows), which stalls the launch queue every time. Here
 each row's ``q`` is drawn into one buffer from the row's own generator (the same ``exponential_`` call
 on a tensor of the same size, so the same numbers), one division and one argmax serve every row, and
 the validity check becomes a per-row flag that travels back with the step's ids and logprobs in the
-engine's one device-to-host copy. The ids are the ones the per-row ``multinomial`` calls give
-(``per_row=True`` keeps those calls, for the test that proves it and for before/after benchmarks).
+engine's one device-to-host copy. The ids are the ones the per-row ``multinomial`` calls give.
 
 The per-row settings (temperature, top-k, top-p, which generator) only change when rows join or
 leave, so they are turned into device tensors once per set of rows (:func:`build_plan`), not per step.
@@ -60,14 +59,8 @@ def build_plan(
     shared_generator: Any,
     vocab: int,
     device: Any,
-    *,
-    legacy: bool = False,
 ) -> SamplingPlan:
-    """The :class:`SamplingPlan` of rows with these settings (``generators[r]`` is row ``r``'s).
-
-    ``legacy=True`` makes the tensors as the engine's earlier code did every step: a temperature
-    tensor even when all are 1, and plain host-to-device copies, each of which waits for the device.
-    """
+    """The :class:`SamplingPlan` of rows with these settings (``generators[r]`` is row ``r``'s)."""
     sampled = [r for r, sp in enumerate(params) if sp.temperature > 0]
     n = len(sampled)
     temps = [params[r].temperature for r in sampled]
@@ -77,13 +70,13 @@ def build_plan(
     shared = [i for i, r in enumerate(sampled) if generators[r] is shared_generator]
 
     def tensor(values: list[Any]) -> Any:
-        return device_tensor(values, device, wait=legacy)
+        return device_tensor(values, device)
 
     return SamplingPlan(
         rows=len(params),
         sampled=sampled,
-        index=None if n == 0 or (n == len(params) and not legacy) else tensor(sampled),
-        temperature=None if n == 0 or (all(t == 1 for t in temps) and not legacy) else tensor(temps)[:, None],
+        index=None if n == 0 or n == len(params) else tensor(sampled),
+        temperature=None if n == 0 or all(t == 1 for t in temps) else tensor(temps)[:, None],
         top_k=tensor(top_k)[:, None] if filters else None,
         top_p=tensor(top_p)[:, None] if filters else None,
         shared=shared,
@@ -93,29 +86,27 @@ def build_plan(
     )
 
 
-def device_tensor(values: Sequence[Any], device: Any, *, wait: bool = False) -> Any:
-    """``torch.tensor(values, device=device)`` (same dtype), by default without waiting for the device.
+def device_tensor(values: Sequence[Any], device: Any) -> Any:
+    """``torch.tensor(values, device=device)`` (same dtype), without waiting for the device.
 
-    A plain host-to-GPU copy (``wait=True``) synchronises the stream: PyTorch's ``copy_`` with
+    A plain host-to-GPU copy would synchronise the stream: PyTorch's ``copy_`` with
     ``non_blocking=False`` waits for it to finish, and with it every kernel queued before. From pinned
     memory with ``non_blocking=True`` it is queued like a kernel (PyTorch's pinned-memory cache keeps
     the host buffer until the copy has run).
     """
     import torch
 
-    if wait or torch.device(device).type != "cuda":
+    if torch.device(device).type != "cuda":
         return torch.tensor(values, device=device)
     return torch.tensor(values).pin_memory().to(device, non_blocking=True)
 
 
-def sample(logits: Any, plan: SamplingPlan, *, per_row: bool = False) -> tuple[Any, Any]:
+def sample(logits: Any, plan: SamplingPlan) -> tuple[Any, Any]:
     """One id per row: argmax for temperature 0, else temperature → top-k → top-p → a draw.
 
     Args:
         logits: ``(rows, vocab)`` float32 next-token logits (raw).
         plan: the rows' :func:`build_plan`.
-        per_row: draw with one ``torch.multinomial`` per seeded row (the engine's earlier code: two
-            device syncs per row); the ids are the same.
 
     Returns:
         ``(ids, invalid)``: ``(rows,)`` int64 device tensor, and a ``(len(plan.sampled),)`` bool device
@@ -140,10 +131,7 @@ def sample(logits: Any, plan: SamplingPlan, *, per_row: bool = False) -> tuple[A
         drop |= (probs.cumsum(-1) - probs) >= plan.top_p
         x = x.scatter(1, order, sorted_x.masked_fill(drop, float("-inf")))
     probs = torch.softmax(x, dim=-1)
-    if per_row:
-        drawn, invalid = _draw_per_row(probs, plan), None
-    else:
-        drawn, invalid = _draw(probs, plan)
+    drawn, invalid = _draw(probs, plan)
     if plan.index is None:
         return drawn, invalid
     ids = logits.argmax(dim=-1)
@@ -168,21 +156,6 @@ def _draw(probs: Any, plan: SamplingPlan) -> tuple[Any, Any]:
     total = probs.sum(dim=-1)
     invalid = ~((total > 0) & (total < float("inf")))  # nan anywhere makes the sum nan
     return (probs / q).argmax(dim=-1), invalid
-
-
-def _draw_per_row(probs: Any, plan: SamplingPlan) -> Any:
-    """The engine's earlier draws: one ``multinomial`` for the shared rows, one per seeded row."""
-    import torch
-
-    drawn = torch.empty(probs.shape[0], dtype=torch.long, device=probs.device)
-    shared = plan.shared
-    if shared:
-        index = torch.tensor(shared, device=probs.device)  # the earlier code's syncing copies, kept
-        drawn[index] = torch.multinomial(probs[index], 1, generator=plan.shared_generator)[:, 0]
-    if plan.own:
-        draws = [torch.multinomial(probs[i], 1, generator=g) for i, g in plan.own]
-        drawn[torch.tensor([i for i, _ in plan.own], device=probs.device)] = torch.cat(draws)
-    return drawn
 
 
 def to_host(ids: Any, logprobs: Any, invalid: Any) -> tuple[list[int], list[float], list[int]]:

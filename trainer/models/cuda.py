@@ -34,7 +34,7 @@ def without_cudnn_attention(device: Any = "cuda") -> Iterator[None]:
     GRPO step 7.7 s against 4.5 s), and the learner's padded
     batch, whose length is the longest row's (a GRPO step whose length had not been seen before spent
     0.7-1.0 s in the forward and 0.8-1.3 s in the backward, against 0.13 and 0.32 s;
-    ``benchmarks/results/vs_trl_h200_s26/``). The other SDPA backends need no plan and were as fast at
+    ``benchmarks/results/vs_trl_h200_fused_step/``). The other SDPA backends need no plan and were as fast at
     shapes already seen. The engine's worker thread and the learner each hold it for their own work,
     and those blocks overlap: the engine's last step closes its block after it has answered the
     requests, so after the learner opened its own. With a save/restore per block the engine's

@@ -12,8 +12,8 @@ May import: ``chatgym.envs`` (messages, the env contract), ``chatgym.trainer.eng
 ``rollout.KEY=VALUE`` overrides). Never the learner (``chatgym.trainer.learner``), the run config or
 the training loop: a rollout worker runs without torch training code.
 
-``from chatgym.trainer.rollout import Collector, RolloutConfig`` keeps working; the names are
-loaded on first use so that importing :mod:`.config` alone stays light.
+The package exports the collector, its config and result types (``from chatgym.trainer.rollout import
+Collector, RolloutConfig``), loaded on first use so that importing :mod:`.config` alone stays light.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
-"""Fakes for the Ray tests and the distributed benchmark: a scripted engine with latency and weights,
-and an env whose tool sleeps (a fixed or heavy-tailed latency) and counts how many of its runs overlap
-across processes.
+"""Fakes for the Ray tests and the distributed benchmarks, public so that users' tests can run a
+distributed setup without a model: a scripted engine with latency and weights, and an env whose tool
+sleeps (a fixed or heavy-tailed latency) and counts how many of its runs overlap across processes.
 
 Both are built inside the worker processes, from names: the engine by
-``trainer.ray.engine_factory: chatgym.trainer.distributed.scripted:scripted_engine`` and the env by
-the id ``chatgym.trainer.distributed.scripted:SleepTool-v0`` (Gymnasium imports the module, which
-registers the id). Nothing here learns or knows an answer: the engine writes ``tool_turns`` calls of
-the ``wait`` tool, then ``"done"``.
+``trainer.ray.engine_factory: chatgym.testing:scripted_engine`` and the env by the id
+``chatgym.testing:SleepTool-v0`` (Gymnasium imports the module, which registers the id). Nothing
+here learns or knows an answer: the engine writes ``tool_turns`` calls of the ``wait`` tool, then
+``"done"``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from chatgym.envs.tools import Tool
 from chatgym.trainer.engines.base import Completion, SamplingParams
 from chatgym.trainer.engines.replay import ReplayEngine, count_subsequence
 
-ENV_ID = "chatgym.trainer.distributed.scripted:SleepTool-v0"
+ENV_ID = "chatgym.testing:SleepTool-v0"
 ASSISTANT_HEADER = "<|im_start|>assistant\n"
 
 
