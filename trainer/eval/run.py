@@ -356,122 +356,163 @@ async def evaluate(
     Raises:
         ValueError: an unknown env id or bad config (before anything runs).
     """
-    from tqdm import tqdm
-
-    from chatgym import __version__
-
-    from ..rollout.trace import TraceWriter
-
-    log = log or (lambda msg: print(msg, file=sys.stderr))
     env_ids = resolve_env_ids(config.envs)
-    model = model_identity(config)
-    sampling = config.sampling()
-    db = Path(config.db).expanduser()
-    traces_dir = Path(config.traces_dir).expanduser() if config.traces_dir else db.parent / "traces"
-    store = ResultsStore(db)
-    backend = _Backend(config)
+    evaluation = _Evaluation(config, log or (lambda msg: print(msg, file=sys.stderr)))
     reports: list[EnvReport] = []
-    started = False
     try:
         for env_id in env_ids:
             report = EnvReport(env_id)
             reports.append(report)
-            try:
-                ident, kwargs = env_identity(env_id, config.split, config.env_kwargs)
-            except Exception as exc:  # one env that cannot start must not stop the others
-                report.skipped = f"cannot build the env: {type(exc).__name__}: {exc}"
-                log(f"chatgym eval: {env_id}: skipped, {report.skipped}")
-                continue
-            report.column = ident.column
-            num_tasks = min(config.max_tasks or ident.num_tasks, ident.num_tasks)
-            if num_tasks == 0:
-                report.skipped = f"split {ident.split!r} has no tasks"
-                log(f"chatgym eval: {env_id}: skipped, {report.skipped}")
-                continue
-            key = report.run_key = run_key(model, ident, config.seed, config.n_samples, sampling)
-            grid = {(t, s) for t in range(num_tasks) for s in range(config.n_samples)}
-            if config.retry_failed and (dropped := store.drop_failed(key)):
-                log(f"chatgym eval: {env_id}: {dropped} failed episodes will run again")
-            done = store.done(key) & grid
-            todo = grid - done
-            report.grid, report.already_done = len(grid), len(done)
-            if config.engine == REFERENCE:
-                reason = await backend.has_reference(env_id, kwargs)
-                if reason:
-                    report.skipped = reason
-                    log(f"chatgym eval: {env_id}: skipped, {reason}")
-                    continue
-            if not todo:
-                log(f"chatgym eval: {env_id}: all {len(grid)} episodes already stored (grid {key[:12]})")
-                continue
-            if not started:
-                backend.start()
-                started = True
-            if done:
-                log(
-                    f"chatgym eval: {env_id}: resuming grid {key[:12]}: {len(done)} stored, {len(todo)} to run"
-                )
-            session = store.start_session(key, argv)
-            trace_path = traces_dir / f"{env_id}-{key[:12]}.jsonl"
-            writer = TraceWriter(trace_path, 1.0, config.seed, backend.tokenizer)
-            common = {
-                "run_key": key,
-                "model_name": model.name,
-                "model_hash": model.weights_hash,
-                "engine": model.engine,
-                "env_id": ident.env_id,
-                "env_version": ident.version,
-                "dataset_hash": ident.dataset_hash,
-                "split": ident.split,
-                "env_kwargs": ident.env_kwargs,
-                "seed": config.seed,
-                "sampling": canonical_json(sampling),
-                "trace_path": str(trace_path),
-                "chatgym_version": __version__,
-                "session_id": session,
-            }
-            bar = tqdm(
-                total=len(grid),
-                initial=len(done),
-                desc=env_id,
-                unit="ep",
-                disable=not progress,
-                file=sys.stderr,
-            )
-            t0 = time.perf_counter()
-
-            def on_episode(
-                traj: Trajectory,
-                report: EnvReport = report,
-                writer: Any = writer,
-                common: Any = common,
-                bar: Any = bar,
-            ) -> None:
-                # Trace before row: a kill in between leaves an extra trace line, never a row
-                # without its trace; the rerun of that episode appends a second line.
-                writer.write(traj)
-                row = episode_row(
-                    traj,
-                    token_level=backend.token_level,
-                    success_threshold=config.success_threshold,
-                    common=common,
-                )
-                store.add_episode(row)
-                report.ran += 1
-                report.failed += traj.failed
-                bar.set_postfix(failed=report.failed, refresh=False)
-                bar.update(1)
-
-            try:
-                await backend.run(env_id, kwargs, num_tasks, todo, on_episode)
-            finally:
-                bar.close()
-                writer.close()
-                report.wall_s = time.perf_counter() - t0
+            grid = await evaluation.grid(env_id, report)
+            if grid is not None:
+                await evaluation.run(grid, report, progress=progress, argv=argv)
     finally:
-        await backend.close()
-        store.close()
+        await evaluation.close()
     return reports
+
+
+@dataclass
+class _EnvGrid:
+    """One env's episodes: the grid ``tasks 0..num_tasks-1 x samples``, those the store holds, the rest."""
+
+    ident: EnvId
+    kwargs: dict[str, Any]
+    num_tasks: int
+    key: str
+    done: set[tuple[int, int]]
+    todo: set[tuple[int, int]]
+
+
+class _Evaluation:
+    """The state of one :func:`evaluate` call: the model's identity, the store, the backend (started
+    at the first env with episodes to run)."""
+
+    def __init__(self, config: EvalConfig, log: Callable[[str], None]):
+        self.config = config
+        self.log = log
+        self.model = model_identity(config)
+        self.sampling = config.sampling()
+        db = Path(config.db).expanduser()
+        self.traces_dir = Path(config.traces_dir).expanduser() if config.traces_dir else db.parent / "traces"
+        self.store = ResultsStore(db)
+        self.backend = _Backend(config)
+        self.started = False
+
+    async def close(self) -> None:
+        await self.backend.close()
+        self.store.close()
+
+    def _skip(self, report: EnvReport, reason: str) -> None:
+        report.skipped = reason
+        self.log(f"chatgym eval: {report.env_id}: skipped, {reason}")
+
+    async def grid(self, env_id: str, report: EnvReport) -> _EnvGrid | None:
+        """The env's grid with the episodes still to run; None when there are none or the env is
+        skipped (``report.skipped`` says why)."""
+        config, store = self.config, self.store
+        try:
+            ident, kwargs = env_identity(env_id, config.split, config.env_kwargs)
+        except Exception as exc:  # one env that cannot start must not stop the others
+            return self._skip(report, f"cannot build the env: {type(exc).__name__}: {exc}")
+        report.column = ident.column
+        num_tasks = min(config.max_tasks or ident.num_tasks, ident.num_tasks)
+        if num_tasks == 0:
+            return self._skip(report, f"split {ident.split!r} has no tasks")
+        key = report.run_key = run_key(self.model, ident, config.seed, config.n_samples, self.sampling)
+        grid = {(t, s) for t in range(num_tasks) for s in range(config.n_samples)}
+        if config.retry_failed and (dropped := store.drop_failed(key)):
+            self.log(f"chatgym eval: {env_id}: {dropped} failed episodes will run again")
+        done = store.done(key) & grid
+        todo = grid - done
+        report.grid, report.already_done = len(grid), len(done)
+        if config.engine == REFERENCE:
+            reason = await self.backend.has_reference(env_id, kwargs)
+            if reason:
+                return self._skip(report, reason)
+        if not todo:
+            self.log(f"chatgym eval: {env_id}: all {len(grid)} episodes already stored (grid {key[:12]})")
+            return None
+        return _EnvGrid(ident, kwargs, num_tasks, key, done, todo)
+
+    async def run(self, grid: _EnvGrid, report: EnvReport, *, progress: bool, argv: Sequence[str]) -> None:
+        """Run the grid's missing episodes, storing each as it finishes."""
+        from ..rollout.trace import TraceWriter
+
+        env_id, key = report.env_id, grid.key
+        if not self.started:
+            self.backend.start()
+            self.started = True
+        if grid.done:
+            self.log(
+                f"chatgym eval: {env_id}: resuming grid {key[:12]}: {len(grid.done)} stored, {len(grid.todo)} to run"
+            )
+        session = self.store.start_session(key, argv)
+        trace_path = self.traces_dir / f"{env_id}-{key[:12]}.jsonl"
+        writer = TraceWriter(trace_path, 1.0, self.config.seed, self.backend.tokenizer)
+        common = self._columns(grid, trace_path, session)
+        bar = _progress_bar(env_id, report.grid, report.already_done, progress)
+        t0 = time.perf_counter()
+        on_episode = _EpisodeRecorder(self, writer, common, report, bar)
+        try:
+            await self.backend.run(env_id, grid.kwargs, grid.num_tasks, grid.todo, on_episode)
+        finally:
+            bar.close()
+            writer.close()
+            report.wall_s = time.perf_counter() - t0
+
+    def _columns(self, grid: _EnvGrid, trace_path: Path, session: Any) -> dict[str, Any]:
+        """The identity columns every row of this grid carries."""
+        from chatgym import __version__
+
+        ident, model = grid.ident, self.model
+        return {
+            "run_key": grid.key,
+            "model_name": model.name,
+            "model_hash": model.weights_hash,
+            "engine": model.engine,
+            "env_id": ident.env_id,
+            "env_version": ident.version,
+            "dataset_hash": ident.dataset_hash,
+            "split": ident.split,
+            "env_kwargs": ident.env_kwargs,
+            "seed": self.config.seed,
+            "sampling": canonical_json(self.sampling),
+            "trace_path": str(trace_path),
+            "chatgym_version": __version__,
+            "session_id": session,
+        }
+
+
+def _progress_bar(env_id: str, total: int, initial: int, enabled: bool) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc=env_id, unit="ep", disable=not enabled, file=sys.stderr)
+
+
+class _EpisodeRecorder:
+    """The ``on_episode`` callback of one env's run: stores the episode (trace line, then row) and
+    counts it in the report and the progress bar."""
+
+    def __init__(
+        self, evaluation: _Evaluation, writer: Any, common: dict[str, Any], report: EnvReport, bar: Any
+    ):
+        self.store = evaluation.store
+        self.token_level = evaluation.backend.token_level
+        self.success_threshold = evaluation.config.success_threshold
+        self.writer, self.common, self.report, self.bar = writer, common, report, bar
+
+    def __call__(self, traj: Trajectory) -> None:
+        # Trace before row: a kill in between leaves an extra trace line, never a row without its
+        # trace; the rerun of that episode appends a second line.
+        self.writer.write(traj)
+        row = episode_row(
+            traj, token_level=self.token_level, success_threshold=self.success_threshold, common=self.common
+        )
+        self.store.add_episode(row)
+        self.report.ran += 1
+        self.report.failed += traj.failed
+        self.bar.set_postfix(failed=self.report.failed, refresh=False)
+        self.bar.update(1)
 
 
 def report_dicts(reports: Sequence[EnvReport]) -> list[dict[str, Any]]:
