@@ -1,7 +1,7 @@
 """The ``chatgym`` command: a table of subcommands, each implemented in its own package.
 
-``chatgym <subcommand> [args...]`` imports the subcommand's ``cli_main(argv) -> int`` lazily (so
-``chatgym --help`` never imports torch or faiss) and passes it the remaining arguments. Add a
+``chatgym <subcommand> [args...]`` imports the subcommand's module lazily (so ``chatgym --help``
+never imports torch or faiss) and calls its ``main(argv) -> int`` with the remaining arguments. Add a
 subcommand by adding a row to :data:`SUBCOMMANDS`.
 """
 
@@ -11,34 +11,34 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-# name -> ("module:function", one-line help)
+# name -> (module whose main(argv) -> int runs it, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "rollout": (
-        "chatgym.trainer.rollout.cli:cli_main",
+        "chatgym.trainer.rollout.cli",
         "collect trajectories from an env with a model, as JSONL (progress bar, summary)",
     ),
     "train": (
-        "chatgym.trainer.train_cli:main",
+        "chatgym.trainer.train_cli",
         "train a policy with GRPO/PPO from a YAML config (key.sub=value overrides, --resume)",
     ),
     "cotrain": (
-        "chatgym.trainer.cotrain.loop:main",
+        "chatgym.trainer.cotrain.loop",
         "co-train a policy and its judge / simulated user (two learners, two engines) from a YAML config",
     ),
     "eval": (
-        "chatgym.trainer.eval.cli:eval_main",
+        "chatgym.trainer.eval.cli",
         "evaluate a model or the reference policy on envs into a SQLite results store (resumable)",
     ),
     "leaderboard": (
-        "chatgym.trainer.eval.cli:leaderboard_main",
+        "chatgym.trainer.eval.leaderboard_cli",
         "print the models x envs leaderboard and write it as a static HTML page",
     ),
     "serve-retriever": (
-        "chatgym.retrievers.server:cli_main",
+        "chatgym.retrievers.server",
         "serve a BM25 / dense / hybrid index over HTTP (Search-R1 /retrieve shape)",
     ),
     "serve-sandbox": (
-        "chatgym.sandboxes.fusion.service:cli_main",
+        "chatgym.sandboxes.fusion.service",
         "run untrusted code over HTTP, SandboxFusion API (/run_code, /run_jupyter); local/bwrap/docker",
     ),
 }
@@ -60,8 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if name not in SUBCOMMANDS:
         print(f"chatgym: unknown subcommand {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    module, func = SUBCOMMANDS[name][0].split(":")
-    return int(getattr(importlib.import_module(module), func)(rest) or 0)
+    return int(importlib.import_module(SUBCOMMANDS[name][0]).main(rest) or 0)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ Searches run on one worker thread so the event loop keeps accepting requests; qu
 that arrive while a search runs are coalesced into the next ``search_batch`` call (same ``topk``),
 which is where a dense retriever's batched encoder pays off.
 
-Run it with ``chatgym serve-retriever --index wiki --kind bm25 --port 8000`` (see :func:`cli_main`).
+Run it with ``chatgym serve-retriever --index wiki --kind bm25 --port 8000`` (see :func:`main`).
 One process serves about one core's worth of searches (the GIL); ``--workers N`` forks N processes
 that share the listening socket, each with its own copy of the index (``/stats`` is per process).
 """
@@ -311,7 +311,7 @@ def load_retriever(
     return cached_retriever(kind, docs, cache_dir=cache_dir, dense=dense_kw)
 
 
-def cli_main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """``chatgym serve-retriever``: serve an index on 127.0.0.1 (see ``--help``)."""
     p = argparse.ArgumentParser(prog="chatgym serve-retriever", description=__doc__.split("\n")[0])
     p.add_argument("--index", required=True, help="index directory, 'wiki', or a JSONL corpus file")

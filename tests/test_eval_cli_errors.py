@@ -7,7 +7,7 @@ import sqlite3
 
 import pytest
 
-from chatgym.trainer.eval.cli import eval_main
+from chatgym.trainer.eval import cli as eval_cli
 
 
 @pytest.fixture
@@ -19,12 +19,12 @@ def no_openai_env(monkeypatch):
 def test_api_engine_needs_a_model_name(tmp_path, no_openai_env):
     # Regression: --engine openai without --model evaluated "smollm2" on api.openai.com.
     with pytest.raises(SystemExit, match=r"^chatgym eval: --engine openai needs --model"):
-        eval_main(["--engine", "openai", "--env", "Math-v0", "--db", str(tmp_path / "r.sqlite")])
+        eval_cli.main(["--engine", "openai", "--env", "Math-v0", "--db", str(tmp_path / "r.sqlite")])
 
 
 def test_openai_engine_needs_a_url_or_key(tmp_path, no_openai_env):
     with pytest.raises(SystemExit, match=r"needs \$OPENAI_BASE_URL .* or \$OPENAI_API_KEY"):
-        eval_main(["--engine", "openai", "--model", "m", "--env", "Math-v0", "--db", str(tmp_path / "r.sqlite")])
+        eval_cli.main(["--engine", "openai", "--model", "m", "--env", "Math-v0", "--db", str(tmp_path / "r.sqlite")])
     assert not (tmp_path / "r.sqlite").exists()
 
 
@@ -36,7 +36,7 @@ def test_a_run_where_every_episode_failed_exits_1(tmp_path, no_openai_env, capsy
     argv = ["--engine", "openai", "--model", "m", "--env", "Math-v0", "--max-tasks", "2", "--db", str(db),
             "--no-progress", "--engine-arg", f"base_url=http://127.0.0.1:{port}/v1",
             "--engine-arg", "retries=0"]  # fmt: skip
-    assert eval_main(argv) == 1
+    assert eval_cli.main(argv) == 1
     assert "every episode failed" in capsys.readouterr().err
     with sqlite3.connect(db) as conn:  # stored as failures (visible, re-run with --retry-failed)
         assert conn.execute("SELECT COUNT(*), SUM(failed) FROM episodes").fetchone() == (2, 2)

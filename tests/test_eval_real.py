@@ -12,9 +12,10 @@ import sys
 import pytest
 from leaderboard_helpers import CHROMIUM, page_matches_sqlite, report_json
 
-from chatgym.trainer.eval.cli import leaderboard_main
+from chatgym.trainer.eval import leaderboard_cli
+from chatgym.trainer.eval.config import EvalConfig
 from chatgym.trainer.eval.identity import weights_hash
-from chatgym.trainer.eval.run import EvalConfig, evaluate
+from chatgym.trainer.eval.run import evaluate
 from chatgym.trainer.eval.store import ResultsStore
 from chatgym.trainer.rollout.config import RolloutConfig
 
@@ -58,7 +59,7 @@ def test_smollm2_vllm_on_two_envs_and_page(tmp_path):
         )
     )
     page = tmp_path / "leaderboard.html"
-    assert leaderboard_main(["--db", str(db), "--html", str(page)]) == 0
+    assert leaderboard_cli.main(["--db", str(db), "--html", str(page)]) == 0
     if CHROMIUM is None:
         pytest.skip("chromium is not installed")
     parsed = page_matches_sqlite(db, page, tmp_path)

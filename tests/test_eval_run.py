@@ -23,8 +23,9 @@ import chatgym  # noqa: F401
 from chatgym.envs import messages as M
 from chatgym.envs.core import ChatEnv, StepOutcome
 from chatgym.envs.registration import ENV_SPECS
+from chatgym.trainer.eval.config import EvalConfig
 from chatgym.trainer.eval.leaderboard import build_leaderboard
-from chatgym.trainer.eval.run import EvalConfig, evaluate
+from chatgym.trainer.eval.run import evaluate
 from chatgym.trainer.eval.store import ResultsStore
 from chatgym.trainer.rollout.config import RolloutConfig
 from chatgym.trainer.rollout.trace import read_trace

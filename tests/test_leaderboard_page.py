@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from leaderboard_helpers import CHROMIUM, chromium, page_matches_sqlite, sql_expected
 
-from chatgym.trainer.eval.cli import leaderboard_main
-from chatgym.trainer.eval.run import EvalConfig, evaluate
+from chatgym.trainer.eval import leaderboard_cli
+from chatgym.trainer.eval.config import EvalConfig
+from chatgym.trainer.eval.run import evaluate
 from chatgym.trainer.eval.store import ResultsStore
 
 
@@ -55,7 +56,7 @@ def test_expected_values_are_not_trivial(db):
 
 def test_leaderboard_cli_prints_tables_and_writes_page(db, tmp_path, capsys):
     out = tmp_path / "page.html"
-    assert leaderboard_main(["--db", str(db), "--html", str(out)]) == 0
+    assert leaderboard_cli.main(["--db", str(db), "--html", str(out)]) == 0
     text = capsys.readouterr().out
     assert "chatgym leaderboard" in text and "toy" in text and "reference" in text
     assert "0.300" in text and f"wrote {out}" in text
@@ -63,15 +64,15 @@ def test_leaderboard_cli_prints_tables_and_writes_page(db, tmp_path, capsys):
     # Self-contained: no external resource of any kind.
     for needle in ("http://", "https://", "<link", "src="):
         assert needle not in page
-    assert leaderboard_main(["--db", str(db), "--html", str(out), "--env", "Nope-v0"]) == 1
+    assert leaderboard_cli.main(["--db", str(db), "--html", str(out), "--env", "Nope-v0"]) == 1
     with pytest.raises(SystemExit, match="no results file"):
-        leaderboard_main(["--db", str(tmp_path / "missing.sqlite")])
+        leaderboard_cli.main(["--db", str(tmp_path / "missing.sqlite")])
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
 def test_page_in_headless_chromium_matches_sqlite(db, tmp_path):
     page = tmp_path / "leaderboard.html"
-    assert leaderboard_main(["--db", str(db), "--html", str(page)]) == 0
+    assert leaderboard_cli.main(["--db", str(db), "--html", str(page)]) == 0
     # The fragment asks the page's JS to sort by the first env column, descending, on load.
     parsed = page_matches_sqlite(db, page, tmp_path, "#sort=1-desc")
     # Column 1 is CodeSandbox-v0 (columns sort by env id): reference (1.000) before toy (0.667) after

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from chatgym.trainer.rollout.cli import build_parser, cli_main
+from chatgym.trainer.rollout import cli as rollout_cli
+from chatgym.trainer.rollout.cli import build_parser
 
 
 def test_help_lists_the_budgets():
@@ -29,9 +30,9 @@ def test_help_lists_the_budgets():
 
 def test_bad_arguments_name_the_option(tmp_path):
     with pytest.raises(SystemExit, match="-n/--num-tasks must be >= 1"):
-        cli_main(["--env", "CodeSandbox-v0", "-n", "0", "--out", str(tmp_path / "t.jsonl")])
+        rollout_cli.main(["--env", "CodeSandbox-v0", "-n", "0", "--out", str(tmp_path / "t.jsonl")])
     with pytest.raises(SystemExit, match="--engine-arg expects key=value"):
-        cli_main(
+        rollout_cli.main(
             [
                 "--env",
                 "CodeSandbox-v0",
@@ -71,10 +72,10 @@ def test_rollout_command_writes_trajectories(tmp_path):
 
 
 def test_rollout_and_eval_take_the_same_dotted_overrides_and_defaults():
-    # One set of rollout settings: both CLIs build the collector's config from the same
+    # Issue 13: one set of rollout settings. Both CLIs build the collector's config from the same
     # flags (shortcuts) and `rollout.KEY=VALUE` overrides; with neither, RolloutConfig's defaults
-    # (max_concurrent_episodes 256 in both).
-    from chatgym.trainer.eval.cli import eval_parser
+    # (max_concurrent_episodes 256 in both; it was 64 in `chatgym eval`).
+    from chatgym.trainer.eval import cli as eval_cli
     from chatgym.trainer.rollout.cli import rollout_config
     from chatgym.trainer.rollout.config import RolloutConfig
 
@@ -93,13 +94,13 @@ def test_rollout_and_eval_take_the_same_dotted_overrides_and_defaults():
     got = rollout_config(args, "chatgym rollout", seed=3)
     # The flag wins over the override of the same field; the rest are RolloutConfig's defaults.
     assert got == RolloutConfig(top_k=20, max_tokens=64, seed=3)
-    eval_args = eval_parser().parse_intermixed_args(
+    eval_args = eval_cli.build_parser().parse_intermixed_args(
         ["--engine", "reference", "rollout.top_k=20", "--max-tokens", "64"]
     )
     assert rollout_config(eval_args, "chatgym eval", seed=3) == got
     defaults = rollout_config(build_parser().parse_intermixed_args(["--env", "X", "--out", "t"]), "p")
     assert defaults.max_concurrent_episodes == 256 == RolloutConfig().max_concurrent_episodes
-    assert rollout_config(eval_parser().parse_intermixed_args([]), "p") == defaults
+    assert rollout_config(eval_cli.build_parser().parse_intermixed_args([]), "p") == defaults
     with pytest.raises(
         SystemExit,
         match=r"chatgym rollout: rollout.max_tokenz: unknown config key; did you mean rollout.max_tokens\?",
@@ -130,7 +131,7 @@ def test_eval_overrides_after_the_env_list_are_overrides(tmp_path, monkeypatch):
         return []
 
     monkeypatch.setattr(run, "evaluate", fake_evaluate)
-    cli.eval_main(
+    cli.main(
         [
             "--engine",
             "reference",

@@ -26,12 +26,27 @@ from chatgym.trainer.models.packaged import load_model_path
 OPTIONS = ("--max-steps", "--output-dir", "--resume", "--resume-from", "--help")
 
 
+class _Refused(Exception):
+    """A bad option, config, output dir, model or checkpoint: exit status 2, reported before any model
+    loads (the message follows ``chatgym train: ``)."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``chatgym train CONFIG [key.sub=value ...] [--max-steps N] [--output-dir DIR] [--resume | --resume-from CKPT]``.
 
     Overrides and options may come in any order. Returns the exit status: 0 done (or nothing left to
-    do), 2 a bad config, output dir or checkpoint — reported before any model loads.
+    do), 1 a learner process died, 2 a bad config, output dir or checkpoint — reported before any
+    model loads —, 130 interrupted.
     """
+    try:
+        run = _prepare(list(sys.argv[1:] if argv is None else argv))
+        return 0 if run is None else _train(*run)
+    except _Refused as exc:
+        print(f"chatgym train: {exc}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="chatgym train", description="Train a policy with PPO/GRPO on a chatgym env."
     )
@@ -45,19 +60,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--resume", action="store_true", help="continue from the newest checkpoint in the output dir"
     )
     parser.add_argument("--resume-from", metavar="CKPT", help="continue from this checkpoint directory")
-    argv = list(sys.argv[1:] if argv is None else argv)
+    return parser
+
+
+def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The parsed arguments and the config overrides (the options' included)."""
     for arg in argv:  # `--max_steps`: argparse would only say "unrecognized arguments"
         name = arg.split("=", 1)[0]
         if name.startswith("--") and "_" in name and name.replace("_", "-") in OPTIONS:
-            print(f"chatgym train: unknown option {name}; did you mean {name.replace('_', '-')}?", file=sys.stderr)
-            return 2
+            raise _Refused(f"unknown option {name}; did you mean {name.replace('_', '-')}?")
     # Intermixed: `--output-dir runs/x algo.kl_coef=0.01` must not leave the override unrecognised.
-    args = parser.parse_intermixed_args(argv)
+    args = _parser().parse_intermixed_args(argv)
     # As scripts/train.sh does: vLLM's INFO lines drown the progress bar (read when vLLM is imported).
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     if args.config and "=" not in args.config and not Path(args.config).exists():
-        print(f"chatgym train: {_missing_config(Path(args.config))}", file=sys.stderr)
-        return 2
+        raise _Refused(_missing_config(Path(args.config)))
     overrides = list(args.overrides)
     if args.config and "=" in args.config:  # only overrides, no file
         overrides.insert(0, args.config)
@@ -66,17 +83,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         overrides.append(f"train.max_steps={args.max_steps}")
     if args.output_dir is not None:
         overrides.append(f"train.output_dir={args.output_dir}")
+    return args, overrides
+
+
+def _prepare(argv: list[str]) -> tuple[Any, Path | None] | None:
+    """The run's config and the checkpoint it resumes from (None: a fresh start); None when that
+    checkpoint is already at ``train.max_steps`` (said on stdout).
+
+    Raises:
+        _Refused: see its docstring.
+    """
+    args, overrides = _parse(argv)
     resume = args.resume_from or args.resume
     try:
         config = load_config(args.config, overrides)
         ckpt = find_checkpoint(config.train.output_dir, resume)
     except (ConfigError, OSError, yaml.YAMLError) as exc:  # OSError: missing file, a directory, ...
-        print(f"chatgym train: {exc}", file=sys.stderr)
-        return 2
+        raise _Refused(str(exc)) from exc
     out = Path(config.train.output_dir)
     if out.exists() and not out.is_dir():
-        print(f"chatgym train: train.output_dir: {out} exists and is not a directory", file=sys.stderr)
-        return 2
+        raise _Refused(f"train.output_dir: {out} exists and is not a directory")
     if resume is True and ckpt is None:  # a mistyped --output-dir would otherwise restart unnoticed
         print(f"chatgym train: --resume: no checkpoint in {out}; starting at step 0", file=sys.stderr)
     done = checkpoint_step(ckpt) if ckpt is not None else None
@@ -85,32 +111,40 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"chatgym train: {ckpt} is at step {done} and train.max_steps is {config.train.max_steps}: "
             "nothing to do (raise train.max_steps to continue)"
         )
-        return 0
+        return None
+    _check_model_and_engine(config)
+    return config, ckpt
+
+
+def _check_model_and_engine(config: Any) -> None:
+    """An unknown model or a misspelt engine option fails here, before the output dir is made."""
     try:
-        load_model_path(config.model.path)  # an unknown model fails here, not after the output dir is made
+        load_model_path(config.model.path)
     except FileNotFoundError as exc:
         # The recipes' configs start from a cold-start SFT model that their README makes first.
         hint = " (make it first: examples/recipes/README.md, sft_warmup.py)" if "recipes" in str(config.model.path) else ""
-        print(f"chatgym train: model.path: {exc}{hint}", file=sys.stderr)
-        return 2
+        raise _Refused(f"model.path: {exc}{hint}") from exc
     from chatgym.trainer.engines import check_options
 
     try:
-        check_options(config.engine)  # a misspelt engine option fails here, before any model loads
+        check_options(config.engine)
     except ConfigError as exc:
-        print(f"chatgym train: {exc}", file=sys.stderr)
-        return 2
+        raise _Refused(str(exc)) from exc
+
+
+def _train(config: Any, ckpt: Path | None) -> int:
+    """Build the trainer and run it; the exit status (see :func:`main`)."""
     from chatgym.trainer.distributed.learner import LearnerFailed  # imports no Ray
     from chatgym.trainer.train import Trainer  # torch and transformers load only once the config is good
 
+    out = Path(config.train.output_dir)
     made_out = not out.exists()
     try:
         trainer = Trainer(config, resume=ckpt or False)  # already found and checked above
     except ConfigError as exc:  # a setting checked only when its part is built (engine.options)
         if made_out:
             shutil.rmtree(out, ignore_errors=True)  # this run made it and wrote nothing worth keeping
-        print(f"chatgym train: {exc}", file=sys.stderr)
-        return 2
+        raise _Refused(str(exc)) from exc
     try:
         summary = trainer.train()
     except LearnerFailed as exc:  # trainer.backend: ray — a learner process died; the message names the checkpoint

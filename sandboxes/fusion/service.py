@@ -242,7 +242,7 @@ async def serve(
         await runner.cleanup()
 
 
-def cli_main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """``chatgym serve-sandbox``: serve a sandbox backend over the SandboxFusion API (see ``--help``)."""
     p = argparse.ArgumentParser(prog="chatgym serve-sandbox", description=__doc__.split("\n")[0])
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: local only)")
@@ -288,7 +288,7 @@ def cli_main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(cli_main())
+    sys.exit(main())
 
 
 def start_service(*args: str, timeout_s: float = 60.0) -> tuple[subprocess.Popen, str]:

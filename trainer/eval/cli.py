@@ -1,8 +1,9 @@
-"""``chatgym eval`` and ``chatgym leaderboard``.
+"""``chatgym eval``: evaluate a model or the reference policy on envs into a results store.
 
 chatgym eval --engine vllm --model smollm2 --env Math-v0 CodeSandbox-v0 --max-tasks 16
 chatgym eval --engine reference --env all --max-tasks 16
-chatgym leaderboard --db results/eval.sqlite --html results/leaderboard.html
+
+``chatgym leaderboard`` (:mod:`.leaderboard_cli`) prints and renders what it stored.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ def _key_values(items: Sequence[str], flag: str) -> dict[str, Any]:
     return key_values(items, flag, prog="chatgym eval")
 
 
-def eval_parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     from chatgym.trainer.engines import ENGINES
-    from chatgym.trainer.eval.run import REFERENCE
+    from chatgym.trainer.eval.config import REFERENCE
 
     p = argparse.ArgumentParser(
         prog="chatgym eval",
@@ -65,12 +66,13 @@ def eval_parser() -> argparse.ArgumentParser:
     return p
 
 
-def eval_main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``chatgym eval``: prints a JSON report per env; 1 when nothing could be evaluated."""
-    from chatgym.trainer.eval.run import EvalConfig, evaluate, report_dicts
+    from chatgym.trainer.eval.config import EvalConfig
+    from chatgym.trainer.eval.run import evaluate, report_dicts
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = eval_parser().parse_intermixed_args(argv)
+    args = build_parser().parse_intermixed_args(argv)
     # ``--env`` takes several ids, so overrides written after it land in its list: move them back.
     args.overrides += [e for e in args.env if "=" in e]
     args.env = [e for e in args.env if "=" not in e] or ["all"]
@@ -156,47 +158,3 @@ def _print_board(db: str, **filters: Any) -> Any:
     for table in rich_tables(board):
         console.print(table)
     return board
-
-
-def leaderboard_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="chatgym leaderboard",
-        description="Print the models x envs leaderboard of a results store and write it as a static HTML page.",
-    )
-    p.add_argument("--db", default=DEFAULT_DB, help=f"SQLite results file (default {DEFAULT_DB})")
-    p.add_argument("--html", help="write the page here (default: leaderboard.html next to --db)")
-    p.add_argument("--k", type=int, help="pass@k budget (default: the most samples per task of any cell)")
-    p.add_argument("--env", nargs="*", default=[], help="only these env ids")
-    p.add_argument("--model", nargs="*", default=[], help="only these model names")
-    p.add_argument("--title", default="chatgym leaderboard")
-    return p
-
-
-def leaderboard_main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``chatgym leaderboard``; 1 when the store holds no episodes."""
-    from pathlib import Path
-
-    from chatgym.trainer.eval.leaderboard import build_leaderboard, rich_tables
-    from chatgym.trainer.eval.page import render_html
-    from chatgym.trainer.eval.store import ResultsStore
-
-    args = leaderboard_parser().parse_args(argv)
-    if not Path(args.db).expanduser().is_file():
-        raise SystemExit(f"chatgym leaderboard: no results file at {args.db} (run chatgym eval first)")
-    if args.k is not None and args.k < 1:
-        raise SystemExit(f"chatgym leaderboard: --k must be >= 1, got {args.k}")
-    with ResultsStore(args.db) as store:
-        board = build_leaderboard(store, k=args.k, env_ids=args.env, models=args.model)
-    if not board.cells:
-        print(f"chatgym leaderboard: {args.db} holds no episodes (after filters)", file=sys.stderr)
-        return 1
-    from rich.console import Console
-
-    console = Console(width=200)
-    for table in rich_tables(board):
-        console.print(table)
-    out = Path(args.html) if args.html else Path(args.db).expanduser().parent / "leaderboard.html"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_html(board, title=args.title, source=str(args.db)), encoding="utf-8")
-    print(f"wrote {out}")
-    return 0

@@ -23,12 +23,13 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 
+from chatgym.trainer.eval.config import LOCAL_WEIGHT_ENGINES, REFERENCE, TOKEN_ENGINES, EvalConfig
 from chatgym.trainer.eval.identity import (
     EnvId,
     ModelId,
@@ -39,99 +40,7 @@ from chatgym.trainer.eval.identity import (
     weights_hash,
 )
 from chatgym.trainer.eval.store import ResultsStore
-from chatgym.trainer.rollout.config import RolloutConfig
 from chatgym.trainer.rollout.types import Trajectory
-
-REFERENCE = "reference"
-TOKEN_ENGINES = ("vllm", "vllm-server", "sglang", "hf")
-LOCAL_WEIGHT_ENGINES = ("vllm", "hf")
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    """Settings of one ``chatgym eval`` (token counts in the model's tokens; seconds).
-
-    Attributes:
-        engine: an engine name of :data:`chatgym.trainer.engines.ENGINES` or ``"reference"``.
-        model: packaged model name / local directory (vllm, hf) or the served model's name.
-        model_name: display name (default: ``model``; ``"reference"`` for the reference policy).
-        model_hash: override of the weights hash (server/API engines cannot compute one).
-        envs: env ids, or ``("all",)`` for every id in ``chatgym.envs.registration.ENV_SPECS``.
-        split: a split name, or ``"auto"``: ``test`` where the env accepts it, else its default split.
-        n_samples: samples per task (n of pass@k).
-        seed: reset seed of task i is ``seed + i``; sampling seeds derive from it.
-        max_tasks: first tasks of the split to use (None: all).
-        db: the SQLite results file.
-        traces_dir: where JSONL traces go (default: ``traces/`` next to ``db``).
-        rollout: the collector's settings (:class:`~chatgym.trainer.rollout.config.RolloutConfig`:
-            budgets, sampling, episode timeout, concurrency), the same section as ``chatgym train``'s
-            ``rollout``; None: its defaults with temperature 0 (greedy) when ``n_samples == 1``, else
-            1.0. Its ``seed`` is always ``seed`` (see :meth:`collector_config`).
-        chat_template: ``auto`` | ``model`` | a shipped template name | a ``.jinja`` path (the tokenizer's).
-        success_threshold: reward at or above which an episode counts as correct, for envs that
-            state no success (``Trajectory.success`` None, e.g. a judged rating).
-        retry_failed: run the grid's stored failed episodes (crash, timeout, engine error) again; by
-            default a failed episode is a result like any other and is kept.
-        env_kwargs, engine_kwargs: extra ``gym.make`` / engine keywords (env keywords are part of the
-            env's identity).
-    """
-
-    engine: str = "vllm"
-    model: str = "smollm2"
-    model_name: str | None = None
-    model_hash: str | None = None
-    envs: tuple[str, ...] = ("all",)
-    split: str = "auto"
-    n_samples: int = 1
-    seed: int = 0
-    max_tasks: int | None = None
-    db: str = "runs/eval/results.sqlite"
-    traces_dir: str | None = None
-    rollout: RolloutConfig | None = None
-    chat_template: str = "auto"
-    success_threshold: float = 1.0
-    retry_failed: bool = False
-    env_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    engine_kwargs: Mapping[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        from chatgym.trainer.engines import ENGINES
-
-        if self.engine != REFERENCE and self.engine not in ENGINES:
-            raise ValueError(f"engine must be one of {[*sorted(ENGINES), REFERENCE]}, got {self.engine!r}")
-        if not isinstance(self.n_samples, int) or self.n_samples < 1:
-            raise ValueError(f"n_samples must be an int >= 1, got {self.n_samples!r}")
-        if self.max_tasks is not None and self.max_tasks < 1:
-            raise ValueError(f"max_tasks must be >= 1, got {self.max_tasks}")
-        if not self.envs:
-            raise ValueError("envs: give at least one env id (or 'all')")
-
-    def collector_config(self) -> RolloutConfig:
-        """The collector's settings of this evaluation: ``rollout`` (or the defaults, greedy for one
-        sample per task) with ``seed`` as the sampling seed."""
-        if self.rollout is None:
-            return RolloutConfig(temperature=0.0 if self.n_samples == 1 else 1.0, seed=self.seed)
-        return dataclasses.replace(self.rollout, seed=self.seed)
-
-    def sampling(self) -> dict[str, Any]:
-        """The sampling settings stored with every row (empty for the reference policy)."""
-        if self.engine == REFERENCE:
-            return {}
-        rollout = self.collector_config()
-        out: dict[str, Any] = {
-            "temperature": rollout.temperature,
-            "top_p": rollout.top_p,
-            "max_tokens": rollout.max_tokens,
-        }
-        if self.engine in TOKEN_ENGINES:
-            out.update(
-                top_k=rollout.top_k,
-                max_response_tokens=rollout.max_response_tokens,
-                max_model_len=rollout.max_model_len,
-                max_observation_tokens=rollout.max_observation_tokens,
-                chat_template=self.chat_template,
-            )
-        return out
 
 
 @dataclass
@@ -364,121 +273,163 @@ async def evaluate(
     Raises:
         ValueError: an unknown env id or bad config (before anything runs).
     """
-    from tqdm import tqdm
-
-    from chatgym import __version__
-    from chatgym.trainer.rollout.trace import TraceWriter
-
-    log = log or (lambda msg: print(msg, file=sys.stderr))
     env_ids = resolve_env_ids(config.envs)
-    model = model_identity(config)
-    sampling = config.sampling()
-    db = Path(config.db).expanduser()
-    traces_dir = Path(config.traces_dir).expanduser() if config.traces_dir else db.parent / "traces"
-    store = ResultsStore(db)
-    backend = _Backend(config)
+    evaluation = _Evaluation(config, log or (lambda msg: print(msg, file=sys.stderr)))
     reports: list[EnvReport] = []
-    started = False
     try:
         for env_id in env_ids:
             report = EnvReport(env_id)
             reports.append(report)
-            try:
-                ident, kwargs = env_identity(env_id, config.split, config.env_kwargs)
-            except Exception as exc:  # one env that cannot start must not stop the others
-                report.skipped = f"cannot build the env: {type(exc).__name__}: {exc}"
-                log(f"chatgym eval: {env_id}: skipped, {report.skipped}")
-                continue
-            report.column = ident.column
-            num_tasks = min(config.max_tasks or ident.num_tasks, ident.num_tasks)
-            if num_tasks == 0:
-                report.skipped = f"split {ident.split!r} has no tasks"
-                log(f"chatgym eval: {env_id}: skipped, {report.skipped}")
-                continue
-            key = report.run_key = run_key(model, ident, config.seed, config.n_samples, sampling)
-            grid = {(t, s) for t in range(num_tasks) for s in range(config.n_samples)}
-            if config.retry_failed and (dropped := store.drop_failed(key)):
-                log(f"chatgym eval: {env_id}: {dropped} failed episodes will run again")
-            done = store.done(key) & grid
-            todo = grid - done
-            report.grid, report.already_done = len(grid), len(done)
-            if config.engine == REFERENCE:
-                reason = await backend.has_reference(env_id, kwargs)
-                if reason:
-                    report.skipped = reason
-                    log(f"chatgym eval: {env_id}: skipped, {reason}")
-                    continue
-            if not todo:
-                log(f"chatgym eval: {env_id}: all {len(grid)} episodes already stored (grid {key[:12]})")
-                continue
-            if not started:
-                backend.start()
-                started = True
-            if done:
-                log(
-                    f"chatgym eval: {env_id}: resuming grid {key[:12]}: {len(done)} stored, {len(todo)} to run"
-                )
-            session = store.start_session(key, argv)
-            trace_path = traces_dir / f"{env_id}-{key[:12]}.jsonl"
-            writer = TraceWriter(trace_path, 1.0, config.seed, backend.tokenizer)
-            common = {
-                "run_key": key,
-                "model_name": model.name,
-                "model_hash": model.weights_hash,
-                "engine": model.engine,
-                "env_id": ident.env_id,
-                "env_version": ident.version,
-                "dataset_hash": ident.dataset_hash,
-                "split": ident.split,
-                "env_kwargs": ident.env_kwargs,
-                "seed": config.seed,
-                "sampling": canonical_json(sampling),
-                "trace_path": str(trace_path),
-                "chatgym_version": __version__,
-                "session_id": session,
-            }
-            bar = tqdm(
-                total=len(grid),
-                initial=len(done),
-                desc=env_id,
-                unit="ep",
-                disable=not progress,
-                file=sys.stderr,
-            )
-            t0 = time.perf_counter()
-
-            def on_episode(
-                traj: Trajectory,
-                report: EnvReport = report,
-                writer: Any = writer,
-                common: Any = common,
-                bar: Any = bar,
-            ) -> None:
-                # Trace before row: a kill in between leaves an extra trace line, never a row
-                # without its trace; the rerun of that episode appends a second line.
-                writer.write(traj)
-                row = episode_row(
-                    traj,
-                    token_level=backend.token_level,
-                    success_threshold=config.success_threshold,
-                    common=common,
-                )
-                store.add_episode(row)
-                report.ran += 1
-                report.failed += traj.failed
-                bar.set_postfix(failed=report.failed, refresh=False)
-                bar.update(1)
-
-            try:
-                await backend.run(env_id, kwargs, num_tasks, todo, on_episode)
-            finally:
-                bar.close()
-                writer.close()
-                report.wall_s = time.perf_counter() - t0
+            grid = await evaluation.grid(env_id, report)
+            if grid is not None:
+                await evaluation.run(grid, report, progress=progress, argv=argv)
     finally:
-        await backend.close()
-        store.close()
+        await evaluation.close()
     return reports
+
+
+@dataclass
+class _EnvGrid:
+    """One env's episodes: the grid ``tasks 0..num_tasks-1 x samples``, those the store holds, the rest."""
+
+    ident: EnvId
+    kwargs: dict[str, Any]
+    num_tasks: int
+    key: str
+    done: set[tuple[int, int]]
+    todo: set[tuple[int, int]]
+
+
+class _Evaluation:
+    """The state of one :func:`evaluate` call: the model's identity, the store, the backend (started
+    at the first env with episodes to run)."""
+
+    def __init__(self, config: EvalConfig, log: Callable[[str], None]):
+        self.config = config
+        self.log = log
+        self.model = model_identity(config)
+        self.sampling = config.sampling()
+        db = Path(config.db).expanduser()
+        self.traces_dir = Path(config.traces_dir).expanduser() if config.traces_dir else db.parent / "traces"
+        self.store = ResultsStore(db)
+        self.backend = _Backend(config)
+        self.started = False
+
+    async def close(self) -> None:
+        await self.backend.close()
+        self.store.close()
+
+    def _skip(self, report: EnvReport, reason: str) -> None:
+        report.skipped = reason
+        self.log(f"chatgym eval: {report.env_id}: skipped, {reason}")
+
+    async def grid(self, env_id: str, report: EnvReport) -> _EnvGrid | None:
+        """The env's grid with the episodes still to run; None when there are none or the env is
+        skipped (``report.skipped`` says why)."""
+        config, store = self.config, self.store
+        try:
+            ident, kwargs = env_identity(env_id, config.split, config.env_kwargs)
+        except Exception as exc:  # one env that cannot start must not stop the others
+            return self._skip(report, f"cannot build the env: {type(exc).__name__}: {exc}")
+        report.column = ident.column
+        num_tasks = min(config.max_tasks or ident.num_tasks, ident.num_tasks)
+        if num_tasks == 0:
+            return self._skip(report, f"split {ident.split!r} has no tasks")
+        key = report.run_key = run_key(self.model, ident, config.seed, config.n_samples, self.sampling)
+        grid = {(t, s) for t in range(num_tasks) for s in range(config.n_samples)}
+        if config.retry_failed and (dropped := store.drop_failed(key)):
+            self.log(f"chatgym eval: {env_id}: {dropped} failed episodes will run again")
+        done = store.done(key) & grid
+        todo = grid - done
+        report.grid, report.already_done = len(grid), len(done)
+        if config.engine == REFERENCE:
+            reason = await self.backend.has_reference(env_id, kwargs)
+            if reason:
+                return self._skip(report, reason)
+        if not todo:
+            self.log(f"chatgym eval: {env_id}: all {len(grid)} episodes already stored (grid {key[:12]})")
+            return None
+        return _EnvGrid(ident, kwargs, num_tasks, key, done, todo)
+
+    async def run(self, grid: _EnvGrid, report: EnvReport, *, progress: bool, argv: Sequence[str]) -> None:
+        """Run the grid's missing episodes, storing each as it finishes."""
+        from chatgym.trainer.rollout.trace import TraceWriter
+
+        env_id, key = report.env_id, grid.key
+        if not self.started:
+            self.backend.start()
+            self.started = True
+        if grid.done:
+            self.log(
+                f"chatgym eval: {env_id}: resuming grid {key[:12]}: {len(grid.done)} stored, {len(grid.todo)} to run"
+            )
+        session = self.store.start_session(key, argv)
+        trace_path = self.traces_dir / f"{env_id}-{key[:12]}.jsonl"
+        writer = TraceWriter(trace_path, 1.0, self.config.seed, self.backend.tokenizer)
+        common = self._columns(grid, trace_path, session)
+        bar = _progress_bar(env_id, report.grid, report.already_done, progress)
+        t0 = time.perf_counter()
+        on_episode = _EpisodeRecorder(self, writer, common, report, bar)
+        try:
+            await self.backend.run(env_id, grid.kwargs, grid.num_tasks, grid.todo, on_episode)
+        finally:
+            bar.close()
+            writer.close()
+            report.wall_s = time.perf_counter() - t0
+
+    def _columns(self, grid: _EnvGrid, trace_path: Path, session: Any) -> dict[str, Any]:
+        """The identity columns every row of this grid carries."""
+        from chatgym import __version__
+
+        ident, model = grid.ident, self.model
+        return {
+            "run_key": grid.key,
+            "model_name": model.name,
+            "model_hash": model.weights_hash,
+            "engine": model.engine,
+            "env_id": ident.env_id,
+            "env_version": ident.version,
+            "dataset_hash": ident.dataset_hash,
+            "split": ident.split,
+            "env_kwargs": ident.env_kwargs,
+            "seed": self.config.seed,
+            "sampling": canonical_json(self.sampling),
+            "trace_path": str(trace_path),
+            "chatgym_version": __version__,
+            "session_id": session,
+        }
+
+
+def _progress_bar(env_id: str, total: int, initial: int, enabled: bool) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc=env_id, unit="ep", disable=not enabled, file=sys.stderr)
+
+
+class _EpisodeRecorder:
+    """The ``on_episode`` callback of one env's run: stores the episode (trace line, then row) and
+    counts it in the report and the progress bar."""
+
+    def __init__(
+        self, evaluation: _Evaluation, writer: Any, common: dict[str, Any], report: EnvReport, bar: Any
+    ):
+        self.store = evaluation.store
+        self.token_level = evaluation.backend.token_level
+        self.success_threshold = evaluation.config.success_threshold
+        self.writer, self.common, self.report, self.bar = writer, common, report, bar
+
+    def __call__(self, traj: Trajectory) -> None:
+        # Trace before row: a kill in between leaves an extra trace line, never a row without its
+        # trace; the rerun of that episode appends a second line.
+        self.writer.write(traj)
+        row = episode_row(
+            traj, token_level=self.token_level, success_threshold=self.success_threshold, common=self.common
+        )
+        self.store.add_episode(row)
+        self.report.ran += 1
+        self.report.failed += traj.failed
+        self.bar.set_postfix(failed=self.report.failed, refresh=False)
+        self.bar.update(1)
 
 
 def report_dicts(reports: Sequence[EnvReport]) -> list[dict[str, Any]]:

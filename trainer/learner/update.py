@@ -15,6 +15,7 @@ computes ``old_logprobs`` first in one no-gradient pass.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +67,26 @@ class UpdateState:
     critic_scheduler: Any = None
 
 
+@dataclass(frozen=True)
+class _Loss:
+    """The loss pieces of one update, from its :class:`AlgoConfig`."""
+
+    algo: AlgoConfig
+    policy_loss: Callable[..., Any]
+    kl: Callable[..., Any]
+    kl_in_loss: bool  # the KL to the reference is a loss term (not folded into the reward)
+
+    @classmethod
+    def of(cls, algo: AlgoConfig) -> _Loss:
+        kl_in_loss = algo.kl_coef > 0 and not algo.kl_in_reward
+        return cls(algo, get_policy_loss(algo.policy_loss), get_kl_estimator(algo.kl_estimator), kl_in_loss)
+
+    def aggregate(self, values: torch.Tensor, mask: torch.Tensor, totals: dict[str, float]) -> torch.Tensor:
+        """``values`` reduced to the scalar loss by ``algo.loss_agg`` over the mini-batch's ``totals``."""
+        mode, norm_constant = self.algo.loss_agg, self.algo.loss_norm_constant
+        return aggregate_loss(values, mask, mode=mode, norm_constant=norm_constant, **totals)
+
+
 def update(
     state: UpdateState,
     batch: TokenBatch,
@@ -91,103 +112,139 @@ def update(
         ``actor/tis_weight``, ``actor/engine_kl`` (k3 between trainer and engine logprobs),
         ``actor/grad_norm``, ``actor/lr``, and ``critic/*`` with a critic.
     """
-    policy_loss = get_policy_loss(algo.policy_loss)
-    kl_fn = get_kl_estimator(algo.kl_estimator)
-    kl_loss = algo.kl_coef > 0 and not algo.kl_in_reward
-    agg = {"mode": algo.loss_agg, "norm_constant": algo.loss_norm_constant}
+    loss = _Loss.of(algo)
     sums = _Sums()
     lr = state.optimizer.param_groups[0]["lr"]  # the rate this update's first step uses
     ratio_max = 0.0
     steps = 0
-    dp = plan.data_parallel
     for _ in range(algo.ppo_epochs):
         order = torch.randperm(len(batch), generator=generator)
         for chunk in order.chunk(algo.mini_batches):
             mini = batch.select(chunk)
-            n_tokens = float(mini.loss_mask.sum())
-            n_seqs = float(mini.loss_mask.any(dim=1).sum())
-            if n_tokens == 0:
+            if float(mini.loss_mask.sum()) == 0:
                 continue
-            totals = {"num_tokens": n_tokens, "num_sequences": n_seqs}
-            # The value loss's own totals where it trains on fewer tokens (T-PPO: finished rows only).
-            vmini = None if mini.value_mask is None else mini.loss_mask.bool() & mini.value_mask.bool()
-            vtotals = totals if vmini is None else _totals(vmini)
-            mbs = micro_batch_plan(mini, plan.micro_batch_size, plan.share_prefix)
-            # Data-parallel: this rank's micro-batches of the mini-batch; the losses keep the
-            # mini-batch's totals, so the summed gradients are the one-learner gradient.
-            mine = dp.assign(mini, mbs) if dp is not None else [(rows, p, True) for rows, p in mbs]
-            for rows, prefix_len, active in mine:
-                mb = mini.select(rows).to(plan.device)
-                mask = mb.loss_mask
-                with plan.autocast():
-                    logp, entropy = policy_logprobs(
-                        state.policy,
-                        mb,
-                        prefix_len,
-                        with_entropy=True,
-                        entropy_grad=algo.entropy_coef > 0,
-                        pack=plan.pack,
-                        pack_max_tokens=plan.pack_max_tokens,
-                    )
-                if not active:  # a lockstep pass of sharded learners: same collectives, adds nothing
-                    mask = torch.zeros_like(mask)
-                old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
-                weights = (
-                    truncated_is_weights(old, mb.engine_logprobs, mask, cap=algo.tis_cap)
-                    if algo.tis_cap is not None
-                    else None
-                )
-                out = policy_loss(
-                    logp, old, mb.advantages, mask, is_weights=weights, **algo.policy_loss_kwargs
-                )
-                loss = aggregate_loss(out.loss, mask, **agg, **totals)
-                sums.add_masked("actor/pg_loss", out.loss, mask)
-                if mb.ref_logprobs is not None:
-                    kl = kl_fn(logp, mb.ref_logprobs, mask)
-                    if kl_loss:
-                        loss = loss + algo.kl_coef * aggregate_loss(kl, mask, **agg, **totals)
-                    sums.add_masked("actor/kl", kl, mask)
-                if algo.entropy_coef > 0:
-                    loss = loss - algo.entropy_coef * aggregate_loss(entropy, mask, **agg, **totals)
-                loss.backward()
-                sums.add_masked("actor/entropy", entropy, mask)
-                sums.add_masked("actor/clip_frac", out.clipped.float(), mask)
-                sums.add_masked("actor/dual_clip_frac", out.dual_clipped.float(), mask)
-                engine_kl = get_kl_estimator("k3")(logp.detach(), mb.engine_logprobs, mask)
-                sums.add_masked("actor/engine_kl", engine_kl, mask)
-                if weights is not None:
-                    sums.add_masked("actor/tis_weight", weights, mask)
-                if bool(mask.any()):
-                    ratio_max = max(ratio_max, float(out.ratio[mask].max()))
-                if state.critic is not None:
-                    with plan.autocast():
-                        values = forward_values(state.critic, mb)
-                    # T-PPO trains the value model on finished rows only (mb.value_mask, within mask).
-                    vmask = mask if mb.value_mask is None else mask & mb.value_mask.bool()
-                    vout = clipped_value_loss(values, mb.old_values, mb.returns, vmask, clip=algo.value_clip)
-                    vloss = algo.value_loss_coef * aggregate_loss(vout.loss, vmask, **agg, **vtotals)
-                    vloss.backward()
-                    sums.add_masked("critic/value_loss", vout.loss, vmask)
-                    sums.add_masked("critic/clip_frac", vout.clipped.float(), vmask)
-                    sums.add_masked("critic/value_mean", values, vmask)
-            if dp is not None:
-                dp.reduce_gradients(state.policy)
-                if state.critic is not None:
-                    dp.reduce_gradients(state.critic)
-            sums.add(
-                "actor/grad_norm", _step(state.policy, state.optimizer, state.scheduler, max_grad_norm), 1
-            )
-            if state.critic is not None:
-                norm = _step(state.critic, state.critic_optimizer, state.critic_scheduler, max_grad_norm)
-                sums.add("critic/grad_norm", norm, 1)
+            ratio_max = max(ratio_max, _accumulate_gradients(state, mini, loss, plan, sums))
+            _optimizer_step(state, plan.data_parallel, max_grad_norm, sums)
             steps += 1
-    if dp is not None:
-        ratio_max = dp.reduce_metrics(sums.total, sums.weight, ratio_max)
+    if plan.data_parallel is not None:
+        ratio_max = plan.data_parallel.reduce_metrics(sums.total, sums.weight, ratio_max)
     metrics = sums.means()
     metrics["actor/ratio_max"] = ratio_max
     metrics["actor/optimizer_steps"] = steps
     metrics["actor/lr"] = lr
     return metrics
+
+
+def _accumulate_gradients(
+    state: UpdateState, mini: TokenBatch, loss: _Loss, plan: ForwardPlan, sums: _Sums
+) -> float:
+    """Forward and backward over the micro-batches of one mini-batch (this rank's, with data
+    parallelism); returns the largest policy ratio seen (0.0 when no token counts)."""
+    totals = _totals(mini.loss_mask)
+    # The value loss's own totals where it trains on fewer tokens (T-PPO: finished rows only).
+    vtotals = totals if mini.value_mask is None else _totals(mini.loss_mask.bool() & mini.value_mask.bool())
+    mbs = micro_batch_plan(mini, plan.micro_batch_size, plan.share_prefix)
+    # Data-parallel: this rank's micro-batches of the mini-batch; the losses keep the mini-batch's
+    # totals, so the summed gradients are the one-learner gradient.
+    dp = plan.data_parallel
+    mine = dp.assign(mini, mbs) if dp is not None else [(rows, p, True) for rows, p in mbs]
+    ratio_max = 0.0
+    for rows, prefix_len, active in mine:
+        mb = mini.select(rows).to(plan.device)
+        # An inactive micro-batch is a lockstep pass of sharded learners: same collectives, adds nothing.
+        mask = mb.loss_mask if active else torch.zeros_like(mb.loss_mask)
+        ratio_max = max(
+            ratio_max, _policy_backward(state.policy, mb, prefix_len, mask, loss, plan, totals, sums)
+        )
+        if state.critic is not None:
+            _value_backward(state.critic, mb, mask, loss, plan, vtotals, sums)
+    return ratio_max
+
+
+def _policy_backward(
+    policy: Any,
+    mb: TokenBatch,
+    prefix_len: int,
+    mask: torch.Tensor,
+    loss: _Loss,
+    plan: ForwardPlan,
+    totals: dict[str, float],
+    sums: _Sums,
+) -> float:
+    """The policy loss of one micro-batch (policy gradient, KL, entropy) backward; returns its largest
+    ratio over ``mask`` (0.0 for an empty mask)."""
+    algo = loss.algo
+    with plan.autocast():
+        logp, entropy = policy_logprobs(
+            policy,
+            mb,
+            prefix_len,
+            with_entropy=True,
+            entropy_grad=algo.entropy_coef > 0,
+            pack=plan.pack,
+            pack_max_tokens=plan.pack_max_tokens,
+        )
+    old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
+    weights = (
+        truncated_is_weights(old, mb.engine_logprobs, mask, cap=algo.tis_cap)
+        if algo.tis_cap is not None
+        else None
+    )
+    out = loss.policy_loss(logp, old, mb.advantages, mask, is_weights=weights, **algo.policy_loss_kwargs)
+    total = loss.aggregate(out.loss, mask, totals)
+    sums.add_masked("actor/pg_loss", out.loss, mask)
+    if mb.ref_logprobs is not None:
+        kl = loss.kl(logp, mb.ref_logprobs, mask)
+        if loss.kl_in_loss:
+            total = total + algo.kl_coef * loss.aggregate(kl, mask, totals)
+        sums.add_masked("actor/kl", kl, mask)
+    if algo.entropy_coef > 0:
+        total = total - algo.entropy_coef * loss.aggregate(entropy, mask, totals)
+    total.backward()
+    sums.add_masked("actor/entropy", entropy, mask)
+    sums.add_masked("actor/clip_frac", out.clipped.float(), mask)
+    sums.add_masked("actor/dual_clip_frac", out.dual_clipped.float(), mask)
+    engine_kl = get_kl_estimator("k3")(logp.detach(), mb.engine_logprobs, mask)
+    sums.add_masked("actor/engine_kl", engine_kl, mask)
+    if weights is not None:
+        sums.add_masked("actor/tis_weight", weights, mask)
+    return float(out.ratio[mask].max()) if bool(mask.any()) else 0.0
+
+
+def _value_backward(
+    critic: Any,
+    mb: TokenBatch,
+    mask: torch.Tensor,
+    loss: _Loss,
+    plan: ForwardPlan,
+    vtotals: dict[str, float],
+    sums: _Sums,
+) -> None:
+    """The clipped value loss of one micro-batch backward."""
+    algo = loss.algo
+    with plan.autocast():
+        values = forward_values(critic, mb)
+    # T-PPO trains the value model on finished rows only (mb.value_mask, within mask).
+    vmask = mask if mb.value_mask is None else mask & mb.value_mask.bool()
+    vout = clipped_value_loss(values, mb.old_values, mb.returns, vmask, clip=algo.value_clip)
+    vloss = algo.value_loss_coef * loss.aggregate(vout.loss, vmask, vtotals)
+    vloss.backward()
+    sums.add_masked("critic/value_loss", vout.loss, vmask)
+    sums.add_masked("critic/clip_frac", vout.clipped.float(), vmask)
+    sums.add_masked("critic/value_mean", values, vmask)
+
+
+def _optimizer_step(state: UpdateState, dp: Any, max_grad_norm: float | None, sums: _Sums) -> None:
+    """Sum the gradients over the data-parallel ranks (``dp`` None: one learner), then step the
+    policy and the critic."""
+    if dp is not None:
+        dp.reduce_gradients(state.policy)
+        if state.critic is not None:
+            dp.reduce_gradients(state.critic)
+    sums.add("actor/grad_norm", _step(state.policy, state.optimizer, state.scheduler, max_grad_norm), 1)
+    if state.critic is not None:
+        norm = _step(state.critic, state.critic_optimizer, state.critic_scheduler, max_grad_norm)
+        sums.add("critic/grad_norm", norm, 1)
 
 
 def _totals(mask: torch.Tensor) -> dict[str, float]:

@@ -158,7 +158,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     return dataclasses.asdict(collector.last_stats)
 
 
-def cli_main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``chatgym rollout``; returns 0, or 1 when every episode failed."""
     args = build_parser().parse_intermixed_args(argv)
     stats = asyncio.run(_run(args))

@@ -66,7 +66,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from chatgym.envs.messages import Message, message_errors
+from chatgym.envs.messages import Message
 from chatgym.trainer.chat.delta import (
     ChatRenderer,
     TemplateError,
@@ -76,11 +76,20 @@ from chatgym.trainer.chat.delta import (
 )
 from chatgym.trainer.chat.template_probe import probe_template
 from chatgym.trainer.engines.base import Engine, SamplingParams
-from chatgym.trainer.engines.common import first_stop_cut
 from chatgym.trainer.rollout.config import RolloutConfig
 from chatgym.trainer.rollout.env_runner import EnvRunner, EnvSource, env_name, make_env
-from chatgym.trainer.rollout.episode import EpisodeFailure, ended, env_call, fail, record_step, run_guarded
+from chatgym.trainer.rollout.episode import (
+    EpisodeFailure,
+    check_observation,
+    ended,
+    env_call,
+    env_stop_strings,
+    fail,
+    record_step,
+    run_guarded,
+)
 from chatgym.trainer.rollout.trace import TraceWriter
+from chatgym.trainer.rollout.turn import Turn, TurnBudget, sampled_turn
 from chatgym.trainer.rollout.types import Trajectory
 
 
@@ -333,186 +342,166 @@ class Collector:
     async def _episode(
         self, spec: _EpisodeSpec, env_kwargs: dict[str, Any], traj: Trajectory, state: dict
     ) -> None:
-        cfg = self.config
+        # Run under run_guarded: an EpisodeFailure raised by any step fails this trajectory only.
+        ep = await self._start(spec, env_kwargs, traj, state)
+        while (budget := self._budget(ep)).limit > 0:
+            turn = await self._generate(ep, budget)
+            self._record(ep, turn)
+            if turn.finish_reason == "abort":
+                raise EpisodeFailure("engine_abort", f"engine aborted turn {turn.index}")
+            obs = await self._step(ep, self._decode(turn))
+            if obs is None:
+                return  # the env ended it: terminated, or truncated by its own limit (max_turns)
+            if not self._observe(ep, turn, obs):
+                return  # truncated: the observation would leave no token of max_model_len
+        self._out_of_budget(ep, budget)  # truncated: max_model_len or max_response_tokens spent
+
+    async def _start(
+        self, spec: _EpisodeSpec, env_kwargs: dict[str, Any], traj: Trajectory, state: dict
+    ) -> _Episode:
+        """Make and reset the env, and put the rendered prompt into ``traj``."""
         env = await self._env_call(
             traj, asyncio.get_running_loop().run_in_executor(self.pool, make_env, spec.env, env_kwargs)
         )
         runner = state["runner"] = EnvRunner(env, self.pool)
         traj.env_id = env_name(spec.env, env)
         obs, reset_info = await self._env_call(traj, runner.reset(spec.seed, spec.options))
-        obs = _check_observation(obs, "reset")
+        obs = check_observation(obs, "reset")
         traj.task_id = reset_info.get("task_id", traj.task_id)
         tools = reset_info.get("tools") or getattr(getattr(env, "unwrapped", env), "tools", None) or None
         self.renderer.warn_if_tools_ignored(self.probe, tools)
-        stop_strings = _env_stop_strings(env)
-
-        history: list[Message] = list(obs)
-        traj.messages = history
-        ids, mask, logprobs = traj.token_ids, traj.loss_mask, traj.engine_logprobs
-        versions = traj.weight_versions
-        prompt = self._render(traj, self.renderer.prompt_ids, history, tools)
-        ids.extend(prompt)
-        mask.extend([0] * len(prompt))
-        logprobs.extend([0.0] * len(prompt))
-        versions.extend([-1] * len(prompt))
+        ep = _Episode(spec, traj, runner, tools, env_stop_strings(env), list(obs))
+        traj.messages = ep.history
+        prompt = self._render(traj, self.renderer.prompt_ids, ep.history, tools)
+        _append_context(traj, prompt)
         traj.prompt_len = len(prompt)
-        turns: list[dict[str, Any]] = []
-        traj.info["turns"] = turns
-        generated = 0
+        traj.info["turns"] = ep.turns
+        return ep
 
-        while True:
-            ctx_left = cfg.max_model_len - len(ids)
-            resp_left = cfg.max_response_tokens - generated
-            limit = min(cfg.max_tokens, resp_left, ctx_left)
-            if limit <= 0:
-                traj.truncated = True
-                traj.info["truncated_by"] = "max_model_len" if ctx_left <= 0 else "max_response_tokens"
-                if not turns:
-                    # The policy never acted: a 0 reward here would score the set-up, not the model.
-                    fail(
-                        traj,
-                        "prompt_too_long",
-                        f"the prompt has {len(prompt)} tokens and max_model_len is {cfg.max_model_len}",
-                    )
-                break
-            turn = len(turns)
-            params = SamplingParams(
-                max_tokens=limit,
-                temperature=cfg.temperature,
-                top_p=cfg.top_p,
-                top_k=cfg.top_k,
-                stop_token_ids=self.eos_token_ids,
-                seed=_request_seed(spec.sampling_seed, spec.group_id, spec.sample_index, turn),
-                logprobs=True,
-                stop=stop_strings,
-            )
-            t = time.perf_counter()
-            # Read at the call: an engine whose weights are swapped while this turn is being sampled
-            # says so per token in Completion.weight_versions.
-            version = int(getattr(self.engine, "weight_version", 0))
-            try:
-                completion = await self.engine.generate(list(ids), params)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                raise EpisodeFailure("engine_error", f"{type(exc).__name__}: {exc}") from exc
-            gen_s = time.perf_counter() - t
-            traj.timing["generate_s"] += gen_s
-            new_ids = [int(i) for i in completion.token_ids]
-            new_lps = [float(x) for x in completion.logprobs]
-            if len(new_lps) != len(new_ids):
-                raise EpisodeFailure(
-                    "engine_error", f"engine returned {len(new_lps)} logprobs for {len(new_ids)} tokens"
-                )
-            if len(new_ids) > limit:
-                raise EpisodeFailure(
-                    "engine_error", f"engine returned {len(new_ids)} tokens for max_tokens={limit}"
-                )
-            new_versions = list(completion.weight_versions or [version] * len(new_ids))
-            if len(new_versions) != len(new_ids):
-                raise EpisodeFailure(
-                    "engine_error",
-                    f"engine returned {len(new_versions)} weight versions for {len(new_ids)} tokens",
-                )
-            stop_cut = 0
-            cut = first_stop_cut(self.tokenizer, new_ids, stop_strings) if stop_strings else None
-            if cut is not None and cut[0] < len(new_ids):
-                # The engine went past a stop string: the turn ends where the rule says.
-                stop_cut = len(new_ids) - cut[0]
-                new_ids, new_lps, new_versions = new_ids[: cut[0]], new_lps[: cut[0]], new_versions[: cut[0]]
-            ended_eos = bool(new_ids) and new_ids[-1] in self._eos
-            stop_reason: int | str | None = None
-            if ended_eos:
-                finish, stop_reason = "stop", new_ids[-1]
-            elif cut is not None:
-                finish, stop_reason = "stop", cut[1]
-            elif len(new_ids) >= limit:
-                finish = "length"
-            else:
-                finish = completion.finish_reason
-                stop_reason = completion.stop_reason if finish == "stop" else None
-            start = len(ids)
-            ids.extend(new_ids)
-            mask.extend([1] * len(new_ids))
-            logprobs.extend(new_lps)
-            versions.extend(new_versions)
-            generated += len(new_ids)
-            traj.finish_reasons.append(finish)
-            traj.stop_reasons.append(stop_reason)
-            record: dict[str, Any] = {
-                "turn": turn,
-                "start": start,
-                "completion_tokens": len(new_ids),
-                "max_tokens": limit,
-                "finish_reason": finish,
-                "stop_reason": stop_reason,
-                "generate_s": gen_s,
-            }
-            if stop_cut:
-                record["stop_cut_tokens"] = stop_cut
-            if finish == "length":  # the budget that set the limit (the per-turn one on a tie)
-                cut_by = "max_response_tokens" if limit == resp_left else "max_model_len"
-                record["cut_by"] = "max_tokens" if limit == cfg.max_tokens else cut_by
-            turns.append(record)
-            if finish == "abort":
-                raise EpisodeFailure("engine_abort", f"engine aborted turn {turn}")
-
-            text = self.tokenizer.decode(new_ids[:-1] if ended_eos else new_ids, skip_special_tokens=False)
-            history.append({"role": "assistant", "content": text})
-            t = time.perf_counter()
-            obs, reward, terminated, truncated, info = await self._env_call(traj, runner.step(text))
-            record["env_s"] = time.perf_counter() - t
-            obs = _check_observation(obs, "step")
-            record_step(traj, obs, reward, info)
-            record["reward"] = float(reward)
-            if ended(traj, terminated, truncated):
-                break
-
-            obs = self._cut_observation(obs, traj)
-            closing = closing_ids(self.probe, new_ids)
-            delta = self._render(traj, self.renderer.delta_ids, history, obs, tools, self.probe)
-            added = closing + delta
-            if len(ids) + len(added) >= cfg.max_model_len:
-                traj.truncated = True
-                traj.info["truncated_by"] = "max_model_len"
-                traj.info["dropped_observation_tokens"] = len(added)
-                break
-            history.extend(obs)
-            record["closing_tokens"] = len(closing)
-            record["observation_tokens"] = len(delta)
-            ids.extend(added)
-            mask.extend([0] * len(added))
-            logprobs.extend([0.0] * len(added))
-            versions.extend([-1] * len(added))
-
-
-def _env_stop_strings(env: Any) -> tuple[str, ...]:
-    """The env's ``stop_strings`` (on the env or under its Gymnasium wrappers), as a tuple.
-
-    Raises:
-        EpisodeFailure: ``env_error`` when they are not a list of non-empty strings.
-    """
-    raw = getattr(env, "stop_strings", None)
-    if raw is None:
-        raw = getattr(getattr(env, "unwrapped", None), "stop_strings", None)
-    if raw is None:
-        return ()
-    stops = (raw,) if isinstance(raw, str) else tuple(raw)
-    if not all(isinstance(s, str) and s for s in stops):
-        raise EpisodeFailure("env_error", f"env.stop_strings must be non-empty strings, got {raw!r:.200}")
-    return stops
-
-
-def _check_observation(obs: Any, where: str) -> list[Message]:
-    if not isinstance(obs, list):
-        raise EpisodeFailure(
-            "env_error",
-            f"{where} returned an observation of type {type(obs).__name__}, not a list of messages",
+    def _budget(self, ep: _Episode) -> TurnBudget:
+        cfg = self.config
+        return TurnBudget(
+            max_tokens=cfg.max_tokens,
+            response_left=cfg.max_response_tokens - ep.generated,
+            context_left=cfg.max_model_len - len(ep.traj.token_ids),
         )
-    for i, m in enumerate(obs):
-        errors = message_errors(m)
-        if errors:
-            raise EpisodeFailure(
-                "env_error", f"{where} returned an invalid message at index {i}: {'; '.join(errors)}"
+
+    def _out_of_budget(self, ep: _Episode, budget: TurnBudget) -> None:
+        traj = ep.traj
+        traj.truncated = True
+        traj.info["truncated_by"] = budget.spent()
+        if not ep.turns:
+            # The policy never acted: a 0 reward here would score the set-up, not the model.
+            fail(
+                traj,
+                "prompt_too_long",
+                f"the prompt has {traj.prompt_len} tokens and max_model_len is {self.config.max_model_len}",
             )
-    return [dict(m) for m in obs]  # type: ignore[misc]
+
+    async def _generate(self, ep: _Episode, budget: TurnBudget) -> Turn:
+        """Sample one turn of at most ``budget.limit`` tokens; engine errors are ``engine_error``."""
+        cfg, spec, index = self.config, ep.spec, len(ep.turns)
+        params = SamplingParams(
+            max_tokens=budget.limit,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            top_k=cfg.top_k,
+            stop_token_ids=self.eos_token_ids,
+            seed=_request_seed(spec.sampling_seed, spec.group_id, spec.sample_index, index),
+            logprobs=True,
+            stop=ep.stop_strings,
+        )
+        t = time.perf_counter()
+        # Read at the call: an engine whose weights are swapped while this turn is being sampled
+        # says so per token in Completion.weight_versions.
+        version = int(getattr(self.engine, "weight_version", 0))
+        try:
+            completion = await self.engine.generate(list(ep.traj.token_ids), params)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise EpisodeFailure("engine_error", f"{type(exc).__name__}: {exc}") from exc
+        gen_s = time.perf_counter() - t
+        ep.traj.timing["generate_s"] += gen_s
+        return sampled_turn(
+            completion,
+            index=index,
+            budget=budget,
+            version=version,
+            generate_s=gen_s,
+            tokenizer=self.tokenizer,
+            stop_strings=ep.stop_strings,
+            eos=self._eos,
+        )
+
+    def _record(self, ep: _Episode, turn: Turn) -> None:
+        """Append the turn's sampled ids (loss mask 1, their logprobs) and its ``info["turns"]`` entry."""
+        traj = ep.traj
+        start = len(traj.token_ids)
+        traj.token_ids.extend(turn.token_ids)
+        traj.loss_mask.extend([1] * len(turn.token_ids))
+        traj.engine_logprobs.extend(turn.logprobs)
+        traj.weight_versions.extend(turn.weight_versions)
+        ep.generated += len(turn.token_ids)
+        traj.finish_reasons.append(turn.finish_reason)
+        traj.stop_reasons.append(turn.stop_reason)
+        ep.turns.append(turn.record(start))
+
+    def _decode(self, turn: Turn) -> str:
+        return self.tokenizer.decode(turn.text_ids, skip_special_tokens=False)
+
+    async def _step(self, ep: _Episode, text: str) -> list[Message] | None:
+        """Give ``text`` to the env as the assistant's turn and book the result; the observation, or
+        None when the env ended the episode."""
+        ep.history.append({"role": "assistant", "content": text})
+        record = ep.turns[-1]
+        t = time.perf_counter()
+        obs, reward, terminated, truncated, info = await self._env_call(ep.traj, ep.runner.step(text))
+        record["env_s"] = time.perf_counter() - t
+        obs = check_observation(obs, "step")
+        record_step(ep.traj, obs, reward, info)
+        record["reward"] = float(reward)
+        return None if ended(ep.traj, terminated, truncated) else obs
+
+    def _observe(self, ep: _Episode, turn: Turn, obs: list[Message]) -> bool:
+        """Append the ids that close ``turn`` and the observation's chat-template delta (loss mask 0);
+        False, with the episode truncated by ``max_model_len`` and the observation dropped, when they
+        would leave no token of context."""
+        traj = ep.traj
+        obs = self._cut_observation(obs, traj)
+        closing = closing_ids(self.probe, turn.token_ids)
+        delta = self._render(traj, self.renderer.delta_ids, ep.history, obs, ep.tools, self.probe)
+        added = closing + delta
+        if len(traj.token_ids) + len(added) >= self.config.max_model_len:
+            traj.truncated = True
+            traj.info["truncated_by"] = "max_model_len"
+            traj.info["dropped_observation_tokens"] = len(added)
+            return False
+        ep.history.extend(obs)
+        record = ep.turns[-1]
+        record["closing_tokens"] = len(closing)
+        record["observation_tokens"] = len(delta)
+        _append_context(traj, added)
+        return True
+
+
+@dataclass
+class _Episode:
+    """What one running episode keeps beside its trajectory."""
+
+    spec: _EpisodeSpec
+    traj: Trajectory
+    runner: EnvRunner
+    tools: Any
+    stop_strings: tuple[str, ...]
+    history: list[Message]  # the conversation so far, the same list as traj.messages
+    turns: list[dict[str, Any]] = field(default_factory=list)  # the same list as info["turns"]
+    generated: int = 0  # sampled tokens over all turns
+
+
+def _append_context(traj: Trajectory, ids: list[int]) -> None:
+    """Append ids the policy did not sample: loss mask 0, logprob 0.0, weight version -1."""
+    traj.token_ids.extend(ids)
+    traj.loss_mask.extend([0] * len(ids))
+    traj.engine_logprobs.extend([0.0] * len(ids))
+    traj.weight_versions.extend([-1] * len(ids))

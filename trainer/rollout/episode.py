@@ -10,7 +10,9 @@
   (``tool`` messages returned: one per call, malformed ones included), ``info["tool_errors_total"]``
   (sum of the env's ``tool_errors``) and ``info["tool_errors_by_kind"]`` (its ``tool_error_kinds``
   summed: ``parse_error``, ``unknown_tool``, ``bad_arguments``, ``raised``, ``timeout``,
-  ``tool_error``; errors the env did not classify are ``unspecified``).
+  ``tool_error``; errors the env did not classify are ``unspecified``);
+- :func:`check_observation` and :func:`env_stop_strings` check what an env hands the runner (its
+  messages, its stop strings): a malformed one is an ``env_error`` of that episode.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from chatgym.envs.messages import Message
+from chatgym.envs.messages import Message, message_errors
 from chatgym.trainer.rollout.types import Trajectory
 
 # Keys the runner owns in ``Trajectory.info``: an env's info must not overwrite them.
@@ -132,3 +134,40 @@ def ended(traj: Trajectory, terminated: Any, truncated: Any) -> bool:
     if truncated:
         traj.info["truncated_by"] = "env"
     return True
+
+
+def env_stop_strings(env: Any) -> tuple[str, ...]:
+    """The env's ``stop_strings`` (on the env or under its Gymnasium wrappers), as a tuple.
+
+    Raises:
+        EpisodeFailure: ``env_error`` when they are not a list of non-empty strings.
+    """
+    raw = getattr(env, "stop_strings", None)
+    if raw is None:
+        raw = getattr(getattr(env, "unwrapped", None), "stop_strings", None)
+    if raw is None:
+        return ()
+    stops = (raw,) if isinstance(raw, str) else tuple(raw)
+    if not all(isinstance(s, str) and s for s in stops):
+        raise EpisodeFailure("env_error", f"env.stop_strings must be non-empty strings, got {raw!r:.200}")
+    return stops
+
+
+def check_observation(obs: Any, where: str) -> list[Message]:
+    """``obs`` (what ``reset`` / ``step``, named by ``where``, returned) as a list of message dicts.
+
+    Raises:
+        EpisodeFailure: ``env_error`` when it is not a list of valid messages.
+    """
+    if not isinstance(obs, list):
+        raise EpisodeFailure(
+            "env_error",
+            f"{where} returned an observation of type {type(obs).__name__}, not a list of messages",
+        )
+    for i, m in enumerate(obs):
+        errors = message_errors(m)
+        if errors:
+            raise EpisodeFailure(
+                "env_error", f"{where} returned an invalid message at index {i}: {'; '.join(errors)}"
+            )
+    return [dict(m) for m in obs]  # type: ignore[misc]

@@ -1,0 +1,56 @@
+"""``chatgym leaderboard``: the models x envs leaderboard of a results store, printed and written as
+a static HTML page.
+
+chatgym leaderboard --db results/eval.sqlite --html results/leaderboard.html
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from chatgym.trainer.eval.cli import DEFAULT_DB
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="chatgym leaderboard",
+        description="Print the models x envs leaderboard of a results store and write it as a static HTML page.",
+    )
+    p.add_argument("--db", default=DEFAULT_DB, help=f"SQLite results file (default {DEFAULT_DB})")
+    p.add_argument("--html", help="write the page here (default: leaderboard.html next to --db)")
+    p.add_argument("--k", type=int, help="pass@k budget (default: the most samples per task of any cell)")
+    p.add_argument("--env", nargs="*", default=[], help="only these env ids")
+    p.add_argument("--model", nargs="*", default=[], help="only these model names")
+    p.add_argument("--title", default="chatgym leaderboard")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``chatgym leaderboard``; 1 when the store holds no episodes."""
+    from chatgym.trainer.eval.leaderboard import build_leaderboard, rich_tables
+    from chatgym.trainer.eval.page import render_html
+    from chatgym.trainer.eval.store import ResultsStore
+
+    args = build_parser().parse_args(argv)
+    if not Path(args.db).expanduser().is_file():
+        raise SystemExit(f"chatgym leaderboard: no results file at {args.db} (run chatgym eval first)")
+    if args.k is not None and args.k < 1:
+        raise SystemExit(f"chatgym leaderboard: --k must be >= 1, got {args.k}")
+    with ResultsStore(args.db) as store:
+        board = build_leaderboard(store, k=args.k, env_ids=args.env, models=args.model)
+    if not board.cells:
+        print(f"chatgym leaderboard: {args.db} holds no episodes (after filters)", file=sys.stderr)
+        return 1
+    from rich.console import Console
+
+    console = Console(width=200)
+    for table in rich_tables(board):
+        console.print(table)
+    out = Path(args.html) if args.html else Path(args.db).expanduser().parent / "leaderboard.html"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_html(board, title=args.title, source=str(args.db)), encoding="utf-8")
+    print(f"wrote {out}")
+    return 0
