@@ -1,7 +1,7 @@
 """Seconds per GRPO step (generation + update + weight sync) and tokens/s of chatgym's trainer.
 
 8 prompts x 8 samples, <= 128 new tokens each (TRL's GRPOTrainer measured 4.3 s/step on an H200 for
-that shape with SmolLM2, see the peers' figures in the README's GPU section). The env is the tests' ``ChatgymTestLetters-v0`` (reward =
+that shape with SmolLM2, see the peers' figures in benchmarks/RESULTS.md). The env is the tests' ``ChatgymTestLetters-v0`` (reward =
 share of letters in the reply; no dataset needed) and the model is SmolLM2-135M's architecture with
 random weights (``--random-init``, the default: the real weights cannot always be brought to the GPU
 machine) or its real weights. On CUDA: fp32 master weights, bf16 autocast, gradient checkpointing,

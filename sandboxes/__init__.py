@@ -3,7 +3,7 @@
 ``LocalSandbox`` (``local.py``), ``BwrapSandbox`` (``bwrap.py``), ``DockerSandbox`` (``container.py``,
 extra ``docker``) and ``SandboxFusionSandbox`` (``fusion_client.py``, any SandboxFusion service,
 e.g. ``chatgym serve-sandbox``: ``service.py``) share the ``Sandbox`` contract (``base.py``) and the
-process-wide limiter (``limits.py``). What each isolates: the table in the README's Sandboxes section.
+process-wide limiter (``limits.py``). What each isolates: the table in docs/sandboxes.md.
 """
 
 from chatgym.sandboxes.base import ExecResult, Sandbox, Session

@@ -64,7 +64,7 @@ async def get_json(url: str):
         return await resp.json()
 
 
-# Per-backend outcomes where the backends honestly differ (see the isolation table in the README).
+# Per-backend outcomes where the backends honestly differ (see the isolation table in docs/sandboxes.md).
 # The local sandbox's children get a private /tmp and /var/tmp and an empty /root and /home, so a
 # checkout under one of those (a CI clone in /tmp) does not exist for them; elsewhere they see its
 # world-readable files only.

@@ -1,0 +1,179 @@
+"""The user docs stay true: docs/config.md is what the dataclasses say, the write-an-env example prints
+what docs/write-an-env.md shows, ``import chatgym``'s entry points are the real objects (and import no
+torch), the README is a front door (short, quickstart early, the CI's test command), and every
+relative link in README.md and docs/ names a file that exists."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+README = ROOT / "README.md"
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location("gen_config_docs", ROOT / "scripts" / "gen_config_docs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ---- docs/config.md ----------------------------------------------------------------------------------
+
+
+def test_config_reference_is_fresh():
+    gen = _generator()
+    assert (DOCS / "config.md").read_text(encoding="utf-8") == gen.render(), (
+        f"docs/config.md is stale: run `{gen.COMMAND}`"
+    )
+
+
+def test_every_config_key_has_a_docstring_entry():
+    assert _generator().undocumented() == []
+
+
+def test_config_reference_lists_every_key_once():
+    from chatgym.trainer.config.cotrain import CoTrainConfig
+    from chatgym.trainer.config.run import Config, config_to_dict
+
+    def keys(data, prefix):
+        for name, value in data.items():
+            key = f"{prefix}.{name}" if prefix else name
+            if isinstance(value, dict) and value:  # a section; a mapping-valued key defaults to {}
+                yield from keys(value, key)
+            else:
+                yield key
+
+    expected = sorted(keys(config_to_dict(Config()), "")) + sorted(
+        f"cotrain.{f.name}" for f in dataclasses.fields(CoTrainConfig)
+    )
+    text = (DOCS / "config.md").read_text(encoding="utf-8")
+    listed = re.findall(r"^\| `([\w.]+)` \| (?!section)", text, re.M)
+    assert sorted(listed) == sorted(expected)
+
+
+def test_field_docs_split_entries_that_name_several_fields():
+    from chatgym.trainer.config.run import LoraConfig, OptimConfig
+
+    gen = _generator()
+    lora = gen.field_docs(LoraConfig)
+    assert lora["r"] == lora["alpha"] == lora["dropout"] == (
+        "rank, scaling numerator (scale = alpha / r) and dropout of the adapters."
+    )
+    optim = gen.field_docs(OptimConfig)
+    assert optim["lr"] == "peak learning rate; value_lr: the value head's (None: same as ``lr``)."
+    assert optim["value_lr"] == "``lr``: peak learning rate; value_lr: the value head's (None: same as ``lr``)."
+    assert optim["min_lr_ratio"].startswith("``schedule``: shape after warm-up; decays reach ``min_lr_ratio")
+
+
+# ---- the write-an-env example --------------------------------------------------------------------------
+
+EXAMPLE_OUTPUT = """\
+task train/1: Spell 'token' backwards.  (tools: ['count_letters'])
+  turn 1: reward 0.0 terminated False truncated False new ["tool: '5'"]
+  turn 2: reward 1.0 terminated True truncated False new []
+  success True answer 'nekot' components {'correct': 1.0, 'format': 1.0}
+task train/2: Spell 'reward' backwards.  (tools: ['count_letters'])
+  turn 1: reward 0.0 terminated True truncated False new []
+  success False answer None components {'correct': 0.0, 'format': 0.0}
+task mine/0: Spell 'string' backwards.  (tools: ['count_letters'])
+  turn 1: reward 1.0 terminated True truncated False new []
+  success True answer 'gnirts' components {'correct': 1.0, 'format': 1.0}
+"""
+
+
+def test_reverse_env_example_prints_what_the_guide_shows():
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "reverse_env.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == EXAMPLE_OUTPUT
+    guide = (DOCS / "write-an-env.md").read_text(encoding="utf-8")
+    assert EXAMPLE_OUTPUT in guide
+
+
+# ---- import chatgym ------------------------------------------------------------------------------------
+
+ENTRY_POINTS = {
+    "make_engine": ("chatgym.trainer.engines", "make_engine"),
+    "Collector": ("chatgym.trainer.rollout.collector", "Collector"),
+    "Trainer": ("chatgym.trainer.train", "Trainer"),
+    "load_config": ("chatgym.trainer.config.run", "load_config"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ENTRY_POINTS))
+def test_entry_point_is_the_real_object(name):
+    import chatgym
+
+    module, attr = ENTRY_POINTS[name]
+    assert getattr(chatgym, name) is getattr(importlib.import_module(module), attr)
+
+
+def test_public_names_are_listed():
+    import chatgym
+
+    public = {"make_engine", "Collector", "Trainer", "load_config", "check_chat_env"}
+    assert set(chatgym.__all__) == public | {"__version__"}
+    assert public <= set(dir(chatgym))
+    with pytest.raises(AttributeError, match="module 'chatgym' has no attribute 'no_such_name'"):
+        _ = chatgym.no_such_name
+
+
+def test_import_chatgym_imports_no_torch():
+    code = "import sys, chatgym; print('torch' in sys.modules, sorted(chatgym.__all__)[0])"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "False Collector\n"
+
+
+# ---- the README and the links --------------------------------------------------------------------------
+
+
+def test_readme_is_a_front_door():
+    lines = README.read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 160
+    first_code = next(i for i, line in enumerate(lines) if line.startswith("import gymnasium as gym"))
+    assert first_code < 40
+    # CI (.ci/run) runs this exact command; the README must give the same one.
+    assert any(line.split("#")[0].strip() == "bash scripts/test.sh" for line in lines[:first_code])
+    assert any(line.split("#")[0].strip() == "bash scripts/train.sh" for line in lines[:first_code])
+    assert "## Failure modes we guard against" in lines
+
+
+COMMIT = re.compile(r"(?<![\w/.-])[0-9a-f]{7,40}(?![\w.-])")
+
+
+@pytest.mark.parametrize("path", [README, *sorted(DOCS.glob("*.md"))], ids=lambda p: p.name)
+def test_no_commit_hashes_or_session_names(path):
+    text = path.read_text(encoding="utf-8")
+    hashes = [h for h in COMMIT.findall(text) if re.search(r"[a-f]", h) and re.search(r"\d", h)]
+    assert hashes == []
+    assert re.findall(r"_s\d\d\b|\bsession \d+", text) == []
+
+
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+@pytest.mark.parametrize("path", [README, *sorted(DOCS.glob("*.md"))], ids=lambda p: p.name)
+def test_relative_links_name_files_that_exist(path):
+    text = path.read_text(encoding="utf-8")
+    missing = [
+        target
+        for target in LINK.findall(text)
+        if not target.startswith(("http://", "https://", "mailto:")) and not (path.parent / target).exists()
+    ]
+    assert missing == []
