@@ -264,6 +264,7 @@ def test_a_step_updates_both_learners(judge_step):
     metrics = trainer.update(policy_trajs, judge_trajs)
     assert (trainer.learner.version, trainer.party.learner.version) == (1, 1)
     assert (metrics["policy/version"], metrics["judge/version"]) == (1, 1)
+    assert trainer.sync_weights() > 0  # both learners' versions moved: both engines are due
     assert (policy_engine.weight_version, judge_engine.weight_version) == (1, 1)
     # One more weight sync each, of every parameter of its own model.
     assert (len(policy_engine.loaded), len(judge_engine.loaded)) == (synced[0] + 1, synced[1] + 1)

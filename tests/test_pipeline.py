@@ -145,7 +145,9 @@ async def test_one_step_off_overlaps_rollout_with_update_one_version_stale():
     events = source.events
     for k in range(3):
         assert events.index(("collect", k + 1)) < events.index(("train_end", k))
-    assert source.synced == [1, 2, 3, 4]  # the last update reaches the engine too
+    # The first sync sends whatever the versions say (nothing was sent yet); the last update reaches
+    # the engine too.
+    assert source.synced == [0, 1, 2, 3, 4]
 
 
 # ------------------------------------------------------------------------------------- async
@@ -500,7 +502,7 @@ def run_trainer(cfg, resume=False):
     trainer.learner.train_on = recording
     try:
         trainer.train()
-        weights = {n: p.detach().clone() for n, p in trainer.policy.named_parameters()}
+        weights = {n: p.detach().clone() for n, p in trainer.learner.policy.named_parameters()}
     finally:
         trainer.close()
     return batches, weights
