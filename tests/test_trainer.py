@@ -10,7 +10,7 @@ import math
 
 import pytest
 import torch
-from train_helpers import LETTERS_ENV_ID, TINY_LLAMA, register
+from train_helpers import LETTERS_ENV_ID, TINY_LLAMA, record_collects, register
 
 from chatgym.trainer.config import AlgoConfig, OptimConfig, load_config
 from chatgym.trainer.learner.algos import get_advantage_estimator
@@ -372,16 +372,7 @@ def test_resume_continues_with_the_same_batch_and_weights(tmp_path, tiny_model):
     # CPU) the two runs matched to 0.0 alone, but once differed by 3.4e-5 inside the full suite.
     def run(out, steps, resume):
         trainer = Trainer(tiny_config(out, "env.eval_tasks=0", "model.compute_dtype=float32", steps=steps), resume=resume)
-        seen = {}
-        collect = trainer.rollout.collect
-
-        async def recording(request):
-            trajs = await collect(request)
-            if not request.eval:
-                seen[request.step] = trajs
-            return trajs
-
-        trainer.rollout.collect = recording
+        seen = record_collects(trainer)
         try:
             trainer.train()
             weights = {n: p.detach().clone() for n, p in trainer.learner.policy.named_parameters()}

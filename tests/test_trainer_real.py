@@ -40,19 +40,12 @@ def real_config(out, *extra: str):
 
 
 def run(cfg, resume=False):
+    from train_helpers import record_collects
+
     from chatgym.trainer.train import Trainer
 
     trainer = Trainer(cfg, resume=resume)
-    seen = {}
-    collect = trainer.rollout.collect
-
-    async def recording(request):
-        trajs = await collect(request)
-        if not request.eval:
-            seen[request.step] = trajs
-        return trajs
-
-    trainer.rollout.collect = recording
+    seen = record_collects(trainer)
     return trainer, seen
 
 
