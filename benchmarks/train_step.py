@@ -104,7 +104,7 @@ def run(args: argparse.Namespace, options: str, steps: int) -> None:
     print(f"== env {env_id}, engine {args.engine} options {options}, {steps} steps", flush=True)
     t0 = time.perf_counter()
     trainer = Trainer(cfg)
-    print(f"set-up {time.perf_counter() - t0:.1f} s on {trainer.device}", flush=True)
+    print(f"set-up {time.perf_counter() - t0:.1f} s on {trainer.learner.device}", flush=True)
     try:
         trainer.train()
     finally:

@@ -121,7 +121,7 @@ def _capture_point() -> tuple[Any, str]:
 
 
 def _weights(trainer: Any) -> dict[str, torch.Tensor]:
-    return {n: p.detach().clone() for n, p in trainer.policy.named_parameters() if p.requires_grad}
+    return {n: p.detach().clone() for n, p in trainer.learner.policy.named_parameters() if p.requires_grad}
 
 
 def run_case(name: str, out: Path) -> dict[str, Any]:

@@ -265,6 +265,7 @@ def test_a_step_updates_both_learners(judge_step):
     metrics = trainer.update(policy_trajs, judge_trajs)
     assert (trainer.learner.version, trainer.party.learner.version) == (1, 1)
     assert (metrics["policy/version"], metrics["judge/version"]) == (1, 1)
+    assert trainer.sync_weights() > 0  # both learners' versions moved: both engines are due
     assert (policy_engine.weight_version, judge_engine.weight_version) == (1, 1)
     # One more weight sync each, of every parameter of its own model.
     assert (len(policy_engine.loaded), len(judge_engine.loaded)) == (synced[0] + 1, synced[1] + 1)
@@ -279,6 +280,33 @@ def test_a_step_updates_both_learners(judge_step):
     assert (
         metrics["policy/batch/trajectories_trained"] == 2 and metrics["judge/batch/trajectories_trained"] == 4
     )
+
+
+def test_train_runs_the_trainer_loop_with_both_learners(tmp_path, tok):
+    """``CoTrainer.train`` is ``Trainer``'s loop: one step updates both learners, each engine gets its
+    learner's weights at start and after the step (nothing else), both sides are checkpointed."""
+    try:
+        from chatgym.trainer.models.packaged import load_model_path
+
+        load_model_path("smollm2")
+    except ModuleNotFoundError as exc:
+        pytest.skip(str(exc))
+    trainer, policy_engine, judge_engine = judge_fixture_trainer(tmp_path, tok)
+    try:
+        assert (len(policy_engine.loaded), len(judge_engine.loaded)) == (1, 1)  # the first sync
+        summary = trainer.train()
+        assert (len(policy_engine.loaded), len(judge_engine.loaded)) == (2, 2)
+        assert (policy_engine.weight_version, judge_engine.weight_version) == (1, 1)
+    finally:
+        trainer.close()
+    (row,) = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert row["step"] == 1 and (row["policy/version"], row["judge/version"]) == (1, 1)
+    assert row["batch/trajectories"] == 2 and row["judge/samples"] == 4
+    assert row["policy/batch/trajectories_trained"] == 2 and row["judge/batch/trajectories_trained"] == 4
+    checkpoints = summary["checkpoints"]
+    assert checkpoints["policy"] == summary["checkpoint"] == str(tmp_path / "checkpoints" / "step_000001")
+    assert checkpoints["judge"] == str(tmp_path / "judge" / "checkpoints" / "step_000001")
+    assert (tmp_path / "judge" / "checkpoints" / "step_000001").is_dir()
 
 
 # ---- UserSim-v0: faithfulness of a scripted simulated user ---------------------------------------

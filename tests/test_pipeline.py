@@ -145,7 +145,22 @@ async def test_one_step_off_overlaps_rollout_with_update_one_version_stale():
     events = source.events
     for k in range(3):
         assert events.index(("collect", k + 1)) < events.index(("train_end", k))
-    assert source.synced == [1, 2, 3, 4]  # the last update reaches the engine too
+    # The first sync sends whatever the versions say (nothing was sent yet); the last update reaches
+    # the engine too.
+    assert source.synced == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("mode", ["sync", "one_step_off", "async"])
+async def test_rollout_s_is_how_long_the_batchs_rollout_ran_in_every_mode(mode):
+    # Every episode sleeps >= 0.06 s, so a batch's rollout runs at least that long in every mode; the
+    # learner (0.1 s) gives the overlapped modes time to finish the next batch before it asks, so
+    # their wait (pipeline/wait_s) is shorter than the rollout, and the two are told apart.
+    source = FakeSource(delay=lambda s, g, i: 0.06)
+    learner = FakeLearner(train_s=0.1)
+    results = await run(Pipeline(source, learner, request_for, PipelineOptions(mode, max_staleness=1)), 0, 3)
+    assert all(r.rollout_s >= 0.06 for r in results)
+    if mode == "sync":
+        assert all(r.metrics["pipeline/wait_s"] == r.rollout_s for r in results)
 
 
 # ------------------------------------------------------------------------------------- async
@@ -500,7 +515,7 @@ def run_trainer(cfg, resume=False):
     trainer.learner.train_on = recording
     try:
         trainer.train()
-        weights = {n: p.detach().clone() for n, p in trainer.policy.named_parameters()}
+        weights = {n: p.detach().clone() for n, p in trainer.learner.policy.named_parameters()}
     finally:
         trainer.close()
     return batches, weights
@@ -532,6 +547,14 @@ def test_trainer_async_with_zero_staleness_trains_exactly_like_sync(tmp_path, sm
     assert [r["step"] for r in rows] == [1, 2]
     assert [r["staleness/max"] for r in rows] == [0.0, 0.0]
     assert all(r["batch/trajectories"] == 6 and "pipeline/wait_s" in r for r in rows)
+    # One definition of each throughput in both modes: generated tokens (no episode failed: length
+    # mean x trajectories) per second of the batch's rollout, and per second of the whole step.
+    sync_rows = [json.loads(x) for x in (tmp_path / "sync" / "metrics.jsonl").read_text().splitlines()]
+    for r in rows + sync_rows:
+        tokens = r["response/length_mean"] * r["batch/trajectories"]
+        assert r["batch/failed"] == 0 and tokens > 0
+        assert r["throughput/gen_tokens_per_s"] == pytest.approx(tokens / r["timing/rollout_s"], rel=1e-12)
+        assert r["throughput/gen_tokens_per_step_s"] == pytest.approx(tokens / r["timing/step_s"], rel=1e-12)
 
 
 def test_trainer_async_resume_with_a_buffer_takes_the_same_next_batch(tmp_path, smollm2_files):

@@ -117,10 +117,10 @@ def reference(tmp_path_factory):
     out = tmp_path_factory.mktemp("local")
     trainer = Trainer(tiny_config(out))
     try:
-        before = {n: p.detach().clone() for n, p in trainer.policy.named_parameters()}
+        before = {n: p.detach().clone() for n, p in trainer.learner.policy.named_parameters()}
         trajs = trainer.collect(0)
         metrics = trainer.learner.train_on(trajs)
-        after = {n: p.detach().clone() for n, p in trainer.policy.named_parameters()}
+        after = {n: p.detach().clone() for n, p in trainer.learner.policy.named_parameters()}
     finally:
         trainer.close()
     return trajs, before, after, metrics
@@ -330,7 +330,7 @@ def test_ray_backend_step1_matches_local(cluster, tmp_path):
             plan=want.plan,
         )
         local.learner.train_on(trajs_l)
-        after_l = {n: p.detach().clone() for n, p in local.policy.named_parameters()}
+        after_l = {n: p.detach().clone() for n, p in local.learner.policy.named_parameters()}
     finally:
         local.close()
     remote = Trainer(ray_cfg)

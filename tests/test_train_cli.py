@@ -166,17 +166,17 @@ def test_ctrl_c_leaves_the_curve_of_the_steps_logged(tmp_path, monkeypatch, caps
     from train_helpers import LETTERS_ENV_ID, TINY_LLAMA, register
 
     from chatgym.trainer.logging.writer import MetricsLogger
-    from chatgym.trainer.train import Trainer
+    from chatgym.trainer.pipeline import Pipeline
 
     register()
-    step = Trainer.step
+    sync_step = Pipeline.sync_step
 
-    def interrupted_at_the_second_step(self, i):
+    async def interrupted_at_the_second_step(self, i):
         if i == 1:
             raise KeyboardInterrupt
-        return step(self, i)
+        return await sync_step(self, i)
 
-    monkeypatch.setattr(Trainer, "step", interrupted_at_the_second_step)
+    monkeypatch.setattr(Pipeline, "sync_step", interrupted_at_the_second_step)
     # No background redraw finishes: a terminal's Ctrl-C reached the redraw child too (the helper's case).
     monkeypatch.setattr(MetricsLogger, "plot_later", lambda self: self.dir / "learning_curve.png")
     overrides = [

@@ -10,7 +10,7 @@ import math
 
 import pytest
 import torch
-from train_helpers import LETTERS_ENV_ID, TINY_LLAMA, register
+from train_helpers import LETTERS_ENV_ID, TINY_LLAMA, record_collects, register
 
 from chatgym.trainer.algos import get_advantage_estimator
 from chatgym.trainer.config.run import AlgoConfig, OptimConfig, load_config
@@ -324,9 +324,9 @@ def test_two_training_steps_tiny_model(tmp_path, tiny_model):
 
     trainer = Trainer(tiny_config(tmp_path))
     try:
-        initial = {n: p.detach().clone() for n, p in trainer.policy.named_parameters()}
+        initial = {n: p.detach().clone() for n, p in trainer.learner.policy.named_parameters()}
         summary = trainer.train()
-        policy = dict(trainer.policy.named_parameters())
+        policy = dict(trainer.learner.policy.named_parameters())
         assert any(not torch.equal(initial[n], p) for n, p in policy.items()), "no parameter moved"
         # The engine holds exactly the trainer's weights after the last sync ...
         engine_model = trainer.engine.model
@@ -345,7 +345,7 @@ def test_two_training_steps_tiny_model(tmp_path, tiny_model):
         )
         with torch.no_grad():
             torch.testing.assert_close(
-                engine_model(probe).logits, trainer.policy(probe).logits, rtol=0, atol=1e-6
+                engine_model(probe).logits, trainer.learner.policy(probe).logits, rtol=0, atol=1e-6
             )
     finally:
         trainer.close()
@@ -373,17 +373,10 @@ def test_resume_continues_with_the_same_batch_and_weights(tmp_path, tiny_model):
     # CPU) the two runs matched to 0.0 alone, but once differed by 3.4e-5 inside the full suite.
     def run(out, steps, resume):
         trainer = Trainer(tiny_config(out, "env.eval_tasks=0", "model.compute_dtype=float32", steps=steps), resume=resume)
-        seen = {}
-        collect = trainer.collect
-
-        def recording(step):
-            seen[step] = collect(step)
-            return seen[step]
-
-        trainer.collect = recording
+        seen = record_collects(trainer)
         try:
             trainer.train()
-            weights = {n: p.detach().clone() for n, p in trainer.policy.named_parameters()}
+            weights = {n: p.detach().clone() for n, p in trainer.learner.policy.named_parameters()}
         finally:
             trainer.close()
         return seen, weights
@@ -432,10 +425,10 @@ def test_training_steps_on_cuda_in_bf16(tmp_path, tiny_model, monkeypatch):
     )
     trainer = Trainer(cfg)
     try:
-        assert trainer.device.type == "cuda"
-        initial = {n: p.detach().clone() for n, p in trainer.policy.named_parameters()}
+        assert trainer.learner.device.type == "cuda"
+        initial = {n: p.detach().clone() for n, p in trainer.learner.policy.named_parameters()}
         trainer.train()
-        policy = dict(trainer.policy.named_parameters())
+        policy = dict(trainer.learner.policy.named_parameters())
         assert any(not torch.equal(initial[n], p) for n, p in policy.items())
         for name, param in trainer.engine.model.named_parameters():
             assert param.dtype == torch.bfloat16
@@ -464,9 +457,9 @@ def test_ppo_with_critic_and_several_updates(tmp_path, tiny_model):
     )
     trainer = Trainer(cfg)
     try:
-        critic_before = {n: p.detach().clone() for n, p in trainer.critic.named_parameters()}
+        critic_before = {n: p.detach().clone() for n, p in trainer.learner.critic.named_parameters()}
         trainer.train()
-        assert any(not torch.equal(critic_before[n], p) for n, p in trainer.critic.named_parameters())
+        assert any(not torch.equal(critic_before[n], p) for n, p in trainer.learner.critic.named_parameters())
     finally:
         trainer.close()
     (row,) = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -485,9 +478,9 @@ def test_lora_policy_syncs_merged_weights(tmp_path, tiny_model):
     cfg = tiny_config(tmp_path, "lora.enabled=true", "lora.r=4", "optim.lr=1e-2", "env.eval_tasks=0", steps=1)
     trainer = Trainer(cfg)
     try:
-        base_before = {n: p.detach().clone() for n, p in export_weights(trainer.policy)}
+        base_before = {n: p.detach().clone() for n, p in export_weights(trainer.learner.policy)}
         trainer.train()
-        merged = dict(export_weights(trainer.policy))
+        merged = dict(export_weights(trainer.learner.policy))
         engine = dict(trainer.engine.model.named_parameters())
         assert set(merged) == set(engine)
         for name, value in merged.items():
@@ -497,7 +490,7 @@ def test_lora_policy_syncs_merged_weights(tmp_path, tiny_model):
         assert not torch.equal(merged[q], base_before[q])
         assert torch.equal(merged["model.embed_tokens.weight"], base_before["model.embed_tokens.weight"])
         # The KL reference is the base model with adapters off, not a copy.
-        assert trainer.reference.adapters_off and trainer.reference.model is trainer.policy
+        assert trainer.learner.reference.adapters_off and trainer.learner.reference.model is trainer.learner.policy
     finally:
         trainer.close()
     assert (tmp_path / "checkpoints" / "step_000001" / "policy" / "adapter_config.json").is_file()
@@ -514,8 +507,10 @@ def test_training_steps_run_with_the_start_up_heap_frozen(tmp_path, tiny_model, 
     gc.unfreeze()  # another test may have left objects frozen
     trainer = Trainer(tiny_config(tmp_path, f"train.gc_freeze={str(freeze).lower()}", "env.eval_tasks=0", steps=1))
     frozen_in_step = []
-    step = trainer.step
-    monkeypatch.setattr(trainer, "step", lambda s: frozen_in_step.append(gc.get_freeze_count()) or step(s))
+    train_on = trainer.learner.train_on
+    monkeypatch.setattr(
+        trainer.learner, "train_on", lambda t: frozen_in_step.append(gc.get_freeze_count()) or train_on(t)
+    )
     try:
         trainer.train()
     finally:

@@ -40,17 +40,12 @@ def real_config(out, *extra: str):
 
 
 def run(cfg, resume=False):
+    from train_helpers import record_collects
+
     from chatgym.trainer.train import Trainer
 
     trainer = Trainer(cfg, resume=resume)
-    seen = {}
-    collect = trainer.collect
-
-    def recording(step):
-        seen[step] = collect(step)
-        return seen[step]
-
-    trainer.collect = recording
+    seen = record_collects(trainer)
     return trainer, seen
 
 
@@ -65,9 +60,9 @@ def test_real_steps_sync_and_resume(tmp_path):
 
     full, full_seen = run(real_config(tmp_path / "full", "train.save_every=1", "train.keep_checkpoints=3"))
     try:
-        initial = {n: p.detach().clone() for n, p in full.policy.named_parameters()}
+        initial = {n: p.detach().clone() for n, p in full.learner.policy.named_parameters()}
         full.train()
-        policy = dict(full.policy.named_parameters())
+        policy = dict(full.learner.policy.named_parameters())
         moved = [n for n, p in policy.items() if not torch.equal(initial[n], p)]
         assert len(moved) == len(policy), "every parameter of a full fine-tune moves"
         engine_model = full.engine.model
@@ -81,7 +76,7 @@ def test_real_steps_sync_and_resume(tmp_path):
         )
         with torch.no_grad():
             ids = torch.tensor([probe])
-            torch.testing.assert_close(engine_model(ids).logits, full.policy(ids).logits, rtol=0, atol=1e-5)
+            torch.testing.assert_close(engine_model(ids).logits, full.learner.policy(ids).logits, rtol=0, atol=1e-5)
         final = {n: p.detach().clone() for n, p in policy.items()}
     finally:
         full.close()
@@ -95,7 +90,7 @@ def test_real_steps_sync_and_resume(tmp_path):
     try:
         assert resumed.start_step == 2
         resumed.train()
-        resumed_final = {n: p.detach().clone() for n, p in resumed.policy.named_parameters()}
+        resumed_final = {n: p.detach().clone() for n, p in resumed.learner.policy.named_parameters()}
     finally:
         resumed.close()
     assert list(resumed_seen) == [2]

@@ -44,3 +44,19 @@ class LettersEnv(ChatEnv):
 def register() -> None:
     if LETTERS_ENV_ID not in gym.registry:
         gym.register(id=LETTERS_ENV_ID, entry_point=LettersEnv, disable_env_checker=True)
+
+
+def record_collects(trainer: Any) -> dict[int, list]:
+    """Wrap ``trainer.rollout.collect`` so every training request's trajectories land in the returned
+    dict, by step (evaluation requests are not recorded)."""
+    seen: dict[int, list] = {}
+    collect = trainer.rollout.collect
+
+    async def recording(request: Any) -> list:
+        trajs = await collect(request)
+        if not request.eval:
+            seen[request.step] = trajs
+        return trajs
+
+    trainer.rollout.collect = recording
+    return seen

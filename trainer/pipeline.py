@@ -31,14 +31,19 @@ episode longer than one update still finishes).
 
 Every step logs the staleness distribution of what it trained on (``staleness/mean``, ``/max``,
 ``/groups_<k>``: groups k versions old, ``/offpolicy_token_frac``) and the pipeline's counters.
+
+Weights reach the rollout side by one rule (:class:`WeightSync`): they are sent when the version the
+rollout side holds differs from the learner's, and on the first sync whatever the versions say (an
+engine starts on the weights it loaded from disk, which are not the learner's cast to its dtype).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -105,8 +110,11 @@ class StepResult:
         step: the 0-based training step.
         trajectories: what the learner trained on (``async``: group ids renumbered 0..P-1 in
             (rollout step, group) order, so groups of different steps never share an id).
-        metrics: the learner's metrics plus ``timing/*``, ``staleness/*`` and ``pipeline/*``.
-        rollout_s: seconds the learner waited for this batch (``sync``: the whole rollout).
+        metrics: the learner's metrics plus ``timing/*``, ``staleness/*`` and ``pipeline/*``
+            (``pipeline/wait_s``: seconds the learner waited for this batch).
+        rollout_s: seconds the batch's rollout ran, from the start of its first request to the end
+            of its last (``async``: over the groups' requests; a group restored from a checkpoint
+            has no start here and is left out).
     """
 
     step: int
@@ -139,6 +147,34 @@ def staleness_metrics(entries: Sequence[GroupEntry], version: int) -> dict[str, 
     return out
 
 
+class WeightSync:
+    """Sends one learner's weights to one rollout side, by the one rule of every run: when the version
+    the rollout side holds (``target.weight_version``) differs from ``learner.version``, and on the
+    first call whatever the versions say (an engine starts on the weights it loaded from disk).
+
+    Args:
+        target: ``weight_version`` and ``set_weights(weights, version)`` (a
+            :class:`~chatgym.trainer.rollout.source.RolloutSource`, or an engine adapter).
+        learner: ``export_weights(dtype)`` and ``version``.
+        dtype: the dtype the weights are cast to on their way (None: as they are).
+    """
+
+    def __init__(self, target: Any, learner: LearnerLike, dtype: Any = None):
+        self.target = target
+        self.learner = learner
+        self.dtype = dtype
+        self.sent = False
+
+    def __call__(self) -> float:
+        """Send when due (see the class docstring); returns the seconds it took (0.0: not due)."""
+        if self.sent and self.target.weight_version == self.learner.version:
+            return 0.0
+        t0 = time.perf_counter()
+        self.target.set_weights(self.learner.export_weights(self.dtype), self.learner.version)
+        self.sent = True
+        return time.perf_counter() - t0
+
+
 class Pipeline:
     """Runs training steps over a rollout source and a learner (see the module docstring).
 
@@ -148,6 +184,8 @@ class Pipeline:
         request_for: ``step -> RolloutRequest`` (tasks and seeds a pure function of the step).
         options: :class:`PipelineOptions`.
         weights_dtype: dtype the weights are cast to on their way to the engine (None: as they are).
+        train_on: what one update does with a step's batch, ``trajs -> metrics`` or a coroutine
+            function (co-training scores the other party's samples first); None: ``learner.train_on``.
 
     Raises:
         ValueError: bad options (named).
@@ -161,12 +199,15 @@ class Pipeline:
         options: PipelineOptions,
         *,
         weights_dtype: Any = None,
+        train_on: Callable[[list[Trajectory]], dict[str, float] | Awaitable[dict[str, float]]] | None = None,
     ):
         self.source = source
         self.learner = learner
         self.request_for = request_for
         self.options = options
-        self.weights_dtype = weights_dtype
+        self.train_on = train_on
+        # The learner's weights to the source; more learners add theirs (co-training's other party).
+        self.weight_syncs = [WeightSync(source, learner, weights_dtype)]
         self.buffer: ReplayBuffer | None = None
         self._requests: dict[int, RolloutRequest] = {}
         # async state
@@ -174,6 +215,7 @@ class Pipeline:
         self._requeue: list[tuple[int, int]] = []  # issued before, to run (again) first
         self._rerun: set[tuple[int, int]] = set()  # aborted once: never aborted again
         self._in_flight: dict[tuple[int, int], asyncio.Task] = {}
+        self._spans: dict[tuple[int, int], tuple[float, float]] = {}  # a finished group's run
         self._admitted = 0  # groups issued and not yet trained on / dropped
         self._arrived: asyncio.Event | None = None
         self._error: BaseException | None = None
@@ -193,17 +235,16 @@ class Pipeline:
         return len(self._request(step).tasks)
 
     def sync_weights(self) -> float:
-        """Send the learner's weights when the engine's are older; returns the seconds it took."""
-        if self.source.weight_version == self.learner.version:
-            return 0.0
-        t0 = time.perf_counter()
-        self.source.set_weights(self.learner.export_weights(self.weights_dtype), self.learner.version)
-        return time.perf_counter() - t0
+        """Every :class:`WeightSync` of :attr:`weight_syncs` that is due; returns the seconds it took."""
+        return sum(sync() for sync in self.weight_syncs)
 
     async def _train(self, trajs: list[Trajectory], in_thread: bool) -> dict[str, float]:
+        train_on = self.train_on or self.learner.train_on
         if in_thread and self.options.train_in_thread:
-            return await asyncio.to_thread(self.learner.train_on, trajs)
-        return self.learner.train_on(trajs)
+            out = await asyncio.to_thread(train_on, trajs)
+        else:
+            out = train_on(trajs)
+        return await out if inspect.isawaitable(out) else out
 
     def run(self, start: int, stop: int) -> AsyncIterator[StepResult]:
         """Steps ``start .. stop-1``, one :class:`StepResult` each, in order."""
@@ -214,10 +255,14 @@ class Pipeline:
 
     async def _run_sync(self, start: int, stop: int) -> AsyncIterator[StepResult]:
         for step in range(start, stop):
-            t0 = time.perf_counter()
-            trajs = await self.source.collect(self._request(step))
-            rollout_s = time.perf_counter() - t0
-            yield await self._finish_step(step, trajs, rollout_s, t0, in_thread=False)
+            yield await self.sync_step(step)
+
+    async def sync_step(self, step: int) -> StepResult:
+        """One ``sync`` step: collect step ``step``'s batch, train on it, send the weights."""
+        t0 = time.perf_counter()
+        trajs = await self.source.collect(self._request(step))
+        rollout_s = time.perf_counter() - t0
+        return await self._finish_step(step, trajs, rollout_s, rollout_s, t0, in_thread=False)
 
     async def _run_one_step_off(self, start: int, stop: int) -> AsyncIterator[StepResult]:
         pending: asyncio.Task | None = asyncio.ensure_future(self._timed_collect(start))
@@ -225,12 +270,12 @@ class Pipeline:
             for step in range(start, stop):
                 t0 = time.perf_counter()
                 assert pending is not None
-                trajs, _ = await pending
+                trajs, rollout_s = await pending
                 wait_s = time.perf_counter() - t0
                 # The update of step-1 is in: its weights go out before the next rollout starts.
                 sync_s = self.sync_weights()
                 pending = asyncio.ensure_future(self._timed_collect(step + 1)) if step + 1 < stop else None
-                result = await self._finish_step(step, trajs, wait_s, t0, in_thread=True, sync=False)
+                result = await self._finish_step(step, trajs, rollout_s, wait_s, t0, in_thread=True, sync=False)
                 result.metrics["timing/sync_s"] = sync_s
                 yield result
             self.sync_weights()  # the last update reaches the engine (final evaluation)
@@ -248,6 +293,7 @@ class Pipeline:
         self,
         step: int,
         trajs: list[Trajectory],
+        rollout_s: float,
         wait_s: float,
         t0: float,
         *,
@@ -262,7 +308,7 @@ class Pipeline:
             metrics["timing/sync_s"] = self.sync_weights()
         metrics["timing/step_s"] = time.perf_counter() - t0
         metrics["pipeline/wait_s"] = wait_s
-        return StepResult(step, trajs, metrics, wait_s)
+        return StepResult(step, trajs, metrics, rollout_s)
 
     # ---- async ------------------------------------------------------------------------------------
 
@@ -304,6 +350,7 @@ class Pipeline:
 
     async def _run_group(self, key: tuple[int, int], request: RolloutRequest, version: int) -> None:
         me = asyncio.current_task()
+        started = time.perf_counter()
         try:
             trajs = await self.source.collect(request)
         except asyncio.CancelledError:
@@ -318,9 +365,12 @@ class Pipeline:
                 del self._in_flight[key]
         if self._closing:
             return
+        self._spans[key] = (started, time.perf_counter())
         entries = entries_from_trajectories(trajs, key[0], version, groups=[key[1]])
         buffer = self._ensure_buffer(key[0])
         evicted = buffer.put(entries[0])
+        for entry in evicted:
+            self._spans.pop(entry.key, None)
         if evicted:
             self.counters["evicted"] += len(evicted)
             self._admitted -= len(evicted)
@@ -363,6 +413,8 @@ class Pipeline:
                         raise RuntimeError(f"rollout source failed: {self._error!r}") from self._error
                     if opts.stale == "drop":
                         dropped = buffer.drop_stale(self.learner.version, opts.max_staleness)
+                        for entry in dropped:
+                            self._spans.pop(entry.key, None)
                         if dropped:
                             self.counters["dropped_stale"] += len(dropped)
                             self._admitted -= len(dropped)
@@ -374,6 +426,8 @@ class Pipeline:
                 wait_s = time.perf_counter() - t0
                 version = self.learner.version
                 entries = sorted(buffer.take(want), key=lambda e: e.key)
+                spans = [self._spans.pop(e.key) for e in entries if e.key in self._spans]
+                rollout_s = max(b for _, b in spans) - min(a for a, _ in spans) if spans else 0.0
                 trajs = [
                     dataclasses.replace(t, group_id=i)
                     for i, e in enumerate(entries)
@@ -397,7 +451,7 @@ class Pipeline:
                 for name in ("dropped_stale", "evicted"):
                     metrics[f"pipeline/{name}"] = float(self.counters[name] - before[name])
                 metrics["pipeline/batch_steps"] = float(len({e.step for e in entries}))
-                yield StepResult(step, trajs, metrics, wait_s)
+                yield StepResult(step, trajs, metrics, rollout_s)
         finally:
             await self.aclose()
 

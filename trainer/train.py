@@ -10,11 +10,11 @@ step ``s`` draws the same next batch as the uninterrupted run. Everything goes u
 ``traces.jsonl`` (a sample of rollouts), ``eval_traces.jsonl``, ``checkpoints/step_NNNNNN/``,
 ``summary.json``.
 
-``trainer.pipeline`` picks how rollout overlaps training (:mod:`chatgym.trainer.pipeline`): ``sync``
-runs :meth:`Trainer.step` (collect, update, sync weights) per step; ``one_step_off`` and ``async`` hand
-the steps to a :class:`~chatgym.trainer.pipeline.Pipeline` over the same rollout source and learner,
-and the loop logs, evaluates and checkpoints each step it yields (an async checkpoint carries the
-replay buffer and the groups in flight).
+``trainer.pipeline`` picks how rollout overlaps training: every mode runs a
+:class:`~chatgym.trainer.pipeline.Pipeline` over the rollout source and the learner (``sync``:
+collect, update, send weights, per step), and the loop logs, evaluates and checkpoints each step it
+yields (an async checkpoint carries the replay buffer and the groups in flight). Co-training
+(:mod:`chatgym.trainer.cotrain.loop`) is this loop with a second learner.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import json
 import random
 import sys
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ from chatgym.trainer.learner.learner import Learner
 from chatgym.trainer.logging.step_metrics import accuracy, multiturn_metrics, rollout_metrics
 from chatgym.trainer.logging.writer import MetricsLogger
 from chatgym.trainer.models.packaged import load_model_path
-from chatgym.trainer.pipeline import Pipeline, PipelineOptions
+from chatgym.trainer.pipeline import Pipeline, PipelineOptions, StepResult
 from chatgym.trainer.roles.build import build_learner, build_rollout, start_ray
 from chatgym.trainer.rollout.source import RolloutRequest
 from chatgym.trainer.rollout.types import Trajectory
@@ -144,16 +145,17 @@ class Trainer:
             self.engine = getattr(self.rollout, "engine", None)
             self.collector = getattr(self.rollout, "collector", None)
             self.eval_collector = getattr(self.rollout, "eval_collector", None)
-            self.sync_weights()
-            self.num_train_tasks = self._count_tasks(cfg.env.train_split)
-            self._num_eval_tasks: int | None = None
             self.pipeline = Pipeline(
                 self.rollout,
                 self.learner,
                 self.request_for,
                 pipeline_options(cfg),
                 weights_dtype=getattr(torch, self.engine_dtype),
+                train_on=self.train_on,
             )
+            self.sync_weights()
+            self.num_train_tasks = self._count_tasks(cfg.env.train_split)
+            self._num_eval_tasks: int | None = None
             if ckpt is not None:
                 self.pipeline.load_state_dict(load_pipeline_state(ckpt) or {})
             save_config(cfg, self.out / "config.yaml")
@@ -175,16 +177,25 @@ class Trainer:
     # ---- one training step ------------------------------------------------------------------------
 
     def step(self, step: int) -> dict[str, float]:
-        """One training step (0-based ``step``): collect -> prepare the batch -> update -> sync weights;
-        returns its metrics for the log."""
-        t_step = time.perf_counter()
-        trajs = self.collect(step)
-        metrics = rollout_metrics(trajs, rollout_s=time.perf_counter() - t_step)
-        version = self.learner.version
-        metrics.update(self.learner.train_on(trajs))
-        metrics["timing/sync_s"] = self.sync_weights() if self.learner.version != version else 0.0
-        metrics["timing/step_s"] = time.perf_counter() - t_step
+        """One ``sync`` step (0-based ``step``), whatever ``trainer.pipeline`` says: the pipeline's
+        sync step (collect -> update -> send weights); returns its log row (:meth:`step_metrics`)."""
+        return self.step_metrics(self.loop.run_until_complete(self.pipeline.sync_step(step)))
+
+    def step_metrics(self, result: StepResult) -> dict[str, float]:
+        """A step's log row: the rollout metrics of the trajectories the step trained on
+        (``timing/rollout_s``: seconds their rollout ran; ``throughput/gen_tokens_per_s``: generated
+        tokens per second of it), the pipeline's (the learner's, ``timing/sync_s``, ``timing/step_s``,
+        ``staleness/*``, ``pipeline/*``) and ``throughput/gen_tokens_per_step_s`` (generated tokens
+        per second of the whole step: what an overlapped pipeline gains)."""
+        metrics = rollout_metrics(result.trajectories, rollout_s=result.rollout_s)
+        metrics.update(result.metrics)
+        gen_tokens = sum(t.response_tokens for t in result.trajectories)
+        metrics["throughput/gen_tokens_per_step_s"] = gen_tokens / max(metrics["timing/step_s"], 1e-9)
         return metrics
+
+    def train_on(self, trajs: list[Trajectory]) -> dict[str, float] | Awaitable[dict[str, float]]:
+        """The update of one step's batch (the pipeline calls it): the learner's ``train_on``."""
+        return self.learner.train_on(trajs)
 
     def request_for(self, step: int) -> RolloutRequest:
         """The rollout request of training step ``step`` (0-based): its tasks and seeds are a pure
@@ -192,35 +203,31 @@ class Trainer:
         cfg = self.cfg
         return RolloutRequest(
             env_id=cfg.env.id,
-            tasks=tuple(
-                tasks_for_step(step, cfg.train.prompts_per_step, self.num_train_tasks, cfg.train.seed)
-            ),
+            tasks=self._train_tasks(step),
             group_size=cfg.train.group_size,
-            env_kwargs={"split": cfg.env.train_split, **cfg.env.kwargs},
+            env_kwargs=self._env_kwargs(eval=False),
             reset_seed=_step_seed(cfg.train.seed, step, 2) % (2**31),
             sampling_seed=_step_seed(cfg.train.seed, step, 1),
             step=step,
         )
+
+    def _train_tasks(self, step: int) -> tuple[Any, ...]:
+        cfg = self.cfg
+        return tuple(tasks_for_step(step, cfg.train.prompts_per_step, self.num_train_tasks, cfg.train.seed))
+
+    def _env_kwargs(self, *, eval: bool) -> dict[str, Any]:
+        env = self.cfg.env
+        return {"split": env.eval_split if eval else env.train_split, **env.kwargs}
 
     def collect(self, step: int) -> list[Trajectory]:
         """The trajectories of training step ``step`` (0-based)."""
         return self.loop.run_until_complete(self.rollout.collect(self.request_for(step)))
 
     def sync_weights(self) -> float:
-        """Send the policy's weights (cast to the engine's dtype) to the rollout side, tagged with the
-        learner's version; returns the seconds it took."""
-        dtype = getattr(torch, self.engine_dtype)
-        t0 = time.perf_counter()
-        self.rollout.set_weights(self.learner.export_weights(dtype), self.learner.version)
-        return time.perf_counter() - t0
-
-    # The learner's parts, by their old names (tests, benchmarks and user scripts read them).
-    policy = property(lambda self: self.learner.policy)
-    reference = property(lambda self: self.learner.reference)
-    critic = property(lambda self: self.learner.critic)
-    state = property(lambda self: self.learner.state)
-    device = property(lambda self: self.learner.device)
-    plan = property(lambda self: self.learner.plan)
+        """Send each learner's weights (cast to the engine's dtype, tagged with its version) where
+        the pipeline's one rule says they are due (:class:`~chatgym.trainer.pipeline.WeightSync`);
+        returns the seconds it took."""
+        return self.pipeline.sync_weights()
 
     def evaluate(self, num_tasks: int | None = None) -> dict[str, float]:
         """Score the current policy on the first ``num_tasks`` tasks of the held-out split (one sample
@@ -240,8 +247,8 @@ class Trainer:
         t0 = time.perf_counter()
         request = RolloutRequest(
             env_id=self.cfg.env.id,
-            tasks=tuple(range(n)),
-            env_kwargs={"split": self.cfg.env.eval_split, **self.cfg.env.kwargs},
+            tasks=self._eval_tasks(n),
+            env_kwargs=self._env_kwargs(eval=True),
             reset_seed=self.cfg.train.seed,
             eval=True,
         )
@@ -252,11 +259,19 @@ class Trainer:
             "eval/failed": len(trajs) - len(ok),
             "eval/response_length": float(np.mean([t.response_tokens for t in ok])) if ok else 0.0,
             "eval/tasks": n,
-            "timing/eval_s": time.perf_counter() - t0,
         }
         out.update(accuracy("eval/accuracy", ok))
         out.update(multiturn_metrics(trajs, prefix="eval/"))  # tools, turns, truncation, reward by turns
+        out.update(await self._eval_extras(trajs))
+        out["timing/eval_s"] = time.perf_counter() - t0
         return out
+
+    def _eval_tasks(self, n: int) -> tuple[Any, ...]:
+        return tuple(range(n))
+
+    async def _eval_extras(self, trajs: list[Trajectory]) -> dict[str, float]:
+        """More ``eval/*`` metrics of the evaluation episodes (co-training: the other party's)."""
+        return {}
 
     # ---- set-up -------------------------------------------------------------------------------
 
@@ -278,6 +293,7 @@ class Trainer:
     # ---- the loop -------------------------------------------------------------------------------
 
     def save(self, steps_done: int) -> Path:
+        """Checkpoint the run after ``steps_done`` steps; returns the checkpoint directory."""
         state = self.pipeline.state_dict() or None
         return self.learner.save(self.out, steps_done, config_to_dict(self.cfg), pipeline_state=state)
 
@@ -292,23 +308,12 @@ class Trainer:
         cfg = self.cfg
         t_run = time.perf_counter()
         start_step = self.start_step
-        first: dict[str, float] | None = None
-        last: dict[str, float] | None = None
         eval_before = None
         if self.start_step == 0 and cfg.env.eval_tasks:
             eval_before = self.evaluate()
             self.metrics.log(0, eval_before)
         bar = _progress(self.start_step, cfg.train.max_steps, cfg.train.progress)
-        checkpoint = None
-        if cfg.trainer.pipeline == "sync":
-            for step in range(self.start_step, cfg.train.max_steps):
-                metrics = self.step(step)
-                if self._eval_due(step + 1):
-                    metrics.update(self.evaluate())
-                checkpoint = self._end_step(step, metrics, bar) or checkpoint
-                first, last = first or metrics, metrics
-        else:
-            first, last, checkpoint = self.loop.run_until_complete(self._run_pipeline(bar))
+        first, last, checkpoint = self.loop.run_until_complete(self._run_pipeline(bar))
         if bar is not None:
             bar.close()
         if checkpoint is None or not checkpoint.name.endswith(f"{cfg.train.max_steps:06d}"):
@@ -334,9 +339,14 @@ class Trainer:
             "checkpoint": str(checkpoint),
             "learning_curve": str(curve),
             "metrics": str(self.metrics.path),
+            **self._summary_extras(),
         }
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
+
+    def _summary_extras(self) -> dict[str, Any]:
+        """More entries of ``summary.json`` (co-training: every learner's checkpoint)."""
+        return {}
 
     def _eval_due(self, done: int) -> bool:
         every = self.cfg.env.eval_every
@@ -362,18 +372,13 @@ class Trainer:
         return None
 
     async def _run_pipeline(self, bar: Any) -> tuple[Any, Any, Path | None]:
-        """The ``one_step_off`` / ``async`` steps, logged, evaluated and checkpointed while the
-        pipeline's rollouts keep running. A step's metrics: the rollout metrics of what the learner
-        trained on, the learner's, ``staleness/*`` and ``pipeline/*``. Returns (first step's
+        """The pipeline's steps, logged (:meth:`step_metrics`), evaluated and checkpointed (with
+        ``one_step_off`` / ``async`` while its rollouts keep running). Returns (first step's
         metrics, last step's, last checkpoint written)."""
         first = last = checkpoint = None
         async with contextlib.aclosing(self.pipeline.run(self.start_step, self.cfg.train.max_steps)) as steps:
             async for result in steps:
-                metrics = rollout_metrics(result.trajectories, rollout_s=result.rollout_s)
-                metrics.update(result.metrics)
-                # Generation overlaps the update: generated tokens per second of the step, not of the wait.
-                gen_tokens = sum(t.response_tokens for t in result.trajectories)
-                metrics["throughput/gen_tokens_per_s"] = gen_tokens / max(metrics["timing/step_s"], 1e-9)
+                metrics = self.step_metrics(result)
                 if self._eval_due(result.step + 1):
                     metrics.update(await self.aevaluate())
                 checkpoint = self._end_step(result.step, metrics, bar) or checkpoint

@@ -17,7 +17,10 @@ and weight version), two engines, and one step is
 Metrics are logged as ``policy/*`` (the policy learner's, plus the episodes' ``reward/*``,
 ``episode/*``, ... unprefixed as in ``chatgym train``) and ``<party>/*`` (``judge/*`` or ``user/*``).
 
-The party's trajectories and rewards are :mod:`chatgym.trainer.cotrain.party`'s.
+The loop is :class:`~chatgym.trainer.train.Trainer`'s (its pipeline's sync step, evaluation,
+checkpoints and summary); :class:`CoTrainer` changes only the update (both learners), the requests
+(the party in the env's keyword arguments) and adds the party's engine to the weight sync. The party's
+trajectories and rewards are :mod:`chatgym.trainer.cotrain.party`'s.
 
 The policy's episodes that ended on a judge failure (``info["status"] == "judge_error"``: no
 rating, reward 0 that is not the policy's score) are left out of the policy's batch (the judge is
@@ -30,7 +33,6 @@ model playing both roles (two models only).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import copy
 import dataclasses
@@ -42,11 +44,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import yaml
 
 from chatgym.trainer.config.cotrain import CoTrainConfig, load_cotrain_config, party_config
-from chatgym.trainer.config.run import Config, ConfigError, config_to_dict, save_config
+from chatgym.trainer.config.run import Config, ConfigError, config_to_dict
 from chatgym.trainer.cotrain.party import (
     PARTIES,
     REWARDS,
@@ -56,15 +57,31 @@ from chatgym.trainer.cotrain.party import (
     policy_reference_metrics,
 )
 from chatgym.trainer.engines.base import SamplingParams
+from chatgym.trainer.logging.step_metrics import rollout_metrics
+from chatgym.trainer.pipeline import WeightSync
 from chatgym.trainer.rollout.types import Trajectory
-
-
-def _step_seed(seed: int, step: int, salt: int) -> int:
-    return int(np.random.SeedSequence([seed, step, salt]).generate_state(1)[0])
+from chatgym.trainer.sampler import tasks_for_step
+from chatgym.trainer.train import Trainer
 
 
 def _prefixed(prefix: str, metrics: dict[str, float]) -> dict[str, float]:
     return {f"{prefix}/{k}": v for k, v in metrics.items()}
+
+
+class _EngineTarget:
+    """A bare engine as the target of a :class:`~chatgym.trainer.pipeline.WeightSync` (the party
+    has no collector of its own: the policy's env calls it)."""
+
+    def __init__(self, engine: Any):
+        self.engine = engine
+
+    @property
+    def weight_version(self) -> int:
+        return int(self.engine.weight_version)
+
+    def set_weights(self, weights: Any, version: int) -> None:
+        self.engine.update_weights(weights)
+        self.engine.weight_version = int(version)
 
 
 @dataclass
@@ -73,11 +90,11 @@ class _Party:
     engine: Any
     responder: VersionedResponder
     eval_responder: VersionedResponder
-    dtype: str
 
 
-class CoTrainer:
-    """Co-trains the policy and the party (see the module docstring).
+class CoTrainer(Trainer):
+    """Co-trains the policy and the party (see the module docstring): the :class:`Trainer` loop whose
+    update trains both learners and whose weight sync serves both engines.
 
     Args:
         config: the policy's run (``model``, ``engine``, ``env``, ``rollout``, ``algo``, ``optim``,
@@ -90,6 +107,7 @@ class CoTrainer:
     Raises:
         ConfigError: ``trainer.backend``/``pipeline`` other than local/sync, or ``model.random_init``
             without both engines given.
+        FileExistsError: an ``output_dir`` that already holds checkpoints (as ``chatgym train``).
     """
 
     def __init__(
@@ -105,123 +123,97 @@ class CoTrainer:
 
         from chatgym.trainer.chat.tokenizer import get_tokenizer
         from chatgym.trainer.engines import build_engine, engine_dtype
-        from chatgym.trainer.logging.writer import MetricsLogger
         from chatgym.trainer.models.packaged import load_model_path
-        from chatgym.trainer.roles.build import build_learner, build_local_rollout
-        from chatgym.trainer.train import seed_everything
+        from chatgym.trainer.roles.build import build_learner
 
-        self.cfg = cfg = config
-        self.co = co = cotrain
+        cfg = config
         if cfg.trainer.backend != "local" or cfg.trainer.pipeline != "sync":
             raise ConfigError("trainer: cotrain runs backend 'local' with pipeline 'sync' only")
         if cfg.model.random_init and (engine is None or party_engine is None):
             raise ConfigError("model.random_init: cotrain needs both engines given (engine=, party_engine=)")
-        self.out = Path(cfg.train.output_dir)
-        self.out.mkdir(parents=True, exist_ok=True)
-        seed_everything(cfg.train.seed)
+        self.co = co = cotrain
         self.kwarg, _ = PARTIES[co.party]
         self.reward_fn = reward_fn or REWARDS[co.party]
-        self.loop = asyncio.new_event_loop()
-
-        # The policy: its learner, then its engine and collectors (as chatgym train builds them).
-        model_path = load_model_path(cfg.model.path)
-        self.tokenizer = get_tokenizer(model_path)
-        self.learner = build_learner(cfg, tokenizer=self.tokenizer)
-        self.rollout = build_local_rollout(
-            cfg, engine=engine, tokenizer=self.tokenizer, model_path=model_path, out_dir=self.out
-        )
-        self.engine_dtype = engine_dtype(cfg.engine)
-
-        # The party: its own learner (optimizer, version), engine and responders.
-        pcfg = party_config(cfg, co)
-        party_path = load_model_path(co.model_path)
-        ptok = self.tokenizer if Path(party_path) == Path(model_path) else get_tokenizer(party_path)
-        plearner = build_learner(pcfg, tokenizer=ptok)
-        if party_engine is None:
-            party_engine = build_engine(pcfg.engine, party_path, ptok, cfg.train.seed + 1, co.max_model_len)
-        party_engine.weight_version = 0
-
-        train_responder = VersionedResponder(
-            party_engine,
-            ptok,
-            params=SamplingParams(max_tokens=co.max_tokens, temperature=co.temperature),
-            max_prompt_tokens=co.max_prompt_tokens,
-            prefill=co.prefill,
-        )
-        eval_responder = copy.copy(train_responder)  # shares the chat renderer (slow to build)
-        eval_responder.params = dataclasses.replace(
-            train_responder.params, temperature=cfg.env.eval_temperature
-        )
-        self.party = _Party(plearner, party_engine, train_responder, eval_responder, self.engine_dtype)
-        self._torch = torch
-        self.sync_weights()
-        self.num_train_tasks = self._count_tasks(cfg.env.train_split)
-        save_config(cfg, self.out / "config.yaml")
-        (self.out / "cotrain.yaml").write_text(yaml.safe_dump(config_to_dict(co), sort_keys=False))
-        self.metrics = MetricsLogger(
-            self.out, tensorboard=cfg.train.tensorboard, wandb=False, run_config=config_to_dict(cfg)
-        )
-
-    # ---- one step --------------------------------------------------------------------------
-
-    def request_for(self, step: int, *, eval: bool = False, num_tasks: int | None = None) -> Any:
-        """The step's rollout request (tasks and seeds a pure function of (seed, step), as in
-        ``chatgym train``), with the party's responder in the env's keyword arguments."""
-        from chatgym.trainer.rollout.source import RolloutRequest
-        from chatgym.trainer.sampler import tasks_for_step
-
-        cfg = self.cfg
-        if eval:
-            split, responder = cfg.env.eval_split, self.party.eval_responder
-            picks = self.co.eval_task_ids if self.co.eval_task_ids is not None else range(num_tasks or 0)
-            tasks = tuple(picks)[: num_tasks or 0]
-            return RolloutRequest(
-                cfg.env.id,
-                tasks,
-                1,
-                {"split": split, **cfg.env.kwargs, self.kwarg: responder},
-                reset_seed=cfg.train.seed,
-                eval=True,
-                step=step,
+        super().__init__(cfg, engine=engine)  # the policy: its learner, engine, collectors, pipeline
+        try:
+            # The party: its own learner (optimizer, version), engine and responders.
+            pcfg = party_config(cfg, co)
+            party_path = load_model_path(co.model_path)
+            same = Path(party_path) == Path(self.model_path)
+            ptok = self.tokenizer if same else get_tokenizer(party_path)
+            plearner = build_learner(pcfg, tokenizer=ptok)
+            if party_engine is None:
+                party_engine = build_engine(pcfg.engine, party_path, ptok, cfg.train.seed + 1, co.max_model_len)
+            party_engine.weight_version = 0
+            train_responder = VersionedResponder(
+                party_engine,
+                ptok,
+                params=SamplingParams(max_tokens=co.max_tokens, temperature=co.temperature),
+                max_prompt_tokens=co.max_prompt_tokens,
+                prefill=co.prefill,
             )
+            eval_responder = copy.copy(train_responder)  # shares the chat renderer (slow to build)
+            eval_responder.params = dataclasses.replace(
+                train_responder.params, temperature=cfg.env.eval_temperature
+            )
+            self.party = _Party(plearner, party_engine, train_responder, eval_responder)
+            dtype = getattr(torch, engine_dtype(pcfg.engine))
+            self.pipeline.weight_syncs.append(WeightSync(_EngineTarget(party_engine), plearner, dtype))
+            self.sync_weights()
+            (self.out / "cotrain.yaml").write_text(yaml.safe_dump(config_to_dict(co), sort_keys=False))
+        except BaseException:
+            self.close()
+            raise
+
+    # ---- what differs from chatgym train: the requests, the update, the checkpoints ---------------
+
+    def _train_tasks(self, step: int) -> tuple[Any, ...]:
         pool = self.co.tasks
-        n = len(pool) if pool is not None else self.num_train_tasks
-        picks = tasks_for_step(step, cfg.train.prompts_per_step, n, cfg.train.seed)
-        tasks = tuple(pool[i] for i in picks) if pool is not None else tuple(picks)
-        return RolloutRequest(
-            cfg.env.id,
-            tasks,
-            cfg.train.group_size,
-            {"split": cfg.env.train_split, **cfg.env.kwargs, self.kwarg: self.party.responder},
-            reset_seed=_step_seed(cfg.train.seed, step, 2) % (2**31),
-            sampling_seed=_step_seed(cfg.train.seed, step, 1),
-            step=step,
-        )
+        if pool is None:
+            return super()._train_tasks(step)
+        cfg = self.cfg
+        return tuple(pool[i] for i in tasks_for_step(step, cfg.train.prompts_per_step, len(pool), cfg.train.seed))
 
-    def rollouts(self, step: int) -> tuple[list[Trajectory], list[Trajectory], dict[str, float]]:
-        """Collect step ``step``'s episodes and score both sides: ``(policy_trajs, party_trajs,
-        metrics)``; the policy's are the episodes less those ended by a judge failure."""
-        from chatgym.trainer.logging.step_metrics import rollout_metrics
+    def _env_kwargs(self, *, eval: bool) -> dict[str, Any]:
+        responder = self.party.eval_responder if eval else self.party.responder
+        return {**super()._env_kwargs(eval=eval), self.kwarg: responder}
 
-        t0 = time.perf_counter()
-        trajs = self.loop.run_until_complete(self.rollout.collect(self.request_for(step)))
-        metrics = rollout_metrics(trajs, rollout_s=time.perf_counter() - t0)
-        party_trajs, party_metrics = self.loop.run_until_complete(
-            party_trajectories(trajs, self.co.party, self.reward_fn)
-        )
-        metrics.update(party_metrics)
-        metrics["policy/reward_mean"] = metrics["reward/mean"]
+    def _eval_tasks(self, n: int) -> tuple[Any, ...]:
+        picks = self.co.eval_task_ids if self.co.eval_task_ids is not None else range(n)
+        return tuple(picks)[:n]
+
+    async def train_on(self, trajs: list[Trajectory]) -> dict[str, float]:  # type: ignore[override]
+        """The step's update: score both sides of the episodes (:meth:`score`), then :meth:`update`."""
+        policy_trajs, party_trajs, metrics = await self.score(trajs)
+        metrics.update(self.update(policy_trajs, party_trajs))
+        return metrics
+
+    async def score(self, trajs: list[Trajectory]) -> tuple[list[Trajectory], list[Trajectory], dict[str, float]]:
+        """``(policy_trajs, party_trajs, metrics)`` of a step's episodes: the policy's are the episodes
+        less those ended by a judge failure; the party's, every party sample scored
+        (:func:`~chatgym.trainer.cotrain.party.party_trajectories`)."""
+        party_trajs, metrics = await party_trajectories(trajs, self.co.party, self.reward_fn)
         policy_trajs = [t for t in trajs if t.info.get("status") != "judge_error"]
         metrics["policy/judge_error_episodes"] = len(trajs) - len(policy_trajs)
         if self.co.party == "judge":
-            metrics.update(self.loop.run_until_complete(policy_reference_metrics(trajs)))
+            metrics.update(await policy_reference_metrics(trajs))
+        return policy_trajs, party_trajs, metrics
+
+    def rollouts(self, step: int) -> tuple[list[Trajectory], list[Trajectory], dict[str, float]]:
+        """Collect step ``step``'s episodes and :meth:`score` them, with the episodes' rollout metrics."""
+        t0 = time.perf_counter()
+        trajs = self.collect(step)
+        metrics = rollout_metrics(trajs, rollout_s=time.perf_counter() - t0)
+        policy_trajs, party_trajs, scored = self.loop.run_until_complete(self.score(trajs))
+        metrics.update(scored)
         return policy_trajs, party_trajs, metrics
 
     def update(
         self, policy_trajs: Sequence[Trajectory], party_trajs: Sequence[Trajectory]
     ) -> dict[str, float]:
-        """Update each learner on its trajectories, then sync each engine; returns the learners'
-        metrics (``policy/*``, ``<party>/*``), versions and timings."""
+        """Update each learner on its trajectories (the weights go out in the pipeline's
+        :meth:`sync_weights` after it); returns the learners' metrics (``policy/*``, ``<party>/*``),
+        versions and timings."""
         party = self.co.party
         metrics: dict[str, float] = {}
         t = time.perf_counter()
@@ -231,111 +223,36 @@ class CoTrainer:
         if party_trajs:
             metrics.update(_prefixed(party, self.party.learner.train_on(party_trajs)))
         metrics[f"timing/{party}_update_s"] = time.perf_counter() - t
-        metrics["timing/sync_s"] = self.sync_weights()
         metrics["policy/version"] = self.learner.version
         metrics[f"{party}/version"] = self.party.learner.version
         return metrics
 
-    def step(self, step: int) -> dict[str, float]:
-        """Collect, score both sides, update both learners, sync both engines; returns the metrics."""
-        t0 = time.perf_counter()
-        policy_trajs, party_trajs, metrics = self.rollouts(step)
-        metrics.update(self.update(policy_trajs, party_trajs))
-        metrics["timing/step_s"] = time.perf_counter() - t0
-        return metrics
-
-    def sync_weights(self) -> float:
-        """Each learner's weights to its own engine, tagged with its version; returns seconds."""
-        dtype = getattr(self._torch, self.engine_dtype)
-        t0 = time.perf_counter()
-        if self.rollout.weight_version != self.learner.version or self.learner.version == 0:
-            self.rollout.set_weights(self.learner.export_weights(dtype), self.learner.version)
-        party = self.party
-        if getattr(party.engine, "weight_version", -1) != party.learner.version or party.learner.version == 0:
-            party.engine.update_weights(party.learner.export_weights(getattr(self._torch, party.dtype)))
-            party.engine.weight_version = party.learner.version
-        return time.perf_counter() - t0
-
-    def evaluate(self, num_tasks: int | None = None) -> dict[str, float]:
-        """Both sides on the first ``num_tasks`` tasks of ``env.eval_split`` (of
-        ``cotrain.eval_task_ids`` when set; one episode each, the party at ``env.eval_temperature``): ``eval/reward`` (the policy's, as the party scored it),
-        ``eval/<party>/reward_mean`` and, for a judge, ``eval/policy/reference_reward``."""
-        n = self.cfg.env.eval_tasks if num_tasks is None else num_tasks
-        if n <= 0:
-            return {}
-        n = min(n, self._count_tasks(self.cfg.env.eval_split))
-        t0 = time.perf_counter()
-        trajs = self.loop.run_until_complete(
-            self.rollout.collect(self.request_for(0, eval=True, num_tasks=n))
-        )
-        _, party_metrics = self.loop.run_until_complete(
-            party_trajectories(trajs, self.co.party, self.reward_fn)
-        )
-        ok = [t for t in trajs if not t.failed]
-        out = {
-            "eval/reward": float(np.mean([t.reward for t in ok])) if ok else 0.0,
-            "eval/failed": len(trajs) - len(ok),
-            "eval/tasks": n,
-            **{f"eval/{k}": v for k, v in party_metrics.items()},
-        }
+    async def _eval_extras(self, trajs: list[Trajectory]) -> dict[str, float]:
+        """The party's side of the evaluation: ``eval/<party>/*`` and, for a judge,
+        ``eval/policy/reference_reward``."""
+        _, metrics = await party_trajectories(trajs, self.co.party, self.reward_fn)
         if self.co.party == "judge":
-            reference = self.loop.run_until_complete(policy_reference_metrics(trajs))
-            out.update({f"eval/{k}": v for k, v in reference.items()})
-        out["timing/eval_s"] = time.perf_counter() - t0
-        return out
+            metrics.update(await policy_reference_metrics(trajs))
+        return {f"eval/{k}": v for k, v in metrics.items()}
 
-    def train(self) -> dict[str, Any]:
-        """``train.max_steps`` steps (evaluations before and after when ``env.eval_tasks``); returns
-        the summary (also ``summary.json``); checkpoints of both sides at the end."""
-        cfg = self.cfg
-        t_run = time.perf_counter()
-        before = self.evaluate() if cfg.env.eval_tasks else None
-        if before:
-            self.metrics.log(0, before)
-        rows = []
-        for step in range(cfg.train.max_steps):
-            metrics = self.step(step)
-            self.metrics.log(step + 1, metrics)
-            rows.append(metrics)
-            if cfg.train.progress:
-                print(
-                    f"cotrain step {step + 1}/{cfg.train.max_steps}: reward {metrics['reward/mean']:.3f} "
-                    f"{self.co.party} {metrics[f'{self.co.party}/reward_mean']:.3f} "
-                    f"{metrics['timing/step_s']:.1f}s",
-                    file=sys.stderr,
-                )
-        after = self.evaluate() if cfg.env.eval_tasks else None
-        if after:
-            self.metrics.log(cfg.train.max_steps, after)
-        config = config_to_dict(cfg)
-        policy_ckpt = self.learner.save(self.out, cfg.train.max_steps, config)
-        party_ckpt = self.party.learner.save(self.out / self.co.party, cfg.train.max_steps, config)
-        summary = {
-            "output_dir": str(self.out),
-            "steps": cfg.train.max_steps,
-            "wall_s": time.perf_counter() - t_run,
-            "eval_before": before,
-            "eval_after": after,
-            "first_step": rows[0] if rows else None,
-            "last_step": rows[-1] if rows else None,
-            "checkpoints": {"policy": str(policy_ckpt), self.co.party: str(party_ckpt)},
-            "metrics": str(self.metrics.path),
-        }
-        (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-        return summary
+    def save(self, steps_done: int) -> Path:
+        """Both learners' checkpoints (the party's under ``output_dir/<party>``); returns the policy's."""
+        policy = super().save(steps_done)
+        party = self.party.learner.save(self.out / self.co.party, steps_done, config_to_dict(self.cfg))
+        self._checkpoints = (policy, party)
+        return policy
 
-    def _count_tasks(self, split: str) -> int:
-        from chatgym.trainer.train import count_tasks
-
-        return count_tasks(self.cfg.env, split)
+    def _summary_extras(self) -> dict[str, Any]:
+        return {"checkpoints": {"policy": str(self._checkpoints[0]), self.co.party: str(self._checkpoints[1])}}
 
     def close(self) -> None:
-        self.loop.run_until_complete(self.rollout.aclose())  # also a separate GenRM judge's engine
-        self.metrics.close()
-        for engine in (self.rollout.engine, self.party.engine):
+        party = getattr(self, "party", None)
+        if party is not None:
             with contextlib.suppress(Exception):
-                self.loop.run_until_complete(engine.close())
-        self.loop.close()
+                self.loop.run_until_complete(party.engine.close())
+            if hasattr(party.learner, "close"):
+                party.learner.close()
+        super().close()
 
 
 # ---- CLI -------------------------------------------------------------------------------------------

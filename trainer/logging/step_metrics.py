@@ -18,7 +18,9 @@ from chatgym.trainer.rollout.types import Trajectory, hit_budget
 def rollout_metrics(trajs: Sequence[Trajectory], rollout_s: float) -> dict[str, float]:
     """Metrics of a step's trajectories: rewards, ``reward/accuracy`` (share of ``Trajectory.success``
     among those whose env defines it; absent when none does), lengths, failures, timings, and
-    :func:`multiturn_metrics`."""
+    :func:`multiturn_metrics`. ``rollout_s`` is how long the trajectories' rollout ran (logged as
+    ``timing/rollout_s``); ``throughput/gen_tokens_per_s`` is their generated tokens (failed
+    episodes' included) per second of it."""
     ok = [t for t in trajs if not t.failed]
     rewards = [t.reward for t in ok]
     lengths = [t.response_tokens for t in ok]
