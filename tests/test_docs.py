@@ -112,6 +112,7 @@ ENTRY_POINTS = {
     "Collector": ("chatgym.trainer.rollout.collector", "Collector"),
     "Trainer": ("chatgym.trainer.train", "Trainer"),
     "load_config": ("chatgym.trainer.config.run", "load_config"),
+    "check_chat_env": ("chatgym.envs.env_checker", "check_chat_env"),
 }
 
 
@@ -177,3 +178,20 @@ def test_relative_links_name_files_that_exist(path):
         if not target.startswith(("http://", "https://", "mailto:")) and not (path.parent / target).exists()
     ]
     assert missing == []
+
+
+# ---- docs/architecture.md ------------------------------------------------------------------------------
+
+
+def test_architecture_names_every_file_a_training_step_runs():
+    # One real step of the main job (scaled down) under a profiler: every library file it runs a
+    # function of must appear in the trajectory table, so the table cannot drift from the code.
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from trajectory_files import trajectory_files
+    finally:
+        sys.path.pop(0)
+    files = trajectory_files("hf")
+    assert "trainer/rollout/collector.py" in files and "envs/math/env.py" in files
+    doc = (DOCS / "architecture.md").read_text(encoding="utf-8")
+    assert [f for f in files if f"`{f}`" not in doc] == []
