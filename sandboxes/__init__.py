@@ -1,8 +1,8 @@
 """Backends that run untrusted model-written code with limits.
 
-``LocalSandbox`` (``local.py``), ``BwrapSandbox`` (``bwrap.py``), ``DockerSandbox`` (``container.py``,
-extra ``docker``) and ``SandboxFusionSandbox`` (``fusion_client.py``, any SandboxFusion service,
-e.g. ``chatgym serve-sandbox``: ``service.py``) share the ``Sandbox`` contract (``base.py``) and the
+``LocalSandbox`` (``local/sandbox.py``), ``BwrapSandbox`` (``local/bwrap.py``), ``DockerSandbox`` (``docker/sandbox.py``,
+extra ``docker``) and ``SandboxFusionSandbox`` (``fusion/client.py``, any SandboxFusion service,
+e.g. ``chatgym serve-sandbox``: ``fusion/service.py``) share the ``Sandbox`` contract (``base.py``) and the
 process-wide limiter (``limits.py``). What each isolates: the table in docs/sandboxes.md.
 """
 

@@ -1,6 +1,6 @@
 """``DockerSandbox`` on a real Docker engine (the ``docker_engine`` fixture in ``conftest.py``: a
 private dockerd started for the session, or ``DOCKER_HOST``; the tests skip with the reason where
-neither can run), the private-daemon helper ``docker_engine.py``, and ``CodeSandbox-v0`` graded in
+neither can run), the private-daemon helper ``sandboxes/docker/engine.py``, and ``CodeSandbox-v0`` graded in
 Docker. Two error paths a real engine cannot be made to produce on demand (the engine refusing to
 create a container; the runner dying without a reply) use a FAKE engine (``FakeDockerClient``),
 named as such below.

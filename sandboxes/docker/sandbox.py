@@ -28,7 +28,7 @@ line. The status rules are ``outputs.classify``, the same as the local backend's
 does not answer within ``timeout_s + 30`` s is killed with its container.
 
 Needs a Docker engine (``docker.from_env()``: ``DOCKER_HOST``) and an image with ``python3`` (and
-``bash`` for bash runs). No image is pulled on these machines: ``docker_engine.py`` starts a private
+``bash`` for bash runs). No image is pulled on these machines: ``engine.py`` starts a private
 engine and builds one from the host's interpreter (its tag goes in ``$CHATGYM_DOCKER_IMAGE``, the
 default ``image``). Timings: ``benchmarks/sandbox_vs_human_eval.py --backend docker`` / ``docker-warm``.
 """

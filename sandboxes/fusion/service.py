@@ -1,6 +1,6 @@
 """``chatgym serve-sandbox``: a SandboxFusion-compatible HTTP service on top of our backends.
 
-Speaks the SandboxFusion API (see ``fusion.py``) so that its official client (``sandbox_fusion``
+Speaks the SandboxFusion API (see ``api.py``) so that its official client (``sandbox_fusion``
 on PyPI), verl/SkyRL-style SandboxFusion tools and our :class:`SandboxFusionSandbox` can use it:
 
 * ``POST /run_code`` — languages ``python`` and ``bash`` (what the local/bwrap backends run; the

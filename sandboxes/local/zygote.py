@@ -1,7 +1,7 @@
 """The fork server ("zygote") behind ``LocalSandbox``: one warm interpreter that forks a child per run.
 
 Started once per sandbox as ``python -I -S -c <bootstrap> <socket fd>`` with an allowlisted
-environment (see ``local.py``). It sets up isolation once (``isolation.setup``: namespaces, private
+environment (see ``sandbox.py``). It sets up isolation once (``isolation.setup``: namespaces, private
 /tmp, sandbox uids), pre-imports common stdlib modules, freezes the GC (so children do not dirty every
 page) and then serves frames (``wire.py``) from the parent over a unix socket:
 
