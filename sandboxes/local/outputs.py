@@ -6,11 +6,8 @@ Stdlib only (imported by the zygote, outside the ``chatgym`` package).
 from __future__ import annotations
 
 import os
-import re
 import signal
 from dataclasses import dataclass, field
-
-OOM_RE = re.compile(rb"(^MemoryError\b|[Cc]annot allocate memory|std::bad_alloc|[Oo]ut of memory)", re.M)
 
 
 @dataclass
@@ -35,20 +32,21 @@ class Output:
         return self.data.decode("utf-8", "replace")
 
 
-def classify(exit_code: int | None, timed_out: bool, stderr_tail: bytes) -> str:
-    """ExecResult status from how a process ended.
+def classify(exit_code: int | None, timed_out: bool, oom: bool = False) -> str:
+    """ExecResult status from how a process ended, as the sandbox observed it.
 
-    ``timeout`` for the wall deadline or the CPU limit (SIGXCPU); ``oom`` when the program reported
-    an allocation failure (Python's ``MemoryError`` traceback, libc's "Cannot allocate memory", C++
-    ``std::bad_alloc``) — under RLIMIT_AS that is how running out of memory looks; ``killed`` for any
-    other signal; ``error`` for a non-zero exit.
+    ``oom`` when the run hit its memory limit (``oom``: the sandbox's own observation, e.g. the run's
+    memory cgroup counted an OOM; whatever the exit code, since a process of the run was killed or
+    refused memory); ``timeout`` for the wall deadline or the CPU limit (SIGXCPU); ``ok`` for exit
+    code 0; ``killed`` for any other signal; ``error`` for a non-zero exit. What the program
+    printed never counts: a program can print ``MemoryError`` and exit 1 without running out.
     """
+    if oom:
+        return "oom"
     if timed_out or exit_code == -signal.SIGXCPU:
         return "timeout"
     if exit_code == 0:
         return "ok"
-    if OOM_RE.search(stderr_tail):
-        return "oom"
     return "killed" if exit_code is not None and exit_code < 0 else "error"
 
 

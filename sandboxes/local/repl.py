@@ -10,7 +10,9 @@ and ``info["fresh_interpreter"] = True``); files in the work dir are kept.
 
 Child side (``session_main``): like a REPL, a call's last expression statement is echoed
 (``sys.displayhook``: its repr, when not None). An exception prints a traceback and gives exit code
-1 (``oom`` for MemoryError); ``SystemExit(n)`` gives exit code ``n``; the interpreter survives both.
+1; ``SystemExit(n)`` gives exit code ``n``; the interpreter survives both. With a memory cgroup
+(``memcg.py``, one per session) a call is ``oom`` when the cgroup's OOM count grew during it (the
+interpreter, OOM-killed, is then replaced at the next call); without one, memory_mb is RLIMIT_AS.
 Each call gets its own file name (``<cell N>``), so tracebacks quote the right source lines.
 """
 
@@ -40,6 +42,7 @@ class Call:
     deadline: float
     fresh_note: str = ""
     timed_out: bool = False
+    oom_before: int = 0  # the session cgroup's OOM count when the call started
 
 
 @dataclass
@@ -48,6 +51,7 @@ class Session:
     uid: int | None
     workdir: str
     memory_mb: int
+    cgroup: str | None = None  # the session's memory cgroup (None: RLIMIT_AS only)
     pid: int | None = None
     cmd_w: int = -1
     fds: dict = field(default_factory=dict)  # read fd -> "out" | "err" | "res"
@@ -102,7 +106,13 @@ class Sessions:
         os.mkdir(workdir, 0o700)
         if uid is not None:
             os.chown(workdir, uid, iso.gid)
-        self.table[msg["sid"]] = Session(msg["sid"], uid, workdir, int(msg["memory_mb"]))
+        cgroup = None
+        if self.z.memcg is not None:
+            try:
+                cgroup = self.z.memcg.create(f"s{msg['sid']}", int(msg["memory_mb"]) << 20)
+            except OSError:
+                pass  # RLIMIT_AS then
+        self.table[msg["sid"]] = Session(msg["sid"], uid, workdir, int(msg["memory_mb"]), cgroup)
         self.z.send({"op": "ack", "id": msg["id"]})
 
     def next_call(self, s: Session) -> None:
@@ -117,13 +127,17 @@ class Sessions:
             now = time.monotonic()
             cap = int(msg["max_output_bytes"])
             s.call = Call(
-                msg["id"], self.z.output(cap), self.z.output(cap), now, now + float(msg["timeout_s"]), note
+                msg["id"], self.z.output(cap), self.z.output(cap), now, now + float(msg["timeout_s"]), note,
+                oom_before=self.oom_count(s),
             )
             try:
                 os.write(s.cmd_w, wire.encode_marshal({"code": msg["code"], "timeout_s": msg["timeout_s"]}))
             except OSError:  # the interpreter closed its command pipe: it is as good as dead
                 self.kill(s, "its command pipe was closed")
             self.z.at(s.call.deadline, self.on_deadline, (s, s.call))
+
+    def oom_count(self, s: Session) -> int:
+        return self.z.memcg.oom_count(s.cgroup) if s.cgroup else 0
 
     # ---- the session process -------------------------------------------------------------------
 
@@ -159,6 +173,11 @@ class Sessions:
         for fd in s.fds:
             os.set_blocking(fd, False)
             self.z.sel.register(fd, selectors.EVENT_READ, (self.on_pipe, (s, fd)))
+        if s.cgroup:  # before any call's code reaches it; what its children fork stays in there too
+            try:
+                self.z.memcg.join(s.cgroup, pid)
+            except OSError:  # it set no RLIMIT_AS, counting on the cgroup: it must not run code
+                self.kill(s, "its memory cgroup could not be joined")
 
     def on_pipe(self, arg) -> None:
         s, fd = arg
@@ -228,7 +247,7 @@ class Sessions:
 
     def finish_call(self, s: Session, code: int) -> None:
         call, s.call = s.call, None
-        status = self.z.classify(code, call.timed_out, bytes(call.err.data[-4096:]))
+        status = self.z.classify(code, call.timed_out, self.oom_count(s) > call.oom_before)
         stderr = call.fresh_note + call.err.text()
         self.z.send({
             "op": "result", "id": call.id, "status": status, "exit_code": code, "stdout": call.out.text(),
@@ -248,6 +267,7 @@ class Sessions:
             self.z.send({"op": "result", "id": msg["id"], "status": "killed", "exit_code": None,
                          "stderr": "chatgym sandbox: the session was closed\n", "info": {}})  # fmt: skip
         self.z.cleanup(s.workdir, s.uid)
+        self.z.remove_cgroup(s.cgroup)
         if s.uid is not None:
             isolation.release_uid(self.z.iso, s.uid)
 
@@ -278,7 +298,7 @@ def session_main(cmd_fd: int, res_fd: int, out_fd: int, err_fd: int, s: Session,
         os.dup2(res_fd, RES_FD)
         env = os.environ
         env["HOME"] = env["TMPDIR"] = env["PWD"] = s.workdir
-        limits = {"memory_bytes": s.memory_mb << 20, "nproc": cfg["max_processes"] + cfg["host_processes"],
+        limits = {"memory_bytes": None if s.cgroup else s.memory_mb << 20, "nproc": cfg["max_processes"] + cfg["host_processes"],
                   "nofile": cfg["max_open_files"], "fsize_bytes": cfg["max_file_bytes"]}  # fmt: skip
         if s.uid is not None:
             child.drop_to(s.uid, cfg["gid"])

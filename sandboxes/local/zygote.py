@@ -22,6 +22,7 @@ it reaps them. Linux only (memfd, PR_SET_CHILD_SUBREAPER).
 
 from __future__ import annotations
 
+import errno
 import gc
 import heapq
 import itertools
@@ -35,6 +36,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from . import child, isolation, repl, wire
+from .memcg import MemCgroups
 from .compile_cache import CompileCache
 from .outputs import Output, classify, remove_tree
 
@@ -72,6 +74,7 @@ class Job:
     started: float
     uid: int | None = None
     workdir: str | None = None
+    cgroup: str | None = None  # the run's memory cgroup (None: RLIMIT_AS only)
     pipes: dict[int, Output] = field(default_factory=dict)  # open read ends
     exit_code: int | None = None
     timed_out: bool = False
@@ -84,8 +87,12 @@ class Zygote:
     output = staticmethod(Output)
     classify = staticmethod(classify)
 
-    def __init__(self, sock: socket.socket, cfg: dict, iso: isolation.Isolation, decoder: wire.FrameDecoder):
+    def __init__(
+        self, sock: socket.socket, cfg: dict, iso: isolation.Isolation, decoder: wire.FrameDecoder,
+        memcg: MemCgroups | None = None,
+    ):  # fmt: skip
         self.sock = sock
+        self.memcg = memcg
         self.cfg = cfg
         self.iso = iso
         self.decoder = decoder
@@ -192,13 +199,15 @@ class Zygote:
 
     # ---- runs ----------------------------------------------------------------------------------
 
-    def limits(self, msg: dict) -> dict:
+    def limits(self, msg: dict, cgroup: str | None = None) -> dict:
+        """The run's rlimits; with a memory cgroup (``cgroup``) no RLIMIT_AS: the cgroup's limit must be
+        the one a run hits, so that hitting it is observed (an RLIMIT_AS refusal is not)."""
         nproc = self.cfg["max_processes"]
         if not self.iso.uids:  # RLIMIT_NPROC counts every process of the uid: leave room for the host's
             nproc += self.cfg["host_processes"]
         return {
             "cpu_s": int(msg["timeout_s"]) + 1,
-            "memory_bytes": int(msg["memory_mb"]) << 20,
+            "memory_bytes": None if cgroup else int(msg["memory_mb"]) << 20,
             "nproc": nproc,
             "nofile": self.cfg["max_open_files"],
             "fsize_bytes": self.cfg["max_file_bytes"],
@@ -287,21 +296,23 @@ class Zygote:
             self.spares_wanted(lambda: self.start_run(msg))
             return
         uid = self.iso.uids[msg["slot"]] if self.iso.uids else None
-        req = dict(msg, uid=uid, limits=self.limits(msg))
+        spare = self.spares.pop()
+        cgroup = self.join_cgroup(spare.pid, int(msg["memory_mb"]) << 20)
+        req = dict(msg, uid=uid, limits=self.limits(msg, cgroup))
         if msg["language"] == "python":
             req["compiled"] = self.compiled.get(msg["code"])
-        spare = self.spares.pop()
         started = time.monotonic()
         try:
             _write_all(spare.cmd_w, wire.encode_marshal(req))
         except BrokenPipeError:  # that spare died while idle (killed from outside): use another
             self.discard_spare(spare)
+            self.remove_cgroup(cgroup)
             self.start_run(msg)
             return
         os.close(spare.cmd_w)
         cap = int(msg["max_output_bytes"])
         job = Job(msg["id"], spare.pid, Output(cap), Output(cap),
-                  started + float(msg["timeout_s"]), started, uid, spare.workdir)  # fmt: skip
+                  started + float(msg["timeout_s"]), started, uid, spare.workdir, cgroup)  # fmt: skip
         self.jobs[job.id] = job
         self.children[job.pid] = lambda _pid: self.on_exit(job)
         for fd, buf in ((spare.out_r, job.out), (spare.err_r, job.err)):
@@ -309,6 +320,30 @@ class Zygote:
             job.pipes[fd] = buf
             self.sel.register(fd, selectors.EVENT_READ, (self.on_pipe, (job, fd)))
         self.at(job.deadline, self.on_deadline, job)
+
+    def join_cgroup(self, pid: int, limit_bytes: int) -> str | None:
+        """A new memory cgroup of ``limit_bytes`` holding ``pid`` (a child that has not run user code
+        yet), or None without cgroups (or when making one failed: then RLIMIT_AS applies)."""
+        if self.memcg is None:
+            return None
+        try:
+            path = self.memcg.new_run(limit_bytes)
+        except OSError:
+            return None
+        try:
+            self.memcg.join(path, pid)
+        except OSError:
+            self.memcg.remove(path)
+            return None
+        return path
+
+    def remove_cgroup(self, path: str | None) -> None:
+        if path is not None and self.memcg is not None:
+            self.memcg.remove(path)
+
+    def hit_memory_limit(self, path: str | None) -> bool:
+        """Whether the cgroup ``path`` counted an OOM (the sandbox's own observation of the limit)."""
+        return path is not None and self.memcg is not None and self.memcg.oom_count(path) > 0
 
     def on_pipe(self, arg) -> None:
         job, fd = arg
@@ -423,9 +458,10 @@ class Zygote:
         # sending a new request, which this single-threaded loop reads after the clean-up.
         self.send(self.result(job))
         self.cleanup(job.workdir, job.uid)
+        self.remove_cgroup(job.cgroup)
 
     def result(self, job: Job) -> dict:
-        status = classify(job.exit_code, job.timed_out, bytes(job.err.data[-4096:]))
+        status = classify(job.exit_code, job.timed_out, self.hit_memory_limit(job.cgroup))
         info = dict(job.info, stdout_bytes=job.out.total, stderr_bytes=job.err.total)
         if job.exit_code == child.SETUP_FAILED and job.err.data.startswith(b"chatgym sandbox: set-up failed"):
             info["internal"] = True
@@ -468,6 +504,8 @@ class Zygote:
         for pid in list(self.children):
             os.waitpid(pid, 0)
         remove_tree(self.work_base)
+        if self.memcg is not None:
+            self.memcg.close()
 
 
 def count_processes(uid: int) -> int:
@@ -494,6 +532,20 @@ def stdlib_readable(uid: int, gid: int) -> bool:
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
 
 
+def open_memcg(cfg: dict) -> tuple[MemCgroups | None, str]:
+    """The per-run memory cgroups ``cfg["memory_cgroup"]`` asks for (None = where possible), and a
+    note when there are none. Raises OSError when they are required (True) but impossible."""
+    want = cfg.get("memory_cgroup")
+    if want is False:
+        return None, ""
+    memcg, why = MemCgroups.open(cfg.get("memcg_dir"))
+    if memcg is None and want:
+        raise OSError(errno.EPERM, f"memory_cgroup=True but no memory cgroup can be made: {why}")
+    note = "" if memcg else (f"no per-run memory cgroup ({why}): memory_mb is an RLIMIT_AS, and running "
+                             "out of it is not observable (status error or killed, never oom)")  # fmt: skip
+    return memcg, note
+
+
 def main(fd: int) -> None:
     sock = socket.socket(fileno=fd)
     decoder = wire.FrameDecoder()
@@ -507,6 +559,7 @@ def main(fd: int) -> None:
     if cfg.get("pdeathsig"):
         isolation.set_pdeathsig(signal.SIGKILL)
     isolation.set_child_subreaper()
+    memcg, memcg_note = open_memcg(cfg)
     iso = isolation.setup(
         drop_privileges=cfg["drop_privileges"], uid_range=tuple(cfg["uid_range"]), gid=cfg["gid"],
         n_uids=cfg["slots"], network=cfg["network"], tmpfs_mb=cfg["tmpfs_mb"],
@@ -534,8 +587,11 @@ def main(fd: int) -> None:
     gc.freeze()  # children share these pages instead of copying them at their first GC pass
     del msgs
     child.own_std_streams()  # made once here, inherited by every child, never written by the zygote
-    zygote = Zygote(sock, cfg, iso, decoder)
+    if memcg_note:
+        iso.notes.append(memcg_note)
+    zygote = Zygote(sock, cfg, iso, decoder, memcg)
     zygote.spares = [zygote.fork_spare() for _ in range(zygote.n_spares)]
     zygote.send({"op": "ready", "pid": os.getpid(), "work_base": cfg["work_base"], "uids": iso.uids, "network_isolated": iso.network_isolated,
-                 "mount_ns": iso.mount_ns, "proc_hidden": iso.proc_hidden, "notes": iso.notes})  # fmt: skip
+                 "mount_ns": iso.mount_ns, "proc_hidden": iso.proc_hidden, "notes": iso.notes,
+                 "memory_cgroup": memcg.version if memcg else 0})  # fmt: skip
     zygote.loop()
