@@ -24,7 +24,11 @@ Inside, the runner (root in the container) makes a work dir in /tmp (a ``tmpfs_m
 the program to uid/gid ``uid`` in its own session with rlimits (address space = ``memory_mb``, CPU,
 file size, open files, no core), enforces the wall-clock limit with ``killpg``, caps each stream at
 ``max_output_bytes`` (counting the rest), resets the container (above) and prints one JSON result
-line. The status rules are ``outputs.classify``, the same as the local backend's. A run whose runner
+line. The status rules are ``outputs.classify``, the same as the local backend's; ``oom`` when the
+container's memory cgroup counted an OOM kill during the run (read by the runner before and after:
+``memory.events`` / ``memory.oom_control``), i.e. when the run hit ``memory_limit_mb``. A run's own
+``memory_mb`` is an RLIMIT_AS per process here: an allocation it refuses is NOT observable (the
+program sees ENOMEM and ends as it likes: ``error`` / ``killed``, never ``oom``). A run whose runner
 does not answer within ``timeout_s + 30`` s is killed with its container.
 
 Needs a Docker engine (``docker.from_env()``: ``DOCKER_HOST``) and an image with ``python3`` (and
@@ -109,6 +113,7 @@ def _main(arg):
 
     argv = [sys.executable, "-I", "-c", req["code"]] if req["language"] == "python" else ["bash", "-c", req["code"]]
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": work, "TMPDIR": work, "PWD": work}
+    oom_before = _oom_count()
     started = time.monotonic()
     proc = subprocess.Popen(argv, cwd=work, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, start_new_session=True, preexec_fn=limits,
@@ -141,16 +146,32 @@ def _main(arg):
     except OSError:
         pass
     code = proc.wait()
+    oom_after = _oom_count()
+    oom = oom_before >= 0 and oom_after > oom_before
     duration = time.monotonic() - started
     if uid is None:  # not root in the container: no uid to clean after, the work dir at least
         import shutil
         shutil.rmtree(work, ignore_errors=True)
     left = reset(uid) if uid is not None else ["runner not root: no reset"]
     out, err = outs[proc.stdout], outs[proc.stderr]
-    print(json.dumps({"status": classify(code, timed_out, bytes(err.data[-4096:])), "exit_code": code,
+    print(json.dumps({"status": classify(code, timed_out, oom), "exit_code": code,
                       "stdout": out.text(), "stderr": err.text(), "truncated": out.truncated or err.truncated,
                       "duration_s": duration, "reset_left": left,
                       "info": {"stdout_bytes": out.total, "stderr_bytes": err.total}}))
+
+
+def _oom_count():
+    # OOM kills the container's memory cgroup counted (its cap is the container's memory limit;
+    # one run per container at a time, so a change during a run is that run's); -1 if unreadable
+    for path, key in (("/sys/fs/cgroup/memory.events", ("oom", "oom_kill")),
+                      ("/sys/fs/cgroup/memory/memory.oom_control", ("oom_kill",))):
+        try:
+            with open(path) as f:
+                fields = dict(line.split() for line in f.read().splitlines())
+            return sum(int(fields.get(k, 0)) for k in key)
+        except (OSError, ValueError):
+            continue
+    return -1
 
 
 def _sysv_ids(uid):

@@ -194,8 +194,9 @@ def exec_result(resp: dict, max_output_bytes: int, queue_s: float = 0.0) -> Exec
     """A ``/run_code`` response (from our service or any SandboxFusion server) as an ExecResult.
 
     Without our ``chatgym`` key the status is derived: ``TimeLimitExceeded`` -> timeout; a failed
-    compile -> error; otherwise from the return code and stderr (``outputs.classify``: a
-    ``MemoryError`` traceback -> oom, a negative code -> killed). Output longer than
+    compile -> error; otherwise from the return code alone (``outputs.classify``: a negative code
+    -> killed): such a server reports no memory-limit observation, so its runs are never ``oom``
+    (a ``MemoryError`` in stderr is the program's text, not the sandbox's). Output longer than
     ``max_output_bytes`` is cut here and flagged ``truncated``.
     """
     if resp.get("status") == SANDBOX_ERROR:
@@ -216,7 +217,7 @@ def exec_result(resp: dict, max_output_bytes: int, queue_s: float = 0.0) -> Exec
     elif run.get("status") == ERROR and code is None:
         status = "error"
     else:
-        status = classify(code, False, stderr[-4096:].encode())
+        status = classify(code, False)
     info = dict(ext.get("info") or {})
     if "queue_s" in ext:
         info["service_queue_s"] = ext["queue_s"]

@@ -11,7 +11,8 @@ The zygote and every run it forks live in a bwrap sandbox made once per ``BwrapS
 * a new, empty network namespace unless ``network=True``.
 
 Inside it, everything ``LocalSandbox`` does still applies (per-slot uids, rlimits, ``hidepid``,
-process-group kills, output caps). Runs cost the same as local ones (the bwrap start is paid once).
+process-group kills, output caps, and as root a memory cgroup per run: this process's own memory
+cgroup directory is bound read-write at ``MEMCG_MOUNT``, the only part of ``/sys`` there). Runs cost the same as local ones (the bwrap start is paid once).
 Runs of one sandbox share its namespaces (two concurrent runs could see each other's processes if
 they had the same uid; they never do).
 
@@ -32,9 +33,11 @@ from collections.abc import Sequence
 
 from chatgym.sandboxes.local.client import SANDBOX_DIR, ZygoteClient
 from chatgym.sandboxes.local.isolation import LOCK_DIRS
+from chatgym.sandboxes.local.memcg import own_cgroup_dirs
 from chatgym.sandboxes.local.sandbox import LocalSandbox
 
 PACKAGE_MOUNT = "/opt/chatgym-sandbox"
+MEMCG_MOUNT = "/sys/fs/cgroup/chatgym"  # our memory cgroup, where the zygote makes the runs' cgroups
 SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _probed: dict[tuple, str] = {}  # bwrap argv -> "" (works) or why not
 
@@ -47,6 +50,7 @@ def bwrap_args(
     lock_dirs: Sequence[str] = (),
     caps: bool = False,
     package: str | None = None,
+    memcg: str | None = None,
 ) -> list[str]:
     """The ``bwrap`` command line (up to and including ``--``) for the layout in the module docstring.
 
@@ -58,6 +62,7 @@ def bwrap_args(
         caps: keep all capabilities (as root: the zygote needs them for uid switching and mounts).
         package: this package's directory, bound read-only at ``PACKAGE_MOUNT`` (so the checkout
             or site-packages that holds it stays invisible).
+        memcg: a memory cgroup directory, bound read-write at ``MEMCG_MOUNT``.
     """
     args = [bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
     args += ["--unshare-cgroup-try", "--hostname", "sandbox"]
@@ -77,6 +82,8 @@ def bwrap_args(
         args += ["--ro-bind", package, PACKAGE_MOUNT]
     for d in lock_dirs:  # /run was just replaced by a tmpfs: bind the lock dirs again on top
         args += ["--bind", d, d]
+    if memcg:
+        args += ["--bind", memcg, MEMCG_MOUNT]
     if caps:
         args += ["--cap-add", "ALL"]
     args += ["--remount-ro", "/", "--chdir", "/", "--"]
@@ -93,6 +100,17 @@ def probe(args: list[str]) -> str:
         except (OSError, subprocess.TimeoutExpired) as e:
             _probed[key] = str(e)
     return _probed[key]
+
+
+def _memcg_dir() -> str | None:
+    """Our own memory cgroup directory, when we are root and have one (for per-run cgroups inside)."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        dirs = own_cgroup_dirs()
+    except OSError:
+        return None
+    return next((d for _, d in dirs if os.access(d, os.W_OK)), None)
 
 
 def _lock_dirs() -> list[str]:
@@ -140,7 +158,9 @@ class BwrapSandbox(LocalSandbox):
             lock_dirs=_lock_dirs(),
             package=SANDBOX_DIR,
             caps=os.geteuid() == 0,
+            memcg=(memcg := _memcg_dir()) if kwargs.get("memory_cgroup") is not False else None,
         )
+        self._config["memcg_dir"] = MEMCG_MOUNT if memcg else None
         self._plain_argv = list(self._argv)
         self._sandbox_dir = PACKAGE_MOUNT
         self._argv = [*self._bwrap_args, python, *self._argv[1:]]
@@ -153,6 +173,7 @@ class BwrapSandbox(LocalSandbox):
             if self._argv != self._plain_argv:
                 warnings.warn(f"BwrapSandbox: {self._bwrap_note}", RuntimeWarning, stacklevel=4)
             self._argv, self._sandbox_dir = self._plain_argv, SANDBOX_DIR
+            self._config["memcg_dir"] = None  # the plain zygote finds its own cgroup
         client = super()._start_blocking()
         client.info["bwrap"] = not why
         if why:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import time
 
 
 def _read(path: str) -> str:
@@ -42,7 +43,8 @@ def _write(path: str, text: str) -> None:
 
 
 def own_cgroup_dirs() -> list[tuple[int, str]]:
-    """``(version, directory)`` of this process's memory cgroup, v2 first; those that exist.
+    """``(version, directory)`` of this process's memory cgroup, v2 first; those that exist and
+    have the memory controller.
 
     From ``/proc/self/cgroup`` (path relative to the cgroup namespace root) and
     ``/proc/self/mountinfo`` (each cgroup mount's root within the hierarchy and its mount point).
@@ -69,10 +71,20 @@ def own_cgroup_dirs() -> list[tuple[int, str]]:
             continue
         if path == root or path.startswith(root.rstrip("/") + "/"):
             d = point + path[len(root.rstrip("/")) :]
-            if os.path.isdir(d):
+            if has_memory(version, d):
                 found.append((version, d.rstrip("/") or "/"))
     found.sort(key=lambda vd: -vd[0])
     return found
+
+
+def has_memory(version: int, directory: str) -> bool:
+    """Whether the cgroup ``directory`` (of cgroup ``version``) has the memory controller."""
+    try:
+        if version == 2:
+            return "memory" in _read(os.path.join(directory, "cgroup.controllers")).split()
+        return os.path.exists(os.path.join(directory, "memory.limit_in_bytes"))
+    except OSError:
+        return False
 
 
 def version_of(directory: str) -> int:
@@ -105,10 +117,9 @@ class MemCgroups:
             candidates = [(version_of(directory), directory)] if directory else own_cgroup_dirs()
         except OSError as e:
             return None, f"cannot read /proc/self/cgroup ({e})"
-        why = "no memory cgroup mounted"
+        why = "no memory cgroup mounted" if directory is None else f"{directory}: no memory controller"
         for version, d in candidates:
-            if version == 2 and "memory" not in _read(os.path.join(d, "cgroup.controllers")).split():
-                why = f"{d}: no memory controller"
+            if not has_memory(version, d):
                 continue
             try:
                 return cls._make(version, d), ""
@@ -124,7 +135,8 @@ class MemCgroups:
                 _write(ctl, "+memory")  # EBUSY when the cgroup holds processes and is not the root
         elif version != 1:
             raise OSError(errno.ENOENT, "no memory controller files")
-        base = os.path.join(parent, f"chatgym-{os.getpid()}")
+        # pid and a random part: zygotes in their own PID namespaces (bwrap) all have the same pid
+        base = os.path.join(parent, f"chatgym-{os.getpid()}-{os.urandom(4).hex()}")
         os.mkdir(base, 0o755)
         try:
             if version == 2:
@@ -205,15 +217,23 @@ class MemCgroups:
             except (OSError, ValueError):
                 pass
 
-    def close(self) -> None:
-        """Remove every run cgroup left and the zygote's directory (best effort)."""
-        for p in list(self.leftover):
-            self._kill_members(p)
-        for p in list(self.leftover):
-            try:
-                os.rmdir(p)
-            except OSError:
-                pass
+    def close(self, wait_s: float = 2.0) -> None:
+        """Remove every run cgroup left and the zygote's directory (best effort: killed members
+        may take a moment to die, so removal is retried for up to ``wait_s`` seconds)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            for p in list(self.leftover):
+                self._kill_members(p)
+                try:
+                    os.rmdir(p)
+                    self.leftover.remove(p)
+                except FileNotFoundError:
+                    self.leftover.remove(p)
+                except OSError:
+                    pass
+            if not self.leftover or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
         try:
             os.rmdir(self.base)
         except OSError:

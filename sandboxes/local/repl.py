@@ -285,6 +285,8 @@ class Sessions:
                 self.z.kill_tree(s.pid)
                 if s.uid is not None:
                     self.z.reap_uid(s.uid)
+            if s.cgroup:  # removed by the zygote's memcg.close(), once the processes are gone
+                self.z.memcg.leftover.append(s.cgroup)
         self.table.clear()
 
 

@@ -15,8 +15,13 @@ What is isolated:
 wall-clock limit, whole tree killed      yes: killpg, and on a       killpg only: a child that
                                          timeout every process of    setsid()s away survives
                                          the run's own uid
-CPU time, address space, file size,      yes (rlimits)               yes (rlimits)
-open files, core dumps
+CPU time, file size, open files, core    yes (rlimits)               yes (rlimits)
+dumps
+memory (``memory_mb``), ``oom`` status   a memory cgroup per run     RLIMIT_AS: an allocation it
+                                         (v1 or v2; children         refuses is NOT observable
+                                         included): ``oom`` exactly  (the program decides how it
+                                         when its OOM counter grew   ends: error / killed, never
+                                                                     oom)
 number of processes (fork bombs)         yes: RLIMIT_NPROC per       weak: RLIMIT_NPROC counts all
                                          sandbox uid                 processes of the host user
 stdout/stderr size                       capped, ``truncated=True``  same
@@ -34,7 +39,7 @@ other processes                          invisible (/proc hidepid),  visible; si
                                          cannot be signalled         host user's processes possible
 SysV IPC / POSIX message queues          private namespace           shared
 kernel attack surface, CPU/disk          NOT isolated (no seccomp,   NOT isolated
-bandwidth, time/randomness               no cgroups)
+bandwidth, time/randomness               no CPU/IO cgroups)
 ======================================  ==========================  ===============================
 
 As root without CAP_SYS_ADMIN (a default Docker container) the uid rows of the first column hold
@@ -100,6 +105,9 @@ class LocalSandbox:
         network: False (default) cuts the network where namespaces are available.
         drop_privileges: run children as unprivileged sandbox uids; ``None`` = when running as root;
             ``True`` fails if impossible.
+        memory_cgroup: put each run (and session) in a memory cgroup of ``memory_mb`` (``memcg.py``),
+            which is what makes ``oom`` observable; ``None`` = where possible (root, a writable
+            cgroup fs), ``True`` fails at start if impossible, ``False`` = RLIMIT_AS only.
         uid_range: ``[lo, hi)`` uids for sandboxes (default 60600-61183: unused by Debian/systemd
             allocation); one per slot and one per open session, claimed with file locks in /run.
         tmpfs_mb: size of the private /tmp holding work dirs and scratch files, in MiB.
@@ -130,6 +138,7 @@ class LocalSandbox:
         max_file_mb: int = 64,
         network: bool = False,
         drop_privileges: bool | None = None,
+        memory_cgroup: bool | None = None,
         uid_range: tuple[int, int] = (60600, 61184),
         tmpfs_mb: int = 1024,
         hidden_paths: Sequence[str] = ("/root", "/home"),
@@ -165,6 +174,7 @@ class LocalSandbox:
             child_env[k] = v
         self._config = {
             "drop_privileges": drop_privileges,
+            "memory_cgroup": memory_cgroup,
             "uid_range": [lo_uid, hi_uid],
             "gid": 65534,
             "slots": max_concurrency,
@@ -260,12 +270,17 @@ class LocalSandbox:
                 Python can import them (the work dir is on ``sys.path``).
             timeout_s: wall-clock limit in seconds, from the moment the process starts (queueing
                 excluded); the CPU limit is ``ceil(timeout_s) + 1`` seconds.
-            memory_mb: address-space limit (RLIMIT_AS) in MiB; for Python runs it includes the
+            memory_mb: memory limit in MiB, the run's processes together: the limit of its memory
+                cgroup (resident memory, page cache and tmpfs files included; pages shared with
+                the zygote are not), or without cgroups (``isolation["memory_cgroup"] == 0``) the
+                address-space limit (RLIMIT_AS) of each process, which for Python includes the
                 forked interpreter's ~30 MiB.
 
         Returns:
             ExecResult. ``status``: ok / error (non-zero exit, e.g. an exception: traceback in
-            stderr) / timeout / oom (MemoryError or allocation failure) / killed (other signal).
+            stderr) / timeout / oom (the run's memory cgroup counted an OOM: a process of the run
+            was killed for memory, whatever the exit code; never decided from printed text, and
+            never reported without a cgroup) / killed (other signal).
             ``info``: ``cpu_s``, ``max_rss_kb``, ``stdout_bytes``/``stderr_bytes`` (sizes before the
             cap), and ``internal=True`` when the failure was the sandbox's, not the code's.
 
