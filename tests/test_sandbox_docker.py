@@ -88,13 +88,13 @@ async def test_statuses(fresh):
     err, tmo, oom, big, bash = await asyncio.gather(
         fresh.run("raise KeyError(1)"),
         fresh.run("import time; time.sleep(30)", timeout_s=0.5),
-        fresh.run("x = bytearray(400 << 20)", memory_mb=100),
+        fresh.run("x = bytearray(3 << 30)", memory_mb=4096),  # past the container's 2048 MiB cap
         fresh.run("print('z' * 5000)"),
         fresh.run("echo $((2 + 3)); exit 4", language="bash"),
     )
     assert err.status == "error" and err.stderr.endswith("KeyError: 1\n")
     assert tmo.status == "timeout" and 0.5 <= tmo.duration_s < 5
-    assert oom.status == "oom"
+    assert (oom.status, oom.exit_code) == ("oom", -9)
     assert big.truncated and big.stdout == "z" * 1000 and big.info["stdout_bytes"] == 5001
     assert (bash.status, bash.stdout, bash.exit_code) == ("error", "5\n", 4)
 

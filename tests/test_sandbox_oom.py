@@ -27,8 +27,12 @@ PERL_HOG = "perl -e '$x = \"a\" x 300_000_000; print length $x'"
 AWK_HOG = "awk 'BEGIN { s = \"a\"; while (1) s = s s }'"
 CHILD_HOG = f"import subprocess, sys\nsys.exit(subprocess.call(['bash', '-c', {BASH_HOG!r}]))"
 FAKE_PY = "print('MemoryError')\nraise SystemExit(3)"
-FAKE_STDERR = "import sys\nsys.stderr.write('Traceback (most recent call last):\\nMemoryError\\n')\nsys.exit(1)"
-FAKE_BASH = "echo 'bash: xrealloc: cannot allocate 262594560 bytes' >&2; echo 'Cannot allocate memory'; exit 2"
+FAKE_STDERR = (
+    "import sys\nsys.stderr.write('Traceback (most recent call last):\\nMemoryError\\n')\nsys.exit(1)"
+)
+FAKE_BASH = (
+    "echo 'bash: xrealloc: cannot allocate 262594560 bytes' >&2; echo 'Cannot allocate memory'; exit 2"
+)
 C_HOG = r"""
 #include <stdio.h>
 #include <stdlib.h>
@@ -114,7 +118,9 @@ def run(loop, sb, language, code, **kw):
     return loop.run_until_complete(sb.run(code, language, timeout_s=30, **kw))
 
 
-@pytest.mark.parametrize("name,language,code,status,exit_code", HOGS + FAKES, ids=[h[0] for h in HOGS + FAKES])
+@pytest.mark.parametrize(
+    "name,language,code,status,exit_code", HOGS + FAKES, ids=[h[0] for h in HOGS + FAKES]
+)
 def test_status_is_what_the_sandbox_observed(loop, backend, name, language, code, status, exit_code):
     res = run(loop, backend, language, code)
     assert (res.status, res.exit_code) == (status, exit_code), res
@@ -185,13 +191,19 @@ def test_docker(loop, docker_engine):
 
     sb = DockerSandbox(max_concurrency=1, memory_limit_mb=192)
     try:
+        programs = [("python", "python", PY_HOG), ("bash", "bash", BASH_HOG),
+                    ("child", "python", CHILD_HOG), ("print", "python", FAKE_PY)]  # fmt: skip
         got = {
             name: (r.status, r.exit_code)
-            for name, language, code in [("python", "python", PY_HOG), ("bash", "bash", BASH_HOG),
-                                         ("child", "python", CHILD_HOG), ("print", "python", FAKE_PY)]  # fmt: skip
+            for name, language, code in programs
             for r in [loop.run_until_complete(sb.run(code, language, timeout_s=30, memory_mb=1024))]
         }
-        assert got == {"python": ("oom", -9), "bash": ("oom", -9), "child": ("oom", 247), "print": ("error", 3)}
+        assert got == {
+            "python": ("oom", -9),
+            "bash": ("oom", -9),
+            "child": ("oom", 247),
+            "print": ("error", 3),
+        }
         res = loop.run_until_complete(sb.run(PY_HOG, timeout_s=30, memory_mb=64))
         assert (res.status, res.exit_code) == ("error", 1) and res.stderr.endswith("MemoryError\n"), res
     finally:

@@ -169,7 +169,8 @@ async def test_our_client_when_the_service_is_gone():
 
 
 def test_status_from_a_foreign_server_response():
-    """A SandboxFusion server without our ``chatgym`` key: status derived from code and stderr."""
+    """A SandboxFusion server without our ``chatgym`` key: status derived from the code alone (its
+    stderr is the program's text: ``MemoryError`` there is no observation of a limit)."""
     run = {
         "status": "Finished",
         "execution_time": 0.1,
@@ -177,7 +178,7 @@ def test_status_from_a_foreign_server_response():
         "stdout": "",
         "stderr": "MemoryError\n",
     }
-    assert exec_result({"status": "Failed", "run_result": run}, 100).status == "oom"
+    assert exec_result({"status": "Failed", "run_result": run}, 100).status == "error"
     run.update(return_code=-9, stderr="")
     assert exec_result({"status": "Failed", "run_result": run}, 100).status == "killed"
     run.update(status="TimeLimitExceeded")

@@ -180,7 +180,9 @@ class MemCgroups:
         """How many times the run in ``path`` ran out of its memory (0: never); -1 if unreadable."""
         try:
             if self.version == 2:
-                events = dict(line.split() for line in _read(os.path.join(path, "memory.events")).splitlines())
+                events = dict(
+                    line.split() for line in _read(os.path.join(path, "memory.events")).splitlines()
+                )
                 return int(events.get("oom", 0)) + int(events.get("oom_kill", 0))
             ctl = dict(line.split() for line in _read(os.path.join(path, "memory.oom_control")).splitlines())
             if "oom_kill" in ctl:

@@ -127,7 +127,12 @@ class Sessions:
             now = time.monotonic()
             cap = int(msg["max_output_bytes"])
             s.call = Call(
-                msg["id"], self.z.output(cap), self.z.output(cap), now, now + float(msg["timeout_s"]), note,
+                msg["id"],
+                self.z.output(cap),
+                self.z.output(cap),
+                now,
+                now + float(msg["timeout_s"]),
+                note,
                 oom_before=self.oom_count(s),
             )
             try:

@@ -200,7 +200,8 @@ class LocalSandbox:
 
     async def start(self) -> dict:
         """Start the zygote now (otherwise the first run does). Returns what isolation it got:
-        ``uids``, ``network_isolated``, ``mount_ns``, ``proc_hidden``, ``notes``."""
+        ``uids``, ``network_isolated``, ``mount_ns``, ``proc_hidden``, ``memory_cgroup`` (1 or 2: the
+        cgroup version of the per-run memory cgroups; 0: none, RLIMIT_AS), ``notes``."""
         return (await self._ensure_client()).info
 
     @property

@@ -36,8 +36,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from . import child, isolation, repl, wire
-from .memcg import MemCgroups
 from .compile_cache import CompileCache
+from .memcg import MemCgroups
 from .outputs import Output, classify, remove_tree
 
 GRACE_S = 0.1  # after the child exits and its group is killed, how long its pipes may stay open
