@@ -25,6 +25,7 @@ PY_HOG = "x = bytearray(400 << 20)\nprint('unreachable')"  # bytearray(n) zero-f
 BASH_HOG = "x=$(head -c 300000000 /dev/zero | tr '\\0' a); echo ${#x}"
 PERL_HOG = "perl -e '$x = \"a\" x 300_000_000; print length $x'"
 AWK_HOG = "awk 'BEGIN { s = \"a\"; while (1) s = s s }'"
+BASH_DOUBLING = "x=a; while :; do x=$x$x; done"  # bash alone (the Docker image has no tr)
 CHILD_HOG = f"import subprocess, sys\nsys.exit(subprocess.call(['bash', '-c', {BASH_HOG!r}]))"
 FAKE_PY = "print('MemoryError')\nraise SystemExit(3)"
 FAKE_STDERR = (
@@ -52,6 +53,7 @@ HOGS = [
     ("bash", "bash", BASH_HOG, "oom", -9),
     ("perl", "bash", PERL_HOG, "oom", -9),
     ("awk", "bash", AWK_HOG, "oom", -9),
+    ("bash_doubling", "bash", BASH_DOUBLING, "oom", -9),
     ("child", "python", CHILD_HOG, "oom", 256 - 9),  # the parent exits with its child's -9 (& 0xff)
 ]
 # a program's own words are not the sandbox's observation
@@ -191,8 +193,9 @@ def test_docker(loop, docker_engine):
 
     sb = DockerSandbox(max_concurrency=1, memory_limit_mb=192)
     try:
-        programs = [("python", "python", PY_HOG), ("bash", "bash", BASH_HOG),
-                    ("child", "python", CHILD_HOG), ("print", "python", FAKE_PY)]  # fmt: skip
+        child = f"import subprocess, sys\nsys.exit(subprocess.call(['bash', '-c', {BASH_DOUBLING!r}]))"
+        programs = [("python", "python", PY_HOG), ("bash", "bash", BASH_DOUBLING),
+                    ("child", "python", child), ("print", "python", FAKE_PY)]  # fmt: skip
         got = {
             name: (r.status, r.exit_code)
             for name, language, code in programs
