@@ -302,10 +302,13 @@ def test_json_broken_second_call_is_an_error_and_the_first_still_counts():
 
 def test_deep_nesting_is_an_error_not_a_crash():
     deep = "[" * 5000 + "]" * 5000  # deeper than the JSON decoder's recursion allows
-    assert hermes.parse(f'<tool_call>{{"name": "f", "arguments": {{"a": {deep}}}}}</tool_call>').errors == [
+    parsed = hermes.parse(f'<tool_call>{{"name": "f", "arguments": {{"a": {deep}}}}}</tool_call>')
+    assert parsed.errors == [
         "tool call 1: invalid JSON in <tool_call> (JSON nested too deeply): "
         + repr('{"name": "f", "arguments": {"a": ' + "[" * 84 + "...")
     ]
+    # The history keeps the whole block as written, not the error's snippet of it.
+    assert parsed.error_calls == [call(0, "invalid", '{"name": "f", "arguments": {"a": ' + deep + "}}")]
     assert (
         llama_json.parse('{"name": "f", "parameters": ' + deep + "}")
         .errors[0]

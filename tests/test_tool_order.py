@@ -178,6 +178,10 @@ def test_in_order_without_recorded_positions_puts_errors_last():
     assert action.in_order() == [("call", 0), ("call", 1), ("error", 0)]
     bad_positions = ParsedAction("", [{"id": "a"}], ["e", "f"], error_positions=[0, 7])
     assert bad_positions.in_order() == [("call", 0), ("error", 0), ("error", 1)]
+    # Built without error_calls, an error is recorded in the history by a stand-in under its own id.
+    assert action.all_calls() == [{"id": "a"}, {"id": "b"}, fn_call("call_error_0", "invalid", "")]
+    served = ParsedAction("", [], ["e"], ["srv-9"])
+    assert served.all_calls() == [fn_call("srv-9", "invalid", "")]
     # Positions are bookkeeping, not part of equality: pinned parses still compare equal.
     assert ParsedAction("", [], ["e"], error_positions=[0]) == ParsedAction("", [], ["e"])
 
