@@ -23,7 +23,6 @@ it into ``Trajectory.success``; training accuracy, eval pass@k and the leaderboa
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import threading
 from collections.abc import Coroutine, Iterable, Sequence
@@ -33,7 +32,7 @@ from typing import Any, ClassVar, TypeVar
 import gymnasium as gym
 
 from chatgym.envs import messages as M
-from chatgym.envs.messages import Message, ToolCall, message_errors
+from chatgym.envs.messages import Message, message_errors
 from chatgym.envs.parsers import ParsedAction, ToolCallParser, get_parser, parse_openai_message
 from chatgym.envs.spaces import ActionSpace, MessagesSpace
 from chatgym.envs.tool_config import LoadedTools, load_tools, parse_tools_config, read_tools_config
@@ -68,7 +67,11 @@ def load_prompt(package: str, name: str) -> str:
 
 @dataclass
 class AssistantTurn:
-    """One assistant turn after parsing: the message as stored in the history, and the parse."""
+    """One assistant turn after parsing: the message as stored in the history, and the parse.
+
+    ``message["tool_calls"]`` is ``parsed.all_calls()``: every call attempt in the order written, a
+    malformed one recorded as written (name, or ``"invalid"``; arguments as text) under the id its
+    error ``tool`` message answers, so the turn's tool messages pair with its calls one to one."""
 
     message: Message
     raw_text: str
@@ -83,34 +86,6 @@ class StepOutcome:
     reward: float = 0.0
     terminated: bool = False
     info: dict[str, Any] = field(default_factory=dict)
-
-
-def _history_calls(server_calls: list[Any], parsed: ParsedAction) -> list[ToolCall]:
-    """The assistant turn's calls for the history, in the server's order: each valid call in canonical
-    form, each malformed call that has a server id as sent (name and arguments as text), so that every
-    ``tool`` message that follows answers a call of this turn, at the same position."""
-    order = parsed.in_order()  # one attempt per server call, in the server's order
-    out: list[ToolCall] = []
-    for call, (kind, i) in zip(server_calls, order, strict=True):
-        if kind == "call":
-            out.append(parsed.calls[i])
-            continue
-        call_id = parsed.error_ids[i] if i < len(parsed.error_ids) else None
-        if not call_id:
-            continue  # no id to answer: its error message cannot name a call of this turn
-        fn = call.get("function") if isinstance(call, dict) and isinstance(call.get("function"), dict) else {}
-        args = fn.get("arguments", "")
-        out.append(
-            {
-                "id": call_id,
-                "type": "function",
-                "function": {
-                    "name": str(fn.get("name", "")),
-                    "arguments": args if isinstance(args, str) else json.dumps(args, default=str),
-                },
-            }
-        )
-    return out
 
 
 class ChatEnv(gym.Env):
@@ -247,12 +222,12 @@ class ChatEnv(gym.Env):
         """Run parsed calls; parse errors become error ``tool`` messages the model can read.
 
         Returns one outcome per call attempt, in the order the calls were written (malformed ones
-        included): templates pair tool results with calls by position, so an error answering a
-        first, malformed call must come before the result of a second, valid one.
+        included), outcome ``i`` answering ``turn.parsed.all_calls()[i]`` by its id: templates pair
+        tool results with calls by position, so an error answering a first, malformed call must come
+        before the result of a second, valid one.
         """
         parsed = turn.parsed
         ran = await run_tool_calls(parsed.calls, self.tool_map, self.tool_timeout_s)
-        ids = parsed.error_ids
         names = ", ".join(self.tool_map) or "(none)"
         outcomes: list[ToolOutcome] = []
         for kind, i in parsed.in_order():
@@ -260,9 +235,10 @@ class ChatEnv(gym.Env):
                 outcomes.append(ran[i])
                 continue
             text = f"Error: could not parse tool call: {parsed.errors[i]}. Available tools: {names}."
-            # A server-given id is answered by that id: strict chat APIs reject a tool message whose id
-            # matches no call of the assistant turn. Text-parsed calls have none to answer.
-            call_id = (ids[i] if i < len(ids) else None) or f"call_error_{i}"
+            # The error answers the malformed call's own id (the server's, else its position's), which
+            # the history's assistant turn records at the same place: strict chat APIs reject a tool
+            # message whose id matches no call of the turn.
+            call_id = parsed.error_call(i)["id"]
             outcomes.append(ToolOutcome(M.tool(text, call_id), error=True, kind="parse_error"))
         return outcomes
 
@@ -308,10 +284,9 @@ class ChatEnv(gym.Env):
             parsed = parse_openai_message(action) if action.get("tool_calls") else self.parser.parse(raw)
         else:
             raise TypeError(f"action must be a str or an assistant Message, got {action!r:.200}")
-        calls = parsed.calls
-        if any(parsed.error_ids):
-            calls = _history_calls(action["tool_calls"], parsed)
-        return AssistantTurn(M.assistant(parsed.content, calls or None), raw, parsed)
+        # Every attempt, a malformed one as written: the tool messages that follow pair with these
+        # calls one to one, in order and by id.
+        return AssistantTurn(M.assistant(parsed.content, parsed.all_calls() or None), raw, parsed)
 
     async def astep(self, action: str | Message) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
         if self.task is None:

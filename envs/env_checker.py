@@ -16,8 +16,9 @@ The rules (the contract is in ``docs/architecture.md`` and :mod:`chatgym.envs.co
 * ``success``: ``info["success"]`` is on every step, ``True``/``False``/``None``; ``None`` before the
   end; on the step that terminates a task that defines success (the reference episode's last step
   states a bool) it is a bool on every episode of that task.
-* ``tool_messages``: a turn's calls are kept in ``env.messages`` as sent, and answered by one ``tool``
-  message per call, in call order, each with its call's id. A step that ends the episode may answer
+* ``tool_messages``: a turn's calls are kept in ``env.messages`` as sent, a malformed one too (as
+  written, under its own id), and answered by one ``tool`` message per call, in call order, each
+  with its call's id. A step that ends the episode may answer
   with none (the env scored the calls as the answer, as BFCL's AST categories do).
 * ``stop_strings``: ``env.stop_strings``, where defined, is a list/tuple of non-empty ``str``.
 * ``reference_action``: where the env has a scripted reference policy, playing it reaches the top
@@ -46,6 +47,7 @@ from typing import Any
 import gymnasium as gym
 
 from chatgym.envs.messages import message_errors
+from chatgym.envs.parsers import parse_openai_message
 
 __all__ = [
     "ChatEnvCheckError",
@@ -350,11 +352,11 @@ def check_success_decided(steps: list[Step]) -> None:
 
 
 def _expected_call_ids(env: gym.Env, action: Any) -> list[str] | None:
-    """The call ids the turn's tool messages must answer, in order, or None where the checker cannot
-    know them (a call without an id, or a text turn with malformed calls: their ids are the env's)."""
+    """The call ids the turn's tool messages must answer, in order: one per call attempt, malformed
+    ones included (``ParsedAction.all_calls``: the server's id, else ``call_<position>``); None where
+    the env has no parser the checker can ask about a text turn."""
     if isinstance(action, dict) and action.get("tool_calls"):
-        ids = [c.get("id") if isinstance(c, dict) else None for c in action["tool_calls"]]
-        return ids if all(isinstance(i, str) and i for i in ids) else None
+        return [c["id"] for c in parse_openai_message(action).all_calls()]
     if isinstance(action, str):
         text = action
     elif isinstance(action, dict):
@@ -365,7 +367,7 @@ def _expected_call_ids(env: gym.Env, action: Any) -> list[str] | None:
     if not callable(getattr(parser, "parse", None)):
         return None
     parsed = parser.parse(text)
-    return None if parsed.errors else [c["id"] for c in parsed.calls]
+    return [c["id"] for c in parsed.all_calls()] if hasattr(parsed, "all_calls") else None
 
 
 def check_tool_messages(expected: list[str], recorded: dict[str, Any], step: Step) -> None:

@@ -353,10 +353,18 @@ def test_malformed_server_call_is_answered_by_its_own_id():
     env.close()
 
 
-def test_text_parsed_malformed_call_keeps_error_id():
+def test_text_parsed_malformed_call_is_recorded_and_answered_by_its_id():
+    # The history records the malformed call as written (no JSON, so no readable name) under the id
+    # its error answers; it used to record no call while the error answered "call_error_0".
     env = SumEnv()
     env.reset(options={"task_index": 0})
     obs, *_ = env.step('<tool_call>{"name": "add", "arguments": {"a": 1,</tool_call>')
-    assert [m["tool_call_id"] for m in obs] == ["call_error_0"]
-    assert "tool_calls" not in env.messages[-2]
+    assert [m["tool_call_id"] for m in obs] == ["call_0"]
+    assert env.messages[-2] == {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "call_0", "type": "function", "function": {"name": "invalid", "arguments": '{"name": "add", "arguments": {"a": 1,'}}
+        ],
+    }
     env.close()

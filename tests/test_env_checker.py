@@ -409,12 +409,56 @@ class SilentOnMalformedTextEnv(AddEnv):
         return await super().react(turn)
 
 
-def test_a_malformed_turn_answered_by_nothing_fails():
-    # The structured bad-JSON call is answered; the same call written as hermes text is not.
+def test_a_malformed_text_call_left_unanswered_fails():
+    # The structured bad-JSON call is answered; the same call written as hermes text is recorded in
+    # the history (as written, id call_0) but answered by nothing: a chat API rejects that history.
     assert str(_fails(SilentOnMalformedTextEnv())) == (
-        "malformed_action: malformed action (bad tool-call JSON, as text): the episode goes on but step "
+        "tool_messages: malformed action (bad tool-call JSON, as text): 0 tool message(s) [] for 1 "
+        "call(s) ['call_0']. Fix: answer every call with one tool message (errors included), in the "
+        "order the calls were made, each with tool_call_id = its call's id (ChatEnv.run_tools does)."
+    )
+
+
+class SilentOnProseEnv(AddEnv):
+    """Llama JSON calls; a turn with no call that is not the answer gets no observation and goes on."""
+
+    def __init__(self, **kwargs):
+        super().__init__(parser="json", **kwargs)
+
+    async def react(self, turn):
+        parsed = turn.parsed
+        if not parsed.calls and not parsed.errors and parsed.content != "5":
+            return StepOutcome()
+        return await super().react(turn)
+
+
+def test_a_malformed_turn_answered_by_nothing_fails():
+    # The hermes-looking broken call is prose to the json parser (no call to answer): the episode
+    # goes on without an observation.
+    assert str(_fails(SilentOnProseEnv())) == (
+        "malformed_action: malformed action (a broken text call): the episode goes on but step "
         "returned no observation. Fix: answer a malformed turn with a message the model can read (a tool "
         "error or a hint)."
+    )
+
+
+class MalformedTextAnsweredByIdEnv(AddEnv):
+    """Answers a malformed text call with the old id ``call_error_<i>``, a call the turn does not have."""
+
+    async def react(self, turn):
+        out = await super().react(turn)
+        for m, (kind, i) in zip(out.messages, turn.parsed.in_order(), strict=False):
+            if kind == "error" and not turn.parsed.error_ids:  # a text turn: no server ids
+                m["tool_call_id"] = f"call_error_{i}"
+        return out
+
+
+def test_a_malformed_text_call_answered_under_another_id_fails():
+    assert str(_fails(MalformedTextAnsweredByIdEnv())) == (
+        "tool_messages: malformed action (bad tool-call JSON, as text): the tool messages carry "
+        "tool_call_ids ['call_error_0']; the calls' ids are ['call_0']. Fix: answer every call with one "
+        "tool message (errors included), in the order the calls were made, each with tool_call_id = "
+        "its call's id (ChatEnv.run_tools does)."
     )
 
 

@@ -130,13 +130,18 @@ def test_hermes_invalid_json_is_an_error_and_later_calls_still_count():
         '<tool_call>{"name": "f", "arguments": {"x": }}</tool_call>'
         '<tool_call>{"name": "g", "arguments": {}}</tool_call>'
     )
-    assert hermes.parse(text) == ParsedAction(
+    parsed = hermes.parse(text)
+    # Each attempt's id is its position among the turn's attempts: g, written second, is call_1.
+    assert parsed == ParsedAction(
         "",
-        [call(0, "g", "{}")],
+        [call(1, "g", "{}")],
         [
             'tool call 1: invalid JSON in <tool_call> (Expecting value): \'{"name": "f", "arguments": {"x": }}\''
         ],
     )
+    # The malformed block as written, under the id its error answers (no JSON, so no readable name).
+    assert parsed.error_calls == [call(0, "invalid", '{"name": "f", "arguments": {"x": }}')]
+    assert parsed.all_calls() == [parsed.error_calls[0], parsed.calls[0]]
 
 
 def test_hermes_invalid_backslash_escape_is_repaired():
@@ -203,14 +208,16 @@ def test_hermes_unterminated_block_reports_and_stops_at_the_next_block():
     text = '<tool_call>{"name": "f", "arguments": {"a": "unterminated<tool_call>{"name": "g"}</tool_call>'
     # The string "unterminated<tool_call>{" closes at the quote before `name`, so the decoder stops
     # there; the broken block then ends at the next "<tool_call>", and that block is read normally.
-    assert hermes.parse(text) == ParsedAction(
+    parsed = hermes.parse(text)
+    assert parsed == ParsedAction(
         "",
-        [call(0, "g", "{}")],
+        [call(1, "g", "{}")],
         [
             "tool call 1: invalid JSON in <tool_call> (Expecting ',' delimiter): "
             '\'{"name": "f", "arguments": {"a": "unterminated\''
         ],
     )
+    assert parsed.error_calls == [call(0, "invalid", '{"name": "f", "arguments": {"a": "unterminated')]
 
 
 # ---- Llama 3 JSON --------------------------------------------------------------------------------
@@ -275,9 +282,11 @@ def test_json_broken_call_is_an_error():
 
 def test_json_non_object_parameters_are_errors():
     text = '[{"name": "f", "parameters": [1]}, {"name": "g", "parameters": {}}]'
-    assert llama_json.parse(text) == ParsedAction(
-        "", [call(0, "g", "{}")], ["tool call 1 (f): arguments must be a JSON object, got an array"]
+    parsed = llama_json.parse(text)
+    assert parsed == ParsedAction(
+        "", [call(1, "g", "{}")], ["tool call 1 (f): arguments must be a JSON object, got an array"]
     )
+    assert parsed.all_calls() == [call(0, "f", "[1]"), call(1, "g", "{}")]
 
 
 def test_json_broken_second_call_is_an_error_and_the_first_still_counts():
@@ -293,10 +302,13 @@ def test_json_broken_second_call_is_an_error_and_the_first_still_counts():
 
 def test_deep_nesting_is_an_error_not_a_crash():
     deep = "[" * 5000 + "]" * 5000  # deeper than the JSON decoder's recursion allows
-    assert hermes.parse(f'<tool_call>{{"name": "f", "arguments": {{"a": {deep}}}}}</tool_call>').errors == [
+    parsed = hermes.parse(f'<tool_call>{{"name": "f", "arguments": {{"a": {deep}}}}}</tool_call>')
+    assert parsed.errors == [
         "tool call 1: invalid JSON in <tool_call> (JSON nested too deeply): "
         + repr('{"name": "f", "arguments": {"a": ' + "[" * 84 + "...")
     ]
+    # The history keeps the whole block as written, not the error's snippet of it.
+    assert parsed.error_calls == [call(0, "invalid", '{"name": "f", "arguments": {"a": ' + deep + "}}")]
     assert (
         llama_json.parse('{"name": "f", "parameters": ' + deep + "}")
         .errors[0]
@@ -565,7 +577,7 @@ def test_parse_errors_reach_the_model_through_the_env():
                 "role": "tool",
                 "content": "Error: could not parse tool call: tool call 1 (add): arguments must be a JSON object, "
                 "got an array. Available tools: add.",
-                "tool_call_id": "call_error_0",
+                "tool_call_id": "call_0",
             }
         ]
         assert (terminated, info["tool_calls"], info["tool_errors"]) == (False, 0, 1)
@@ -678,10 +690,19 @@ def _check_shape(parsed: ParsedAction) -> None:
     assert [i for kind, i in order if kind == "call"] == list(range(len(parsed.calls)))
     assert [i for kind, i in order if kind == "error"] == list(range(len(parsed.errors)))
     assert [p for p, (kind, _) in enumerate(order) if kind == "error"] == parsed.error_positions
-    for i, c in enumerate(parsed.calls):
-        assert c["id"] == f"call_{i}" and c["type"] == "function"
+    for c in parsed.calls:
+        assert c["type"] == "function"
         assert isinstance(c["function"]["name"], str) and c["function"]["name"]
         assert isinstance(json.loads(c["function"]["arguments"]), dict)
+    # The history's calls: one per attempt, id call_<position>, every error recorded with a
+    # non-empty name and string arguments (what a chat API requires of a tool_call).
+    history = parsed.all_calls()
+    assert [c["id"] for c in history] == [f"call_{p}" for p in range(len(order))]
+    assert [history[p] for p, (kind, _) in enumerate(order) if kind == "call"] == parsed.calls
+    assert [history[p] for p in parsed.error_positions] == parsed.error_calls
+    for c in parsed.error_calls:
+        assert c["type"] == "function" and isinstance(c["function"]["arguments"], str)
+        assert isinstance(c["function"]["name"], str) and c["function"]["name"]
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])

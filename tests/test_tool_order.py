@@ -45,6 +45,10 @@ def hermes_call(name: str, arguments: dict) -> str:
     return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
 
 
+def fn_call(call_id: str, name: str, arguments: str) -> dict:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
 def structured(*calls: tuple[str, str, str]) -> dict:
     return {
         "role": "assistant",
@@ -94,10 +98,20 @@ def test_issue_example_two_hermes_blocks_bad_then_good():
                 "content": "Error: could not parse tool call: tool call 1: invalid JSON in <tool_call> "
                 "(Expecting property name enclosed in double quotes): "
                 '\'{"name": "add", "arguments": {not json}}\'. Available tools: add.',
-                "tool_call_id": "call_error_0",
+                "tool_call_id": "call_0",
             },
-            {"role": "tool", "content": "3", "tool_call_id": "call_0", "name": "add"},
+            {"role": "tool", "content": "3", "tool_call_id": "call_1", "name": "add"},
         ]
+        # The history's assistant turn records both calls, the malformed one as written (its JSON
+        # does not decode, so no name can be read): call i is answered by tool message i.
+        assert env.messages[-3] == {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                fn_call("call_0", "invalid", '{"name": "add", "arguments": {not json}}'),
+                fn_call("call_1", "add", '{"a": 1, "b": 2}'),
+            ],
+        }
     finally:
         env.close()
 
@@ -128,7 +142,8 @@ def test_every_text_parser_answers_in_call_order_through_the_env(fmt):
     try:
         env.reset(seed=0)
         obs, _, _, _, info = env.step(INTERLEAVED[fmt])
-        assert [m["tool_call_id"] for m in obs] == ["call_error_0", "call_0", "call_error_1", "call_1"]
+        assert [m["tool_call_id"] for m in obs] == ["call_0", "call_1", "call_2", "call_3"]
+        assert [c["id"] for c in env.messages[-5]["tool_calls"]] == ["call_0", "call_1", "call_2", "call_3"]
         assert [m["content"] for m in obs][1::2] == ["3", "7"]
         assert all(m["content"].startswith("Error: could not parse tool call: tool call 1") for m in obs[:1])
         assert obs[2]["content"].startswith("Error: could not parse tool call: tool call 3")
@@ -163,6 +178,10 @@ def test_in_order_without_recorded_positions_puts_errors_last():
     assert action.in_order() == [("call", 0), ("call", 1), ("error", 0)]
     bad_positions = ParsedAction("", [{"id": "a"}], ["e", "f"], error_positions=[0, 7])
     assert bad_positions.in_order() == [("call", 0), ("error", 0), ("error", 1)]
+    # Built without error_calls, an error is recorded in the history by a stand-in under its own id.
+    assert action.all_calls() == [{"id": "a"}, {"id": "b"}, fn_call("call_error_0", "invalid", "")]
+    served = ParsedAction("", [], ["e"], ["srv-9"])
+    assert served.all_calls() == [fn_call("srv-9", "invalid", "")]
     # Positions are bookkeeping, not part of equality: pinned parses still compare equal.
     assert ParsedAction("", [], ["e"], error_positions=[0]) == ParsedAction("", [], ["e"])
 
@@ -238,7 +257,7 @@ def test_every_tool_env_answers_a_bad_then_good_turn_in_order(kind):
             "hermes": (
                 f'<tool_call>{{"name": "{name}", "arguments": {{not json}}}}</tool_call>'
                 + hermes_call(name, arguments),
-                ["call_error_0", "call_0"],
+                ["call_0", "call_1"],
             ),
         }
         for action, ids in turns.values():
@@ -246,6 +265,7 @@ def test_every_tool_env_answers_a_bad_then_good_turn_in_order(kind):
             obs, *_ = env.step(action)
             assert [m["role"] for m in obs] == ["tool", "tool"]
             assert [m["tool_call_id"] for m in obs] == ids
+            assert [c["id"] for c in env.unwrapped.messages[-3]["tool_calls"]] == ids
             assert obs[0]["content"].startswith("Error: could not parse tool call: tool call 1")
             assert obs[1]["content"] == expected
     finally:
@@ -265,3 +285,180 @@ def test_structured_call_without_server_id_keeps_its_place_in_the_history():
         assert obs[0]["content"] == "3"
     finally:
         env.close()
+
+
+# ---- the history after a malformed call: one recorded call per tool message ------------------------
+# The failure: after a hermes turn [malformed, valid] the history held one assistant tool_call (the
+# valid one) and then two tool messages, the error first; a template or chat API pairing results with
+# calls by position showed the error as the valid call's result. Now the turn records every attempt,
+# a malformed one as written (name, or "invalid"; arguments as text) under the id its error answers.
+
+BAD_BLOCK = '<tool_call>{"name": "add", "arguments": {not json}}</tool_call>'
+BAD_BLOCK_ERROR = (
+    "Error: could not parse tool call: tool call {n}: invalid JSON in <tool_call> (Expecting property "
+    "name enclosed in double quotes): '{{\"name\": \"add\", \"arguments\": {{not json}}}}'. Available tools: add."
+)
+
+
+def _turn(env: ChatEnv, action) -> tuple[dict, list[dict]]:
+    """Step ``action``; the assistant message the history recorded and the tool messages after it."""
+    obs, *_ = env.step(action)
+    return env.messages[-len(obs) - 1], obs
+
+
+@pytest.fixture
+def add_env():
+    env = AddEnv(tools=[add])
+    env.reset(seed=0)
+    yield env
+    env.close()
+
+
+def test_history_valid_then_malformed(add_env):
+    recorded, obs = _turn(add_env, hermes_call("add", {"a": 1, "b": 2}) + BAD_BLOCK)
+    assert recorded == {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            fn_call("call_0", "add", '{"a": 1, "b": 2}'),
+            fn_call("call_1", "invalid", '{"name": "add", "arguments": {not json}}'),
+        ],
+    }
+    assert obs == [
+        {"role": "tool", "content": "3", "tool_call_id": "call_0", "name": "add"},
+        {"role": "tool", "content": BAD_BLOCK_ERROR.format(n=2), "tool_call_id": "call_1"},
+    ]
+
+
+def test_history_two_malformed_calls(add_env):
+    text = "Let me add.\n" + BAD_BLOCK + '<tool_call>{"name": "add", "arguments": [1, 2]}</tool_call>'
+    recorded, obs = _turn(add_env, text)
+    assert recorded == {
+        "role": "assistant",
+        "content": "Let me add.",
+        "tool_calls": [
+            fn_call("call_0", "invalid", '{"name": "add", "arguments": {not json}}'),
+            # The JSON decodes: the name and the arguments as written are kept.
+            fn_call("call_1", "add", "[1, 2]"),
+        ],
+    }
+    assert obs == [
+        {"role": "tool", "content": BAD_BLOCK_ERROR.format(n=1), "tool_call_id": "call_0"},
+        {
+            "role": "tool",
+            "content": "Error: could not parse tool call: tool call 2 (add): arguments must be a JSON "
+            "object, got an array. Available tools: add.",
+            "tool_call_id": "call_1",
+        },
+    ]
+
+
+# Per text format, the history of INTERLEAVED (bad, 1+2, bad, 3+4): every attempt at its place.
+INTERLEAVED_HISTORY = {
+    "hermes": [
+        fn_call("call_0", "add", "[1]"),
+        fn_call("call_1", "add", '{"a": 1, "b": 2}'),
+        fn_call("call_2", "invalid", '{"name": 3}'),
+        fn_call("call_3", "add", '{"a": 3, "b": 4}'),
+    ],
+    "json": [
+        fn_call("call_0", "add", "[1]"),
+        fn_call("call_1", "add", '{"a": 1, "b": 2}'),
+        fn_call("call_2", "invalid", "{}"),
+        fn_call("call_3", "add", '{"a": 3, "b": 4}'),
+    ],
+    # A pythonic call's arguments are its source text: they are not JSON.
+    "pythonic": [
+        fn_call("call_0", "add", "add(1)"),
+        fn_call("call_1", "add", '{"a": 1, "b": 2}'),
+        fn_call("call_2", "add", "add(a={1})"),
+        fn_call("call_3", "add", '{"a": 3, "b": 4}'),
+    ],
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(INTERLEAVED))
+def test_every_text_parser_records_each_malformed_call_in_the_history(fmt):
+    env = AddEnv(tools=[add], parser=fmt)
+    try:
+        env.reset(seed=0)
+        recorded, obs = _turn(env, INTERLEAVED[fmt])
+        assert recorded == {"role": "assistant", "content": "", "tool_calls": INTERLEAVED_HISTORY[fmt]}
+        assert [m["tool_call_id"] for m in obs] == ["call_0", "call_1", "call_2", "call_3"]
+        assert [m["content"] for m in obs][1::2] == ["3", "7"]
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize(
+    ("fmt", "text", "recorded_call"),
+    [
+        ("json", '{"name": "add", "parameters": {"a": 1,}}', ("invalid", '{"name": "add", "parameters": {"a": 1,}}')),
+        ("pythonic", "[add(a=1), add(b=]", ("invalid", "[add(a=1), add(b=]")),
+        ("pythonic", "[x.y[0](), add(a=1, b=2)]", ("invalid", "x.y[0]()")),
+    ],
+)
+def test_a_call_that_does_not_parse_is_recorded_as_its_text(fmt, text, recorded_call):
+    env = AddEnv(tools=[add], parser=fmt)
+    try:
+        env.reset(seed=0)
+        recorded, obs = _turn(env, text)
+        assert recorded["tool_calls"][0] == fn_call("call_0", *recorded_call)
+        assert [m["tool_call_id"] for m in obs] == [c["id"] for c in recorded["tool_calls"]]
+        assert obs[0]["content"].startswith("Error: could not parse tool call: tool call 1")
+    finally:
+        env.close()
+
+
+def test_structured_malformed_call_without_an_id_is_answered_by_its_position():
+    # A server call without an id: its error used to answer "call_error_0", which no call had.
+    env = AddEnv(tools=[add], parser="openai")
+    try:
+        env.reset(seed=0)
+        action = structured(("s1", "add", '{"a": 1, "b": 2}'), ("", "add", "{oops"), ("s3", "", "[]"))
+        del action["tool_calls"][1]["id"]
+        recorded, obs = _turn(env, action)
+        assert recorded == {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                fn_call("s1", "add", '{"a": 1, "b": 2}'),
+                fn_call("call_1", "add", "{oops"),  # as sent, under its position's id
+                fn_call("s3", "invalid", "[]"),  # an empty name is no name a chat API takes
+            ],
+        }
+        assert [m["tool_call_id"] for m in obs] == ["s1", "call_1", "s3"]
+    finally:
+        env.close()
+
+
+def _pairs(text: str) -> list[tuple[str, str]]:
+    """The last assistant turn's ``<tool_call>`` blocks zipped, by position, with the
+    ``<tool_response>`` blocks after it — the way a model reading the rendering pairs them."""
+    import re
+
+    turn = text[text.rindex("<|im_start|>assistant") :]
+    calls = re.findall(r"<tool_call>\n(.*?)\n</tool_call>", turn, re.S)
+    results = re.findall(r"<tool_response>\n(.*?)\n</tool_response>", turn, re.S)
+    assert len(calls) == len(results)
+    return list(zip(calls, results, strict=True))
+
+
+@pytest.mark.parametrize("template", ["chatml_tools", "qwen3"])
+def test_rerendered_history_puts_each_error_after_its_own_call(template):
+    from chatgym.trainer.chat.tokenizer import builtin_template, get_tokenizer
+
+    tok = get_tokenizer("smollm2")
+    tok.chat_template = builtin_template(template)
+    env = AddEnv(tools=[add])
+    try:
+        env.reset(seed=0)
+        env.step(BAD_BLOCK + hermes_call("add", {"a": 1, "b": 2}))
+        rendered = tok.apply_chat_template(env.messages, tools=env.tools, tokenize=False)
+    finally:
+        env.close()
+    (bad_call, bad_result), (good_call, good_result) = _pairs(rendered)
+    assert bad_call == '{"name": "invalid", "arguments": {"name": "add", "arguments": {not json}}}'
+    assert bad_result == BAD_BLOCK_ERROR.format(n=1)
+    assert good_call == '{"name": "add", "arguments": {"a": 1, "b": 2}}'
+    assert good_result == "3"

@@ -24,8 +24,8 @@ Formats, chosen by name with :func:`get_parser`:
 What every parser guarantees:
 
 * ``calls`` are OpenAI-shaped (:func:`chatgym.envs.messages.make_tool_call`): ``arguments`` is the
-  JSON text of an object and ids are ``call_0``, ``call_1``, ... in the order written (the ``openai``
-  parser keeps a server's own ids). The parser does not know the env's tools: a call to an unknown
+  JSON text of an object and each call's id is ``call_<position>``, its 0-based place among the
+  turn's call attempts, malformed ones included (the ``openai`` parser keeps a server's own ids). The parser does not know the env's tools: a call to an unknown
   name is returned as written and rejected, with the list of tools, by ``tools.run_tool_call``.
 * ``arguments`` given as a string that holds JSON (``"arguments": "{\\"x\\": 1}"``) are decoded once;
   arguments that are (or decode to) an array, a string, a number, a boolean or null are not a call:
@@ -33,7 +33,10 @@ What every parser guarantees:
 * ``content`` is the text outside the call blocks, stripped; reasoning is kept in it.
 * ``errors`` are short messages for the model, ``"tool call N ..."`` (N counts call attempts from 1);
   ``error_positions`` says where each stood among the attempts, so the env answers every call, errors
-  included, in the order written (``ParsedAction.in_order``). ``parse`` never raises on any ``str``.
+  included, in the order written (``ParsedAction.in_order``). ``error_calls`` records each malformed
+  call as written (name, or ``"invalid"``; arguments as text; its own id), and
+  ``ParsedAction.all_calls()`` is every attempt in order: the history's ``tool_calls``, which the
+  turn's ``tool`` messages answer one to one. ``parse`` never raises on any ``str``.
 
 Reasoning (``reasoning_tags``, default ``("<think>", "</think>")``; ``None`` turns it off): calls
 inside ``<think>…</think>`` are not calls, and an unclosed ``<think>`` makes the rest of the turn

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -9,6 +10,9 @@ from chatgym.envs.messages import ToolCall, make_tool_call
 from chatgym.envs.parsers.lenient_json import json_error, loads
 
 _SNIPPET_CHARS = 120
+
+# The function name a malformed call is recorded under when the model wrote no readable name.
+INVALID_CALL_NAME = "invalid"
 
 
 @dataclass
@@ -25,6 +29,11 @@ class ParsedAction:
         error_positions: where each malformed call stood among all the call attempts of the turn
             (0-based, same length as ``errors``), so the tool messages answer the calls in the order
             written (:meth:`in_order`). Not part of ``==``: two parses compare by what they found.
+        error_calls: each malformed call as the model wrote it, OpenAI-shaped (same length as
+            ``errors``): its own id, the name written (``"invalid"`` when there is no readable one)
+            and the arguments as written, as text (see :func:`written_call`). The history records it
+            beside the valid calls (:meth:`all_calls`) and its error ``tool`` message answers its id.
+            Not part of ``==``.
     """
 
     content: str
@@ -32,6 +41,24 @@ class ParsedAction:
     errors: list[str] = field(default_factory=list)
     error_ids: list[str | None] = field(default_factory=list)
     error_positions: list[int] = field(default_factory=list, compare=False)
+    error_calls: list[ToolCall] = field(default_factory=list, compare=False)
+
+    def error_call(self, j: int) -> ToolCall:
+        """The recorded form of malformed call ``j`` (``errors[j]``): ``error_calls[j]``, or, for a
+        ``ParsedAction`` built without them, a stand-in named ``"invalid"`` with empty arguments and
+        the id ``error_ids[j]`` or ``call_error_<j>``."""
+        if len(self.error_calls) == len(self.errors):
+            return self.error_calls[j]
+        call_id = (self.error_ids[j] if j < len(self.error_ids) else None) or f"call_error_{j}"
+        return {"id": call_id, "type": "function", "function": {"name": INVALID_CALL_NAME, "arguments": ""}}
+
+    def all_calls(self) -> list[ToolCall]:
+        """Every call attempt of the turn, in the order written: the valid calls in canonical form
+        and the malformed ones as written (:meth:`error_call`). This is the assistant message's
+        ``tool_calls`` in the history: the ``tool`` messages that answer the turn pair with it one to
+        one, by position and by id, so a template or chat API that pairs results with calls by
+        position shows each error after the call that caused it."""
+        return [self.calls[i] if kind == "call" else self.error_call(i) for kind, i in self.in_order()]
 
     def in_order(self) -> list[tuple[str, int]]:
         """The turn's call attempts in the order written: ``("call", i)`` stands for ``calls[i]`` and
@@ -152,40 +179,107 @@ def call_from_object(obj: Any, n: int) -> tuple[str, dict[str, Any]] | str:
     return name, args
 
 
+def _json_text(value: Any) -> str | None:
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):
+        return None
+
+
+def written_call(written: Any, raw: str) -> tuple[str, str]:
+    """``(name, arguments)`` recording a malformed call as the model wrote it, both strings (what a
+    chat API requires of a ``tool_call``).
+
+    Args:
+        written: the call as decoded, where it decoded: a JSON value (an OpenAI-shaped
+            ``{"function": {...}}`` is unwrapped), or a ``{"name", "arguments"}`` the parser built;
+            None when nothing decoded.
+        raw: the call's own text as written (a hermes block's body, the rest of a broken JSON list).
+
+    Returns:
+        The name written when it is a non-empty string (stripped), else ``"invalid"``; the
+        ``"arguments"`` (or ``"parameters"``) as written when the object has them — a string as is,
+        any other value as its JSON text —, else ``raw`` stripped (or the JSON text of ``written``
+        when ``raw`` is empty).
+    """
+    obj = written
+    if isinstance(obj, dict) and "name" not in obj and isinstance(obj.get("function"), dict):
+        obj = obj["function"]
+    name = obj.get("name") if isinstance(obj, dict) else None
+    name = name.strip() if isinstance(name, str) and name.strip() else INVALID_CALL_NAME
+    if isinstance(obj, dict) and ("arguments" in obj or "parameters" in obj):
+        args = obj["arguments"] if "arguments" in obj else obj["parameters"]
+        text = args if isinstance(args, str) else _json_text(args)
+        if text is not None:
+            return name, text
+    text = raw.strip()
+    if not text and written is not None:
+        text = _json_text(written) or ""
+    return name, text
+
+
 @dataclass
 class CallList:
-    """Accumulates the calls and errors of one turn, numbering attempts and call ids."""
+    """Accumulates the calls and errors of one turn, numbering attempts and call ids.
+
+    Every attempt, valid or malformed, gets the id ``call_<position>`` (its 0-based place among the
+    turn's attempts) unless the server gave it one, so the ``tool`` message answering attempt ``i``
+    carries the id of the history's call ``i``.
+    """
 
     calls: list[ToolCall] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     error_ids: list[str | None] = field(default_factory=list)
     error_positions: list[int] = field(default_factory=list)
+    error_calls: list[ToolCall] = field(default_factory=list)
     attempts: int = 0
 
     def action(self, content: str, *, server_ids: bool = False) -> ParsedAction:
         """The ``ParsedAction`` of this turn; ``server_ids`` keeps the errors' server call ids."""
         ids = self.error_ids if server_ids else []
-        return ParsedAction(content, self.calls, self.errors, ids, self.error_positions)
+        return ParsedAction(content, self.calls, self.errors, ids, self.error_positions, self.error_calls)
 
-    def _error(self, message: str, call_id: str | None) -> None:
-        self.error_positions.append(len(self.calls) + len(self.errors))
+    def _error(self, message: str, call_id: str | None, written: Any, raw: str) -> None:
+        position = len(self.calls) + len(self.errors)
+        name, arguments = written_call(written, raw)
+        self.error_positions.append(position)
         self.errors.append(message)
         self.error_ids.append(call_id)
+        self.error_calls.append(
+            {
+                "id": call_id or f"call_{position}",
+                "type": "function",
+                "function": {"name": name, "arguments": arguments},
+            }
+        )
 
     def next_attempt(self) -> int:
         self.attempts += 1
         return self.attempts
 
-    def add(self, result: tuple[str, dict[str, Any]] | str, call_id: str | None = None) -> None:
+    def add(
+        self,
+        result: tuple[str, dict[str, Any]] | str,
+        call_id: str | None = None,
+        *,
+        written: Any = None,
+        raw: str = "",
+    ) -> None:
+        """Record one attempt: a ``(name, arguments)`` call, or an error message.
+
+        Args:
+            result: what :func:`call_from_object` (or a format's own check) made of the attempt.
+            call_id: the server's id of the call, if it has one.
+            written, raw: the attempt as written (:func:`written_call`), kept for an error.
+        """
         if isinstance(result, str):
-            self._error(result, call_id)
-        else:
-            name, args = result
-            try:
-                call = make_tool_call(name, args, call_id or f"call_{len(self.calls)}")
-            except (ValueError, RecursionError) as exc:  # nesting the decoder took but the encoder refuses
-                self._error(
-                    f"tool call {self.attempts} ({name}): arguments cannot be encoded ({exc})", call_id
-                )
-                return
-            self.calls.append(call)
+            self._error(result, call_id, written, raw)
+            return
+        name, args = result
+        try:
+            call = make_tool_call(name, args, call_id or f"call_{len(self.calls) + len(self.errors)}")
+        except (ValueError, RecursionError) as exc:  # nesting the decoder took but the encoder refuses
+            message = f"tool call {self.attempts} ({name}): arguments cannot be encoded ({exc})"
+            self._error(message, call_id, {"name": name} if written is None else written, raw)
+            return
+        self.calls.append(call)

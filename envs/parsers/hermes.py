@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from chatgym.envs.parsers.base import CallList, ParsedAction, call_from_object, check_text, snippet
 from chatgym.envs.parsers.lenient_json import decode_json, json_error, skip_ws
@@ -55,9 +55,9 @@ class HermesParser:
             if block is None or self._quoted(text, start, block[0]):
                 scan = start + len(self.open_tag)
                 continue
-            end, result = block
+            end, result, written, raw = block
             out.next_attempt()
-            out.add(result)
+            out.add(result, written=written, raw=raw)
             kept.append(text[cursor:start])
             cursor = scan = end
         kept.append(text[cursor:])
@@ -85,9 +85,10 @@ class HermesParser:
         closer = _QUOTE_PAIRS.get(text[start - 1]) if start > 0 else None
         return closer is not None and text.startswith(closer, end)
 
-    def _read_block(self, text: str, start: int, n: int) -> tuple[int, tuple[str, dict] | str] | None:
-        """Parse the block opening at ``start`` (call attempt ``n``): ``(end, call or error)``, where
-        ``end`` is the index just past the block, or None when no JSON follows the tag."""
+    def _read_block(self, text: str, start: int, n: int) -> tuple[int, tuple[str, dict] | str, Any, str] | None:
+        """Parse the block opening at ``start`` (call attempt ``n``): ``(end, call or error, the
+        decoded value or None, the block's body text)``, where ``end`` is the index just past the
+        block, or None when no JSON follows the tag."""
         body = start + len(self.open_tag)
         first = skip_ws(text, body)
         if not text.startswith(("{", "["), first):
@@ -96,21 +97,21 @@ class HermesParser:
             value, end = decode_json(text, first)
         except ValueError as exc:
             body_end, stop = self._block_stop(text, body)
-            return (
-                stop,
-                f"tool call {n}: invalid JSON in <tool_call> ({json_error(exc)}): {snippet(text[body:body_end])}",
-            )
+            raw = text[body:body_end]
+            return stop, f"tool call {n}: invalid JSON in <tool_call> ({json_error(exc)}): {snippet(raw)}", None, raw
+        raw = text[first:end]
         after = skip_ws(text, end)
         if text.startswith(self.close_tag, after):
             end = after + len(self.close_tag)
         else:
             close, reopen = text.find(self.close_tag, end), text.find(self.open_tag, end)
             if close != -1 and (reopen == -1 or close < reopen):
-                return close + len(self.close_tag), (
+                error = (
                     f"tool call {n}: unexpected text after the JSON object in <tool_call>: "
                     f"{snippet(text[end:close])}"
                 )
-        return end, call_from_object(value, n)
+                return close + len(self.close_tag), error, value, text[body:close]
+        return end, call_from_object(value, n), value, raw
 
     def _block_stop(self, text: str, body: int) -> tuple[int, int]:
         """Where an unparseable block's body ends and where the block ends: at its ``</tool_call>``,

@@ -59,10 +59,10 @@ def _read_json_calls(text: str, pos: int, out: CallList, limit: int | None = Non
     if not calls_before and not broken:
         return None
     for item in items:
-        out.add(call_from_object(item, out.next_attempt()))
+        out.add(call_from_object(item, out.next_attempt()), written=item)
     if broken:
         n = out.next_attempt()
-        out.add(f"tool call {n}: invalid JSON ({json_error(failure)}): {snippet(text[pos:])}")
+        out.add(f"tool call {n}: invalid JSON ({json_error(failure)}): {snippet(text[pos:])}", raw=text[pos:stop])
         return len(text)
     return end
 

@@ -37,8 +37,9 @@ def _parse_calls(tool_calls: Any) -> CallList:
         call_id = call_id if isinstance(call_id, str) and call_id else None
         fn = call.get("function") if isinstance(call, Mapping) else None
         if not isinstance(fn, Mapping):
-            out.add(f'tool call {n}: expected {{"function": {{"name": ..., "arguments": ...}}}}', call_id)
+            out.add(f'tool call {n}: expected {{"function": {{"name": ..., "arguments": ...}}}}', call_id, written=call)
             continue
+        written = {"name": fn.get("name"), "arguments": fn.get("arguments", "")}
         raw = fn.get("arguments", "{}")
         if isinstance(raw, str) and raw.strip():
             try:  # the wire format: JSON text; a string inside it is then decoded once more
@@ -47,9 +48,10 @@ def _parse_calls(tool_calls: Any) -> CallList:
                 out.add(
                     f"tool call {n}: arguments are not valid JSON ({json_error(exc)}): {snippet(raw)}",
                     call_id,
+                    written=written,
                 )
                 continue
-        out.add(call_from_object({"name": fn.get("name"), "arguments": raw}, n), call_id)
+        out.add(call_from_object({"name": fn.get("name"), "arguments": raw}, n), call_id, written=written)
     return out
 
 

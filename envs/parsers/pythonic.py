@@ -85,6 +85,14 @@ def _source(src: str, node: ast.AST) -> str:
     return snippet(ast.get_source_segment(src, node) or "")
 
 
+def _written(src: str, node: ast.expr) -> dict[str, str | None]:
+    """A call of the list as written, for the history should it be malformed: the function's dotted
+    name (None when it is not a plain name) and the call's source text as its arguments."""
+    func = node.func if isinstance(node, ast.Call) else None
+    name = _dotted_name(func) if func is not None else None
+    return {"name": name, "arguments": ast.get_source_segment(src, node) or ""}
+
+
 def _pythonic_call(src: str, node: ast.expr, n: int) -> tuple[str, dict[str, Any]] | str:
     if not isinstance(node, ast.Call):
         return f"tool call {n}: expected a call like name(arg=value), got {_source(src, node)}"
@@ -142,13 +150,14 @@ class PythonicParser:
             if not _CALL_LIST_START.match(src):
                 return ParsedAction(text.strip())  # prose that starts with "[", e.g. "[1] Smith et al."
             reason = exc.msg if isinstance(exc, SyntaxError) else str(exc)
-            out.add(f"tool call {out.next_attempt()}: invalid Python call list ({reason}): {snippet(src)}")
+            message = f"tool call {out.next_attempt()}: invalid Python call list ({reason}): {snippet(src)}"
+            out.add(message, raw=src)
             return out.action(text[:start].strip())
         elts = tree.body.elts if isinstance(tree.body, ast.List) else []
         if not any(isinstance(e, ast.Call) for e in elts):
             return ParsedAction(text.strip())  # a list that holds no call is an answer, not a call
         for node in elts:
-            out.add(_pythonic_call(src, node, out.next_attempt()))
+            out.add(_pythonic_call(src, node, out.next_attempt()), written=_written(src, node))
         end = skip_ws(text, end)
         if text.startswith(self.end_tag, end):
             end += len(self.end_tag)
