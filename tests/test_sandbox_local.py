@@ -14,6 +14,11 @@ import tempfile
 import time
 
 import pytest
+from sandbox_helpers import (
+    check_concurrent_runs_have_their_own_tmp,
+    check_concurrent_sessions_have_their_own_tmp,
+    check_output_cut_on_a_character_boundary,
+)
 
 from chatgym.sandboxes import ExecResult, LocalSandbox, Sandbox, Session
 
@@ -240,6 +245,10 @@ async def test_output_truncation(sb):
         assert not res.truncated and res.stdout == "x" * 200_000 + "\n"
 
 
+async def test_output_is_cut_on_a_character_boundary(sb):
+    await check_output_cut_on_a_character_boundary(sb)  # runs and sessions
+
+
 async def test_file_size_limit():
     async with LocalSandbox(max_concurrency=1, max_file_mb=1) as sandbox:
         res = await sandbox.run("open('big', 'wb').write(b'0' * (2 << 20))")
@@ -375,6 +384,30 @@ async def test_sessions_are_separate(sb):
         await b.close()
 
 
+needs_private_tmp = pytest.mark.skipif(
+    not IS_ROOT, reason="a private /tmp per run needs root (mount namespaces)"
+)
+
+
+@needs_private_tmp
+async def test_concurrent_runs_have_their_own_tmp(sb):
+    assert (await sb.start())["private_tmp"] is True
+    await check_concurrent_runs_have_their_own_tmp(sb)
+
+
+@needs_private_tmp
+async def test_concurrent_sessions_have_their_own_tmp_gone_at_close(sb):
+    await check_concurrent_sessions_have_their_own_tmp(sb)
+
+
+async def test_session_tmp_survives_a_fresh_interpreter(sb):
+    async with await sb.open_session() as s:
+        await s.run("open('/tmp/kept.txt', 'w').write('kept')")
+        assert (await s.run("while True: pass", timeout_s=0.3)).status == "timeout"
+        res = await s.run("open('/tmp/kept.txt').read()")
+        assert (res.stdout, res.info["fresh_interpreter"]) == ("'kept'\n", True)  # like its work dir
+
+
 # ---- concurrency and hygiene --------------------------------------------------------------------
 
 
@@ -425,9 +458,29 @@ async def test_no_leaks_after_many_runs(sb):
         # (the zygote removes a work dir right after sending the result: allow it a moment)
         work = f"/proc/{info['pid']}/root/tmp/.chatgym-work"
         deadline = time.monotonic() + 3
-        while os.listdir(work) and time.monotonic() < deadline:
+        while run_dirs_left(work, info) and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-        assert os.listdir(work) == []
+        assert run_dirs_left(work, info) == []
+
+
+def run_dirs_left(work: str, info: dict) -> list[str]:
+    """What runs left in the zygote's work base. With a private /tmp per run, each idle spare has
+    made its (empty, root-owned) work dir ``wN`` and scratch dirs ``wN.scratch`` ahead of its run:
+    those are not a run's; anything owned by another uid, holding a file or unpaired is."""
+    names = set(os.listdir(work))
+    if not info.get("private_tmp"):
+        return sorted(names)
+    left = []
+    for name in names:
+        base = name.removesuffix(".scratch")
+        paired = {base, base + ".scratch"} <= names
+        owners = {
+            os.lstat(os.path.join(d, n)).st_uid for d, ds, fs in os.walk(f"{work}/{name}") for n in ds + fs
+        }
+        files = [f for _, _, fs in os.walk(f"{work}/{name}") for f in fs]
+        if not paired or files or owners - {0} or os.lstat(f"{work}/{name}").st_uid != 0:
+            left.append(name)
+    return sorted(left)
 
 
 async def test_close_stops_the_zygote():
@@ -554,10 +607,28 @@ def test_output_cap():
     out = Output(cap=5)
     for chunk in (b"abc", b"defg", b"h"):
         out.add(chunk)
-    assert (bytes(out.data), out.total, out.truncated) == (b"abcde", 8, True)
+    assert (bytes(out.data), out.total, out.decode()) == (b"abcde", 8, ("abcde", True))
     exact = Output(cap=3)
     exact.add(b"abc")
-    assert (exact.text(), exact.truncated) == ("abc", False)
+    assert exact.decode() == ("abc", False)
+
+
+def test_decode_capped_cuts_on_a_character_boundary():
+    from chatgym.sandboxes.local.outputs import decode_capped
+
+    euro = "€".encode()  # 3 bytes
+    # 65,536 bytes kept of 90,000 written: 21,845 whole '€' (65,535 bytes), the 65,536th byte
+    # starts a '€' that was cut: dropped, not replaced by a U+FFFD the program never wrote.
+    assert decode_capped((euro * 30000)[:65536], 65536, cut=True) == ("€" * 21845, True)
+    # A program ending mid-character: its 2 bytes are invalid, replaced; 6 + 3 bytes > 8: cut again.
+    assert decode_capped(euro * 2 + euro[:2], 8, cut=False) == ("€€", True)
+    assert decode_capped(euro * 2 + euro[:2], 9, cut=False) == ("€€\ufffd", False)
+    assert decode_capped(b"a\xffb", 5) == ("a\ufffdb", False)  # invalid bytes written: replaced
+    # Replacement grows 3 bytes to 9: the text is cut again to the cap, on a character boundary.
+    assert decode_capped(b"\xff\xff\xff", 3) == ("\ufffd", True)
+    assert decode_capped(b"\xffx", 4) == ("\ufffdx", False)
+    assert decode_capped(b"ab\xe2\x82", 5, cut=True) == ("ab", True)  # cut by the cap: dropped
+    assert decode_capped(b"", 0, cut=True) == ("", True)
 
 
 def test_remove_tree_does_not_follow_symlinks(tmp_path):
