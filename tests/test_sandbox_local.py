@@ -365,6 +365,23 @@ async def test_session_keeps_state_and_restarts_after_timeout(sb):
         await session.run("1")
 
 
+async def test_many_session_timeouts_leave_the_zygote_serving(sb):
+    # A session process's exit closes its pipes in the same event batch that may still hold their
+    # EOF: those events must be skipped (reading the closed fd killed the zygote with EBADF).
+    pid = (await sb.start())["pid"]
+    for _ in range(3):
+        sessions = [await sb.open_session() for _ in range(4)]
+        try:
+            outs = await asyncio.gather(*(s.run("while True: pass", timeout_s=0.1) for s in sessions))
+            assert [r.status for r in outs] == ["timeout"] * 4
+            again = await asyncio.gather(*(s.run("6 * 7") for s in sessions))
+            assert [(r.status, r.stdout) for r in again] == [("ok", "42\n")] * 4
+        finally:
+            for s in sessions:
+                await s.close()
+    assert sb.isolation["pid"] == pid  # the same zygote: it never died
+
+
 async def test_session_calls_run_in_order(sb):
     async with await sb.open_session() as session:
         slow, fast = await asyncio.gather(
@@ -472,15 +489,22 @@ def run_dirs_left(work: str, info: dict) -> list[str]:
         return sorted(names)
     left = []
     for name in names:
-        base = name.removesuffix(".scratch")
-        paired = {base, base + ".scratch"} <= names
-        owners = {
-            os.lstat(os.path.join(d, n)).st_uid for d, ds, fs in os.walk(f"{work}/{name}") for n in ds + fs
-        }
-        files = [f for _, _, fs in os.walk(f"{work}/{name}") for f in fs]
-        if not paired or files or owners - {0} or os.lstat(f"{work}/{name}").st_uid != 0:
+        try:
+            if not spare_dirs(work, name, names):
+                left.append(name)
+        except FileNotFoundError:  # a spare being retired or made meanwhile: look again
             left.append(name)
     return sorted(left)
+
+
+def spare_dirs(work: str, name: str, names: set[str]) -> bool:
+    """Whether ``name`` in the work base is an idle spare's: paired, root's, holding no file."""
+    base = name.removesuffix(".scratch")
+    paired = {base, base + ".scratch"} <= names
+    top = f"{work}/{name}"
+    owners = {os.lstat(os.path.join(d, n)).st_uid for d, ds, fs in os.walk(top) for n in ds + fs}
+    files = [f for _, _, fs in os.walk(top) for f in fs]
+    return paired and not files and owners <= {0} and os.lstat(top).st_uid == 0
 
 
 async def test_close_stops_the_zygote():

@@ -267,6 +267,19 @@ def make_scratch(workdir: str, dirs: list[str]) -> None:
         os.makedirs(mount_point)
 
 
+def scratch_dirs_bottom_up(workdir: str, dirs: list[str]) -> list[str]:
+    """Every directory ``make_scratch`` made, children before parents (the order to rmdir them)."""
+    pairs, mount_point = _scratch_paths(workdir, dirs)
+    out = []
+    if mount_point is not None:
+        home = next(copy for _, copy in pairs if mount_point.startswith(copy + "/"))
+        path = mount_point
+        while path != home:
+            out.append(path)
+            path = os.path.dirname(path)
+    return out + [copy for _, copy in pairs] + [scratch_root(workdir)]
+
+
 def enter_scratch(workdir: str, dirs: list[str]) -> None:
     """Give this process (a forked child, still root) its own mount namespace in which each of
     ``dirs`` is its private copy (``make_scratch``), with the work dir bound back at its own path.

