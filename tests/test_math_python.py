@@ -1,6 +1,8 @@
 """MathPython-v0: Math-v0's tasks with a `python` tool on a stateful sandbox session (real LocalSandbox)."""
 
+import asyncio
 import json
+import os
 
 import gymnasium as gym
 import pytest
@@ -152,3 +154,23 @@ def test_demo_opens_with_a_worked_episode_whose_tool_result_is_real():
         assert real[0]["content"] == obs[3]["content"] == "status: ok (exit code 0)\nstdout:\n391"
     finally:
         env.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a private /tmp per session needs root (mount namespaces)")
+async def test_two_episodes_in_flight_write_the_same_tmp_name():
+    # Each episode's session has its own /tmp: both calls write /tmp/result.txt, hold it while the
+    # other writes too, and read back their own (on a shared /tmp the second got PermissionError).
+    code = "import time\nopen('/tmp/result.txt', 'w').write({!r})\ntime.sleep(0.5)\nprint(open('/tmp/result.txt').read())"
+    envs = [gym.make("MathPython-v0", split="test").unwrapped for _ in range(2)]
+    try:
+        for env in envs:
+            await env.areset(options={"task": TASK})
+        steps = await asyncio.gather(
+            *(env.astep(call(code.format(tag))) for env, tag in zip(envs, ("one", "two"), strict=True))
+        )
+        for (obs, _, _, _, info), tag in zip(steps, ("one", "two"), strict=True):
+            assert obs[0]["content"] == f"status: ok (exit code 0)\nstdout:\n{tag}"
+            assert (info["tool_calls"], info["tool_errors"], info["python_status"]) == (1, 0, "ok")
+    finally:
+        for env in envs:
+            await env.aclose()

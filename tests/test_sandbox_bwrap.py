@@ -6,6 +6,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+from sandbox_helpers import (
+    check_concurrent_runs_have_their_own_tmp,
+    check_concurrent_sessions_have_their_own_tmp,
+    check_output_cut_on_a_character_boundary,
+)
 
 from chatgym.sandboxes.local.bwrap import BwrapSandbox, bwrap_args, probe
 
@@ -79,6 +84,22 @@ async def test_limits_and_sessions_still_apply(sb):
     await s.run("x = 41")
     assert (await s.run("x + 1")).stdout == "42\n"
     await s.close()
+
+
+@needs_bwrap
+async def test_concurrent_runs_and_sessions_have_their_own_tmp(sb):
+    info = await sb.start()
+    if not info["private_tmp"]:
+        pytest.skip(
+            f"no private /tmp per run here (not root: no mount namespace for the zygote): {info['notes']}"
+        )
+    await check_concurrent_runs_have_their_own_tmp(sb)
+    await check_concurrent_sessions_have_their_own_tmp(sb)
+
+
+@needs_bwrap
+async def test_output_is_cut_on_a_character_boundary(sb):
+    await check_output_cut_on_a_character_boundary(sb)
 
 
 async def test_fallback_when_bwrap_cannot_run():

@@ -99,6 +99,20 @@ async def test_statuses(fresh):
     assert (bash.status, bash.stdout, bash.exit_code) == ("error", "5\n", 4)
 
 
+@pytest.mark.parametrize("reuse", [False, True])
+async def test_output_cut_on_a_character_boundary(docker_engine, reuse):
+    # The runner decodes with the local backends' rule (outputs.decode_capped, shipped in RUNNER):
+    # 90,000 bytes of '€' against the 65,536-byte cap are 21,845 whole '€' (65,535 bytes), no U+FFFD.
+    async with DockerSandbox(max_concurrency=1, reuse=reuse) as sb:
+        assert sb.max_output_bytes == 65536
+        euro = await sb.run("import sys; n = sys.stdout.write('€' * 30000)")
+        assert (euro.status, euro.truncated, euro.info["stdout_bytes"]) == ("ok", True, 90000), euro
+        assert len(euro.stdout.encode()) == 65535 and euro.stdout == "€" * 21845
+        bad = await sb.run("import sys; sys.stdout.buffer.write(b'a\\xffb')")
+        assert (bad.stdout, bad.truncated) == ("a\ufffdb", False)  # the byte it did write: replaced
+    assert await settle(docker_engine, 0) == 0
+
+
 async def test_large_request_goes_by_put_archive(fresh):
     # 200,000 bytes of files: over INLINE_MAX (96 KiB), so the request is a file put_archive writes.
     res = await fresh.run("print(len(open('big').read()))", files={"big": "x" * 200_000})

@@ -14,6 +14,11 @@ import tempfile
 import time
 
 import pytest
+from sandbox_helpers import (
+    check_concurrent_runs_have_their_own_tmp,
+    check_concurrent_sessions_have_their_own_tmp,
+    check_output_cut_on_a_character_boundary,
+)
 
 from chatgym.sandboxes import ExecResult, LocalSandbox, Sandbox, Session
 
@@ -241,6 +246,10 @@ async def test_output_truncation(sb):
         assert not res.truncated and res.stdout == "x" * 200_000 + "\n"
 
 
+async def test_output_is_cut_on_a_character_boundary(sb):
+    await check_output_cut_on_a_character_boundary(sb)  # runs and sessions
+
+
 async def test_file_size_limit():
     async with LocalSandbox(max_concurrency=1, max_file_mb=1) as sandbox:
         res = await sandbox.run("open('big', 'wb').write(b'0' * (2 << 20))")
@@ -357,6 +366,23 @@ async def test_session_keeps_state_and_restarts_after_timeout(sb):
         await session.run("1")
 
 
+async def test_many_session_timeouts_leave_the_zygote_serving(sb):
+    # A session process's exit closes its pipes in the same event batch that may still hold their
+    # EOF: those events must be skipped (reading the closed fd killed the zygote with EBADF).
+    pid = (await sb.start())["pid"]
+    for _ in range(3):
+        sessions = [await sb.open_session() for _ in range(4)]
+        try:
+            outs = await asyncio.gather(*(s.run("while True: pass", timeout_s=0.1) for s in sessions))
+            assert [r.status for r in outs] == ["timeout"] * 4
+            again = await asyncio.gather(*(s.run("6 * 7") for s in sessions))
+            assert [(r.status, r.stdout) for r in again] == [("ok", "42\n")] * 4
+        finally:
+            for s in sessions:
+                await s.close()
+    assert sb.isolation["pid"] == pid  # the same zygote: it never died
+
+
 async def test_session_calls_run_in_order(sb):
     async with await sb.open_session() as session:
         slow, fast = await asyncio.gather(
@@ -374,6 +400,30 @@ async def test_sessions_are_separate(sb):
     finally:
         await a.close()
         await b.close()
+
+
+needs_private_tmp = pytest.mark.skipif(
+    not IS_ROOT, reason="a private /tmp per run needs root (mount namespaces)"
+)
+
+
+@needs_private_tmp
+async def test_concurrent_runs_have_their_own_tmp(sb):
+    assert (await sb.start())["private_tmp"] is True
+    await check_concurrent_runs_have_their_own_tmp(sb)
+
+
+@needs_private_tmp
+async def test_concurrent_sessions_have_their_own_tmp_gone_at_close(sb):
+    await check_concurrent_sessions_have_their_own_tmp(sb)
+
+
+async def test_session_tmp_survives_a_fresh_interpreter(sb):
+    async with await sb.open_session() as s:
+        await s.run("open('/tmp/kept.txt', 'w').write('kept')")
+        assert (await s.run("while True: pass", timeout_s=0.3)).status == "timeout"
+        res = await s.run("open('/tmp/kept.txt').read()")
+        assert (res.stdout, res.info["fresh_interpreter"]) == ("'kept'\n", True)  # like its work dir
 
 
 # ---- concurrency and hygiene --------------------------------------------------------------------
@@ -426,9 +476,36 @@ async def test_no_leaks_after_many_runs(sb):
         # (the zygote removes a work dir right after sending the result: allow it a moment)
         work = f"/proc/{info['pid']}/root/tmp/.chatgym-work"
         deadline = time.monotonic() + 3
-        while os.listdir(work) and time.monotonic() < deadline:
+        while run_dirs_left(work, info) and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-        assert os.listdir(work) == []
+        assert run_dirs_left(work, info) == []
+
+
+def run_dirs_left(work: str, info: dict) -> list[str]:
+    """What runs left in the zygote's work base. With a private /tmp per run, each idle spare has
+    made its (empty, root-owned) work dir ``wN`` and scratch dirs ``wN.scratch`` ahead of its run:
+    those are not a run's; anything owned by another uid, holding a file or unpaired is."""
+    names = set(os.listdir(work))
+    if not info.get("private_tmp"):
+        return sorted(names)
+    left = []
+    for name in names:
+        try:
+            if not spare_dirs(work, name, names):
+                left.append(name)
+        except FileNotFoundError:  # a spare being retired or made meanwhile: look again
+            left.append(name)
+    return sorted(left)
+
+
+def spare_dirs(work: str, name: str, names: set[str]) -> bool:
+    """Whether ``name`` in the work base is an idle spare's: paired, root's, holding no file."""
+    base = name.removesuffix(".scratch")
+    paired = {base, base + ".scratch"} <= names
+    top = f"{work}/{name}"
+    owners = {os.lstat(os.path.join(d, n)).st_uid for d, ds, fs in os.walk(top) for n in ds + fs}
+    files = [f for _, _, fs in os.walk(top) for f in fs]
+    return paired and not files and owners <= {0} and os.lstat(top).st_uid == 0
 
 
 async def test_close_stops_the_zygote():
@@ -555,10 +632,28 @@ def test_output_cap():
     out = Output(cap=5)
     for chunk in (b"abc", b"defg", b"h"):
         out.add(chunk)
-    assert (bytes(out.data), out.total, out.truncated) == (b"abcde", 8, True)
+    assert (bytes(out.data), out.total, out.decode()) == (b"abcde", 8, ("abcde", True))
     exact = Output(cap=3)
     exact.add(b"abc")
-    assert (exact.text(), exact.truncated) == ("abc", False)
+    assert exact.decode() == ("abc", False)
+
+
+def test_decode_capped_cuts_on_a_character_boundary():
+    from chatgym.sandboxes.local.outputs import decode_capped
+
+    euro = "€".encode()  # 3 bytes
+    # 65,536 bytes kept of 90,000 written: 21,845 whole '€' (65,535 bytes), the 65,536th byte
+    # starts a '€' that was cut: dropped, not replaced by a U+FFFD the program never wrote.
+    assert decode_capped((euro * 30000)[:65536], 65536, cut=True) == ("€" * 21845, True)
+    # A program ending mid-character: its 2 bytes are invalid, replaced; 6 + 3 bytes > 8: cut again.
+    assert decode_capped(euro * 2 + euro[:2], 8, cut=False) == ("€€", True)
+    assert decode_capped(euro * 2 + euro[:2], 9, cut=False) == ("€€\ufffd", False)
+    assert decode_capped(b"a\xffb", 5) == ("a\ufffdb", False)  # invalid bytes written: replaced
+    # Replacement grows 3 bytes to 9: the text is cut again to the cap, on a character boundary.
+    assert decode_capped(b"\xff\xff\xff", 3) == ("\ufffd", True)
+    assert decode_capped(b"\xffx", 4) == ("\ufffdx", False)
+    assert decode_capped(b"ab\xe2\x82", 5, cut=True) == ("ab", True)  # cut by the cap: dropped
+    assert decode_capped(b"", 0, cut=True) == ("", True)
 
 
 def test_remove_tree_does_not_follow_symlinks(tmp_path):

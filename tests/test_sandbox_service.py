@@ -138,6 +138,29 @@ async def test_our_client_statuses(service):
         await sb.close()
 
 
+async def test_output_cut_on_a_character_boundary_like_the_local_backend(service):
+    # The service (cap 65,536) and our client (cap 65,536) apply the local backends' rule: 90,000
+    # bytes of '€' come back as 21,845 whole '€' (65,535 bytes), no U+FFFD; written invalid bytes
+    # are replaced. The same through /run_jupyter (a session).
+    euro = "import sys; n = sys.stdout.write('€' * 30000)"
+    invalid = "import sys; sys.stdout.buffer.write(b'a\\xffb'); sys.stdout.flush()"
+    async with SandboxFusionSandbox(service) as sb:
+        session = await sb.open_session()
+        for res in (await sb.run(euro), await session.run(euro)):
+            assert (res.status, res.truncated, len(res.stdout.encode())) == ("ok", True, 65535), res
+            assert res.stdout == "€" * 21845
+        for res in (await sb.run(invalid), await session.run(invalid)):
+            assert (res.status, res.stdout, res.truncated) == ("ok", "a\ufffdb", False), res
+        await session.close()
+    # What the service itself answers (the official client, no cap of ours on that side).
+    raw = await sf.run_code_async(sf.RunCodeRequest(code=euro, language="python"), endpoint=service)
+    assert raw.run_result.stdout == "€" * 21845
+    # A client cap below the service's cuts again by the same rule: 1,000 = 333 * 3 + 1 bytes.
+    async with SandboxFusionSandbox(service, max_output_bytes=1000) as small:
+        res = await small.run(euro)
+        assert (res.stdout, res.truncated) == ("€" * 333, True)
+
+
 async def test_our_client_session_replays_history(service):
     async with SandboxFusionSandbox(service) as sb:
         s = await sb.open_session()

@@ -154,8 +154,9 @@ def _main(arg):
         shutil.rmtree(work, ignore_errors=True)
     left = reset(uid) if uid is not None else ["runner not root: no reset"]
     out, err = outs[proc.stdout], outs[proc.stderr]
+    (stdout, cut_out), (stderr, cut_err) = out.decode(), err.decode()
     print(json.dumps({"status": classify(code, timed_out, oom), "exit_code": code,
-                      "stdout": out.text(), "stderr": err.text(), "truncated": out.truncated or err.truncated,
+                      "stdout": stdout, "stderr": stderr, "truncated": cut_out or cut_err,
                       "duration_s": duration, "reset_left": left,
                       "info": {"stdout_bytes": out.total, "stderr_bytes": err.total}}))
 

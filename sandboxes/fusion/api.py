@@ -22,7 +22,7 @@ import base64
 import binascii
 
 from chatgym.sandboxes.base import ExecResult
-from chatgym.sandboxes.local.outputs import classify
+from chatgym.sandboxes.local.outputs import classify, decode_capped
 
 SUCCESS, FAILED, SANDBOX_ERROR = "Success", "Failed", "SandboxError"
 FINISHED, ERROR, TLE = "Finished", "Error", "TimeLimitExceeded"
@@ -183,11 +183,9 @@ def error_response(message: str) -> dict:
 
 
 def cap(text: str, max_bytes: int) -> tuple[str, bool]:
-    """``text`` cut to ``max_bytes`` UTF-8 bytes (on a character boundary); and whether it was cut."""
-    data = text.encode("utf-8", "surrogatepass")
-    if len(data) <= max_bytes:
-        return text, False
-    return data[:max_bytes].decode("utf-8", "ignore"), True
+    """``text`` cut to ``max_bytes`` UTF-8 bytes; and whether it was cut. The local backends' rule
+    (``outputs.decode_capped``): cut on a character boundary, lone surrogates become U+FFFD."""
+    return decode_capped(text.encode("utf-8", "surrogatepass"), max_bytes)
 
 
 def exec_result(resp: dict, max_output_bytes: int, queue_s: float = 0.0) -> ExecResult:

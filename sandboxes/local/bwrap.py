@@ -5,7 +5,9 @@ The zygote and every run it forks live in a bwrap sandbox made once per ``BwrapS
 * a new root that is a read-only tmpfs holding only read-only binds of the system (``/usr``, ``/etc``
   and the ``/bin``, ``/lib*``, ``/sbin`` links), the interpreter's own prefix and this package's
   directory (bound at ``/opt/chatgym-sandbox``): the user's home, the project checkout and every other host path are simply absent;
-* a private ``/tmp``, ``/var/tmp``, ``/dev/shm`` (work dirs live there) and a minimal ``/dev``;
+* a private ``/tmp``, ``/var/tmp``, ``/dev/shm`` (work dirs live there) and a minimal ``/dev``; as
+  root, each run and session then gets its own of these, as in ``LocalSandbox``; not root (no
+  capabilities inside), the runs of one sandbox share them;
 * new PID, IPC, UTS (and, where the kernel allows, cgroup) namespaces: host processes do not exist
   for the code; the zygote is not PID 1 (bwrap's init is) and reaps what runs orphan;
 * a new, empty network namespace unless ``network=True``.

@@ -4,7 +4,10 @@ Stdlib only (imported standalone by the zygote). The order matters:
 
 1. ``setsid()``: the child leads a new session and process group, so one ``killpg`` ends its tree.
    A pre-forked "spare" does this, then blocks until the zygote writes it a request.
-2. create the work dir (as root), switch to the sandbox uid/gid (when the zygote claimed one), then ``kill(-1, SIGKILL)`` as that uid:
+2. create the work dir (as root) and, where the zygote has a mount namespace, the run's own empty
+   /tmp, /var/tmp, /dev/shm, /run/lock in a mount namespace of the child's own
+   (``isolation.enter_scratch``; a spare does both before its request arrives); switch to the
+   sandbox uid/gid (when the zygote claimed one), then ``kill(-1, SIGKILL)`` as that uid:
    it ends any process a previous run on this uid left behind (``kill(-1)`` skips the caller).
 3. ``PR_SET_PDEATHSIG`` (set after the uid switch, which clears it): the child dies with the zygote.
 4. umask 077, chdir into the fresh work dir, write ``files``; stdin becomes a memfd holding ``stdin``.
@@ -216,9 +219,12 @@ def spare(cmd_fd: int, out_fd: int, err_fd: int, workdir: str, cfg: dict) -> Non
         # (Item by item: MutableMapping.update's ABC checks cost ~0.2 ms of page faults in a fork.)
         env = os.environ
         env["HOME"] = env["TMPDIR"] = env["PWD"] = workdir
+        scratch_error = own_scratch(workdir, cfg["scratch"])
         req = wire.read_marshal_fd(0)
         if req is None:
             os._exit(0)
+        if scratch_error is not None:  # reported with the request: a spare that died idle is re-forked
+            raise scratch_error
         prepare(req, workdir, cfg)
         code, compiled = req["code"], req.get("compiled")
         if req["language"] == "bash":
@@ -227,6 +233,21 @@ def spare(cmd_fd: int, out_fd: int, err_fd: int, workdir: str, cfg: dict) -> Non
     except BaseException as e:
         setup_failed(e)
     run_python(code, workdir, compiled)
+
+
+def own_scratch(workdir: str, scratch: list[str]) -> OSError | None:
+    """Make the work dir and enter the run's private scratch dirs (``scratch``: the zygote's
+    scratch dirs, empty when it has no mount namespace: then the work dir is made in ``prepare``).
+    Returns the error instead of raising it, so the run that takes this spare reports it."""
+    if not scratch:
+        return None
+    try:
+        os.mkdir(workdir, 0o700)
+        isolation.make_scratch(workdir, scratch)
+        isolation.enter_scratch(workdir, scratch)
+    except OSError as e:
+        return e
+    return None
 
 
 def setup_failed(exc: BaseException) -> None:
@@ -241,7 +262,8 @@ def prepare(req: dict, workdir: str, cfg: dict, stdin_fd: int | None = None) -> 
 
     ``req`` fields used: ``uid`` (None = keep ours), ``files``, ``stdin``, ``limits``."""
     uid = req.get("uid")
-    os.mkdir(workdir, 0o700)
+    if not cfg["scratch"]:  # else ``own_scratch`` made it
+        os.mkdir(workdir, 0o700)
     if uid is not None:
         os.chown(workdir, uid, cfg["gid"])
         drop_to(uid, cfg["gid"])

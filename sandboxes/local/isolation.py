@@ -7,7 +7,10 @@ inherits it for free. Linux only. Each step is best-effort: what could not be se
 * ``unshare(CLONE_NEWNET)``: an empty network namespace (loopback down): no TCP/UDP to anything,
   the host's 127.0.0.1 included. Abstract unix sockets are per network namespace, so they are cut too.
 * ``unshare(CLONE_NEWNS)`` + private tmpfs on ``/tmp``, ``/var/tmp``, ``/dev/shm``, ``/run/lock``: scratch files never
-  reach the host and vanish with the zygote; ``hidden_paths`` (``/root``, ``/home``) get an empty tmpfs,
+  reach the host and vanish with the zygote. Each run and each session then gets its own empty copy
+  of these dirs (``make_scratch`` / ``enter_scratch``: a mount namespace per child, directories of
+  the zygote's /tmp bound over them), so concurrent runs never see each other's scratch files;
+  ``hidden_paths`` (``/root``, ``/home``) get an empty tmpfs,
   with the interpreter's own prefix bound back read-only so the stdlib stays importable; ``/proc`` is
   remounted with ``hidepid=invisible`` so sandbox uids see only their own processes.
 * ``unshare(CLONE_NEWIPC)``: System V IPC and POSIX message queues are private.
@@ -72,6 +75,7 @@ class Isolation:
     gid: int = 65534
     network_isolated: bool = False
     mount_ns: bool = False
+    scratch: list[str] = field(default_factory=list)  # the SCRATCH_DIRS given a private tmpfs
     proc_hidden: bool = False
     notes: list[str] = field(default_factory=list)
     lock_dir_fd: int = -1
@@ -211,8 +215,10 @@ def setup(
             if os.path.isdir(d):
                 size = f"{tmpfs_mb}m" if d == "/tmp" else "64m"
                 mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode=1777")
+                iso.scratch.append(d)
     except OSError as e:
         iso.mount_ns = False
+        iso.scratch = []
         iso.notes.append(f"private /tmp failed ({e}); work dirs live in the host's temp dir")
         return iso
     _hide_paths(hidden_paths, keep_paths, iso.notes)
@@ -222,3 +228,73 @@ def setup(
     except OSError as e:
         iso.notes.append(f"/proc not remounted with hidepid ({e}): host command lines are visible")
     return iso
+
+
+# ---- each run's own scratch dirs (a mount namespace per child) ----------------------------------
+
+SCRATCH_SUFFIX = ".scratch"
+
+
+def scratch_root(workdir: str) -> str:
+    """Where the scratch dirs of the run (or session) working in ``workdir`` live: next to it."""
+    return workdir + SCRATCH_SUFFIX
+
+
+def _scratch_paths(workdir: str, dirs: list[str]) -> tuple[list[tuple[str, str]], str | None]:
+    """``[(dir, its private copy)]``, and the work dir's mount point inside the copy of the scratch
+    dir holding it (None when the work dir lies under none of ``dirs``)."""
+    root = scratch_root(workdir)
+    pairs = [(d, os.path.join(root, d.strip("/").replace("/", "-"))) for d in dirs]
+    for d, copy in pairs:
+        if workdir.startswith(d.rstrip("/") + "/"):
+            return pairs, copy + workdir[len(d.rstrip("/")) :]
+    return pairs, None
+
+
+def make_scratch(workdir: str, dirs: list[str]) -> None:
+    """Create the empty private copies of ``dirs`` for ``workdir``'s run, under ``scratch_root``
+    (on the zygote's /tmp, so the zygote removes them with the work dir). As root; ``workdir`` exists.
+
+    Raises:
+        OSError: a directory could not be made (e.g. the zygote's /tmp is full).
+    """
+    os.mkdir(scratch_root(workdir), 0o711)
+    pairs, mount_point = _scratch_paths(workdir, dirs)
+    for _, copy in pairs:
+        os.mkdir(copy)
+        os.chmod(copy, 0o1777)  # what a /tmp is: anyone may write, nobody may remove another's files
+    if mount_point is not None:
+        os.makedirs(mount_point)
+
+
+def scratch_dirs_bottom_up(workdir: str, dirs: list[str]) -> list[str]:
+    """Every directory ``make_scratch`` made, children before parents (the order to rmdir them)."""
+    pairs, mount_point = _scratch_paths(workdir, dirs)
+    out = []
+    if mount_point is not None:
+        home = next(copy for _, copy in pairs if mount_point.startswith(copy + "/"))
+        path = mount_point
+        while path != home:
+            out.append(path)
+            path = os.path.dirname(path)
+    return out + [copy for _, copy in pairs] + [scratch_root(workdir)]
+
+
+def enter_scratch(workdir: str, dirs: list[str]) -> None:
+    """Give this process (a forked child, still root) its own mount namespace in which each of
+    ``dirs`` is its private copy (``make_scratch``), with the work dir bound back at its own path.
+
+    Measured on 2 busy cores: ~0.1 ms for the namespace (a copy of the ~25 mounts), ~0.01-0.04 ms a
+    bind, paid by a spare before its request arrives; the namespace ends with the child's last
+    process, which adds ~0.2 ms to that exit.
+
+    Raises:
+        OSError: unshare or a mount failed (no CAP_SYS_ADMIN).
+    """
+    pairs, mount_point = _scratch_paths(workdir, dirs)
+    unshare(CLONE_NEWNS)
+    if mount_point is not None:  # first, so that the recursive bind of its scratch dir carries it
+        mount(workdir, mount_point, None, MS_BIND)
+    # The dir holding the scratch root (and the work dir) last: covering it hides the copies.
+    for d, copy in sorted(pairs, key=lambda p: scratch_root(workdir).startswith(p[0].rstrip("/") + "/")):
+        mount(copy, d, None, MS_BIND | MS_REC)

@@ -5,9 +5,35 @@ Stdlib only (imported by the zygote, outside the ``chatgym`` package).
 
 from __future__ import annotations
 
+import codecs
 import os
 import signal
 from dataclasses import dataclass, field
+
+
+def decode_capped(data: bytes, cap: int, cut: bool = False) -> tuple[str, bool]:
+    """The text of a captured stream: UTF-8, at most ``cap`` bytes, cut on a character boundary.
+
+    The one decoding rule of every backend (local, bwrap, sessions, Docker's runner, the service
+    client), so they agree to the byte.
+
+    Args:
+        data: the bytes kept: the first ``len(data)`` bytes the program wrote.
+        cap: the most bytes the returned text may take, UTF-8 encoded (int >= 0).
+        cut: the program wrote more than ``data``. A character split by that cut is dropped, not
+            replaced: it was never written whole into what was kept.
+
+    Returns:
+        ``(text, truncated)``. Invalid bytes the program did write become U+FFFD (3 bytes each); where
+        that makes the text longer than ``cap`` bytes, it is cut again at a character boundary.
+        ``truncated`` is True when anything written is missing from ``text`` (``cut`` or that re-cut).
+    """
+    text = codecs.getincrementaldecoder("utf-8")("replace").decode(data, final=not cut)
+    if len(data) > cap or "\ufffd" in text:  # else the text is ``data`` decoded, at most ``cap`` bytes
+        encoded = text.encode("utf-8", "surrogatepass")
+        if len(encoded) > cap:
+            return encoded[:cap].decode("utf-8", "ignore"), True
+    return text, cut
 
 
 @dataclass
@@ -24,12 +50,9 @@ class Output:
             self.data += chunk[:room]
         self.total += len(chunk)
 
-    @property
-    def truncated(self) -> bool:
-        return self.total > self.cap
-
-    def text(self) -> str:
-        return self.data.decode("utf-8", "replace")
+    def decode(self) -> tuple[str, bool]:
+        """``(text, truncated)`` by :func:`decode_capped`: at most ``cap`` UTF-8 bytes."""
+        return decode_capped(bytes(self.data), self.cap, self.total > len(self.data))
 
 
 def classify(exit_code: int | None, timed_out: bool, oom: bool = False) -> str:

@@ -1,7 +1,8 @@
 """Stateful Python sessions: one interpreter per session, kept across calls (REPL-style).
 
 Zygote side (``Sessions``): a session is a uid of its own (claimed like the run slots), a work dir
-that lives as long as the session, and a child process forked from the zygote on the first call.
+and private scratch dirs (/tmp, ...: ``isolation.make_scratch``) that live as long as the session,
+and a child process forked from the zygote on the first call.
 Each call writes ``{"code", "timeout_s"}`` to the child's command pipe and collects stdout/stderr
 until the child writes the call's exit code (4 bytes) on its result pipe. A timeout kills the
 child's whole process group (and every process of the session uid); so does the child dying any
@@ -103,9 +104,18 @@ class Sessions:
             self.z.send({"op": "ack", "id": msg["id"], "error": str(e)})
             return
         workdir = os.path.join(self.z.work_base, f"s{msg['sid']}")
-        os.mkdir(workdir, 0o700)
-        if uid is not None:
-            os.chown(workdir, uid, iso.gid)
+        try:
+            os.mkdir(workdir, 0o700)
+            if uid is not None:
+                os.chown(workdir, uid, iso.gid)
+            if self.z.cfg["scratch"]:
+                isolation.make_scratch(workdir, self.z.cfg["scratch"])
+        except OSError as e:  # e.g. the private /tmp is full: refuse the session, keep nothing of it
+            self.z.cleanup(workdir, uid)
+            if uid is not None:
+                isolation.release_uid(iso, uid)
+            self.z.send({"op": "ack", "id": msg["id"], "error": f"the session's work dir: {e}"})
+            return
         cgroup = None
         if self.z.memcg is not None:
             try:
@@ -253,11 +263,11 @@ class Sessions:
     def finish_call(self, s: Session, code: int) -> None:
         call, s.call = s.call, None
         status = self.z.classify(code, call.timed_out, self.oom_count(s) > call.oom_before)
-        stderr = call.fresh_note + call.err.text()
+        (stdout, cut_out), (stderr, cut_err) = call.out.decode(), call.err.decode()
         self.z.send({
-            "op": "result", "id": call.id, "status": status, "exit_code": code, "stdout": call.out.text(),
-            "stderr": stderr, "duration_s": time.monotonic() - call.started,
-            "truncated": call.out.truncated or call.err.truncated,
+            "op": "result", "id": call.id, "status": status, "exit_code": code, "stdout": stdout,
+            "stderr": call.fresh_note + stderr, "duration_s": time.monotonic() - call.started,
+            "truncated": cut_out or cut_err,
             "info": {"fresh_interpreter": bool(call.fresh_note), "stdout_bytes": call.out.total,
                      "stderr_bytes": call.err.total},
         })  # fmt: skip
@@ -307,6 +317,8 @@ def session_main(cmd_fd: int, res_fd: int, out_fd: int, err_fd: int, s: Session,
         env["HOME"] = env["TMPDIR"] = env["PWD"] = s.workdir
         limits = {"memory_bytes": None if s.cgroup else s.memory_mb << 20, "nproc": cfg["max_processes"] + cfg["host_processes"],
                   "nofile": cfg["max_open_files"], "fsize_bytes": cfg["max_file_bytes"]}  # fmt: skip
+        if cfg["scratch"]:  # the session's own /tmp etc. (made at open, kept across interpreters)
+            isolation.enter_scratch(s.workdir, cfg["scratch"])
         if s.uid is not None:
             child.drop_to(s.uid, cfg["gid"])
         isolation.set_pdeathsig(signal.SIGKILL)

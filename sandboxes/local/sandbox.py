@@ -33,8 +33,13 @@ network                                  none: empty net namespace   NOT isolate
 host files                               read: world-readable files  everything the host user can
                                          only; /root and /home       read and write
                                          hidden. write: the work dir
-                                         and private /tmp, /var/tmp,
-                                         /dev/shm, /run/lock only
+                                         and the run's own /tmp,
+                                         /var/tmp, /dev/shm,
+                                         /run/lock only
+scratch dirs of concurrent runs          each run and session its    shared: the host's /tmp
+                                         own (mount namespace per    (``TMPDIR`` is the run's
+                                         child), removed with its    work dir)
+                                         work dir
 other processes                          invisible (/proc hidepid),  visible; signals/ptrace to the
                                          cannot be signalled         host user's processes possible
 SysV IPC / POSIX message queues          private namespace           shared
@@ -44,9 +49,13 @@ bandwidth, time/randomness               no CPU/IO cgroups)
 
 As root without CAP_SYS_ADMIN (a default Docker container) the uid rows of the first column hold
 and the namespace rows (network, files, /proc, IPC) those of the second; ``isolation`` / the
-warning at start say which. Runs of one sandbox share the zygote's namespaces: two *concurrent*
-runs could talk through a socket in the private /tmp. A run's uid-owned scratch files are removed
-when it ends, so nothing carries over to the next run. A process that leaves the run's process
+warning at start say which. Each run and each session gets its own empty /tmp, /var/tmp, /dev/shm
+and /run/lock (``isolation.enter_scratch``: directories of the zygote's private /tmp bound over
+them in a mount namespace of the child's own; a session keeps its /tmp across fresh interpreters,
+like its work dir): concurrent runs cannot see, block or talk through each other's files, and the
+zygote removes them with the work dir when the run ends or the session closes, so nothing carries
+over. Without a mount namespace (not root, or no CAP_SYS_ADMIN) they share the host's /tmp;
+``isolation["private_tmp"]`` says which. A process that leaves the run's process
 group *and* closes its stdout/stderr outlives a run that ends normally until the next run on that
 uid starts (it kills every process of its uid first) or the sandbox closes. Python runs see only
 the stdlib (``-I -S``) unless ``site_packages=True``. For stronger isolation (seccomp, a PID
@@ -98,7 +107,7 @@ class LocalSandbox:
         max_concurrency: runs (and session calls) executing at once; more wait, and
             ``ExecResult.queue_s`` reports the wait in seconds.
         max_output_bytes: cap per stream (stdout, stderr) in bytes; beyond it output is dropped and
-            ``truncated=True``.
+            ``truncated=True``; the text is cut on a character boundary (``outputs.decode_capped``).
         max_processes: RLIMIT_NPROC per run (processes + threads of the sandbox uid).
         max_open_files: RLIMIT_NOFILE per process.
         max_file_mb: RLIMIT_FSIZE, the largest file a run may write, in MiB.
@@ -110,7 +119,8 @@ class LocalSandbox:
             cgroup fs), ``True`` fails at start if impossible, ``False`` = RLIMIT_AS only.
         uid_range: ``[lo, hi)`` uids for sandboxes (default 60600-61183: unused by Debian/systemd
             allocation); one per slot and one per open session, claimed with file locks in /run.
-        tmpfs_mb: size of the private /tmp holding work dirs and scratch files, in MiB.
+        tmpfs_mb: size of the zygote's private /tmp, in MiB: it holds every run's and session's
+            work dir and own scratch dirs (/tmp, ...), so concurrent runs share this size.
         hidden_paths: host directories replaced by an empty tmpfs for children (the interpreter's
             own prefix is bound back read-only).
         env: extra environment variables for children; ``inherit_env`` names host variables copied
@@ -200,8 +210,9 @@ class LocalSandbox:
 
     async def start(self) -> dict:
         """Start the zygote now (otherwise the first run does). Returns what isolation it got:
-        ``uids``, ``network_isolated``, ``mount_ns``, ``proc_hidden``, ``memory_cgroup`` (1 or 2: the
-        cgroup version of the per-run memory cgroups; 0: none, RLIMIT_AS), ``notes``."""
+        ``uids``, ``network_isolated``, ``mount_ns``, ``private_tmp`` (each run its own /tmp),
+        ``proc_hidden``, ``memory_cgroup`` (1 or 2: the cgroup version of the per-run memory cgroups;
+        0: none, RLIMIT_AS), ``notes``."""
         return (await self._ensure_client()).info
 
     @property
