@@ -92,7 +92,7 @@ def exactness(model, tokenizer) -> dict:
     params = SamplingParams(max_tokens=32, temperature=0)
     res = {}
     for mode in ("static", "dynamic"):
-        eng = TransformersEngine(model, tokenizer, decode=mode, eos_token_ids=[-1], max_model_len=512)
+        eng = TransformersEngine(model, tokenizer, decode=mode, eos_token_ids=[], max_model_len=512)
         res[mode] = asyncio.run(_gather(eng, prompts, params))
     same = sum(a.token_ids == b.token_ids for a, b in zip(res["static"], res["dynamic"], strict=True))
     worst = 0.0
@@ -147,7 +147,7 @@ def main() -> None:
         results = {}
         for mode in args.modes:
             eng = TransformersEngine(
-                model, tokenizer, max_batch_size=batch, eos_token_ids=[-1], max_model_len=512, **ENGINE_MODES[mode]
+                model, tokenizer, max_batch_size=batch, eos_token_ids=[], max_model_len=512, **ENGINE_MODES[mode]
             )
             first, _ = asyncio.run(run_engine(eng, prompts, params))
             times = []

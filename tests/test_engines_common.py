@@ -178,3 +178,24 @@ def test_openai_chat_stop_strings_in_client_and_server_mode():
         server.parse_response(answer("<search>a", finish_reason="stop"), stop)
     with pytest.raises(ValueError, match="stop_mode"):
         OpenAIChatEngine("gpt-test", "http://127.0.0.1:1/v1", "k", stop_mode="both")
+
+
+def test_the_pad_id_is_the_first_token_of_the_model_among_the_candidates():
+    from types import SimpleNamespace
+
+    from chatgym.trainer.engines.common import choose_pad_id, embedding_rows
+
+    tok = SimpleNamespace(pad_token_id=7)
+    # Declared pad id, else the smallest EOS id, else the tokenizer's pad id, else 0; each only inside [0, 100).
+    assert choose_pad_id(3, {9, 5}, tok, 100) == 3
+    assert choose_pad_id(None, {9, 5}, tok, 100) == 5
+    assert choose_pad_id(-1, {9, 5}, tok, 100) == 5
+    assert choose_pad_id(100, {-1, 150, 9}, tok, 100) == 9
+    assert choose_pad_id(None, {-1, 100}, tok, 100) == 7
+    assert choose_pad_id(None, set(), SimpleNamespace(pad_token_id=100), 100) == 0
+    assert choose_pad_id(True, set(), None, 100) == 0  # a bool is not an id
+    # The embedding's rows bound the ids when the config says more.
+    emb = torch.nn.Embedding(64, 4)
+    model = SimpleNamespace(config=SimpleNamespace(vocab_size=80), get_input_embeddings=lambda: emb)
+    assert embedding_rows(model) == 64
+    assert embedding_rows(SimpleNamespace(config=SimpleNamespace(vocab_size=80))) == 80

@@ -364,3 +364,87 @@ async def test_cuda_bf16_random_model_batched_greedy_logprobs_and_update():
     assert after.token_ids[:2] == argmax[:2]
     assert torch.allclose(torch.tensor(after.logprobs[:2]), logprobs[:2], atol=0.05)
     await eng.close()
+
+
+# ---- the pad id and EOS ids must be tokens of the model ---------------------------------------------
+
+TINY = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16)
+
+
+@pytest.fixture(scope="module")
+def padless():
+    """A tiny random model of SmolLM2's vocabulary (49,152 ids) whose generation config has no pad id."""
+    m = random_model("smollm2", seed=3, **TINY)
+    m.eval()
+    m.generation_config.pad_token_id = None
+    return m
+
+
+def test_eos_ids_outside_the_vocabulary_are_refused_at_construction(padless):
+    # eos_token_ids=[-1] on a model without a pad id used to pad with min(eos) = -1: an IndexError
+    # on the first batched prefill on CPU, a device-side assert that kills the CUDA context on a GPU.
+    with pytest.raises(ValueError) as info:
+        TransformersEngine(padless, None, eos_token_ids=[-1])
+    assert str(info.value) == (
+        "eos_token_ids has ids outside the model's vocabulary [0, 49152): [-1] "
+        "(ids the model can never sample; [] means none)"
+    )
+    with pytest.raises(ValueError, match=r"outside the model's vocabulary \[0, 49152\): \[49152, 70000\]"):
+        TransformersEngine(padless, None, eos_token_ids=[2, 70000, 49152])
+    with pytest.raises(TypeError, match="eos_token_ids must be token ids"):
+        TransformersEngine(padless, None, eos_token_ids="2")
+    with pytest.raises(TypeError, match=r"got \[2.0\]"):
+        TransformersEngine(padless, None, eos_token_ids=[2.0])
+    # The largest id is fine, and one int is read as one id.
+    assert TransformersEngine(padless, None, eos_token_ids=[49151]).eos_token_ids == {49151}
+    assert TransformersEngine(padless, None, eos_token_ids=7).eos_token_ids == {7}
+
+
+async def test_a_model_without_a_pad_id_pads_with_its_smallest_eos_id(padless, monkeypatch):
+    from chatgym.trainer.engines import hf_batch
+    from chatgym.trainer.engines.hf_static import StaticSlots
+
+    seen = []
+    prefill, admit = hf_batch.prefill, StaticSlots.admit
+    monkeypatch.setattr(hf_batch, "prefill", lambda m, p, pad_id: seen.append(pad_id) or prefill(m, p, pad_id))
+    monkeypatch.setattr(StaticSlots, "admit", lambda s, p, pad_id: seen.append(pad_id) or admit(s, p, pad_id))
+    prompts = [[1, 5, 9, 200, 3], [7, 8], list(range(11, 40))]  # different lengths: padding is used
+    params = SamplingParams(max_tokens=4, temperature=0)
+    for decode in ("dynamic", "static"):
+        seen.clear()
+        eng = TransformersEngine(padless, None, eos_token_ids=[9, 5], decode=decode, max_model_len=64)
+        try:
+            assert eng.pad_token_id == 5
+            outs = await asyncio.gather(*(eng.generate(p, params) for p in prompts))
+        finally:
+            await eng.close()
+        assert seen and set(seen) == {5}, decode
+        for prompt, out in zip(prompts, outs, strict=True):
+            assert out.token_ids == reference(padless, prompt, out.token_ids)[0][: len(out.token_ids)]
+    # The model's own EOS ids (SmolLM2: 2) when none are passed; no EOS ids and no tokenizer: 0.
+    assert TransformersEngine(padless, None).pad_token_id == 2
+    assert TransformersEngine(padless, None, eos_token_ids=[]).pad_token_id == 0
+
+
+def test_a_declared_pad_id_outside_the_vocabulary_is_replaced(padless, monkeypatch):
+    # LLaMA-1 configs declare pad_token_id -1: the engine pads with a real token instead.
+    monkeypatch.setattr(padless.generation_config, "pad_token_id", -1)
+    assert TransformersEngine(padless, None).pad_token_id == 2
+    monkeypatch.setattr(padless.generation_config, "pad_token_id", 49152)
+    assert TransformersEngine(padless, None, eos_token_ids=[40, 30]).pad_token_id == 30
+    monkeypatch.setattr(padless.generation_config, "pad_token_id", 17)
+    assert TransformersEngine(padless, None, eos_token_ids=[40, 30]).pad_token_id == 17
+
+
+async def test_stop_ids_outside_the_vocabulary_are_refused(padless):
+    with pytest.raises(ValueError, match=r"SamplingParams.stop_token_ids must be token ids \(ints >= 0\), got \[-1\]"):
+        SamplingParams(stop_token_ids=(5, -1))
+    eng = TransformersEngine(padless, None)
+    try:
+        with pytest.raises(ValueError, match=r"stop_token_ids has ids outside the model's vocabulary \[0, 49152\): \[49152\]"):
+            await eng.generate([1, 2, 3], SamplingParams(max_tokens=2, stop_token_ids=(49152,)))
+        out = await eng.generate([1, 2, 3], SamplingParams(max_tokens=2, stop_token_ids=(49151,)))
+        assert len(out.token_ids) >= 1
+    finally:
+        await eng.close()

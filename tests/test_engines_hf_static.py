@@ -345,7 +345,7 @@ async def test_engine_seeded_draws_are_each_rows_own_multinomial_draws(model, to
     # as rows come and go): each row's ids are torch.multinomial's draws from its own seeded generator
     # over a full forward pass's probabilities, and its logprobs are that pass's raw ones.
     prompts = [[1, 5, 9, 200, 3], [7, 8], list(range(11, 40)), [300, 301, 302]]
-    engine = TransformersEngine(model, tokenizer, decode="static", max_model_len=64, eos_token_ids=[-1])
+    engine = TransformersEngine(model, tokenizer, decode="static", max_model_len=64, eos_token_ids=[])
 
     async def late(i: int):
         await asyncio.sleep(0.02 * i)
@@ -375,7 +375,7 @@ async def test_async_scheduling_gives_the_ids_of_the_synchronous_loop(model, tok
 
     def run(async_scheduling: bool):
         engine = TransformersEngine(
-            model, tokenizer, decode="static", max_model_len=64, eos_token_ids=[-1],
+            model, tokenizer, decode="static", max_model_len=64, eos_token_ids=[],
             async_scheduling=async_scheduling,
         )
         start = hf_sampling.start_to_host

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from train_helpers import LETTERS_ENV_ID, TINY_LLAMA, register
+from train_helpers import LETTERS_ENV_ID, TINY_LLAMA, register, torch_threads
 
 ray = pytest.importorskip("ray")
 
@@ -94,6 +94,18 @@ def test_assign_gives_each_micro_batch_to_one_rank_longest_first():
 
 # ---- on a real cluster --------------------------------------------------------------------------
 
+# The learner actors and the local reference compute with this many torch threads: set in the
+# driver's environment before the cluster starts, so Ray's workers inherit it and the local Learner's
+# cpu_threads() reads it. Left to themselves the reference used every core and the actors 1 thread,
+# and the same update then differed by more than 2e-6 on an AMX Xeon (see train_helpers.torch_threads).
+THREADS = 1
+
+
+@pytest.fixture(scope="module", autouse=True)
+def same_threads():
+    with torch_threads(THREADS):
+        yield
+
 
 @pytest.fixture(scope="module")
 def cluster():
@@ -121,6 +133,7 @@ def reference(tmp_path_factory):
         trajs = trainer.collect(0)
         metrics = trainer.learner.train_on(trajs)
         after = {n: p.detach().clone() for n, p in trainer.learner.policy.named_parameters()}
+        assert torch.get_num_threads() == THREADS  # the learner kept the actors' thread count
     finally:
         trainer.close()
     return trajs, before, after, metrics
@@ -131,7 +144,9 @@ def _assert_same_update(got, before, after):
     moved = max(float((after[n] - before[n]).abs().max()) for n in after)
     assert moved > 1e-4  # the update moved the weights (lr 1e-3): a match below is not trivial
     for name, want in after.items():
-        # Float32 sums in another order (two ranks' gradients added): a few ulps of the update.
+        # One thread count on both sides (same_threads) and one machine: what is left is the order
+        # of float32 sums over the two ranks' gradients, a few ulps of the update (0 measured on an
+        # AVX-512 BF16 EPYC: each rank holds one micro-batch of each mini-batch, and a + b = b + a).
         torch.testing.assert_close(got[name], want, rtol=0, atol=2e-6, msg=name)
 
 
@@ -150,6 +165,7 @@ def test_two_gloo_learners_update_as_one(reference, replicate_group):
     trajs, before, after, metrics = reference
     group, _ = replicate_group
     assert group.info["sharding"] == "replicate"
+    assert group.info["torch_threads"] == THREADS  # as the reference's
     start = group.state_dict()
     for name, w in before.items():
         assert torch.equal(start[name], w), name  # same seed -> same random init in the actor
@@ -172,7 +188,7 @@ def test_two_fsdp_learners_update_as_one(reference, cluster, tmp_path):
     )
     group = RayLearnerGroup(cfg, out_dir=tmp_path)
     try:
-        assert group.info["sharding"] == "fsdp"
+        assert group.info["sharding"] == "fsdp" and group.info["torch_threads"] == THREADS
         got_metrics = group.train_on(trajs)
         _assert_same_update(group.state_dict(), before, after)
         assert got_metrics["actor/grad_norm"] == pytest.approx(metrics["actor/grad_norm"], rel=1e-5)
@@ -335,6 +351,7 @@ def test_ray_backend_step1_matches_local(cluster, tmp_path):
         local.close()
     remote = Trainer(ray_cfg)
     try:
+        assert remote.learner.info["torch_threads"] == THREADS  # as the local run's
         trajs_r = remote.collect(0)
         assert [t.token_ids for t in trajs_r] == [t.token_ids for t in trajs_l]
         assert [t.reward for t in trajs_r] == [t.reward for t in trajs_l]

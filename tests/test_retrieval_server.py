@@ -335,41 +335,39 @@ async def test_stats_count_coalesced_batches(server):
 def test_hybrid_server_equals_in_process(tmp_path):
     # Dense + hybrid over a real slice (first 100 lead sections): the server loads the encoder
     # itself and must rank exactly like the in-process retriever.
+    import torch
+    from train_helpers import torch_threads
+
     from chatgym.retrievers import DenseRetriever, HybridRetriever
 
     docs = wiki_corpus(100)
     hybrid = HybridRetriever(BM25Retriever(docs), DenseRetriever(docs), depth=30)
     hybrid.save(tmp_path / "index")
-    cmd = [
-        sys.executable,
-        "-m",
-        "chatgym.cli",
-        "serve-retriever",
-        "--index",
-        str(tmp_path / "index"),
-        "--port",
-        "0",
-    ]
-    proc, url = start(cmd, tmp_path / "server.log", timeout_s=300)
-    try:
-        assert wait_healthy(url)["kind"] == "hybrid"
-        queries = ["Kubrick science fiction film", "impressionist painting", "ancient philosopher", "opera"]
+    cmd = [sys.executable, "-m", "chatgym.cli", "serve-retriever", "--index", str(tmp_path / "index"), "--port", "0"]
+    # The server encodes the queries itself, with this process's torch thread count (a Learner run
+    # earlier in the session may have changed it from torch's default): both sides' float32 sums are
+    # split alike, so the scores can match to 1e-6 and the rankings exactly.
+    with torch_threads(torch.get_num_threads()):
+        proc, url = start(cmd, tmp_path / "server.log", timeout_s=300)
+        try:
+            assert wait_healthy(url)["kind"] == "hybrid"
+            queries = ["Kubrick science fiction film", "impressionist painting", "ancient philosopher", "opera"]
 
-        async def remote():
-            async with RetrievalClient(url) as c:
-                return await asyncio.gather(*(c.search_batch([q, q.upper()], 5) for q in queries))
+            async def remote():
+                async with RetrievalClient(url) as c:
+                    return await asyncio.gather(*(c.search_batch([q, q.upper()], 5) for q in queries))
 
-        got = asyncio.run(remote())
-        want = [hybrid.search_batch([q, q.upper()], 5) for q in queries]
-        for g, w in zip(got, want, strict=True):
-            assert [[(p.id, p.text, p.meta) for p in hits] for hits in g] == [
-                [(p.id, p.text, p.meta) for p in hits] for hits in w
-            ]
-            assert [[p.score for p in hits] for hits in g] == [
-                [pytest.approx(p.score) for p in hits] for hits in w
-            ]
-    finally:
-        stop(proc)
+            got = asyncio.run(remote())
+            want = [hybrid.search_batch([q, q.upper()], 5) for q in queries]
+            for g, w in zip(got, want, strict=True):
+                assert [[(p.id, p.text, p.meta) for p in hits] for hits in g] == [
+                    [(p.id, p.text, p.meta) for p in hits] for hits in w
+                ]
+                assert [[p.score for p in hits] for hits in g] == [
+                    [pytest.approx(p.score) for p in hits] for hits in w
+                ]
+        finally:
+            stop(proc)
 
 
 def children_of(pid: int) -> list[int]:

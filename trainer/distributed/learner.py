@@ -89,8 +89,9 @@ class LearnerActor:
 
     def setup(self, master: tuple[str, int], ckpt: str | None) -> dict[str, Any]:
         """Join the process group and build the learner (seeded as a local run, so the same initial
-        weights); returns ``start_step``, ``version``, ``device``, ``sharding`` and the model's
-        ``generation_config``."""
+        weights); returns ``start_step``, ``version``, ``device``, ``sharding``, the model's
+        ``generation_config``, ``pid`` and ``torch_threads`` (this actor's CPU threads: Ray's
+        ``OMP_NUM_THREADS``, ``floor(learner_num_cpus)`` and at least 1 unless the driver sets it)."""
         import torch.distributed as dist
 
         from chatgym.trainer.chat.tokenizer import get_tokenizer
@@ -131,6 +132,7 @@ class LearnerActor:
             "sharding": "fsdp" if self.sharded else ("replicate" if self.world_size > 1 else "none"),
             "generation_config": getattr(base, "generation_config", None),
             "pid": os.getpid(),
+            "torch_threads": torch.get_num_threads(),
         }
 
     def train_on(self, trajs: Sequence[Any]) -> tuple[dict[str, float], int]:

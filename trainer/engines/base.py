@@ -23,7 +23,8 @@ class SamplingParams:
         temperature: 0 means greedy.
         top_p, top_k: nucleus / top-k filtering (top_k = -1 disables it).
         stop_token_ids: generation ends after any of these ids (they are kept in ``token_ids``);
-            the model's EOS ids are added by the engine.
+            the model's EOS ids are added by the engine. Ints >= 0 (``ValueError`` otherwise); an
+            engine that knows its vocabulary refuses ids past it in ``generate``.
         stop: stop strings (vLLM/SGLang/OpenAI ``stop``): generation ends after the first token whose
             addition makes the decoded completion (``skip_special_tokens=False``) contain one of them.
             That whole token is kept, so the stop string's sampled ids stay in ``token_ids`` exactly as
@@ -56,6 +57,9 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        bad_ids = [i for i in self.stop_token_ids if isinstance(i, bool) or not isinstance(i, int) or i < 0]
+        if bad_ids:
+            raise ValueError(f"SamplingParams.stop_token_ids must be token ids (ints >= 0), got {bad_ids[:5]!r}")
 
 
 @dataclass

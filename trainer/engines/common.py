@@ -30,6 +30,61 @@ def eos_token_ids(generation_config: Any = None, config: Any = None, tokenizer: 
     return frozenset()
 
 
+def check_token_ids(ids: Any, vocab_size: int, name: str) -> frozenset[int]:
+    """``ids`` (one int or an iterable of ints) as a frozenset, each a token of the model.
+
+    Args:
+        ids: the ids a caller passed (``eos_token_ids=[2, 5]``).
+        vocab_size: the model's vocabulary: ids in ``[0, vocab_size)`` are valid.
+        name: the argument's name, for the message.
+
+    Raises:
+        TypeError: something other than ints (a string, floats, bools).
+        ValueError: an id outside ``[0, vocab_size)``: one the model can never sample, and one that
+            crashes a CUDA gather if it is used as padding (the message names ``name`` and the size).
+    """
+    values = [ids] if isinstance(ids, int) else ids
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise TypeError(f"{name} must be token ids (ints), got {type(ids).__name__}")
+    values = list(values)
+    wrong = [i for i in values if isinstance(i, bool) or not isinstance(i, int)]
+    if wrong:
+        raise TypeError(f"{name} must be token ids (ints), got {wrong[:5]!r}")
+    bad = sorted({i for i in values if not 0 <= i < vocab_size})
+    if bad:
+        raise ValueError(
+            f"{name} has ids outside the model's vocabulary [0, {vocab_size}): {bad[:5]} "
+            "(ids the model can never sample; [] means none)"
+        )
+    return frozenset(values)
+
+
+def choose_pad_id(declared: Any, eos_ids: Iterable[int], tokenizer: Any, vocab_size: int) -> int:
+    """The id prompts are padded with: the first id in ``[0, vocab_size)`` of ``declared`` (the
+    generation config's ``pad_token_id``), the smallest EOS id, the tokenizer's ``pad_token_id``, 0.
+
+    A declared pad id outside the vocabulary (LLaMA-1 configs say ``-1``) is passed over, as is a
+    missing one: padded positions are masked, so any real token will do, but an id outside the
+    embedding fails the lookup (on CUDA a device-side assert that leaves the process's CUDA context
+    unusable).
+    """
+    candidates = [declared, *sorted(eos_ids), getattr(tokenizer, "pad_token_id", None)]
+    for i in candidates:
+        if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab_size:
+            return i
+    return 0
+
+
+def embedding_rows(model: Any) -> int:
+    """The ids a model can take: ``config.vocab_size``, or fewer when its input embedding has fewer
+    rows (an id at or past the embedding's rows fails the lookup whatever the config says)."""
+    size = int(model.config.vocab_size)
+    get = getattr(model, "get_input_embeddings", None)
+    embedding = get() if callable(get) else None
+    rows = getattr(embedding, "num_embeddings", None)
+    return min(size, int(rows)) if isinstance(rows, int) else size
+
+
 def stop_ids(eos_ids: Iterable[int], params: SamplingParams) -> frozenset[int]:
     """The ids that end this request: the model's EOS ids plus ``params.stop_token_ids``."""
     return frozenset(eos_ids) | frozenset(params.stop_token_ids)

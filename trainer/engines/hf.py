@@ -41,7 +41,10 @@ from chatgym.trainer.engines.base import Completion, SamplingParams
 from chatgym.trainer.engines.common import (
     StopStringChecker,
     check_prompt,
+    check_token_ids,
+    choose_pad_id,
     completion_text,
+    embedding_rows,
     eos_token_ids,
     iter_weights,
     judge_stop,
@@ -101,7 +104,8 @@ class TransformersEngine:
             a burst is prefilled in one forward pass. Requests arriving while rows decode join at the
             next step without waiting.
         seed: seed of the generator used by requests without their own ``seed``.
-        eos_token_ids: override the EOS ids (default: every id in the generation config).
+        eos_token_ids: override the EOS ids (default: every id in the generation config); ``[]``: none
+            (every row runs to its budget).
         max_model_len: prompt + completion limit in tokens (default: ``max_position_embeddings``);
             completions are cut there with ``finish_reason="length"``.
         num_threads: torch CPU threads (default: leave torch's setting).
@@ -117,6 +121,17 @@ class TransformersEngine:
         fused_step: static path: prefill and decode through :mod:`.hf_fused` (fused weights, ~18
             kernels a layer; 2.5x faster decode steps on an H200) when the model allows; False: through
             the model's own layers. Same function up to float rounding.
+
+    Padding: prompts joining together are padded with ``pad_token_id``, the generation config's
+    ``pad_token_id`` when it is a token of the model, else the smallest EOS id, else the tokenizer's
+    pad id, else 0 (``common.choose_pad_id``; padded positions are masked, so the choice changes no
+    output). ``vocab_size`` is the model's embedding rows (``config.vocab_size`` when smaller).
+
+    Raises:
+        ValueError: ``max_batch_size < 1``, ``batch_window_s < 0``, ``eos_token_ids`` holding an id
+            outside ``[0, vocab_size)`` (``eos_token_ids=[-1]``, say: the message names the argument
+            and the vocabulary size), ``async_scheduling`` without the static decode path.
+        TypeError: ``eos_token_ids`` not ints.
 
     Counters (for tests and benchmarks): ``batches_run`` prefill passes (each admits a group of
     requests), ``rows_run`` requests admitted, ``decode_steps`` decode passes.
@@ -161,13 +176,15 @@ class TransformersEngine:
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
         config = model.config
-        self.vocab_size = int(config.vocab_size)
+        self.vocab_size = embedding_rows(model)
         self.max_model_len = int(max_model_len or getattr(config, "max_position_embeddings", 1 << 30))
         self.eos_token_ids = (
-            frozenset(eos_token_ids) if eos_token_ids is not None else eos_token_ids_of(model, tokenizer)
+            check_token_ids(eos_token_ids, self.vocab_size, "eos_token_ids")
+            if eos_token_ids is not None
+            else eos_token_ids_of(model, tokenizer)
         )
-        pad = getattr(getattr(model, "generation_config", None), "pad_token_id", None)
-        self.pad_token_id = int(pad if pad is not None else min(self.eos_token_ids, default=0))
+        declared = getattr(getattr(model, "generation_config", None), "pad_token_id", None)
+        self.pad_token_id = choose_pad_id(declared, self.eos_token_ids, tokenizer, self.vocab_size)
         self.max_batch_size = max_batch_size
         self.batch_window_s = batch_window_s
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
@@ -211,7 +228,8 @@ class TransformersEngine:
             ``stop_reason`` (the stop string or id), and ``info["prompt_tokens"]``.
 
         Raises:
-            TypeError / ValueError: a malformed prompt (see ``check_prompt``); ``params.stop`` set on
+            TypeError / ValueError: a malformed prompt (see ``check_prompt``); a stop id outside
+                ``[0, vocab_size)``; ``params.stop`` set on
                 an engine without a tokenizer (stop strings are matched on the decoded text).
             RuntimeError: the model failed (the exception is chained); every request decoding in
                 that step fails with it, later requests are served normally.
@@ -219,6 +237,7 @@ class TransformersEngine:
         ids = check_prompt(prompt_ids, self.vocab_size, self.max_model_len)
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        check_token_ids(params.stop_token_ids, self.vocab_size, "SamplingParams.stop_token_ids")
         if params.stop and self.tokenizer is None:
             raise ValueError("TransformersEngine needs a tokenizer for stop strings: pass tokenizer=")
         loop = asyncio.get_running_loop()
