@@ -9,13 +9,13 @@ The entry points a user reaches for are attributes of the package, imported on f
     cfg = chatgym.load_config("examples/configs/math_grpo.yaml", ["train.max_steps=1"])
     trainer = chatgym.Trainer(cfg)       # imports torch now, not at ``import chatgym``
 
-| name             | what                                                  | module                               |
-|------------------|-------------------------------------------------------|--------------------------------------|
-| ``make_engine``  | build an inference engine by name (``vllm``, ``hf``)  | ``chatgym.trainer.engines``          |
-| ``Collector``    | run many env episodes against an engine at once       | ``chatgym.trainer.rollout.collector``|
-| ``Trainer``      | the training loop of a run config                     | ``chatgym.trainer.train``            |
-| ``load_config``  | a run config from YAML + ``key.sub=value`` overrides  | ``chatgym.trainer.config.run``           |
-| ``check_chat_env`` | check an env against chatgym's env contract         | ``chatgym.envs.env_checker``         |
+| name               | what                                                  | module                                |
+|--------------------|-------------------------------------------------------|---------------------------------------|
+| ``make_engine``    | build an inference engine by name (``vllm``, ``hf``)  | ``chatgym.trainer.engines``           |
+| ``Collector``      | run many env episodes against an engine at once       | ``chatgym.trainer.rollout.collector`` |
+| ``Trainer``        | the training loop of a run config                     | ``chatgym.trainer.train``             |
+| ``load_config``    | a run config from YAML + ``key.sub=value`` overrides  | ``chatgym.trainer.config.run``        |
+| ``check_chat_env`` | check an env against chatgym's env contract           | ``chatgym.envs.env_checker``          |
 """
 
 import importlib as _importlib

@@ -118,7 +118,7 @@ def compute_advantages(
 def tppo_inputs(
     trajs: Sequence[Trajectory], batch: TokenBatch, critic: Any, plan: ForwardPlan
 ) -> dict[str, torch.Tensor]:
-    """T-PPO's extra estimator inputs (:mod:`.algos.tppo`): ``truncated`` (B,) bool, the rows whose
+    """T-PPO's extra estimator inputs (:mod:`chatgym.trainer.algos.tppo`): ``truncated`` (B,) bool, the rows whose
     response is unfinished (cut by a token budget, :func:`hit_budget`), and ``bootstrap_values`` (B,)
     float64, V(s_l) of each such row: the critic's value after its last token (one extra no-gradient
     pass over those rows only). Sets ``batch.value_mask`` so the value model trains on finished rows

@@ -3,11 +3,11 @@
 Holds the collector (:mod:`.collector`: many episodes at once, budgets, failure isolation), its
 settings (:mod:`.config`, the only type the run config takes from here), the guarded episode runner
 shared with evaluation (:mod:`.episode`), the env runner (:mod:`.env_runner`: async and sync envs
-from asyncio), the chat-template delta, its start-up probe and the tokenizer (:mod:`.chat_delta`,
-:mod:`.template_probe`, :mod:`.tokenizer`),
+from asyncio), the turn budgets (:mod:`.turn`), the
 trajectory types (:mod:`.types`), traces (:mod:`.trace`) and the ``chatgym rollout`` CLI (:mod:`.cli`).
 
-May import: ``chatgym.envs`` (messages, the env contract), ``chatgym.trainer.engines``,
+May import: ``chatgym.envs`` (messages, the env contract), ``chatgym.trainer.chat`` (the chat-template
+delta, its probe, the tokenizer), ``chatgym.trainer.engines``,
 ``chatgym.trainer.models`` and the generic config loader ``chatgym.trainer.config.loader`` (the CLI's
 ``rollout.KEY=VALUE`` overrides). Never the learner (``chatgym.trainer.learner``), the run config or
 the training loop: a rollout worker runs without torch training code.

@@ -175,7 +175,7 @@ class Collector:
 
     Raises:
         TemplateError: at construction, if the chat template is not prefix-preserving or does not end
-            assistant turns with an EOS id (see :func:`chat_delta.probe_template`).
+            assistant turns with an EOS id (see :func:`chatgym.trainer.chat.template_probe.probe_template`).
     """
 
     def __init__(
