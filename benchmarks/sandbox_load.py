@@ -8,8 +8,8 @@ waits for the service to settle and takes the census again. The census counts
 * processes in the service's tree (the zygote, its spares, bwrap's init), zombies among them, and
   processes owned by the sandbox uids (a run's leftovers);
 * open file descriptors of the service process and of the zygote;
-* temp dirs: host ``/tmp`` entries named ``chatgym*`` and work dirs in the zygote's private /tmp
-  (read through ``/proc/<zygote>/root``);
+* temp dirs: host ``/tmp`` entries named ``chatgym*`` and the runs' work dirs in the zygote's private
+  /tmp (read through ``/proc/<zygote>/root``; the idle spares' empty ones do not count);
 * docker backends: the engine's containers labelled ``chatgym.sandbox`` (the warm pool: the same
   number before and after) and ``containerd-shim`` processes (one per container). No zygote there:
   its two rows read -1 before and after.
@@ -67,6 +67,26 @@ def _count(path: str) -> int:
         return len(os.listdir(path))
     except OSError:
         return -1
+
+
+def _run_work_dirs(work: str) -> int:
+    """Work dirs in the zygote's work base other than its idle spares' (each spare makes an empty,
+    root-owned ``wN`` and ``wN.scratch`` ahead of its run); -1 when the base cannot be read."""
+    try:
+        names = set(os.listdir(work))
+    except OSError:
+        return -1
+
+    def idle_spare(name: str) -> bool:
+        base = name.removesuffix(".scratch")
+        top = os.path.join(work, name)
+        try:
+            files = [f for _, _, fs in os.walk(top) for f in fs]
+            return {base, base + ".scratch"} <= names and not files and os.lstat(top).st_uid == 0
+        except OSError:  # a spare being retired or made meanwhile
+            return False
+
+    return sum(not idle_spare(n) for n in names)
 
 
 def docker_census() -> dict[str, int]:
@@ -133,7 +153,7 @@ def census(server_pid: int, uids: list[int], docker: bool = False) -> dict[str, 
         "service fds": _count(f"/proc/{server_pid}/fd"),
         "zygote fds": _count(f"/proc/{zygote}/fd") if zygote else -1,
         "host /tmp chatgym* entries": sum(n.startswith("chatgym") for n in os.listdir("/tmp")),
-        "zygote work dirs": _count(f"/proc/{zygote}/root/tmp/.chatgym-work") if zygote else -1,
+        "zygote work dirs": _run_work_dirs(f"/proc/{zygote}/root/tmp/.chatgym-work") if zygote else -1,
     } | (docker_census() if docker else {})
 
 
