@@ -805,3 +805,19 @@ def test_fuzz_text_after_the_last_call_is_content(suffix, fmt):
     assert get_parser(fmt).parse(head + " " + suffix) == ParsedAction(
         suffix.strip(), [call(0, "f", '{"a": 1}')], []
     )
+
+
+def test_generated_call_ids_never_take_a_servers_id_of_the_same_turn():
+    # Regression: a call the server sent without an id got call_<position>, which another call of
+    # the turn could already carry as its server id: two tool messages then answered one id.
+    bad_then_named = [
+        {"type": "function", "function": {"name": "add", "arguments": "{bad"}},
+        {"id": "call_0", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}},
+    ]
+    named_then_bare = [
+        {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}},
+        {"type": "function", "function": {"name": "add", "arguments": '{"a": 2}'}},
+    ]
+    for tool_calls, ids in ((bad_then_named, ["call_0_", "call_0"]), (named_then_bare, ["call_1", "call_1_"])):
+        parsed = parse_openai_message({"role": "assistant", "content": "", "tool_calls": tool_calls})
+        assert [c["id"] for c in parsed.all_calls()] == ids

@@ -721,3 +721,45 @@ async def test_no_future_flags_leak_into_user_code(sb):
     assert res.stdout == "{'x': <class 'int'>}\n"
     res = await sb.run("import sys; print(sys.modules['__main__'].__name__, sys.argv)")
     assert res.stdout == "__main__ ['<solution>']\n"
+
+
+# A run that forks a process which leaves its session and closes its pipes, then keeps writing into
+# /tmp, /dev/shm and its work dir: the run's result comes back while it still runs.
+ESCAPEE = r"""
+import os, time
+if os.fork() == 0:
+    os.setsid()
+    for fd in (0, 1, 2):
+        os.close(fd)
+    start, i = time.time(), 0
+    while time.time() - start < 1.0:
+        try:
+            open(f"/tmp/leak{i}", "w").write("x" * 100000)
+            os.makedirs(f"/dev/shm/d{i}", exist_ok=True)
+            open(f"leakwd{i}", "w").close()
+            i += 1
+        except OSError:
+            pass
+    time.sleep(30)
+    os._exit(0)
+time.sleep(0.2)
+print("parent done")
+"""
+
+
+async def test_a_finished_runs_leftover_writer_leaves_nothing():
+    # Regression: the clean-up removed the run's dirs while its leftover process still wrote into
+    # them, so its files stayed in the shared tmpfs (19 MB after one run) until the sandbox closed.
+    sandbox = LocalSandbox(max_concurrency=1)
+    try:
+        info = await sandbox.start()
+        if not info.get("private_tmp"):
+            pytest.skip("no private /tmp per run here (not root)")
+        res = await sandbox.run(ESCAPEE)
+        assert (res.status, res.stdout) == ("ok", "parent done\n")
+        await asyncio.sleep(1.5)  # past the leftover's 1 s of writing, had it lived
+        work = f"/proc/{info['pid']}/root/tmp/.chatgym-work"
+        assert run_dirs_left(work, info) == []
+        assert processes(lambda uid, cmd: uid in set(info["uids"])) == []
+    finally:
+        await sandbox.close()

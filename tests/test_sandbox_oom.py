@@ -211,3 +211,51 @@ def test_docker(loop, docker_engine):
         assert (res.status, res.exit_code) == ("error", 1) and res.stderr.endswith("MemoryError\n"), res
     finally:
         loop.run_until_complete(sb.close())
+
+
+def _our_cgroup_dirs() -> set[str]:
+    """The zygotes' ``chatgym-*`` directories under this process's memory cgroup (where a zygote
+    started from here makes its own)."""
+    import glob
+    import os
+
+    from chatgym.sandboxes.local.memcg import own_cgroup_dirs
+
+    return {p for _, d in own_cgroup_dirs() for p in glob.glob(os.path.join(d, "chatgym-*"))}
+
+
+def test_closing_mid_run_leaves_no_cgroup(loop):
+    # Regression: close() during a run (or with a session open) left the run's and the session's
+    # cgroups, and so the zygote's own directory, on the host.
+    before = _our_cgroup_dirs()
+    sb = LocalSandbox(max_concurrency=2)
+    info = loop.run_until_complete(sb.start())
+    if not info.get("memory_cgroup"):
+        loop.run_until_complete(sb.close())
+        pytest.skip("no memory cgroup here (not root?)")
+
+    async def close_mid_run():
+        running = asyncio.ensure_future(sb.run("import time; time.sleep(20)", "python", timeout_s=30))
+        session = await sb.open_session()
+        await session.run("x = 1")
+        await asyncio.sleep(1.0)
+        assert _our_cgroup_dirs() - before  # the zygote's directory exists while it runs
+        await sb.close()
+        return await running
+
+    res = loop.run_until_complete(close_mid_run())
+    assert res.status == "killed"
+    assert _our_cgroup_dirs() - before == set()
+
+
+def test_bwrap_without_memory_cgroup_runs(loop):
+    # Regression: BwrapSandbox(memory_cgroup=False) raised UnboundLocalError at construction.
+    sb = BwrapSandbox(max_concurrency=1, memory_cgroup=False)
+    if why := bwrap_why():
+        pytest.skip(f"bwrap cannot run here: {why}")
+    try:
+        info = loop.run_until_complete(sb.start())
+        assert info["memory_cgroup"] == 0
+        assert run(loop, sb, "python", "print(1)").stdout == "1\n"
+    finally:
+        loop.run_until_complete(sb.close())

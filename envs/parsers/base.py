@@ -233,6 +233,16 @@ class CallList:
     error_positions: list[int] = field(default_factory=list)
     error_calls: list[ToolCall] = field(default_factory=list)
     attempts: int = 0
+    server_ids: set[str] = field(default_factory=set)  # the turn's ids a server gave: never generated
+
+    def new_id(self, call_id: str | None) -> str:
+        """The server's id, or ``call_<position>`` (``_`` appended while a server id of the turn has it)."""
+        if call_id:
+            return call_id
+        generated = f"call_{len(self.calls) + len(self.errors)}"
+        while generated in self.server_ids:
+            generated += "_"
+        return generated
 
     def action(self, content: str, *, server_ids: bool = False) -> ParsedAction:
         """The ``ParsedAction`` of this turn; ``server_ids`` keeps the errors' server call ids."""
@@ -241,13 +251,14 @@ class CallList:
 
     def _error(self, message: str, call_id: str | None, written: Any, raw: str) -> None:
         position = len(self.calls) + len(self.errors)
+        error_id = self.new_id(call_id)
         name, arguments = written_call(written, raw)
         self.error_positions.append(position)
         self.errors.append(message)
         self.error_ids.append(call_id)
         self.error_calls.append(
             {
-                "id": call_id or f"call_{position}",
+                "id": error_id,
                 "type": "function",
                 "function": {"name": name, "arguments": arguments},
             }
@@ -277,7 +288,7 @@ class CallList:
             return
         name, args = result
         try:
-            call = make_tool_call(name, args, call_id or f"call_{len(self.calls) + len(self.errors)}")
+            call = make_tool_call(name, args, self.new_id(call_id))
         except (ValueError, RecursionError) as exc:  # nesting the decoder took but the encoder refuses
             message = f"tool call {self.attempts} ({name}): arguments cannot be encoded ({exc})"
             self._error(message, call_id, {"name": name} if written is None else written, raw)

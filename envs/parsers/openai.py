@@ -31,6 +31,7 @@ def _parse_calls(tool_calls: Any) -> CallList:
     if not isinstance(tool_calls, list):
         out.add(f"tool_calls must be a list, got {json_type(tool_calls)}")
         return out
+    out.server_ids = {c["id"] for c in tool_calls if isinstance(c, Mapping) and isinstance(c.get("id"), str)}
     for call in tool_calls:
         n = out.next_attempt()
         call_id = call.get("id") if isinstance(call, Mapping) else None

@@ -160,7 +160,7 @@ class BwrapSandbox(LocalSandbox):
             lock_dirs=_lock_dirs(),
             package=SANDBOX_DIR,
             caps=os.geteuid() == 0,
-            memcg=(memcg := _memcg_dir()) if kwargs.get("memory_cgroup") is not False else None,
+            memcg=(memcg := _memcg_dir() if kwargs.get("memory_cgroup") is not False else None),
         )
         self._config["memcg_dir"] = MEMCG_MOUNT if memcg else None
         self._plain_argv = list(self._argv)

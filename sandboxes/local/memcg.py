@@ -208,6 +208,14 @@ class MemCgroups:
                 self.leftover.remove(p)
 
     @staticmethod
+    def members(path: str) -> list[int] | None:
+        """The pids in the cgroup ``path`` (None when it cannot be read)."""
+        try:
+            return [int(p) for p in _read(os.path.join(path, "cgroup.procs")).split()]
+        except (OSError, ValueError):
+            return None
+
+    @staticmethod
     def _kill_members(path: str) -> None:
         try:
             pids = _read(os.path.join(path, "cgroup.procs")).split()

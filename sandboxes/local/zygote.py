@@ -42,6 +42,7 @@ from .outputs import Output, classify, remove_tree
 
 GRACE_S = 0.1  # after the child exits and its group is killed, how long its pipes may stay open
 DYING_MAX_S = 5.0  # how long SIGKILLed group members may take to die before we stop waiting
+LEFTOVER_WAIT_S = 0.5  # how long a finished run's killed leftovers may take to leave its cgroup
 WORK_BASE_NS = "/tmp/.chatgym-work"
 
 
@@ -463,8 +464,24 @@ class Zygote:
         # Reply first, clean up second: the parent reuses this uid only after reading the reply and
         # sending a new request, which this single-threaded loop reads after the clean-up.
         self.send(self.result(job))
+        self.end_leftovers(job)
         self.cleanup(job.workdir, job.uid)
         self.remove_cgroup(job.cgroup)
+
+    def end_leftovers(self, job: Job) -> None:
+        """Kill what a finished run left running (a setsid'd process that closed its pipes) before its
+        dirs are removed: one still writing after the clean-up would leave files in the shared tmpfs
+        until the sandbox closes. With a cgroup, only when it still has members, waiting (up to
+        ``LEFTOVER_WAIT_S``) until they are gone; without one, the run's uid is reaped every time."""
+        if job.uid is None:
+            return
+        cgroup = job.cgroup if self.memcg is not None else None
+        if cgroup is not None and not self.memcg.members(cgroup):
+            return
+        self.reap_uid(job.uid)
+        deadline = time.monotonic() + LEFTOVER_WAIT_S
+        while cgroup is not None and self.memcg.members(cgroup) and time.monotonic() < deadline:
+            time.sleep(0.005)
 
     def result(self, job: Job) -> dict:
         status = classify(job.exit_code, job.timed_out, self.hit_memory_limit(job.cgroup))
@@ -526,6 +543,9 @@ class Zygote:
             os.waitpid(pid, 0)
         remove_tree(self.work_base)
         if self.memcg is not None:
+            # In-flight runs' and open sessions' cgroups too: close() removes what leftover names.
+            live = [job.cgroup for job in self.jobs.values()] + [s.cgroup for s in self.sessions.table.values()]
+            self.memcg.leftover.extend(p for p in live if p is not None and p not in self.memcg.leftover)
             self.memcg.close()
 
 
