@@ -4,7 +4,7 @@
 
 Runs one GRPO step of the main job (``examples/configs/math_grpo.yaml``: SmolLM2-135M, Math-v0),
 scaled down to 2 prompts x 2 samples of at most 16 tokens, no held-out evaluation, under a profiler
-that records each function call (module bodies, i.e. imports, are not counted), and prints the
+that records each function call (module and class bodies, i.e. imports, are not counted), and prints the
 repository-relative path of every library file entered. ``docs/architecture.md`` lists these files;
 ``tests/test_docs.py`` checks that it still does. The default engine is ``hf`` (the vLLM engine's
 path differs only in ``trainer/engines/``: ``vllm_inproc.py`` in place of the ``hf*.py`` files).
@@ -13,6 +13,7 @@ path differs only in ``trainer/engines/``: ``vllm_inproc.py`` in place of the ``
 from __future__ import annotations
 
 import argparse
+import inspect
 import sys
 import tempfile
 import threading
@@ -31,7 +32,9 @@ def trajectory_files(engine: str = "hf") -> list[str]:
     roots = tuple(str(ROOT / d) + "/" for d in LIBRARY)
 
     def profile(frame, event, arg):
-        if event == "call" and frame.f_code.co_name != "<module>":
+        # Functions only: module and class bodies (imports) have no CO_OPTIMIZED, and whether a
+        # module is first imported inside the step depends on what the process imported before.
+        if event == "call" and frame.f_code.co_flags & inspect.CO_OPTIMIZED:
             name = frame.f_code.co_filename
             if name.startswith(roots):
                 seen.setdefault(str(Path(name).relative_to(ROOT)), None)
