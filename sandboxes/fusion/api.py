@@ -13,7 +13,7 @@ SandboxFusion (ByteDance, https://bytedance.github.io/SandboxFusion/; official c
 
 Our service adds one key the official models ignore, ``chatgym``, carrying what the API has no field
 for (our status with ``oom``/``killed``, ``truncated``, ``queue_s``); our client uses it when present
-and otherwise derives the status from the return code and stderr as the local backend does.
+and otherwise derives the status from the return code alone (never from stderr text).
 """
 
 from __future__ import annotations

@@ -215,16 +215,12 @@ class MemCgroups:
         except (OSError, ValueError):
             return None
 
-    @staticmethod
-    def _kill_members(path: str) -> None:
-        try:
-            pids = _read(os.path.join(path, "cgroup.procs")).split()
-        except OSError:
-            return
-        for pid in pids:
+    @classmethod
+    def _kill_members(cls, path: str) -> None:
+        for pid in cls.members(path) or []:
             try:
-                os.kill(int(pid), signal.SIGKILL)
-            except (OSError, ValueError):
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
                 pass
 
     def close(self, wait_s: float = 2.0) -> None:
