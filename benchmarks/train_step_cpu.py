@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from chatgym.trainer.config.run import AlgoConfig
-from chatgym.trainer.learner.batch import TokenBatch, collate
+from chatgym.trainer.learner.batch import TokenBatch, collate, prompt_groups
 from chatgym.trainer.learner.forward import ForwardPlan, micro_batch_plan, per_token_pass, policy_logprobs
 from chatgym.trainer.learner.policy import autocast_context, resolve_compute_dtype
 from chatgym.trainer.learner.prepare import compute_advantages
@@ -144,12 +144,18 @@ def sub_batch(batch: TokenBatch, groups: int, group_size: int) -> TokenBatch:
 def tokens_computed(batch: TokenBatch, *, share: bool, pack: bool, micro: int = 16, **_: Any) -> int:
     """Token positions a layout runs through the model (padding included), from the update's own plan."""
     total = 0
-    for rows, prefix in micro_batch_plan(batch, micro, share):
+    for rows, prefix in micro_batch_plan(batch, micro, share, pack):
         lengths = batch.lengths[rows]
         if pack:
             total += int(lengths.sum()) - prefix * (len(rows) - 1)
+        elif prefix:  # one padded forward of the groups' prompts, one of all rows' continuations
+            groups = prompt_groups(batch.select(rows))
+            starts = torch.zeros(len(rows), dtype=torch.long)
+            for members, p in groups:
+                starts[members] = p
+            total += len(groups) * max(p for _, p in groups) + len(rows) * int((lengths - starts).max())
         else:
-            total += prefix + len(rows) * (int(lengths.max()) - prefix)
+            total += len(rows) * int(lengths.max())
     return total
 
 
@@ -184,7 +190,7 @@ def run_update(
             with autocast():
                 return policy_logprobs(model, mb, prefix_len, with_entropy=False, pack=pack)[0]
 
-        work.old_logprobs = per_token_pass(old, work, micro, device, share)
+        work.old_logprobs = per_token_pass(old, work, micro, device, share, pack)
     metrics = update(
         models,
         work,

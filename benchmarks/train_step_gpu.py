@@ -336,10 +336,17 @@ def main() -> None:
         )
     hook.remove()
     plans = {
-        name: [len(rows) for rows, _ in micro_batch_plan(batches[0], MICRO_BATCH, share)]
-        for name, share in (("shared", True), ("plain", False))
+        name: [len(rows) for rows, _ in micro_batch_plan(batches[0], MICRO_BATCH, share, pack)]
+        for name, share, pack in (
+            ("shared", True, False),
+            ("packed+shared", True, True),
+            ("plain", False, False),
+        )
     }
-    print(f"micro-batch rows of batch 0: shared-prompt plan {plans['shared']}, plain plan {plans['plain']}")
+    print(
+        f"micro-batch rows of batch 0: shared-prompt plan {plans['shared']}, packed+shared plan "
+        f"{plans['packed+shared']}, plain plan {plans['plain']}"
+    )
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"device": str(device), "compute": compute, "results": results}, fh, indent=1)

@@ -14,7 +14,12 @@ from train_helpers import LETTERS_ENV_ID, TINY_LLAMA, record_collects, register
 
 from chatgym.trainer.algos import get_advantage_estimator
 from chatgym.trainer.config.run import AlgoConfig, OptimConfig, load_config
-from chatgym.trainer.learner.batch import collate, micro_batches, shared_prefix_batches
+from chatgym.trainer.learner.batch import (
+    collate,
+    micro_batches,
+    shared_prefix_batches,
+    shared_prompt_micro_batches,
+)
 from chatgym.trainer.learner.checkpoint import latest_checkpoint, load_trainer_state
 from chatgym.trainer.learner.forward import ForwardPlan, forward_logprobs, forward_logprobs_shared
 from chatgym.trainer.learner.logprobs import logits_to_keep, token_logprobs
@@ -66,7 +71,10 @@ def test_collate_pads_right_and_never_trains_position_zero():
     # select() drops columns that are padding for every selected row.
     assert batch.select([0]).input_ids.tolist() == [[5, 6, 7]]
     with pytest.raises(ValueError, match="token_ids has 2 entries but loss_mask has 1"):
-        collate([Trajectory(env_id="x", task_id=3, token_ids=[1, 2], loss_mask=[1], engine_logprobs=[0.0, 0.0])], 0)
+        collate(
+            [Trajectory(env_id="x", task_id=3, token_ids=[1, 2], loss_mask=[1], engine_logprobs=[0.0, 0.0])],
+            0,
+        )
 
 
 def test_micro_batches_group_similar_lengths():
@@ -196,6 +204,35 @@ def test_shared_prefix_plan_groups_rows_by_prompt():
     assert shared_prefix_batches(batch, 2) == [([0, 2], 4), ([1], 0), ([4, 3], 6), ([5], 0)]
 
 
+def test_shared_prompt_micro_batches_merge_whole_groups():
+    batch = _group_batch()
+    # Lengths: rows 0-2 (prompt A, 4 tokens) 9, 6, 8; rows 3-4 (prompt B, 6 tokens) 9, 12; row 5: 6.
+    # Chunks longest first: [4, 3] (12), [0, 2, 1] (9), [5] (6); merged while they fit in `size` rows.
+    assert shared_prompt_micro_batches(batch, 4) == [([4, 3], 6), ([0, 2, 1, 5], 4)]
+    assert shared_prompt_micro_batches(batch, 6) == [([4, 3, 0, 2, 1, 5], 6)]
+    assert shared_prompt_micro_batches(batch, 1) == [([r], 0) for r in (4, 0, 3, 2, 1, 5)]
+
+
+def test_shared_forward_of_several_groups_matches_plain_forwards(tiny_model):
+    # One call over all groups (prompts of 4 and 6 tokens, a lone row, a row trained inside its
+    # prompt) gives every trained token the plain forward's logprob and entropy.
+    batch = _group_batch()
+    batch.loss_mask[5, 2] = True  # row 5's prompt [7, 8, 9]: a trained prompt token shares nothing
+    with torch.no_grad():
+        plain, plain_ent = forward_logprobs(tiny_model, batch, with_entropy=True)
+        order = [4, 3, 0, 2, 1, 5]
+        mb = batch.select(order)
+        shared, shared_ent = forward_logprobs_shared(tiny_model, mb, 6, with_entropy=True)
+    mask = mb.loss_mask
+    assert int(mask.sum()) == 5 + 2 + 4 + 3 + 6 + 3 + 1
+    torch.testing.assert_close(
+        shared[mask], plain[order][:, : mb.input_ids.shape[1]][mask], rtol=0, atol=1e-5
+    )
+    torch.testing.assert_close(
+        shared_ent[mask], plain_ent[order][:, : mb.input_ids.shape[1]][mask], rtol=0, atol=1e-5
+    )
+
+
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum"])
 def test_shared_prefix_forward_gives_the_same_update(tiny_model, mode):
     # Forwarding a group's prompt once (KV cache repeated per sample) must not change logprobs or
@@ -212,18 +249,19 @@ def test_shared_prefix_forward_gives_the_same_update(tiny_model, mode):
         atol=1e-5,
     )
     results = []
-    for share in (False, True):
+    for share, micro in ((False, 3), (True, 3), (True, 6)):
         model = copy.deepcopy(tiny_model)
         update(
             _sgd_models(model, 0.1),
             _group_batch(),
             AlgoConfig(loss_agg=mode, tis_cap=None),
-            ForwardPlan(micro_batch_size=3, device=torch.device("cpu"), share_prefix=share),
+            ForwardPlan(micro_batch_size=micro, device=torch.device("cpu"), share_prefix=share),
             max_grad_norm=None,
             generator=torch.Generator().manual_seed(0),
         )
         results.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
     torch.testing.assert_close(results[0], results[1], rtol=0, atol=1e-6)
+    torch.testing.assert_close(results[0], results[2], rtol=0, atol=1e-6)
 
 
 def test_update_raises_positive_and_lowers_negative_advantage_sequences(tiny_model):
@@ -372,7 +410,9 @@ def test_resume_continues_with_the_same_batch_and_weights(tmp_path, tiny_model):
     # fp32: the resumed state is the whole contract here. In bf16 autocast (auto on an AVX-512 BF16
     # CPU) the two runs matched to 0.0 alone, but once differed by 3.4e-5 inside the full suite.
     def run(out, steps, resume):
-        trainer = Trainer(tiny_config(out, "env.eval_tasks=0", "model.compute_dtype=float32", steps=steps), resume=resume)
+        trainer = Trainer(
+            tiny_config(out, "env.eval_tasks=0", "model.compute_dtype=float32", steps=steps), resume=resume
+        )
         seen = record_collects(trainer)
         try:
             trainer.train()
@@ -490,7 +530,10 @@ def test_lora_policy_syncs_merged_weights(tmp_path, tiny_model):
         assert not torch.equal(merged[q], base_before[q])
         assert torch.equal(merged["model.embed_tokens.weight"], base_before["model.embed_tokens.weight"])
         # The KL reference is the base model with adapters off, not a copy.
-        assert trainer.learner.reference.adapters_off and trainer.learner.reference.model is trainer.learner.policy
+        assert (
+            trainer.learner.reference.adapters_off
+            and trainer.learner.reference.model is trainer.learner.policy
+        )
     finally:
         trainer.close()
     assert (tmp_path / "checkpoints" / "step_000001" / "policy" / "adapter_config.json").is_file()
@@ -505,7 +548,9 @@ def test_training_steps_run_with_the_start_up_heap_frozen(tmp_path, tiny_model, 
     from chatgym.trainer.train import Trainer
 
     gc.unfreeze()  # another test may have left objects frozen
-    trainer = Trainer(tiny_config(tmp_path, f"train.gc_freeze={str(freeze).lower()}", "env.eval_tasks=0", steps=1))
+    trainer = Trainer(
+        tiny_config(tmp_path, f"train.gc_freeze={str(freeze).lower()}", "env.eval_tasks=0", steps=1)
+    )
     frozen_in_step = []
     train_on = trainer.learner.train_on
     monkeypatch.setattr(
@@ -557,6 +602,8 @@ def test_a_failed_background_redraw_is_reported_at_the_end(tmp_path, tiny_model,
     finally:
         trainer.close()
     err = capsys.readouterr().err
-    assert ("chatgym: 1 background redraw(s) of the learning curve failed; the last: "
-            "OSError: [Errno 28] No space left on device\n") in err
+    assert (
+        "chatgym: 1 background redraw(s) of the learning curve failed; the last: "
+        "OSError: [Errno 28] No space left on device\n"
+    ) in err
     assert (tmp_path / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # drawn at the end

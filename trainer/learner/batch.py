@@ -206,6 +206,28 @@ def pack_chunks(lengths: Sequence[int] | torch.Tensor, prefix_len: int, max_toke
     return runs
 
 
+def prompt_groups(batch: TokenBatch) -> list[tuple[list[int], int]]:
+    """Rows grouped by their opening prompt (a GRPO group's rows share it), with its length.
+
+    A row's prompt is its first ``min(prompt_lens[i], length_i)`` tokens; rows with the same prompt
+    tokens form one group, in order of first appearance, each group's rows longest first. Needs
+    ``batch.prompt_lens``.
+
+    Returns:
+        ``[(rows, prefix_len), ...]`` covering every row exactly once.
+    """
+    lengths = batch.lengths.tolist()
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, p in enumerate(batch.prompt_lens.tolist()):
+        p = min(p, lengths[i])
+        groups.setdefault((p, *batch.input_ids[i, :p].tolist()), []).append(i)
+    out = []
+    for key, rows in groups.items():
+        rows.sort(key=lambda r: -lengths[r])
+        out.append((rows, key[0]))
+    return out
+
+
 def shared_prefix_batches(batch: TokenBatch, size: int) -> list[tuple[list[int], int]]:
     """Micro-batches of rows that share their opening prompt (a GRPO group), with that prompt's length.
 
@@ -219,19 +241,36 @@ def shared_prefix_batches(batch: TokenBatch, size: int) -> list[tuple[list[int],
         raise ValueError(f"size must be >= 1, got {size}")
     if batch.prompt_lens is None:
         return [(rows, 0) for rows in micro_batches(batch.lengths, size)]
-    lengths = batch.lengths.tolist()
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for i, p in enumerate(batch.prompt_lens.tolist()):
-        p = min(p, lengths[i])
-        groups.setdefault((p, *batch.input_ids[i, :p].tolist()), []).append(i)
     plan = []
-    for key, rows in groups.items():
-        prefix = key[0]
-        rows.sort(key=lambda r: -lengths[r])
+    for rows, prefix in prompt_groups(batch):
         for start in range(0, len(rows), size):
             chunk = rows[start : start + size]
             shareable = len(chunk) > 1 and prefix > 0 and not bool(batch.loss_mask[chunk, :prefix].any())
             plan.append((chunk, prefix if shareable else 0))
+    return plan
+
+
+def shared_prompt_micro_batches(batch: TokenBatch, size: int) -> list[tuple[list[int], int]]:
+    """:func:`shared_prefix_batches`'s chunks merged into micro-batches of up to ``size`` rows, so one
+    forward covers several groups, each group's prompt computed once
+    (:func:`~chatgym.trainer.learner.forward.forward_logprobs_shared`).
+
+    One forward per group is launch-bound on a GPU: at the vs-TRL shape (8 groups of 8, SmolLM2-135M,
+    H200) the per-group plan's 16 forwards took 2.36 s an update against 0.22 s for one padded forward.
+
+    Returns:
+        ``[(rows, prefix_len), ...]`` covering every row exactly once; ``prefix_len`` is the longest
+        shared prompt among the micro-batch's chunks (0: none of them shares, forward it plainly).
+    """
+    chunks = shared_prefix_batches(batch, size)
+    lengths = batch.lengths.tolist()
+    chunks.sort(key=lambda c: -max(lengths[r] for r in c[0]))  # stable: little padding per micro-batch
+    plan: list[tuple[list[int], int]] = []
+    for rows, prefix in chunks:
+        if plan and len(plan[-1][0]) + len(rows) <= size:
+            plan[-1] = (plan[-1][0] + rows, max(plan[-1][1], prefix))
+        else:
+            plan.append((list(rows), prefix))
     return plan
 
 

@@ -21,7 +21,9 @@ from chatgym.trainer.learner.batch import (
     micro_batches,
     pack_chunks,
     pack_rows,
+    prompt_groups,
     shared_prefix_batches,
+    shared_prompt_micro_batches,
 )
 from chatgym.trainer.learner.logprobs import logits_to_keep, token_logprobs
 
@@ -68,10 +70,16 @@ def forward_logprobs(
 def forward_logprobs_shared(
     model: Any, mb: TokenBatch, prefix_len: int, *, with_entropy: bool, entropy_grad: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """As :func:`forward_logprobs` for rows that all start with the same ``prefix_len`` prompt tokens:
-    the prompt is run once and its KV cache repeated for every row (the gradient flows through the
-    cache into the prompt's computation, so the result is the same as separate forwards up to float
-    rounding, for G times fewer prompt tokens). Positions before ``prefix_len`` get 0 (never trained).
+    """As :func:`forward_logprobs` for rows that share their opening prompts by group: each group's
+    prompt is run once (all groups' prompts in one forward, right-padded) and its KV cache selected
+    for every row of the group, then all rows' continuations run in one forward over that cache (the
+    gradient flows through the cache into the prompts' computation, so the result is the same as
+    separate forwards up to float rounding, for G times fewer prompt tokens). Two forwards per call
+    however many groups ``mb`` holds. Positions before a row's prompt end get 0 (never trained).
+
+    Groups come from ``mb.prompt_lens`` (:func:`~chatgym.trainer.learner.batch.prompt_groups`); a row
+    whose loss mask is set inside its prompt shares nothing (its own group, a one-token prompt).
+    Without ``prompt_lens``, every row is taken to start with the same ``prefix_len`` tokens.
 
     Peers: Unsloth's "PrefixGrouper" (unslothai/unsloth#6871) and NeMo-RL's shared-prefix GRPO
     training (NVIDIA-NeMo/RL#4008) do the same with custom attention masks; here the stock KV cache
@@ -80,30 +88,74 @@ def forward_logprobs_shared(
     from transformers import DynamicCache
 
     rows, length = mb.input_ids.shape
-    config = getattr(model, "config", None)
-    cache = DynamicCache(config=config)
-    prompt = mb.input_ids[:1, :prefix_len]
-    head = model(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
-    cache.batch_repeat_interleave(rows)
-    suffix = mb.input_ids[:, prefix_len:]
-    positions = torch.arange(prefix_len, length, device=suffix.device).expand(rows, -1)
+    device = mb.input_ids.device
+    groups = _shareable_groups(mb, prefix_len)
+    prompt_len = torch.tensor([p for _, p in groups], device=device)  # (G,)
+    width = int(prompt_len.max())
+    cols = torch.arange(width, device=device)
+    prompt_mask = (cols[None, :] < prompt_len[:, None]).long()  # (G, width)
+    first_row = torch.tensor([g[0] for g, _ in groups], device=device)
+    prompts = mb.input_ids[first_row, :width] * prompt_mask
+    group_of = torch.empty(rows, dtype=torch.long, device=device)
+    for g, (members, _) in enumerate(groups):
+        group_of[members] = g
+    cache = DynamicCache(config=getattr(model, "config", None))
+    keep = torch.unique(prompt_len - 1)  # the prompts' last positions: each predicts its first answer token
+    head = model(
+        input_ids=prompts,
+        attention_mask=prompt_mask,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=keep,
+    )
+    head_logits = head.logits[
+        torch.arange(len(groups), device=device), torch.searchsorted(keep, prompt_len - 1)
+    ]
+    cache.batch_select_indices(group_of)
+    starts = prompt_len[group_of]  # (B,) where each row's continuation begins
+    span = max(int((mb.lengths.to(device) - starts).max()), 1)
+    index = (starts[:, None] + torch.arange(span, device=device)[None, :]).clamp(max=length - 1)
+    inside = (starts[:, None] + torch.arange(span, device=device)[None, :]) < length
+    suffix_mask = mb.attention_mask.gather(1, index) * inside
     tail = model(
-        input_ids=suffix,
-        attention_mask=mb.attention_mask,
-        position_ids=positions,
+        input_ids=mb.input_ids.gather(1, index),
+        attention_mask=torch.cat([prompt_mask[group_of], suffix_mask], dim=1),
+        position_ids=starts[:, None] + torch.arange(span, device=device)[None, :],
         past_key_values=cache,
         use_cache=True,
     )
-    # Positions prefix_len-1 .. T-1: the prompt's last one (predicts token prefix_len), then the
-    # suffix's (the very last predicts nothing and is dropped by token_logprobs).
-    logits = torch.cat([head.logits[:, -1:].expand(rows, 1, -1), tail.logits], dim=1)
+    # Window of each row: positions start-1 .. start+span-1; logits[j] predicts window token j+1.
+    logits = torch.cat([head_logits[group_of][:, None], tail.logits], dim=1)
+    window = (starts[:, None] - 1 + torch.arange(span + 1, device=device)[None, :]).clamp(max=length - 1)
     lp, ent = token_logprobs(
-        logits, mb.input_ids[:, prefix_len - 1 :], with_entropy=with_entropy, entropy_grad=entropy_grad
+        logits, mb.input_ids.gather(1, window), with_entropy=with_entropy, entropy_grad=entropy_grad
     )
-    pad = (prefix_len - 1, 0)
-    logprobs = torch.nn.functional.pad(lp, pad)
-    entropy = torch.nn.functional.pad(ent, pad) if ent is not None else None
-    return logprobs, entropy
+    return _unwindow(lp, starts - 1, length), (
+        _unwindow(ent, starts - 1, length) if ent is not None else None
+    )
+
+
+def _shareable_groups(mb: TokenBatch, prefix_len: int) -> list[tuple[list[int], int]]:
+    """``[(rows, prompt_len)]`` for :func:`forward_logprobs_shared`: prompt lengths >= 1, never over
+    a trained position."""
+    if mb.prompt_lens is None:
+        return [(list(range(len(mb))), max(1, prefix_len))]
+    out = []
+    for members, p in prompt_groups(mb):
+        if p >= 1 and not bool(mb.loss_mask[members, :p].any()):
+            out.append((members, p))
+        else:  # share nothing: position 0 is never predicted, so a one-token prompt changes no logprob
+            out.extend(([r], 1) for r in members)
+    return out
+
+
+def _unwindow(values: torch.Tensor, offsets: torch.Tensor, length: int) -> torch.Tensor:
+    """(B, W) values of windows starting at column ``offsets[b]`` placed into (B, length) zeros;
+    window columns past ``length`` are dropped."""
+    rows, width = values.shape
+    out = torch.zeros(rows, length + width, dtype=values.dtype, device=values.device)
+    cols = offsets[:, None] + torch.arange(width, device=values.device)[None, :]
+    return out.scatter(1, cols, values)[:, :length]
 
 
 # Packed tokens per forward at most: SDPA computes the block-diagonal mask as a dense (N, N)
@@ -225,22 +277,28 @@ def per_token_pass(
     micro_batch_size: int,
     device: torch.device,
     share_prefix: bool = False,
+    pack: bool = False,
 ) -> torch.Tensor:
     """Run ``fn(micro_batch, prefix_len)`` (no gradient) over ``batch``; returns its (B, T) output on
-    CPU. ``prefix_len`` is the shared prompt length of the micro-batch's rows (0: not shared)."""
+    CPU. ``prefix_len`` is the shared prompt length of the micro-batch's rows (0: not shared; see
+    :func:`micro_batch_plan`)."""
     out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
-    for rows, prefix_len in micro_batch_plan(batch, micro_batch_size, share_prefix):
+    for rows, prefix_len in micro_batch_plan(batch, micro_batch_size, share_prefix, pack):
         mb = batch.select(rows).to(device)
         out[rows, : mb.input_ids.shape[1]] = fn(mb, prefix_len).float().cpu()
     return out
 
 
 def micro_batch_plan(
-    batch: TokenBatch, micro_batch_size: int, share_prefix: bool
+    batch: TokenBatch, micro_batch_size: int, share_prefix: bool, pack: bool = False
 ) -> list[tuple[list[int], int]]:
-    """``[(rows, prefix_len)]``: groups sharing a prompt when ``share_prefix``, else length-sorted rows."""
-    if share_prefix:
+    """``[(rows, prefix_len)]``: length-sorted rows, or with ``share_prefix`` rows sharing a prompt:
+    one group per micro-batch when packed (the pack lays that prompt down once), several whole
+    groups per micro-batch when padded (:func:`forward_logprobs_shared` runs them together)."""
+    if share_prefix and pack:
         return shared_prefix_batches(batch, micro_batch_size)
+    if share_prefix:
+        return shared_prompt_micro_batches(batch, micro_batch_size)
     return [(rows, 0) for rows in micro_batches(batch.lengths, micro_batch_size)]
 
 
@@ -287,7 +345,7 @@ def batch_logprobs(model: Any, batch: TokenBatch, plan: ForwardPlan) -> torch.Te
                 pack_max_tokens=plan.pack_max_tokens,
             )[0]
 
-    return per_token_pass(fn, batch, plan.micro_batch_size, plan.device, plan.share_prefix)
+    return per_token_pass(fn, batch, plan.micro_batch_size, plan.device, plan.share_prefix, plan.pack)
 
 
 def batch_values(critic: Any, batch: TokenBatch, plan: ForwardPlan) -> torch.Tensor:

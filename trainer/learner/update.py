@@ -143,7 +143,7 @@ def _accumulate_gradients(
     totals = _totals(mini.loss_mask)
     # The value loss's own totals where it trains on fewer tokens (T-PPO: finished rows only).
     vtotals = totals if mini.value_mask is None else _totals(mini.loss_mask.bool() & mini.value_mask.bool())
-    mbs = micro_batch_plan(mini, plan.micro_batch_size, plan.share_prefix)
+    mbs = micro_batch_plan(mini, plan.micro_batch_size, plan.share_prefix, plan.pack)
     # Data-parallel: this rank's micro-batches of the mini-batch; the losses keep the mini-batch's
     # totals, so the summed gradients are the one-learner gradient.
     dp = plan.data_parallel
