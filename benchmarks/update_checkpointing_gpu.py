@@ -1,0 +1,95 @@
+"""The local trainer's step on CUDA with gradient checkpointing on and off, same config otherwise.
+
+The vs-TRL / distributed_gpu.py shape: SmolLM2-135M-Instruct on Math-v0, 8 prompts x 8 samples,
+<= 128 new tokens, the ``hf`` engine in bf16, fp32 master weights with bf16 autocast, GRPO
+(clip-higher, TIS 2.0), micro-batches of ``--micro`` rows. Step 0 is a warm-up; steps 1..N are timed.
+Prints the median s/step, rollout, update and weight-sync seconds per setting and the ratio of the
+update times (off / on: the target is <= 1).
+
+    python benchmarks/update_checkpointing_gpu.py --steps 5 --micro 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from distributed_gpu import GROUP, LR, NEW_TOKENS, PROMPTS  # the same shape
+
+TIMES = ("step_s", "rollout_s", "update_s", "sync_s")
+
+
+def run(out: Path, steps: int, checkpointing: bool, micro: int) -> dict[str, float]:
+    from chatgym.trainer.config.run import load_config
+    from chatgym.trainer.train import Trainer
+
+    cfg = load_config(
+        None,
+        [
+            "model.path=smollm2",
+            "model.device=cuda",
+            "engine.backend=hf",
+            "engine.dtype=bfloat16",
+            "env.id=Math-v0",
+            "env.eval_tasks=0",
+            f"rollout.max_tokens={NEW_TOKENS}",
+            f"rollout.max_response_tokens={NEW_TOKENS}",
+            "rollout.max_model_len=512",
+            f"train.max_steps={steps + 1}",
+            f"train.prompts_per_step={PROMPTS}",
+            f"train.group_size={GROUP}",
+            f"train.micro_batch_size={micro}",
+            "train.save_every=0",
+            "train.progress=false",
+            "train.tensorboard=false",
+            "train.trace_fraction=0.0",
+            f"train.output_dir={out}",
+            "algo.policy_loss=clip_higher",
+            "algo.policy_loss_kwargs={eps_low: 0.2, eps_high: 0.28}",
+            "algo.tis_cap=2.0",
+            f"optim.lr={LR}",
+            f"model.gradient_checkpointing={str(checkpointing).lower()}",
+        ],
+    )
+    trainer = Trainer(cfg)
+    rows = []
+    try:
+        for step in range(steps + 1):
+            metrics = trainer.step(step)
+            if step:
+                rows.append({k: metrics.get(f"timing/{k}", float("nan")) for k in TIMES})
+    finally:
+        trainer.close()
+    return {k: statistics.median(r[k] for r in rows) for k in TIMES}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--micro", type=int, default=16, help="train.micro_batch_size")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    results = {}
+    for checkpointing in (False, True):
+        with tempfile.TemporaryDirectory() as out:
+            results["on" if checkpointing else "off"] = r = run(
+                Path(out), args.steps, checkpointing, args.micro
+            )
+        print(
+            f"checkpointing {'on ' if checkpointing else 'off'}: "
+            + "  ".join(f"{k} {v:.3f}" for k, v in r.items()),
+            flush=True,
+        )
+    print(f"update off / on: {results['off']['update_s'] / results['on']['update_s']:.2f}")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
