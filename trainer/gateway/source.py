@@ -37,6 +37,8 @@ the session recorded (its last segment), so the learner skips it and the batch g
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -44,6 +46,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from chatgym.trainer.engines.base import Completion, SamplingParams
+from chatgym.trainer.gateway import Gateway
 from chatgym.trainer.gateway.program import AgentProgram, ProgramError
 from chatgym.trainer.rollout.collector import summarize
 from chatgym.trainer.rollout.config import RolloutConfig
@@ -68,6 +72,56 @@ def task_options(task: Any, i: int) -> dict[str, Any]:
     if isinstance(task, bool) or not isinstance(task, (int, Mapping)):
         raise TypeError(f"tasks[{i}] must be a task index (int) or a task row (dict), got {task!r:.100}")
     return {"task_index": task} if isinstance(task, int) else {"task": dict(task)}
+
+
+# The seed key of the session whose request is being served: (base, group_id, sample_index, [turn]).
+_SESSION_SEED: contextvars.ContextVar[tuple[int | None, int, int, list[int]] | None] = contextvars.ContextVar(
+    "chatgym_gateway_session_seed", default=None
+)
+
+
+class SeededEngine:
+    """The engine as a gateway of :class:`GatewayCollector` calls it: a request that names no seed is
+    sampled with the collector's seed of its place, ``request_seed(base, group_id, sample_index,
+    turn)`` (``turn``: the session's generate calls so far), so a session samples as the collector's
+    episode of the same grid position would, whichever other sessions run. Everything else is the
+    wrapped engine's."""
+
+    def __init__(self, engine: Any):
+        self.engine = engine
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+        key = _SESSION_SEED.get()
+        if key is not None and params.seed is None and key[0] is not None:
+            base, group_id, sample_index, turn = key
+            params = dataclasses.replace(params, seed=request_seed(base, group_id, sample_index, turn[0]))
+            turn[0] += 1
+        return await self.engine.generate(prompt_ids, params)
+
+
+class SeededGateway(Gateway):
+    """:class:`~chatgym.trainer.gateway.Gateway` that tells :class:`SeededEngine` which session a
+    request belongs to (its ``meta["sampling_seed"]``, group and sample)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._turns: dict[str, list[int]] = {}
+
+    async def _complete(self, session: Any, chat: Any) -> dict[str, Any]:
+        meta = session.meta if isinstance(session.meta, dict) else {}
+        turn = self._turns.setdefault(session.sid, [0])
+        token = _SESSION_SEED.set((meta.get("sampling_seed"), session.group_id, session.sample_index, turn))
+        try:
+            return await super()._complete(session, chat)
+        finally:
+            _SESSION_SEED.reset(token)
+
+    async def end_session(self, sid: str) -> list[Trajectory]:
+        self._turns.pop(sid, None)
+        return await super().end_session(sid)
 
 
 @dataclass
@@ -222,6 +276,9 @@ class GatewayCollector:
                 trajs = list(await self.gateway.end_session(sid))
             if failure is None and not trajs:
                 failure = ("no_requests", "the agent program made no chat request in its session")
+            failed = [t for t in trajs if t.failed]
+            if failure is None and failed:  # the gateway failed it (session timeout, prompt too long)
+                failure = (failed[-1].info.get("error_kind", "gateway_error"), str(failed[-1].error))
             if failure is None:
                 await self._book_reward(trajs, program_reward, runner)
         except EpisodeFailure as exc:
@@ -339,19 +396,19 @@ def gateway_collector(
         ValueError: the agent cannot be loaded (named), or no program is configured.
     """
     from chatgym.trainer.engines.base import SamplingParams
-    from chatgym.trainer.gateway import Gateway
 
     sampling = SamplingParams(
         max_tokens=rollout.max_tokens, temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k
     )
-    gateway = Gateway(
-        engine,
+    gateway = SeededGateway(
+        SeededEngine(engine),
         tokenizer,
         parser=gateway_config.tool_parser,
         sampling=sampling,
         chat_template=rollout.chat_template,
         session_timeout_s=gateway_config.session_timeout_s,
         max_model_len=rollout.max_model_len,
+        max_response_tokens=rollout.max_response_tokens,
         env_id=env_id,
         weight_version=lambda: int(getattr(engine, "weight_version", 0)),
     )
