@@ -217,6 +217,10 @@ def test_bad_gateway_config_values_fail_at_load_with_the_field_name():
         load_config(None, ["trainer.gateway.reward=judge"])
     with pytest.raises(ConfigError, match=r"^trainer\.gateway\.concurrency must be an int >= 1, got 0"):
         load_config(None, ["trainer.gateway.concurrency=0"])
+    ray = ["trainer.rollout_source=gateway", "trainer.backend=ray", "trainer.gateway.agent=examples/gateway_agent/agent.py:run"]
+    with pytest.raises(ConfigError, match=r"^trainer\.gateway\.segments: 'all' gives several trajectories"):
+        load_config(None, ray)
+    assert load_config(None, [*ray, "trainer.gateway.segments=last"]).trainer.gateway.segments == "last"
     cfg = load_config(ROOT / "examples/configs/gateway_math.yaml")
     assert (cfg.trainer.rollout_source, cfg.trainer.gateway.reward) == ("gateway", "env")
 
