@@ -410,3 +410,51 @@ async def test_engine_error_is_a_500_and_the_retry_continues(tok):
         await s.client(sid).chat.completions.create(model="m", messages=msgs)
         [traj] = await s.gw.end_session(sid)
     assert traj.num_turns == 1 and traj.info["gateway_engine_errors"] == 1 and traj.info["segments"] == 1
+
+
+async def test_tool_choice_none_offers_no_tools_and_parses_no_calls(tok):
+    turns = scripted(tok, [tool_call_text("add", a=2, b=3)])
+    engine = replay(tok, turns)
+    env = AddEnv()
+    messages = [dict(m) for m in env.initial_messages(TASKS[0])]
+    async with Served(Gateway(engine, tok)) as s:
+        sid = s.gw.open_session()
+        resp = await s.client(sid).chat.completions.create(model="m", messages=messages, tools=env.tools,
+                                                           tool_choice="none")
+        [traj] = await s.gw.end_session(sid)
+    assert engine.calls[0][0] == enc(tok, ChatRenderer(tok).render(messages, None, add_generation_prompt=True))
+    assert resp.choices[0].message.tool_calls is None and resp.choices[0].finish_reason == "stop"
+    assert resp.choices[0].message.content == tool_call_text("add", a=2, b=3)
+    assert traj.num_turns == 1
+
+
+async def test_unknown_route_gets_an_openai_shaped_404(tok):
+    async with Served(gateway(tok, scripted(tok, ["ok"]))) as s, httpx.AsyncClient() as c:
+        r = await c.get(s.base_url + "/nope")
+    assert r.status_code == 404 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def sync_agent(base_url: str, sid: str) -> list[dict]:
+    """The add agent with the blocking ``openai.OpenAI`` client, as an agent program is usually written."""
+    client = openai.OpenAI(base_url=base_url, api_key=sid, max_retries=0, timeout=30)
+    env = AddEnv()
+    messages: list = [dict(m) for m in env.initial_messages(TASKS[0])]
+    while True:
+        msg = client.chat.completions.create(model="m", messages=messages, tools=env.tools).choices[0].message
+        messages.append(msg.model_dump(exclude_none=True))
+        if not msg.tool_calls:
+            return messages
+        messages.extend(add_tool_messages(msg))
+
+
+async def test_blocking_client_in_a_thread(tok):
+    turns = scripted(tok, THREE_TURNS)
+    collector = Collector(replay(tok, turns), tok, RolloutConfig(episode_timeout_s=30.0))
+    [ref] = await collector.collect(AddEnv, [0])
+    async with Served(gateway(tok, turns)) as s:
+        sid = s.gw.open_session()
+        await asyncio.to_thread(sync_agent, s.base_url, sid)
+        r = await s.post(f"/sessions/{sid}/reward", json={"reward": 1.0})
+        assert r.status_code == 200 and r.json() == {"ok": True}
+        [traj] = await s.gw.end_session(sid)
+    assert traj.token_ids == ref.token_ids and traj.engine_logprobs == ref.engine_logprobs and traj.reward == 1.0

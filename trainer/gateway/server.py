@@ -130,7 +130,7 @@ class Gateway:
 
     async def start(self) -> str:
         """Start listening; returns the base URL ``"http://<host>:<port>/v1"``."""
-        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_openai_errors])
         for prefix in ("", "/s/{sid}"):
             app.router.add_post(prefix + "/v1/chat/completions", self._chat)
             app.router.add_get(prefix + "/v1/models", self._models)
@@ -239,7 +239,7 @@ class Gateway:
 
     # ---- HTTP ---------------------------------------------------------------------------------
 
-    def _session_of(self, request: web.Request) -> tuple[str, Session]:
+    def _session_of(self, request: web.Request) -> tuple[str, Session, asyncio.Lock]:
         sid = request.match_info.get("sid") or request.headers.get("X-Chatgym-Session")
         if not sid:
             auth = request.headers.get("Authorization", "")
@@ -247,7 +247,7 @@ class Gateway:
         session = self._sessions.get(sid or "")
         if session is None:
             raise _unauthorized(sid)
-        return sid, session  # type: ignore[return-value]
+        return sid, session, self._locks[sid]  # type: ignore[index]
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [
@@ -278,10 +278,10 @@ class Gateway:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         session: Session | None = None
         try:
-            sid, session = self._session_of(request)
+            sid, session, lock = self._session_of(request)
             body = await _json_body(request)
             chat = api.parse_request(body)
-            async with self._locks[sid]:
+            async with lock:
                 if sid not in self._sessions:
                     raise _unauthorized(sid)
                 session.last_seen = time.monotonic()
@@ -383,6 +383,22 @@ class Gateway:
         return api.completion_body(model=self.model_name, message=returned, finish_reason=finish,
                                    prompt_tokens=len(plan.prompt_ids), completion_tokens=len(ids),
                                    logprobs=logprobs, extra=extra)
+
+
+@web.middleware
+async def _openai_errors(request: web.Request, handler: Callable[..., Any]) -> web.StreamResponse:
+    """Every error in OpenAI's shape: aiohttp's own (404 unknown route, 405, 413 body too large) with
+    their status, and an unexpected exception as a 500 ``internal_error`` (the session's state is only
+    changed after a turn is sampled, by code that does not raise on a client's input)."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        err = api.ApiError(exc.status, f"{exc.reason}: {request.method} {request.path}", None, None)
+    except Exception as exc:
+        err = api.ApiError(500, f"internal error: {type(exc).__name__}: {exc}", None, "internal_error")
+    return web.json_response(err.body(), status=err.status)
 
 
 async def _json_body(request: web.Request) -> Any:
