@@ -109,13 +109,16 @@ FIELDS = ("token_ids", "loss_mask", "engine_logprobs", "weight_versions", "promp
           "stop_reasons", "messages")
 
 
-async def test_tool_session_is_identical_to_the_collectors_episode(tok):
+# chatml_tools renders deltas after the history; Qwen3's think-stripping template after a fixed base.
+@pytest.mark.parametrize("template", [None, "qwen3"])
+async def test_tool_session_is_identical_to_the_collectors_episode(tok, template):
     turns = scripted(tok, THREE_TURNS)
-    collector = Collector(replay(tok, turns), tok, RolloutConfig(episode_timeout_s=30.0))
+    collector = Collector(replay(tok, turns), tok, RolloutConfig(episode_timeout_s=30.0, chat_template=template))
     [ref] = await collector.collect(AddEnv, [0])
     assert ref.error is None and ref.num_turns == 3
+    assert collector.probe.delta_mode == ("base" if template else "history")
 
-    async with Served(gateway(tok, turns)) as s:
+    async with Served(gateway(tok, turns, chat_template=template)) as s:
         sid = s.gw.open_session(task_id="add-0", group_id=3, sample_index=1)
         conversation = await add_agent(s.client(sid), TASKS[0])
         s.gw.set_reward(sid, 1.0)
@@ -458,3 +461,31 @@ async def test_blocking_client_in_a_thread(tok):
         assert r.status_code == 200 and r.json() == {"ok": True}
         [traj] = await s.gw.end_session(sid)
     assert traj.token_ids == ref.token_ids and traj.engine_logprobs == ref.engine_logprobs and traj.reward == 1.0
+
+
+async def test_a_request_in_flight_is_not_timed_out(tok):
+    gw = Gateway(replay(tok, scripted(tok, ["ok"]), delay_s=1.0), tok, session_timeout_s=0.3)
+    async with Served(gw) as s:
+        sid = s.gw.open_session()
+        resp = await s.client(sid).chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        assert resp.choices[0].message.content == "ok" and s.gw.open_sessions == [sid]
+        [traj] = await s.gw.end_session(sid)
+    assert traj.info["ended_by"] == "end" and traj.error is None and traj.terminated
+
+
+async def test_response_budget_truncates_the_segment(tok):
+    turns = scripted(tok, THREE_TURNS)
+    collector = Collector(replay(tok, turns), tok, RolloutConfig(episode_timeout_s=30.0, max_response_tokens=30))
+    [ref] = await collector.collect(AddEnv, [0])
+    assert ref.info["truncated_by"] == "max_response_tokens"
+    async with Served(gateway(tok, turns, max_response_tokens=30)) as s:
+        sid = s.gw.open_session()
+        conversation = await add_agent(s.client(sid), TASKS[0])
+        [traj] = await s.gw.end_session(sid)
+    assert traj.token_ids == ref.token_ids and traj.loss_mask == ref.loss_mask
+    assert traj.truncated and traj.info["truncated_by"] == "max_response_tokens"
+    assert [t["cut_by"] for t in traj.info["turns"] if "cut_by" in t] == [t["cut_by"] for t in ref.info["turns"]
+                                                                        if "cut_by" in t]
+    # The first turn was cut inside its closing tag: the call is complete, the finish reason says "length".
+    assert conversation[2]["tool_calls"][0]["function"]["name"] == "add" and conversation[-1]["content"] == ""
+    assert traj.finish_reasons == ["length"]

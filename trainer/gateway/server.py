@@ -330,7 +330,8 @@ class Gateway:
         seg.traj.timing["render_s"] += render_s
         if parsed is not None:
             tool_counts(seg, len(parsed.calls), len(parsed.errors))
-        finish = "tool_calls" if returned.get("tool_calls") else turn.finish_reason
+        # A turn cut by a budget says so even when the cut text holds complete calls (OpenAI's rule).
+        finish = "tool_calls" if returned.get("tool_calls") and turn.finish_reason != "length" else turn.finish_reason
         return self._answer(session, plan, returned, finish, turn, chat)
 
     async def _sample(self, session: Session, plan: Plan, chat: api.ChatRequest) -> Turn:
