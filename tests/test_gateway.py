@@ -489,3 +489,25 @@ async def test_response_budget_truncates_the_segment(tok):
     # The first turn was cut inside its closing tag: the call is complete, the finish reason says "length".
     assert conversation[2]["tool_calls"][0]["function"]["name"] == "add" and conversation[-1]["content"] == ""
     assert traj.finish_reasons == ["length"]
+
+
+async def test_scorer_rewards_sessions_that_report_none_and_the_header_names_the_session(tok):
+    seen = []
+
+    async def scorer(messages, meta):
+        seen.append((messages[-1]["content"], meta))
+        return 1.0 if "9" in messages[-1]["content"] else 0.0
+
+    def broken(messages, meta):
+        raise RuntimeError("no judge")
+
+    for fn, reward in ((scorer, 1.0), (broken, 0.0)):
+        async with Served(gateway(tok, scripted(tok, ["It is 9."]), scorer=fn)) as s:
+            sid = s.gw.open_session(meta={"answer": 9})
+            r = await s.post("/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "?"}]},
+                             headers={"X-Chatgym-Session": sid})
+            assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "It is 9."
+            [traj] = await s.gw.end_session(sid)
+        assert traj.reward == reward and traj.info["meta"] == {"answer": 9}
+    assert seen == [("It is 9.", {"answer": 9})]
+    assert traj.info["reward_missing"] is True and traj.info["scorer_error"] == "RuntimeError: no judge"

@@ -81,7 +81,8 @@ class Gateway:
     :class:`Trajectory` per segment, in order, filled as the collector fills one, plus
     ``info["segment"]`` (k), ``info["segments"]`` (n), ``info["session_id"]``, ``info["ended_by"]``
     (``end`` / ``timeout``), ``info["gateway_*"]`` counters (``requests``, ``bad_requests``,
-    ``engine_errors``, ``rewrites``, ``tool_choice_not_enforced``); ``reward`` is the reported one
+    ``engine_errors``, ``rewrites``, ``parser_errors``, ``tool_choice_not_enforced``; a counter appears
+    once it is non-zero); ``reward`` is the reported one
     (else the scorer's, else 0.0 with ``info["reward_missing"] = True``) and sits on the last turn of
     ``rewards``. A session that times out fails its trajectories with ``error_kind="timeout"`` (as
     the collector fails a stuck episode); they wait until :meth:`end_session` of that id or

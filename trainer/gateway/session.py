@@ -132,8 +132,8 @@ class Session:
         segments: the session's segments in order; the last is the current one.
         opened, last_seen: ``time.monotonic()`` of the opening and of the last request.
         reward: the reported reward (None: none yet).
-        counters: ``requests``, ``bad_requests``, ``engine_errors``, ``tool_choice_not_enforced``,
-            copied into each trajectory's info.
+        counters: ``requests``, ``bad_requests``, ``engine_errors``, ``rewrites``, ``parser_errors``,
+            ``tool_choice_not_enforced``, copied into each trajectory's info as ``gateway_<name>``.
     """
 
     sid: str
