@@ -511,3 +511,19 @@ async def test_scorer_rewards_sessions_that_report_none_and_the_header_names_the
         assert traj.reward == reward and traj.info["meta"] == {"answer": 9}
     assert seen == [("It is 9.", {"answer": 9})]
     assert traj.info["reward_missing"] is True and traj.info["scorer_error"] == "RuntimeError: no judge"
+
+
+async def test_a_conversation_the_template_refuses_is_a_400(tok):
+    strict = ("{% for m in messages %}{% if m['role'] == 'system' and not loop.first %}"
+              "{{ raise_exception('system only first') }}{% endif %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+              "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    async with Served(gateway(tok, scripted(tok, ["ok"]), chat_template=strict)) as s:
+        sid = s.gw.open_session()
+        with pytest.raises(openai.BadRequestError) as e:
+            await s.client(sid).chat.completions.create(model="m", messages=[
+                {"role": "user", "content": "hi"}, {"role": "system", "content": "late"}])
+        assert "system only first" in e.value.body["message"]
+        resp = await s.client(sid).chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        assert resp.choices[0].message.content == "ok"
+        [traj] = await s.gw.end_session(sid)
+    assert traj.num_turns == 1 and traj.info["gateway_bad_requests"] == 1

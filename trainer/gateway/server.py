@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import jinja2
 from aiohttp import web
 
 from chatgym.envs.parsers import get_parser
@@ -312,6 +313,8 @@ class Gateway:
         except TemplateError as exc:
             raise api.ApiError(500, f"the chat template cannot render these messages: {exc}", None,
                                "template_error") from exc
+        except jinja2.TemplateError as exc:  # the template's own raise_exception: a conversation it refuses
+            raise api.bad(f"the chat template refused these messages: {exc}", "messages") from exc
         render_s = time.perf_counter() - t0
         if plan.budget is None:
             returned: dict[str, Any] = {"role": "assistant", "content": ""}
