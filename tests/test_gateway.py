@@ -109,13 +109,16 @@ FIELDS = ("token_ids", "loss_mask", "engine_logprobs", "weight_versions", "promp
           "stop_reasons", "messages")
 
 
-async def test_tool_session_is_identical_to_the_collectors_episode(tok):
+# chatml_tools renders deltas after the history; Qwen3's think-stripping template after a fixed base.
+@pytest.mark.parametrize("template", [None, "qwen3"])
+async def test_tool_session_is_identical_to_the_collectors_episode(tok, template):
     turns = scripted(tok, THREE_TURNS)
-    collector = Collector(replay(tok, turns), tok, RolloutConfig(episode_timeout_s=30.0))
+    collector = Collector(replay(tok, turns), tok, RolloutConfig(episode_timeout_s=30.0, chat_template=template))
     [ref] = await collector.collect(AddEnv, [0])
     assert ref.error is None and ref.num_turns == 3
+    assert collector.probe.delta_mode == ("base" if template else "history")
 
-    async with Served(gateway(tok, turns)) as s:
+    async with Served(gateway(tok, turns, chat_template=template)) as s:
         sid = s.gw.open_session(task_id="add-0", group_id=3, sample_index=1)
         conversation = await add_agent(s.client(sid), TASKS[0])
         s.gw.set_reward(sid, 1.0)
@@ -410,3 +413,117 @@ async def test_engine_error_is_a_500_and_the_retry_continues(tok):
         await s.client(sid).chat.completions.create(model="m", messages=msgs)
         [traj] = await s.gw.end_session(sid)
     assert traj.num_turns == 1 and traj.info["gateway_engine_errors"] == 1 and traj.info["segments"] == 1
+
+
+async def test_tool_choice_none_offers_no_tools_and_parses_no_calls(tok):
+    turns = scripted(tok, [tool_call_text("add", a=2, b=3)])
+    engine = replay(tok, turns)
+    env = AddEnv()
+    messages = [dict(m) for m in env.initial_messages(TASKS[0])]
+    async with Served(Gateway(engine, tok)) as s:
+        sid = s.gw.open_session()
+        resp = await s.client(sid).chat.completions.create(model="m", messages=messages, tools=env.tools,
+                                                           tool_choice="none")
+        [traj] = await s.gw.end_session(sid)
+    assert engine.calls[0][0] == enc(tok, ChatRenderer(tok).render(messages, None, add_generation_prompt=True))
+    assert resp.choices[0].message.tool_calls is None and resp.choices[0].finish_reason == "stop"
+    assert resp.choices[0].message.content == tool_call_text("add", a=2, b=3)
+    assert traj.num_turns == 1
+
+
+async def test_unknown_route_gets_an_openai_shaped_404(tok):
+    async with Served(gateway(tok, scripted(tok, ["ok"]))) as s, httpx.AsyncClient() as c:
+        r = await c.get(s.base_url + "/nope")
+    assert r.status_code == 404 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def sync_agent(base_url: str, sid: str) -> list[dict]:
+    """The add agent with the blocking ``openai.OpenAI`` client, as an agent program is usually written."""
+    client = openai.OpenAI(base_url=base_url, api_key=sid, max_retries=0, timeout=30)
+    env = AddEnv()
+    messages: list = [dict(m) for m in env.initial_messages(TASKS[0])]
+    while True:
+        msg = client.chat.completions.create(model="m", messages=messages, tools=env.tools).choices[0].message
+        messages.append(msg.model_dump(exclude_none=True))
+        if not msg.tool_calls:
+            return messages
+        messages.extend(add_tool_messages(msg))
+
+
+async def test_blocking_client_in_a_thread(tok):
+    turns = scripted(tok, THREE_TURNS)
+    collector = Collector(replay(tok, turns), tok, RolloutConfig(episode_timeout_s=30.0))
+    [ref] = await collector.collect(AddEnv, [0])
+    async with Served(gateway(tok, turns)) as s:
+        sid = s.gw.open_session()
+        await asyncio.to_thread(sync_agent, s.base_url, sid)
+        r = await s.post(f"/sessions/{sid}/reward", json={"reward": 1.0})
+        assert r.status_code == 200 and r.json() == {"ok": True}
+        [traj] = await s.gw.end_session(sid)
+    assert traj.token_ids == ref.token_ids and traj.engine_logprobs == ref.engine_logprobs and traj.reward == 1.0
+
+
+async def test_a_request_in_flight_is_not_timed_out(tok):
+    gw = Gateway(replay(tok, scripted(tok, ["ok"]), delay_s=1.0), tok, session_timeout_s=0.3)
+    async with Served(gw) as s:
+        sid = s.gw.open_session()
+        resp = await s.client(sid).chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        assert resp.choices[0].message.content == "ok" and s.gw.open_sessions == [sid]
+        [traj] = await s.gw.end_session(sid)
+    assert traj.info["ended_by"] == "end" and traj.error is None and traj.terminated
+
+
+async def test_response_budget_truncates_the_segment(tok):
+    turns = scripted(tok, THREE_TURNS)
+    collector = Collector(replay(tok, turns), tok, RolloutConfig(episode_timeout_s=30.0, max_response_tokens=30))
+    [ref] = await collector.collect(AddEnv, [0])
+    assert ref.info["truncated_by"] == "max_response_tokens"
+    async with Served(gateway(tok, turns, max_response_tokens=30)) as s:
+        sid = s.gw.open_session()
+        conversation = await add_agent(s.client(sid), TASKS[0])
+        [traj] = await s.gw.end_session(sid)
+    assert traj.token_ids == ref.token_ids and traj.loss_mask == ref.loss_mask
+    assert traj.truncated and traj.info["truncated_by"] == "max_response_tokens"
+    assert [t["cut_by"] for t in traj.info["turns"] if "cut_by" in t] == [t["cut_by"] for t in ref.info["turns"]
+                                                                        if "cut_by" in t]
+    # The first turn was cut inside its closing tag: the call is complete, the finish reason says "length".
+    assert conversation[2]["tool_calls"][0]["function"]["name"] == "add" and conversation[-1]["content"] == ""
+    assert traj.finish_reasons == ["length"]
+
+
+async def test_scorer_rewards_sessions_that_report_none_and_the_header_names_the_session(tok):
+    seen = []
+
+    async def scorer(messages, meta):
+        seen.append((messages[-1]["content"], meta))
+        return 1.0 if "9" in messages[-1]["content"] else 0.0
+
+    def broken(messages, meta):
+        raise RuntimeError("no judge")
+
+    for fn, reward in ((scorer, 1.0), (broken, 0.0)):
+        async with Served(gateway(tok, scripted(tok, ["It is 9."]), scorer=fn)) as s:
+            sid = s.gw.open_session(meta={"answer": 9})
+            r = await s.post("/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "?"}]},
+                             headers={"X-Chatgym-Session": sid})
+            assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "It is 9."
+            [traj] = await s.gw.end_session(sid)
+        assert traj.reward == reward and traj.info["meta"] == {"answer": 9}
+    assert seen == [("It is 9.", {"answer": 9})]
+    assert traj.info["reward_missing"] is True and traj.info["scorer_error"] == "RuntimeError: no judge"
+
+
+async def test_a_conversation_the_template_refuses_is_a_400(tok):
+    strict = ("{% for m in messages %}{% if m['role'] == 'system' and not loop.first %}"
+              "{{ raise_exception('system only first') }}{% endif %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+              "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    async with Served(gateway(tok, scripted(tok, ["ok"]), chat_template=strict)) as s:
+        sid = s.gw.open_session()
+        with pytest.raises(openai.BadRequestError) as e:
+            await s.client(sid).chat.completions.create(model="m", messages=[
+                {"role": "user", "content": "hi"}, {"role": "system", "content": "late"}])
+        assert "system only first" in e.value.body["message"]
+        resp = await s.client(sid).chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        assert resp.choices[0].message.content == "ok"
+        [traj] = await s.gw.end_session(sid)
+    assert traj.num_turns == 1 and traj.info["gateway_bad_requests"] == 1

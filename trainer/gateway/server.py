@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import jinja2
 from aiohttp import web
 
 from chatgym.envs.parsers import get_parser
@@ -81,7 +82,8 @@ class Gateway:
     :class:`Trajectory` per segment, in order, filled as the collector fills one, plus
     ``info["segment"]`` (k), ``info["segments"]`` (n), ``info["session_id"]``, ``info["ended_by"]``
     (``end`` / ``timeout``), ``info["gateway_*"]`` counters (``requests``, ``bad_requests``,
-    ``engine_errors``, ``rewrites``, ``tool_choice_not_enforced``); ``reward`` is the reported one
+    ``engine_errors``, ``rewrites``, ``parser_errors``, ``tool_choice_not_enforced``; a counter appears
+    once it is non-zero); ``reward`` is the reported one
     (else the scorer's, else 0.0 with ``info["reward_missing"] = True``) and sits on the last turn of
     ``rewards``. A session that times out fails its trajectories with ``error_kind="timeout"`` (as
     the collector fails a stuck episode); they wait until :meth:`end_session` of that id or
@@ -130,7 +132,7 @@ class Gateway:
 
     async def start(self) -> str:
         """Start listening; returns the base URL ``"http://<host>:<port>/v1"``."""
-        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_openai_errors])
         for prefix in ("", "/s/{sid}"):
             app.router.add_post(prefix + "/v1/chat/completions", self._chat)
             app.router.add_get(prefix + "/v1/models", self._models)
@@ -239,7 +241,7 @@ class Gateway:
 
     # ---- HTTP ---------------------------------------------------------------------------------
 
-    def _session_of(self, request: web.Request) -> tuple[str, Session]:
+    def _session_of(self, request: web.Request) -> tuple[str, Session, asyncio.Lock]:
         sid = request.match_info.get("sid") or request.headers.get("X-Chatgym-Session")
         if not sid:
             auth = request.headers.get("Authorization", "")
@@ -247,7 +249,7 @@ class Gateway:
         session = self._sessions.get(sid or "")
         if session is None:
             raise _unauthorized(sid)
-        return sid, session  # type: ignore[return-value]
+        return sid, session, self._locks[sid]  # type: ignore[index]
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [
@@ -278,10 +280,10 @@ class Gateway:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         session: Session | None = None
         try:
-            sid, session = self._session_of(request)
+            sid, session, lock = self._session_of(request)
             body = await _json_body(request)
             chat = api.parse_request(body)
-            async with self._locks[sid]:
+            async with lock:
                 if sid not in self._sessions:
                     raise _unauthorized(sid)
                 session.last_seen = time.monotonic()
@@ -311,6 +313,8 @@ class Gateway:
         except TemplateError as exc:
             raise api.ApiError(500, f"the chat template cannot render these messages: {exc}", None,
                                "template_error") from exc
+        except jinja2.TemplateError as exc:  # the template's own raise_exception: a conversation it refuses
+            raise api.bad(f"the chat template refused these messages: {exc}", "messages") from exc
         render_s = time.perf_counter() - t0
         if plan.budget is None:
             returned: dict[str, Any] = {"role": "assistant", "content": ""}
@@ -330,7 +334,8 @@ class Gateway:
         seg.traj.timing["render_s"] += render_s
         if parsed is not None:
             tool_counts(seg, len(parsed.calls), len(parsed.errors))
-        finish = "tool_calls" if returned.get("tool_calls") else turn.finish_reason
+        # A turn cut by a budget says so even when the cut text holds complete calls (OpenAI's rule).
+        finish = "tool_calls" if returned.get("tool_calls") and turn.finish_reason != "length" else turn.finish_reason
         return self._answer(session, plan, returned, finish, turn, chat)
 
     async def _sample(self, session: Session, plan: Plan, chat: api.ChatRequest) -> Turn:
@@ -383,6 +388,22 @@ class Gateway:
         return api.completion_body(model=self.model_name, message=returned, finish_reason=finish,
                                    prompt_tokens=len(plan.prompt_ids), completion_tokens=len(ids),
                                    logprobs=logprobs, extra=extra)
+
+
+@web.middleware
+async def _openai_errors(request: web.Request, handler: Callable[..., Any]) -> web.StreamResponse:
+    """Every error in OpenAI's shape: aiohttp's own (404 unknown route, 405, 413 body too large) with
+    their status, and an unexpected exception as a 500 ``internal_error`` (the session's state is only
+    changed after a turn is sampled, by code that does not raise on a client's input)."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        err = api.ApiError(exc.status, f"{exc.reason}: {request.method} {request.path}", None, None)
+    except Exception as exc:
+        err = api.ApiError(500, f"internal error: {type(exc).__name__}: {exc}", None, "internal_error")
+    return web.json_response(err.body(), status=err.status)
 
 
 async def _json_body(request: web.Request) -> Any:

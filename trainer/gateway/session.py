@@ -132,8 +132,8 @@ class Session:
         segments: the session's segments in order; the last is the current one.
         opened, last_seen: ``time.monotonic()`` of the opening and of the last request.
         reward: the reported reward (None: none yet).
-        counters: ``requests``, ``bad_requests``, ``engine_errors``, ``tool_choice_not_enforced``,
-            copied into each trajectory's info.
+        counters: ``requests``, ``bad_requests``, ``engine_errors``, ``rewrites``, ``parser_errors``,
+            ``tool_choice_not_enforced``, copied into each trajectory's info as ``gateway_<name>``.
     """
 
     sid: str
@@ -173,9 +173,10 @@ class Session:
             return plan
         new = list(request.messages[len(seg.expected) :])
         if seg.full:
-            return Plan([], [], new, seg, None, None, "full")
+            return Plan(list(seg.traj.token_ids), [], new, seg, None, None, "full")
         closing = closing_ids(r.probe, seg.last_ids or [])
-        delta = r.renderer.delta_ids(seg.history, new, seg.tools, r.probe) if new else []
+        # No new message (the request ends with the returned turn): the delta is the next header alone.
+        delta = r.renderer.delta_ids(seg.history, new, seg.tools, r.probe)
         added = closing + delta
         total = len(seg.traj.token_ids) + len(added)
         plan = Plan(list(seg.traj.token_ids) + added, added, new, seg, None, None, closing=len(closing))
