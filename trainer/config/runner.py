@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from chatgym.envs.tool_gate import KINDS
+from chatgym.trainer.config.gateway import GatewayConfig
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,10 @@ class RunnerConfig:
             train.prompts_per_step``).
         buffer_spill_dir: keep buffered groups on disk in this directory (None: in memory).
         ray: the Ray roles' settings.
+        rollout_source: where a step's trajectories come from: ``collector`` (the env runs each
+            episode against the engine) or ``gateway`` (an agent program runs each episode against an
+            OpenAI-compatible gateway in front of the engine; see ``trainer.gateway``, docs/gateway.md).
+        gateway: the agent program and its sessions (``rollout_source: gateway``).
     """
 
     backend: Literal["local", "ray"] = "local"
@@ -134,8 +139,18 @@ class RunnerConfig:
     buffer_capacity: int = 0
     buffer_spill_dir: str | None = None
     ray: RayConfig = field(default_factory=RayConfig)
+    rollout_source: Literal["collector", "gateway"] = "collector"
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
 
     def __post_init__(self) -> None:
+        if self.rollout_source == "gateway":
+            self.gateway.check_program()
+            if self.backend == "ray" and self.gateway.segments == "all":
+                # A Ray rollout worker answers one trajectory per episode; a rewritten session has several.
+                raise ValueError(
+                    "trainer.gateway.segments: 'all' gives several trajectories per episode, a Ray rollout "
+                    "worker returns one; use segments: last with trainer.backend: ray"
+                )
         if not isinstance(self.max_staleness, int) or self.max_staleness < 0:
             raise ValueError(f"trainer.max_staleness must be an int >= 0, got {self.max_staleness!r}")
         if not isinstance(self.buffer_capacity, int) or self.buffer_capacity < 0:

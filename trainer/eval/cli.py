@@ -61,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=1.0,
         help="reward counted as a pass, only for envs whose info['success'] is None (judged)",
     )
+    p.add_argument(
+        "--agent",
+        help="evaluate an agent program ('module:function' or 'path/file.py:function') through the "
+        "gateway (docs/gateway.md; token engines)",
+    )
+    p.add_argument("--agent-reward", choices=["env", "program"], default="env", help="with --agent")
     p.add_argument("--retry-failed", action="store_true", help="run stored failed episodes again")
     p.add_argument("--no-progress", action="store_true")
     return p
@@ -100,6 +106,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             retry_failed=args.retry_failed,
             env_kwargs=_key_values(args.env_arg, "--env-arg"),
             engine_kwargs=engine_kwargs,
+            agent=args.agent,
+            agent_reward=args.agent_reward,
         )
         from chatgym.trainer.eval.run import resolve_env_ids
 

@@ -41,6 +41,11 @@ class EvalConfig:
             default a failed episode is a result like any other and is kept.
         env_kwargs, engine_kwargs: extra ``gym.make`` / engine keywords (env keywords are part of the
             env's identity).
+        agent: evaluate an agent program (``"module:function"`` / ``"path/file.py:function"``, the
+            ``trainer.gateway.agent`` of a training run) instead of the env's own loop: each episode
+            is one program run against a gateway in front of the engine (token engines only;
+            docs/gateway.md). Part of the grid's identity (``sampling``).
+        agent_reward: ``env`` (the session's last reply scored by the env's scorer) or ``program``.
     """
 
     engine: str = "vllm"
@@ -60,8 +65,24 @@ class EvalConfig:
     retry_failed: bool = False
     env_kwargs: Mapping[str, Any] = field(default_factory=dict)
     engine_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    agent: str | None = None
+    agent_reward: str = "env"
 
     def __post_init__(self) -> None:
+        if self.agent is not None and (self.engine not in TOKEN_ENGINES or ":" not in self.agent):
+            raise ValueError(
+                f"agent: a 'module:function' program on a token engine ({', '.join(TOKEN_ENGINES)}), "
+                f"got agent {self.agent!r} with engine {self.engine!r}"
+            )
+        if self.agent_reward not in ("env", "program"):
+            raise ValueError(f"agent_reward must be 'env' or 'program', got {self.agent_reward!r}")
+        if self.agent is not None:
+            from chatgym.trainer.config.gateway import GatewayConfig
+
+            try:
+                GatewayConfig(agent=self.agent)  # the same checks as a training run's (file / module exists)
+            except ValueError as exc:
+                raise ValueError(str(exc).replace("trainer.gateway.agent", "agent")) from None
         from chatgym.trainer.engines import ENGINES
 
         if self.engine != REFERENCE and self.engine not in ENGINES:
@@ -98,4 +119,6 @@ class EvalConfig:
                 max_observation_tokens=rollout.max_observation_tokens,
                 chat_template=self.chat_template,
             )
+        if self.agent is not None:
+            out.update(agent=self.agent, agent_reward=self.agent_reward)
         return out

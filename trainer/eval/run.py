@@ -192,13 +192,19 @@ class _Backend:
             if "max_model_len" in inspect.signature(engine_class(cfg.engine)).parameters:
                 kwargs.setdefault("max_model_len", cfg.collector_config().max_model_len)
             self.engine = make_engine(cfg.engine, cfg.model, **kwargs)
-            self.collector = Collector(self.engine, self.tokenizer, cfg.collector_config())
+            self.collector = (
+                Collector(self.engine, self.tokenizer, cfg.collector_config())
+                if cfg.agent is None
+                else _agent_collector(cfg, self.engine, self.tokenizer)
+            )
         else:
             self.engine = make_engine(cfg.engine, cfg.model, **dict(cfg.engine_kwargs))
 
     async def close(self) -> None:
         if self.collector is not None:
             self.collector.close()
+            if hasattr(self.collector, "aclose"):  # an agent's gateway
+                await self.collector.aclose()
         if self.engine is not None:
             await self.engine.close()
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -259,6 +265,16 @@ class _Backend:
             on_episode(traj)
 
         await asyncio.gather(*(one(t, s) for t, s in sorted(todo)))
+
+
+def _agent_collector(cfg: EvalConfig, engine: Any, tokenizer: Any) -> Any:
+    """The collector of ``--agent``: its program's sessions on a gateway in front of ``engine``."""
+    from chatgym.trainer.config.gateway import GatewayConfig
+    from chatgym.trainer.gateway.source import gateway_collector
+
+    rollout = cfg.collector_config()
+    program = GatewayConfig(agent=cfg.agent, reward=cfg.agent_reward, concurrency=min(rollout.max_concurrent_episodes, 32))
+    return gateway_collector(engine, tokenizer, rollout, program)
 
 
 async def evaluate(

@@ -27,7 +27,9 @@ def build_local_rollout(
     generation_config: Any = None,
     trace_name: str = "traces.jsonl",
 ) -> LocalRollout:
-    """The engine (built from ``cfg.engine`` unless given) and the train/eval collectors.
+    """The engine (built from ``cfg.engine`` unless given) and the train/eval collectors (with
+    ``trainer.rollout_source: gateway``, the agent program's gateways:
+    :func:`chatgym.trainer.gateway.source.build_gateway_rollout`).
 
     Args:
         cfg: the run's :class:`~chatgym.trainer.config.run.Config`.
@@ -57,11 +59,18 @@ def build_local_rollout(
         trace_path=str(out / ("eval_" + trace_name)),
         trace_fraction=1.0,
     )
+    env_source = genrm_env_source(cfg, engine=engine, tokenizer=tokenizer)
+    if cfg.trainer.rollout_source == "gateway":
+        from chatgym.trainer.gateway.source import build_gateway_rollout
+
+        return build_gateway_rollout(
+            cfg, engine, tokenizer, train_rollout=train_cfg, eval_rollout=eval_cfg, env_source=env_source
+        )
     return LocalRollout(
         engine,
         Collector(engine, tokenizer, train_cfg, generation_config),
         Collector(engine, tokenizer, eval_cfg, generation_config),
-        env_source=genrm_env_source(cfg, engine=engine, tokenizer=tokenizer),
+        env_source=env_source,
     )
 
 
