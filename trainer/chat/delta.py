@@ -60,7 +60,7 @@ closing-token rule here are our own.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,18 +93,22 @@ class ChatRenderer:
 
     Args:
         tokenizer: a Hugging Face tokenizer (``apply_chat_template``, ``encode``, ``decode``).
+        template_kwargs: extra variables every rendering passes to the template (Qwen3's
+            ``{"enable_thinking": False}``); None: none.
         chat_template: the template overriding the tokenizer's own (None: use the tokenizer's): Jinja
             text, or a name or path as :func:`~chatgym.trainer.chat.tokenizer.resolve_chat_template`
             takes (``"qwen3"``, ``"qwq"``, ``"chatml_tools"``, ``"auto"``, ``"model"``,
             ``"path/to/t.jinja"``), resolved here against the tokenizer's own template.
 
     Raises:
-        TemplateError: the template's text holds the codec's private-use sentinel characters.
+        TemplateError: the template's text holds the codec's private-use sentinel characters; from any
+            rendering: the template raised (``raise_exception``, a Jinja error), message included.
         FileNotFoundError: a template name that is not shipped, or a ``.jinja`` path that does not exist.
     """
 
     tokenizer: Any
     chat_template: str | None = None
+    template_kwargs: Mapping[str, Any] | None = None
     _tools_warned: bool = field(default=False, repr=False)
     codec: ContentCodec = field(init=False, repr=False)
 
@@ -119,13 +123,21 @@ class ChatRenderer:
             raise TemplateError("chat template holds the characters U+E000/U+E001 that chatgym reserves")
 
     def _apply(self, messages: Sequence[Message], tools: Any, add_generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(
-            list(messages),
-            tools=list(tools) if tools else None,
-            chat_template=self.chat_template,
-            add_generation_prompt=add_generation_prompt,
-            tokenize=False,
-        )
+        import jinja2
+
+        try:
+            return self.tokenizer.apply_chat_template(
+                list(messages),
+                tools=list(tools) if tools else None,
+                chat_template=self.chat_template,
+                add_generation_prompt=add_generation_prompt,
+                tokenize=False,
+                **dict(self.template_kwargs or {}),
+            )
+        except jinja2.TemplateError as exc:
+            # A template refusing a conversation (Gemma's "System role not supported", Mistral's
+            # call-id check) is a template error of this conversation, reported as such.
+            raise TemplateError(f"the chat template raised {type(exc).__name__}: {exc}") from None
 
     def render(
         self,
