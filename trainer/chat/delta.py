@@ -47,7 +47,10 @@ the ones the template writes (:class:`chatgym.trainer.chat.tokenizer.ContentCode
 **Supported templates** (tested in tests/test_think_templates.py and tests/test_special_tokens.py):
 ``chatml_tools`` and SmolLM2's own (history mode); Qwen3's and QwQ's stock templates, shipped as
 ``qwen3`` / ``qwq`` (base mode). Any other template is probed the same way at start-up: it runs when
-one of the two modes checks out, else the collector refuses it with the reason. To add one, put its
+one of the two modes checks out, else the collector refuses it with the reason. Eleven published
+templates (Qwen2.5, Qwen3 thinking and not, Llama 3.2, DeepSeek-V3.1, Phi-3.5, SmolLM2 supported;
+Mistral Nemo, Gemma 2, gpt-oss, GLM-4.6 refused) are run token for token in
+tests/test_template_conformance.py (the table: docs/models.md). To add one, put its
 text in ``trainer/chat/templates/<name>.jinja`` (with its source named in a ``{#- ... -#}`` comment) or pass
 a path / template string as ``chat_template``; then add it to the template lists of those two test
 files.
