@@ -47,7 +47,10 @@ the ones the template writes (:class:`chatgym.trainer.chat.tokenizer.ContentCode
 **Supported templates** (tested in tests/test_think_templates.py and tests/test_special_tokens.py):
 ``chatml_tools`` and SmolLM2's own (history mode); Qwen3's and QwQ's stock templates, shipped as
 ``qwen3`` / ``qwq`` (base mode). Any other template is probed the same way at start-up: it runs when
-one of the two modes checks out, else the collector refuses it with the reason. To add one, put its
+one of the two modes checks out, else the collector refuses it with the reason. Eleven published
+templates (Qwen2.5, Qwen3 thinking and not, Llama 3.2, DeepSeek-V3.1, Phi-3.5, SmolLM2 supported;
+Mistral Nemo, Gemma 2, gpt-oss, GLM-4.6 refused) are run token for token in
+tests/test_template_conformance.py (the table: docs/models.md). To add one, put its
 text in ``trainer/chat/templates/<name>.jinja`` (with its source named in a ``{#- ... -#}`` comment) or pass
 a path / template string as ``chat_template``; then add it to the template lists of those two test
 files.
@@ -60,7 +63,7 @@ closing-token rule here are our own.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,18 +96,22 @@ class ChatRenderer:
 
     Args:
         tokenizer: a Hugging Face tokenizer (``apply_chat_template``, ``encode``, ``decode``).
+        template_kwargs: extra variables every rendering passes to the template (Qwen3's
+            ``{"enable_thinking": False}``); None: none.
         chat_template: the template overriding the tokenizer's own (None: use the tokenizer's): Jinja
             text, or a name or path as :func:`~chatgym.trainer.chat.tokenizer.resolve_chat_template`
             takes (``"qwen3"``, ``"qwq"``, ``"chatml_tools"``, ``"auto"``, ``"model"``,
             ``"path/to/t.jinja"``), resolved here against the tokenizer's own template.
 
     Raises:
-        TemplateError: the template's text holds the codec's private-use sentinel characters.
+        TemplateError: the template's text holds the codec's private-use sentinel characters; from any
+            rendering: the template raised (``raise_exception``, a Jinja error), message included.
         FileNotFoundError: a template name that is not shipped, or a ``.jinja`` path that does not exist.
     """
 
     tokenizer: Any
     chat_template: str | None = None
+    template_kwargs: Mapping[str, Any] | None = None
     _tools_warned: bool = field(default=False, repr=False)
     codec: ContentCodec = field(init=False, repr=False)
 
@@ -119,13 +126,21 @@ class ChatRenderer:
             raise TemplateError("chat template holds the characters U+E000/U+E001 that chatgym reserves")
 
     def _apply(self, messages: Sequence[Message], tools: Any, add_generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(
-            list(messages),
-            tools=list(tools) if tools else None,
-            chat_template=self.chat_template,
-            add_generation_prompt=add_generation_prompt,
-            tokenize=False,
-        )
+        import jinja2
+
+        try:
+            return self.tokenizer.apply_chat_template(
+                list(messages),
+                tools=list(tools) if tools else None,
+                chat_template=self.chat_template,
+                add_generation_prompt=add_generation_prompt,
+                tokenize=False,
+                **dict(self.template_kwargs or {}),
+            )
+        except jinja2.TemplateError as exc:
+            # A template refusing a conversation (Gemma's "System role not supported", Mistral's
+            # call-id check) is a template error of this conversation, reported as such.
+            raise TemplateError(f"the chat template raised {type(exc).__name__}: {exc}") from None
 
     def render(
         self,

@@ -68,6 +68,9 @@ class TemplateProbe:
             renderings of the whole conversation) or ``"base"`` (it re-renders history differently, e.g.
             drops earlier ``<think>`` blocks: a delta is the new messages rendered after a fixed base
             conversation); see the module docstring.
+        renders_tool_messages: whether a ``tool`` message's content reaches the rendering (False:
+            the template drops tool results, as Phi-3.5's does; the collector then fails an episode
+            at its first tool result instead of training on a context that lacks it).
     """
 
     turn_suffix: str
@@ -75,6 +78,7 @@ class TemplateProbe:
     renders_tools: bool
     checked_cuts: int
     delta_mode: str = "history"
+    renders_tool_messages: bool = True
 
 
 # The fixed conversation that ``"base"`` deltas are rendered after. The assistant's content is a
@@ -157,6 +161,9 @@ def probe_template(renderer: Renderer, eos_token_ids: Iterable[int]) -> Template
             "(check the model's generation config / tokenizer eos_token)"
         )
     _probe_plain_content(renderer)
+    tool_result = PROBE_CONVERSATION[3]
+    delta = renderer.delta_text(PROBE_CONVERSATION[:3], [tool_result], PROBE_TOOLS, probe)
+    probe.renders_tool_messages = tool_result["content"] in delta
     return probe
 
 

@@ -194,7 +194,7 @@ class Collector:
             self.config.eos_token_ids or engine_eos or resolve_eos_ids(tokenizer, generation_config)
         )
         self._eos = frozenset(self.eos_token_ids)
-        self.renderer = ChatRenderer(tokenizer, self.config.chat_template)
+        self.renderer = ChatRenderer(tokenizer, self.config.chat_template, self.config.chat_template_kwargs)
         self.probe = probe_template(self.renderer, self.eos_token_ids)
         self._pool: ThreadPoolExecutor | None = None
         self.tracer = (
@@ -469,6 +469,12 @@ class Collector:
         would leave no token of context."""
         traj = ep.traj
         obs = self._cut_observation(obs, traj)
+        if not self.probe.renders_tool_messages and any(m.get("role") == "tool" for m in obs):
+            raise EpisodeFailure(
+                "template_error",
+                "the chat template drops tool messages: the model would never see this tool result "
+                "(use a template that renders them, e.g. chatml_tools)",
+            )
         closing = closing_ids(self.probe, turn.token_ids)
         delta = self._render(traj, self.renderer.delta_ids, ep.history, obs, ep.tools, self.probe)
         added = closing + delta

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from chatgym.trainer.engines.base import SamplingParams
 
@@ -25,6 +26,8 @@ class RolloutConfig:
             generation config's.
         chat_template: the template overriding the tokenizer's (None: the tokenizer's): Jinja text,
             ``auto``, ``model``, a shipped name (``chatml_tools``, ``qwen3``, ``qwq``) or a ``.jinja`` path.
+        chat_template_kwargs: extra template variables passed with every rendering, e.g.
+            ``{"enable_thinking": false}`` for Qwen3's non-thinking mode (None: none).
         trace_path: JSONL file that traced trajectories are appended to (None: no trace).
         trace_fraction: share of trajectories traced, in [0, 1].
     """
@@ -42,6 +45,7 @@ class RolloutConfig:
     env_threads: int = 16
     eos_token_ids: tuple[int, ...] = ()
     chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     trace_path: str | None = None
     trace_fraction: float = 1.0
 
@@ -70,6 +74,9 @@ class RolloutConfig:
                 check_chat_template_setting(self.chat_template)
             except FileNotFoundError as exc:
                 raise ValueError(f"RolloutConfig.chat_template: {exc}") from None
+        kwargs = self.chat_template_kwargs
+        if kwargs is not None and (not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs)):
+            raise ValueError(f"RolloutConfig.chat_template_kwargs must be a dict with str keys, got {kwargs!r}")
         # SamplingParams validates temperature/top_p; build one now so a bad value fails here.
         try:
             SamplingParams(max_tokens=1, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
