@@ -55,6 +55,15 @@ text in ``trainer/chat/templates/<name>.jinja`` (with its source named in a ``{#
 a path / template string as ``chat_template``; then add it to the template lists of those two test
 files.
 
+**Images.** With a ``processor`` (a Hugging Face multimodal processor), message content may hold image
+parts (:mod:`chatgym.envs.messages`). The template writes the processor's placeholder (``<image>``) per
+image part; :meth:`ChatRenderer.prompt_ids` and :meth:`ChatRenderer.delta_ids` replace the k-th
+placeholder id of the ids they return by the processor's own ids for the k-th image of the messages
+rendered (:class:`chatgym.trainer.chat.images.ImageTokens`). A delta expands only its new messages'
+images, never the history's, whose ids are already in the stream. Placeholder runs begin and end
+with added tokens, so their ids do not depend on the text around them, and the stream equals the
+processor's tokenization of the whole conversation where the sampled ids agree with it.
+
 The idea of a text-level delta over a prefix-preserving template is shared with SkyRL's
 ``SkyRLGymGenerator`` (token-in-token-out) and verl's multi-turn rollout; the probe, the checks and the
 closing-token rule here are our own.
@@ -68,6 +77,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chatgym.envs.messages import Message
+from chatgym.trainer.chat.images import ImageInputError, ImageTokens, has_images, intern_images
 from chatgym.trainer.chat.template_probe import (
     BASE_QUERY,
     BASE_STUB,
@@ -102,21 +112,32 @@ class ChatRenderer:
             text, or a name or path as :func:`~chatgym.trainer.chat.tokenizer.resolve_chat_template`
             takes (``"qwen3"``, ``"qwq"``, ``"chatml_tools"``, ``"auto"``, ``"model"``,
             ``"path/to/t.jinja"``), resolved here against the tokenizer's own template.
+        processor: a multimodal processor whose ``tokenizer`` is ``tokenizer`` (None: text only;
+            messages with image parts are then refused). Its ``image_token`` is passed to every
+            rendering as ``image_placeholder``; the template is checked at construction to write one
+            per image part (:meth:`probe_images`).
 
     Raises:
         TemplateError: the template's text holds the codec's private-use sentinel characters; from any
-            rendering: the template raised (``raise_exception``, a Jinja error), message included.
+            rendering: the template raised (``raise_exception``, a Jinja error), message included; with
+            a ``processor``: the template does not render image parts as placeholders.
         FileNotFoundError: a template name that is not shipped, or a ``.jinja`` path that does not exist.
     """
 
     tokenizer: Any
     chat_template: str | None = None
     template_kwargs: Mapping[str, Any] | None = None
+    processor: Any = None
     _tools_warned: bool = field(default=False, repr=False)
     codec: ContentCodec = field(init=False, repr=False)
+    image_tokens: ImageTokens | None = field(init=False, repr=False, default=None)
 
     def __post_init__(self) -> None:
         self.codec = content_codec(self.tokenizer)
+        if self.processor is not None:
+            self.image_tokens = ImageTokens(self.processor)
+            placeholder = {"image_placeholder": self.image_tokens.placeholder}
+            self.template_kwargs = {**placeholder, **dict(self.template_kwargs or {})}
         if isinstance(self.chat_template, str) and not is_template_text(self.chat_template):
             self.chat_template = resolve_chat_template(
                 getattr(self.tokenizer, "chat_template", None), self.chat_template
@@ -124,6 +145,42 @@ class ChatRenderer:
         source = self.chat_template or getattr(self.tokenizer, "chat_template", None)
         if isinstance(source, str) and (SENTINEL_OPEN in source or SENTINEL_CLOSE in source):
             raise TemplateError("chat template holds the characters U+E000/U+E001 that chatgym reserves")
+        if self.image_tokens is not None:
+            self.probe_images()
+
+    def probe_images(self) -> None:
+        """Check that the template renders image parts: one placeholder per image part of user and
+        tool messages, the text parts kept.
+
+        Raises:
+            TemplateError: the template fails on a list content or writes another number of placeholders.
+        """
+        assert self.image_tokens is not None
+        image = {"type": "image", "ref": "0" * 64}
+        conv = [
+            {"role": "user", "content": [{"type": "text", "text": "Look:"}, image, {"type": "text", "text": "and"}, image]},
+            {"role": "assistant", "content": "ok"},
+            {"role": "tool", "content": [image, {"type": "text", "text": "zoomed"}], "tool_call_id": "call_0"},
+        ]
+        try:
+            text = self.render(conv, None, add_generation_prompt=True)  # type: ignore[arg-type]
+        except Exception as exc:
+            raise TemplateError(f"the chat template cannot render image content parts: {type(exc).__name__}: {exc}") from None
+        found = text.count(self.image_tokens.placeholder)
+        if found != 3 or not all(t in text for t in ("Look:", "and", "zoomed")):
+            raise TemplateError(
+                f"the chat template renders 3 image parts as {found} placeholder(s) "
+                f"{self.image_tokens.placeholder!r} (or drops their text): it cannot show images to the model"
+            )
+
+    def _expand(self, ids: list[int], messages: Sequence[Message], images: Mapping[str, Any] | None) -> list[int]:
+        # Text-only messages: the ids as they are (the path every text model takes).
+        if not has_images(messages):
+            return ids
+        if self.image_tokens is None:
+            raise ImageInputError("a message holds an image but the model has no image processor (a text-only model)")
+        _, new, refs = intern_images(messages, images or {})
+        return self.image_tokens.expand(ids, refs, {**(images or {}), **new})
 
     def _apply(self, messages: Sequence[Message], tools: Any, add_generation_prompt: bool) -> str:
         import jinja2
@@ -197,10 +254,20 @@ class ChatRenderer:
             raise TemplateError(str(exc)) from None
 
     def prompt_ids(
-        self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[dict[str, Any]] | None = None,
+        images: Mapping[str, Any] | None = None,
     ) -> list[int]:
-        """Token ids of the opening messages followed by the assistant header."""
-        return self.encode_marked(self.render_marked(messages, tools, add_generation_prompt=True))
+        """Token ids of the opening messages followed by the assistant header, each image part's
+        placeholder expanded (``images``: the image store, by sha256, that ``ref`` parts name).
+
+        Raises:
+            ImageInputError: an image part cannot be read, or there is no processor.
+            TemplateError: as :meth:`render`; the template's placeholders do not match the image parts.
+        """
+        ids = self.encode_marked(self.render_marked(messages, tools, add_generation_prompt=True))
+        return self._expand(ids, messages, images)
 
     def _history_delta(self, history: Sequence[Message], new: Sequence[Message], tools: Any) -> str:
         before = self.render_marked(history, tools)
@@ -262,13 +329,17 @@ class ChatRenderer:
         new: Sequence[Message],
         tools: Sequence[dict[str, Any]] | None = None,
         probe: TemplateProbe | None = None,
+        images: Mapping[str, Any] | None = None,
     ) -> list[int]:
-        """Token ids of :meth:`delta_text` (message text as plain text; ``list[int]``).
+        """Token ids of :meth:`delta_text` (message text as plain text; ``list[int]``), the image
+        parts of ``new`` expanded as in :meth:`prompt_ids` (``images``: the image store).
 
         Raises:
-            TemplateError: as :meth:`delta_text`.
+            TemplateError: as :meth:`delta_text`; the placeholders do not match ``new``'s image parts.
+            ImageInputError: as :meth:`prompt_ids`.
         """
-        return self.encode_marked(self._delta_marked(history, new, tools, probe))
+        ids = self.encode_marked(self._delta_marked(history, new, tools, probe))
+        return self._expand(ids, new, images)
 
     def warn_if_tools_ignored(self, probe: TemplateProbe, tools: Sequence[dict[str, Any]] | None) -> None:
         if tools and not probe.renders_tools and not self._tools_warned:

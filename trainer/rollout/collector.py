@@ -33,6 +33,16 @@ as a failed trajectory (``error_kind`` ``prompt_too_long``): the policy never ac
 Each observation message's content is cut to ``max_observation_tokens`` tokens with a visible marker.
 An env's own truncation (``max_turns``) is reported as ``truncated_by="env"``.
 
+**Images** (with a ``processor``; docs/multimodal.md). Image parts of observations are decoded once and
+stored by sha256 in ``Trajectory.image_store``; messages and traces keep ``{"type": "image", "ref"}``
+parts. Each image's placeholder is expanded to the processor's image token ids in the ids of the turn
+that introduces it, so image tokens count in ``max_model_len`` like any token (an observation that
+does not fit is dropped whole). ``max_observation_tokens`` counts them too: a message's parts are kept
+while they fit, an image never cut inside its run. ``engine.generate(ids, params, images=...)`` gets
+every image of the episode so far, in the order of their placeholder runs (``Trajectory.images``);
+a text-only episode calls ``engine.generate(ids, params)`` as before. An image the model cannot read
+(no processor, a network URL, bad data) fails the episode as ``image_error``.
+
 **EOS** is judged on the completion's ids only: a turn's ``finish_reason`` is ``stop`` iff its last
 sampled id is one of the model's EOS ids, ``length`` if it has ``max_tokens`` ids without one, else the
 engine's reason (``abort`` fails the episode).
@@ -60,7 +70,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -74,6 +83,7 @@ from chatgym.trainer.chat.delta import (
     resolve_eos_ids,
     truncate_text_tokens,
 )
+from chatgym.trainer.chat.images import ImageInputError, intern_images, truncate_content
 from chatgym.trainer.chat.template_probe import probe_template
 from chatgym.trainer.engines.base import Engine, SamplingParams
 from chatgym.trainer.rollout.config import RolloutConfig
@@ -88,56 +98,10 @@ from chatgym.trainer.rollout.episode import (
     record_step,
     run_guarded,
 )
+from chatgym.trainer.rollout.stats import CollectStats, summarize
 from chatgym.trainer.rollout.trace import TraceWriter
 from chatgym.trainer.rollout.turn import Turn, TurnBudget, sampled_turn
 from chatgym.trainer.rollout.types import Trajectory
-
-
-@dataclass
-class CollectStats:
-    """Counts of one ``collect`` call.
-
-    Attributes:
-        episodes: trajectories returned.
-        failed: trajectories with ``error`` set; ``failed_by_kind`` splits them (``timeout``,
-            ``env_error``, ``engine_error``, ``engine_abort``, ``template_error``, ``internal_error``).
-        truncated: trajectories ended by a budget or the env's limit; ``truncated_by`` splits them.
-        turns, generated_tokens, total_tokens: sums over trajectories.
-        wall_s: seconds from the call to the last trajectory.
-        generated_tokens_per_s: ``generated_tokens / wall_s``.
-        mean_reward: mean ``reward`` of the trajectories that did not fail (0.0 if none).
-    """
-
-    episodes: int = 0
-    failed: int = 0
-    failed_by_kind: dict[str, int] = field(default_factory=dict)
-    truncated: int = 0
-    truncated_by: dict[str, int] = field(default_factory=dict)
-    turns: int = 0
-    generated_tokens: int = 0
-    total_tokens: int = 0
-    wall_s: float = 0.0
-    generated_tokens_per_s: float = 0.0
-    mean_reward: float = 0.0
-
-
-def summarize(trajectories: Sequence[Trajectory], wall_s: float) -> CollectStats:
-    """:class:`CollectStats` of ``trajectories`` collected in ``wall_s`` seconds."""
-    ok = [t for t in trajectories if not t.failed]
-    generated = sum(t.response_tokens for t in trajectories)
-    return CollectStats(
-        episodes=len(trajectories),
-        failed=len(trajectories) - len(ok),
-        failed_by_kind=dict(Counter(t.info.get("error_kind", "unknown") for t in trajectories if t.failed)),
-        truncated=sum(t.truncated for t in trajectories),
-        truncated_by=dict(Counter(t.info.get("truncated_by", "env") for t in trajectories if t.truncated)),
-        turns=sum(t.num_turns for t in trajectories),
-        generated_tokens=generated,
-        total_tokens=sum(len(t.token_ids) for t in trajectories),
-        wall_s=wall_s,
-        generated_tokens_per_s=generated / wall_s if wall_s > 0 else 0.0,
-        mean_reward=sum(t.reward for t in ok) / len(ok) if ok else 0.0,
-    )
 
 
 @dataclass
@@ -172,6 +136,9 @@ class Collector:
         generation_config: the model's ``GenerationConfig``. EOS ids come from
             ``config.eos_token_ids``, else the engine's ``eos_token_ids`` attribute, else this config's
             ``eos_token_id`` list plus the tokenizer's ``eos_token_id``.
+        processor: the model's multimodal processor (``image_token``, ``processor(text=, images=)``),
+            for episodes whose messages hold images; None: text only (a processor passed as
+            ``tokenizer`` is taken as this, with its ``tokenizer`` as the tokenizer).
 
     Raises:
         TemplateError: at construction, if the chat template is not prefix-preserving or does not end
@@ -184,7 +151,10 @@ class Collector:
         tokenizer: Any,
         config: RolloutConfig | None = None,
         generation_config: Any = None,
+        processor: Any = None,
     ):
+        if processor is None and hasattr(tokenizer, "image_processor") and hasattr(tokenizer, "tokenizer"):
+            processor, tokenizer = tokenizer, tokenizer.tokenizer
         self.engine = engine
         self.tokenizer = tokenizer
         self.config = config or RolloutConfig()
@@ -194,7 +164,9 @@ class Collector:
             self.config.eos_token_ids or engine_eos or resolve_eos_ids(tokenizer, generation_config)
         )
         self._eos = frozenset(self.eos_token_ids)
-        self.renderer = ChatRenderer(tokenizer, self.config.chat_template, self.config.chat_template_kwargs)
+        self.renderer = ChatRenderer(
+            tokenizer, self.config.chat_template, self.config.chat_template_kwargs, processor
+        )
         self.probe = probe_template(self.renderer, self.eos_token_ids)
         self._pool: ThreadPoolExecutor | None = None
         self.tracer = (
@@ -324,18 +296,38 @@ class Collector:
             return fn(*args)
         except TemplateError as exc:
             raise EpisodeFailure("template_error", str(exc)) from exc
+        except ImageInputError as exc:
+            raise EpisodeFailure("image_error", str(exc)) from exc
         finally:
             traj.timing["render_s"] += time.perf_counter() - t
 
-    def _cut_observation(self, messages: list[Message], traj: Trajectory) -> list[Message]:
+    def _intern(self, traj: Trajectory, obs: list[Message], new: Any = None) -> tuple[list[Message], dict, list]:
+        """``obs`` with image parts as refs, the images ``traj`` lacks, and every image part's ref."""
+        store = traj.image_store if new is None else {**traj.image_store, **new}
+        try:
+            obs, found, refs = intern_images(obs, store)
+        except ImageInputError as exc:
+            raise EpisodeFailure("image_error", str(exc)) from exc
+        if refs and self.renderer.image_tokens is None:
+            raise EpisodeFailure("image_error", "the env sent an image but the model reads no images (no processor)")
+        return obs, found, refs
+
+    def _cut_observation(self, messages: list[Message], traj: Trajectory, images: dict) -> list[Message]:
         out = []
+        limit, info, tokens = self.config.max_observation_tokens, traj.info, self.renderer.image_tokens
         for m in messages:
-            content, cut = truncate_text_tokens(
-                self.tokenizer, m["content"], self.config.max_observation_tokens
-            )
+            dropped = 0
+            if isinstance(m["content"], list):
+                content, cut, dropped = truncate_content(
+                    self.tokenizer, m["content"], limit, lambda ref: tokens.count(ref, images[ref])  # type: ignore[union-attr]
+                )
+            else:
+                content, cut = truncate_text_tokens(self.tokenizer, m["content"], limit)
             if cut:
                 m = {**m, "content": content}
-                traj.info["observation_tokens_cut"] = traj.info.get("observation_tokens_cut", 0) + cut
+                info["observation_tokens_cut"] = info.get("observation_tokens_cut", 0) + cut
+            if dropped:
+                info["observation_images_dropped"] = info.get("observation_images_dropped", 0) + dropped
             out.append(m)
         return out
 
@@ -366,13 +358,13 @@ class Collector:
         runner = state["runner"] = EnvRunner(env, self.pool)
         traj.env_id = env_name(spec.env, env)
         obs, reset_info = await self._env_call(traj, runner.reset(spec.seed, spec.options))
-        obs = check_observation(obs, "reset")
+        obs, traj.image_store, traj.images = self._intern(traj, check_observation(obs, "reset"))
         traj.task_id = reset_info.get("task_id", traj.task_id)
         tools = reset_info.get("tools") or getattr(getattr(env, "unwrapped", env), "tools", None) or None
         self.renderer.warn_if_tools_ignored(self.probe, tools)
         ep = _Episode(spec, traj, runner, tools, env_stop_strings(env), list(obs))
         traj.messages = ep.history
-        prompt = self._render(traj, self.renderer.prompt_ids, ep.history, tools)
+        prompt = self._render(traj, self.renderer.prompt_ids, ep.history, tools, traj.image_store)
         _append_context(traj, prompt)
         traj.prompt_len = len(prompt)
         traj.info["turns"] = ep.turns
@@ -416,7 +408,10 @@ class Collector:
         # says so per token in Completion.weight_versions.
         version = int(getattr(self.engine, "weight_version", 0))
         try:
-            completion = await self.engine.generate(list(ep.traj.token_ids), params)
+            ids, images = list(ep.traj.token_ids), ep.traj.image_list()
+            # A text-only episode calls exactly as every engine expects; images go beside the ids.
+            call = self.engine.generate(ids, params, images=images) if images else self.engine.generate(ids, params)
+            completion = await call
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -468,7 +463,9 @@ class Collector:
         False, with the episode truncated by ``max_model_len`` and the observation dropped, when they
         would leave no token of context."""
         traj = ep.traj
-        obs = self._cut_observation(obs, traj)
+        obs, new, _ = self._intern(traj, obs)
+        images = {**traj.image_store, **new}
+        obs, _, refs = self._intern(traj, self._cut_observation(obs, traj, images), new)
         if not self.probe.renders_tool_messages and any(m.get("role") == "tool" for m in obs):
             raise EpisodeFailure(
                 "template_error",
@@ -476,7 +473,7 @@ class Collector:
                 "(use a template that renders them, e.g. chatml_tools)",
             )
         closing = closing_ids(self.probe, turn.token_ids)
-        delta = self._render(traj, self.renderer.delta_ids, ep.history, obs, ep.tools, self.probe)
+        delta = self._render(traj, self.renderer.delta_ids, ep.history, obs, ep.tools, self.probe, images)
         added = closing + delta
         if len(traj.token_ids) + len(added) >= self.config.max_model_len:
             traj.truncated = True
@@ -487,6 +484,10 @@ class Collector:
         record = ep.turns[-1]
         record["closing_tokens"] = len(closing)
         record["observation_tokens"] = len(delta)
+        if refs:
+            record["observation_images"] = len(refs)
+            traj.image_store.update((ref, images[ref]) for ref in refs)
+            traj.images.extend(refs)
         _append_context(traj, added)
         return True
 

@@ -6,7 +6,7 @@ from the chat-template delta of the new messages. ``loss_mask`` is 1 only on gen
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from chatgym.envs.messages import Message
@@ -42,7 +42,13 @@ class Trajectory:
             task defines success (right answer, tests pass, database matches), None where it does not
             (a judged rating) or no step said. Training accuracy, eval pass@k and the leaderboard read it.
         error: None, or why the episode failed (env exception, timeout); a failed trajectory is kept.
-        messages: the full chat history (for traces and evaluation).
+        messages: the full chat history (for traces and evaluation); image parts as
+            ``{"type": "image", "ref": sha256}`` (:mod:`chatgym.envs.messages`).
+        images: the sha256 of the image of each placeholder run in ``token_ids``, in order
+            (``list[str]``; an image shown twice is listed twice; empty for a text-only episode).
+        image_store: each distinct image of the episode once, ``{sha256: RGB PIL.Image.Image}``: what
+            the engine was given and the learner turns into pixels. Not written by :meth:`to_json`
+            (traces keep the refs, not the pixels).
         timing: seconds spent per phase (``generate_s``, ``env_s``, ``total_s``).
         info: the env's last ``info`` plus collector counters (tool errors, turns, ...).
     """
@@ -65,6 +71,8 @@ class Trajectory:
     success: bool | None = None
     error: str | None = None
     messages: list[Message] = field(default_factory=list)
+    images: list[str] = field(default_factory=list)
+    image_store: dict[str, Any] = field(default_factory=dict, repr=False)
     timing: dict[str, float] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
 
@@ -80,8 +88,15 @@ class Trajectory:
     def failed(self) -> bool:
         return self.error is not None
 
+    def image_list(self) -> list[Any]:
+        """The images of ``token_ids``' placeholder runs, in order (what the engine is given)."""
+        return [self.image_store[ref] for ref in self.images]
+
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """The trajectory as JSON-ready values: every field but ``image_store`` (images by ref)."""
+        out = asdict(replace(self, image_store={}))
+        del out["image_store"]
+        return out
 
 
 BUDGETS = ("max_tokens", "max_response_tokens", "max_model_len")
