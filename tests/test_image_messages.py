@@ -143,7 +143,9 @@ def test_rendering_writes_one_placeholder_per_image_and_ids_match_the_processor(
     runs = [i for i, t in enumerate(ids) if t == tok.convert_tokens_to_ids("<image>")]
     # image_seq_len (2) <image> ids per tile, the tiles of each image (rows x cols) and its global view.
     info = proc.image_processor([[RED], [GREEN]], return_row_col_info=True)
-    tiles = [r * c + 1 for r, c in zip(sum(info["rows"], []), sum(info["cols"], []), strict=True)]
+    rows = [r for per_sample in info["rows"] for r in per_sample]
+    cols = [c for per_sample in info["cols"] for c in per_sample]
+    tiles = [r * c + 1 for r, c in zip(rows, cols, strict=True)]
     assert len(runs) == 2 * sum(tiles) and min(tiles) > 1  # split into tiles
 
 
@@ -209,7 +211,7 @@ async def test_multi_turn_image_episode_is_token_exact(proc, tok, tmp_path):
     # they are kept exactly; every other id equals the processor's own full rendering.
     odd_done = enc(tok, "d") + enc(tok, "one") + [IM_END]
     assert enc(tok, "done") != odd_done[:-1]
-    turns = [enc(tok, tool_call_text("zoom")) + [IM_END], enc(tok, "A green one?") + [IM_END], odd_done]
+    turns = [[*enc(tok, tool_call_text("zoom")), IM_END], [*enc(tok, "A green one?"), IM_END], odd_done]
     col = image_collector(tok, proc, turns, trace_path=str(tmp_path / "trace.jsonl"))
     [traj] = await col.collect(PictureEnv, [0])
     col.close()
@@ -257,14 +259,14 @@ async def test_text_only_episode_calls_the_engine_as_before(proc, tok):
     # A plain ReplayEngine has no `images` keyword: passing one would fail the episode.
     from rollout_helpers import OkEnv
 
-    col = image_collector(tok, proc, [enc(tok, "fine") + [IM_END]] * 2, engine_cls=ReplayEngine)
+    col = image_collector(tok, proc, [[*enc(tok, "fine"), IM_END]] * 2, engine_cls=ReplayEngine)
     [traj] = await col.collect(lambda: OkEnv(max_turns=2), [0])
     assert traj.error is None and len(col.engine.calls) == 2
     assert traj.images == [] and traj.image_store == {}
 
 
 async def test_observation_image_over_max_model_len_is_dropped_whole(proc, tok):
-    turns = [enc(tok, tool_call_text("zoom")) + [IM_END]] * 3
+    turns = [[*enc(tok, tool_call_text("zoom")), IM_END]] * 3
     probe = image_collector(tok, proc, turns, max_model_len=4096)
     [full] = await probe.collect(PictureEnv, [0])
     end_of_turn0 = full.info["turns"][1]["start"]  # prompt + turn 0 + closing + tool result delta
@@ -282,7 +284,7 @@ async def test_observation_image_over_max_model_len_is_dropped_whole(proc, tok):
 async def test_observation_budget_keeps_whole_images(proc, tok):
     blue_len = len(proc(text="<image>", images=[BLUE], add_special_tokens=False)["input_ids"][0])
     zoomed = len(enc(tok, "zoomed: "))
-    turns = [enc(tok, tool_call_text("zoom")) + [IM_END], enc(tok, "ok") + [IM_END]]
+    turns = [[*enc(tok, tool_call_text("zoom")), IM_END], [*enc(tok, "ok"), IM_END]]
     # Room for the text part and less than the image: the image is left out whole, with a marker.
     col = image_collector(tok, proc, turns, max_observation_tokens=zoomed + blue_len - 1)
     [traj] = await col.collect(lambda: PictureEnv(max_turns=2), [0])
@@ -297,14 +299,14 @@ async def test_observation_budget_keeps_whole_images(proc, tok):
 
 
 async def test_prompt_image_over_max_model_len_is_prompt_too_long(proc, tok):
-    col = image_collector(tok, proc, [enc(tok, "x") + [IM_END]], max_model_len=40)
+    col = image_collector(tok, proc, [[*enc(tok, "x"), IM_END]], max_model_len=40)
     [traj] = await col.collect(PictureEnv, [0])
     assert traj.info["error_kind"] == "prompt_too_long" and col.engine.images == []
     assert traj.prompt_len > 40
 
 
 async def test_image_to_a_text_only_model_fails_the_episode(tok):
-    engine = ReplayEngine(turn_script([enc(tok, "x") + [IM_END]], enc(tok, ASSISTANT_HEADER)), tok)
+    engine = ReplayEngine(turn_script([[*enc(tok, "x"), IM_END]], enc(tok, ASSISTANT_HEADER)), tok)
     col = Collector(engine, fresh_tokenizer(), RolloutConfig(episode_timeout_s=30.0))
     [traj] = await col.collect(PictureEnv, [0])
     assert traj.info["error_kind"] == "image_error" and "reads no images" in traj.error
