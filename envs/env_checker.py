@@ -46,7 +46,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from chatgym.envs.messages import message_errors
+from chatgym.envs.messages import is_pil_image, message_errors
 from chatgym.envs.parsers import parse_openai_message
 
 __all__ = [
@@ -186,8 +186,17 @@ def check_gymnasium(env: gym.Env) -> None:
 # ---- one message, one reset, one step ------------------------------------------------------------
 
 
+def _image_as_json(value: Any) -> str:
+    # An image part's PIL image is the one non-JSON value a message may hold: the rollout side stores
+    # it once and writes its sha256 in its place.
+    if is_pil_image(value):
+        return "<image>"
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
 def check_message(msg: Any, where: str) -> None:
-    """``msg`` is a well-formed, JSON-serialisable OpenAI chat message (rule ``messages``)."""
+    """``msg`` is a well-formed, JSON-serialisable OpenAI chat message (rule ``messages``); the PIL
+    image of an ``image`` content part is the one value allowed that JSON cannot hold."""
     errors = list(message_errors(msg))
     if not errors:
         role = msg["role"]
@@ -208,7 +217,7 @@ def check_message(msg: Any, where: str) -> None:
             errors.append(f"a {role} message has a tool_call_id (only tool messages answer calls)")
     if not errors:
         try:
-            json.dumps(msg, allow_nan=False)
+            json.dumps(msg, allow_nan=False, default=_image_as_json)
         except (TypeError, ValueError) as exc:
             errors.append(f"not JSON-serialisable ({exc})")
     if errors:

@@ -188,6 +188,15 @@ class PictureEnv(ChatEnv):
         return StepOutcome(reward=1.0, terminated=True)
 
 
+def test_check_chat_env_accepts_image_observations():
+    from chatgym.envs import check_chat_env
+    from chatgym.envs.env_checker import ChatEnvCheckError, check_message
+
+    check_chat_env(PictureEnv())  # PIL image parts are the one non-JSON value a message may hold
+    with pytest.raises(ChatEnvCheckError, match="not JSON-serialisable"):
+        check_message({**M.user("x"), "extra": object()}, "reset")
+
+
 class VisionReplay(ReplayEngine):
     """A ReplayEngine that takes images (the engine contract's keyword) and records them."""
 
