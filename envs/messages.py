@@ -28,7 +28,7 @@ class ToolCall(TypedDict):
 
 class Message(TypedDict):
     role: Role
-    content: str
+    content: str | list[dict[str, Any]]  # a str, or content parts (text / image_url / image)
     tool_calls: NotRequired[list[ToolCall]]
     tool_call_id: NotRequired[str]
     name: NotRequired[str]
@@ -72,8 +72,11 @@ def message_errors(msg: Any) -> list[str]:
     errors = []
     if msg.get("role") not in ROLES:
         errors.append(f"role must be one of {sorted(ROLES)}, got {msg.get('role')!r}")
-    if not isinstance(msg.get("content"), str):
-        errors.append(f"content must be a str, got {type(msg.get('content')).__name__}")
+    content = msg.get("content")
+    if isinstance(content, list):
+        errors.extend(e for e in map(_part_errors, content) if e)
+    elif not isinstance(content, str):
+        errors.append(f"content must be a str or a list of content parts, got {type(content).__name__}")
     calls = msg.get("tool_calls")
     if calls is not None:
         if not isinstance(calls, list):
@@ -86,3 +89,19 @@ def message_errors(msg: Any) -> list[str]:
     if "tool_call_id" in msg and not isinstance(msg["tool_call_id"], str):
         errors.append("tool_call_id must be a str")
     return errors
+
+
+def _part_errors(part: Any) -> str:
+    """Why ``part`` is not a content part (``""`` when it is): ``{"type": "text", "text": str}``,
+    ``{"type": "image_url", "image_url": {"url": str}}`` or ``{"type": "image", "image": <image>}``."""
+    if not isinstance(part, dict):
+        return f"a content part must be a dict, got {type(part).__name__}"
+    kind = part.get("type")
+    if kind == "text":
+        return "" if isinstance(part.get("text"), str) else "a text part needs a str 'text'"
+    if kind == "image_url":
+        url = part.get("image_url")
+        return "" if isinstance(url, dict) and isinstance(url.get("url"), str) else "an image_url part needs {'url': str}"
+    if kind == "image":
+        return "" if part.get("image") is not None else "an image part needs an 'image'"
+    return f"content part type must be text, image_url or image, got {kind!r}"
