@@ -139,9 +139,13 @@ def _draw(spec: dict[str, Any], px: int) -> tuple[Image.Image, list[tuple[float,
     """The chart at ``px`` x ``px`` pixels; each category's box and the axes' box in its pixels
     (origin top-left)."""
     import numpy as np
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.transforms import Bbox
+
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        from matplotlib.transforms import Bbox
+    except ImportError as exc:
+        raise ImportError("ChartQA-v0 needs matplotlib: pip install 'chatgym[visual]'") from exc
 
     inches = 4.0  # the layout is in points, so the chart looks the same at every size
     fig = Figure(figsize=(inches, inches), dpi=px / inches, facecolor="white")
