@@ -15,17 +15,17 @@ import pytest
 pytest.importorskip("PIL")
 pytest.importorskip("matplotlib")
 
-from PIL import Image  # noqa: E402
+from PIL import Image
 
-import chatgym  # noqa: E402, F401  (registers the env ids)
-from chatgym.envs import ChatEnv, check_chat_env  # noqa: E402
-from chatgym.envs import messages as M  # noqa: E402
-from chatgym.envs.messages import message_errors  # noqa: E402
-from chatgym.envs.visual import chartgen, sokoban  # noqa: E402
-from chatgym.envs.visual.chart import ChartQAEnv, answers_match  # noqa: E402
-from chatgym.envs.visual.grid import VisualGridEnv, read_move  # noqa: E402
-from chatgym.envs.visual.images import from_data_url, part_images, part_text, zoom_crop  # noqa: E402
-from chatgym.envs.visual.tasks import split_of  # noqa: E402
+import chatgym  # noqa: F401  (registers the env ids)
+from chatgym.envs import ChatEnv, check_chat_env
+from chatgym.envs import messages as M
+from chatgym.envs.messages import message_errors
+from chatgym.envs.visual import chartgen, sokoban
+from chatgym.envs.visual.chart import ChartQAEnv, answers_match
+from chatgym.envs.visual.grid import VisualGridEnv, read_move
+from chatgym.envs.visual.images import from_data_url, part_images, part_text, zoom_crop
+from chatgym.envs.visual.tasks import split_of
 
 BOARD = [  # player left of a box, the goal right of it; a wall above the player
     "######",
@@ -87,6 +87,9 @@ def test_observations_are_text_and_an_image_part():
     assert part_images(user["content"])[0].size == (96, 96)
     json.dumps(obs)  # plain JSON: traces and the eval store keep it as it is
     assert all(not message_errors(m) for m in obs)
+    assert from_data_url(user["content"][1]["image_url"]["url"]).size == (96, 96)
+    with pytest.raises(ValueError, match="not a base64 image data URL"):
+        from_data_url("https://example.com/board.png")  # never fetched
     obs, *_ = grid.step(grid.reference_action())
     assert [p["type"] for p in obs[0]["content"]] == ["text", "image_url"]  # a new board image each move
     assert grid.render() is None
@@ -119,10 +122,10 @@ def test_grid_two_boxes_and_larger_boards_are_solved_too():
 
 
 def test_chart_reference_answers_every_sampled_question():
-    env = ChartQAEnv(split="test", num_tasks=24)
-    assert [_episode(env, i) for i in range(24)] == [(1.0, True, 2, True)] * 24  # a zoom, then the answer
+    env = ChartQAEnv(split="test", num_tasks=16)
+    assert [_episode(env, i) for i in range(16)] == [(1.0, True, 2, True)] * 16  # a zoom, then the answer
     # The gold answers follow from the chart data (computed here, independently of the generator).
-    for row in env.tasks[:24]:
+    for row in env.tasks[:16]:
         cats, vals = row["chart"]["categories"], row["chart"]["values"]
         expected = {
             "max": cats[int(np.argmax(vals))],
@@ -131,8 +134,8 @@ def test_chart_reference_answers_every_sampled_question():
             "diff": str(abs(np.subtract(*[vals[cats.index(t)] for t in row["targets"]]))) if len(row["targets"]) == 2 else None,
         }[row["question_type"]]
         assert row["answer"] == expected, row
-    assert {r["question_type"] for r in env.tasks[:24]} == set(chartgen.QUESTION_TYPES)
-    assert {r["chart"]["kind"] for r in env.tasks[:24]} == {"bar", "line"}
+    assert {r["question_type"] for r in env.tasks[:16]} == set(chartgen.QUESTION_TYPES)
+    assert {r["chart"]["kind"] for r in env.tasks[:16]} == {"bar", "line"}
 
 
 def test_grid_reference_replans_after_a_move_of_its_own():
@@ -228,7 +231,7 @@ def test_zoom_crop_returns_the_requested_region_upscaled():
 
 def _zoom(env: ChartQAEnv, bbox) -> tuple[list, dict]:
     call = M.assistant("", [M.make_tool_call("zoom", {"bbox": bbox}, "z1")])
-    obs, reward, term, trunc, info = env.step(call)
+    obs, reward, term, _, info = env.step(call)
     assert (reward, term) == (0.0, False)
     return obs, info
 
@@ -376,11 +379,6 @@ def test_rendered_board_shows_each_piece_in_its_cell():
 
 
 def _snapshot(region: list[int]) -> list:
-    """Show a region of the screen.
-
-    Args:
-        region: [x0, y0, x1, y1].
-    """
     img = Image.new("RGB", (region[2] - region[0], region[3] - region[1]), (255, 0, 0))
     return [{"type": "text", "text": "the region:"}, {"type": "image", "image": img}]
 
@@ -391,7 +389,8 @@ def test_a_plain_function_tool_returning_parts_reaches_the_model_as_parts():
     from chatgym.envs.tools import Tool, run_tool_call
 
     call = M.make_tool_call("_snapshot", {"region": [0, 0, 4, 3]}, "c0")
-    outcome = asyncio.run(run_tool_call(call, {"_snapshot": Tool.from_function(_snapshot)}))
+    schema = {"type": "object", "properties": {"region": {"type": "array", "items": {"type": "integer"}}}}
+    outcome = asyncio.run(run_tool_call(call, {"_snapshot": Tool("_snapshot", "A red region.", schema, _snapshot)}))
     content = outcome.message["content"]
     # Was str(list): "[{'type': 'text', ..., <PIL.Image.Image ...>}]", an image the model never saw.
     assert isinstance(content, list) and content[0] == {"type": "text", "text": "the region:"}
