@@ -185,8 +185,9 @@ class ChartQAEnv(ChatEnv):
                 is_error=True,
             )
         self.zooms += 1
-        d = chart.large.width / size
-        crop = zoom_crop(chart.large, (x0 * d, y0 * d, x1 * d, y1 * d), size)
+        large = chart.large()
+        d = large.width / size
+        crop = zoom_crop(large, (x0 * d, y0 * d, x1 * d, y1 * d), size)
         shown = ", ".join(f"{v:g}" for v in (x0, y0, x1, y1))
         note = f"Zoom of [{shown}] (a {x1 - x0:g}x{y1 - y0:g} pixel region), shown at {crop.width}x{crop.height}:"
         return ToolResult([text_part(note), image_part(crop)], info={"zooms": self.zooms})

@@ -13,6 +13,7 @@ crops the large one, so a zoom shows detail the small image lost.
 from __future__ import annotations
 
 import functools
+import io
 import json
 import random
 import threading
@@ -102,16 +103,22 @@ def check_spec(spec: Any) -> None:
 @dataclass(frozen=True)
 class RenderedChart:
     """A chart drawn once: the shown image (``size`` px square) and its PNG data URL, the large render
-    (``size * detail`` px) the zoom crops, each category's box and the plot area's box in shown-image
+    (``size * detail`` px) the zoom crops, kept as PNG bytes (a 1024 px RGB image is 3 MB, its PNG
+    about 40 KB, and the cache holds many charts; :meth:`large` decodes it), each category's box and the plot area's box in shown-image
     pixels ``(x0, y0, x1, y1)``, origin top-left (a category's box covers its bar or point, its value
     label and its tick label)."""
 
     image: Image.Image
     data_url: str
-    large: Image.Image
+    large_png: bytes
     detail: int
     regions: dict[str, tuple[int, int, int, int]]
     plot_box: tuple[int, int, int, int]
+
+    def large(self) -> Image.Image:
+        """The large render, decoded (RGB, ``size * detail`` px square)."""
+        with Image.open(io.BytesIO(self.large_png)) as im:
+            return im.convert("RGB")
 
 
 def render_chart(spec: dict[str, Any], size: int, detail: int) -> RenderedChart:
@@ -119,7 +126,7 @@ def render_chart(spec: dict[str, Any], size: int, detail: int) -> RenderedChart:
     return _render_cached(json.dumps(spec, sort_keys=True), size, detail)
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=256)
 def _render_cached(spec_json: str, size: int, detail: int) -> RenderedChart:
     spec = json.loads(spec_json)
     with _RENDER_LOCK:
@@ -132,7 +139,9 @@ def _render_cached(spec_json: str, size: int, detail: int) -> RenderedChart:
         return (max(0, int(x0) - pad), max(0, int(y0) - pad), min(size, int(x1) + 1 + pad), min(size, int(y1) + 1 + pad))
 
     regions = {c: shown(b) for c, b in zip(spec["categories"], boxes, strict=True)}
-    return RenderedChart(image, to_data_url(image), large, detail, regions, shown(plot))
+    buf = io.BytesIO()
+    large.save(buf, format="PNG", compress_level=1)
+    return RenderedChart(image, to_data_url(image), buf.getvalue(), detail, regions, shown(plot))
 
 
 def _draw(spec: dict[str, Any], px: int) -> tuple[Image.Image, list[tuple[float, float, float, float]], tuple[float, float, float, float]]:

@@ -158,6 +158,7 @@ class VisualGridEnv(ChatEnv):
         self.board = sokoban.Board.parse(task["board"])
         _check_image_size(self._episode_image_size, max(self.board.rows, self.board.cols))
         self.shaping = 0.0
+        self._plans.clear()  # plans are per board; an env lives through many episodes
 
     def _board_parts(self, text: str) -> list[dict[str, Any]]:
         assert self.board is not None
