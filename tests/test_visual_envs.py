@@ -405,3 +405,20 @@ def test_message_errors_accept_content_parts_and_name_a_bad_one():
     ]
     assert message_errors({"role": "user", "content": [{"type": "text", "text": 3}]}) == ["a text part needs a str 'text'"]
     assert message_errors({"role": "user", "content": 3}) == ["content must be a str or a list of content parts, got int"]
+
+
+def test_reference_episodes_are_whole_conversations_for_sft():
+    from chatgym.envs.visual.episodes import reference_episode
+
+    grid = VisualGridEnv(split="test")
+    ep = reference_episode(grid, options={"task_index": 0})
+    n = grid.task["optimal_moves"]
+    assert (ep.total_reward, ep.success, ep.turns) == (1.0, True, n)
+    assert [m["role"] for m in ep.messages] == ["system", "user"] + ["assistant", "user"] * n
+    assert sum(len(part_images(m["content"])) for m in ep.messages) == n + 1  # the opening board + one per move
+    assert [m["content"] for m in ep.messages[2::2]] == [f"<move>{d}</move>" for d in grid.task["solution"]]
+    chart = ChartQAEnv(split="test")
+    ep = reference_episode(chart, options={"task_index": 0})
+    assert [m["role"] for m in ep.messages] == ["system", "user", "assistant", "tool", "assistant"]
+    assert ep.messages[2]["tool_calls"][0]["function"]["name"] == "zoom" and ep.tools[0]["function"]["name"] == "zoom"
+    assert ep.messages[-1]["content"] == f"<answer>{chart.task['answer']}</answer>"
