@@ -18,6 +18,8 @@ ENV_SPECS: dict[str, tuple[str, dict]] = {
     "UserSim-v0": ("chatgym.envs.usersim.env:UserSimEnv", {}),
     "Judge-v0": ("chatgym.envs.judge.env:JudgeEnv", {}),
     "ToolUse-v0": ("chatgym.envs.tool_use.env:ToolUseEnv", {}),
+    "VisualGrid-v0": ("chatgym.envs.visual.grid:VisualGridEnv", {}),
+    "ChartQA-v0": ("chatgym.envs.visual.chart:ChartQAEnv", {}),
 }
 
 

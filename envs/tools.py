@@ -19,7 +19,7 @@ from typing import Any
 import jsonschema
 
 from chatgym.envs import tool_gate
-from chatgym.envs.messages import Message, ToolCall
+from chatgym.envs.messages import Message, ToolCall, message_errors
 from chatgym.envs.messages import tool as tool_message
 
 
@@ -27,11 +27,13 @@ from chatgym.envs.messages import tool as tool_message
 class ToolResult:
     """What a tool returns when plain text is not enough.
 
-    ``done`` ends the episode (e.g. a ``submit`` tool); ``reward`` is added to the step reward;
-    ``info`` is merged into the step's ``info``.
+    ``content`` is the tool message's content: text, or a list of content parts (``{"type": "text",
+    "text": ...}``, ``{"type": "image_url", "image_url": {"url": "data:..."}}``, ``{"type": "image",
+    "image": <PIL image>}``) for a result that holds images. ``done`` ends the episode (e.g. a
+    ``submit`` tool); ``reward`` is added to the step reward; ``info`` is merged into the step's ``info``.
     """
 
-    content: str
+    content: str | list[dict[str, Any]]
     is_error: bool = False
     done: bool = False
     reward: float | None = None
@@ -46,8 +48,10 @@ class Tool:
         name: the function name the model writes.
         description: one line shown to the model.
         parameters: JSON schema of the arguments object (``{"type": "object", "properties": ...}``).
-        fn: sync or async callable taking the arguments as keywords and returning ``str`` or
-            :class:`ToolResult`. Sync functions run in a worker thread so they never block the loop.
+        fn: sync or async callable taking the arguments as keywords and returning ``str``, a list of
+            content parts (a result with images; see :class:`ToolResult`) or :class:`ToolResult`;
+            anything else becomes its ``str``. Sync functions run in a worker thread so they never
+            block the loop.
         parse_args: optional hook that converts/validates the decoded arguments before the call;
             it may raise ``ValueError`` with a message for the model.
     """
@@ -223,6 +227,15 @@ def tool_error_kinds(outcomes: Iterable[ToolOutcome]) -> dict[str, int]:
     return counts
 
 
+def is_content_parts(value: Any) -> bool:
+    """Whether ``value`` is a non-empty list of message content parts (text / image_url / image)."""
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and not message_errors({"role": "tool", "content": value, "tool_call_id": "x"})
+    )
+
+
 def decode_arguments(call: ToolCall) -> tuple[dict[str, Any] | None, str | None]:
     """Decode a call's ``arguments`` JSON text into an object; returns (arguments, error)."""
     raw = call["function"].get("arguments", "{}")
@@ -277,7 +290,13 @@ async def run_tool_call(call: ToolCall, tools: Mapping[str, Tool], timeout_s: fl
         return fail(f"{name} timed out after {timeout_s} s", "timeout")
     if isinstance(out, _Raised):  # a tool's bug is the model's observation, not the batch's crash
         return fail(f"{name} raised {type(out.exc).__name__}: {out.exc}", "raised")
-    result = out if isinstance(out, ToolResult) else ToolResult(content=str(out))
+    if isinstance(out, ToolResult):
+        result = out
+    elif is_content_parts(out):
+        # An image a tool returns reaches the model as an image part, not as its repr.
+        result = ToolResult(content=list(out))
+    else:
+        result = ToolResult(content=str(out))
     return ToolOutcome(
         tool_message(result.content, call_id, name),
         error=result.is_error,
