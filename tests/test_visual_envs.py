@@ -401,9 +401,11 @@ def test_message_errors_accept_content_parts_and_name_a_bad_one():
     parts = [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]
     assert message_errors({"role": "user", "content": parts}) == []
     assert message_errors({"role": "user", "content": [{"type": "audio"}]}) == [
-        "content part type must be text, image_url or image, got 'audio'"
+        "content part 0 has type 'audio', not one of 'text', 'image_url', 'image'"
     ]
-    assert message_errors({"role": "user", "content": [{"type": "text", "text": 3}]}) == ["a text part needs a str 'text'"]
+    assert message_errors({"role": "user", "content": [{"type": "text", "text": 3}]}) == [
+        "content part 0 (text) has no str 'text'"
+    ]
     assert message_errors({"role": "user", "content": 3}) == ["content must be a str or a list of content parts, got int"]
 
 
