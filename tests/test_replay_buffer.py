@@ -142,3 +142,34 @@ def test_entries_from_trajectories_split_by_group_in_sample_order():
     entries = entries_from_trajectories(trajs, step=4, issued_version=1)
     assert [e.key for e in entries] == [(4, 0), (4, 2)]
     assert [t.sample_index for t in entries[0].trajectories] == [0, 1]
+
+
+def _image_group(step: int, g: int):
+    from PIL import Image
+
+    from chatgym.trainer.chat.images import image_sha256
+
+    red = Image.new("RGB", (4, 3), (255, 0, 0))
+    noise = Image.frombytes("RGB", (5, 2), bytes(range(30)))
+    entry = group(step, g)
+    for t in entry.trajectories:
+        t.image_store = {image_sha256(red): red, image_sha256(noise): noise}
+        t.images = [image_sha256(red), image_sha256(noise), image_sha256(red)]
+    return entry, [red, noise, red]
+
+
+def test_spilled_and_checkpointed_groups_keep_their_images(tmp_path):
+    # A spilled group and a checkpointed buffer come back with the pixels, not only the refs.
+    buf = ReplayBuffer(capacity=4, spill_dir=tmp_path)
+    entry, images = _image_group(0, 1)
+    buf.put(entry)
+    got = ReplayBuffer.open_spilled(tmp_path, capacity=4).take(1)[0].trajectories[0]
+    assert [im.tobytes() for im in got.image_list()] == [im.tobytes() for im in images]
+    assert [im.size for im in got.image_list()] == [(4, 3), (5, 2), (4, 3)]
+    mem = ReplayBuffer(capacity=4)
+    mem.put(_image_group(0, 2)[0])
+    fresh = ReplayBuffer(capacity=4)
+    fresh.load_state_dict(pickle.loads(pickle.dumps(mem.state_dict())))
+    back = fresh.take(1)[0].trajectories[1]
+    assert [im.tobytes() for im in back.image_list()] == [im.tobytes() for im in images]
+    assert "image_store_png" not in back.to_json()  # traces still hold refs only

@@ -90,9 +90,29 @@ PRIORITIES: dict[str, Callable[[GroupEntry], tuple]] = {"fifo": _fifo, "reward_v
 
 
 def trajectory_from_json(record: dict[str, Any]) -> Trajectory:
-    """Inverse of ``Trajectory.to_json`` (unknown keys, e.g. a trace's ``batch``, are ignored)."""
+    """Inverse of ``Trajectory.to_json`` (unknown keys, e.g. a trace's ``batch``, are ignored), and of
+    :func:`trajectory_record`: its ``image_store_png`` (``{sha256: PNG data URL}``) becomes the
+    trajectory's ``image_store`` again."""
     names = {f.name for f in fields(Trajectory)}
-    return Trajectory(**{k: v for k, v in record.items() if k in names})
+    traj = Trajectory(**{k: v for k, v in record.items() if k in names})
+    stored = record.get("image_store_png")
+    if stored:
+        from chatgym.trainer.chat.images import decode_image
+
+        traj.image_store = {ref: decode_image(url) for ref, url in stored.items()}
+    return traj
+
+
+def trajectory_record(traj: Trajectory) -> dict[str, Any]:
+    """``traj.to_json()`` plus its images as lossless PNG data URLs (``image_store_png``), so a group
+    spilled to disk or saved in a checkpoint comes back with the pixels the learner trains on (a
+    trace keeps refs only)."""
+    record = traj.to_json()
+    if traj.image_store:
+        from chatgym.trainer.chat.images import encode_data_url
+
+        record["image_store_png"] = {ref: encode_data_url(img) for ref, img in traj.image_store.items()}
+    return record
 
 
 class ReplayBuffer:
@@ -190,7 +210,7 @@ class ReplayBuffer:
 
     def _write(self, entry: GroupEntry) -> None:
         path = self._path(entry)
-        record = {"meta": entry.meta_dict(), "trajectories": [t.to_json() for t in entry.trajectories or []]}
+        record = {"meta": entry.meta_dict(), "trajectories": [trajectory_record(t) for t in entry.trajectories or []]}
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(record, default=jsonable))
         os.replace(tmp, path)  # a crash never leaves a half-written group file
@@ -225,7 +245,7 @@ class ReplayBuffer:
         entries = []
         for e in self._ordered():
             trajs = e.trajectories if e.trajectories is not None else self._read(e)
-            entries.append({"meta": e.meta_dict(), "trajectories": [t.to_json() for t in trajs]})
+            entries.append({"meta": e.meta_dict(), "trajectories": [trajectory_record(t) for t in trajs]})
         return {
             "capacity": self.capacity,
             "priority": self.priority,
