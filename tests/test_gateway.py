@@ -133,6 +133,9 @@ async def test_tool_session_is_identical_to_the_collectors_episode(tok, template
     assert traj.reward == 1.0 and traj.rewards == [0.0, 0.0, 1.0] and traj.terminated and traj.error is None
     assert (traj.task_id, traj.group_id, traj.sample_index) == ("add-0", 3, 1)
     assert traj.info["segments"] == 1 and traj.info["segment"] == 0 and traj.info["session_id"] == sid
+    # The server's time holds its rendering and sampling, and is at most the session's whole time.
+    timing = traj.timing
+    assert timing["render_s"] + timing["generate_s"] < timing["serve_s"] < timing["total_s"]
     assert traj.info["tool_calls_total"] == 2 and traj.info["tool_results_total"] == 2
     assert [r["observation_tokens"] for r in traj.info["turns"][:2]] == [
         r["observation_tokens"] for r in ref.info["turns"][:2]]

@@ -48,9 +48,20 @@ def calculate(expression: str) -> str:
         return f"error: {exc}"
 
 
+_CLIENTS: dict[str, OpenAI] = {}
+
+
+def client_for(base_url: str, api_key: str) -> OpenAI:
+    """One OpenAI client per server, copied per session: building a client loads the CA bundle
+    (~50-100 ms); with_options(api_key=...) shares its connection pool (~20 us)."""
+    if base_url not in _CLIENTS:
+        _CLIENTS[base_url] = OpenAI(base_url=base_url, api_key="unset", max_retries=0)
+    return _CLIENTS[base_url].with_options(api_key=api_key)
+
+
 def run(base_url: str, api_key: str, task: dict, max_turns: int = 4) -> None:
     """One episode; returns None: the reward is the env's scorer's (reward: env)."""
-    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    client = client_for(base_url, api_key)
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task["prompt"]}]
     for _ in range(max_turns):
         reply = client.chat.completions.create(model="policy", messages=messages, tools=[CALCULATOR])

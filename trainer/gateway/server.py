@@ -89,7 +89,9 @@ class Gateway:
 
     Ended sessions: :meth:`end_session` (or ``POST .../end``) ends a session and returns one
     :class:`Trajectory` per segment, in order, filled as the collector fills one, plus
-    ``info["segment"]`` (k), ``info["segments"]`` (n), ``info["session_id"]``, ``info["ended_by"]``
+    ``info["segment"]`` (k), ``info["segments"]`` (n), ``timing["serve_s"]`` (seconds the server
+    spent on the segment's requests, from reading the body to the encoded answer; ``render_s`` and
+    ``generate_s`` are parts of it), ``info["session_id"]``, ``info["ended_by"]``
     (``end`` / ``timeout``), ``info["gateway_*"]`` counters (``requests``, ``bad_requests``,
     ``engine_errors``, ``rewrites``, ``parser_errors``, ``tool_choice_not_enforced``; a counter appears
     once it is non-zero); ``reward`` is the reported one
@@ -339,25 +341,31 @@ class Gateway:
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         session: Session | None = None
+        t0 = time.perf_counter()
         try:
             sid, session, lock = self._session_of(request)
             body = await _json_body(request)
             chat = api.parse_request(body)
+            waited = time.perf_counter()
             async with lock:
+                waited = time.perf_counter() - waited
                 if sid not in self._sessions:
                     raise _unauthorized(sid)
                 session.last_seen = time.monotonic()
                 try:
                     answer = await self._complete(session, chat)
+                    response = None if chat.stream else web.json_response(answer)
+                    # The server's own time for the request (body, plan, sample, answer, JSON), so a
+                    # benchmark can tell it from the client's; the wait for the session's lock is not ours.
+                    timing = session.segments[-1].traj.timing
+                    timing["serve_s"] = timing.get("serve_s", 0.0) + time.perf_counter() - t0 - waited
                 finally:
                     session.last_seen = time.monotonic()
         except api.ApiError as err:
             if session is not None and err.status == 400:
                 session.count("bad_requests")
             return web.json_response(err.body(), status=err.status)
-        if chat.stream:
-            return await _stream(request, answer)
-        return web.json_response(answer)
+        return response if response is not None else await _stream(request, answer)
 
     # ---- one completion -----------------------------------------------------------------------
 
