@@ -2,6 +2,8 @@
 
 Trained unchanged by `chatgym train examples/configs/gateway_math.yaml`: the gateway gives it a
 base_url and an api_key (its session), and scores its last reply with Math-v0's own scorer.
+The reward is the answer's alone: a small model (SmolLM2-135M) rarely calls the calculator
+(docs/gateway.md, "What the example shows").
 Run by hand against any OpenAI-compatible server:
     OPENAI_BASE_URL=... OPENAI_API_KEY=... CHATGYM_TASK='{"prompt": "What is 12 + 30?"}' python agent.py
 """
@@ -14,8 +16,8 @@ import os
 from openai import OpenAI
 
 SYSTEM = (
-    "You solve arithmetic problems. You may call the calculator tool. "
-    "Finish with the result in <answer></answer> tags, e.g. <answer>42</answer>."
+    "You solve arithmetic problems. Call the calculator tool to evaluate any expression you are not "
+    "sure of. Finish with the result in <answer></answer> tags, e.g. <answer>42</answer>."
 )
 CALCULATOR = {
     "type": "function",
