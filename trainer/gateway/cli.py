@@ -138,6 +138,11 @@ async def serve(cfg: Any, *, port: int, out: Path, workdir: Path) -> None:
             ended = await gateway.end_open_sessions("shutdown")
             await gateway.stop()
             await gateway.engine.close()
+            for sid, trajs in gateway.pop_ended().items():  # those a failed write left: once more
+                try:
+                    write(sid, trajs)
+                except OSError as exc:
+                    print(f"chatgym gateway: lost session {sid}: {exc}", file=sys.stderr)
             for error in gateway.on_end_errors:
                 print(f"chatgym gateway: could not write {error}", file=sys.stderr)
             print(f"chatgym gateway: stopped ({len(ended)} open sessions ended and written)", flush=True)
