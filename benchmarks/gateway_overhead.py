@@ -7,9 +7,15 @@ delta, generate). The gateway side runs ``trainer.rollout_source: gateway``'s
 :class:`~chatgym.trainer.gateway.source.GatewayCollector`: per episode an env reset (the task), a
 session, an agent written with the ``openai`` client (``--agent sync``: threads, the usual way an
 agent is written; ``async``: ``AsyncOpenAI`` on the event loop) that plays the env's loop over HTTP
-(the add tool run in the agent), the session's end. Both sides check that they produced the same
-token ids. Runs come in pairs in alternating order; medians over pairs are reported: us per request
-for each side, their ratio, and the gateway's extra us per request.
+(the add tool run in the agent), the session's end. ``--client shared`` (default) builds one OpenAI
+client per process and copies it per session (``with_options(api_key=...)``, as the example agent
+does); ``per-episode`` builds a new client per episode (each loads the CA bundle: ~50-100 ms). Both
+sides check that they produced the same token ids. Runs come in pairs in alternating order; medians
+over pairs are reported: us per request for each side, their ratio, the gateway's extra us per
+request, and the gateway side's latency per request split into the server's (``timing["serve_s"]``:
+body, render, sample, answer, JSON) and the client's (time inside ``create()`` less the server's: the
+openai client's request building and parsing, httpx, the HTTP round trip, and with concurrency > 1
+the waits for the GIL and the event loop), plus the client set-up per episode.
 
     .venv/bin/python benchmarks/gateway_overhead.py --episodes 64 --turns 3 --repeats 5
 """
@@ -20,6 +26,7 @@ import argparse
 import asyncio
 import json
 import statistics
+import threading
 import time
 from typing import Any
 
@@ -68,34 +75,60 @@ def _tool_results(message: Any) -> list[dict[str, Any]]:
     return out
 
 
-def sync_agent(base_url: str, api_key: str, task: dict[str, Any]) -> float:
-    """The env's loop over the OpenAI API (``openai.OpenAI``, in a thread)."""
+# Set by main() in the module the gateway loaded the agents from (its own copy of this file).
+CLIENT = "shared"
+STATS: dict[str, list[float]] = {"setup_s": [], "call_s": []}
+_SHARED: dict[tuple[str, bool], Any] = {}
+_LOCK = threading.Lock()
+
+
+def _client(base_url: str, api_key: str, is_async: bool) -> Any:
     import openai
 
-    client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    cls = openai.AsyncOpenAI if is_async else openai.OpenAI
+    t = time.perf_counter()
+    if CLIENT == "per-episode":
+        client = cls(base_url=base_url, api_key=api_key, max_retries=0)
+    else:
+        with _LOCK:
+            if (base_url, is_async) not in _SHARED:
+                _SHARED[base_url, is_async] = cls(base_url=base_url, api_key="unset", max_retries=0)
+        client = _SHARED[base_url, is_async].with_options(api_key=api_key)
+    STATS["setup_s"].append(time.perf_counter() - t)
+    return client
+
+
+def sync_agent(base_url: str, api_key: str, task: dict[str, Any]) -> float:
+    """The env's loop over the OpenAI API (``openai.OpenAI``, in a thread)."""
+    client = _client(base_url, api_key, False)
     messages = list(task["messages"])
     while True:
+        t = time.perf_counter()
         message = client.chat.completions.create(model="m", messages=messages, tools=task["tools"]).choices[0].message
+        STATS["call_s"].append(time.perf_counter() - t)
         messages.append(message.model_dump(exclude_none=True))
         if not message.tool_calls:
-            client.close()
+            if CLIENT == "per-episode":
+                client.close()
             return 1.0
         messages.extend(_tool_results(message))
 
 
 async def async_agent(base_url: str, api_key: str, task: dict[str, Any]) -> float:
     """:func:`sync_agent` with ``openai.AsyncOpenAI`` on the event loop."""
-    import openai
-
-    async with openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
-        messages = list(task["messages"])
-        while True:
-            reply = await client.chat.completions.create(model="m", messages=messages, tools=task["tools"])
-            message = reply.choices[0].message
-            messages.append(message.model_dump(exclude_none=True))
-            if not message.tool_calls:
-                return 1.0
-            messages.extend(_tool_results(message))
+    client = _client(base_url, api_key, True)
+    messages = list(task["messages"])
+    while True:
+        t = time.perf_counter()
+        reply = await client.chat.completions.create(model="m", messages=messages, tools=task["tools"])
+        STATS["call_s"].append(time.perf_counter() - t)
+        message = reply.choices[0].message
+        messages.append(message.model_dump(exclude_none=True))
+        if not message.tool_calls:
+            if CLIENT == "per-episode":
+                await client.close()
+            return 1.0
+        messages.extend(_tool_results(message))
 
 
 def make_engine(tok: Any, turns: int) -> ReplayEngine:
@@ -106,14 +139,42 @@ def make_engine(tok: Any, turns: int) -> ReplayEngine:
     return ReplayEngine(turn_script(script, enc(HEADER)), tok)
 
 
-async def timed(collector: Any, episodes: int) -> tuple[float, list[list[int]]]:
+async def timed(collector: Any, episodes: int) -> tuple[float, list[Any]]:
     t0 = time.perf_counter()
     trajs = await collector.collect(AddEnv, episodes, 1, seed=0)
     wall = time.perf_counter() - t0
     bad = [t.error for t in trajs if t.failed]
     if bad:
         raise SystemExit(f"episodes failed: {bad[:3]}")
-    return wall, [t.token_ids for t in trajs]
+    return wall, trajs
+
+
+def _us(values: list[float]) -> str:
+    return "[" + ", ".join(f"{x:.0f}" for x in values) + "]"
+
+
+async def run_pairs(collector: Any, gateway: Any, stats: dict[str, list[float]], args: Any) -> dict[str, list[float]]:
+    """``--repeats`` pairs of runs in alternating order; per run, us per request (collector, gateway,
+    the gateway's server and client parts) and us per episode of client set-up."""
+    requests = args.episodes * args.turns
+    out: dict[str, list[float]] = {k: [] for k in ("collector", "gateway", "server", "client", "setup")}
+    for i in range(args.repeats):
+        order = [("collector", collector), ("gateway", gateway)]
+        ids = {}
+        for name, side in order if i % 2 == 0 else order[::-1]:
+            for v in stats.values():
+                v.clear()
+            wall, trajs = await timed(side, args.episodes)
+            ids[name] = [t.token_ids for t in trajs]
+            out[name].append(1e6 * wall / requests)
+            if name == "gateway":
+                server = sum(t.timing.get("serve_s", 0.0) for t in trajs)
+                out["server"].append(1e6 * server / requests)
+                out["client"].append(1e6 * (sum(stats["call_s"]) - server) / requests)
+                out["setup"].append(1e6 * sum(stats["setup_s"]) / args.episodes)
+        if ids["collector"] != ids["gateway"]:
+            raise SystemExit("the gateway's token ids differ from the collector's")
+    return out
 
 
 async def main() -> None:
@@ -122,6 +183,8 @@ async def main() -> None:
     ap.add_argument("--turns", type=int, default=3, help="requests per episode (tool calls + answer)")
     ap.add_argument("--concurrency", type=int, default=16, help="episodes in flight on both sides")
     ap.add_argument("--agent", choices=["sync", "async"], default="sync")
+    ap.add_argument("--client", choices=["shared", "per-episode"], default="shared",
+                    help="one OpenAI client per process (copied per session) or a new one per episode")
     ap.add_argument("--repeats", type=int, default=5, help="pairs of runs")
     args = ap.parse_args()
 
@@ -134,30 +197,28 @@ async def main() -> None:
         agent=f"{__file__}:{args.agent}_agent", concurrency=args.concurrency, reward="program"
     )
     gateway = gateway_collector(make_engine(tok, args.turns), tok, rollout, program)
-    requests = args.episodes * args.turns
-    col_us, gw_us = [], []
+    agent_module = gateway.program.fn.__globals__  # the gateway's copy of this file
+    agent_module["CLIENT"] = args.client
     try:
         await timed(gateway, 2)  # warm-up: server start, imports, the client's connection set-up
         await timed(collector, 2)
-        for i in range(args.repeats):
-            order = [("collector", collector), ("gateway", gateway)]
-            ids = {}
-            for name, side in order if i % 2 == 0 else order[::-1]:
-                wall, ids[name] = await timed(side, args.episodes)
-                (col_us if name == "collector" else gw_us).append(1e6 * wall / requests)
-            if ids["collector"] != ids["gateway"]:
-                raise SystemExit("the gateway's token ids differ from the collector's")
+        r = await run_pairs(collector, gateway, agent_module["STATS"], args)
     finally:
         collector.close()
         await gateway.aclose()
-    ratios = [g / c for g, c in zip(gw_us, col_us, strict=True)]
-    extra = [g - c for g, c in zip(gw_us, col_us, strict=True)]
-    print(f"{args.episodes} episodes x {args.turns} requests, concurrency {args.concurrency}, agent {args.agent}")
-    print(f"collector us/request: [{', '.join(f'{x:.0f}' for x in col_us)}]")
-    print(f"gateway   us/request: [{', '.join(f'{x:.0f}' for x in gw_us)}]")
-    print(f"median us/request: collector {statistics.median(col_us):.0f}, gateway {statistics.median(gw_us):.0f}")
-    print(f"gateway extra us/request (median of pairs): {statistics.median(extra):.0f}")
-    print(f"ratio gateway / collector (median of pairs): {statistics.median(ratios):.2f}")
+    med = {k: statistics.median(v) for k, v in r.items()}
+    pairs = list(zip(r["gateway"], r["collector"], strict=True))
+    print(f"{args.episodes} episodes x {args.turns} requests, concurrency {args.concurrency}, "
+          f"agent {args.agent}, client {args.client}")
+    print(f"collector us/request: {_us(r['collector'])}")
+    print(f"gateway   us/request: {_us(r['gateway'])}")
+    print(f"median us/request: collector {med['collector']:.0f}, gateway {med['gateway']:.0f}")
+    print(f"gateway extra us/request (median of pairs): {statistics.median(g - c for g, c in pairs):.0f}")
+    print(f"ratio gateway / collector (median of pairs): {statistics.median(g / c for g, c in pairs):.2f}")
+    # Latencies: with concurrency > 1 requests overlap, so these add up to more than the wall time.
+    print(f"gateway latency per request, median: server {med['server']:.0f} us (body, render, sample, answer, "
+          f"JSON); client {med['client']:.0f} us (openai client, httpx, HTTP round trip, waits for the GIL "
+          f"and the event loop); client set-up {med['setup']:.0f} us/episode")
 
 
 if __name__ == "__main__":

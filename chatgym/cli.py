@@ -29,6 +29,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "chatgym.trainer.eval.cli",
         "evaluate a model or the reference policy on envs into a SQLite results store (resumable)",
     ),
+    "gateway": (
+        "chatgym.trainer.gateway.cli",
+        "serve a config's engine as an OpenAI-compatible chat API on 127.0.0.1, sessions -> trajectories JSONL",
+    ),
     "leaderboard": (
         "chatgym.trainer.eval.leaderboard_cli",
         "print the models x envs leaderboard and write it as a static HTML page",

@@ -178,5 +178,17 @@ class SleepToolEnv(ChatEnv):
         return StepOutcome(reward=1.0, terminated=True, info={"success": True})
 
 
+def rewriting_agent(base_url: str, api_key: str, task: dict[str, Any]) -> float:
+    """A gateway agent program (``trainer.gateway.agent: chatgym.testing:rewriting_agent``) whose
+    session is two segments: one request on the task's messages, then one on a rewritten history (a
+    single new user message). Returns ``1.0 + sample_index`` as its reward."""
+    import openai
+
+    with openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
+        client.chat.completions.create(model="m", messages=task["messages"])
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "again: " + task["prompt"]}])
+    return 1.0 + task["sample_index"]
+
+
 if "SleepTool-v0" not in gym.registry and ENV_ID not in gym.registry:
     gym.register(id="SleepTool-v0", entry_point=SleepToolEnv)

@@ -133,6 +133,9 @@ async def test_tool_session_is_identical_to_the_collectors_episode(tok, template
     assert traj.reward == 1.0 and traj.rewards == [0.0, 0.0, 1.0] and traj.terminated and traj.error is None
     assert (traj.task_id, traj.group_id, traj.sample_index) == ("add-0", 3, 1)
     assert traj.info["segments"] == 1 and traj.info["segment"] == 0 and traj.info["session_id"] == sid
+    # The server's time holds its rendering and sampling, and is at most the session's whole time.
+    timing = traj.timing
+    assert timing["render_s"] + timing["generate_s"] < timing["serve_s"] < timing["total_s"]
     assert traj.info["tool_calls_total"] == 2 and traj.info["tool_results_total"] == 2
     assert [r["observation_tokens"] for r in traj.info["turns"][:2]] == [
         r["observation_tokens"] for r in ref.info["turns"][:2]]
@@ -527,3 +530,40 @@ async def test_a_conversation_the_template_refuses_is_a_400(tok):
         assert resp.choices[0].message.content == "ok"
         [traj] = await s.gw.end_session(sid)
     assert traj.num_turns == 1 and traj.info["gateway_bad_requests"] == 1
+
+
+async def test_a_sessions_sampling_seed_follows_the_collectors_rule(tok):
+    """open_session(sampling_seed=b): a request without a seed is sampled with hash((b, group, sample,
+    turn)) % 2**31, turn counting the session's sampled turns over its segments; a failed request
+    samples none (its retry gets the same seed); a request's own seed wins; no rule: the default."""
+    turns = scripted(tok, ["one", "two", "three", "four"])
+    seeds: list[int | None] = []
+
+    class Flaky(ReplayEngine):
+        fail_next = True
+
+        async def generate(self, prompt_ids, params) -> Completion:
+            seeds.append(params.seed)
+            if self.fail_next:
+                self.fail_next = False
+                raise RuntimeError("transient")
+            return await super().generate(prompt_ids, params)
+
+    engine = Flaky(turn_script(turns, enc(tok, ASSISTANT_HEADER)), tok)
+    async with Served(Gateway(engine, tok, sampling=SamplingParams(max_tokens=16, seed=3))) as s:
+        sid = s.gw.open_session(group_id=1, sample_index=2, sampling_seed=11)
+        c = s.client(sid)
+        msgs = [{"role": "user", "content": "hi"}]
+        with pytest.raises(openai.InternalServerError):
+            await c.chat.completions.create(model="m", messages=msgs)
+        msg = (await c.chat.completions.create(model="m", messages=msgs)).choices[0].message
+        msgs += [msg.model_dump(exclude_none=True), {"role": "user", "content": "more"}]
+        await c.chat.completions.create(model="m", messages=msgs, seed=7)
+        await c.chat.completions.create(model="m", messages=[{"role": "user", "content": "anew"}])  # segment 2
+        first, second = await s.gw.end_session(sid)
+        plain = s.gw.open_session(group_id=1, sample_index=2)
+        await s.client(plain).chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+        await s.gw.end_session(plain)
+    rule = [hash((11, 1, 2, turn)) % 2**31 for turn in (0, 2)]
+    assert seeds == [rule[0], rule[0], 7, rule[1], 3]
+    assert (first.num_turns, second.num_turns) == (2, 1)

@@ -314,5 +314,5 @@ def test_every_subcommand_runs_its_modules_main():
         main = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main"]
         entries[name] = [a.arg for a in main[0].args.args] if main else None
     assert entries == {name: ["argv"] for name in entries}
-    names = ["cotrain", "eval", "leaderboard", "rollout", "serve-retriever", "serve-sandbox", "train"]
+    names = ["cotrain", "eval", "gateway", "leaderboard", "rollout", "serve-retriever", "serve-sandbox", "train"]
     assert sorted(entries) == names

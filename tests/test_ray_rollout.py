@@ -390,6 +390,33 @@ async def test_shared_tool_limit_holds_across_workers(rollout, tmp_path):
     assert (stats["limit"], stats["peak"], stats["running"], stats["granted"] - before) == (2, 2, 0, 8)
 
 
+async def test_gateway_sessions_of_several_segments_come_back_whole_and_in_order(cluster, rollout, tmp_path):
+    """trainer.rollout_source: gateway with segments: all on Ray: each episode's worker returns its
+    session's two segments; the step gets them all in (group, sample, segment) order."""
+    import dataclasses
+
+    from chatgym.trainer.config.gateway import GatewayConfig
+    from chatgym.trainer.distributed.ray_rollout import RayRollout
+    from chatgym.trainer.models.packaged import load_model_path
+
+    cfg = make_config(tmp_path, tool_limits={})
+    gateway = GatewayConfig(agent="chatgym.testing:rewriting_agent", concurrency=4, segments="all")
+    cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, rollout_source="gateway", gateway=gateway))
+    gw_rollout = RayRollout(cfg, model_path=str(load_model_path("smollm2")), out_dir=str(tmp_path))
+    try:
+        _remember(cluster)
+        trajs = await gw_rollout.collect(request(2, group_size=2))
+    finally:
+        gw_rollout.close()
+    keys = [(t.group_id, t.sample_index, t.info["segment"]) for t in trajs]
+    assert keys == [(g, s, k) for g in range(2) for s in range(2) for k in range(2)]
+    assert all(t.error is None and t.info["segments"] == 2 for t in trajs)
+    assert [t.reward for t in trajs] == [1.0, 1.0, 2.0, 2.0] * 2
+    # Both segments of a session come from the one worker that ran it; the 4 episodes went to both.
+    workers = [t.info["rollout_worker"] for t in trajs]
+    assert workers[0::2] == workers[1::2] and set(workers) == {0, 1}
+
+
 def test_zz_no_ray_process_left(cluster, rollout):
     _remember(cluster)
     assert len(cluster.seen) >= 5  # GCS, raylet, helpers, 2 workers, a restarted worker, the limiter

@@ -14,7 +14,7 @@ from rollout_helpers import ASSISTANT_HEADER, TASKS, AddEnv, OkEnv, SyncEchoEnv,
 
 from chatgym.trainer.chat.delta import ChatRenderer, TemplateError
 from chatgym.trainer.engines.replay import ReplayEngine, replay_logprob, turn_script
-from chatgym.trainer.rollout.collector import Collector, RolloutConfig, _request_seed
+from chatgym.trainer.rollout.collector import Collector, RolloutConfig, request_seed
 from chatgym.trainer.rollout.trace import read_trace
 
 IM_START, IM_END, NL, ENDOFTEXT = 1, 2, 198, 0  # SmolLM2 ids of <|im_start|>, <|im_end|>, "\n", <|endoftext|>
@@ -358,7 +358,7 @@ async def test_only_runs_a_subset_of_the_grid_with_the_full_grids_seeds(tok):
     seeds_full = sorted(p.seed for _, p in full.engine.calls)
     seeds_part = sorted(p.seed for _, p in part.engine.calls)
     assert len(seeds_full) == 6 and len(set(seeds_full)) == 6  # one turn per episode, distinct seeds
-    assert seeds_part == sorted([_request_seed(7, 0, 0, 0), _request_seed(7, 2, 1, 0)])
+    assert seeds_part == sorted([request_seed(7, 0, 0, 0), request_seed(7, 2, 1, 0)])
     assert set(seeds_part) <= set(seeds_full)
 
 

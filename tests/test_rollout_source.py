@@ -7,7 +7,7 @@ import pytest
 from rollout_helpers import ASSISTANT_HEADER, AddEnv, tool_call_text
 
 from chatgym.trainer.engines.replay import ReplayEngine, turn_script
-from chatgym.trainer.rollout.collector import Collector, RolloutConfig, _request_seed
+from chatgym.trainer.rollout.collector import Collector, RolloutConfig, request_seed
 from chatgym.trainer.rollout.source import LocalRollout, RolloutRequest
 
 
@@ -87,8 +87,8 @@ async def test_a_subset_of_groups_samples_as_inside_the_full_request(tok):
     for t in part:
         assert t.token_ids == by_key[(t.group_id, t.sample_index)].token_ids
         assert t.task_id == by_key[(t.group_id, t.sample_index)].task_id
-    # One turn each: the seed of (g, s) is _request_seed(123, g, s, 0), whoever ran it.
+    # One turn each: the seed of (g, s) is request_seed(123, g, s, 0), whoever ran it.
     assert sorted(full_engine.seeds) == sorted(
-        _request_seed(123, g, s, 0) for g in range(3) for s in range(2)
+        request_seed(123, g, s, 0) for g in range(3) for s in range(2)
     )
-    assert sorted(part_engine.seeds) == sorted(_request_seed(123, g, s, 0) for g in (0, 2) for s in range(2))
+    assert sorted(part_engine.seeds) == sorted(request_seed(123, g, s, 0) for g in (0, 2) for s in range(2))

@@ -2,6 +2,8 @@
 
 Trained unchanged by `chatgym train examples/configs/gateway_math.yaml`: the gateway gives it a
 base_url and an api_key (its session), and scores its last reply with Math-v0's own scorer.
+The reward is the answer's alone: a small model (SmolLM2-135M) rarely calls the calculator
+(docs/gateway.md, "What the example shows").
 Run by hand against any OpenAI-compatible server:
     OPENAI_BASE_URL=... OPENAI_API_KEY=... CHATGYM_TASK='{"prompt": "What is 12 + 30?"}' python agent.py
 """
@@ -14,8 +16,8 @@ import os
 from openai import OpenAI
 
 SYSTEM = (
-    "You solve arithmetic problems. You may call the calculator tool. "
-    "Finish with the result in <answer></answer> tags, e.g. <answer>42</answer>."
+    "You solve arithmetic problems. Call the calculator tool to evaluate any expression you are not "
+    "sure of. Finish with the result in <answer></answer> tags, e.g. <answer>42</answer>."
 )
 CALCULATOR = {
     "type": "function",
@@ -48,9 +50,20 @@ def calculate(expression: str) -> str:
         return f"error: {exc}"
 
 
+_CLIENTS: dict[str, OpenAI] = {}
+
+
+def client_for(base_url: str, api_key: str) -> OpenAI:
+    """One OpenAI client per server, copied per session: building a client loads the CA bundle
+    (~50-100 ms); with_options(api_key=...) shares its connection pool (~20 us)."""
+    if base_url not in _CLIENTS:
+        _CLIENTS[base_url] = OpenAI(base_url=base_url, api_key="unset", max_retries=0)
+    return _CLIENTS[base_url].with_options(api_key=api_key)
+
+
 def run(base_url: str, api_key: str, task: dict, max_turns: int = 4) -> None:
     """One episode; returns None: the reward is the env's scorer's (reward: env)."""
-    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    client = client_for(base_url, api_key)
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task["prompt"]}]
     for _ in range(max_turns):
         reply = client.chat.completions.create(model="policy", messages=messages, tools=[CALCULATOR])

@@ -42,8 +42,8 @@ class GatewayConfig:
             (:func:`chatgym.envs.parsers.get_parser` names: ``hermes``, ``llama3_json``, ``pythonic``).
         session_timeout_s: a session with no request for this long ends by itself.
         segments: ``all`` (every segment of a session is a trajectory of the session's GRPO group,
-            each with the session's reward) or ``last`` (only the session's last segment is; required
-            with ``trainer.backend: ray``, whose rollout workers return one trajectory per episode).
+            each with the session's reward) or ``last`` (only the session's last segment is: one
+            trajectory per session, as the collector gives). Both work with ``trainer.backend: ray``.
     """
 
     agent: str | None = None

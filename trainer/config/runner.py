@@ -145,12 +145,6 @@ class RunnerConfig:
     def __post_init__(self) -> None:
         if self.rollout_source == "gateway":
             self.gateway.check_program()
-            if self.backend == "ray" and self.gateway.segments == "all":
-                # A Ray rollout worker answers one trajectory per episode; a rewritten session has several.
-                raise ValueError(
-                    "trainer.gateway.segments: 'all' gives several trajectories per episode, a Ray rollout "
-                    "worker returns one; use segments: last with trainer.backend: ray"
-                )
         if not isinstance(self.max_staleness, int) or self.max_staleness < 0:
             raise ValueError(f"trainer.max_staleness must be an int >= 0, got {self.max_staleness!r}")
         if not isinstance(self.buffer_capacity, int) or self.buffer_capacity < 0:

@@ -8,7 +8,9 @@
 (:class:`~chatgym.trainer.distributed.router.Router`: fewest outstanding episodes, at most
 ``trainer.ray.worker_capacity`` each — default ``rollout.max_concurrent_episodes``); episodes beyond
 every worker's capacity wait here and go to the first worker that frees a slot. Results are put back
-in (group_id, sample_index) order. Seeds depend only on an episode's place in the request's grid, so
+in (group_id, sample_index) order; an episode may give several trajectories (a gateway session of
+several segments, ``trainer.gateway.segments: all``), kept together in the order its worker gave them.
+Seeds depend only on an episode's place in the request's grid, so
 which worker ran it changes nothing it samples.
 
 **Weights.** :meth:`set_weights` puts the state dict into the object store once (``ray.put``) and every
@@ -101,8 +103,9 @@ class RayRollout:
     # ---- collecting --------------------------------------------------------------------------
 
     async def collect(self, request: RolloutRequest) -> list[Trajectory]:
-        """Run every episode of ``request`` on the workers; returns them ordered by (group_id,
-        sample_index), failed ones included.
+        """Run every episode of ``request`` on the workers; returns their trajectories ordered by
+        (group_id, sample_index) — an episode's several ones (gateway segments) in their own order —,
+        failed ones included.
 
         Raises:
             RuntimeError: an episode's worker died ``episode_retries + 1`` times, or no worker is left.
@@ -111,7 +114,7 @@ class RayRollout:
         ray = import_ray()
         episodes = request.episodes()
         pending: list[tuple[int, int]] = list(episodes)
-        results: dict[tuple[int, int], Trajectory] = {}
+        results: dict[tuple[int, int], list[Trajectory]] = {}
         tried: dict[tuple[int, int], set[int]] = {}
         deaths: Counter[tuple[int, int]] = Counter()
         running: dict[asyncio.Future, tuple[int, tuple[int, int]]] = {}
@@ -139,7 +142,7 @@ class RayRollout:
             for fut in done:
                 w, ep = running.pop(fut)
                 try:
-                    [traj] = fut.result()
+                    trajs = fut.result()
                 except ray.exceptions.RayActorError as exc:
                     self.router.fail(w)
                     self._mark_down(w)
@@ -153,10 +156,13 @@ class RayRollout:
                     pending.append(ep)
                     continue
                 self.router.finish(
-                    w, turns=traj.num_turns, gen_tokens=traj.response_tokens, tokens=len(traj.token_ids)
+                    w,
+                    turns=sum(t.num_turns for t in trajs),
+                    gen_tokens=sum(t.response_tokens for t in trajs),
+                    tokens=sum(len(t.token_ids) for t in trajs),
                 )
-                results[ep] = traj
-        return [results[ep] for ep in episodes]
+                results[ep] = list(trajs)
+        return [traj for ep in episodes for traj in results[ep]]
 
     def _pick(self, tried: set[int]) -> int | None:
         down = set(self._down)

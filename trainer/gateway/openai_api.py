@@ -381,3 +381,27 @@ def stream_chunks(body: dict[str, Any]) -> list[dict[str, Any]]:
     last = {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}],
             "usage": body["usage"], "chatgym": body["chatgym"]}
     return [first, last]
+
+
+_SESSION_FIELDS = {"task_id": None, "meta": None, "group_id": int, "sample_index": int, "sampling_seed": int}
+
+
+def session_fields(body: Any) -> dict[str, Any]:
+    """``open_session`` keyword arguments of a ``POST /v1/sessions`` body.
+
+    Raises:
+        ApiError: 400 naming the field (not an object, an unknown field, a bad int).
+    """
+    if not isinstance(body, dict):
+        raise bad("the body must be a JSON object (or empty)", None)
+    out: dict[str, Any] = {}
+    for key, value in body.items():
+        if key not in _SESSION_FIELDS:
+            raise bad(f"unknown field {key!r}; allowed: {sorted(_SESSION_FIELDS)}", key)
+        low = 0 if key != "sampling_seed" else None  # a seed may be negative; an index may not
+        bad_int = isinstance(value, bool) or not isinstance(value, int) or (low is not None and value < low)
+        if _SESSION_FIELDS[key] is int and value is not None and bad_int:
+            raise bad(f"{key} must be an int{' >= 0' if low is not None else ''}, got {value!r}", key)
+        if value is not None:
+            out[key] = value
+    return out

@@ -7,6 +7,9 @@ and booked into the session's trajectory. Routes:
 
 * ``POST /v1/chat/completions`` (see :mod:`chatgym.trainer.gateway.openai_api` for the fields);
 * ``GET /v1/models``: the one model served (``model_name``); a request may name any model;
+* ``POST /v1/sessions`` (only with ``http_sessions=True``) ``{"task_id", "meta", "group_id",
+  "sample_index", "sampling_seed"}`` (all optional; an empty body is fine) -> ``{"session_id",
+  "base_url"}``: a program outside chatgym opens its own session;
 * ``POST /v1/sessions/{sid}/reward`` ``{"reward": float}`` -> ``{"ok": true}``;
 * ``POST /v1/sessions/{sid}/end`` -> ``{"session_id", "trajectories": [Trajectory.to_json(), ...]}``;
 * the same ``/v1/...`` routes under ``/s/{sid}/v1/...`` (the session id in the base URL).
@@ -39,6 +42,7 @@ from chatgym.trainer.chat.template_probe import probe_template
 from chatgym.trainer.engines.base import Engine, SamplingParams
 from chatgym.trainer.gateway import openai_api as api
 from chatgym.trainer.gateway.session import Plan, Rendering, Session, messages_view, set_reward, tool_counts
+from chatgym.trainer.rollout.collector import request_seed
 from chatgym.trainer.rollout.episode import EpisodeFailure
 from chatgym.trainer.rollout.turn import Turn, sampled_turn
 from chatgym.trainer.rollout.types import Trajectory
@@ -77,10 +81,17 @@ class Gateway:
             that reported no reward; ``messages`` is the client's last conversation with the last
             returned assistant message. An exception is kept in ``info["scorer_error"]``.
         model_name: the model id ``/v1/models`` lists and responses name.
+        on_end: ``on_end(session_id, trajectories)``, called as each session ends (end, HTTP end,
+            timeout, :meth:`end_open_sessions`); the trajectories are then handed over, not kept for
+            :meth:`pop_ended` (:meth:`end_session` still returns them). If it raises they are kept.
+        http_sessions: serve ``POST /v1/sessions``, so that any program that reaches the port can
+            open sessions (``chatgym gateway``); off, only :meth:`open_session` opens them.
 
     Ended sessions: :meth:`end_session` (or ``POST .../end``) ends a session and returns one
     :class:`Trajectory` per segment, in order, filled as the collector fills one, plus
-    ``info["segment"]`` (k), ``info["segments"]`` (n), ``info["session_id"]``, ``info["ended_by"]``
+    ``info["segment"]`` (k), ``info["segments"]`` (n), ``timing["serve_s"]`` (seconds the server
+    spent on the segment's requests, from reading the body to the encoded answer; ``render_s`` and
+    ``generate_s`` are parts of it), ``info["session_id"]``, ``info["ended_by"]``
     (``end`` / ``timeout``), ``info["gateway_*"]`` counters (``requests``, ``bad_requests``,
     ``engine_errors``, ``rewrites``, ``parser_errors``, ``tool_choice_not_enforced``; a counter appears
     once it is non-zero); ``reward`` is the reported one
@@ -102,6 +113,7 @@ class Gateway:
         host: str = "127.0.0.1", port: int = 0, env_id: str = "gateway",
         weight_version: Callable[[], int] | None = None, eos_token_ids: tuple[int, ...] | None = None,
         scorer: Callable[[list[Any], Any], Any] | None = None, model_name: str = "chatgym",
+        on_end: Callable[[str, list[Trajectory]], Any] | None = None, http_sessions: bool = False,
     ):
         if max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
@@ -121,7 +133,8 @@ class Gateway:
         self.session_timeout_s = session_timeout_s
         self.host, self.port, self.env_id, self.model_name = host, port, env_id, model_name
         self.weight_version = weight_version or (lambda: int(getattr(engine, "weight_version", 0)))
-        self.scorer = scorer
+        self.scorer, self.on_end, self.http_sessions = scorer, on_end, http_sessions
+        self.on_end_errors: list[str] = []
         self._sessions: dict[str, Session] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._ended: dict[str, list[Trajectory]] = {}
@@ -136,6 +149,8 @@ class Gateway:
         for prefix in ("", "/s/{sid}"):
             app.router.add_post(prefix + "/v1/chat/completions", self._chat)
             app.router.add_get(prefix + "/v1/models", self._models)
+        if self.http_sessions:
+            app.router.add_post("/v1/sessions", self._open_route)
         app.router.add_post("/v1/sessions/{sid}/reward", self._reward)
         app.router.add_post("/v1/sessions/{sid}/end", self._end_route)
         self._runner = web.AppRunner(app, access_log=None)
@@ -159,10 +174,19 @@ class Gateway:
 
     # ---- sessions -----------------------------------------------------------------------------
 
-    def open_session(self, task_id: Any = None, group_id: int = 0, sample_index: int = 0, meta: Any = None) -> str:
-        """Open a session; returns its id (``secrets.token_urlsafe(24)``: the agent's API key)."""
+    def open_session(self, task_id: Any = None, group_id: int = 0, sample_index: int = 0, meta: Any = None,
+                     sampling_seed: int | None = None) -> str:
+        """Open a session; returns its id (``secrets.token_urlsafe(24)``: the agent's API key).
+
+        ``sampling_seed``: a request that names no ``seed`` is sampled with the collector's seed of its
+        place, ``request_seed(sampling_seed, group_id, sample_index, turn)`` (``turn``: the turns the
+        session sampled before it, over all its segments; a request that failed sampled none, so its
+        retry gets the same seed); the session thus samples as the collector's episode ``(group_id,
+        sample_index)`` of a request with that sampling seed. None: the gateway's default seed.
+        """
         sid = secrets.token_urlsafe(24)
-        self._sessions[sid] = Session(sid, self.env_id, task_id, group_id, sample_index, meta)
+        self._sessions[sid] = Session(sid, self.env_id, task_id, group_id, sample_index, meta,
+                                      sampling_seed=sampling_seed)
         self._locks[sid] = asyncio.Lock()
         return sid
 
@@ -192,8 +216,22 @@ class Gateway:
         Raises:
             SessionEnded: unknown id, or its trajectories were already collected.
         """
+        return await self.end_session_as(sid, "end")
+
+    async def end_open_sessions(self, ended_by: str = "shutdown") -> dict[str, list[Trajectory]]:
+        """End every open session (after its request in flight) with ``info["ended_by"] = ended_by``;
+        returns ``{session_id: trajectories}`` (also handed to ``on_end`` / kept, as any end)."""
+        return {sid: await self.end_session_as(sid, ended_by) for sid in list(self._sessions)}
+
+    async def end_session_as(self, sid: str, ended_by: str) -> list[Trajectory]:
+        """:meth:`end_session` recording ``ended_by`` (``"end"``: what :meth:`end_session` records).
+
+        Raises:
+            SessionEnded: as :meth:`end_session`.
+        """
         if sid in self._sessions:
-            await self._finish(sid, "end")
+            trajs = await self._finish(sid, ended_by)
+            return self._ended.pop(sid, trajs)
         if sid not in self._ended:
             raise SessionEnded(sid)
         return self._ended.pop(sid)
@@ -226,8 +264,18 @@ class Gateway:
             trajs = session.finish(ended_by, reward, timeout_s=self.session_timeout_s)
             for traj in trajs:
                 traj.info.update(info)
-            self._ended[sid] = trajs
+            self._hand_over(sid, trajs)
             return trajs
+
+    def _hand_over(self, sid: str, trajs: list[Trajectory]) -> None:
+        """To ``on_end`` when there is one, else (or when it raises) kept for collection."""
+        if self.on_end is not None:
+            try:
+                self.on_end(sid, trajs)
+                return
+            except Exception as exc:  # a failing sink must not lose the session
+                self.on_end_errors.append(f"{sid}: {type(exc).__name__}: {exc}")
+        self._ended[sid] = trajs
 
     async def _reap(self) -> None:
         tick = min(1.0, self.session_timeout_s / 4)
@@ -255,6 +303,20 @@ class Gateway:
         return web.json_response({"object": "list", "data": [
             {"id": self.model_name, "object": "model", "created": 0, "owned_by": "chatgym"}]})
 
+    async def _open_route(self, request: web.Request) -> web.Response:
+        try:
+            raw = await request.read()
+            body = json.loads(raw) if raw.strip() else {}
+        except ValueError as exc:
+            err = api.bad(f"We could not parse the JSON body of your request ({exc}).", None, None)
+            return web.json_response(err.body(), status=err.status)
+        try:
+            kwargs = api.session_fields(body)
+        except api.ApiError as err:
+            return web.json_response(err.body(), status=err.status)
+        sid = self.open_session(**kwargs)
+        return web.json_response({"session_id": sid, "base_url": f"http://{self.host}:{self.port}/s/{sid}/v1"})
+
     async def _reward(self, request: web.Request) -> web.Response:
         try:
             body = await _json_body(request)
@@ -279,25 +341,31 @@ class Gateway:
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         session: Session | None = None
+        t0 = time.perf_counter()
         try:
             sid, session, lock = self._session_of(request)
             body = await _json_body(request)
             chat = api.parse_request(body)
+            waited = time.perf_counter()
             async with lock:
+                waited = time.perf_counter() - waited
                 if sid not in self._sessions:
                     raise _unauthorized(sid)
                 session.last_seen = time.monotonic()
                 try:
                     answer = await self._complete(session, chat)
+                    response = None if chat.stream else web.json_response(answer)
+                    # The server's own time for the request (body, plan, sample, answer, JSON), so a
+                    # benchmark can tell it from the client's; the wait for the session's lock is not ours.
+                    timing = session.segments[-1].traj.timing
+                    timing["serve_s"] = timing.get("serve_s", 0.0) + time.perf_counter() - t0 - waited
                 finally:
                     session.last_seen = time.monotonic()
         except api.ApiError as err:
             if session is not None and err.status == 400:
                 session.count("bad_requests")
             return web.json_response(err.body(), status=err.status)
-        if chat.stream:
-            return await _stream(request, answer)
-        return web.json_response(answer)
+        return response if response is not None else await _stream(request, answer)
 
     # ---- one completion -----------------------------------------------------------------------
 
@@ -351,7 +419,7 @@ class Gateway:
             top_p=defaults.top_p if chat.top_p is None else chat.top_p,
             top_k=defaults.top_k,
             stop_token_ids=self.eos_token_ids,
-            seed=defaults.seed if chat.seed is None else chat.seed,
+            seed=self._seed(session, chat),
             logprobs=True,
             stop=stop,
         )
@@ -373,6 +441,14 @@ class Gateway:
             session.count("engine_errors")
             raise api.ApiError(500, "the engine aborted the request", None, "engine_abort")
         return turn
+
+    def _seed(self, session: Session, chat: api.ChatRequest) -> int | None:
+        """The request's own seed, else the session's seed rule, else the gateway's default."""
+        if chat.seed is not None:
+            return chat.seed
+        if session.sampling_seed is not None:
+            return request_seed(session.sampling_seed, session.group_id, session.sample_index, session.sampled)
+        return self.sampling.seed
 
     def _answer(self, session: Session, plan: Plan, returned: dict[str, Any], finish: str, turn: Turn | None,
                 chat: api.ChatRequest) -> dict[str, Any]:

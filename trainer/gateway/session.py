@@ -129,6 +129,9 @@ class Session:
     Attributes:
         sid: the session id; task_id, group_id, sample_index, meta: copied into each trajectory.
         env_id: the trajectories' ``env_id``.
+        sampling_seed: base of the session's per-turn sampling seeds, the collector's rule
+            ``request_seed(sampling_seed, group_id, sample_index, turn)`` (None: no seed rule).
+        sampled: turns sampled so far over all segments (the next turn's ``turn`` in the seed rule).
         segments: the session's segments in order; the last is the current one.
         opened, last_seen: ``time.monotonic()`` of the opening and of the last request.
         reward: the reported reward (None: none yet).
@@ -142,6 +145,8 @@ class Session:
     group_id: int = 0
     sample_index: int = 0
     meta: Any = None
+    sampling_seed: int | None = None
+    sampled: int = 0
     segments: list[Segment] = field(default_factory=list)
     opened: float = field(default_factory=time.monotonic)
     last_seen: float = field(default_factory=time.monotonic)
@@ -252,6 +257,7 @@ class Session:
         traj.engine_logprobs.extend(turn.logprobs)
         traj.weight_versions.extend(turn.weight_versions)
         seg.generated += len(turn.token_ids)
+        self.sampled += 1
         seg.last_ids = list(turn.token_ids)
         traj.finish_reasons.append(turn.finish_reason)
         traj.stop_reasons.append(turn.stop_reason)

@@ -37,8 +37,6 @@ the session recorded (its last segment), so the learner skips it and the batch g
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import dataclasses
 import json
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -46,7 +44,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from chatgym.trainer.engines.base import Completion, SamplingParams
 from chatgym.trainer.gateway import Gateway
 from chatgym.trainer.gateway.program import AgentProgram, ProgramError
 from chatgym.trainer.rollout.collector import summarize
@@ -58,11 +55,6 @@ from chatgym.trainer.rollout.trace import TraceWriter
 from chatgym.trainer.rollout.types import Trajectory
 
 
-def request_seed(base: int | None, *parts: int) -> int | None:
-    """The collector's per-request sampling seed rule: ``hash((base, *parts)) % 2**31`` (None: none)."""
-    return None if base is None else hash((base, *parts)) % (2**31)
-
-
 def task_options(task: Any, i: int) -> dict[str, Any]:
     """``reset`` options of task ``i``: ``{"task_index": n}`` for an int, ``{"task": row}`` for a row.
 
@@ -72,56 +64,6 @@ def task_options(task: Any, i: int) -> dict[str, Any]:
     if isinstance(task, bool) or not isinstance(task, (int, Mapping)):
         raise TypeError(f"tasks[{i}] must be a task index (int) or a task row (dict), got {task!r:.100}")
     return {"task_index": task} if isinstance(task, int) else {"task": dict(task)}
-
-
-# The seed key of the session whose request is being served: (base, group_id, sample_index, [turn]).
-_SESSION_SEED: contextvars.ContextVar[tuple[int | None, int, int, list[int]] | None] = contextvars.ContextVar(
-    "chatgym_gateway_session_seed", default=None
-)
-
-
-class SeededEngine:
-    """The engine as a gateway of :class:`GatewayCollector` calls it: a request that names no seed is
-    sampled with the collector's seed of its place, ``request_seed(base, group_id, sample_index,
-    turn)`` (``turn``: the session's generate calls so far), so a session samples as the collector's
-    episode of the same grid position would, whichever other sessions run. Everything else is the
-    wrapped engine's."""
-
-    def __init__(self, engine: Any):
-        self.engine = engine
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.engine, name)
-
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
-        key = _SESSION_SEED.get()
-        if key is not None and params.seed is None and key[0] is not None:
-            base, group_id, sample_index, turn = key
-            params = dataclasses.replace(params, seed=request_seed(base, group_id, sample_index, turn[0]))
-            turn[0] += 1
-        return await self.engine.generate(prompt_ids, params)
-
-
-class SeededGateway(Gateway):
-    """:class:`~chatgym.trainer.gateway.Gateway` that tells :class:`SeededEngine` which session a
-    request belongs to (its ``meta["sampling_seed"]``, group and sample)."""
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self._turns: dict[str, list[int]] = {}
-
-    async def _complete(self, session: Any, chat: Any) -> dict[str, Any]:
-        meta = session.meta if isinstance(session.meta, dict) else {}
-        turn = self._turns.setdefault(session.sid, [0])
-        token = _SESSION_SEED.set((meta.get("sampling_seed"), session.group_id, session.sample_index, turn))
-        try:
-            return await super()._complete(session, chat)
-        finally:
-            _SESSION_SEED.reset(token)
-
-    async def end_session(self, sid: str) -> list[Trajectory]:
-        self._turns.pop(sid, None)
-        return await super().end_session(sid)
 
 
 @dataclass
@@ -260,7 +202,8 @@ class GatewayCollector:
                 task_id=task_id,
                 group_id=ep.group_id,
                 sample_index=ep.sample_index,
-                meta={"sampling_seed": ep.sampling_seed, "env_id": name},
+                meta={"env_id": name},
+                sampling_seed=ep.sampling_seed,
             )
             program_reward = await self.program.run(base_url, sid, task, self.config.episode_timeout_s)
         except asyncio.TimeoutError:
@@ -400,8 +343,8 @@ def gateway_collector(
     sampling = SamplingParams(
         max_tokens=rollout.max_tokens, temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k
     )
-    gateway = SeededGateway(
-        SeededEngine(engine),
+    gateway = Gateway(
+        engine,
         tokenizer,
         parser=gateway_config.tool_parser,
         sampling=sampling,

@@ -120,7 +120,9 @@ def _task_options(task: Any, i: int) -> dict[str, Any]:
     return {"task_index": task} if isinstance(task, int) else {"task": dict(task)}
 
 
-def _request_seed(base: int | None, *parts: int) -> int | None:
+def request_seed(base: int | None, *parts: int) -> int | None:
+    """The per-request sampling seed of a grid place: ``hash((base, *parts)) % 2**31`` (None when
+    ``base`` is None); the collector's ``parts`` are ``(group_id, sample_index, turn)``."""
     # Tuples of ints hash the same in every process (no hash randomisation for ints).
     return None if base is None else hash((base, *parts)) % (2**31)
 
@@ -399,7 +401,7 @@ class Collector:
             top_p=cfg.top_p,
             top_k=cfg.top_k,
             stop_token_ids=self.eos_token_ids,
-            seed=_request_seed(spec.sampling_seed, spec.group_id, spec.sample_index, index),
+            seed=request_seed(spec.sampling_seed, spec.group_id, spec.sample_index, index),
             logprobs=True,
             stop=ep.stop_strings,
         )

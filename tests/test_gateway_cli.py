@@ -1,0 +1,90 @@
+"""``chatgym gateway`` as a real subprocess (a tiny random-init model on the hf engine) driven by the
+real ``openai`` client: sessions opened over HTTP, ended sessions appended to the JSONL file."""
+
+from __future__ import annotations
+
+import json
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+from train_helpers import TINY_LLAMA
+
+openai = pytest.importorskip("openai")
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ["model.path=smollm2", "model.random_init=true", "model.config_overrides=" + json.dumps(TINY_LLAMA),
+        "engine.backend=hf", "rollout.max_tokens=6", "rollout.temperature=1.0"]
+
+
+def _lines(stream, out: queue.Queue) -> None:
+    for line in stream:
+        out.put(line)
+
+
+@pytest.fixture
+def served(tmp_path):
+    """The running server: (process, base_url, the JSONL path)."""
+    out = tmp_path / "trajs.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "chatgym.cli", "gateway", *TINY, "--port", "0", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT,
+    )
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=_lines, args=(proc.stdout, lines), daemon=True).start()
+    try:
+        first = lines.get(timeout=240)
+        match = re.search(r"serving (http://127\.0\.0\.1:\d+/v1) ", first)
+        assert match, first
+        yield proc, match.group(1), out, lines
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+
+
+def test_a_session_opened_over_http_is_written_as_a_token_exact_jsonl_line(served):
+    proc, base_url, out, lines = served
+    opened = httpx.post(base_url + "/sessions", json={"task_id": "t1", "meta": {"run": 3}, "sampling_seed": 5})
+    assert opened.status_code == 200
+    sid = opened.json()["session_id"]
+    assert opened.json()["base_url"] == base_url.replace("/v1", f"/s/{sid}/v1")
+    client = openai.OpenAI(base_url=base_url, api_key=sid, max_retries=0, timeout=60)
+    reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], logprobs=True)
+    assert httpx.post(f"{base_url}/sessions/{sid}/reward", json={"reward": 0.5}).json() == {"ok": True}
+    ended = httpx.post(f"{base_url}/sessions/{sid}/end").json()["trajectories"]
+    # A second session, left open: written at shutdown.
+    other = httpx.post(base_url + "/sessions").json()["session_id"]
+    openai.OpenAI(base_url=base_url, api_key=other, max_retries=0, timeout=60).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Bye"}])
+    bad = httpx.post(base_url + "/sessions", json={"group_id": -1})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "group_id"
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(60) == 0
+    assert "stopped (1 open sessions ended and written)" in lines.get(timeout=5)
+
+    first, second = [json.loads(line) for line in out.read_text().splitlines()]
+    assert first == ended[0]  # the line is the session's Trajectory.to_json(), as the end route returned it
+    assert (first["task_id"], first["info"]["meta"], first["reward"]) == ("t1", {"run": 3}, 0.5)
+    assert first["info"]["ended_by"] == "end" and second["info"]["ended_by"] == "shutdown"
+    n, p = len(first["token_ids"]), first["prompt_len"]
+    assert len(first["loss_mask"]) == len(first["engine_logprobs"]) == len(first["weight_versions"]) == n
+    assert p == reply.usage.prompt_tokens and first["loss_mask"] == [0] * p + [1] * (n - p)
+    assert n - p == reply.usage.completion_tokens == len(reply.choices[0].logprobs.content)
+    # The logprobs the agent got are the recorded ones, token by token.
+    assert [t.logprob for t in reply.choices[0].logprobs.content] == pytest.approx(first["engine_logprobs"][p:])
+
+
+def test_a_bad_config_is_one_line_and_exit_status_2(capsys):
+    from chatgym.trainer.gateway.cli import main
+
+    assert main(["trainer.gateway.tool_parser=nope", "--port", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("chatgym gateway: trainer.gateway.tool_parser: unknown 'nope'")
+    assert main(["--port", "70000"]) == 2
+    assert capsys.readouterr().err.strip() == "chatgym gateway: --port must be in 0..65535, got 70000"
