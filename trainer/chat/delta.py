@@ -81,6 +81,7 @@ from chatgym.trainer.chat.images import ImageInputError, ImageTokens, has_images
 from chatgym.trainer.chat.template_probe import (
     BASE_QUERY,
     BASE_STUB,
+    ConversationRefused,
     TemplateError,
     TemplateProbe,
     first_difference,
@@ -197,7 +198,7 @@ class ChatRenderer:
         except jinja2.TemplateError as exc:
             # A template refusing a conversation (Gemma's "System role not supported", Mistral's
             # call-id check) is a template error of this conversation, reported as such.
-            raise TemplateError(f"the chat template raised {type(exc).__name__}: {exc}") from None
+            raise ConversationRefused(f"the chat template raised {type(exc).__name__}: {exc}") from None
 
     def render(
         self,

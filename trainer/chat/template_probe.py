@@ -23,6 +23,11 @@ class TemplateError(ValueError):
     """The chat template cannot produce token-exact deltas (not prefix-preserving, bad turn end)."""
 
 
+class ConversationRefused(TemplateError):
+    """The template's own check (its ``raise_exception``) refused this conversation: a property of
+    the messages (a late system message, a bad call id), not of the template."""
+
+
 # A small multi-turn tool conversation: system, user, a tool call, its result, an answer, a second
 # user turn, two tool results in one step and a final answer. Every place the collector cuts a
 # delta (after each assistant turn) is checked.

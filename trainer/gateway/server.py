@@ -37,7 +37,7 @@ from aiohttp import web
 
 from chatgym.envs.parsers import get_parser
 from chatgym.envs.parsers.base import ToolCallParser
-from chatgym.trainer.chat.delta import ChatRenderer, TemplateError, resolve_eos_ids
+from chatgym.trainer.chat.delta import ChatRenderer, ConversationRefused, TemplateError, resolve_eos_ids
 from chatgym.trainer.chat.template_probe import probe_template
 from chatgym.trainer.engines.base import Engine, SamplingParams
 from chatgym.trainer.gateway import openai_api as api
@@ -378,10 +378,12 @@ class Gateway:
         t0 = time.perf_counter()
         try:
             plan = session.plan(chat, self.rendering, max_tokens)
+        except ConversationRefused as exc:  # the template's own raise_exception: a conversation it refuses
+            raise api.bad(f"the chat template refused these messages: {exc}", "messages") from exc
         except TemplateError as exc:
             raise api.ApiError(500, f"the chat template cannot render these messages: {exc}", None,
                                "template_error") from exc
-        except jinja2.TemplateError as exc:  # the template's own raise_exception: a conversation it refuses
+        except jinja2.TemplateError as exc:
             raise api.bad(f"the chat template refused these messages: {exc}", "messages") from exc
         render_s = time.perf_counter() - t0
         if plan.budget is None:
