@@ -110,7 +110,7 @@ def is_vision_config(config: Any) -> bool:
 
 def is_vlm(model: Any) -> bool:
     """True when ``model`` (a peft wrapper included) is a vision-language model of this module."""
-    return is_vision_config(getattr(_base(model), "config", None))
+    return is_vision_config(getattr(base_model(model), "config", None))
 
 
 def auto_model_class(config: Any) -> Any:
@@ -262,18 +262,18 @@ class ImagePixels:
         return values, masks
 
 
-def _base(model: Any) -> Any:
+def base_model(model: Any) -> Any:
     """The transformers model under a peft wrapper (the model itself otherwise)."""
     return model.get_base_model() if hasattr(model, "get_base_model") and hasattr(model, "peft_config") else model
 
 
 def vision_modules(model: Any) -> list[Any]:
     """The vision tower of a VLM (the modules ``model.freeze_vision`` freezes; not the connector)."""
-    return [_base(model).model.vision_model]
+    return [base_model(model).model.vision_model]
 
 
 def image_token_id(model: Any) -> int:
-    return int(_base(model).config.image_token_id)
+    return int(base_model(model).config.image_token_id)
 
 
 def image_features(model: Any, pixel_values: Any, pixel_attention_mask: Any = None) -> Any:
@@ -288,7 +288,7 @@ def image_features(model: Any, pixel_values: Any, pixel_attention_mask: Any = No
     """
     import torch
 
-    inner = _base(model).model
+    inner = base_model(model).model
     param = next(inner.vision_model.parameters())
     pixel_values = pixel_values.to(device=param.device, dtype=param.dtype)
     if pixel_attention_mask is None:
@@ -308,7 +308,7 @@ def merge_image_features(model: Any, input_ids: Any, features: Any) -> Any:
     Raises:
         ValueError: the ids hold a different number of ``<image>`` tokens than ``n * S``.
     """
-    embed = _base(model).get_input_embeddings()
+    embed = base_model(model).get_input_embeddings()
     embeds = embed(input_ids)
     where = input_ids == image_token_id(model)
     found, given = int(where.sum()), features.shape[0] * features.shape[1]
