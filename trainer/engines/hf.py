@@ -411,7 +411,7 @@ class TransformersEngine:
                 self.decode_steps += 1
             if joiners:
                 prompts = [r.prompt_ids for r in joiners]
-                new, logits = hf_batch.prefill(self._decoder, prompts, self.pad_token_id, self._embeds(joiners))
+                new, logits = hf_batch.prefill(self._decoder, prompts, self.pad_token_id, *self._embeds(joiners))
                 self.batches_run += 1
                 self.rows_run += len(joiners)
                 if self._can_join is None:
@@ -518,7 +518,7 @@ class TransformersEngine:
                 self.decode_steps += 1
             if joiners:
                 prompts = [r.prompt_ids for r in joiners]
-                parts.append(slots.admit(prompts, self.pad_token_id, self._embeds(joiners)).float())
+                parts.append(slots.admit(prompts, self.pad_token_id, *self._embeds(joiners)).float())
                 self.batches_run += 1
                 self.rows_run += len(joiners)
                 rows = rows + [self._new_row(r) for r in joiners]
@@ -533,11 +533,12 @@ class TransformersEngine:
                     self._ahead = self._ahead[hf_sampling.device_tensor(keep, self.device)] if keep else None
         return rows
 
-    def _embeds(self, joiners: list[_Request]) -> list[Any] | None:
-        """The joiners' prompt embeddings with their images (None when no joiner has images)."""
+    def _embeds(self, joiners: list[_Request]) -> tuple[Any, ...]:
+        """``(embeds,)``: the joiners' prompt embeddings with their images; ``()`` when no joiner has
+        images (the prefill then takes the ids, as for a text-only model)."""
         if not any(r.images for r in joiners):
-            return None
-        return self.vision.embeds([r.prompt_ids for r in joiners], [r.images for r in joiners])
+            return ()
+        return (self.vision.embeds([r.prompt_ids for r in joiners], [r.images for r in joiners]),)
 
     def _decode_ahead(self, tokens: Any) -> None:
         """``async_scheduling``: queue the next step for every row now (rows that finish here are decoded
