@@ -78,6 +78,9 @@ class ModelConfig:
         pack_max_tokens: tokens per packed forward at most (the block-diagonal mask is a dense (N, N)
             attention, so longer packs spend more on masked-out scores); None: 512 on CPU, 2048 on CUDA
             (:func:`chatgym.trainer.learner.forward.resolve_pack`).
+        freeze_vision: a vision-language model's vision tower (``smolvlm``'s SigLIP-style encoder) is
+            not trained; its connector and language model are. False (default): the tower trains
+            too (under LoRA: adapters on its linear layers). Refused for a model without a vision tower.
     """
 
     path: str = "smollm2"
@@ -90,6 +93,7 @@ class ModelConfig:
     value_head: bool = False
     pack: Literal["auto", True, False] = "auto"
     pack_max_tokens: int | None = None
+    freeze_vision: bool = False
 
     def __post_init__(self) -> None:
         # Literal[True, False] also admits 1 and 0 (1 == True): only the words are meant.

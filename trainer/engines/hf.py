@@ -36,7 +36,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from chatgym.trainer.engines import hf_batch, hf_sampling
+from chatgym.trainer.engines import hf_batch, hf_sampling, hf_vision
 from chatgym.trainer.engines.base import Completion, SamplingParams
 from chatgym.trainer.engines.common import (
     StopStringChecker,
@@ -59,6 +59,7 @@ class _Request:
     params: SamplingParams
     future: asyncio.Future[Completion]
     loop: asyncio.AbstractEventLoop
+    images: tuple[Any, ...] = ()
 
 
 @dataclass
@@ -88,7 +89,8 @@ def _resolve(future: asyncio.Future[Completion], result: Any) -> None:
 
 
 class TransformersEngine:
-    """:class:`~chatgym.trainer.engines.base.Engine` on a ``transformers`` causal LM.
+    """:class:`~chatgym.trainer.engines.base.Engine` on a ``transformers`` causal LM, or a
+    vision-language model (``"smolvlm"``) taking images (:mod:`.hf_vision`; decoded through its text side).
 
     Args:
         model: packaged model name (``"smollm2"``), a local model directory, or a loaded
@@ -118,6 +120,7 @@ class TransformersEngine:
             back, so the host's per-step work overlaps it (as vLLM's async scheduling); same ids and
             logprobs up to float rounding. Default False: faster generation on an H200, but its training
             runs had slower updates and more peak memory (``benchmarks/results/vs_trl_h200_fused_step/``).
+        image_processor: a VLM's image processor (default: loaded from the model's directory).
         fused_step: static path: prefill and decode through :mod:`.hf_fused` (fused weights, ~18
             kernels a layer; 2.5x faster decode steps on an H200) when the model allows; False: through
             the model's own layers. Same function up to float rounding.
@@ -153,6 +156,7 @@ class TransformersEngine:
         decode: str = "auto",
         async_scheduling: bool = False,
         fused_step: bool = True,
+        image_processor: Any = None,
     ) -> None:
         import torch
 
@@ -164,7 +168,8 @@ class TransformersEngine:
             raise ValueError(f"batch_window_s must be >= 0, got {batch_window_s}")
         if num_threads:
             torch.set_num_threads(num_threads)
-        if isinstance(model, (str, os.PathLike)):
+        source = model if isinstance(model, (str, os.PathLike)) else None
+        if source is not None:
             device = device or ("cuda" if torch.cuda.is_available() else "cpu")
             if tokenizer is None:
                 from chatgym.trainer.chat.tokenizer import get_tokenizer
@@ -175,8 +180,10 @@ class TransformersEngine:
         self.model = model
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
-        config = model.config
-        self.vocab_size = embedding_rows(model)
+        self.vision = hf_vision.EngineVision.of(model, image_processor, source)
+        self._decoder = hf_vision.text_decoder(model)  # the model itself unless it is a VLM
+        config = self._decoder.config
+        self.vocab_size = embedding_rows(self._decoder)
         self.max_model_len = int(max_model_len or getattr(config, "max_position_embeddings", 1 << 30))
         self.eos_token_ids = (
             check_token_ids(eos_token_ids, self.vocab_size, "eos_token_ids")
@@ -213,13 +220,15 @@ class TransformersEngine:
 
     # ---- Engine contract -------------------------------------------------------------------------
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, *, images: Any = ()) -> Completion:
         """Generate one completion; see the module docstring for the logprob definition.
 
         Args:
             prompt_ids: token ids (``list[int]``), 1 ≤ length < ``max_model_len``.
             params: sampling settings; ``temperature=0`` is greedy (argmax), ``seed`` makes sampling
                 reproducible for this request whatever else is in its batch.
+            images: a VLM's prompt images (``PIL.Image.Image``) in the order of their ``<image>`` runs in
+                ``prompt_ids`` (each encoded once per engine and weights, :mod:`.hf_vision`).
 
         Returns:
             ``Completion`` with ``token_ids`` as sampled (the final EOS/stop id included; for a stop
@@ -231,10 +240,12 @@ class TransformersEngine:
             TypeError / ValueError: a malformed prompt (see ``check_prompt``); a stop id outside
                 ``[0, vocab_size)``; ``params.stop`` set on
                 an engine without a tokenizer (stop strings are matched on the decoded text).
+            ValueError: images for a model without vision, or not matching the prompt's ``<image>`` tokens.
             RuntimeError: the model failed (the exception is chained); every request decoding in
                 that step fails with it, later requests are served normally.
         """
         ids = check_prompt(prompt_ids, self.vocab_size, self.max_model_len)
+        images = hf_vision.check_images(self.vision, ids, images)
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
         check_token_ids(params.stop_token_ids, self.vocab_size, "SamplingParams.stop_token_ids")
@@ -244,7 +255,7 @@ class TransformersEngine:
         future: asyncio.Future[Completion] = loop.create_future()
         with self._cond:
             self._ensure_worker()
-            self._inbox.append(_Request(ids, params, future, loop))
+            self._inbox.append(_Request(ids, params, future, loop, images))
             self._cond.notify_all()
         return await future
 
@@ -396,10 +407,11 @@ class TransformersEngine:
             parts = []
             if rows:
                 assert batch is not None
-                parts.append(hf_batch.decode(self.model, batch))
+                parts.append(hf_batch.decode(self._decoder, batch))
                 self.decode_steps += 1
             if joiners:
-                new, logits = hf_batch.prefill(self.model, [r.prompt_ids for r in joiners], self.pad_token_id)
+                prompts = [r.prompt_ids for r in joiners]
+                new, logits = hf_batch.prefill(self._decoder, prompts, self.pad_token_id, *self._embeds(joiners))
                 self.batches_run += 1
                 self.rows_run += len(joiners)
                 if self._can_join is None:
@@ -480,7 +492,7 @@ class TransformersEngine:
 
         if decode not in ("auto", "static", "dynamic"):
             raise ValueError(f"decode must be 'auto', 'static' or 'dynamic', got {decode!r}")
-        ok, why = hf_static.supports(self.model)
+        ok, why = hf_static.supports(self._decoder)
         if decode == "static" and not ok:
             raise ValueError(f"decode='static' cannot run this model: {why}")
         if decode == "auto":
@@ -495,7 +507,7 @@ class TransformersEngine:
 
         if self._slots is None:
             self._slots = hf_static.StaticSlots(
-                self.model, self.max_batch_size, self.max_model_len, fused=self.fused_step
+                self._decoder, self.max_batch_size, self.max_model_len, fused=self.fused_step
             )
         slots = self._slots
         with torch.inference_mode(), without_cudnn_attention(self.device):
@@ -505,7 +517,8 @@ class TransformersEngine:
                 parts.append((queued if queued is not None else slots.decode()).float())
                 self.decode_steps += 1
             if joiners:
-                parts.append(slots.admit([r.prompt_ids for r in joiners], self.pad_token_id).float())
+                prompts = [r.prompt_ids for r in joiners]
+                parts.append(slots.admit(prompts, self.pad_token_id, *self._embeds(joiners)).float())
                 self.batches_run += 1
                 self.rows_run += len(joiners)
                 rows = rows + [self._new_row(r) for r in joiners]
@@ -519,6 +532,13 @@ class TransformersEngine:
                 if self._ahead is not None:  # the queued step ran for the rows that left too
                     self._ahead = self._ahead[hf_sampling.device_tensor(keep, self.device)] if keep else None
         return rows
+
+    def _embeds(self, joiners: list[_Request]) -> tuple[Any, ...]:
+        """``(embeds,)``: the joiners' prompt embeddings with their images; ``()`` when no joiner has
+        images (the prefill then takes the ids, as for a text-only model)."""
+        if not any(r.images for r in joiners):
+            return ()
+        return (self.vision.embeds([r.prompt_ids for r in joiners], [r.images for r in joiners]),)
 
     def _decode_ahead(self, tokens: Any) -> None:
         """``async_scheduling``: queue the next step for every row now (rows that finish here are decoded

@@ -40,8 +40,11 @@ class Batch:
         return int(self.attention.shape[0])
 
 
-def prefill(model: Any, prompts: list[list[int]], pad_id: int) -> tuple[Batch, Any]:
+def prefill(model: Any, prompts: list[list[int]], pad_id: int, embeds: list[Any] | None = None) -> tuple[Batch, Any]:
     """One forward pass over left-padded prompts.
+
+    ``embeds`` (optional): per prompt its ``(len, hidden)`` input embeddings (a VLM's prompt with its
+    images' features, :mod:`.hf_vision`), fed instead of the ids; padding columns get zeros (masked).
 
     Returns the new rows' :class:`Batch` (``tokens`` still unset: zeros until the caller samples)
     and the next-token logits, ``(len(prompts), vocab)`` in the model's dtype.
@@ -59,8 +62,14 @@ def prefill(model: Any, prompts: list[list[int]], pad_id: int) -> tuple[Batch, A
     input_ids, attention = input_ids.to(device), attention.to(device)
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache(config=model.config)
+    inputs = {"input_ids": input_ids}
+    if embeds is not None:
+        padded = embeds[0].new_zeros((n, width, embeds[0].shape[-1]))
+        for i, e in enumerate(embeds):
+            padded[i, width - e.shape[0] :] = e
+        inputs = {"inputs_embeds": padded}
     logits = model(
-        input_ids=input_ids,
+        **inputs,
         attention_mask=attention,
         position_ids=positions,
         past_key_values=cache,

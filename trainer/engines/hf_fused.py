@@ -197,7 +197,8 @@ class FusedDecoder:
             hidden = self._after_attention(layer, hidden, attended.reshape(n, heads * d))
         return self._logits(hidden)
 
-    def prefill(self, ids: Any, lengths: Any, keys: list[Any], values: list[Any], start: int) -> Any:
+    def prefill(self, ids: Any, lengths: Any, keys: list[Any], values: list[Any], start: int,
+                embeds: Any = None) -> Any:
         """The prompts' forward pass: next-token logits ``(j, vocab)`` at each prompt's last token, with
         every layer's keys/values written to slots ``start .. start + j - 1``, columns ``0 .. width - 1``.
 
@@ -206,6 +207,8 @@ class FusedDecoder:
             lengths: ``(j,)`` int64 prompt lengths (on the device).
             keys, values: per layer, ``(slots, kv_heads, max_len, head_dim)`` caches.
             start: first slot written.
+            embeds: ``(j, width, hidden)`` input embeddings to feed instead of ``ids``' (a VLM's
+                prompts with their images' features); None: the ids' embeddings.
 
         Causal attention alone keeps the padding apart: a real token at column ``i < len`` sees columns
         ``<= i``, all real; the padding's own outputs and keys are never read (the decode step's mask
@@ -217,7 +220,7 @@ class FusedDecoder:
         j, width = ids.shape
         heads, kv_heads, d = self.heads, self.kv_heads, self.head_dim
         positions = torch.arange(width, device=ids.device)[None, :].expand(j, width)
-        hidden, cos, sin = self._embed(ids, positions)  # (j, width, hidden), (j, width, d)
+        hidden, cos, sin = self._embed(ids, positions, embeds)  # (j, width, hidden), (j, width, d)
         hidden, cos, sin = hidden.view(j * width, -1), cos.reshape(j * width, 1, d), sin.reshape(j * width, 1, d)
         group = heads // kv_heads
         for layer, k_cache, v_cache in zip(self.layers, keys, values, strict=True):
@@ -237,12 +240,13 @@ class FusedDecoder:
 
     # ---- the pieces both passes share (rows are tokens: (t, hidden)) -------------------------------
 
-    def _embed(self, ids: Any, positions: Any) -> tuple[Any, Any, Any]:
-        """Embeddings of ``ids`` and RoPE's ``cos`` / signed ``sin`` at ``positions`` (``(..., d)``)."""
+    def _embed(self, ids: Any, positions: Any, embeds: Any = None) -> tuple[Any, Any, Any]:
+        """Embeddings of ``ids`` (or ``embeds`` as given) and RoPE's ``cos`` / signed ``sin`` at
+        ``positions`` (``(..., d)``)."""
         import torch
 
         inner = self.model.model
-        hidden = inner.embed_tokens(ids)
+        hidden = inner.embed_tokens(ids) if embeds is None else embeds.to(inner.embed_tokens.weight.dtype)
         cos, sin = inner.rotary_emb(hidden, positions)
         half = self.head_dim // 2
         return hidden, cos, torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)

@@ -189,8 +189,10 @@ class StaticSlots:
 
     # ---- joining ---------------------------------------------------------------------------------
 
-    def admit(self, prompts: list[list[int]], pad_id: int) -> Any:
+    def admit(self, prompts: list[list[int]], pad_id: int, embeds: list[Any] | None = None) -> Any:
         """Prefill ``prompts`` into the next free slots; returns their next-token logits ``(j, vocab)``.
+        ``embeds``: per prompt its ``(len, hidden)`` input embeddings, fed instead of the ids (a VLM's
+        prompt with its images' features, :mod:`.hf_vision`).
 
         Raises:
             ValueError: more rows than free slots, or a prompt of ``max_len`` tokens or more.
@@ -216,14 +218,20 @@ class StaticSlots:
             ids, attention = ids.to(self.device), attention.to(self.device)
         lengths = attention.sum(-1)
         start = self.rows
+        padded = None
+        if embeds is not None:  # right-padded like the ids; padding rows are zeros
+            padded = embeds[0].new_zeros((j, width, embeds[0].shape[-1]))
+            for i, e in enumerate(embeds):
+                padded[i, : e.shape[0]] = e
         if self.fused is not None:
-            logits = self.fused.prefill(ids, lengths, self.cache.keys, self.cache.values, start)
+            logits = self.fused.prefill(ids, lengths, self.cache.keys, self.cache.values, start, padded)
             return self._joined(prompts, lengths, start, logits)
         from transformers import DynamicCache
 
         prefill_cache = DynamicCache(config=self.model.config)
+        inputs = {"input_ids": ids} if padded is None else {"inputs_embeds": padded}
         hidden = self.model.model(
-            input_ids=ids,
+            **inputs,
             attention_mask=attention,
             position_ids=torch.arange(width, device=self.device)[None, :].expand(j, -1),
             past_key_values=prefill_cache,

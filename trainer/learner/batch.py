@@ -10,8 +10,10 @@ in one sequence with a block-diagonal causal mask, so no padding is computed at 
 from __future__ import annotations
 
 import dataclasses
+import io
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -33,6 +35,11 @@ class TokenBatch:
         prompt_lens: (B,) long, tokens of each row's opening prompt (``Trajectory.prompt_len``).
         value_mask: bool, the tokens the value loss trains on when it differs from ``loss_mask``
             (T-PPO: finished rows only); None: ``loss_mask``.
+        pixel_values: a vision-language batch's images, ``(B, M, 3, H, W)`` float32: row ``b``'s
+            images in the order of their ``<image>`` runs in its tokens, padded with zeros to the most
+            images ``M`` of a row; None for a text-only batch.
+        pixel_attention_mask: ``(B, M, H, W)`` bool, the real pixels of each image.
+        image_counts: ``(B,)`` long, the images of each row (the first ``image_counts[b]`` of ``M``).
     """
 
     input_ids: torch.Tensor
@@ -46,6 +53,9 @@ class TokenBatch:
     old_values: torch.Tensor | None = None
     prompt_lens: torch.Tensor | None = None
     value_mask: torch.Tensor | None = None
+    pixel_values: torch.Tensor | None = None
+    pixel_attention_mask: torch.Tensor | None = None
+    image_counts: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -73,16 +83,89 @@ class TokenBatch:
     def to(self, device: torch.device | str) -> TokenBatch:
         return TokenBatch(**{k: v.to(device) for k, v in self._tensors().items()})
 
+    def images(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The batch's real images in row-major order (row 0's, then row 1's, ...: the order of their
+        ``<image>`` tokens in ``input_ids``): ``(N, 3, H, W)`` pixel values and ``(N, H, W)`` mask;
+        None for a text-only batch or one whose rows hold no image."""
+        if self.pixel_values is None or self.image_counts is None or int(self.image_counts.sum()) == 0:
+            return None
+        slots = torch.arange(self.pixel_values.shape[1], device=self.image_counts.device)
+        real = slots[None, :] < self.image_counts[:, None]  # (B, M)
+        return self.pixel_values[real], self.pixel_attention_mask[real]
 
-def collate(trajectories: Sequence[Trajectory], pad_id: int) -> TokenBatch:
+
+def trajectory_images(traj: Trajectory) -> list[Any]:
+    """A trajectory's images as PIL images, in the order of their placeholders in ``token_ids``.
+
+    ``traj.images`` holds, per image, a PIL image or its reference (the sha256 the rollout side stores
+    it under), resolved through ``traj.image_store`` (a mapping, or an object with ``get``, from
+    reference to a PIL image or its encoded bytes). A trajectory without ``images``: none.
+
+    Raises:
+        KeyError: a reference the store does not hold (names the trajectory and the reference).
+    """
+    refs = list(getattr(traj, "images", None) or ())
+    store = getattr(traj, "image_store", None)
+    out = []
+    for ref in refs:
+        if not isinstance(ref, str):
+            out.append(ref)
+            continue
+        found = store.get(ref) if store is not None else None
+        if found is None:
+            raise KeyError(f"trajectory {traj.task_id!r}: image {ref!r} is not in its image store")
+        if isinstance(found, (bytes, bytearray, memoryview)):
+            from PIL import Image
+
+            found = Image.open(io.BytesIO(bytes(found)))
+            found.load()
+        out.append(found)
+    return out
+
+
+def collate_images(trajectories: Sequence[Trajectory], pixels: Any) -> dict[str, torch.Tensor]:
+    """``pixel_values``, ``pixel_attention_mask`` and ``image_counts`` of :class:`TokenBatch` for the
+    rows' images (:func:`trajectory_images`); ``pixels(images)`` gives ``(n, 3, H, W)`` values and
+    ``(n, H, W)`` masks (:class:`chatgym.trainer.models.vlm.ImagePixels`). Empty when no row has images.
+
+    Raises:
+        ValueError: rows with images but no ``pixels`` (a text-only model).
+    """
+    per_row = [trajectory_images(t) for t in trajectories]
+    if not any(per_row):
+        return {}
+    if pixels is None:
+        raise ValueError(
+            f"collate: {sum(map(len, per_row))} image(s) in the batch but no image processor (the policy "
+            "has no vision tower)"
+        )
+    encoded = [pixels(images) if images else None for images in per_row]
+    shapes = [v.shape for v, _ in (e for e in encoded if e is not None)]
+    most = max(len(images) for images in per_row)
+    height, width = max(s[2] for s in shapes), max(s[3] for s in shapes)
+    values = torch.zeros(len(per_row), most, 3, height, width)
+    masks = torch.zeros(len(per_row), most, height, width, dtype=torch.bool)
+    for i, e in enumerate(encoded):
+        if e is not None:
+            v, m = e
+            values[i, : v.shape[0], :, : v.shape[2], : v.shape[3]] = v
+            masks[i, : m.shape[0], : m.shape[1], : m.shape[2]] = m
+    counts = torch.tensor([len(images) for images in per_row], dtype=torch.long)
+    return {"pixel_values": values, "pixel_attention_mask": masks, "image_counts": counts}
+
+
+def collate(trajectories: Sequence[Trajectory], pad_id: int, pixels: Any = None) -> TokenBatch:
     """Pad trajectories into a :class:`TokenBatch`.
 
     Args:
-        trajectories: each with ``token_ids``, ``loss_mask`` and ``engine_logprobs`` of equal length.
+        trajectories: each with ``token_ids``, ``loss_mask`` and ``engine_logprobs`` of equal length
+            (and ``images`` for a vision-language policy, :func:`trajectory_images`).
         pad_id: id written after each row's end (any valid id; it is never attended to or trained on).
+        pixels: images -> pixel values (:func:`collate_images`); None for a text-only policy.
 
     Raises:
-        ValueError: no trajectories, or a trajectory whose three lists differ in length (names it).
+        ValueError: no trajectories, or a trajectory whose three lists differ in length (names it);
+            images without ``pixels``.
     """
     if not trajectories:
         raise ValueError("collate: trajectories is empty")
@@ -108,7 +191,8 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int) -> TokenBatch:
     # A generated token at position 0 has no prefix to predict it from: it cannot be trained on.
     loss_mask[:, 0] = False
     prompt_lens = torch.tensor([t.prompt_len for t in trajectories], dtype=torch.long)
-    return TokenBatch(input_ids, attention, loss_mask, logprobs, prompt_lens=prompt_lens)
+    images = collate_images(trajectories, pixels)
+    return TokenBatch(input_ids, attention, loss_mask, logprobs, prompt_lens=prompt_lens, **images)
 
 
 @dataclass

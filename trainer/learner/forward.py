@@ -26,6 +26,7 @@ from chatgym.trainer.learner.batch import (
     shared_prompt_micro_batches,
 )
 from chatgym.trainer.learner.logprobs import logits_to_keep, token_logprobs
+from chatgym.trainer.models.vlm import image_features, merge_image_features
 
 
 @dataclass(frozen=True)
@@ -57,14 +58,31 @@ def forward_logprobs(
     model: Any, mb: TokenBatch, *, with_entropy: bool, entropy_grad: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(B, T) logprobs (and entropies) of ``mb``'s tokens under ``model``; logits are only computed
-    from the first trained position on (``logits_to_keep``), skipping the prompt."""
+    from the first trained position on (``logits_to_keep``), skipping the prompt. A batch with images
+    feeds the token embeddings with the images' features at the ``<image>`` positions
+    (:func:`model_inputs`)."""
     out = model(
-        input_ids=mb.input_ids,
+        **model_inputs(model, mb),
         attention_mask=mb.attention_mask,
         logits_to_keep=logits_to_keep(mb.loss_mask),
         use_cache=False,
     )
     return token_logprobs(out.logits, mb.input_ids, with_entropy=with_entropy, entropy_grad=entropy_grad)
+
+
+def model_inputs(model: Any, mb: TokenBatch) -> dict[str, torch.Tensor]:
+    """``{"input_ids": ...}``, or for a batch with images ``{"inputs_embeds": ...}``: the token
+    embeddings with the vision features of ``mb``'s images (vision tower + connector, with gradient
+    when they train) written at the ``<image>`` positions, the same merge the engine's prefill does.
+
+    Raises:
+        ValueError: the rows' ``<image>`` tokens do not match their images.
+    """
+    images = mb.images()
+    if images is None:
+        return {"input_ids": mb.input_ids}
+    features = image_features(model, *images)
+    return {"inputs_embeds": merge_image_features(model, mb.input_ids, features)}
 
 
 def forward_logprobs_shared(
@@ -313,7 +331,11 @@ def policy_logprobs(
     pack_max_tokens: int = PACK_MAX_TOKENS,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`forward_logprobs_packed` with ``pack`` (packs of <= ``pack_max_tokens``), else
-    :func:`forward_logprobs_shared` when ``prefix_len`` > 0, else :func:`forward_logprobs`."""
+    :func:`forward_logprobs_shared` when ``prefix_len`` > 0, else :func:`forward_logprobs`. A
+    micro-batch with images always takes :func:`forward_logprobs` (padded, every row whole: its
+    images' features are merged into its own embeddings)."""
+    if mb.images() is not None:
+        return forward_logprobs(model, mb, with_entropy=with_entropy, entropy_grad=entropy_grad)
     if pack:
         return forward_logprobs_packed(
             model,

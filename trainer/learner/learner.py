@@ -38,6 +38,8 @@ from chatgym.trainer.learner.prepare import prepare_batch
 from chatgym.trainer.learner.reference import ReferencePolicy
 from chatgym.trainer.learner.update import UpdateState, update
 from chatgym.trainer.models.cuda import without_cudnn_attention
+from chatgym.trainer.models.packaged import load_model_path
+from chatgym.trainer.models.vlm import ImagePixels, is_vlm, load_image_processor
 from chatgym.trainer.rollout.types import Trajectory
 
 
@@ -73,6 +75,8 @@ class Learner:
             autocast=self._autocast,
         )
         self.policy = self._load_policy(ckpt)
+        # A vision-language policy's images -> pixel values, each distinct image processed once.
+        self.pixels = ImagePixels(load_image_processor(load_model_path(cfg.model.path))) if is_vlm(self.policy) else None
         self.reference = (
             ReferencePolicy.load(cfg.model, cfg.lora, self.policy, self.plan)
             if cfg.algo.kl_coef > 0
@@ -131,6 +135,7 @@ class Learner:
             plan=self.plan,
             reference=self.reference,
             critic=self.critic,
+            pixels=self.pixels,
         )
 
     def export_weights(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:

@@ -17,6 +17,7 @@ from chatgym.trainer.config.run import LoraConfig, ModelConfig
 from chatgym.trainer.models.dtype import choose_compute_dtype, cpu_flags, resolve_dtype
 from chatgym.trainer.models.packaged import load_model_path
 from chatgym.trainer.models.random_init import random_model
+from chatgym.trainer.models.vlm import auto_model_class, is_vision_config, is_vlm, vision_modules
 
 
 def resolve_device(device: str) -> torch.device:
@@ -80,19 +81,32 @@ def cpu_threads() -> int:
 
 
 def load_policy(cfg: ModelConfig, lora: LoraConfig, device: torch.device) -> Any:
-    """The trainable policy: a transformers causal LM in train mode (a peft model with ``lora.enabled``).
+    """The trainable policy: a transformers causal LM or vision-language model in train mode (a peft
+    model with ``lora.enabled``).
+
+    A VLM's vision tower is frozen with ``cfg.freeze_vision`` (its connector always trains). Under
+    LoRA the adapters go on the language side only (``lora.target_modules`` inside the text model) and
+    on the connector, and also on the vision tower's linear layers unless ``cfg.freeze_vision``: every
+    base weight stays frozen, so the reference (adapters off) is the initial model, vision included.
 
     Raises:
         ModuleNotFoundError: LoRA asked for without ``peft`` installed (names the extra).
+        ValueError: ``model.freeze_vision`` for a model without a vision tower.
     """
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig
 
     dtype = resolve_dtype(cfg.dtype)
     if cfg.random_init:
         model = random_model(cfg.path, dtype=dtype, device=device, **cfg.config_overrides)
     else:
         path = load_model_path(cfg.path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+        model = auto_model_class(AutoConfig.from_pretrained(path)).from_pretrained(path, dtype=dtype).to(device)
+    vlm = is_vlm(model)
+    if cfg.freeze_vision and not vlm:
+        raise ValueError(f"model.freeze_vision is set but {cfg.path!r} has no vision tower")
+    if cfg.freeze_vision:
+        for module in vision_modules(model):
+            module.requires_grad_(False)
     # The KV cache is useless in a training forward and costs memory.
     model.config.use_cache = False
     if cfg.gradient_checkpointing:
@@ -109,11 +123,21 @@ def load_policy(cfg: ModelConfig, lora: LoraConfig, device: torch.device) -> Any
             r=lora.r,
             lora_alpha=lora.alpha,
             lora_dropout=lora.dropout,
-            target_modules=list(lora.target_modules),
+            target_modules=_vlm_lora_targets(lora, cfg.freeze_vision) if vlm else list(lora.target_modules),
             task_type="CAUSAL_LM",
         )
         model = get_peft_model(model, peft_cfg)
     return model.train()
+
+
+def _vlm_lora_targets(lora: LoraConfig, freeze_vision: bool) -> str:
+    """peft's regex of a VLM's adapted layers (see :func:`load_policy`): ``lora.target_modules`` of
+    the text model, the connector's projection, and the vision tower's linear layers when it trains."""
+    names = "|".join(sorted(lora.target_modules))
+    parts = [rf".*text_model\..*\.({names})", r".*connector\.modality_projection\.proj"]
+    if not freeze_vision:
+        parts.append(r".*vision_model\..*\.(q_proj|k_proj|v_proj|out_proj|fc1|fc2)")
+    return "|".join(f"(?:{p})" for p in parts)
 
 
 def load_critic(cfg: ModelConfig, device: torch.device) -> Any:
@@ -126,6 +150,7 @@ def load_critic(cfg: ModelConfig, device: torch.device) -> Any:
     dtype = resolve_dtype(cfg.dtype)
     if cfg.random_init:
         config = random_model(cfg.path, dtype=dtype, **cfg.config_overrides).config
+        _text_only_critic(cfg, config)
         config.num_labels = 1
         config.classifier_dropout = 0.0
         torch.manual_seed(1)
@@ -133,12 +158,18 @@ def load_critic(cfg: ModelConfig, device: torch.device) -> Any:
     else:
         path = load_model_path(cfg.path)
         config = AutoConfig.from_pretrained(path, num_labels=1)
+        _text_only_critic(cfg, config)
         config.classifier_dropout = 0.0
         critic = AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=dtype)
     critic.config.use_cache = False
     if cfg.gradient_checkpointing:
         critic.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return critic.to(device).train()
+
+
+def _text_only_critic(cfg: ModelConfig, config: Any) -> None:
+    if is_vision_config(config):
+        raise ValueError(f"model.value_head: {cfg.path!r} is a vision-language model; value heads are text-only")
 
 
 def _is_peft(model: Any) -> bool:

@@ -147,6 +147,7 @@ def prepare_batch(
     plan: ForwardPlan,
     reference: Any = None,
     critic: Any = None,
+    pixels: Any = None,
 ) -> tuple[TokenBatch | None, dict[str, float]]:
     """The token batch a step trains on, with its metrics (see the module docstring for the order).
 
@@ -159,6 +160,8 @@ def prepare_batch(
         plan: how the no-gradient passes run (micro-batches, device, sharing, packing, autocast).
         reference: a :class:`~chatgym.trainer.learner.reference.ReferencePolicy` (None: no KL).
         critic: the value model (None: no values).
+        pixels: a vision-language policy's images -> pixel values
+            (:class:`chatgym.trainer.models.vlm.ImagePixels`); None for a text-only policy.
 
     Returns:
         ``(batch, metrics)``. ``batch`` is None when nothing is left to train on (every trajectory
@@ -181,7 +184,7 @@ def prepare_batch(
     if not keep:
         return None, metrics
     trained = [ok[i] for i in keep]
-    batch = collate(trained, pad_id)
+    batch = collate(trained, pad_id, pixels)
     placed = token_rewards(trained, rewards[keep], batch)
     if algo.mask_truncated:
         batch = truncation_mask(batch, trained)

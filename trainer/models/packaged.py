@@ -27,6 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from chatgym.trainer.models.dtype import resolve_dtype
+from chatgym.trainer.models.vlm import (
+    BUILD_VERSION,
+    BUILT_VLMS,
+    VLM_SHAPES,
+    VLMSpec,
+    auto_model_class,
+    build_vlm,
+)
 
 # Offline by default: nothing in chatgym may reach a model hub at run time.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -117,14 +125,41 @@ def _file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _is_converted(target: Path) -> bool:
+def _is_converted(target: Path, version: int = _CONVERSION_VERSION) -> bool:
     marker = target / _MARKER
     if not marker.is_file():
         return False
     try:
-        return json.loads(marker.read_text()).get("version") == _CONVERSION_VERSION
+        return json.loads(marker.read_text()).get("version") == version
     except (OSError, ValueError):
         return False
+
+
+def _cached(cache_name: str, version: int, make: Any, marker: dict[str, Any]) -> Path:
+    """``$CHATGYM_CACHE/models/<cache_name>``, written by ``make(tmp_dir)`` the first time: into a temp
+    dir renamed into place under a file lock, so concurrent callers never see a half-written model."""
+    target = cache_dir() / "models" / cache_name
+    if _is_converted(target, version):
+        return target
+    with _file_lock(target.parent / f".{cache_name}.lock"):
+        if _is_converted(target, version):  # another process finished while we waited for the lock
+            return target
+        tmp = Path(tempfile.mkdtemp(prefix=f".{cache_name}.", dir=target.parent))
+        try:
+            make(tmp)
+            (tmp / _MARKER).write_text(json.dumps({"version": version, **marker}))
+            if target.exists():  # a stale or partial copy from an older build
+                shutil.rmtree(target)
+            os.replace(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _built_vlm_path(spec: VLMSpec) -> Path:
+    text_dir = load_model_path(spec.text)
+    marker = {"text": str(text_dir), "seed": spec.seed, "weights": spec.weights}
+    return _cached(spec.cache_name, BUILD_VERSION, lambda tmp: build_vlm(spec, text_dir, tmp), marker)
 
 
 def _convert_gguf(gguf: Path, spec: PackagedGGUF, out: Path) -> None:
@@ -167,13 +202,14 @@ def load_model_path(name_or_path: str | os.PathLike[str]) -> Path:
     """Resolve a model name or directory to a local Hugging Face model directory.
 
     Args:
-        name_or_path: a packaged model name (``"smollm2"``; see :data:`PACKAGED_MODELS`) or a local
+        name_or_path: a packaged model name (``"smollm2"``; see :data:`PACKAGED_MODELS`), a model built
+            from a config (``"smolvlm"`` or a config-only VLM shape; see :mod:`.vlm`), or a local
             directory holding ``config.json`` (a Hugging Face model directory).
 
     Returns:
         The directory (``config.json``, safetensors weights, tokenizer files). For a packaged model this
         is ``$CHATGYM_CACHE/models/<cache_name>``, converted on first use (≈20 s for SmolLM2 on 2 cores)
-        and reused afterwards. The conversion writes into a temp dir and renames it into place under a
+        and reused afterwards (``smolvlm``: built on first use, ≈15 s, after SmolLM2's). The conversion writes into a temp dir and renames it into place under a
         file lock, so concurrent callers never see a half-written model.
 
     Raises:
@@ -182,33 +218,26 @@ def load_model_path(name_or_path: str | os.PathLike[str]) -> Path:
         FileNotFoundError: not a packaged name and not a directory with ``config.json``.
     """
     name = str(name_or_path)
+    built = BUILT_VLMS.get(name.lower()) or VLM_SHAPES.get(name.lower())
+    if built is not None:
+        return _built_vlm_path(built)
     spec = PACKAGED_MODELS.get(name.lower())
     if spec is None:
         path = Path(name).expanduser()
         if (path / "config.json").is_file():
             return path
+        built_names = sorted([*BUILT_VLMS, *VLM_SHAPES])
         raise FileNotFoundError(
-            f"model {name!r} is neither a packaged model ({sorted(PACKAGED_MODELS)}) nor a local "
-            "Hugging Face model directory with config.json (nothing is downloaded)"
+            f"model {name!r} is neither a packaged model ({sorted(PACKAGED_MODELS)}), a built one "
+            f"({built_names}) nor a local Hugging Face model directory with config.json (nothing is "
+            "downloaded)"
         )
     target = cache_dir() / "models" / spec.cache_name
     if _is_converted(target):
         return target
     gguf = find_packaged_gguf(name.lower())
-    with _file_lock(target.parent / f".{spec.cache_name}.lock"):
-        if _is_converted(target):  # another process finished while we waited for the lock
-            return target
-        tmp = Path(tempfile.mkdtemp(prefix=f".{spec.cache_name}.", dir=target.parent))
-        try:
-            _convert_gguf(gguf, spec, tmp)
-            marker = {"version": _CONVERSION_VERSION, "source": str(gguf), "dtype": "float32"}
-            (tmp / _MARKER).write_text(json.dumps(marker))
-            if target.exists():  # a stale or partial copy from an older conversion
-                shutil.rmtree(target)
-            os.replace(tmp, target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    marker = {"source": str(gguf), "dtype": "float32"}
+    return _cached(spec.cache_name, _CONVERSION_VERSION, lambda tmp: _convert_gguf(gguf, spec, tmp), marker)
 
 
 def load_model(
@@ -216,7 +245,8 @@ def load_model(
     dtype: Any = "float32",
     device: str | Any = "cpu",
 ) -> Any:
-    """Load a causal LM (``transformers`` ``PreTrainedModel``) in eval mode.
+    """Load a causal LM or a vision-language model (``transformers`` ``PreTrainedModel``, the class
+    from the config: :func:`chatgym.trainer.models.vlm.auto_model_class`) in eval mode.
 
     Args:
         name_or_path: see :func:`load_model_path`.
@@ -226,8 +256,9 @@ def load_model(
     Raises:
         ValueError: unknown dtype name.
     """
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig
 
     path = load_model_path(name_or_path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype))
+    model_class = auto_model_class(AutoConfig.from_pretrained(path))
+    model = model_class.from_pretrained(path, dtype=resolve_dtype(dtype))
     return model.to(device).eval()
