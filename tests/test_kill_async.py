@@ -227,6 +227,28 @@ def check_run(out: Path, report: dict, max_staleness: int) -> None:
     assert steps == list(range(1, n + 1))
 
 
+def test_ledger_keeps_the_rows_of_the_checkpoint_a_run_resumes_from(tmp_path):
+    from chatgym.trainer.logging.ledger import BatchLedger, read_ledger
+
+    ledger = BatchLedger(tmp_path)
+    for step in (1, 2, 3):
+        ledger.log(step, step, [(step - 1, 0), (step - 1, 1)], [f"t{step}a", f"t{step}b"])
+    with (tmp_path / "batches.jsonl").open("a") as f:
+        f.write('{"step": 4, "vers')  # the writer was killed mid-line
+    assert [r["step"] for r in read_ledger(tmp_path / "batches.jsonl")] == [1, 2, 3]
+    assert read_ledger(tmp_path / "batches.jsonl")[1] == {
+        "step": 2, "version": 2, "groups": [[1, 0], [1, 1]], "tasks": ["t2a", "t2b"]
+    }
+    BatchLedger(tmp_path, resume_step=2).log(3, 3, [(2, 1), (3, 0)], ["x", "y"])
+    rows = read_ledger(tmp_path / "batches.jsonl")
+    assert [(r["step"], r["groups"]) for r in rows] == [(1, [[0, 0], [0, 1]]), (2, [[1, 0], [1, 1]]), (3, [[2, 1], [3, 0]])]
+    BatchLedger(tmp_path)  # a fresh run starts an empty ledger
+    assert read_ledger(tmp_path / "batches.jsonl") == []
+    (tmp_path / "batches.jsonl").write_text('{"step": 1}\nnot json\n{"step": 3}\n')
+    with pytest.raises(ValueError, match=r"batches\.jsonl: line 2 is not JSON"):
+        BatchLedger(tmp_path, resume_step=3)
+
+
 def test_kill_9_workers_and_the_driver_under_async_loses_and_repeats_no_group(tmp_path):
     """3 rollout workers and the driver killed once in a 6-step run (max_staleness 1)."""
     report = campaign(tmp_path / "run", steps=10, max_staleness=1, save_every=1, worker_kills=3,
