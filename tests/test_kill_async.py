@@ -241,7 +241,9 @@ def test_ledger_keeps_the_rows_of_the_checkpoint_a_run_resumes_from(tmp_path):
     }
     BatchLedger(tmp_path, resume_step=2).log(3, 3, [(2, 1), (3, 0)], ["x", "y"])
     rows = read_ledger(tmp_path / "batches.jsonl")
-    assert [(r["step"], r["groups"]) for r in rows] == [(1, [[0, 0], [0, 1]]), (2, [[1, 0], [1, 1]]), (3, [[2, 1], [3, 0]])]
+    assert [(r["step"], r["groups"]) for r in rows] == [
+        (1, [[0, 0], [0, 1]]), (2, [[1, 0], [1, 1]]), (3, [[2, 1], [3, 0]])
+    ]
     BatchLedger(tmp_path)  # a fresh run starts an empty ledger
     assert read_ledger(tmp_path / "batches.jsonl") == []
     (tmp_path / "batches.jsonl").write_text('{"step": 1}\nnot json\n{"step": 3}\n')
