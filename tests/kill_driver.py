@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -69,11 +70,15 @@ def main(argv: list[str]) -> int:
 
     out, max_steps, max_staleness, save_every = argv[0], int(argv[1]), int(argv[2]), int(argv[3])
     cfg = load_config(None, overrides(out, max_steps, max_staleness, save_every))
+    t0 = time.monotonic()
     trainer = Trainer(cfg, resume="--resume" in argv)
+    print(f"kill_driver: built in {time.monotonic() - t0:.1f} s", flush=True)
     try:
         trainer.train()
+        print(f"kill_driver: trained at {time.monotonic() - t0:.1f} s", flush=True)
     finally:
         trainer.close()
+    print(f"kill_driver: closed at {time.monotonic() - t0:.1f} s", flush=True)
     return 0
 
 

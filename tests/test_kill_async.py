@@ -121,11 +121,13 @@ def _rollout_workers(tree: Tree) -> list[psutil.Process]:
 
 
 def campaign(out: Path, *, steps: int, max_staleness: int, save_every: int, worker_kills: int,
-             driver_kills: int, seed: int, startup_kills: bool = False, stall_s: float = 150.0) -> dict:
+             driver_kills: int, seed: int, startup_kills: bool = False, gap_s: tuple[float, float] = (0.3, 2.0),
+             stall_s: float = 150.0) -> dict:
     """One run killed ``worker_kills`` + ``driver_kills`` times (see the module docstring); returns what
     happened: kills done, the resumes (checkpoint step, its pipeline state, the killed run's ledger),
     each driver's (seconds, start step, last checkpoint, exit status). ``startup_kills``: workers are
-    killed from the driver's start on (also while the run builds), else from its first checkpoint."""
+    killed from the driver's start on (also while the run builds), else from its first checkpoint;
+    ``gap_s``: the range of seconds between two worker kills, and before the driver's."""
     rng = random.Random(seed)
     done = {"worker": 0, "driver": 0}
     resumes: list[dict] = []
@@ -145,7 +147,7 @@ def campaign(out: Path, *, steps: int, max_staleness: int, save_every: int, work
         lives_left = driver_kills - done["driver"] + 1
         quota = done["worker"] + -(-(worker_kills - done["worker"]) // lives_left)
         t_run = time.monotonic()
-        next_worker_kill = time.monotonic() + rng.uniform(0.3, 2.0)
+        next_worker_kill = time.monotonic() + rng.uniform(*gap_s)
         progress = (start_ckpt, time.monotonic())
         try:
             while proc.poll() is None:
@@ -160,10 +162,10 @@ def campaign(out: Path, *, steps: int, max_staleness: int, save_every: int, work
                     if workers:
                         os.kill(rng.choice(workers).pid, signal.SIGKILL)
                         done["worker"] += 1
-                        next_worker_kill = now + rng.uniform(0.3, 2.0)
+                        next_worker_kill = now + rng.uniform(*gap_s)
                 ready = ckpt > start_ckpt and done["worker"] >= quota
                 if done["driver"] < driver_kills and kill_driver_at is None and ready:
-                    kill_driver_at = now + rng.uniform(0.0, 1.5)
+                    kill_driver_at = now + rng.uniform(0.0, gap_s[1])
                 if kill_driver_at is not None and now >= kill_driver_at:
                     tree.scan()
                     os.kill(proc.pid, signal.SIGKILL)
@@ -180,7 +182,7 @@ def campaign(out: Path, *, steps: int, max_staleness: int, save_every: int, work
             log.close()
             # A killed driver's Ray cluster follows it (GCS, raylet, actors at once; Ray's dashboard and
             # runtime-env agents within a minute): the ones still up are ended here, by PID.
-            time.sleep(1.0)
+            time.sleep(0.2)
             tree.end()
         if rc == -signal.SIGKILL:
             resume = True
@@ -253,9 +255,11 @@ def test_ledger_keeps_the_rows_of_the_checkpoint_a_run_resumes_from(tmp_path):
 
 def test_kill_9_workers_and_the_driver_under_async_loses_and_repeats_no_group(tmp_path):
     """3 rollout workers and the driver killed once in a 6-step run (max_staleness 1)."""
-    report = campaign(tmp_path / "run", steps=10, max_staleness=1, save_every=1, worker_kills=3,
-                      driver_kills=1, seed=int(os.environ.get("KILL_SEED", "1")))
+    report = campaign(tmp_path / "run", steps=7, max_staleness=1, save_every=1, worker_kills=3,
+                      driver_kills=1, seed=int(os.environ.get("KILL_SEED", "1")), gap_s=(0.2, 1.0))
     print(report["runs"], f"{report['wall_s']:.0f} s")
+    for log in sorted(tmp_path.glob("*.log")):
+        print(log.name, [x for x in log.read_text().splitlines() if x.startswith("kill_driver:")])
     assert report["kills"] == {"worker": 3, "driver": 1}
     check_run(tmp_path / "run", report, max_staleness=1)
 
