@@ -122,12 +122,14 @@ def _rollout_workers(tree: Tree) -> list[psutil.Process]:
 
 def campaign(out: Path, *, steps: int, max_staleness: int, save_every: int, worker_kills: int,
              driver_kills: int, seed: int, startup_kills: bool = False, gap_s: tuple[float, float] = (0.3, 2.0),
-             stall_s: float = 150.0) -> dict:
+             continuations: int = 0, stall_s: float = 150.0) -> dict:
     """One run killed ``worker_kills`` + ``driver_kills`` times (see the module docstring); returns what
     happened: kills done, the resumes (checkpoint step, its pipeline state, the killed run's ledger),
     each driver's (seconds, start step, last checkpoint, exit status). ``startup_kills``: workers are
     killed from the driver's start on (also while the run builds), else from its first checkpoint;
-    ``gap_s``: the range of seconds between two worker kills, and before the driver's."""
+    ``gap_s``: the range of seconds between two worker kills, and before the driver's;
+    ``continuations``: times the finished run is then resumed to ``steps`` more steps (its final
+    checkpoint, written after the pipeline closed, must hold the groups that were still running)."""
     rng = random.Random(seed)
     done = {"worker": 0, "driver": 0}
     resumes: list[dict] = []
@@ -189,7 +191,8 @@ def campaign(out: Path, *, steps: int, max_staleness: int, save_every: int, work
             continue
         assert rc == 0, f"driver exited {rc}; see {log.name}:\n{Path(log.name).read_text()[-3000:]}"
         assert tree.left() == [], "a finished run left Ray processes behind"
-        if done["worker"] < worker_kills or done["driver"] < driver_kills:
+        if done["worker"] < worker_kills or done["driver"] < driver_kills or continuations > 0:
+            continuations -= done["worker"] >= worker_kills and done["driver"] >= driver_kills
             max_steps += steps  # every kill not done yet: continue the finished run to more steps
             resume = True
             continue
@@ -271,7 +274,7 @@ def test_kill_9_workers_and_the_driver_under_async_loses_and_repeats_no_group(tm
 def test_kill_9_fifty_times_under_async(tmp_path, max_staleness, save_every, seed):
     """50 kills per run (45 rollout workers, 5 drivers); the two cases make the 100 kills."""
     report = campaign(tmp_path / "run", steps=9, max_staleness=max_staleness, save_every=save_every,
-                      worker_kills=45, driver_kills=5, seed=seed, startup_kills=True)
+                      worker_kills=45, driver_kills=5, seed=seed, startup_kills=True, continuations=1)
     assert report["kills"] == {"worker": 45, "driver": 5}
     check_run(tmp_path / "run", report, max_staleness=max_staleness)
     print(f"kills {report['kills']}, {len(report['resumes'])} resumes, {report['max_steps']} steps, "
