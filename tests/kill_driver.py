@@ -4,9 +4,9 @@ from nothing or resumed from its newest checkpoint.
 
     python tests/kill_driver.py OUT MAX_STEPS MAX_STALENESS SAVE_EVERY [--resume]
 
-The env is ``SleepTool-v0`` of :mod:`chatgym.testing` (64 tasks; one ``wait`` tool call of 0.05 s, then
-the answer); each engine turn takes 0.02 s, so an episode is in flight for about 0.1 s and a killed
-worker takes some with it.
+The env is ``SleepTool-v0`` of :mod:`chatgym.testing` (64 tasks; one ``wait`` tool call, then the
+answer; the call's latency is log-normal, median 0.05 s, capped at 1.5 s); each engine turn takes
+0.02 s, so a killed worker takes episodes with it and groups finish out of order.
 """
 
 from __future__ import annotations
@@ -33,7 +33,9 @@ def overrides(out: str, max_steps: int, max_staleness: int, save_every: int) -> 
         "engine.dtype=float32",
         "env.id=SleepTool-v0",
         "env.eval_tasks=0",
-        'env.kwargs={"sleep_s": 0.05}',
+        # Heavy-tailed tool latency (median 0.05 s, a few near 1.5 s): groups finish out of order,
+        # some are in flight at every kill and when a run ends.
+        'env.kwargs={"sleep_s": 0.05, "sigma": 1.5, "cap_s": 1.5, "latency_seed": 3}',
         'engine.options={"delay_s": 0.02, "tool_turns": 1}',
         "rollout.max_tokens=32",
         "rollout.max_response_tokens=64",
