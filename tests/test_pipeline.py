@@ -316,6 +316,37 @@ async def test_resume_with_a_non_empty_buffer_takes_the_same_next_batch():
     assert resumed_source.requests[: len(saved["pending"])] == [(s, (g,)) for s, g in saved["pending"]]
 
 
+async def test_groups_in_flight_when_the_run_ends_stay_pending_for_a_resume():
+    # Group 2 of steps 0-1 takes 0.4 s, of later steps 5 s, every other group 0.01 s; the learner
+    # 0.05 s per update; 2P = 6 groups admitted. Batches 1-2 are the first fast groups to finish;
+    # batch 3 waits for (0, 2); (1, 2) lands while it trains. When the 3 steps end, (2, 2) and (3, 2)
+    # are still running and step 4's groups were issued by the last fill and never began.
+    source = FakeSource(lambda s, g, i: (0.4 if s < 2 else 5.0) if g == 2 else 0.01)
+    learner = FakeLearner(train_s=0.05)
+    pipe = Pipeline(source, learner, request_for, PipelineOptions("async", 1, stale="importance_sampling"))
+    await run(pipe, 0, 3)
+    state = pipe.state_dict()  # what the trainer's final checkpoint holds (saved after the run)
+    trained = [(t.task_id // P, t.task_id % P) for _, trajs in learner.batches for t in trajs[::G]]
+    held = [(e["meta"]["step"], e["meta"]["group_id"]) for e in state["buffer"]["entries"]]
+    pending = [tuple(k) for k in state["pending"]]
+    assert trained == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1), (0, 2), (3, 0), (3, 1)]
+    assert state["cursor"] == (5, 0) and held == [(1, 2)]
+    # The two running groups were cancelled and are kept, with the three that never began.
+    assert pending == [(2, 2), (3, 2), (4, 0), (4, 1), (4, 2)]
+    # Every group below the cursor is in exactly one place.
+    assert sorted(trained + held + pending) == [(s, g) for s in range(5) for g in range(P)]
+    # Resumed to more steps, each of them is trained once.
+    source2, learner2 = FakeSource(), FakeLearner()
+    source2.weight_version = learner2.version = 3
+    pipe2 = Pipeline(source2, learner2, request_for, PipelineOptions("async", 1, stale="importance_sampling"))
+    pipe2.load_state_dict(state)
+    await run(pipe2, 3, 7)
+    again = [(t.task_id // P, t.task_id % P) for _, trajs in learner2.batches for t in trajs[::G]]
+    assert source2.requests[:5] == [(s, (g,)) for s, g in pending]
+    assert len(set(trained + again)) == len(trained + again) == 7 * P
+    assert set(held + pending) <= set(again)
+
+
 async def test_a_broken_source_stops_the_run_with_its_error():
     source = FakeSource(fail_on=(0, 1))
     with pytest.raises(RuntimeError, match="worker 3 is gone"):

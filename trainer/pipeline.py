@@ -115,12 +115,15 @@ class StepResult:
         rollout_s: seconds the batch's rollout ran, from the start of its first request to the end
             of its last (``async``: over the groups' requests; a group restored from a checkpoint
             has no start here and is left out).
+        groups: where each of the batch's groups comes from, ``(rollout step, group)`` by new group
+            id (``sync`` / ``one_step_off``: ``(step, g)`` for every g; the run's ``batches.jsonl``).
     """
 
     step: int
     trajectories: list[Trajectory]
     metrics: dict[str, float] = field(default_factory=dict)
     rollout_s: float = 0.0
+    groups: list[tuple[int, int]] = field(default_factory=list)
 
 
 def staleness_metrics(entries: Sequence[GroupEntry], version: int) -> dict[str, float]:
@@ -308,7 +311,7 @@ class Pipeline:
             metrics["timing/sync_s"] = self.sync_weights()
         metrics["timing/step_s"] = time.perf_counter() - t0
         metrics["pipeline/wait_s"] = wait_s
-        return StepResult(step, trajs, metrics, rollout_s)
+        return StepResult(step, trajs, metrics, rollout_s, [e.key for e in entries])
 
     # ---- async ------------------------------------------------------------------------------------
 
@@ -451,17 +454,23 @@ class Pipeline:
                 for name in ("dropped_stale", "evicted"):
                     metrics[f"pipeline/{name}"] = float(self.counters[name] - before[name])
                 metrics["pipeline/batch_steps"] = float(len({e.step for e in entries}))
-                yield StepResult(step, trajs, metrics, rollout_s)
+                yield StepResult(step, trajs, metrics, rollout_s, [e.key for e in entries])
         finally:
             await self.aclose()
 
     async def aclose(self) -> None:
-        """Cancel the in-flight groups (their keys stay in :meth:`state_dict`'s pending list)."""
+        """Cancel the in-flight groups; their keys move to :meth:`state_dict`'s pending list (a
+        cancelled group's task drops its key from the in-flight map as it ends, so the checkpoint
+        written after the last step would otherwise not hold them, and a run resumed to more steps
+        would never train them)."""
         self._closing = True
-        tasks = list(self._in_flight.values())
+        keys, tasks = list(self._in_flight), list(self._in_flight.values())
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        self._in_flight.clear()  # a task cancelled before it began never ran its own clean-up
+        self._requeue.extend(k for k in keys if k not in self._requeue)
+        self._admitted -= len(keys)
 
     # ---- checkpoints ------------------------------------------------------------------------------
 

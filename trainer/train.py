@@ -7,6 +7,7 @@ One step (0-based ``s``) trains on ``tasks_for_step(s)`` — a pure function of 
 reset seeds and sampling seeds derived from (seed, step), so a run resumed from the checkpoint of
 step ``s`` draws the same next batch as the uninterrupted run. Everything goes under
 ``train.output_dir``: ``config.yaml``, ``metrics.jsonl``, ``tensorboard/``, ``learning_curve.png``,
+``batches.jsonl`` (the groups each update trained on: :mod:`~chatgym.trainer.logging.ledger`),
 ``traces.jsonl`` (a sample of rollouts), ``eval_traces.jsonl``, ``checkpoints/step_NNNNNN/``,
 ``summary.json``.
 
@@ -37,6 +38,7 @@ from chatgym.trainer.config.run import Config, config_to_dict, save_config
 from chatgym.trainer.engines import engine_dtype
 from chatgym.trainer.learner.checkpoint import find_checkpoint, load_pipeline_state
 from chatgym.trainer.learner.learner import Learner
+from chatgym.trainer.logging.ledger import BatchLedger
 from chatgym.trainer.logging.step_metrics import accuracy, multiturn_metrics, rollout_metrics
 from chatgym.trainer.logging.writer import MetricsLogger
 from chatgym.trainer.models.packaged import load_model_path
@@ -168,6 +170,7 @@ class Trainer:
                 # A fresh run drops rows an earlier, interrupted run left in metrics.jsonl.
                 resume_step=self.start_step + 1 if ckpt is not None else 0,
             )
+            self.ledger = BatchLedger(self.out, resume_step=self.start_step if ckpt is not None else None)
             for warning in self.metrics.warnings:
                 print(f"chatgym: {warning}", file=sys.stderr)
         except BaseException:
@@ -381,6 +384,11 @@ class Trainer:
                 metrics = self.step_metrics(result)
                 if self._eval_due(result.step + 1):
                     metrics.update(await self.aevaluate())
+                # Before the checkpoint: a process killed between the two keeps a row its resume drops.
+                tasks = {t.group_id: t.task_id for t in reversed(result.trajectories)}
+                groups = result.groups or [(result.step, g) for g in sorted(tasks)]
+                by_group = [tasks.get(i) for i in range(len(groups))]
+                self.ledger.log(result.step + 1, self.learner.version, groups, by_group)
                 checkpoint = self._end_step(result.step, metrics, bar) or checkpoint
                 first, last = first or metrics, metrics
         return first, last, checkpoint
