@@ -141,8 +141,8 @@ def check_prompt_echo(expected: list[int] | None, reported: Sequence[int] | None
     at = next((i for i, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b), min(len(got), len(expected)))
     raise RuntimeError(
         f"vLLM expanded the images into other prompt ids than ours ({len(got)} vs {len(expected)} ids, first "
-        f"difference at {at}: {got[at : at + 4]} vs {expected[at : at + 4]}); its processor config differs from "
-        "the one the prompt was built with"
+        f"difference at {at}: {got[at : at + 4]} vs {expected[at : at + 4]}): an image run reached "
+        "vLLM uncollapsed, or its processor config differs from the one the prompt was built with"
     )
 
 
