@@ -104,7 +104,7 @@ def sync_checks(engine, model, pixels, device, atol):
             model.state_dict()[name].mul_(factor)
         engine.update_weights(model.state_dict())
         _, after = check_against_forward(engine, model, pixels, device, atol, seed=3)
-        assert (after - last).abs().max() > 10 * atol  # the change reached the sampled logprobs
+        assert (after - last).abs().max() > 0.01  # the change reached the sampled logprobs (same engine: no noise)
         last = after
     model.load_state_dict(original)
     engine.update_weights(iter(original.items()))

@@ -52,6 +52,9 @@ def test_each_image_run_becomes_the_one_image_id_vllm_expands(vision):
     # Text only: the ids as they are, no multimodal data (a VLM with no image this turn, or a text model).
     assert vllm_prompt(vision, [5, 6], ()) == {"prompt_token_ids": [5, 6]}
     assert vllm_prompt(None, [5, 6], []) == {"prompt_token_ids": [5, 6]}
+    # Built from the processor the collector holds (passed as the engine's tokenizer), the same runs.
+    from_processor = VLLMImages(load_model_path("smolvlm"), vision.processor)
+    assert from_processor.request(ids, [red, blue]) == request
 
 
 def test_a_prompt_whose_runs_do_not_match_its_images_is_refused(vision):

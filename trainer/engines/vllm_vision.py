@@ -32,7 +32,7 @@ class VLLMImages:
 
     Args:
         path: the model's directory (its config, tokenizer and processor config are read).
-        tokenizer: its tokenizer (with the image tokens as added tokens).
+        tokenizer: its tokenizer (with the image tokens as added tokens), or a processor holding it.
 
     Raises:
         ValueError: the directory's model is not a vision-language model chatgym handles.
@@ -45,6 +45,7 @@ class VLLMImages:
 
         config = AutoConfig.from_pretrained(path)
         image_processor = vlm.load_image_processor(path)  # refuses a text-only model
+        tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # the collector may hold the processor
         self.processor = Idefics3Processor.from_pretrained(path, image_processor=image_processor, tokenizer=tokenizer)
         self.image_token_id = int(config.image_token_id)
         self._runs: dict[tuple[int, int], tuple[int, ...]] = {}
