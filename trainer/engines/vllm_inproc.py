@@ -280,6 +280,7 @@ class VLLMEngine:
             RuntimeError: the engine is closed, vLLM failed, or vLLM's prompt ids differ from ours.
         """
         ids = check_prompt(prompt_ids, self.vocab_size, self.max_model_len)
+        images = tuple(images)
         prompt, expected = vllm_prompt(self.vision, ids, images), (ids if images else None)
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
