@@ -61,8 +61,8 @@ class ScriptedEngine(ReplayEngine):
         self.weight_names: list[str] = []
         self.updates = 0
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
-        return await super().generate(prompt_ids, params)
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, *, images: Any = ()) -> Completion:
+        return await super().generate(prompt_ids, params, images=images)
 
     def update_weights(self, weights: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
         items = weights.items() if isinstance(weights, Mapping) else weights

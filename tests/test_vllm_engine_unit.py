@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from chatgym.trainer.engines.vllm_inproc import RELOAD_LOGGER, QuietExpectedReloadWarnings
+from chatgym.trainer.engines.vllm_logs import RELOAD_LOGGER, QuietExpectedReloadWarnings
 
 
 def test_only_expected_layers_are_silenced(caplog):
@@ -107,7 +107,7 @@ def test_only_the_requested_cast_is_silenced(caplog):
     # Regression: vLLM warned once per tensor (122 lines) when the bf16 engine loaded fp32 weights.
     import torch
 
-    from chatgym.trainer.engines.vllm_inproc import LOAD_LOGGER, QuietRequestedCast
+    from chatgym.trainer.engines.vllm_logs import LOAD_LOGGER, QuietRequestedCast
 
     logger = logging.getLogger(LOAD_LOGGER + ".test")
     logger.addFilter(QuietRequestedCast("bfloat16"))

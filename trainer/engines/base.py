@@ -94,7 +94,11 @@ class Completion:
 
 @runtime_checkable
 class Engine(Protocol):
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion: ...
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, *, images: Any = ()) -> Completion:
+        """``images``: a vision-language model's prompt images (PIL), in the order of their placeholder
+        runs in ``prompt_ids``; the collector passes it only when there are images, and an engine that
+        cannot place images raises ``ValueError`` for any."""
+        ...
 
     def update_weights(self, weights: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None: ...
 

@@ -356,3 +356,14 @@ def server_stop(
         server_matched if isinstance(server_matched, int) and not isinstance(server_matched, bool) else None
     )
     return finish, matched if finish == "stop" else None
+
+
+def refuse_images(engine: str, images: Any, why: str = "its model takes token ids only") -> None:
+    """Raise when ``images`` is non-empty: the refusal of an engine that cannot place images.
+
+    Raises:
+        ValueError: ``images`` holds anything; the message names ``engine`` and ``why``.
+    """
+    n = len(tuple(images)) if images is not None else 0
+    if n:
+        raise ValueError(f"{engine}: {n} image(s) given, but {why}")

@@ -25,7 +25,7 @@ from typing import Any
 
 from chatgym.envs.messages import Message, ToolCall
 from chatgym.trainer.engines.base import Completion, SamplingParams
-from chatgym.trainer.engines.common import earliest_stop
+from chatgym.trainer.engines.common import earliest_stop, refuse_images
 from chatgym.trainer.engines.http import JSONClient, ServerError
 
 STOP_MODES = ("client", "server")
@@ -185,8 +185,10 @@ class OpenAIChatEngine:
         """The ``respond(messages) -> Message`` protocol of simulated users and judges in ``chatgym.envs``."""
         return await self.chat(messages)
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
-        """Not available: raises ``NotImplementedError`` (a chat API neither takes nor returns token ids)."""
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, *, images: Any = ()) -> Completion:
+        """Not available: raises ``ValueError`` for images (send them as message parts to
+        :meth:`chat`), else ``NotImplementedError`` (a chat API neither takes nor returns token ids)."""
+        refuse_images("OpenAIChatEngine", images, "a chat API takes images as message parts, through chat()")
         raise NotImplementedError(
             "OpenAIChatEngine is for evaluating API models: a chat API takes messages, not token ids, "
             "and returns no token ids/logprobs to train on; use chat(messages, tools), or the vllm / "

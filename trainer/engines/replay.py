@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from chatgym.trainer.engines.base import Completion, SamplingParams
-from chatgym.trainer.engines.common import StopStringChecker
+from chatgym.trainer.engines.common import StopStringChecker, refuse_images
 
 Script = Callable[[list[int]], Sequence[int]]
 
@@ -51,7 +51,10 @@ class ReplayEngine:
         self.delay_s = delay_s
         self.calls: list[tuple[list[int], SamplingParams]] = []
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, *, images: Any = ()) -> Completion:
+        """The script's ids for ``prompt_ids``, cut as the class doc says; ``images`` must be empty
+        (``ValueError``: a script reads ids, not pixels; a test that sends images overrides this)."""
+        refuse_images(type(self).__name__, images, "a scripted engine reads token ids only")
         self.calls.append((list(prompt_ids), params))
         if self.delay_s:
             await asyncio.sleep(self.delay_s)

