@@ -228,3 +228,10 @@ def test_a_zoom_tool_result_image_reaches_the_engine(trainer):
     assert traj.messages[3]["role"] == "tool" and traj.messages[3]["content"][1] == {"type": "image", "ref": traj.images[1]}
     assert image_runs(probe.calls[1].prompt_ids, tok) == [image_run(tok)] * 2
     probe_exact(trainer, probe.calls)
+
+
+def test_a_checkpoint_of_the_run_is_a_vlm_directory_with_its_processor(trainer, tmp_path):
+    ckpt = trainer.learner.save(tmp_path, 1, {})
+    proc = vlm.load_processor(ckpt / "policy")
+    assert proc is not None and proc.image_seq_len == 16  # was: the tokenizer alone, no processor_config.json
+    assert proc.tokenizer.chat_template == trainer.tokenizer.chat_template
