@@ -182,7 +182,7 @@ class _Backend:
 
         if self.token_level:
             from chatgym.trainer.chat.tokenizer import get_tokenizer
-            from chatgym.trainer.models.vlm import processor_for
+            from chatgym.trainer.models.packaged import processor_for
             from chatgym.trainer.rollout.collector import Collector
 
             tok_source = cfg.engine_kwargs.get("tokenizer", cfg.model)

@@ -38,7 +38,8 @@ from chatgym.trainer.learner.prepare import prepare_batch
 from chatgym.trainer.learner.reference import ReferencePolicy
 from chatgym.trainer.learner.update import UpdateState, update
 from chatgym.trainer.models.cuda import without_cudnn_attention
-from chatgym.trainer.models.vlm import ImagePixels, is_vlm, processor_for
+from chatgym.trainer.models.packaged import processor_for
+from chatgym.trainer.models.vlm import ImagePixels, is_vlm
 from chatgym.trainer.rollout.types import Trajectory
 
 

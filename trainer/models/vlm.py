@@ -227,19 +227,6 @@ def load_processor(path: str | Path, tokenizer: Any = None) -> Any | None:
     return Idefics3Processor(image_processor=images, tokenizer=tokenizer, image_seq_len=image_seq_len(config))
 
 
-def processor_for(name_or_path: str | Path, tokenizer: Any = None) -> Any | None:
-    """:func:`load_processor` of a model name or directory (resolved by
-    :func:`~chatgym.trainer.models.packaged.load_model_path`); None for a text-only model or a name
-    with no local directory (a model only a server holds)."""
-    from chatgym.trainer.models.packaged import load_model_path
-
-    try:
-        path = load_model_path(name_or_path)
-    except FileNotFoundError:
-        return None
-    return load_processor(path, tokenizer)
-
-
 def image_hash(image: Any) -> str:
     """sha256 of an image's mode, size and pixel bytes (hex): equal images give equal keys."""
     digest = hashlib.sha256(f"{image.mode}:{image.size[0]}x{image.size[1]}:".encode())

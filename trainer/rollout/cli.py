@@ -118,7 +118,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     import chatgym  # noqa: F401  (registers the env ids)
     from chatgym.trainer.chat.tokenizer import get_tokenizer
     from chatgym.trainer.engines import make_engine
-    from chatgym.trainer.models.vlm import processor_for
+    from chatgym.trainer.models.packaged import processor_for
     from chatgym.trainer.rollout.collector import Collector
     from chatgym.trainer.rollout.trace import TraceWriter
 
