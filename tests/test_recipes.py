@@ -24,6 +24,9 @@ sys.path.insert(0, str(RECIPES))
 import plot_recipe  # noqa: E402
 import sft_warmup  # noqa: E402
 
+sys.path.insert(0, str(RECIPES / "visual"))
+import visual_sft  # noqa: E402
+
 
 def test_the_recipes_are_there():
     assert CONFIGS == [
@@ -33,8 +36,10 @@ def test_the_recipes_are_there():
         "search_r1/tags_gpu.yaml",
         "search_r1/tool_cpu.yaml",
         "search_r1/tool_gpu.yaml",
+        "visual/cpu.yaml",
+        "visual/gpu.yaml",
     ]
-    for recipe in ("retool", "search_r1"):
+    for recipe in ("retool", "search_r1", "visual"):
         assert (RECIPES / recipe / "README.md").is_file()
 
 
@@ -47,8 +52,8 @@ def test_config_loads_and_names_its_run(name):
     assert cfg.env.eval_tasks > 0 and cfg.env.eval_every > 0
     if "gpu" in name:
         assert (cfg.model.device, cfg.engine.backend) == ("cuda", "hf")
-    else:
-        assert (cfg.model.device, cfg.engine.backend) == ("auto", "vllm")
+    else:  # the visual recipe's images go to the hf engine
+        assert (cfg.model.device, cfg.engine.backend) == ("auto", "hf" if name.startswith("visual/") else "vllm")
     # The header comment's command is the one that runs this file.
     assert f"chatgym train examples/recipes/{name}" in (RECIPES / name).read_text()
 
@@ -276,3 +281,34 @@ def test_search_sft_skips_an_episode_whose_search_misses(search_envs, mode):
     # split runs out: only the last task is left after offset -1.
     with pytest.raises(ValueError, match="episodes kept from tasks"):
         sft_warmup.collect_episodes("search", env, 2, offset=-1)
+
+
+def test_visual_sft_rows_are_the_reference_episodes_as_the_collector_writes_them():
+    pytest.importorskip("PIL")
+    from chatgym.envs.visual.episodes import reference_episode
+    from chatgym.trainer.chat.tokenizer import get_tokenizer
+    from chatgym.trainer.models import vlm
+    from chatgym.trainer.models.packaged import load_model_path
+
+    try:
+        path = load_model_path("smolvlm")
+    except (ModuleNotFoundError, FileNotFoundError) as exc:
+        pytest.skip(str(exc))
+    cfg = load_config(RECIPES / "visual/cpu.yaml")
+    tok = get_tokenizer(path)
+    proc = vlm.load_processor(path, tok)
+    trajs = visual_sft.reference_trajectories(cfg, tok, proc, 3, 1000)
+    run = tok.convert_tokens_to_ids([vlm.FAKE_IMAGE_TOKEN, vlm.GLOBAL_IMAGE_TOKEN, *[vlm.IMAGE_TOKEN] * 16, vlm.FAKE_IMAGE_TOKEN])
+    for k, traj in enumerate(trajs):
+        ref = reference_episode(visual_sft.make_env(cfg), options={"task_index": 1000 + k})
+        moves = [m["content"] for m in ref.messages if m["role"] == "assistant"]
+        assert traj.success is True and ref.success is True and 1 <= len(moves) <= 3
+        # Trained: exactly each move's ids (up to its </move>), never the closing <|im_end|> or a board.
+        trained = [tok.decode(traj.token_ids[r["start"] : r["start"] + r["completion_tokens"]]) for r in traj.info["turns"]]
+        assert trained == moves and all(m.startswith("<move>") and m.endswith("</move>") for m in moves)
+        assert sum(traj.loss_mask) == sum(r["completion_tokens"] for r in traj.info["turns"])
+        assert all(traj.loss_mask[r["start"] : r["start"] + r["completion_tokens"]] == [1] * r["completion_tokens"]
+                   for r in traj.info["turns"])
+        # One board image before each move (the solved board ends the episode), each a processor run.
+        assert len(traj.images) == len(moves)
+        assert sum(traj.token_ids[i : i + len(run)] == run for i in range(len(traj.token_ids))) == len(moves)

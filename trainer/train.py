@@ -287,7 +287,9 @@ class Trainer:
         # The plain model's names and (for LoRA) merged weights, whatever wraps the policy.
         state = {name: tensor.contiguous() for name, tensor in self.learner.export_weights()}
         self.learner.base_model().save_pretrained(path, state_dict=state, safe_serialization=True)
-        self.tokenizer.save_pretrained(path)
+        # A VLM's processor too: the engine and the collectors read it from this directory.
+        processor = getattr(self.learner, "processor", None)
+        (processor if processor is not None else self.tokenizer).save_pretrained(path)
         return path
 
     def _count_tasks(self, split: str) -> int:

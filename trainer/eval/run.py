@@ -182,6 +182,7 @@ class _Backend:
 
         if self.token_level:
             from chatgym.trainer.chat.tokenizer import get_tokenizer
+            from chatgym.trainer.models.packaged import processor_for
             from chatgym.trainer.rollout.collector import Collector
 
             tok_source = cfg.engine_kwargs.get("tokenizer", cfg.model)
@@ -193,7 +194,7 @@ class _Backend:
                 kwargs.setdefault("max_model_len", cfg.collector_config().max_model_len)
             self.engine = make_engine(cfg.engine, cfg.model, **kwargs)
             self.collector = (
-                Collector(self.engine, self.tokenizer, cfg.collector_config())
+                Collector(self.engine, self.tokenizer, cfg.collector_config(), processor=processor_for(tok_source, self.tokenizer))
                 if cfg.agent is None
                 else _agent_collector(cfg, self.engine, self.tokenizer)
             )

@@ -38,8 +38,8 @@ from chatgym.trainer.learner.prepare import prepare_batch
 from chatgym.trainer.learner.reference import ReferencePolicy
 from chatgym.trainer.learner.update import UpdateState, update
 from chatgym.trainer.models.cuda import without_cudnn_attention
-from chatgym.trainer.models.packaged import load_model_path
-from chatgym.trainer.models.vlm import ImagePixels, is_vlm, load_image_processor
+from chatgym.trainer.models.packaged import processor_for
+from chatgym.trainer.models.vlm import ImagePixels, is_vlm
 from chatgym.trainer.rollout.types import Trajectory
 
 
@@ -76,7 +76,9 @@ class Learner:
         )
         self.policy = self._load_policy(ckpt)
         # A vision-language policy's images -> pixel values, each distinct image processed once.
-        self.pixels = ImagePixels(load_image_processor(load_model_path(cfg.model.path))) if is_vlm(self.policy) else None
+        # Its processor is saved into every checkpoint, so a checkpoint's policy is a loadable VLM directory.
+        self.processor = processor_for(cfg.model.path, tokenizer) if is_vlm(self.policy) else None
+        self.pixels = ImagePixels(self.processor.image_processor) if self.processor is not None else None
         self.reference = (
             ReferencePolicy.load(cfg.model, cfg.lora, self.policy, self.plan)
             if cfg.algo.kl_coef > 0
@@ -164,7 +166,7 @@ class Learner:
             Path(output_dir),
             steps_done,
             policy=self.policy,
-            tokenizer=self.tokenizer,
+            tokenizer=self.processor if self.processor is not None else self.tokenizer,
             optimizer=optimizer,
             scheduler=scheduler,
             critic=self.critic,

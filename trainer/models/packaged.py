@@ -34,6 +34,7 @@ from chatgym.trainer.models.vlm import (
     VLMSpec,
     auto_model_class,
     build_vlm,
+    load_processor,
 )
 
 # Offline by default: nothing in chatgym may reach a model hub at run time.
@@ -262,3 +263,14 @@ def load_model(
     model_class = auto_model_class(AutoConfig.from_pretrained(path))
     model = model_class.from_pretrained(path, dtype=resolve_dtype(dtype))
     return model.to(device).eval()
+
+
+def processor_for(name_or_path: str | os.PathLike[str], tokenizer: Any = None) -> Any | None:
+    """The multimodal processor of a model name or directory (:func:`load_model_path`, then
+    :func:`chatgym.trainer.models.vlm.load_processor` over ``tokenizer``); None for a text-only model
+    or a name with no local directory (a model only a server holds)."""
+    try:
+        path = load_model_path(name_or_path)
+    except FileNotFoundError:
+        return None
+    return load_processor(path, tokenizer)

@@ -203,6 +203,30 @@ def load_image_processor(path: str | Path) -> Any:
     return Idefics3ImageProcessorPil.from_pretrained(path)
 
 
+def load_processor(path: str | Path, tokenizer: Any = None) -> Any | None:
+    """The multimodal processor of the model directory ``path`` (what the collector expands image
+    placeholders with): ``Idefics3Processor`` over ``tokenizer`` (the run's, with its chat template;
+    None: the directory's own) and the directory's image processor (:func:`load_image_processor`),
+    ``image_seq_len`` from its config (:func:`image_seq_len`). None when ``path`` holds no
+    ``config.json`` or a text-only model's.
+
+    Raises:
+        OSError: a vision-language directory without its image processor (``processor_config.json``
+            / ``preprocessor_config.json``): save the processor beside the weights.
+    """
+    from transformers import AutoConfig, AutoTokenizer, Idefics3Processor
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        return None
+    config = AutoConfig.from_pretrained(path)
+    if not is_vision_config(config):
+        return None
+    images = load_image_processor(path)
+    tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(path)
+    return Idefics3Processor(image_processor=images, tokenizer=tokenizer, image_seq_len=image_seq_len(config))
+
+
 def image_hash(image: Any) -> str:
     """sha256 of an image's mode, size and pixel bytes (hex): equal images give equal keys."""
     digest = hashlib.sha256(f"{image.mode}:{image.size[0]}x{image.size[1]}:".encode())

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from chatgym.trainer.engines import build_engine, engine_dtype
+from chatgym.trainer.models.vlm import load_processor
 from chatgym.trainer.rewards.genrm import genrm_env_source
 from chatgym.trainer.rollout.collector import Collector
 from chatgym.trainer.rollout.source import LocalRollout
@@ -36,7 +37,9 @@ def build_local_rollout(
         engine: an already built engine (tests, custom set-ups), or None to build ``cfg.engine``
             loading ``model_path``.
         tokenizer: the model's tokenizer.
-        model_path: the directory the engine loads.
+        model_path: the directory the engine loads; a vision-language model's (``smolvlm``) also gives
+            the collectors its processor (:func:`~chatgym.trainer.models.vlm.load_processor`, over
+            ``tokenizer``), so episodes whose messages hold images expand them into image tokens.
         out_dir: where ``traces.jsonl`` / ``eval_traces.jsonl`` go.
         generation_config: the model's ``GenerationConfig`` (EOS ids); None reads it from
             ``model_path`` when there is one there.
@@ -66,10 +69,11 @@ def build_local_rollout(
         return build_gateway_rollout(
             cfg, engine, tokenizer, train_rollout=train_cfg, eval_rollout=eval_cfg, env_source=env_source
         )
+    processor = load_processor(model_path, tokenizer)
     return LocalRollout(
         engine,
-        Collector(engine, tokenizer, train_cfg, generation_config),
-        Collector(engine, tokenizer, eval_cfg, generation_config),
+        Collector(engine, tokenizer, train_cfg, generation_config, processor),
+        Collector(engine, tokenizer, eval_cfg, generation_config, processor),
         env_source=env_source,
     )
 

@@ -118,6 +118,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     import chatgym  # noqa: F401  (registers the env ids)
     from chatgym.trainer.chat.tokenizer import get_tokenizer
     from chatgym.trainer.engines import make_engine
+    from chatgym.trainer.models.packaged import processor_for
     from chatgym.trainer.rollout.collector import Collector
     from chatgym.trainer.rollout.trace import TraceWriter
 
@@ -128,7 +129,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     config = rollout_config(args, "chatgym rollout", seed=args.seed)
     tokenizer = get_tokenizer(args.model, args.chat_template)
     engine = make_engine(args.engine, args.model, **engine_kwargs)
-    collector = Collector(engine, tokenizer, config)
+    collector = Collector(engine, tokenizer, config, processor=processor_for(args.model, tokenizer))
     writer = TraceWriter(args.out, 1.0, args.seed, tokenizer)
     bar = tqdm(total=args.num_tasks * args.group_size, unit="ep", disable=args.no_progress, file=sys.stderr)
     failed = 0
