@@ -14,6 +14,7 @@ trajectory's image store, padded rows).
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 import gymnasium as gym
@@ -235,3 +236,15 @@ def test_a_checkpoint_of_the_run_is_a_vlm_directory_with_its_processor(trainer, 
     proc = vlm.load_processor(ckpt / "policy")
     assert proc is not None and proc.image_seq_len == 16  # was: the tokenizer alone, no processor_config.json
     assert proc.tokenizer.chat_template == trainer.tokenizer.chat_template
+
+
+def test_chatgym_rollout_with_smolvlm_collects_image_episodes(tmp_path):
+    from chatgym.trainer.rollout import cli as rollout_cli
+
+    out = tmp_path / "t.jsonl"
+    code = rollout_cli.main(["--env", "VisualGrid-v0", "--engine", "hf", "--model", "smolvlm", "-n", "1",
+                             "--max-tokens", "2", "--out", str(out), "--no-progress",
+                             *(f"--env-arg={k}={v}" for k, v in {**GRID, "max_turns": 1}.items())])
+    [rec] = [json.loads(line) for line in out.read_text().splitlines()]
+    assert code == 0 and rec["error"] is None  # was image_error: the CLI's collector had no processor
+    assert len(rec["images"]) == 1 and len(rec["token_ids"]) == rec["prompt_len"] + 2
