@@ -258,6 +258,10 @@ async def test_malformed_requests_get_openai_errors_and_lose_nothing(tok):
         with pytest.raises(openai.BadRequestError) as e:
             await c.chat.completions.create(model="m", messages=messages, tools=env.tools, n=2)
         assert e.value.body["param"] == "n"
+        with pytest.raises(openai.BadRequestError) as e:  # past int64: was a 500 from the engine's generator
+            await c.chat.completions.create(model="m", messages=messages, seed=2**70)
+        assert e.value.body["param"] == "seed"
+        assert e.value.body["message"] == f"seed must be in [-2**63, 2**63 - 1], got {2**70}"
         missing = await s.post("/chat/completions", sid, json={"model": "m"})
         assert missing.status_code == 400 and missing.json()["error"] == {
             "message": "Missing required parameter: 'messages'.", "type": "invalid_request_error",
@@ -276,7 +280,7 @@ async def test_malformed_requests_get_openai_errors_and_lose_nothing(tok):
         [traj] = await s.gw.end_session(sid)
     assert traj.token_ids == ref.token_ids and traj.loss_mask == ref.loss_mask
     assert traj.engine_logprobs == ref.engine_logprobs and traj.info["segments"] == 1
-    assert traj.info["gateway_bad_requests"] == 5
+    assert traj.info["gateway_bad_requests"] == 6
 
 
 async def test_unknown_and_ended_session_ids_are_refused(tok):
@@ -567,3 +571,12 @@ async def test_a_sessions_sampling_seed_follows_the_collectors_rule(tok):
     rule = [hash((11, 1, 2, turn)) % 2**31 for turn in (0, 2)]
     assert seeds == [rule[0], rule[0], 7, rule[1], 3]
     assert (first.num_turns, second.num_turns) == (2, 1)
+
+
+def test_a_session_body_with_a_seed_past_int64_is_refused_naming_it():
+    from chatgym.trainer.gateway.openai_api import ApiError, session_fields
+
+    assert session_fields({"sampling_seed": -(2**63)}) == {"sampling_seed": -(2**63)}
+    with pytest.raises(ApiError) as e:
+        session_fields({"sampling_seed": 2**63})
+    assert e.value.param == "sampling_seed"

@@ -88,3 +88,18 @@ def test_a_bad_config_is_one_line_and_exit_status_2(capsys):
     assert len(err) == 1 and err[0].startswith("chatgym gateway: trainer.gateway.tool_parser: unknown 'nope'")
     assert main(["--port", "70000"]) == 2
     assert capsys.readouterr().err.strip() == "chatgym gateway: --port must be in 0..65535, got 70000"
+
+
+def test_an_engine_option_the_backend_does_not_take_is_one_line_and_status_2(tmp_path):
+    # The vLLM config's engine.options under engine.backend=hf: refused when the engine is built
+    # (after the model path resolves), which was a traceback with status 1.
+    done = subprocess.run(
+        [sys.executable, "-m", "chatgym.cli", "gateway", "examples/configs/gateway_math.yaml", "engine.backend=hf",
+         "--port", "0", "--out", str(tmp_path / "t.jsonl")],
+        capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1],
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].startswith(
+        "chatgym gateway: ConfigError: engine.options: 'gpu_memory_utilization', 'kv_cache_gib' not taken by the 'hf' engine"
+    )
+    assert "Traceback" not in done.stderr

@@ -1,6 +1,6 @@
 """``chatgym gateway``: serve the gateway from a run config's engine, for agent programs outside chatgym.
 
-    chatgym gateway examples/configs/gateway_math.yaml engine.backend=hf --port 8000 --out trajs.jsonl
+    chatgym gateway examples/configs/gateway_math.yaml engine.backend=hf 'engine.options={}' --port 8000 --out trajs.jsonl
 
 The engine is the one ``chatgym train`` would build from the same config and overrides (``model``,
 ``engine``); the gateway's sampling defaults and budgets are the ``rollout`` section's
@@ -61,8 +61,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, OSError, yaml.YAMLError) as exc:
         print(f"chatgym gateway: {exc}", file=sys.stderr)
         return 2
+    from chatgym.trainer.chat.template_probe import TemplateError
+
     with tempfile.TemporaryDirectory(prefix="chatgym-gateway-") as tmp:
-        asyncio.run(serve(cfg, port=args.port, out=out, workdir=Path(tmp)))
+        try:
+            asyncio.run(serve(cfg, port=args.port, out=out, workdir=Path(tmp)))
+        except (ConfigError, FileNotFoundError, TemplateError, OSError) as exc:
+            # Start-up failures (an engine option the backend does not take, a missing model, a
+            # refused chat template, a port in use): one line and status 2, as for a bad config.
+            print(f"chatgym gateway: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 2
     return 0
 
 

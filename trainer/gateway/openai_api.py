@@ -236,6 +236,8 @@ def _sampling_numbers(body: dict[str, Any]) -> dict[str, Any]:
     if seed is not None:
         if not _is_int(seed):
             raise bad(f"seed must be an integer, got {seed!r}", "seed", "invalid_type")
+        if not SEED_MIN <= seed <= SEED_MAX:  # the engines' generators take a signed 64-bit seed
+            raise bad(f"seed must be in [-2**63, 2**63 - 1], got {seed}", "seed")
         out["seed"] = seed
     top = body.get("top_logprobs")
     if top is not None and (not _is_int(top) or not 0 <= top <= 20):
@@ -383,6 +385,7 @@ def stream_chunks(body: dict[str, Any]) -> list[dict[str, Any]]:
     return [first, last]
 
 
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 _SESSION_FIELDS = {"task_id": None, "meta": None, "group_id": int, "sample_index": int, "sampling_seed": int}
 
 
@@ -402,6 +405,8 @@ def session_fields(body: Any) -> dict[str, Any]:
         bad_int = isinstance(value, bool) or not isinstance(value, int) or (low is not None and value < low)
         if _SESSION_FIELDS[key] is int and value is not None and bad_int:
             raise bad(f"{key} must be an int{' >= 0' if low is not None else ''}, got {value!r}", key)
+        if key == "sampling_seed" and value is not None and not SEED_MIN <= value <= SEED_MAX:
+            raise bad(f"sampling_seed must be in [-2**63, 2**63 - 1], got {value}", key)
         if value is not None:
             out[key] = value
     return out
