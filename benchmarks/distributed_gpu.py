@@ -35,34 +35,42 @@ from pathlib import Path
 PROMPTS, GROUP, NEW_TOKENS, LR, MICRO = 8, 8, 128, 1e-5, 16
 
 
+def shape_overrides(out: Path, steps: int) -> list[str]:
+    """The main job's shape on one GPU (``steps`` timed steps after one warm-up): every override but
+    the backend's; ``benchmarks/update_checkpointing_gpu.py`` trains the same shape locally."""
+    return [
+        "model.path=smollm2",
+        "model.device=cuda",
+        "engine.backend=hf",
+        "engine.dtype=bfloat16",
+        "env.id=Math-v0",
+        "env.eval_tasks=0",
+        f"rollout.max_tokens={NEW_TOKENS}",
+        f"rollout.max_response_tokens={NEW_TOKENS}",
+        "rollout.max_model_len=512",
+        f"train.max_steps={steps + 1}",
+        f"train.prompts_per_step={PROMPTS}",
+        f"train.group_size={GROUP}",
+        f"train.micro_batch_size={MICRO}",
+        "train.save_every=0",
+        "train.progress=false",
+        "train.tensorboard=false",
+        "train.trace_fraction=0.0",
+        f"train.output_dir={out}",
+        "algo.policy_loss=clip_higher",
+        "algo.policy_loss_kwargs={eps_low: 0.2, eps_high: 0.28}",
+        "algo.tis_cap=2.0",
+        f"optim.lr={LR}",
+    ]
+
+
 def config(out: Path, steps: int, *ray: str):
     from chatgym.trainer.config.run import load_config
 
     return load_config(
         None,
         [
-            "model.path=smollm2",
-            "model.device=cuda",
-            "engine.backend=hf",
-            "engine.dtype=bfloat16",
-            "env.id=Math-v0",
-            "env.eval_tasks=0",
-            f"rollout.max_tokens={NEW_TOKENS}",
-            f"rollout.max_response_tokens={NEW_TOKENS}",
-            "rollout.max_model_len=512",
-            f"train.max_steps={steps + 1}",
-            f"train.prompts_per_step={PROMPTS}",
-            f"train.group_size={GROUP}",
-            f"train.micro_batch_size={MICRO}",
-            "train.save_every=0",
-            "train.progress=false",
-            "train.tensorboard=false",
-            "train.trace_fraction=0.0",
-            f"train.output_dir={out}",
-            "algo.policy_loss=clip_higher",
-            "algo.policy_loss_kwargs={eps_low: 0.2, eps_high: 0.28}",
-            "algo.tis_cap=2.0",
-            f"optim.lr={LR}",
+            *shape_overrides(out, steps),
             "trainer.backend=ray",
             "trainer.ray.learner_num_cpus=1",
             "trainer.ray.worker_num_cpus=1",

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from distributed_gpu import GROUP, LR, NEW_TOKENS, PROMPTS  # the same shape
+from distributed_gpu import shape_overrides  # the same shape
 
 TIMES = ("step_s", "rollout_s", "update_s", "sync_s")
 
@@ -32,28 +32,8 @@ def run(out: Path, steps: int, checkpointing: bool, micro: int) -> dict[str, flo
     cfg = load_config(
         None,
         [
-            "model.path=smollm2",
-            "model.device=cuda",
-            "engine.backend=hf",
-            "engine.dtype=bfloat16",
-            "env.id=Math-v0",
-            "env.eval_tasks=0",
-            f"rollout.max_tokens={NEW_TOKENS}",
-            f"rollout.max_response_tokens={NEW_TOKENS}",
-            "rollout.max_model_len=512",
-            f"train.max_steps={steps + 1}",
-            f"train.prompts_per_step={PROMPTS}",
-            f"train.group_size={GROUP}",
+            *shape_overrides(out, steps),
             f"train.micro_batch_size={micro}",
-            "train.save_every=0",
-            "train.progress=false",
-            "train.tensorboard=false",
-            "train.trace_fraction=0.0",
-            f"train.output_dir={out}",
-            "algo.policy_loss=clip_higher",
-            "algo.policy_loss_kwargs={eps_low: 0.2, eps_high: 0.28}",
-            "algo.tis_cap=2.0",
-            f"optim.lr={LR}",
             f"model.gradient_checkpointing={str(checkpointing).lower()}",
         ],
     )
