@@ -194,7 +194,8 @@ class _NoText:
 
 
 def vllm_child(spec: dict) -> dict:
-    """One vLLM run (in its own process): tokens/s over ``spec["repeats"]`` rounds after a warm-up."""
+    """One vLLM engine (in its own process) for every batch size of ``spec["batches"]``: per batch
+    size, tokens/s over ``spec["repeats"]`` rounds after a warm-up round."""
     from chatgym.trainer.chat.tokenizer import get_tokenizer
     from chatgym.trainer.engines import SamplingParams
     from chatgym.trainer.engines.vllm_inproc import VLLMEngine
@@ -209,26 +210,30 @@ def vllm_child(spec: dict) -> dict:
         shape_config(spec["shape"]).save_pretrained(path)
         extra.update(load_format="dummy", skip_tokenizer_init=True)
     eng = VLLMEngine(str(path), tokenizer, dtype="bfloat16", max_model_len=512, gpu_memory_utilization=0.5,
-                     max_num_seqs=spec["batch"], **extra)
+                     max_num_seqs=max(spec["batches"]), **extra)
     vocab = shape_config(spec["shape"]).vocab_size
-    prompts = make_prompts(spec["batch"], vocab, spec["batch"])
-    params = [SamplingParams(max_tokens=NEW_TOKENS, temperature=1.0, seed=i) for i in range(spec["batch"])]
-    first, _ = asyncio.run(run_engine(eng, prompts, params))
-    runs = [asyncio.run(run_engine(eng, prompts, params)) for _ in range(spec["repeats"])]
+    out = {}
+    for batch in spec["batches"]:
+        prompts = make_prompts(batch, vocab, batch)
+        params = [SamplingParams(max_tokens=NEW_TOKENS, temperature=1.0, seed=i) for i in range(batch)]
+        first, _ = asyncio.run(run_engine(eng, prompts, params))
+        runs = [asyncio.run(run_engine(eng, prompts, params)) for _ in range(spec["repeats"])]
+        out[str(batch)] = {"dt": statistics.median(t for t, _ in runs), "tokens": runs[0][1], "first": first}
     asyncio.run(eng.close())
-    return {"dt": statistics.median(t for t, _ in runs), "tokens": runs[0][1], "first": first}
+    return out
 
 
-def run_vllm(shape: str, batch: int, repeats: int, real_weights: bool, quantization: str | None) -> tuple:
-    spec = {"shape": shape, "batch": batch, "repeats": repeats, "real_weights": real_weights,
+def run_vllm(shape: str, batches: list[int], repeats: int, real_weights: bool, quantization: str | None) -> dict:
+    """``{batch: (seconds, tokens, first round's seconds)}`` from one vLLM process."""
+    spec = {"shape": shape, "batches": list(batches), "repeats": repeats, "real_weights": real_weights,
             "quantization": quantization}
     out = subprocess.run([sys.executable, __file__, "--vllm-child", json.dumps(spec)], capture_output=True,
                          text=True)
     if out.returncode != 0:
         print(out.stderr[-3000:], file=sys.stderr)
-        raise SystemExit(f"vLLM {quantization or 'bf16'} at batch {batch} failed (rc {out.returncode})")
+        raise SystemExit(f"vLLM {quantization or 'bf16'} failed (rc {out.returncode})")
     r = json.loads(out.stdout.strip().splitlines()[-1])
-    return r["dt"], r["tokens"], r["first"]
+    return {int(b): (v["dt"], v["tokens"], v["first"]) for b, v in r.items()}
 
 
 async def _gather(engine, prompts, params):
@@ -286,7 +291,7 @@ def bench_shape(args, shape: str) -> list[str]:
     print("exactness:", exactness(model, tokenizer), flush=True)
     if args.fp8:
         print("fp8:", fp8_exactness(model, tokenizer), flush=True)
-    rows = []
+    per_batch = {}
     for batch in args.batch:
         prompts = make_prompts(batch, model.config.vocab_size, batch)
         params = [SamplingParams(max_tokens=NEW_TOKENS, temperature=1.0, seed=i if args.seeded else None)
@@ -296,12 +301,15 @@ def bench_shape(args, shape: str) -> list[str]:
             first, _ = run_generate(model, prompts, 0)
             times = [run_generate(model, prompts, 0) for _ in range(args.repeats)]
             results["generate"] = (statistics.median(t for t, _ in times), times[0][1], first)
-        if args.vllm:
-            del model  # vLLM's own copy takes the GPU (each run in its own process)
-            torch.cuda.empty_cache()
-            for q in (None, "fp8") if args.fp8 else (None,):
-                results[f"vllm {q or 'bf16'}"] = run_vllm(shape, batch, args.repeats, args.real_weights, q)
-            model = build_model(shape, args.real_weights) if batch != args.batch[-1] else None
+        per_batch[batch] = results
+    if args.vllm:
+        del model  # vLLM's own copy takes the GPU (one process per dtype, every batch size in it)
+        torch.cuda.empty_cache()
+        for q in (None, "fp8") if args.fp8 else (None,):
+            for batch, r in run_vllm(shape, args.batch, args.repeats, args.real_weights, q).items():
+                per_batch[batch][f"vllm {q or 'bf16'}"] = r
+    rows = []
+    for batch, results in per_batch.items():
         rows += report(shape, batch, results)
     return rows
 

@@ -199,3 +199,26 @@ def test_the_pad_id_is_the_first_token_of_the_model_among_the_candidates():
     model = SimpleNamespace(config=SimpleNamespace(vocab_size=80), get_input_embeddings=lambda: emb)
     assert embedding_rows(model) == 64
     assert embedding_rows(SimpleNamespace(config=SimpleNamespace(vocab_size=80))) == 80
+
+
+def test_copy_weights_in_place_copies_every_weight_across_multi_tensor_flushes(monkeypatch):
+    """Same-dtype copies go in multi-tensor batches flushed every _FOREACH_BYTES; casts go one by one.
+    With a 64-byte flush bound each 4x4 fp32 weight (64 bytes) is its own batch and the bf16 one a
+    cast: every value must still land, tied names alike."""
+    import torch
+
+    from chatgym.trainer.engines import common
+
+    monkeypatch.setattr(common, "_FOREACH_BYTES", 64)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4, bias=True), torch.nn.Linear(4, 4, bias=False))
+    new = {
+        "0.weight": torch.arange(16, dtype=torch.float32).reshape(4, 4),
+        "0.bias": torch.full((4,), -1.5),
+        "1.weight": (torch.arange(16, dtype=torch.float32).reshape(4, 4) / 4).to(torch.bfloat16),
+    }
+    common.copy_weights_in_place(model, new)
+    assert torch.equal(model[0].weight, new["0.weight"])
+    assert torch.equal(model[0].bias, torch.full((4,), -1.5))
+    assert torch.equal(model[1].weight, torch.arange(16, dtype=torch.float32).reshape(4, 4) / 4)  # k/4 is exact in bf16
+    with pytest.raises(ValueError, match=r"'0.bias' has shape \(3,\)"):
+        common.copy_weights_in_place(model, [("0.weight", torch.zeros(4, 4)), ("0.bias", torch.zeros(3))])

@@ -114,17 +114,20 @@ class RolloutWorker:
 
         return worker_join(spec)
 
-    def receive_weights(self, layout: list, dtype: str, version: int, key: Any = None, verify: bool = False) -> dict[str, Any]:
-        """The broadcast from learner rank 0 (:func:`~chatgym.trainer.distributed.weights.worker_receive`)."""
+    def receive_weights(self, staged: dict[str, Any], dtype: str, version: int, verify: bool = False) -> dict[str, Any]:
+        """The broadcast from learner rank 0 (:func:`~chatgym.trainer.distributed.weights.worker_receive`);
+        ``staged`` is rank 0's :meth:`~chatgym.trainer.distributed.weights.Stager.stage` dict (the
+        driver passes its object ref: Ray hands it over from rank 0 without a round trip through the driver)."""
         from chatgym.trainer.distributed.weights import worker_receive
 
-        return worker_receive(self.local, layout, dtype, version, key, verify)
+        return worker_receive(self.local, staged["layout"], dtype, version, staged["key"], verify)
 
-    def load_shared_weights(self, handle: Any, layout: list, version: int, key: Any = None, verify: bool = False) -> dict[str, Any]:
-        """Learner rank 0's buffer on this GPU by CUDA IPC (:func:`~chatgym.trainer.distributed.weights.worker_load_shared`)."""
+    def load_shared_weights(self, staged: dict[str, Any], version: int, verify: bool = False) -> dict[str, Any]:
+        """Learner rank 0's buffer on this GPU by CUDA IPC (:func:`~chatgym.trainer.distributed.weights.worker_load_shared`);
+        ``staged`` as for :meth:`receive_weights`."""
         from chatgym.trainer.distributed.weights import worker_load_shared
 
-        return worker_load_shared(self.local, handle, layout, version, key, verify)
+        return worker_load_shared(self.local, staged["handle"], staged["layout"], version, staged["key"], verify)
 
     def engine_checksum(self) -> int | None:
         """:func:`~chatgym.trainer.distributed.weights.checksum` of the engine's own weights (tests)."""

@@ -366,12 +366,15 @@ class CollectiveSync:
         if dict(pids) != self.members:
             self._form(workers, pids)
         name = str(dtype).removeprefix("torch.")
-        staged = self.group._all("stage_weights", name, bool(self.ipc))[0]
+        # The workers get rank 0's staged dict as an object ref: Ray hands it to them when the stage
+        # is done, so the driver waits once for the whole sync instead of once per hop.
+        refs = [a.stage_weights.remote(name, bool(self.ipc)) for a in self.group.actors]
         far = [i for i in workers if i not in self.ipc]
-        rank0 = self.group.actors[0].broadcast_staged.remote() if far else None
-        calls = {i: workers[i].receive_weights.remote(staged["layout"], name, version, staged["key"], self.verify) for i in far}
+        rank0 = self.group.actors[0].broadcast_staged.remote() if far else None  # runs after the stage
+        calls = {i: workers[i].receive_weights.remote(refs[0], name, version, self.verify) for i in far}
         for i in sorted(self.ipc):
-            calls[i] = workers[i].load_shared_weights.remote(staged["handle"], staged["layout"], version, staged["key"], self.verify)
+            calls[i] = workers[i].load_shared_weights.remote(refs[0], version, self.verify)
+        staged = self.group._get(refs)[0]  # a learner's death raises LearnerFailed here
         self.stats, self.lost, failed = self._collect(rank0, calls)
         if failed or self.lost:
             self.members = {}  # formed again (without the dead) at the next sync

@@ -263,6 +263,9 @@ def iter_weights(weights: Any) -> Iterable[tuple[str, Any]]:
     return weights
 
 
+_FOREACH_BYTES = 64 << 20
+
+
 def copy_weights_in_place(model: Any, weights: Any) -> None:
     """Copy ``weights`` (a state dict or ``(name, tensor)`` pairs; names as in ``model.state_dict()``,
     tied weights under either name, a subset is fine) into ``model``'s parameters and buffers in place,
@@ -275,6 +278,10 @@ def copy_weights_in_place(model: Any, weights: Any) -> None:
 
     targets = dict(model.named_parameters(remove_duplicate=False))
     targets.update(dict(model.named_buffers(remove_duplicate=False)))
+    # Same-dtype/device copies go as multi-tensor launches (one per ~64 MiB, so a producer that
+    # makes each tensor fresh — LoRA merges, casts — never has more than that held at once).
+    same: tuple[list[Any], list[Any]] = ([], [])
+    held = 0
     with torch.no_grad():
         for name, tensor in iter_weights(weights):
             target = targets.get(name)
@@ -284,7 +291,17 @@ def copy_weights_in_place(model: Any, weights: Any) -> None:
                 raise ValueError(
                     f"update_weights: {name!r} has shape {tuple(tensor.shape)}, the model's is {tuple(target.shape)}"
                 )
-            target.copy_(tensor)
+            if isinstance(tensor, torch.Tensor) and tensor.dtype == target.dtype and tensor.device == target.device:
+                same[0].append(target)
+                same[1].append(tensor)
+                held += tensor.numel() * tensor.element_size()
+                if held >= _FOREACH_BYTES:
+                    torch._foreach_copy_(*same)
+                    same, held = ([], []), 0
+            else:
+                target.copy_(tensor)
+        if same[0]:
+            torch._foreach_copy_(*same)
 
 
 def save_weights(weights: Any, directory: Any, config_from: Any = None) -> Any:
