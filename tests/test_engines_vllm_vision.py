@@ -118,7 +118,10 @@ def sync_checks(engine, model, pixels, device, atol):
 def make_engine(dtype):
     from chatgym.trainer.engines.vllm_inproc import VLLMEngine
 
-    return VLLMEngine("smolvlm", dtype=dtype, enforce_eager=True, max_model_len=1024, kv_cache_gib=1)
+    # kv_cache_gib sizes the cache on CPU only; on a GPU other tests' engines may still hold memory, so
+    # a share of it (vLLM's default 0.92 is refused when less than that is free).
+    memory = {"gpu_memory_utilization": 0.2} if torch.cuda.is_available() else {"kv_cache_gib": 1}
+    return VLLMEngine("smolvlm", dtype=dtype, enforce_eager=True, max_model_len=1024, **memory)
 
 
 @pytest.mark.slow
