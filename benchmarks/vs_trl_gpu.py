@@ -22,7 +22,9 @@ Runs (``--runs``, any subset, each ``NAME:SEED``):
   rollout correction ``--correction`` (default ``token_tis``; ``--mask-band`` for the mask modes) —
   applied to every ``ours*`` run alike, so ``ours`` and ``ours_fp8`` differ in the engine's weights only;
 * ``trl_bf16``    — TRL with bf16 weights (its fastest configuration in the peers' figures);
-* ``trl_fp32``    — TRL with fp32 weights, bf16 autocast and gradient checkpointing (its most accurate).
+* ``trl_fp32``    — TRL with fp32 weights, bf16 autocast and gradient checkpointing (its most accurate);
+* ``trl_vllm_bf16`` / ``trl_vllm_fp32`` — the same two with TRL's colocated vLLM generating
+  (``use_vllm=True, vllm_mode="colocate"``, 0.3 of the GPU): the configuration a GPU user runs.
 
 Wall clock per step is measured around the whole step (``Trainer.step`` + logging; TRL: callback from
 ``on_step_begin`` to ``on_step_end``), with ``torch.cuda.synchronize()``. Each run writes
@@ -356,7 +358,10 @@ def run_ours(
     return {"setup_s": setup_s, "steps": rows, "curve": curve, "peak_gib": peak, "options": options}
 
 
-def run_trl(seed: int, steps: int, eval_every: int, fp32: bool, evaluator) -> dict:
+def run_trl(seed: int, steps: int, eval_every: int, fp32: bool, evaluator, vllm: bool = False) -> dict:
+    """One TRL GRPOTrainer run; ``vllm``: generation by TRL's colocated vLLM (``use_vllm=True,
+    vllm_mode="colocate"``, ``vllm_gpu_memory_utilization=0.3``, TRL's defaults otherwise, including its
+    importance-sampling correction), timed around ``vllm_generation.generate``."""
     import gymnasium as gym
     import torch
     from datasets import Dataset
@@ -421,7 +426,7 @@ def run_trl(seed: int, steps: int, eval_every: int, fp32: bool, evaluator) -> di
             )
             steps_out[-1]["update_s"] = dt - steps_out[-1]["gen_s"]
             print(
-                f"trl {'fp32' if fp32 else 'bf16'} seed {seed} step {state.global_step}: {steps_out[-1]}",
+                f"trl {'vllm ' if vllm else ''}{'fp32' if fp32 else 'bf16'} seed {seed} step {state.global_step}: {steps_out[-1]}",
                 flush=True,
             )
             if state.global_step % eval_every == 0 or state.global_step == steps:
@@ -452,6 +457,7 @@ def run_trl(seed: int, steps: int, eval_every: int, fp32: bool, evaluator) -> di
         bf16=DEVICE == "cuda",
         use_cpu=DEVICE == "cpu",
         gradient_checkpointing=fp32,
+        **({"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.3} if vllm else {}),
     )
     trainer = GRPOTrainer(
         model=model,
@@ -461,6 +467,19 @@ def run_trl(seed: int, steps: int, eval_every: int, fp32: bool, evaluator) -> di
         processing_class=tokenizer,
         callbacks=[Timer()],
     )
+    if vllm:  # generation goes through TRL's vLLM wrapper, not model.generate
+        vg = trainer.vllm_generation
+        plain_vllm = vg.generate
+
+        def timed_vllm(*args, **kwargs):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            out = plain_vllm(*args, **kwargs)
+            torch.cuda.synchronize()
+            gen.append((time.perf_counter() - t, sum(len(ids) for ids in out[1])))
+            return out
+
+        vg.generate = timed_vllm
     trainer.train()
     return {"steps": steps_out, "curve": curve, "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
 
@@ -683,6 +702,8 @@ def main() -> None:
     if any(spec.startswith("trl") for spec in args.runs) and importlib.util.find_spec("trl") is None:
         # Checked before any run: the TRL runs come last, after minutes of ours.
         sys.exit("vs_trl_gpu.py: the trl_* runs need TRL: pip install trl==1.16.0 datasets")
+    if any(spec.startswith("trl_vllm") for spec in args.runs) and importlib.util.find_spec("vllm") is None:
+        sys.exit("vs_trl_gpu.py: the trl_vllm_* runs need vLLM on CUDA: pip install vllm")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     evaluator = None
@@ -700,8 +721,9 @@ def main() -> None:
             result = run_ours(int(seed), args.steps, args.eval_every, "static", options=options, quantization="fp8")
         elif name == "ours_dynamic":
             result = run_ours(int(seed), args.steps, args.eval_every, "dynamic", options=options)
-        elif name in ("trl_bf16", "trl_fp32"):
-            result = run_trl(int(seed), args.steps, args.eval_every, name == "trl_fp32", evaluator)
+        elif name in ("trl_bf16", "trl_fp32", "trl_vllm_bf16", "trl_vllm_fp32"):
+            vllm = name.startswith("trl_vllm")
+            result = run_trl(int(seed), args.steps, args.eval_every, name.endswith("fp32"), evaluator, vllm)
         else:
             sys.exit(f"unknown run {name!r}")
         (out / f"{name}_{seed}.json").write_text(json.dumps(result))
