@@ -71,6 +71,18 @@ def test_unknown_model_fails_before_the_output_dir_is_made(tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the refusal is for a machine without CUDA")
+def test_the_gpu_config_on_a_machine_without_cuda_is_one_line(tmp_path, capsys):
+    # Regression: examples/configs/math_grpo_gpu.yaml on a CPU box printed a traceback (rc 1) from
+    # the learner's set-up.
+    out = tmp_path / "run"
+    assert main([str(Path(CONFIG).with_name("math_grpo_gpu.yaml")), "--output-dir", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        "chatgym train: model.device is 'cuda' but CUDA is not available (model.device: auto picks it when there is one)\n"
+    )
+    assert not out.exists()
+
+
 def test_a_recipe_model_not_made_yet_points_to_the_cold_start(tmp_path, capsys):
     # Regression: a recipe config run before its SFT step named neither the field nor the fix.
     recipe = str(Path(CONFIG).parent.parent / "recipes" / "retool" / "cpu.yaml")

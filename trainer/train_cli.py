@@ -126,8 +126,10 @@ def _check_model_and_engine(config: Any) -> None:
         hint = " (make it first: examples/recipes/README.md, sft_warmup.py)" if "recipes" in str(config.model.path) else ""
         raise _Refused(f"model.path: {exc}{hint}") from exc
     from chatgym.trainer.engines import check_options
+    from chatgym.trainer.learner.policy import resolve_device
 
     try:
+        resolve_device(config.model.device)
         check_options(config.engine)
     except ConfigError as exc:
         raise _Refused(str(exc)) from exc

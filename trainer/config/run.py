@@ -148,7 +148,8 @@ class EngineConfig:
 
     Attributes:
         backend: an engine name of :data:`chatgym.trainer.engines.ENGINES` (``vllm``: in-process vLLM,
-            ``hf``: transformers).
+            ``hf``: transformers), or ``auto``: the faster of ``hf`` / ``vllm`` for the model on this
+            machine, by a measured rule, logged at start (:mod:`chatgym.trainer.engines.auto`).
         dtype: the engine's dtype; ``auto`` is resolved when the engine is built (and logged; the config
             keeps ``auto``, so ``config.yaml`` is the same on every machine) to ``bfloat16`` on GPUs and
             CPUs with native bf16 (AVX-512 BF16 / AMX), else ``float32`` (emulated bf16 was 5.7x slower
@@ -164,8 +165,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         from chatgym.trainer.engines import ENGINES
 
-        if self.backend not in ENGINES:
-            raise ValueError(f"engine.backend: unknown {self.backend!r}; choose one of {sorted(ENGINES)}")
+        if self.backend not in ENGINES and self.backend != "auto":
+            raise ValueError(f"engine.backend: unknown {self.backend!r}; choose auto or one of {sorted(ENGINES)}")
 
 
 @dataclass(frozen=True)

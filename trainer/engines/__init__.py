@@ -72,7 +72,8 @@ def engine_dtype(cfg: Any) -> str:
 def check_options(cfg: Any) -> None:
     """Check ``engine.options`` (``cfg``: an ``EngineConfig``) against what ``engine.backend``'s class
     takes — its keyword arguments, and for an engine that passes ``**kwargs`` on, its
-    ``option_names()`` (vLLM: the fields of ``EngineArgs``; imports vLLM). ``chatgym train`` calls it
+    ``option_names()`` (vLLM: the fields of ``EngineArgs``; imports vLLM); with ``auto``, against every
+    engine :func:`chatgym.trainer.engines.auto.candidates` may pick here. ``chatgym train`` calls it
     before any model loads; :func:`build_engine` calls it too.
 
     Raises:
@@ -80,6 +81,21 @@ def check_options(cfg: Any) -> None:
         ConfigError: (a ValueError) an ``engine.options`` key the backend does not take (named, with the
             closest known name or the allowed ones).
     """
+    if cfg.backend == "auto":  # every engine auto may pick here must take the options
+        from dataclasses import replace
+
+        from chatgym.trainer.engines.auto import candidates
+
+        picks = candidates()
+        for name in picks:
+            try:
+                check_options(replace(cfg, backend=name))
+            except ConfigError as exc:
+                raise ConfigError(
+                    f"{exc} — with engine.backend auto this machine may pick any of {picks}, so every "
+                    "option must be one they all take; or set engine.backend"
+                ) from None
+        return
     cls = engine_class(cfg.backend)
     accepted = inspect.signature(cls).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
@@ -100,7 +116,8 @@ def check_options(cfg: Any) -> None:
 
 
 def build_engine(cfg: Any, model_path: Path, tokenizer: Any, seed: int, max_model_len: int) -> Any:
-    """Build the engine of a run's ``engine`` section (``EngineConfig``): ``engine.backend``'s class.
+    """Build the engine of a run's ``engine`` section (``EngineConfig``): ``engine.backend``'s class
+    (``auto``: the one :func:`chatgym.trainer.engines.auto.choose_backend` picks, logged to stderr).
 
     ``dtype`` (``auto`` resolved by :func:`engine_dtype`), ``tokenizer``, ``seed`` and
     ``max_model_len`` (tokens) are passed when the engine's constructor takes them, then
@@ -113,6 +130,15 @@ def build_engine(cfg: Any, model_path: Path, tokenizer: Any, seed: int, max_mode
             it refuses), prefixed ``engine:``.
     """
     check_options(cfg)
+    if cfg.backend == "auto":
+        import sys
+        from dataclasses import replace
+
+        from chatgym.trainer.engines.auto import auto_options, choose_backend
+
+        name, why = choose_backend(model_path)
+        print(f"chatgym: engine.backend auto -> {name} ({why})", file=sys.stderr)
+        cfg = replace(cfg, backend=name, options={**auto_options(name), **cfg.options})
     cls = engine_class(cfg.backend)
     accepted = inspect.signature(cls).parameters
     candidates = {"dtype": engine_dtype(cfg), "tokenizer": tokenizer, "seed": seed, "max_model_len": max_model_len}

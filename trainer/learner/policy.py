@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from chatgym.trainer.config.loader import ConfigError
 from chatgym.trainer.config.run import LoraConfig, ModelConfig
 from chatgym.trainer.models.dtype import choose_compute_dtype, cpu_flags, resolve_dtype
 from chatgym.trainer.models.packaged import load_model_path
@@ -24,13 +25,13 @@ def resolve_device(device: str) -> torch.device:
     """``auto`` -> ``cuda`` when available, else ``cpu``; anything else as given.
 
     Raises:
-        ValueError: ``cuda`` asked for on a machine without CUDA (names ``model.device``).
+        ConfigError: (a ValueError) ``cuda`` asked for on a machine without CUDA (names ``model.device``).
     """
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"model.device is {device!r} but CUDA is not available")
+        raise ConfigError(f"model.device is {device!r} but CUDA is not available (model.device: auto picks it when there is one)")
     return dev
 
 

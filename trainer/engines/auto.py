@@ -1,0 +1,82 @@
+"""``engine.backend: auto``: the engine this machine runs fastest for the model, by a measured rule.
+
+* no CUDA: ``vllm`` when vLLM is installed (the CPU main job's engine), else ``hf``;
+* CUDA: ``hf`` (static decode, fused step) for a checkpoint of at most :data:`AUTO_VLLM_ABOVE`
+  parameters, ``vllm`` above it (``hf`` when vLLM is not installed). When it picks vLLM on CUDA, vLLM
+  takes :data:`AUTO_VLLM_MEMORY` of the GPU (its own default, 0.92, leaves a colocated learner nothing).
+
+The rule is from one H200 (``benchmarks/hf_decode_gpu.py``: bf16, 128 new tokens, temperature 1;
+decode tokens/s at 64 / 256 rows, ``hf`` static vs vLLM 0.26's in-process engine; docs/gpu.md):
+SmolLM2-135M 21,601 / 53,078 vs 11,052 / 16,483; Qwen2.5-1.5B shape 15,339 / 32,793 vs 11,925 / 19,406;
+Qwen2.5-7B shape 8,069 / 14,993 vs 11,443 / 24,096. The crossover between 1.5 B and 7 B was not
+measured; 3 B is close to their geometric mean (3.2 B).
+
+Under ``auto``, ``engine.options`` must be taken by every engine it may pick here (checked at start-up
+by :func:`chatgym.trainer.engines.check_options`), so no option is dropped silently whichever it picks.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+AUTO_VLLM_ABOVE = 3_000_000_000  # parameters
+AUTO_VLLM_MEMORY = 0.3  # vLLM's share of the GPU (gpu_memory_utilization) when auto picks it on CUDA
+
+
+def has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def has_vllm() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def candidates(cuda: bool | None = None, vllm: bool | None = None) -> list[str]:
+    """The engines ``auto`` may pick on this machine (CUDA / vLLM detected when None)."""
+    cuda = has_cuda() if cuda is None else cuda
+    vllm = has_vllm() if vllm is None else vllm
+    if not vllm:
+        return ["hf"]
+    return ["hf", "vllm"] if cuda else ["vllm"]
+
+
+def checkpoint_parameters(model_path: str | Path) -> int | None:
+    """Parameters stored in ``model_path``'s ``*.safetensors`` files, from their headers (no tensor is
+    read; a tied weight stored once counts once); None when the directory has none."""
+    from safetensors import safe_open
+
+    files = sorted(Path(model_path).glob("*.safetensors"))
+    if not files:
+        return None
+    total = 0
+    for file in files:
+        with safe_open(str(file), "pt") as st:
+            total += sum(math.prod(st.get_slice(name).get_shape()) for name in st.keys())  # noqa: SIM118 (not iterable)
+    return total
+
+
+def choose_backend(model_path: str | Path, cuda: bool | None = None, vllm: bool | None = None) -> tuple[str, str]:
+    """``(backend, why)``: the engine ``auto`` runs for the model in ``model_path`` (module doc's rule)
+    and the reason, one line for the start-up log. ``cuda`` / ``vllm`` override the detection (tests)."""
+    cuda = has_cuda() if cuda is None else cuda
+    vllm = has_vllm() if vllm is None else vllm
+    if not cuda:
+        return ("vllm", "no CUDA, vLLM installed") if vllm else ("hf", "no CUDA, vLLM not installed")
+    if not vllm:
+        return "hf", "CUDA, vLLM not installed"
+    n = checkpoint_parameters(model_path)
+    if n is None:
+        return "hf", f"CUDA, no safetensors in {model_path} to size the model (hf up to {AUTO_VLLM_ABOVE:.0e} parameters)"
+    side = "<=" if n <= AUTO_VLLM_ABOVE else ">"
+    backend = "hf" if n <= AUTO_VLLM_ABOVE else "vllm"
+    return backend, f"CUDA, {n:,} parameters {side} {AUTO_VLLM_ABOVE:.0e} (hf faster up to 1.5 B, vLLM at 7 B: docs/gpu.md)"
+
+
+def auto_options(backend: str, cuda: bool | None = None) -> dict[str, float]:
+    """Options ``auto`` adds for the engine it picked (``engine.options`` win): vLLM's GPU share."""
+    cuda = has_cuda() if cuda is None else cuda
+    return {"gpu_memory_utilization": AUTO_VLLM_MEMORY} if backend == "vllm" and cuda else {}
