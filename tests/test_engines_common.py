@@ -201,24 +201,41 @@ def test_the_pad_id_is_the_first_token_of_the_model_among_the_candidates():
     assert embedding_rows(SimpleNamespace(config=SimpleNamespace(vocab_size=80))) == 80
 
 
-def test_copy_weights_in_place_copies_every_weight_across_multi_tensor_flushes(monkeypatch):
-    """Same-dtype copies go in multi-tensor batches flushed every _FOREACH_BYTES; casts go one by one.
-    With a 64-byte flush bound each 4x4 fp32 weight (64 bytes) is its own batch and the bf16 one a
-    cast: every value must still land, tied names alike."""
+def test_copy_weights_in_place_keeps_the_order_given_and_checks_a_sequence_first():
+    """A list / state dict goes in same-dtype multi-tensor runs, split at each cast so the order given
+    holds; it is checked whole first, so a bad pair copies nothing. A generator is read pair by pair
+    (a producer may reuse one buffer), the pairs before a bad one copied."""
     import torch
 
     from chatgym.trainer.engines import common
 
-    monkeypatch.setattr(common, "_FOREACH_BYTES", 64)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 4, bias=True), torch.nn.Linear(4, 4, bias=False))
-    new = {
-        "0.weight": torch.arange(16, dtype=torch.float32).reshape(4, 4),
-        "0.bias": torch.full((4,), -1.5),
-        "1.weight": (torch.arange(16, dtype=torch.float32).reshape(4, 4) / 4).to(torch.bfloat16),
-    }
-    common.copy_weights_in_place(model, new)
-    assert torch.equal(model[0].weight, new["0.weight"])
-    assert torch.equal(model[0].bias, torch.full((4,), -1.5))
-    assert torch.equal(model[1].weight, torch.arange(16, dtype=torch.float32).reshape(4, 4) / 4)  # k/4 is exact in bf16
+    def fresh():
+        return torch.nn.Sequential(torch.nn.Linear(4, 4, bias=True), torch.nn.Linear(4, 4, bias=False))
+
+    model = fresh()
+    ramp = torch.arange(16, dtype=torch.float32).reshape(4, 4)
+    common.copy_weights_in_place(
+        model, {"0.weight": ramp, "0.bias": torch.full((4,), -1.5), "1.weight": (ramp / 4).to(torch.bfloat16)}
+    )
+    assert torch.equal(model[0].weight, ramp) and torch.equal(model[0].bias, torch.full((4,), -1.5))
+    assert torch.equal(model[1].weight, ramp / 4)  # k/4 is exact in bf16
+    # The same weight twice, the second a cast: the later value wins (a run is flushed before a cast).
+    common.copy_weights_in_place(model, [("1.weight", torch.ones(4, 4)), ("1.weight", torch.full((4, 4), 2.0, dtype=torch.bfloat16))])
+    assert torch.equal(model[1].weight, torch.full((4, 4), 2.0))
+    before = {n: p.clone() for n, p in model.named_parameters()}
     with pytest.raises(ValueError, match=r"'0.bias' has shape \(3,\)"):
         common.copy_weights_in_place(model, [("0.weight", torch.zeros(4, 4)), ("0.bias", torch.zeros(3))])
+    with pytest.raises(KeyError, match="no weight named 'nope'"):
+        common.copy_weights_in_place(model, [("0.weight", torch.zeros(4, 4)), ("nope", torch.zeros(1))])
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())  # nothing copied
+
+    scratch = torch.empty(4, 4)
+
+    def reused():  # one buffer refilled between pairs
+        yield "0.weight", scratch.fill_(1.0)
+        yield "1.weight", scratch.fill_(2.0)
+        yield "nope", scratch
+
+    with pytest.raises(KeyError, match="no weight named 'nope'"):
+        common.copy_weights_in_place(model, reused())
+    assert torch.equal(model[0].weight, torch.ones(4, 4)) and torch.equal(model[1].weight, torch.full((4, 4), 2.0))

@@ -248,6 +248,9 @@ def test_config_load_refuses_fp8_naming_the_field():
     for backend in ("hf", "vllm"):
         with pytest.raises(ConfigError, match=r"engine.options.quantization: 'fp8' is refused: .*8\.9"):
             load_config(None, [f"engine.backend={backend}", "engine.options.quantization=fp8"])
+    # Regression: "FP8" (vLLM takes it) got past the refusal and crashed inside vLLM's kernels.
+    with pytest.raises(ConfigError, match=r"engine.options.quantization: 'FP8' is refused: .*8\.9"):
+        load_config(None, ["engine.backend=vllm", "engine.options.quantization=FP8"])
     # Ray: the engine is built (and refuses) on the worker, whose GPU the driver may not have; a
     # worker given no GPU is refused here.
     ray = ["engine.backend=hf", "engine.options.quantization=fp8", "trainer.backend=ray"]

@@ -263,13 +263,17 @@ def iter_weights(weights: Any) -> Iterable[tuple[str, Any]]:
     return weights
 
 
-_FOREACH_BYTES = 64 << 20
-
-
 def copy_weights_in_place(model: Any, weights: Any) -> None:
     """Copy ``weights`` (a state dict or ``(name, tensor)`` pairs; names as in ``model.state_dict()``,
     tied weights under either name, a subset is fine) into ``model``'s parameters and buffers in place,
-    cast to their dtype/device, without gradient.
+    cast to their dtype/device, without gradient, in the order given (a tied weight given twice keeps
+    the later value).
+
+    A state dict, list or tuple is checked whole first, so a bad name or shape copies nothing; its
+    same-dtype/device tensors go as multi-tensor launches (``torch._foreach_copy_``: on CUDA a few
+    kernels instead of one per weight). Any other iterable is read one pair at a time, each copied
+    before the next is read (a producer may make each tensor fresh, or reuse one buffer); a bad name or
+    shape then raises with the pairs before it copied.
 
     Raises:
         KeyError: a name the model does not have; ValueError: a shape that does not match.
@@ -278,30 +282,36 @@ def copy_weights_in_place(model: Any, weights: Any) -> None:
 
     targets = dict(model.named_parameters(remove_duplicate=False))
     targets.update(dict(model.named_buffers(remove_duplicate=False)))
-    # Same-dtype/device copies go as multi-tensor launches (one per ~64 MiB, so a producer that
-    # makes each tensor fresh — LoRA merges, casts — never has more than that held at once).
-    same: tuple[list[Any], list[Any]] = ([], [])
-    held = 0
+
+    def target_of(name: str, tensor: Any) -> Any:
+        target = targets.get(name)
+        if target is None:
+            raise KeyError(f"update_weights: the model has no weight named {name!r}")
+        if tuple(target.shape) != tuple(tensor.shape):
+            raise ValueError(
+                f"update_weights: {name!r} has shape {tuple(tensor.shape)}, the model's is {tuple(target.shape)}"
+            )
+        return target
+
+    pairs = iter_weights(weights)
     with torch.no_grad():
-        for name, tensor in iter_weights(weights):
-            target = targets.get(name)
-            if target is None:
-                raise KeyError(f"update_weights: the model has no weight named {name!r}")
-            if tuple(target.shape) != tuple(tensor.shape):
-                raise ValueError(
-                    f"update_weights: {name!r} has shape {tuple(tensor.shape)}, the model's is {tuple(target.shape)}"
-                )
+        if not isinstance(pairs, (list, tuple)) and not hasattr(weights, "items"):
+            for name, tensor in pairs:
+                target_of(name, tensor).copy_(tensor)
+            return
+        checked = [(target_of(name, tensor), tensor) for name, tensor in pairs]
+        run: tuple[list[Any], list[Any]] = ([], [])  # consecutive same-dtype/device copies
+        for target, tensor in checked:
             if isinstance(tensor, torch.Tensor) and tensor.dtype == target.dtype and tensor.device == target.device:
-                same[0].append(target)
-                same[1].append(tensor)
-                held += tensor.numel() * tensor.element_size()
-                if held >= _FOREACH_BYTES:
-                    torch._foreach_copy_(*same)
-                    same, held = ([], []), 0
-            else:
-                target.copy_(tensor)
-        if same[0]:
-            torch._foreach_copy_(*same)
+                run[0].append(target)
+                run[1].append(tensor)
+                continue
+            if run[0]:  # the run before this cast goes first: the order given is kept
+                torch._foreach_copy_(*run)
+                run = ([], [])
+            target.copy_(tensor)
+        if run[0]:
+            torch._foreach_copy_(*run)
 
 
 def save_weights(weights: Any, directory: Any, config_from: Any = None) -> Any:
