@@ -50,7 +50,8 @@ def build_local_rollout(
         engine = build_engine(
             cfg.engine, Path(model_path), tokenizer, cfg.train.seed, cfg.rollout.max_model_len
         )
-        print(f"chatgym: engine {cfg.engine.backend} in {engine_dtype(cfg.engine)}", file=sys.stderr)
+        name = cfg.engine.backend if cfg.engine.backend != "auto" else f"auto ({type(engine).__name__})"
+        print(f"chatgym: engine {name} in {engine_dtype(cfg.engine)}", file=sys.stderr)
     if generation_config is None:
         generation_config = _generation_config(model_path)
     train_cfg = dataclasses.replace(
