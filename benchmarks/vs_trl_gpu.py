@@ -393,19 +393,25 @@ def run_trl(seed: int, steps: int, eval_every: int, fp32: bool, evaluator, vllm:
     tokenizer = get_tokenizer("smollm2")
     model = load_model("smollm2", dtype="float32" if fp32 else "bfloat16", device=DEVICE)
     gen: list[tuple[float, int]] = []
-    plain_generate = model.generate
 
-    def timed_generate(*args, **kwargs):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        out = plain_generate(*args, **kwargs)
-        torch.cuda.synchronize()
+    def timed(generate, count):
+        """``generate`` timed into ``gen``: (seconds, ``count(out, args, kwargs)`` new tokens)."""
+
+        def call(*args, **kwargs):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            out = generate(*args, **kwargs)
+            torch.cuda.synchronize()
+            gen.append((time.perf_counter() - t, count(out, args, kwargs)))
+            return out
+
+        return call
+
+    def new_tokens(out, args, kwargs):  # model.generate: the ids after the (padded) prompt
         prompt_len = (kwargs.get("input_ids") if "input_ids" in kwargs else args[0]).shape[1]
-        new = out[:, prompt_len:]
-        gen.append((time.perf_counter() - t, int((new != tokenizer.pad_token_id).sum())))
-        return out
+        return int((out[:, prompt_len:] != tokenizer.pad_token_id).sum())
 
-    model.generate = timed_generate
+    model.generate = timed(model.generate, new_tokens)
     curve = [(0.0, evaluator(model))]
     wall = [0.0]
     steps_out: list[dict] = []
@@ -467,19 +473,9 @@ def run_trl(seed: int, steps: int, eval_every: int, fp32: bool, evaluator, vllm:
         processing_class=tokenizer,
         callbacks=[Timer()],
     )
-    if vllm:  # generation goes through TRL's vLLM wrapper, not model.generate
+    if vllm:  # generation goes through TRL's vLLM wrapper (its completion ids second), not model.generate
         vg = trainer.vllm_generation
-        plain_vllm = vg.generate
-
-        def timed_vllm(*args, **kwargs):
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            out = plain_vllm(*args, **kwargs)
-            torch.cuda.synchronize()
-            gen.append((time.perf_counter() - t, sum(len(ids) for ids in out[1])))
-            return out
-
-        vg.generate = timed_vllm
+        vg.generate = timed(vg.generate, lambda out, *_: sum(len(ids) for ids in out[1]))
     trainer.train()
     return {"steps": steps_out, "curve": curve, "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
 

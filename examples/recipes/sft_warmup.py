@@ -61,27 +61,40 @@ class Episode:
     retrieved: list[str] | None = None
 
 
-def retool_episode(env: Any, task_index: int) -> Episode:
-    """One solved episode of MathPython-v0 (real sandbox).
+def python_episode(env: Any, task_index: int, code_for: Any, strict: bool = True) -> Episode | None:
+    """One solved episode of MathPython-v0 (real sandbox): run ``code_for(task metadata)`` with the
+    ``python`` tool and answer with the first thing it printed.
+
+    Returns None, with ``strict`` off, when it printed nothing (or ``None``) or the env scored the
+    answer wrong.
 
     Raises:
-        RuntimeError: the sandbox printed nothing, or the env scored the copied value wrong.
+        RuntimeError: (``strict``) the same two cases.
     """
 
-    async def run() -> Episode:
+    async def run() -> Episode | None:
         await env.areset(options={"task_index": task_index})
-        expr = env.task["metadata"]["expression"]
-        call = json.dumps({"name": "python", "arguments": {"code": f"print({expr})"}})
+        call = json.dumps({"name": "python", "arguments": {"code": code_for(env.task["metadata"])}})
         obs, *_ = await env.astep(f"<tool_call>\n{call}\n</tool_call>")
         value = re.search(r"stdout:\n(\S+)", obs[0]["content"])
-        if value is None:
-            raise RuntimeError(f"task {task_index}: the sandbox printed nothing: {obs[0]['content']!r}")
+        if value is None or value.group(1) == "None":
+            if strict:
+                raise RuntimeError(f"task {task_index}: the sandbox printed nothing: {obs[0]['content']!r}")
+            return None
         _, reward, _, _, info = await env.astep(f"<answer>{value.group(1)}</answer>")
         if not info["success"]:
-            raise RuntimeError(f"task {task_index}: the scripted answer was scored wrong: {info}")
+            if strict:
+                raise RuntimeError(f"task {task_index}: the scripted answer was scored wrong: {info}")
+            return None
         return Episode([dict(m) for m in env.messages], reward, info, obs[0]["content"])
 
     return asyncio.run(run())
+
+
+def retool_episode(env: Any, task_index: int) -> Episode:
+    """ReTool / arith_chain: ``print(<the task's expression>)``, then that value as the answer
+    (:func:`python_episode`; raises RuntimeError when it does not solve the task)."""
+    return python_episode(env, task_index, lambda meta: f"print({meta['expression']})")
 
 
 # The scripted countdown program: a brute-force search over the orders of the numbers and the
@@ -104,25 +117,11 @@ def countdown_program(numbers: list[int], target: int) -> str:
 
 
 def countdown_episode(env: Any, task_index: int) -> Episode | None:
-    """One solved countdown episode of MathPython-v0 (real sandbox): run :func:`countdown_program`,
-    answer with the expression it printed. None when the search found no bracket-free solution
-    (it printed ``None``) or the env scored the answer wrong."""
-
-    async def run() -> Episode | None:
-        await env.areset(options={"task_index": task_index})
-        meta = env.task["metadata"]
-        code = countdown_program(meta["numbers"], meta["target"])
-        call = json.dumps({"name": "python", "arguments": {"code": code}})
-        obs, *_ = await env.astep(f"<tool_call>\n{call}\n</tool_call>")
-        value = re.search(r"stdout:\n(\S+)", obs[0]["content"])
-        if value is None or value.group(1) == "None":
-            return None
-        _, reward, _, _, info = await env.astep(f"<answer>{value.group(1)}</answer>")
-        if not info["success"]:
-            return None
-        return Episode([dict(m) for m in env.messages], reward, info, obs[0]["content"])
-
-    return asyncio.run(run())
+    """One solved countdown episode (:func:`python_episode` running :func:`countdown_program`); None
+    when the search found no bracket-free solution (it printed ``None``) or the env scored it wrong."""
+    return python_episode(
+        env, task_index, lambda meta: countdown_program(meta["numbers"], meta["target"]), strict=False
+    )
 
 
 _WH_OPENING = re.compile(r"^(?:what|who|which)\s+(?:is|was|are|were)\s+", re.I)

@@ -7,7 +7,7 @@ Keeping them in one place is what makes engines interchangeable: the same ids gi
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from chatgym.trainer.engines.base import FinishReason, SamplingParams
@@ -252,8 +252,6 @@ def iter_weights(weights: Any) -> Iterable[tuple[str, Any]]:
     Raises:
         TypeError: anything else (the message names ``weights``).
     """
-    from collections.abc import Mapping
-
     if isinstance(weights, Mapping):
         return weights.items()
     if isinstance(weights, (str, bytes)) or not isinstance(weights, Iterable):
@@ -295,7 +293,7 @@ def copy_weights_in_place(model: Any, weights: Any) -> None:
 
     pairs = iter_weights(weights)
     with torch.no_grad():
-        if not isinstance(pairs, (list, tuple)) and not hasattr(weights, "items"):
+        if not isinstance(weights, Mapping | list | tuple):  # read as it comes (see the docstring)
             for name, tensor in pairs:
                 target_of(name, tensor).copy_(tensor)
             return

@@ -21,11 +21,10 @@ def all_failed(trajs: Sequence[Trajectory], step: int) -> str | None:
     many share it; None otherwise (no trajectories, or at least one that did not fail)."""
     if not trajs or not all(t.failed for t in trajs):
         return None
-    first = str(trajs[0].error).splitlines()[0][:200]
-    same = sum(1 for t in trajs if str(t.error).splitlines()[0][:200] == first)
+    errors = [str(t.error).splitlines()[0][:200] for t in trajs]
     return (
         f"chatgym: step {step}: all {len(trajs)} episodes failed, nothing was trained "
-        f"({same} of them: {first})"
+        f"({errors.count(errors[0])} of them: {errors[0]})"
     )
 
 

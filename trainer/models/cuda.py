@@ -83,16 +83,17 @@ def fp8_unsupported(device: Any = None) -> str | None:
 
     if not hasattr(torch, "float8_e4m3fn") or not hasattr(torch, "_scaled_mm"):
         return f"torch {torch.__version__} has no float8_e4m3fn / _scaled_mm"
+    dev = None
     if device is not None:
         try:
-            torch.device(device)
+            dev = torch.device(device)
         except (RuntimeError, TypeError) as exc:
             return f"engine.options.device {device!r} is not a torch device ({exc})"
-    if device is not None and torch.device(device).type != "cuda":
-        return f"the device is {torch.device(device).type!r}; FP8 needs a CUDA GPU of compute capability >= 8.9"
+        if dev.type != "cuda":
+            return f"the device is {dev.type!r}; FP8 needs a CUDA GPU of compute capability >= 8.9"
     if not torch.cuda.is_available():
         return "no CUDA GPU here; FP8 needs one of compute capability >= 8.9 (Ada, Hopper)"
-    index = torch.device(device).index if device is not None else None
+    index = dev.index if dev is not None else None
     capability = torch.cuda.get_device_capability(index)
     if tuple(capability) < FP8_MIN_CAPABILITY:
         name = torch.cuda.get_device_name(index)
