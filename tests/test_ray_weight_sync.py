@@ -235,6 +235,8 @@ def test_all_failed_names_the_first_error_and_its_count():
     assert all_failed([traj("env_error: x\nmore"), traj("timeout: 5 s"), traj("env_error: x")], 3) == (
         "chatgym: step 3: all 3 episodes failed, nothing was trained (2 of them: env_error: x)"
     )
+    # Regression: an empty error string (a failure with no message) raised IndexError in the step's metrics.
+    assert all_failed([traj(""), traj("")], 4) == "chatgym: step 4: all 2 episodes failed, nothing was trained (2 of them: )"
 
 
 def test_chatgym_train_refuses_gpus_the_cluster_lacks_in_one_line(cluster, tmp_path, capsys):

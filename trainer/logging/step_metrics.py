@@ -21,7 +21,7 @@ def all_failed(trajs: Sequence[Trajectory], step: int) -> str | None:
     many share it; None otherwise (no trajectories, or at least one that did not fail)."""
     if not trajs or not all(t.failed for t in trajs):
         return None
-    errors = [str(t.error).splitlines()[0][:200] for t in trajs]
+    errors = [(str(t.error).splitlines() or [""])[0][:200] for t in trajs]  # "" has no lines
     return (
         f"chatgym: step {step}: all {len(trajs)} episodes failed, nothing was trained "
         f"({errors.count(errors[0])} of them: {errors[0]})"
