@@ -239,3 +239,27 @@ def test_copy_weights_in_place_keeps_the_order_given_and_checks_a_sequence_first
     with pytest.raises(KeyError, match="no weight named 'nope'"):
         common.copy_weights_in_place(model, reused())
     assert torch.equal(model[0].weight, torch.ones(4, 4)) and torch.equal(model[1].weight, torch.full((4, 4), 2.0))
+
+
+def test_copy_weights_in_place_names_what_is_not_a_weight_and_copies_nothing():
+    """Regression: a numpy value in a state dict passed the whole-input check (it has a shape) and
+    failed in copy_ after the weights before it were copied; a list value, a bare tensor or a 3-tuple
+    gave AttributeError / unpacking errors that named no weight."""
+    import numpy as np
+    import torch
+
+    from chatgym.trainer.engines import common
+
+    model = torch.nn.Linear(4, 4)
+    before = {n: p.clone() for n, p in model.named_parameters()}
+    with pytest.raises(TypeError, match=r"'bias' is a ndarray, not a torch.Tensor"):
+        common.copy_weights_in_place(model, {"weight": torch.ones(4, 4), "bias": np.ones(4)})
+    with pytest.raises(TypeError, match=r"'bias' is a list, not a torch.Tensor"):
+        common.copy_weights_in_place(model, {"weight": torch.ones(4, 4), "bias": [1.0] * 4})
+    with pytest.raises(TypeError, match=r"each weight must be a \(name, tensor\) pair, got tuple"):
+        common.copy_weights_in_place(model, [("weight", torch.ones(4, 4)), ("bias", torch.ones(4), 1)])
+    with pytest.raises(TypeError, match=r"weights must be a state dict or an iterable of \(name, tensor\), got Tensor"):
+        common.copy_weights_in_place(model, torch.ones(4, 4))
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())  # nothing copied
+    common.copy_weights_in_place(model, {"weight": torch.ones(4, 4)}.items())  # an items() view: checked whole too
+    assert torch.equal(model.weight, torch.ones(4, 4))

@@ -235,6 +235,12 @@ def test_the_engine_refuses_fp8_on_this_cpu():
         TransformersEngine(tiny(LlamaConfig), quantization="int4")
 
 
+def test_the_engine_reads_fp8_in_any_case_as_the_config_check_does(fp8_allowed):
+    # Regression: "FP8" passed the config-load check (is_fp8 reads any case) and was then refused by
+    # the engine, after the models had loaded.
+    assert TransformersEngine(tiny(LlamaConfig), decode="static", quantization="FP8").fp8 is True
+
+
 def test_fp8_needs_the_fused_static_step(fp8_allowed):
     with pytest.raises(ValueError, match="runs in the fused static decode step"):
         TransformersEngine(tiny(LlamaConfig), decode="dynamic", quantization="fp8")

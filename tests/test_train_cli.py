@@ -83,6 +83,15 @@ def test_the_gpu_config_on_a_machine_without_cuda_is_one_line(tmp_path, capsys):
     assert not out.exists()
 
 
+def test_a_device_torch_cannot_read_is_one_line(tmp_path, capsys):
+    # Regression: model.device=bogus printed torch's RuntimeError traceback (rc 1).
+    out = tmp_path / "run"
+    assert main([CONFIG, "--output-dir", str(out), "model.device=bogus"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("chatgym train: model.device: 'bogus' is not a device (auto, cpu, cuda, cuda:N): ")
+    assert err.count("\n") == 1 and not out.exists()
+
+
 def test_a_recipe_model_not_made_yet_points_to_the_cold_start(tmp_path, capsys):
     # Regression: a recipe config run before its SFT step named neither the field nor the fix.
     recipe = str(Path(CONFIG).parent.parent / "recipes" / "retool" / "cpu.yaml")

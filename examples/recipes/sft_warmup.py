@@ -79,7 +79,7 @@ def python_episode(env: Any, task_index: int, code_for: Any, strict: bool = True
         value = re.search(r"stdout:\n(\S+)", obs[0]["content"])
         if value is None or value.group(1) == "None":
             if strict:
-                raise RuntimeError(f"task {task_index}: the sandbox printed nothing: {obs[0]['content']!r}")
+                raise RuntimeError(f"task {task_index}: the sandbox printed no answer: {obs[0]['content']!r}")
             return None
         _, reward, _, _, info = await env.astep(f"<answer>{value.group(1)}</answer>")
         if not info["success"]:

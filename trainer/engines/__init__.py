@@ -91,10 +91,8 @@ def check_options(cfg: Any) -> None:
             try:
                 check_options(replace(cfg, backend=name))
             except ConfigError as exc:
-                raise ConfigError(
-                    f"{exc} — with engine.backend auto this machine may pick any of {picks}, so every "
-                    "option must be one they all take; or set engine.backend"
-                ) from None
+                may = f"picks {picks[0]!r}" if len(picks) == 1 else f"may pick any of {picks}, and every option must suit them all"
+                raise ConfigError(f"{exc} — engine.backend auto {may} on this machine; or set engine.backend") from None
         return
     cls = engine_class(cfg.backend)
     accepted = inspect.signature(cls).parameters

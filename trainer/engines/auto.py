@@ -6,7 +6,9 @@
   takes :data:`AUTO_VLLM_MEMORY` of the GPU (its own default, 0.92, leaves a colocated learner nothing).
 
 The rule is from one H200 (``benchmarks/hf_decode_gpu.py``: bf16, 128 new tokens, temperature 1;
-decode tokens/s at 64 / 256 rows, ``hf`` static vs vLLM 0.26's in-process engine; docs/gpu.md):
+decode tokens/s at 64 / 256 rows, ``hf`` static vs vLLM 0.26's in-process engine; docs/gpu.md; the 135M
+and 1.5B figures from the session that filed the GPU-speed issue, the 7B ones from
+``benchmarks/results/fp8_h200/2026-12-02b/``):
 SmolLM2-135M 21,601 / 53,078 vs 11,052 / 16,483; Qwen2.5-1.5B shape 15,339 / 32,793 vs 11,925 / 19,406;
 Qwen2.5-7B shape 8,069 / 14,993 vs 11,443 / 24,096. The crossover between 1.5 B and 7 B was not
 measured; 3 B is close to their geometric mean (3.2 B).

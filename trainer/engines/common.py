@@ -7,7 +7,7 @@ Keeping them in one place is what makes engines interchangeable: the same ids gi
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import ItemsView, Iterable, Mapping, Sequence
 from typing import Any
 
 from chatgym.trainer.engines.base import FinishReason, SamplingParams
@@ -254,11 +254,19 @@ def iter_weights(weights: Any) -> Iterable[tuple[str, Any]]:
     """
     if isinstance(weights, Mapping):
         return weights.items()
-    if isinstance(weights, (str, bytes)) or not isinstance(weights, Iterable):
+    # A tensor (anything with a shape) iterates over its rows, not (name, tensor) pairs.
+    if isinstance(weights, (str, bytes)) or hasattr(weights, "shape") or not isinstance(weights, Iterable):
         raise TypeError(
             f"weights must be a state dict or an iterable of (name, tensor), got {type(weights).__name__}"
         )
     return weights
+
+
+def _pair(item: Any) -> tuple[str, Any]:
+    """``item`` as ``(name, tensor)``; a clear TypeError for anything else (a bare tensor, a 3-tuple)."""
+    if not isinstance(item, tuple | list) or len(item) != 2 or not isinstance(item[0], str):
+        raise TypeError(f"update_weights: each weight must be a (name, tensor) pair, got {type(item).__name__}")
+    return item[0], item[1]
 
 
 def copy_weights_in_place(model: Any, weights: Any) -> None:
@@ -267,14 +275,15 @@ def copy_weights_in_place(model: Any, weights: Any) -> None:
     cast to their dtype/device, without gradient, in the order given (a tied weight given twice keeps
     the later value).
 
-    A state dict, list or tuple is checked whole first, so a bad name or shape copies nothing; its
+    A state dict (or its ``items()``), list or tuple is checked whole first, so a bad name or shape copies nothing; its
     same-dtype/device tensors go as multi-tensor launches (``torch._foreach_copy_``: on CUDA a few
     kernels instead of one per weight). Any other iterable is read one pair at a time, each copied
     before the next is read (a producer may make each tensor fresh, or reuse one buffer); a bad name or
     shape then raises with the pairs before it copied.
 
     Raises:
-        KeyError: a name the model does not have; ValueError: a shape that does not match.
+        KeyError: a name the model does not have; ValueError: a shape that does not match;
+        TypeError: an item that is not a ``(name, tensor)`` pair, or a value that is not a tensor.
     """
     import torch
 
@@ -282,6 +291,8 @@ def copy_weights_in_place(model: Any, weights: Any) -> None:
     targets.update(dict(model.named_buffers(remove_duplicate=False)))
 
     def target_of(name: str, tensor: Any) -> Any:
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"update_weights: {name!r} is a {type(tensor).__name__}, not a torch.Tensor")
         target = targets.get(name)
         if target is None:
             raise KeyError(f"update_weights: the model has no weight named {name!r}")
@@ -293,14 +304,15 @@ def copy_weights_in_place(model: Any, weights: Any) -> None:
 
     pairs = iter_weights(weights)
     with torch.no_grad():
-        if not isinstance(weights, Mapping | list | tuple):  # read as it comes (see the docstring)
-            for name, tensor in pairs:
+        if not isinstance(weights, Mapping | list | tuple | ItemsView):  # read as it comes (see the docstring)
+            for pair in pairs:
+                name, tensor = _pair(pair)
                 target_of(name, tensor).copy_(tensor)
             return
-        checked = [(target_of(name, tensor), tensor) for name, tensor in pairs]
+        checked = [(target_of(name, tensor), tensor) for name, tensor in map(_pair, pairs)]
         run: tuple[list[Any], list[Any]] = ([], [])  # consecutive same-dtype/device copies
         for target, tensor in checked:
-            if isinstance(tensor, torch.Tensor) and tensor.dtype == target.dtype and tensor.device == target.device:
+            if tensor.dtype == target.dtype and tensor.device == target.device:
                 run[0].append(target)
                 run[1].append(tensor)
                 continue

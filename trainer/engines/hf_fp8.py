@@ -115,7 +115,8 @@ QUANTIZATIONS = (None, "fp8")
 
 
 def check_quantization(quantization: str | None, device: Any) -> bool:
-    """Whether an engine on ``device`` runs FP8 weights (``quantization == "fp8"``).
+    """Whether an engine on ``device`` runs FP8 weights (``quantization`` ``"fp8"``, in any case, as the
+    config-load check reads it: :func:`~chatgym.trainer.models.cuda.is_fp8`).
 
     Raises:
         ValueError: an unknown ``quantization``, or ``"fp8"`` where the device has no FP8 (a CPU, a GPU of
@@ -123,6 +124,8 @@ def check_quantization(quantization: str | None, device: Any) -> bool:
     """
     from chatgym.trainer.models.cuda import fp8_unsupported
 
+    if isinstance(quantization, str):
+        quantization = quantization.lower()
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be None or 'fp8', got {quantization!r}")
     if quantization is None:

@@ -25,11 +25,15 @@ def resolve_device(device: str) -> torch.device:
     """``auto`` -> ``cuda`` when available, else ``cpu``; anything else as given.
 
     Raises:
-        ConfigError: (a ValueError) ``cuda`` asked for on a machine without CUDA (names ``model.device``).
+        ConfigError: (a ValueError) ``cuda`` asked for on a machine without CUDA, or a string torch does
+            not read as a device (names ``model.device``).
     """
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ConfigError(f"model.device: {device!r} is not a device (auto, cpu, cuda, cuda:N): {exc}") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"model.device is {device!r} but CUDA is not available (model.device: auto picks it when there is one)")
     return dev
