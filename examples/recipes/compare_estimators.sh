@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Per-turn vs trajectory-level advantages on a tool recipe: the cold start once, then every
+# (advantage, seed) run of the recipe's GPU config at the same time on one GPU.
+#
+#   bash examples/recipes/compare_estimators.sh RECIPE OUT_ROOT [override ...]
+#
+# RECIPE: arith_chain | countdown (the dose of each recipe's README). OUT_ROOT gets RECIPE_sft/ and
+# one run directory per pair, RECIPE_ADV_sSEED/ (metrics.jsonl, eval_traces.jsonl, ...), plus
+# RECIPE_ADV_sSEED.log. Overrides go to every `chatgym train` (e.g. train.max_steps=40).
+# ADVANTAGES (default "grpo turn_grpo") and SEEDS (default "0 1") choose the runs; CHATGYM and
+# PYTHON the commands (default .venv/bin/chatgym and .venv/bin/python where they exist).
+#
+# Why at once: a 135M policy leaves an H200 mostly idle (each step is bound by kernel launches and
+# the sandboxes' CPU work), so four runs side by side take far less than four times one run. Their
+# step times are then not comparable with a run alone; compare held-out scores at equal steps.
+set -euo pipefail
+recipe=${1:?usage: compare_estimators.sh RECIPE OUT_ROOT [override ...]}
+root=${2:?usage: compare_estimators.sh RECIPE OUT_ROOT [override ...]}
+shift 2
+case $recipe in
+  arith_chain) dose=(--examples 16 --batch-size 4 --lr 5e-5) ;;
+  countdown) dose=(--examples 16 --batch-size 4 --lr 1e-4) ;;
+  *) echo "compare_estimators.sh: RECIPE must be arith_chain or countdown, got '$recipe'" >&2; exit 2 ;;
+esac
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+config=$here/$recipe/gpu.yaml
+py=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
+cg=${CHATGYM:-$([ -x .venv/bin/chatgym ] && echo .venv/bin/chatgym || echo chatgym)}
+mkdir -p "$root"
+sft=$root/${recipe}_sft
+if [ ! -f "$sft/sft_summary.json" ]; then
+  $py "$here/sft_warmup.py" --recipe "$recipe" --config "$config" --out "$sft" "${dose[@]}" --device cuda \
+    > "$root/${recipe}_sft.log" 2>&1
+fi
+pids=()
+for adv in ${ADVANTAGES:-grpo turn_grpo}; do
+  for seed in ${SEEDS:-0 1}; do
+    run=${recipe}_${adv}_s$seed
+    $cg train "$config" model.path="$sft" algo.advantage="$adv" train.seed="$seed" \
+      train.output_dir="$root/$run" train.progress=false "$@" > "$root/$run.log" 2>&1 &
+    pids+=($!)
+  done
+done
+rc=0
+for p in "${pids[@]}"; do wait "$p" || rc=1; done
+for d in "$root/${recipe}"_*_s*/; do $py "$here/plot_recipe.py" "$d" > "${d%/}.plot.txt" 2>&1 || rc=1; done
+exit $rc
