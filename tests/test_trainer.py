@@ -607,3 +607,77 @@ def test_a_failed_background_redraw_is_reported_at_the_end(tmp_path, tiny_model,
         "OSError: [Errno 28] No space left on device\n"
     ) in err
     assert (tmp_path / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # drawn at the end
+
+
+def _engine_out_of_memory(trainer, monkeypatch):
+    """Every generate of ``trainer``'s engine raises what torch raises when the GPU is full, while
+    ``failing["on"]`` is true (the error the concurrent recipe runs hit on the H200)."""
+    failing = {"on": True}
+    real = trainer.engine.generate
+
+    async def generate(*args, **kwargs):
+        if failing["on"]:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.81 GiB.")
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(trainer.engine, "generate", generate)
+    return failing
+
+
+def test_a_run_whose_every_episode_fails_stops_after_max_failed_steps(tmp_path, tiny_model, monkeypatch):
+    """Regression: a run whose engine was out of GPU memory went on for 10 steps, each logging 'all
+    128 episodes failed', and evaluated a model that never trained. Now the second such step in a
+    row (train.max_failed_steps=2) stops the run with the step's error."""
+    from chatgym.trainer.train import Trainer, TrainingStalled
+
+    trainer = Trainer(tiny_config(tmp_path, "train.max_failed_steps=2", "env.eval_tasks=0", steps=5))
+    _engine_out_of_memory(trainer, monkeypatch)
+    try:
+        with pytest.raises(TrainingStalled) as err:
+            trainer.train()
+    finally:
+        trainer.close()
+    assert str(err.value).startswith(
+        "2 steps in a row had every episode fail (train.max_failed_steps=2); stopping. "
+        "The last: step 1: all 8 episodes failed, nothing was trained (8 of them: "
+    )
+    assert "OutOfMemoryError" in str(err.value)
+    assert trainer.learner.version == 0
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1]  # step 0's row; step 1 raised before its row was logged
+    assert rows[0]["batch/failed"] == rows[0]["batch/trajectories"] == 8
+
+
+def test_a_step_with_an_episode_that_did_not_fail_resets_the_failed_count(tmp_path, tiny_model, monkeypatch):
+    from chatgym.trainer.train import Trainer, TrainingStalled
+
+    trainer = Trainer(tiny_config(tmp_path, "train.max_failed_steps=2", "env.eval_tasks=0", steps=5))
+    failing = _engine_out_of_memory(trainer, monkeypatch)
+    try:
+        trainer.step(0)
+        assert trainer.failed_steps_in_a_row == 1
+        failing["on"] = False
+        trainer.step(1)
+        assert trainer.failed_steps_in_a_row == 0 and trainer.learner.version == 1
+        failing["on"] = True
+        trainer.step(2)
+        assert trainer.failed_steps_in_a_row == 1
+        with pytest.raises(TrainingStalled):
+            trainer.step(3)
+        assert trainer.failed_steps_in_a_row == 2 and trainer.learner.version == 1
+    finally:
+        trainer.close()
+
+
+def test_max_failed_steps_zero_never_stops_and_a_negative_one_is_refused(tmp_path, tiny_model, monkeypatch):
+    from chatgym.trainer.train import Trainer
+
+    trainer = Trainer(tiny_config(tmp_path, "train.max_failed_steps=0", "env.eval_tasks=0", steps=3))
+    _engine_out_of_memory(trainer, monkeypatch)
+    try:
+        summary = trainer.train()
+    finally:
+        trainer.close()
+    assert summary["steps_run"] == 3 and trainer.failed_steps_in_a_row == 3
+    with pytest.raises(ValueError, match=r"^train.max_failed_steps must be >= 0, got -1$"):
+        tiny_config(tmp_path, "train.max_failed_steps=-1")

@@ -106,6 +106,7 @@ class Trainer:
     def __init__(self, config: Config, *, engine: Any = None, resume: bool | str | Path = False):
         self.cfg = cfg = config
         self.out = Path(cfg.train.output_dir)
+        self.failed_steps_in_a_row = 0  # train.max_failed_steps
         ckpt = find_checkpoint(self.out, resume)  # before mkdir: a refused run leaves nothing behind
         self.out.mkdir(parents=True, exist_ok=True)
         seed_everything(cfg.train.seed)
@@ -188,8 +189,17 @@ class Trainer:
         ``rollout/workers_down``: :meth:`~chatgym.trainer.distributed.ray_rollout.RayRollout.metrics`)."""
         metrics = rollout_metrics(result.trajectories, rollout_s=result.rollout_s)
         warning = all_failed(result.trajectories, result.step)
+        self.failed_steps_in_a_row = 0 if warning is None else self.failed_steps_in_a_row + 1
         if warning is not None:
             print(warning, file=sys.stderr)
+            limit = self.cfg.train.max_failed_steps
+            if limit and self.failed_steps_in_a_row >= limit:
+                # Going on would log steps and evaluations of a model that never trains (seen on the
+                # H200: runs out of GPU memory kept stepping, every episode failed, for 10 steps).
+                raise TrainingStalled(
+                    f"{self.failed_steps_in_a_row} steps in a row had every episode fail "
+                    f"(train.max_failed_steps={limit}); stopping. The last: {warning.removeprefix('chatgym: ')}"
+                )
         metrics.update(result.metrics)
         source_metrics = getattr(self.rollout, "metrics", None)  # a local rollout has none
         if source_metrics is not None:
@@ -407,6 +417,11 @@ class Trainer:
             self.learner.close()
         if self.cluster is not None:
             self.cluster.shutdown()
+
+
+class TrainingStalled(RuntimeError):
+    """``train.max_failed_steps`` steps in a row had every episode fail: the run stops, since
+    nothing it would log from then on comes from training."""
 
 
 @contextlib.contextmanager

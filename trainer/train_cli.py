@@ -152,7 +152,9 @@ def _startup_refusal(exc: BaseException) -> str | None:
 def _train(config: Any, ckpt: Path | None) -> int:
     """Build the trainer and run it; the exit status (see :func:`main`)."""
     from chatgym.trainer.distributed.learner import LearnerFailed  # imports no Ray
-    from chatgym.trainer.train import Trainer  # torch and transformers load only once the config is good
+
+    # torch and transformers load only once the config is good
+    from chatgym.trainer.train import Trainer, TrainingStalled
 
     out = Path(config.train.output_dir)
     made_out = not out.exists()
@@ -169,7 +171,7 @@ def _train(config: Any, ckpt: Path | None) -> int:
         raise _Refused(reason) from exc
     try:
         summary = trainer.train()
-    except LearnerFailed as exc:  # trainer.backend: ray — a learner process died; the message names the checkpoint
+    except (LearnerFailed, TrainingStalled) as exc:  # a Ray learner died (the message names the checkpoint) / nothing trains
         print(f"chatgym train: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

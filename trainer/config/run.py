@@ -401,6 +401,9 @@ class TrainConfig:
             Python's garbage collector for the run (``gc.freeze()``, as vLLM does after start-up): a
             full collection then walks only what the steps allocate. On the H200 a full collection
             inside the update took 0.33-0.37 s of a 1.7 s step.
+        max_failed_steps: stop the run with an error once this many steps in a row had every episode
+            fail (nothing trained: an engine out of memory, an env the workers cannot make); 0 never
+            stops. A step with one episode that did not fail resets the count.
     """
 
     max_steps: int = 10
@@ -418,6 +421,7 @@ class TrainConfig:
     wandb_project: str = "chatgym"
     progress: bool = True
     gc_freeze: bool = True
+    max_failed_steps: int = 3
 
     def __post_init__(self) -> None:
         _positive(
@@ -430,6 +434,8 @@ class TrainConfig:
         )
         if self.save_every < 0:
             raise ValueError(f"train.save_every must be >= 0, got {self.save_every}")
+        if self.max_failed_steps < 0:
+            raise ValueError(f"train.max_failed_steps must be >= 0, got {self.max_failed_steps}")
         if not 0.0 <= self.trace_fraction <= 1.0:
             raise ValueError(f"train.trace_fraction must be in [0, 1], got {self.trace_fraction}")
 
