@@ -21,6 +21,7 @@ CONFIGS = sorted(p.relative_to(RECIPES).as_posix() for p in RECIPES.glob("*/*.ya
 CPU_CONFIGS = [c for c in CONFIGS if "cpu" in c]
 
 sys.path.insert(0, str(RECIPES))
+import compare_runs  # noqa: E402
 import plot_recipe  # noqa: E402
 import sft_warmup  # noqa: E402
 
@@ -347,3 +348,41 @@ def test_visual_sft_rows_are_the_reference_episodes_as_the_collector_writes_them
         # One board image before each move (the solved board ends the episode), each a processor run.
         assert len(traj.images) == len(moves)
         assert sum(traj.token_ids[i : i + len(run)] == run for i in range(len(traj.token_ids))) == len(moves)
+
+
+def _run_dir(root: Path, name: str, advantage: str, seed: int, rows: list[dict]) -> Path:
+    d = root / name
+    d.mkdir()
+    (d / "config.yaml").write_text(f"algo:\n  advantage: {advantage}\ntrain:\n  seed: {seed}\n")
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return d
+
+
+def _eval_row(step: int, acc: float, **extra: float) -> dict:
+    tools = {"eval/tools/episodes_with_call_frac": 1.0, "eval/tools/calls_per_episode": 1.0,
+             "eval/episode/turns_mean": 2.0, "eval/tools/error_rate": 0.25}
+    return {"step": step, "eval/accuracy": acc, "timing/eval_s": 2.0, **tools, **extra}
+
+
+def test_compare_runs_means_seeds_at_the_steps_all_of_them_reached(tmp_path, capsys):
+    """Seed means only where every seed of the estimator was evaluated (a run cut short at step 10
+    leaves step 20 out of its estimator's mean); wall clock sums step and eval seconds."""
+    a0 = _run_dir(tmp_path, "r_grpo_s0", "grpo", 0, [
+        _eval_row(0, 0.5), {"step": 1, "timing/step_s": 3.0}, _eval_row(10, 0.75, **{"timing/step_s": 4.0}),
+        _eval_row(20, 0.875)])
+    a1 = _run_dir(tmp_path, "r_grpo_s1", "grpo", 1, [_eval_row(0, 0.5), _eval_row(10, 0.625)])
+    b0 = _run_dir(tmp_path, "r_turn_grpo_s0", "turn_grpo", 0, [_eval_row(0, 0.25), _eval_row(20, 1.0)])
+    runs = [compare_runs.load_run(d) for d in (a0, a1, b0)]
+    assert [(s, w) for s, w, _ in runs[0]["evals"]] == [(0, 2.0), (10, 11.0), (20, 13.0)]  # 2; +3; +4+2; +2
+    assert compare_runs.seed_means(runs) == {"grpo": {0: 0.5, 10: 0.6875}, "turn_grpo": {0: 0.25, 20: 1.0}}
+    text = compare_runs.main([str(a1), str(b0), str(a0)])
+    lines = text.splitlines()
+    assert lines[0] == "| step | r_grpo_s0 | r_grpo_s1 | r_turn_grpo_s0 | mean grpo | mean turn_grpo |"
+    assert lines[2:5] == [
+        "| 0 | 0.500 | 0.500 | 0.250 | 0.5000 | 0.2500 |",
+        "| 10 | 0.750 | 0.625 |  | 0.6875 |  |",
+        "| 20 | 0.875 |  | 1.000 |  | 1.0000 |",
+    ]
+    assert "| r_grpo_s0 | 20 | 1.000 | 1.000 | 2.000 | 0.250 |" in lines
+    assert capsys.readouterr().out.rstrip("\n") == text
+

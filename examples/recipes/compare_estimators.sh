@@ -13,6 +13,8 @@
 # Why at once: a 135M policy leaves an H200 mostly idle (each step is bound by kernel launches and
 # the sandboxes' CPU work), so four runs side by side take far less than four times one run. Their
 # step times are then not comparable with a run alone; compare held-out scores at equal steps.
+# Memory: each run took 16-29 GB of an H200 (the update's float32 logits); two recipes' four runs
+# at once (eight processes) ran out of its 140 GB, six fit (examples/recipes/countdown/results_h200/).
 set -euo pipefail
 recipe=${1:?usage: compare_estimators.sh RECIPE OUT_ROOT [override ...]}
 root=${2:?usage: compare_estimators.sh RECIPE OUT_ROOT [override ...]}
