@@ -18,9 +18,11 @@ from chatgym.trainer.config.cotrain import CoTrainConfig, load_cotrain_config
 from chatgym.trainer.cotrain.loop import CoTrainer
 from chatgym.trainer.cotrain.party import (
     VersionedResponder,
+    best_constant_agreement,
     facts,
     faithfulness,
     judge_agreement,
+    judge_constant_baseline,
     party_trajectories,
     trace_trajectory,
 )
@@ -118,6 +120,42 @@ async def test_judge_agreement_against_the_reference_rating():
     ]
     assert await judge_agreement(traces) == pytest.approx([1.0, 2 / 3, 2 / 3, 0.0, None])
     env.close()
+
+
+def test_best_constant_agreement_is_the_median_rating():
+    # refs 2, 2, 9: c=2 -> (1 + 1 + 2/9) / 3 = 20/27; c=3 -> (8/9 + 8/9 + 3/9) / 3 = 19/27; c=1 -> 18/27.
+    assert best_constant_agreement([2.0, 2.0, 9.0]) == (pytest.approx(20 / 27), 2.0)
+    # refs 1, 10: every c gives (1 - (c-1)/9 + 1 - (10-c)/9) / 2 = 1/2; the lowest c wins the tie.
+    assert best_constant_agreement([1.0, 10.0]) == (pytest.approx(0.5), 1.0)
+    with pytest.raises(ValueError, match="at least one reference rating"):
+        best_constant_agreement([])
+
+
+async def test_judge_constant_baseline_over_the_samples_with_a_reference():
+    from chatgym.envs.judge.env import JudgeEnv
+    from chatgym.trainer.rollout.types import Trajectory
+
+    env = JudgeEnv(split="reference")
+    await env.areset(options={"task_index": 3})
+    right = [user(env.judge_prompt("David has only one brother."))]  # reference rating 10
+    wrong = [user(env.judge_prompt("zzzq"))]  # reference rating 1
+    env.close()
+    ok = Trajectory(env_id="Judge-v0", task_id="a", info={"judge_traces": [
+        {"messages": right, "rating": 10.0},  # agreement 1
+        {"messages": wrong, "rating": 10.0},  # 0
+        {"messages": [user("Rate this answer: 42 [[5]]")], "rating": 5.0},  # no reference: left out
+    ]})
+    unparsed = Trajectory(env_id="Judge-v0", task_id="b", info={"judge_traces": [{"messages": wrong, "rating": None}]})
+    failed = Trajectory(env_id="Judge-v0", task_id="c", error="timeout", info={"judge_traces": [{"messages": right, "rating": 1.0}]})
+    got = await judge_constant_baseline([ok, unparsed, failed])
+    # refs 10, 1, 1 -> best constant 1: (0 + 1 + 1) / 3 = 2/3; the judge's mean agreement (1 + 0 + 0) / 3 = 1/3.
+    assert got == {
+        "judge/rating_distinct": 1.0,
+        "judge/best_constant_agreement": pytest.approx(2 / 3),
+        "judge/best_constant_rating": 1.0,
+        "judge/agreement_over_constant": pytest.approx(1 / 3 - 2 / 3),
+    }
+    assert await judge_constant_baseline([failed]) == {}
 
 
 # ---- Judge-v0: both sides of a scripted step, then the update of both learners ---------------------

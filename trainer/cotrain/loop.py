@@ -53,6 +53,7 @@ from chatgym.trainer.cotrain.party import (
     REWARDS,
     RewardFn,
     VersionedResponder,
+    judge_constant_baseline,
     party_trajectories,
     policy_reference_metrics,
 )
@@ -229,10 +230,12 @@ class CoTrainer(Trainer):
 
     async def _eval_extras(self, trajs: list[Trajectory]) -> dict[str, float]:
         """The party's side of the evaluation: ``eval/<party>/*`` and, for a judge,
-        ``eval/policy/reference_reward``."""
+        ``eval/policy/reference_reward`` and the constant-rating check
+        (:func:`~chatgym.trainer.cotrain.party.judge_constant_baseline`)."""
         _, metrics = await party_trajectories(trajs, self.co.party, self.reward_fn)
         if self.co.party == "judge":
             metrics.update(await policy_reference_metrics(trajs))
+            metrics.update(await judge_constant_baseline(trajs))
         return {f"eval/{k}": v for k, v in metrics.items()}
 
     def save(self, steps_done: int) -> Path:

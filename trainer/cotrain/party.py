@@ -233,6 +233,51 @@ async def _faithfulness(traces: list[dict[str, Any]]) -> list[float | None]:
 REWARDS: dict[str, RewardFn] = {"judge": judge_agreement, "user": _faithfulness}
 
 
+def best_constant_agreement(references: Sequence[float]) -> tuple[float, float]:
+    """``(agreement, rating)`` of the best judge that ignores its input: the constant rating ``c`` in
+    1..10 with the highest mean ``1 - |c - ref| / 9`` over ``references`` (the lowest such ``c`` on a
+    tie). A co-trained judge whose agreement does not beat it has learned no more than the
+    references' distribution (the check issue 32 asks of a judge that "moves").
+
+    Raises:
+        ValueError: ``references`` is empty.
+    """
+    if not references:
+        raise ValueError("best_constant_agreement needs at least one reference rating")
+    scores = [(float(np.mean([1.0 - abs(c - r) / 9.0 for r in references])), -c) for c in range(1, 11)]
+    agreement, neg_c = max(scores)
+    return agreement, float(-neg_c)
+
+
+async def judge_constant_baseline(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """The judge's agreement against a constant rating's, over every judge sample of ``trajs`` whose
+    prompt has a reference rating (failed episodes give none): ``judge/rating_distinct`` (distinct
+    valid ratings among them), ``judge/best_constant_agreement`` and ``judge/best_constant_rating``
+    (:func:`best_constant_agreement` on their references), and ``judge/agreement_over_constant``
+    (their mean agreement, 0 for a sample with no valid rating, minus the best constant's). ``{}``
+    when no sample has a reference."""
+    refs: list[float] = []
+    ratings: list[float | None] = []
+    for t in trajs:
+        if t.failed:
+            continue
+        for trace in t.info.get("judge_traces") or []:
+            ref = await reference_rating(trace.get("messages", []))
+            if ref is not None:
+                refs.append(ref)
+                ratings.append(trace.get("rating"))
+    if not refs:
+        return {}
+    constant, c = best_constant_agreement(refs)
+    agreement = np.mean([0.0 if r is None else 1.0 - abs(float(r) - ref) / 9.0 for r, ref in zip(ratings, refs, strict=True)])
+    return {
+        "judge/rating_distinct": float(len({float(r) for r in ratings if r is not None})),
+        "judge/best_constant_agreement": constant,
+        "judge/best_constant_rating": c,
+        "judge/agreement_over_constant": float(agreement) - constant,
+    }
+
+
 async def policy_reference_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
     """``policy/reference_reward``: the policy's Judge-v0 return had the rule-based reference judge
     rated it (the reference rating of each question turn's last judge sample, ``(r - 1) / 9 /
