@@ -386,3 +386,63 @@ def test_compare_runs_means_seeds_at_the_steps_all_of_them_reached(tmp_path, cap
     assert "| r_grpo_s0 | 20 | 1.000 | 1.000 | 2.000 | 0.250 |" in lines
     assert capsys.readouterr().out.rstrip("\n") == text
 
+
+def test_compare_runs_skips_non_runs_and_unevaluated_runs_and_flags_failed_evaluations(tmp_path, capsys):
+    """A glob's .log file and a directory without config.yaml are skipped (one note each on stderr);
+    runs with no evaluation row (only a training row; no metrics.jsonl at all) are left out of the
+    tables and named under them; a missing tool key reads nan; evaluations with eval/failed > 0 are
+    marked, an all-failed one (no eval/accuracy) reads nan and makes its estimator's mean nan."""
+    a0 = _run_dir(
+        tmp_path, "r_grpo_s0", "grpo", 0, [_eval_row(0, 0.5), _eval_row(10, 0.75, **{"eval/failed": 2})]
+    )
+    all_failed = {"step": 10, "eval/failed": 200, "eval/tasks": 200, "timing/eval_s": 1.0}
+    a1 = _run_dir(tmp_path, "r_grpo_s1", "grpo", 1, [_eval_row(0, 0.25), all_failed])
+    no_tools = {"step": 10, "eval/accuracy": 0.625, "eval/failed": 0, "eval/episode/turns_mean": 1.5}
+    b0 = _run_dir(tmp_path, "r_turn_grpo_s0", "turn_grpo", 0, [_eval_row(0, 0.5), no_tools])
+    b1 = _run_dir(tmp_path, "r_turn_grpo_s1", "turn_grpo", 1, [{"step": 1, "timing/step_s": 3.0}])
+    b2 = _run_dir(tmp_path, "r_turn_grpo_s2", "turn_grpo", 2, [])
+    (b2 / "metrics.jsonl").unlink()  # died before its first row
+    log = tmp_path / "r_grpo_s0.log"
+    log.write_text("a run's log\n")
+    sft = tmp_path / "r_sft"
+    sft.mkdir()
+    out = tmp_path / "compare.png"
+    text = compare_runs.main([str(p) for p in (sft, b2, a1, log, b1, b0, a0)] + ["--out", str(out)])
+    assert text.splitlines() == [
+        "| step | r_grpo_s0 | r_grpo_s1 | r_turn_grpo_s0 | mean grpo | mean turn_grpo |",
+        "|---|---|---|---|---|---|",
+        # grpo at 0: (0.5 + 0.25) / 2; at 10: (0.75 + nan) / 2. turn_grpo: its one evaluated run.
+        "| 0 | 0.500 | 0.250 | 0.500 | 0.3750 | 0.5000 |",
+        "| 10 | 0.750 (2 failed) | nan (200 failed) | 0.625 | nan | 0.6250 |",
+        "",
+        "| run | step | tool_rate | calls | turns | tool_error_rate |",
+        "|---|---|---|---|---|---|",
+        "| r_grpo_s0 | 0 | 1.000 | 1.000 | 2.000 | 0.250 |",
+        "| r_grpo_s0 | 10 (2 failed) | 1.000 | 1.000 | 2.000 | 0.250 |",
+        "| r_grpo_s1 | 0 | 1.000 | 1.000 | 2.000 | 0.250 |",
+        "| r_grpo_s1 | 10 (200 failed) | nan | nan | nan | nan |",
+        "| r_turn_grpo_s0 | 0 | 1.000 | 1.000 | 2.000 | 0.250 |",
+        "| r_turn_grpo_s0 | 10 | nan | nan | 1.500 | nan |",
+        "",
+        "(N failed): eval/failed > 0, N held-out episodes failed; accuracy is over the rest.",
+        "",
+        "No evaluation row (not in the tables): r_turn_grpo_s1, r_turn_grpo_s2.",
+    ]
+    captured = capsys.readouterr()
+    assert captured.out == text + "\n"  # the markdown alone: `> compare.md` keeps nothing else
+    assert captured.err.splitlines() == [
+        f"compare_runs.py: skipped {sft}: not a run directory (no config.yaml)",
+        f"compare_runs.py: skipped {log}: not a run directory (no config.yaml)",
+        f"wrote {out}",
+    ]
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    runs = [compare_runs.load_run(d) for d in (b1, b2)]
+    assert [r["evals"] for r in runs] == [[], []]
+    assert compare_runs.seed_means(runs) == {}
+    with pytest.raises(SystemExit) as stop:  # nothing to compare: argparse's one-line error
+        compare_runs.main([str(log), str(sft)])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.endswith(
+        "error: no run directory (a directory with a config.yaml) among the arguments\n"
+    )
+

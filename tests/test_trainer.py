@@ -329,32 +329,34 @@ def test_tasks_for_step_is_a_pure_function_covering_each_epoch():
 # ------------------------------------------------------------------------------------ the loop
 
 
-def tiny_config(tmp_path, *extra: str, steps: int = 2):
+def tiny_overrides(tmp_path, *extra: str, steps: int = 2) -> list[str]:
+    """The overrides of :func:`tiny_config` (also a `chatgym train` command line); registers the env."""
     register()
-    return load_config(
-        None,
-        [
-            "model.random_init=true",
-            "model.config_overrides=" + json.dumps(TINY_LLAMA),
-            "engine.backend=hf",
-            "engine.dtype=float32",
-            f"env.id={LETTERS_ENV_ID}",
-            "env.eval_tasks=3",
-            "rollout.max_tokens=8",
-            "rollout.max_response_tokens=8",
-            "rollout.max_model_len=128",
-            f"train.max_steps={steps}",
-            "train.prompts_per_step=2",
-            "train.group_size=4",
-            "train.micro_batch_size=3",
-            "train.trace_fraction=1.0",
-            "train.progress=false",
-            f"train.output_dir={tmp_path}",
-            "optim.lr=1e-3",
-            "algo.kl_coef=0.01",
-            *extra,
-        ],
-    )
+    return [
+        "model.random_init=true",
+        "model.config_overrides=" + json.dumps(TINY_LLAMA),
+        "engine.backend=hf",
+        "engine.dtype=float32",
+        f"env.id={LETTERS_ENV_ID}",
+        "env.eval_tasks=3",
+        "rollout.max_tokens=8",
+        "rollout.max_response_tokens=8",
+        "rollout.max_model_len=128",
+        f"train.max_steps={steps}",
+        "train.prompts_per_step=2",
+        "train.group_size=4",
+        "train.micro_batch_size=3",
+        "train.trace_fraction=1.0",
+        "train.progress=false",
+        f"train.output_dir={tmp_path}",
+        "optim.lr=1e-3",
+        "algo.kl_coef=0.01",
+        *extra,
+    ]
+
+
+def tiny_config(tmp_path, *extra: str, steps: int = 2):
+    return load_config(None, tiny_overrides(tmp_path, *extra, steps=steps))
 
 
 def test_two_training_steps_tiny_model(tmp_path, tiny_model):
@@ -624,10 +626,25 @@ def _engine_out_of_memory(trainer, monkeypatch):
     return failing
 
 
-def test_a_run_whose_every_episode_fails_stops_after_max_failed_steps(tmp_path, tiny_model, monkeypatch):
+OOM_ERROR = "engine_error: OutOfMemoryError: CUDA out of memory. Tried to allocate 2.81 GiB."
+
+
+def all_failed_line(step: int) -> str:
+    """The warning of a step of 8 episodes that all failed with :func:`_engine_out_of_memory`'s error."""
+    return f"chatgym: step {step}: all 8 episodes failed, nothing was trained (8 of them: {OOM_ERROR})"
+
+
+def failed_step_warnings(err: str) -> list[str]:
+    return [line for line in err.splitlines() if "episodes failed" in line]
+
+
+def test_a_run_whose_every_episode_fails_stops_after_max_failed_steps(
+    tmp_path, tiny_model, monkeypatch, capsys
+):
     """Regression: a run whose engine was out of GPU memory went on for 10 steps, each logging 'all
     128 episodes failed', and evaluated a model that never trained. Now the second such step in a
-    row (train.max_failed_steps=2) stops the run with the step's error."""
+    row (train.max_failed_steps=2) stops the run with the step's error. Regression: the stopping
+    step's warning was printed as well as carried by the error (twice on `chatgym train`'s stderr)."""
     from chatgym.trainer.train import Trainer, TrainingStalled
 
     trainer = Trainer(tiny_config(tmp_path, "train.max_failed_steps=2", "env.eval_tasks=0", steps=5))
@@ -637,18 +654,20 @@ def test_a_run_whose_every_episode_fails_stops_after_max_failed_steps(tmp_path, 
             trainer.train()
     finally:
         trainer.close()
-    assert str(err.value).startswith(
+    assert str(err.value) == (
         "2 steps in a row had every episode fail (train.max_failed_steps=2); stopping. "
-        "The last: step 1: all 8 episodes failed, nothing was trained (8 of them: "
+        f"The last: step 1: all 8 episodes failed, nothing was trained (8 of them: {OOM_ERROR})"
     )
-    assert "OutOfMemoryError" in str(err.value)
+    assert failed_step_warnings(capsys.readouterr().err) == [all_failed_line(0)]  # step 1's is the error's
     assert trainer.learner.version == 0
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1]  # step 0's row; step 1 raised before its row was logged
     assert rows[0]["batch/failed"] == rows[0]["batch/trajectories"] == 8
 
 
-def test_a_step_with_an_episode_that_did_not_fail_resets_the_failed_count(tmp_path, tiny_model, monkeypatch):
+def test_a_step_with_an_episode_that_did_not_fail_resets_the_failed_count(
+    tmp_path, tiny_model, monkeypatch, capsys
+):
     from chatgym.trainer.train import Trainer, TrainingStalled
 
     trainer = Trainer(tiny_config(tmp_path, "train.max_failed_steps=2", "env.eval_tasks=0", steps=5))
@@ -667,9 +686,13 @@ def test_a_step_with_an_episode_that_did_not_fail_resets_the_failed_count(tmp_pa
         assert trainer.failed_steps_in_a_row == 2 and trainer.learner.version == 1
     finally:
         trainer.close()
+    # Steps 0 and 2 warned and went on; step 3 raised instead (its warning is the error's).
+    assert failed_step_warnings(capsys.readouterr().err) == [all_failed_line(0), all_failed_line(2)]
 
 
-def test_max_failed_steps_zero_never_stops_and_a_negative_one_is_refused(tmp_path, tiny_model, monkeypatch):
+def test_max_failed_steps_zero_never_stops_and_a_negative_one_is_refused(
+    tmp_path, tiny_model, monkeypatch, capsys
+):
     from chatgym.trainer.train import Trainer
 
     trainer = Trainer(tiny_config(tmp_path, "train.max_failed_steps=0", "env.eval_tasks=0", steps=3))
@@ -679,5 +702,40 @@ def test_max_failed_steps_zero_never_stops_and_a_negative_one_is_refused(tmp_pat
     finally:
         trainer.close()
     assert summary["steps_run"] == 3 and trainer.failed_steps_in_a_row == 3
+    # Once each: no step stopped the run.
+    assert failed_step_warnings(capsys.readouterr().err) == [all_failed_line(s) for s in (0, 1, 2)]
     with pytest.raises(ValueError, match=r"^train.max_failed_steps must be >= 0, got -1$"):
         tiny_config(tmp_path, "train.max_failed_steps=-1")
+
+
+def test_chatgym_train_on_a_run_whose_every_episode_fails_prints_one_line_and_returns_1(
+    tmp_path, tiny_model, monkeypatch, capsys
+):
+    """`chatgym train` (trainer/train_cli.py's main) on a stalled run: rc 1, the error in one
+    `chatgym train:` line, the stopping step's warning not printed a second time, the trainer closed."""
+    import chatgym.trainer.train as train_module
+    from chatgym.trainer.train_cli import main
+
+    closed = []
+
+    class OutOfMemoryTrainer(train_module.Trainer):  # the CLI's Trainer, its engine out of GPU memory
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            _engine_out_of_memory(self, monkeypatch)
+
+        def close(self):
+            closed.append(True)
+            super().close()
+
+    monkeypatch.setattr(train_module, "Trainer", OutOfMemoryTrainer)  # train_cli imports it at run time
+    rc = main(tiny_overrides(tmp_path / "run", "train.max_failed_steps=2", "env.eval_tasks=0", steps=5))
+    captured = capsys.readouterr()
+    assert rc == 1 and closed == [True]
+    error = (
+        "chatgym train: 2 steps in a row had every episode fail (train.max_failed_steps=2); stopping. "
+        f"The last: step 1: all 8 episodes failed, nothing was trained (8 of them: {OOM_ERROR})"
+    )
+    assert [line for line in captured.err.splitlines() if line.startswith("chatgym train:")] == [error]
+    # Step 0's warning, then step 1's inside the error only (it was printed twice).
+    assert failed_step_warnings(captured.err) == [all_failed_line(0), error]
+    assert captured.out == ""  # no summary

@@ -191,15 +191,16 @@ class Trainer:
         warning = all_failed(result.trajectories, result.step)
         self.failed_steps_in_a_row = 0 if warning is None else self.failed_steps_in_a_row + 1
         if warning is not None:
-            print(warning, file=sys.stderr)
             limit = self.cfg.train.max_failed_steps
             if limit and self.failed_steps_in_a_row >= limit:
                 # Going on would log steps and evaluations of a model that never trains (seen on the
                 # H200: runs out of GPU memory kept stepping, every episode failed, for 10 steps).
+                # The warning is not printed too: the exception's message carries it.
                 raise TrainingStalled(
                     f"{self.failed_steps_in_a_row} steps in a row had every episode fail "
                     f"(train.max_failed_steps={limit}); stopping. The last: {warning.removeprefix('chatgym: ')}"
                 )
+            print(warning, file=sys.stderr)
         metrics.update(result.metrics)
         source_metrics = getattr(self.rollout, "metrics", None)  # a local rollout has none
         if source_metrics is not None:

@@ -36,8 +36,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``chatgym train CONFIG [key.sub=value ...] [--max-steps N] [--output-dir DIR] [--resume | --resume-from CKPT]``.
 
     Overrides and options may come in any order. Returns the exit status: 0 done (or nothing left to
-    do), 1 a learner process died, 2 a bad config, output dir or checkpoint — reported before any
-    model loads —, 130 interrupted.
+    do), 1 a learner process died or a stalled run (every episode failed train.max_failed_steps
+    steps in a row), 2 a bad config, output dir or checkpoint — reported before any model loads —,
+    130 interrupted.
     """
     try:
         run = _prepare(list(sys.argv[1:] if argv is None else argv))

@@ -4,11 +4,14 @@
 #
 #   bash examples/recipes/compare_estimators.sh RECIPE OUT_ROOT [override ...]
 #
-# RECIPE: arith_chain | countdown (the dose of each recipe's README). OUT_ROOT gets RECIPE_sft/ and
-# one run directory per pair, RECIPE_ADV_sSEED/ (metrics.jsonl, eval_traces.jsonl, ...), plus
-# RECIPE_ADV_sSEED.log. Overrides go to every `chatgym train` (e.g. train.max_steps=40).
+# RECIPE: arith_chain | countdown (the dose of each recipe's README). OUT_ROOT gets RECIPE_sft/ (and
+# RECIPE_sft.log) and one run directory per pair, RECIPE_ADV_sSEED/ (metrics.jsonl, eval_traces.jsonl,
+# plot_recipe.py's curves.png, ...), plus RECIPE_ADV_sSEED.log and RECIPE_ADV_sSEED.plot.txt.
+# Overrides go to every `chatgym train` (e.g. train.max_steps=40).
 # ADVANTAGES (default "grpo turn_grpo") and SEEDS (default "0 1") choose the runs; CHATGYM and
-# PYTHON the commands (default .venv/bin/chatgym and .venv/bin/python where they exist).
+# PYTHON the executables, one path or name each (default .venv/bin/chatgym and .venv/bin/python where
+# they exist). Exits 1 when the cold start, a run or a plot failed, naming its log; an interrupt or
+# TERM stops the runs still going.
 #
 # Why at once: a 135M policy leaves an H200 mostly idle (each step is bound by kernel launches and
 # the sandboxes' CPU work), so four runs side by side take far less than four times one run. Their
@@ -31,19 +34,39 @@ cg=${CHATGYM:-$([ -x .venv/bin/chatgym ] && echo .venv/bin/chatgym || echo chatg
 mkdir -p "$root"
 sft=$root/${recipe}_sft
 if [ ! -f "$sft/sft_summary.json" ]; then
-  $py "$here/sft_warmup.py" --recipe "$recipe" --config "$config" --out "$sft" "${dose[@]}" --device cuda \
-    > "$root/${recipe}_sft.log" 2>&1
+  if ! "$py" "$here/sft_warmup.py" --recipe "$recipe" --config "$config" --out "$sft" "${dose[@]}" \
+    --device cuda > "$root/${recipe}_sft.log" 2>&1; then
+    echo "compare_estimators.sh: the SFT cold start failed; see $root/${recipe}_sft.log" >&2
+    exit 1
+  fi
 fi
+runs=()  # runs[i] is the run of background process pids[i]
 pids=()
+# The runs go on in the background: stop them when this script ends early (an error, Ctrl-C, TERM).
+trap 'kill "${pids[@]}" 2>/dev/null' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 for adv in ${ADVANTAGES:-grpo turn_grpo}; do
   for seed in ${SEEDS:-0 1}; do
     run=${recipe}_${adv}_s$seed
-    $cg train "$config" model.path="$sft" algo.advantage="$adv" train.seed="$seed" \
+    "$cg" train "$config" model.path="$sft" algo.advantage="$adv" train.seed="$seed" \
       train.output_dir="$root/$run" train.progress=false "$@" > "$root/$run.log" 2>&1 &
-    pids+=($!)
+    pids+=("$!")
+    runs+=("$run")
   done
 done
 rc=0
-for p in "${pids[@]}"; do wait "$p" || rc=1; done
-for d in "$root/${recipe}"_*_s*/; do $py "$here/plot_recipe.py" "$d" > "${d%/}.plot.txt" 2>&1 || rc=1; done
-exit $rc
+for i in "${!pids[@]}"; do
+  if ! wait "${pids[$i]}"; then
+    echo "compare_estimators.sh: run ${runs[$i]} failed; see $root/${runs[$i]}.log" >&2
+    rc=1
+  fi
+done
+trap - EXIT INT TERM  # every run has ended: nothing is left to kill
+for run in "${runs[@]}"; do
+  if ! "$py" "$here/plot_recipe.py" "$root/$run" > "$root/$run.plot.txt" 2>&1; then
+    echo "compare_estimators.sh: plotting $run failed; see $root/$run.plot.txt" >&2
+    rc=1
+  fi
+done
+exit "$rc"
