@@ -19,6 +19,7 @@ from chatgym.trainer.cotrain.loop import CoTrainer
 from chatgym.trainer.cotrain.party import (
     VersionedResponder,
     best_constant_agreement,
+    calibration_answer,
     facts,
     faithfulness,
     judge_agreement,
@@ -170,7 +171,7 @@ ANSWERS = {
 }
 
 
-def judge_fixture_trainer(tmp_path, tok):
+def judge_fixture_trainer(tmp_path, tok, calibration=()):
     """A CoTrainer on Judge-v0 task mtbench/104 (2 samples), tiny random policy and judge learners,
     scripted engines: the policy answers the reference answers in one sample and "zzzq" in the
     other; the judge says [[4]] of any prompt holding "zzzq", [[10]] otherwise."""
@@ -217,7 +218,9 @@ def judge_fixture_trainer(tmp_path, tok):
             "algo.tis_cap=null",
         ],
     )
-    co = CoTrainConfig(party="judge", model_path="smollm2", lr=1e-3, max_tokens=32, tasks=(3,))
+    co = CoTrainConfig(
+        party="judge", model_path="smollm2", lr=1e-3, max_tokens=32, tasks=(3,), calibration=calibration
+    )
     policy_engine = WeightSink(policy_script, tok)
     judge_engine = WeightSink(judge_script, tok)
     return CoTrainer(cfg, co, engine=policy_engine, party_engine=judge_engine), policy_engine, judge_engine
@@ -345,6 +348,184 @@ def test_train_runs_the_trainer_loop_with_both_learners(tmp_path, tok):
     assert checkpoints["policy"] == summary["checkpoint"] == str(tmp_path / "checkpoints" / "step_000001")
     assert checkpoints["judge"] == str(tmp_path / "judge" / "checkpoints" / "step_000001")
     assert (tmp_path / "judge" / "checkpoints" / "step_000001").is_dir()
+
+
+def test_chatgym_cotrain_on_a_stalled_run_prints_one_line_returns_1_and_closes(
+    tmp_path, tok, monkeypatch, capsys
+):
+    """Regression: `chatgym cotrain` let TrainingStalled out as a traceback. A run whose policy engine
+    is out of GPU memory (every episode fails) with train.max_failed_steps=2: rc 1, the error in one
+    `chatgym cotrain:` line, step 0's warning once, the trainer closed."""
+    try:
+        from chatgym.trainer.models.packaged import load_model_path
+
+        load_model_path("smollm2")
+    except ModuleNotFoundError as exc:
+        pytest.skip(str(exc))
+    import chatgym.trainer.cotrain.loop as loop
+
+    class OutOfMemory(WeightSink):
+        async def generate(self, *args, **kwargs):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.81 GiB.")
+
+    closed = []
+
+    class StallingCoTrainer(CoTrainer):  # what main builds, with scripted engines
+        def __init__(self, config, co):
+            never = WeightSink(lambda prompt: [IM_END], tok)
+            super().__init__(config, co, engine=OutOfMemory(lambda prompt: [IM_END], tok), party_engine=never)
+
+        def close(self):
+            closed.append(True)
+            super().close()
+
+    monkeypatch.setattr(loop, "CoTrainer", StallingCoTrainer)
+    config = tmp_path / "cotrain.yaml"
+    config.write_text(
+        "cotrain:\n  party: judge\n  model_path: smollm2\n  lr: 0.001\n  max_tokens: 32\n  tasks: [3]\n"
+    )
+    overrides = [
+        "model.random_init=true",
+        "model.config_overrides=" + json.dumps(TINY_LLAMA),
+        "model.device=cpu",
+        "engine.backend=hf",
+        "engine.dtype=float32",
+        "env.id=Judge-v0",
+        "env.train_split=reference",
+        "env.eval_split=reference",
+        "env.eval_tasks=0",
+        "rollout.max_tokens=64",
+        "rollout.max_response_tokens=128",
+        "rollout.max_model_len=2048",
+        "train.prompts_per_step=1",
+        "train.group_size=2",
+        "train.progress=false",
+        "train.tensorboard=false",
+        "train.max_failed_steps=2",
+    ]
+    rc = loop.main([str(config), *overrides, "--max-steps", "3", "--output-dir", str(tmp_path / "run")])
+    captured = capsys.readouterr()
+    assert rc == 1 and closed == [True]
+    failed = (
+        "all 2 episodes failed, nothing was trained "
+        "(2 of them: engine_error: OutOfMemoryError: CUDA out of memory. Tried to allocate 2.81 GiB.)"
+    )
+    error = (
+        "chatgym cotrain: 2 steps in a row had every episode fail (train.max_failed_steps=2); stopping. "
+        f"The last: step 1: {failed}"
+    )
+    assert [line for line in captured.err.splitlines() if line.startswith("chatgym cotrain:")] == [error]
+    assert [line for line in captured.err.splitlines() if "episodes failed" in line] == [
+        f"chatgym: step 0: {failed}",
+        error,
+    ]
+    assert captured.out == ""  # no summary
+
+
+# ---- calibration answers: judge samples of set quality beside the policy's --------------------------
+
+
+def test_calibration_answer_cuts_the_reference_by_words():
+    from chatgym.envs.judge.mtbench import load_mtbench
+
+    rows = load_mtbench("reference")
+    david, other = rows[3], rows[4]  # mtbench/104 ("David has only one brother.", 5 words) and the next
+    assert calibration_answer(david, 1.0, other) == "David has only one brother."
+    assert calibration_answer(david, 0.5, other) == "David has only"  # ceil(2.5) = 3 words
+    assert calibration_answer(david, 0.2, other) == "David"  # ceil(1.0) = 1, not 2
+    assert calibration_answer(david, 0.01, other) == "David"  # at least one word
+    assert calibration_answer(david, 0.0, other) == other["reference"][0]  # an answer to another question
+    ref = rows[0]["reference"][0]
+    half = calibration_answer(rows[0], 0.5, david)  # a longer reference: its own text, newlines kept
+    assert ref.startswith(half) and len(half.split()) == -(-len(ref.split()) // 2)
+    with pytest.raises(ValueError, match=r"calibration fraction must be in \[0, 1\], got 1.5"):
+        calibration_answer(david, 1.5, other)
+    with pytest.raises(ValueError, match="mtbench/81 has no reference answer"):
+        calibration_answer({"task_id": "mtbench/81", "reference": None}, 0.5, other)
+
+
+def test_rubric_prompt_is_the_envs_judge_prompt():
+    from chatgym.envs.judge.env import JudgeEnv, rubric_prompt
+
+    env = JudgeEnv(split="reference")
+    _async_run(env.areset(options={"task_index": 3}))
+    assert rubric_prompt(env.task, ["zzzq"]) == env.judge_prompt("zzzq")
+    assert "[The Start of Reference Answer]\nDavid has only one brother.\n" in env.judge_prompt("zzzq")
+    with pytest.raises(ValueError, match="question turn 1 or 2: got 3 answers"):
+        rubric_prompt(env.task, ["a", "b", "c"])
+    env.close()
+
+
+@pytest.fixture(scope="module")
+def calibration_step(tmp_path_factory, tok):
+    try:
+        from chatgym.trainer.models.packaged import load_model_path
+
+        load_model_path("smollm2")
+    except ModuleNotFoundError as exc:
+        pytest.skip(str(exc))
+    trainer, _, judge_engine = judge_fixture_trainer(tmp_path_factory.mktemp("calib"), tok, calibration=(1.0, 0.5))
+    policy_trajs, judge_trajs, metrics = trainer.rollouts(0)
+    yield trainer, judge_engine, policy_trajs, judge_trajs, metrics
+    trainer.close()
+
+
+def test_calibration_samples_join_the_judges_batch_in_their_own_groups(calibration_step, tok):
+    _, judge_engine, policy_trajs, judge_trajs, metrics = calibration_step
+    # 2 episodes x 2 question turns of policy answers, then 2 fractions x group_size 2 calibration samples.
+    assert len(judge_trajs) == 8 == len(judge_engine.calls) and len(policy_trajs) == 2
+    calib = [t for t in judge_trajs if t.group_id >= 2]
+    assert sorted((t.group_id, t.sample_index) for t in calib) == [(2, 0), (2, 1), (3, 0), (3, 1)]
+    for t in calib:
+        prompt = tok.decode(t.token_ids[: t.prompt_len])
+        answer = prompt.split("[The Start of Assistant's Answer]\n")[1].split("\n[The End")[0]
+        # The scripted judge says [[10]] (no "zzzq"). References: the whole answer F1 1 -> 10, agreement 1;
+        # "David has only": P 3/3, R 3/5, F1 0.75 -> 1 + round(6.75) = 8, agreement 1 - 2/9 = 7/9.
+        assert (t.group_id, answer) in {(2, "David has only one brother."), (3, "David has only")}
+        assert t.reward == pytest.approx(1.0 if t.group_id == 2 else 7 / 9)
+        assert t.loss_mask == [0] * t.prompt_len + [1] * (len(t.token_ids) - t.prompt_len)
+    assert metrics["judge/calibration/reward_mean"] == pytest.approx((1 + 1 + 7 / 9 + 7 / 9) / 4)
+    assert metrics["judge/calibration/samples"] == 4 and metrics["judge/calibration/parse_rate"] == 1.0
+    assert metrics["judge/reward_mean"] == pytest.approx((2 / 3 + 1.0) / 2)  # the policy answers' alone, as before
+
+
+def test_calibration_in_the_evaluation_is_one_greedy_sample_each(calibration_step):
+    trainer, judge_engine, policy_trajs, _, _ = calibration_step
+    calls = len(judge_engine.calls)
+    got = trainer.loop.run_until_complete(trainer._eval_extras(policy_trajs))
+    assert len(judge_engine.calls) == calls + 2  # one per fraction
+    # refs 10 and 8, the judge 10 and 10: agreement (1 + 7/9) / 2 = 8/9; any constant in 8..10 agrees
+    # 1 - 2/18 = 8/9 too (8 the lowest): over the constant 0; one distinct rating.
+    assert got["eval/judge/calibration/reward_mean"] == pytest.approx(8 / 9)
+    assert got["eval/judge/calibration/best_constant_agreement"] == pytest.approx(8 / 9)
+    assert got["eval/judge/calibration/best_constant_rating"] == 8.0
+    assert got["eval/judge/calibration/agreement_over_constant"] == pytest.approx(0.0)
+    assert got["eval/judge/calibration/rating_distinct"] == 1.0
+    rows = [json.loads(line) for line in (trainer.out / "eval_calibration.jsonl").read_text().splitlines()]
+    assert rows == [
+        {"judge_version": 0, "task_id": "mtbench/104", "fraction": 1.0, "rating": 10.0, "reference_rating": 10.0},
+        {"judge_version": 0, "task_id": "mtbench/104", "fraction": 0.5, "rating": 10.0, "reference_rating": 8.0},
+    ]
+    # The policy answers' names are unchanged: refs 10, 10 (ref episode) and 1, 1 ("zzzq"); judge 10, 10, 4, 4.
+    assert got["eval/judge/best_constant_agreement"] == pytest.approx(0.5)
+    assert got["eval/judge/agreement_over_constant"] == pytest.approx((1 + 1 + 2 / 3 + 2 / 3) / 4 - 0.5)
+
+
+def test_calibration_config_is_checked_at_load():
+    from chatgym.trainer.config.run import ConfigError
+
+    _, co = load_cotrain_config(None, ["cotrain.calibration=[1.0, 0.5, 0.0]"])
+    assert co.calibration == (1.0, 0.5, 0.0)
+    with pytest.raises(ConfigError, match=r"cotrain.*calibration must be fractions in \[0, 1\], got \[1.0, 2.0\]"):
+        load_cotrain_config(None, ["cotrain.calibration=[1.0, 2.0]"])
+    with pytest.raises(ConfigError, match=r"cotrain.*calibration answers are for a judge to rate; party 'user'"):
+        load_cotrain_config(None, ["cotrain.party=user", "cotrain.calibration=[1.0]"])
+
+
+def _async_run(coro):
+    import asyncio
+
+    return asyncio.new_event_loop().run_until_complete(coro)
 
 
 # ---- UserSim-v0: faithfulness of a scripted simulated user ---------------------------------------

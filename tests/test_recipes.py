@@ -28,6 +28,9 @@ import sft_warmup  # noqa: E402
 sys.path.insert(0, str(RECIPES / "visual"))
 import visual_sft  # noqa: E402
 
+sys.path.insert(0, str(RECIPES / "judge_cotrain"))
+import compare_cotrain  # noqa: E402
+
 
 def test_the_recipes_are_there():
     assert CONFIGS == [
@@ -446,3 +449,32 @@ def test_compare_runs_skips_non_runs_and_unevaluated_runs_and_flags_failed_evalu
         "error: no run directory (a directory with a config.yaml) among the arguments\n"
     )
 
+
+
+def test_compare_cotrain_tables_the_evaluations_and_the_ratings_given(tmp_path, capsys):
+    run = tmp_path / "lr_s0"
+    run.mkdir()
+    rows = [
+        {"step": 0, "eval/score": 0.25, "eval/judge/calibration/reward_mean": 0.5,
+         "eval/judge/calibration/best_constant_agreement": 0.75, "eval/judge/calibration/rating_distinct": 2.0},
+        {"step": 1, "reward/mean": 0.1},  # a training row: not in the table
+        {"step": 10, "eval/score": 0.5, "eval/judge/calibration/reward_mean": 0.625,
+         "eval/judge/calibration/best_constant_agreement": 0.75, "eval/judge/calibration/rating_distinct": 1.0},
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    samples = [(0, 5.0), (0, 5.0), (0, None), (0, 1.0), (10, 5.0)]
+    (run / "eval_calibration.jsonl").write_text(
+        "".join(json.dumps({"judge_version": v, "rating": r}) + "\n" for v, r in samples)
+    )
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert compare_cotrain.rating_counts(run) == {0: {5.0: 2, None: 1, 1.0: 1}, 10: {5.0: 1}}
+    assert compare_cotrain.main([str(run), str(empty)]) == 0
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert len(lines) == 4  # header, rule, the two evaluations
+    dash = " | ".join(["–"] * 4)  # policy-answer agreement, its constant, parse rate, reference reward
+    assert lines[2] == f"| lr_s0 | 0 | 0.5000 | 0.7500 | 2.0000 | {dash} | 0.2500 | 1: 1, 5: 2, none: 1 |"
+    assert lines[3] == f"| lr_s0 | 10 | 0.6250 | 0.7500 | 1.0000 | {dash} | 0.5000 | 5: 1 |"
+    assert err == f"compare_cotrain.py: {empty} has no metrics.jsonl; skipped\n"
+    assert compare_cotrain.main([str(empty)]) == 2

@@ -79,6 +79,32 @@ def _between(text: str, start: str, end: str) -> str | None:
     return text[i + len(start) : j if j >= 0 else len(text)].strip()
 
 
+def rubric_prompt(task: dict[str, Any], answers: Sequence[str]) -> str:
+    """MT-bench's rubric prompt judging the last of ``answers``: one answer, the single-turn form
+    (question turn 1); two, the multi-turn form (turn 2, with turn 1's answer as context). The
+    ``_ref`` forms, with the reference answers, where ``task`` has them.
+
+    Args:
+        task: a :func:`~chatgym.envs.judge.mtbench.load_mtbench` row.
+        answers: the agent's answers to the first ``len(answers)`` question turns (1 or 2).
+
+    Raises:
+        ValueError: not 1 or 2 answers.
+    """
+    if len(answers) not in (1, 2):
+        raise ValueError(f"rubric_prompt judges question turn 1 or 2: got {len(answers)} answers")
+    ref = task.get("reference")
+    values = {"question_1": task["turns"][0], "answer_1": answers[0]}
+    if len(answers) == 1:
+        name = "judge_single_ref.txt" if ref else "judge_single.txt"
+    else:
+        name = "judge_multi_ref.txt" if ref else "judge_multi.txt"
+        values.update(question_2=task["turns"][1], answer_2=answers[1])
+    if ref:
+        values.update(ref_answer_1=ref[0], ref_answer_2=ref[1] if len(ref) > 1 else "")
+    return fill(load_prompt(__package__, name), values)
+
+
 class _NoTools:
     """Judge-v0 answers are prose; nothing in them is a tool call."""
 
@@ -183,17 +209,7 @@ class JudgeEnv(ChatEnv):
 
     def judge_prompt(self, answer: str) -> str:
         """The rubric prompt for the current question turn's ``answer``."""
-        task = self.task
-        ref = task.get("reference")
-        values = {"question_1": task["turns"][0], "answer_1": answer if self.q_turn == 0 else self.answers[0]}
-        if self.q_turn == 0:
-            name = "judge_single_ref.txt" if ref else "judge_single.txt"
-        else:
-            name = "judge_multi_ref.txt" if ref else "judge_multi.txt"
-            values.update(question_2=task["turns"][1], answer_2=answer)
-        if ref:
-            values.update(ref_answer_1=ref[0], ref_answer_2=ref[1] if len(ref) > 1 else "")
-        return fill(load_prompt(__package__, name), values)
+        return rubric_prompt(self.task, [*self.answers[: self.q_turn], answer])
 
     async def _judge(self, answer: str) -> tuple[float | None, str, str | None]:
         """Ask the judge (with retries); returns ``(rating, judge_text, error)``."""

@@ -42,6 +42,14 @@ class CoTrainConfig:
             SmolLM2-135M-Instruct wrote no ``[[r]]`` at all: parse rate 0, nothing to learn from).
         eval_task_ids: evaluate on these task indices of ``env.eval_split`` (the first
             ``env.eval_tasks`` of them); None: its first ``env.eval_tasks`` tasks.
+        calibration: judge only. Fractions in [0, 1]: beside the policy's answers, the judge also rates,
+            for every task of a step (and of the evaluation), answers of set quality to its first
+            question turn: the first fraction of the reference answer's words (1.0: all of it;
+            0.0: another question's reference answer), ``train.group_size`` samples each (one,
+            greedy, in evaluation), trained on with the same reward
+            (:func:`~chatgym.trainer.cotrain.party.calibration_answer`). A small policy's answers all
+            earn about the same reference rating, so with them alone the best constant rating is
+            the judge's best policy; these give it answers of every quality. ``()``: none.
     """
 
     party: Literal["judge", "user"] = "judge"
@@ -55,6 +63,7 @@ class CoTrainConfig:
     tasks: tuple[int, ...] | None = None
     prefill: str = ""
     eval_task_ids: tuple[int, ...] | None = None
+    calibration: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.lr > 0:
@@ -65,6 +74,10 @@ class CoTrainConfig:
             raise ValueError("max_tokens and max_model_len must be >= 1")
         if self.tasks is not None and not self.tasks:
             raise ValueError("tasks must be None or non-empty")
+        if any(not 0.0 <= f <= 1.0 for f in self.calibration):
+            raise ValueError(f"calibration must be fractions in [0, 1], got {list(self.calibration)}")
+        if self.calibration and self.party != "judge":
+            raise ValueError(f"calibration answers are for a judge to rate; party {self.party!r} takes none")
 
 
 def load_cotrain_config(

@@ -53,6 +53,7 @@ from chatgym.trainer.cotrain.party import (
     REWARDS,
     RewardFn,
     VersionedResponder,
+    calibration_episodes,
     judge_constant_baseline,
     party_trajectories,
     policy_reference_metrics,
@@ -62,7 +63,7 @@ from chatgym.trainer.logging.step_metrics import rollout_metrics
 from chatgym.trainer.pipeline import WeightSync
 from chatgym.trainer.rollout.types import Trajectory
 from chatgym.trainer.sampler import tasks_for_step
-from chatgym.trainer.train import Trainer
+from chatgym.trainer.train import Trainer, TrainingStalled
 
 
 def _prefixed(prefix: str, metrics: dict[str, float]) -> dict[str, float]:
@@ -198,7 +199,29 @@ class CoTrainer(Trainer):
         metrics["policy/judge_error_episodes"] = len(trajs) - len(policy_trajs)
         if self.co.party == "judge":
             metrics.update(await policy_reference_metrics(trajs))
+        if self.co.calibration:
+            calibration = await self.calibration_episodes(trajs, eval=False)
+            calibration_trajs, calibration_metrics = await party_trajectories(calibration, "judge", self.reward_fn)
+            first = max((t.group_id for t in party_trajs), default=-1) + 1
+            for t in calibration_trajs:  # their own groups, after the policy answers' ones
+                t.group_id += first
+            party_trajs = [*party_trajs, *calibration_trajs]
+            metrics.update({k.replace("judge/", "judge/calibration/", 1): v for k, v in calibration_metrics.items()})
         return policy_trajs, party_trajs, metrics
+
+    async def calibration_episodes(self, trajs: Sequence[Trajectory], *, eval: bool) -> list[Trajectory]:
+        """The judge's samples on ``cotrain.calibration`` answers to the tasks of ``trajs``
+        (:func:`~chatgym.trainer.cotrain.party.calibration_episodes`): ``train.group_size`` samples of
+        each in training, one at ``env.eval_temperature`` in evaluation."""
+        from chatgym.envs.judge.mtbench import load_mtbench
+
+        tasks = {row["task_id"]: row for row in load_mtbench("all")}
+        responder = self.party.eval_responder if eval else self.party.responder
+        samples = 1 if eval else self.cfg.train.group_size
+        return await calibration_episodes(
+            [str(t.task_id) for t in trajs], self.co.calibration, responder, samples=samples, tasks=tasks,
+            env_id=self.cfg.env.id,
+        )
 
     def rollouts(self, step: int) -> tuple[list[Trajectory], list[Trajectory], dict[str, float]]:
         """Collect step ``step``'s episodes and :meth:`score` them, with the episodes' rollout metrics."""
@@ -236,7 +259,29 @@ class CoTrainer(Trainer):
         if self.co.party == "judge":
             metrics.update(await policy_reference_metrics(trajs))
             metrics.update(await judge_constant_baseline(trajs))
+        if self.co.calibration:
+            calibration = await self.calibration_episodes(trajs, eval=True)
+            _, calibration_metrics = await party_trajectories(calibration, "judge", self.reward_fn)
+            calibration_metrics.update(await judge_constant_baseline(calibration))
+            self._write_calibration(calibration)
+            metrics.update({k.replace("judge/", "judge/calibration/", 1): v for k, v in calibration_metrics.items()})
         return {f"eval/{k}": v for k, v in metrics.items()}
+
+    def _write_calibration(self, episodes: Sequence[Trajectory]) -> None:
+        """One row per held-out calibration sample in ``output_dir/eval_calibration.jsonl``
+        (``judge_version``, ``task_id``, ``fraction``, ``rating``, ``reference_rating``), so a
+        change between evaluations can be read sample by sample (they rate the same prompts)."""
+        with open(self.out / "eval_calibration.jsonl", "a") as f:
+            for t in episodes:
+                for trace in t.info["judge_traces"]:
+                    row = {
+                        "judge_version": self.party.learner.version,
+                        "task_id": t.task_id,
+                        "fraction": trace["calibration"],
+                        "rating": trace["rating"],
+                        "reference_rating": trace.get("reference_rating"),
+                    }
+                    f.write(json.dumps(row) + "\n")
 
     def save(self, steps_done: int) -> Path:
         """Both learners' checkpoints (the party's under ``output_dir/<party>``); returns the policy's."""
@@ -262,7 +307,8 @@ class CoTrainer(Trainer):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``chatgym cotrain CONFIG [key.sub=value ...] [--max-steps N] [--output-dir DIR]``; 0 done, 2 a bad config."""
+    """``chatgym cotrain CONFIG [key.sub=value ...] [--max-steps N] [--output-dir DIR]``; 0 done, 1 a
+    stalled run (train.max_failed_steps), 2 a bad config."""
     parser = argparse.ArgumentParser(
         prog="chatgym cotrain", description="Co-train a policy and its judge / simulated user."
     )
@@ -286,6 +332,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     trainer = CoTrainer(config, co)
     try:
         summary = trainer.train()
+    except TrainingStalled as exc:  # every episode failed train.max_failed_steps steps in a row
+        print(f"chatgym cotrain: {exc}", file=sys.stderr)
+        return 1
     finally:
         trainer.close()
     print(

@@ -25,8 +25,10 @@ the same task at the same point of the dialogue.
 
 from __future__ import annotations
 
+import asyncio
+import math
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -169,12 +171,20 @@ async def reference_rating(messages: list[dict[str, Any]]) -> float | None:
     return parse_rating(reply["content"])[0]
 
 
+async def trace_reference(trace: dict[str, Any]) -> float | None:
+    """:func:`reference_rating` of a judge sample's prompt, kept in ``trace["reference_rating"]``
+    so the reward and the evaluation's metrics read one value (and the trace files show it)."""
+    if "reference_rating" not in trace:
+        trace["reference_rating"] = await reference_rating(trace.get("messages", []))
+    return trace["reference_rating"]
+
+
 async def judge_agreement(traces: list[dict[str, Any]]) -> list[float | None]:
     """Per judge sample: ``1 - |rating - reference| / 9``; 0.0 when the sample has no valid rating;
     None when the prompt has no reference rating (not trained on)."""
     out: list[float | None] = []
     for trace in traces:
-        ref = await reference_rating(trace.get("messages", []))
+        ref = await trace_reference(trace)
         rating = trace.get("rating")
         if ref is None:
             out.append(None)
@@ -262,7 +272,7 @@ async def judge_constant_baseline(trajs: Sequence[Trajectory]) -> dict[str, floa
         if t.failed:
             continue
         for trace in t.info.get("judge_traces") or []:
-            ref = await reference_rating(trace.get("messages", []))
+            ref = await trace_reference(trace)
             if ref is not None:
                 refs.append(ref)
                 ratings.append(trace.get("rating"))
@@ -290,7 +300,85 @@ async def policy_reference_metrics(trajs: Sequence[Trajectory]) -> dict[str, flo
             continue
         last = {int(trace.get("question_turn", 0)): trace for trace in traces}  # later samples win
         n = len(t.info.get("ratings") or []) or len(last)
-        refs = [await reference_rating(trace.get("messages", [])) for trace in last.values()]
+        refs = [await trace_reference(trace) for trace in last.values()]
         if all(r is not None for r in refs):
             values.append(sum((r - 1.0) / 9.0 / n for r in refs))
     return {"policy/reference_reward": float(np.mean(values))} if values else {}
+
+
+# ---- calibration answers: judge samples of known quality beside the policy's ----------------------------
+
+_WORD = re.compile(r"\S+")
+
+
+def calibration_answer(task: dict[str, Any], fraction: float, off_topic: dict[str, Any]) -> str:
+    """An answer to ``task``'s first question turn whose quality is set, not sampled: the first
+    ``ceil(fraction * n)`` words of its reference answer (``n`` words; formatting kept), so its
+    token F1 is about ``2f / (1 + f)`` and its reference rating about ``1 + round(18f / (1 + f))``
+    (1.0: the reference itself, rating 10); ``fraction == 0``: ``off_topic``'s reference answer (a
+    fluent answer to another question).
+
+    Raises:
+        ValueError: ``fraction`` outside [0, 1], or a task without a reference answer.
+    """
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"calibration fraction must be in [0, 1], got {fraction}")
+    source = off_topic if fraction == 0.0 else task
+    if not source.get("reference"):
+        raise ValueError(f"{source.get('task_id')} has no reference answer to build a calibration answer from")
+    text = source["reference"][0]
+    if fraction == 0.0:
+        return text
+    words = list(_WORD.finditer(text))
+    keep = max(1, math.ceil(fraction * len(words) - 1e-9))  # the tolerance: 0.1 * 30 is 3, not 4
+    return text[: words[keep - 1].end()]
+
+
+async def calibration_episodes(
+    task_ids: Sequence[str],
+    fractions: Sequence[float],
+    responder: Any,
+    *,
+    samples: int,
+    tasks: Mapping[str, dict[str, Any]],
+    env_id: str = "Judge-v0",
+) -> list[Trajectory]:
+    """The judge's ratings of calibration answers (:func:`calibration_answer`) to the first question turn of
+    each task of ``task_ids``: for every (task, fraction), ``samples`` replies of ``responder`` to
+    MT-bench's rubric prompt on that answer, all requested at once. Each (task, fraction) comes back
+    as one :class:`Trajectory` whose ``info["judge_traces"]`` holds its samples (as an episode's
+    info holds them, ``question_turn`` 0, ``rating`` parsed, ``calibration`` the fraction), so
+    :func:`party_trajectories` scores and groups them; it has no policy tokens and is never the
+    policy's. ``group_id`` counts from 0 in (task, fraction) order.
+
+    Args:
+        task_ids: MT-bench ``task_id`` s (``"mtbench/104"``); those without a reference are skipped.
+        fractions: calibration fractions, each in [0, 1].
+        responder: the judge (``respond_with_trace``, e.g. :class:`VersionedResponder`).
+        samples: replies per calibration prompt (a GRPO group in training, 1 greedy in evaluation).
+        tasks: every MT-bench row by ``task_id``, in file order; a task's off-topic partner (fraction
+            0) is the next row with a reference answer (wrapping round).
+    """
+    from chatgym.envs import messages as M
+    from chatgym.envs.judge.env import parse_rating, rubric_prompt
+
+    with_ref = [tid for tid, row in tasks.items() if row.get("reference")]
+    jobs = []
+    for tid in dict.fromkeys(task_ids):
+        if tid not in with_ref:
+            continue
+        off_topic = tasks[with_ref[(with_ref.index(tid) + 1) % len(with_ref)]]
+        for fraction in fractions:
+            prompt = rubric_prompt(tasks[tid], [calibration_answer(tasks[tid], fraction, off_topic)])
+            jobs.append((tid, float(fraction), [M.user(prompt)]))
+    replies = await asyncio.gather(
+        *(responder.respond_with_trace(view) for _, _, view in jobs for _ in range(samples))
+    )
+    out = []
+    for k, (tid, fraction, _) in enumerate(jobs):
+        traces = []
+        for message, trace in replies[k * samples : (k + 1) * samples]:
+            rating, error = parse_rating(message["content"])
+            traces.append({**(trace or {}), "question_turn": 0, "rating": rating, "error": error, "calibration": fraction})
+        out.append(Trajectory(env_id=env_id, task_id=tid, group_id=k, sample_index=0, info={"judge_traces": traces}))
+    return out

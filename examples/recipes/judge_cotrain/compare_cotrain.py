@@ -1,0 +1,107 @@
+"""Table and plot of judge co-training runs (``chatgym cotrain``): the judge's held-out agreement against
+the best constant rating's, how many ratings it gives, and the policy's reference-judged reward.
+
+    python examples/recipes/judge_cotrain/compare_cotrain.py RUN_DIR [RUN_DIR ...] [--out compare.png]
+
+Reads each run's ``metrics.jsonl`` (its ``eval/*`` rows) and ``eval_calibration.jsonl`` (one row per
+held-out calibration sample); prints a markdown table (stdout) and draws the curves (``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+COLUMNS = (
+    ("eval/judge/calibration/reward_mean", "calibration agreement"),
+    ("eval/judge/calibration/best_constant_agreement", "best constant"),
+    ("eval/judge/calibration/rating_distinct", "distinct ratings"),
+    ("eval/judge/reward_mean", "policy-answer agreement"),
+    ("eval/judge/best_constant_agreement", "its best constant"),
+    ("eval/judge/parse_rate", "parse rate"),
+    ("eval/policy/reference_reward", "policy reference reward"),
+    ("eval/score", "policy score (judge-rated)"),
+)
+
+
+def eval_rows(run: Path) -> list[dict[str, Any]]:
+    """The run's evaluation rows (those with ``eval/score``), in step order."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return sorted((r for r in rows if "eval/score" in r), key=lambda r: r["step"])
+
+
+def rating_counts(run: Path) -> dict[int, dict[float | None, int]]:
+    """Per judge weight version: how often each rating was given to the held-out calibration answers."""
+    out: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
+    path = run / "eval_calibration.jsonl"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        row = json.loads(line)
+        out[int(row["judge_version"])][row["rating"]] += 1
+    return {v: dict(c) for v, c in sorted(out.items())}
+
+
+def table(runs: list[Path]) -> str:
+    """One markdown row per (run, evaluation): the :data:`COLUMNS`, then the ratings given."""
+    head = ["run", "step", *(name for _, name in COLUMNS), "ratings given (calibration)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for run in runs:
+        counts = rating_counts(run)
+        for r in eval_rows(run):
+            cells = [f"{r[k]:.4f}" if k in r else "–" for k, _ in COLUMNS]
+            given = counts.get(int(r["step"]), {})
+            spread = ", ".join(f"{'none' if k is None else f'{k:g}'}: {n}" for k, n in sorted(given.items(), key=str))
+            lines.append(f"| {run.name} | {r['step']} | " + " | ".join(cells) + f" | {spread or '–'} |")
+    return "\n".join(lines)
+
+
+def plot(runs: list[Path], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = (
+        ("eval/judge/calibration/reward_mean", "held-out calibration agreement (dashed: best constant)"),
+        ("eval/judge/calibration/rating_distinct", "distinct ratings on them (1: a constant judge)"),
+        ("eval/policy/reference_reward", "policy reward, reference-judged"),
+    )
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6))
+    for run in runs:
+        rows = eval_rows(run)
+        steps = [r["step"] for r in rows]
+        for ax, (key, title) in zip(axes, panels, strict=True):
+            (line,) = ax.plot(steps, [r.get(key, float("nan")) for r in rows], marker="o", label=run.name)
+            if key == "eval/judge/calibration/reward_mean":
+                const = [r.get("eval/judge/calibration/best_constant_agreement", float("nan")) for r in rows]
+                ax.plot(steps, const, ls="--", color=line.get_color())
+            ax.set_title(title, fontsize=9)
+            ax.set_xlabel("step")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path)
+    parser.add_argument("--out", type=Path, help="PNG to draw (default: none)")
+    args = parser.parse_args(argv)
+    runs = [r for r in args.runs if (r / "metrics.jsonl").is_file()]
+    for r in sorted(set(args.runs) - set(runs)):
+        print(f"compare_cotrain.py: {r} has no metrics.jsonl; skipped", file=sys.stderr)
+    if not runs:
+        print("compare_cotrain.py: no runs", file=sys.stderr)
+        return 2
+    print(table(runs))
+    if args.out is not None:
+        plot(runs, args.out)
+        print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
