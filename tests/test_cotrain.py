@@ -132,6 +132,14 @@ def test_best_constant_agreement_is_the_median_rating():
         best_constant_agreement([])
 
 
+def test_best_constant_agreement_breaks_ties_on_the_lowest_rating_in_any_order():
+    # Ten references 10 and ten at most 4: every c in 4..10 is 100 - 50 = 50 rating points away in all,
+    # agreement 1 - 50 / 9 / 20 = 0.6; the lowest is 4. In this order the float means had picked 8.
+    refs = [10.0, 10.0, 10.0, 4.0, 2.0, 10.0, 3.0, 3.0, 10.0, 2.0, 2.0, 3.0, 10.0, 3.0, 10.0, 2.0, 10.0, 10.0, 10.0, 4.0]
+    assert best_constant_agreement(refs) == (pytest.approx(0.6), 4.0)
+    assert best_constant_agreement(sorted(refs)) == (pytest.approx(0.6), 4.0)
+
+
 async def test_judge_constant_baseline_over_the_samples_with_a_reference():
     from chatgym.envs.judge.env import JudgeEnv
     from chatgym.trainer.rollout.types import Trajectory
@@ -464,7 +472,9 @@ def calibration_step(tmp_path_factory, tok):
         load_model_path("smollm2")
     except ModuleNotFoundError as exc:
         pytest.skip(str(exc))
-    trainer, _, judge_engine = judge_fixture_trainer(tmp_path_factory.mktemp("calib"), tok, calibration=(1.0, 0.5))
+    out = tmp_path_factory.mktemp("calib")
+    (out / "eval_calibration.jsonl").write_text('{"judge_version": 9}\n')  # an earlier run's: replaced
+    trainer, _, judge_engine = judge_fixture_trainer(out, tok, calibration=(1.0, 0.5))
     policy_trajs, judge_trajs, metrics = trainer.rollouts(0)
     yield trainer, judge_engine, policy_trajs, judge_trajs, metrics
     trainer.close()
@@ -518,7 +528,7 @@ def test_calibration_config_is_checked_at_load():
     assert co.calibration == (1.0, 0.5, 0.0)
     with pytest.raises(ConfigError, match=r"cotrain.*calibration must be fractions in \[0, 1\], got \[1.0, 2.0\]"):
         load_cotrain_config(None, ["cotrain.calibration=[1.0, 2.0]"])
-    with pytest.raises(ConfigError, match=r"cotrain.*calibration answers are for a judge to rate; party 'user'"):
+    with pytest.raises(ConfigError, match=r"^cotrain\.calibration: answers for a judge to rate; party 'user' takes none$"):
         load_cotrain_config(None, ["cotrain.party=user", "cotrain.calibration=[1.0]"])
 
 
@@ -621,3 +631,13 @@ def test_example_config_loads_and_bad_keys_are_named(tmp_path):
         load_cotrain_config("examples/configs/cotrain_judge_cpu.yaml", ["cotrain.lrr=1"])
     with pytest.raises(ConfigError, match=r"cotrain.*lr must be > 0"):
         load_cotrain_config(None, ["cotrain.lr=0"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_chatgym_cotrain_start_up_errors_are_one_line_rc_2(tmp_path, capsys):
+    from chatgym.trainer.cotrain.loop import main
+
+    rc = main(["examples/configs/cotrain_judge_cpu.yaml", "model.device=cuda", "--output-dir", str(tmp_path / "a")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("chatgym cotrain: model.device") and "CUDA" in err
+    assert err.count("\n") == 1 and "Traceback" not in err

@@ -45,11 +45,11 @@ class CoTrainConfig:
         calibration: judge only. Fractions in [0, 1]: beside the policy's answers, the judge also rates,
             for every task of a step (and of the evaluation), answers of set quality to its first
             question turn: the first fraction of the reference answer's words (1.0: all of it;
-            0.0: another question's reference answer), ``train.group_size`` samples each (one,
-            greedy, in evaluation), trained on with the same reward
+            0.0: another question's reference answer), ``train.group_size`` samples each (one at
+            ``env.eval_temperature`` in evaluation), trained on with the same reward
             (:func:`~chatgym.trainer.cotrain.party.calibration_answer`). A small policy's answers all
             earn about the same reference rating, so with them alone the best constant rating is
-            the judge's best policy; these give it answers of every quality. ``()``: none.
+            the judge's best policy; these give it answers of every quality. Empty (the default): none.
     """
 
     party: Literal["judge", "user"] = "judge"
@@ -77,7 +77,9 @@ class CoTrainConfig:
         if any(not 0.0 <= f <= 1.0 for f in self.calibration):
             raise ValueError(f"calibration must be fractions in [0, 1], got {list(self.calibration)}")
         if self.calibration and self.party != "judge":
-            raise ValueError(f"calibration answers are for a judge to rate; party {self.party!r} takes none")
+            raise ValueError(
+                f"cotrain.calibration: answers for a judge to rate; party {self.party!r} takes none"
+            )
 
 
 def load_cotrain_config(

@@ -162,6 +162,7 @@ class CoTrainer(Trainer):
             dtype = getattr(torch, engine_dtype(pcfg.engine))
             self.pipeline.weight_syncs.append(WeightSync(_EngineTarget(party_engine), plearner, dtype))
             self.sync_weights()
+            (self.out / "eval_calibration.jsonl").unlink(missing_ok=True)  # a fresh run, as metrics.jsonl
             (self.out / "cotrain.yaml").write_text(yaml.safe_dump(config_to_dict(co), sort_keys=False))
         except BaseException:
             self.close()
@@ -329,7 +330,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, OSError, yaml.YAMLError) as exc:
         print(f"chatgym cotrain: {exc}", file=sys.stderr)
         return 2
-    trainer = CoTrainer(config, co)
+    try:
+        trainer = CoTrainer(config, co)
+    except (ConfigError, FileExistsError) as exc:  # no CUDA for model.device, a used output_dir, ...
+        message = str(exc).replace("pass --resume to continue or choose", "choose")  # cotrain has no --resume
+        print(f"chatgym cotrain: {message}", file=sys.stderr)
+        return 2
     try:
         summary = trainer.train()
     except TrainingStalled as exc:  # every episode failed train.max_failed_steps steps in a row

@@ -254,9 +254,10 @@ def best_constant_agreement(references: Sequence[float]) -> tuple[float, float]:
     """
     if not references:
         raise ValueError("best_constant_agreement needs at least one reference rating")
-    scores = [(float(np.mean([1.0 - abs(c - r) / 9.0 for r in references])), -c) for c in range(1, 11)]
-    agreement, neg_c = max(scores)
-    return agreement, float(-neg_c)
+    # Ties compared on the summed distance (exact for whole ratings), not on float means whose last
+    # bit depends on the order of the references.
+    distance, c = min((sum(abs(c - float(r)) for r in references), c) for c in range(1, 11))
+    return 1.0 - distance / 9.0 / len(references), float(c)
 
 
 async def judge_constant_baseline(trajs: Sequence[Trajectory]) -> dict[str, float]:

@@ -35,7 +35,10 @@ def eval_rows(run: Path) -> list[dict[str, Any]]:
 
 
 def rating_counts(run: Path) -> dict[int, dict[float | None, int]]:
-    """Per judge weight version: how often each rating was given to the held-out calibration answers."""
+    """Per judge weight version: how often each rating was given to the held-out calibration answers.
+    The table reads the version as the step: true while every step updates the judge (the committed
+    runs); a step whose judge batch was empty (e.g. ``algo.dynamic_sampling`` dropping every group)
+    does not move it."""
     out: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
     path = run / "eval_calibration.jsonl"
     for line in path.read_text().splitlines() if path.exists() else []:
@@ -53,7 +56,7 @@ def table(runs: list[Path]) -> str:
         for r in eval_rows(run):
             cells = [f"{r[k]:.4f}" if k in r else "–" for k, _ in COLUMNS]
             given = counts.get(int(r["step"]), {})
-            spread = ", ".join(f"{'none' if k is None else f'{k:g}'}: {n}" for k, n in sorted(given.items(), key=str))
+            spread = ", ".join(f"{'none' if k is None else f'{k:g}'}: {n}" for k, n in sorted(given.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)))
             lines.append(f"| {run.name} | {r['step']} | " + " | ".join(cells) + f" | {spread or '–'} |")
     return "\n".join(lines)
 
