@@ -44,6 +44,16 @@ def tok():
         pytest.skip(str(exc))
 
 
+def needs_smollm2():
+    """Skip the test where the packaged SmolLM2 (the party's tokenizer and chat template) is missing."""
+    try:
+        from chatgym.trainer.models.packaged import load_model_path
+
+        load_model_path("smollm2")
+    except ModuleNotFoundError as exc:
+        pytest.skip(str(exc))
+
+
 def enc(tok, text):
     return tok.encode(text, add_special_tokens=False)
 
@@ -179,6 +189,27 @@ ANSWERS = {
 }
 
 
+# A tiny random policy on Judge-v0's reference split, one question of two samples a step, on the CPU.
+JUDGE_OVERRIDES = [
+    "model.random_init=true",
+    "model.config_overrides=" + json.dumps(TINY_LLAMA),
+    "model.device=cpu",
+    "engine.backend=hf",
+    "engine.dtype=float32",
+    "env.id=Judge-v0",
+    "env.train_split=reference",
+    "env.eval_split=reference",
+    "env.eval_tasks=0",
+    "rollout.max_tokens=64",
+    "rollout.max_response_tokens=128",
+    "rollout.max_model_len=2048",
+    "train.prompts_per_step=1",
+    "train.group_size=2",
+    "train.progress=false",
+    "train.tensorboard=false",
+]
+
+
 def judge_fixture_trainer(tmp_path, tok, calibration=()):
     """A CoTrainer on Judge-v0 task mtbench/104 (2 samples), tiny random policy and judge learners,
     scripted engines: the policy answers the reference answers in one sample and "zzzq" in the
@@ -203,24 +234,9 @@ def judge_fixture_trainer(tmp_path, tok, calibration=()):
     cfg = load_config(
         None,
         [
-            "model.random_init=true",
-            "model.config_overrides=" + json.dumps(TINY_LLAMA),
-            "model.device=cpu",
-            "engine.backend=hf",
-            "engine.dtype=float32",
-            "env.id=Judge-v0",
-            "env.train_split=reference",
-            "env.eval_split=reference",
-            "env.eval_tasks=0",
-            "rollout.max_tokens=64",
-            "rollout.max_response_tokens=128",
-            "rollout.max_model_len=2048",
+            *JUDGE_OVERRIDES,
             "train.max_steps=1",
-            "train.prompts_per_step=1",
-            "train.group_size=2",
             "train.micro_batch_size=4",
-            "train.progress=false",
-            "train.tensorboard=false",
             f"train.output_dir={tmp_path}",
             "optim.lr=1e-3",
             "algo.tis_cap=null",
@@ -236,12 +252,7 @@ def judge_fixture_trainer(tmp_path, tok, calibration=()):
 
 @pytest.fixture(scope="module")
 def judge_step(tmp_path_factory, tok):
-    try:
-        from chatgym.trainer.models.packaged import load_model_path
-
-        load_model_path("smollm2")
-    except ModuleNotFoundError as exc:
-        pytest.skip(str(exc))
+    needs_smollm2()
     trainer, policy_engine, judge_engine = judge_fixture_trainer(tmp_path_factory.mktemp("cotrain"), tok)
     policy_trajs, judge_trajs, metrics = trainer.rollouts(0)
     yield trainer, policy_engine, judge_engine, policy_trajs, judge_trajs, metrics
@@ -334,12 +345,7 @@ def test_a_step_updates_both_learners(judge_step):
 def test_train_runs_the_trainer_loop_with_both_learners(tmp_path, tok):
     """``CoTrainer.train`` is ``Trainer``'s loop: one step updates both learners, each engine gets its
     learner's weights at start and after the step (nothing else), both sides are checkpointed."""
-    try:
-        from chatgym.trainer.models.packaged import load_model_path
-
-        load_model_path("smollm2")
-    except ModuleNotFoundError as exc:
-        pytest.skip(str(exc))
+    needs_smollm2()
     trainer, policy_engine, judge_engine = judge_fixture_trainer(tmp_path, tok)
     try:
         assert (len(policy_engine.loaded), len(judge_engine.loaded)) == (1, 1)  # the first sync
@@ -364,12 +370,7 @@ def test_chatgym_cotrain_on_a_stalled_run_prints_one_line_returns_1_and_closes(
     """Regression: `chatgym cotrain` let TrainingStalled out as a traceback. A run whose policy engine
     is out of GPU memory (every episode fails) with train.max_failed_steps=2: rc 1, the error in one
     `chatgym cotrain:` line, step 0's warning once, the trainer closed."""
-    try:
-        from chatgym.trainer.models.packaged import load_model_path
-
-        load_model_path("smollm2")
-    except ModuleNotFoundError as exc:
-        pytest.skip(str(exc))
+    needs_smollm2()
     import chatgym.trainer.cotrain.loop as loop
 
     class OutOfMemory(WeightSink):
@@ -392,25 +393,7 @@ def test_chatgym_cotrain_on_a_stalled_run_prints_one_line_returns_1_and_closes(
     config.write_text(
         "cotrain:\n  party: judge\n  model_path: smollm2\n  lr: 0.001\n  max_tokens: 32\n  tasks: [3]\n"
     )
-    overrides = [
-        "model.random_init=true",
-        "model.config_overrides=" + json.dumps(TINY_LLAMA),
-        "model.device=cpu",
-        "engine.backend=hf",
-        "engine.dtype=float32",
-        "env.id=Judge-v0",
-        "env.train_split=reference",
-        "env.eval_split=reference",
-        "env.eval_tasks=0",
-        "rollout.max_tokens=64",
-        "rollout.max_response_tokens=128",
-        "rollout.max_model_len=2048",
-        "train.prompts_per_step=1",
-        "train.group_size=2",
-        "train.progress=false",
-        "train.tensorboard=false",
-        "train.max_failed_steps=2",
-    ]
+    overrides = [*JUDGE_OVERRIDES, "train.max_failed_steps=2"]
     rc = loop.main([str(config), *overrides, "--max-steps", "3", "--output-dir", str(tmp_path / "run")])
     captured = capsys.readouterr()
     assert rc == 1 and closed == [True]
@@ -452,11 +435,11 @@ def test_calibration_answer_cuts_the_reference_by_words():
         calibration_answer({"task_id": "mtbench/81", "reference": None}, 0.5, other)
 
 
-def test_rubric_prompt_is_the_envs_judge_prompt():
+async def test_rubric_prompt_is_the_envs_judge_prompt():
     from chatgym.envs.judge.env import JudgeEnv, rubric_prompt
 
     env = JudgeEnv(split="reference")
-    _async_run(env.areset(options={"task_index": 3}))
+    await env.areset(options={"task_index": 3})
     assert rubric_prompt(env.task, ["zzzq"]) == env.judge_prompt("zzzq")
     assert "[The Start of Reference Answer]\nDavid has only one brother.\n" in env.judge_prompt("zzzq")
     with pytest.raises(ValueError, match="question turn 1 or 2: got 3 answers"):
@@ -466,12 +449,7 @@ def test_rubric_prompt_is_the_envs_judge_prompt():
 
 @pytest.fixture(scope="module")
 def calibration_step(tmp_path_factory, tok):
-    try:
-        from chatgym.trainer.models.packaged import load_model_path
-
-        load_model_path("smollm2")
-    except ModuleNotFoundError as exc:
-        pytest.skip(str(exc))
+    needs_smollm2()
     out = tmp_path_factory.mktemp("calib")
     (out / "eval_calibration.jsonl").write_text('{"judge_version": 9}\n')  # an earlier run's: replaced
     trainer, _, judge_engine = judge_fixture_trainer(out, tok, calibration=(1.0, 0.5))
@@ -530,12 +508,6 @@ def test_calibration_config_is_checked_at_load():
         load_cotrain_config(None, ["cotrain.calibration=[1.0, 2.0]"])
     with pytest.raises(ConfigError, match=r"^cotrain\.calibration: answers for a judge to rate; party 'user' takes none$"):
         load_cotrain_config(None, ["cotrain.party=user", "cotrain.calibration=[1.0]"])
-
-
-def _async_run(coro):
-    import asyncio
-
-    return asyncio.new_event_loop().run_until_complete(coro)
 
 
 # ---- UserSim-v0: faithfulness of a scripted simulated user ---------------------------------------

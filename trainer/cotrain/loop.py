@@ -134,6 +134,10 @@ class CoTrainer(Trainer):
         if cfg.model.random_init and (engine is None or party_engine is None):
             raise ConfigError("model.random_init: cotrain needs both engines given (engine=, party_engine=)")
         self.co = co = cotrain
+        if co.calibration:  # every MT-bench row by task_id: the calibration answers' questions
+            from chatgym.envs.judge.mtbench import load_mtbench
+
+            self._mtbench = {row["task_id"]: row for row in load_mtbench("all")}
         self.kwarg, _ = PARTIES[co.party]
         self.reward_fn = reward_fn or REWARDS[co.party]
         super().__init__(cfg, engine=engine)  # the policy: its learner, engine, collectors, pipeline
@@ -201,28 +205,31 @@ class CoTrainer(Trainer):
         if self.co.party == "judge":
             metrics.update(await policy_reference_metrics(trajs))
         if self.co.calibration:
-            calibration = await self.calibration_episodes(trajs, eval=False)
-            calibration_trajs, calibration_metrics = await party_trajectories(calibration, "judge", self.reward_fn)
+            _, calibration_trajs, calibration_metrics = await self.calibration(trajs, eval=False)
             first = max((t.group_id for t in party_trajs), default=-1) + 1
             for t in calibration_trajs:  # their own groups, after the policy answers' ones
                 t.group_id += first
             party_trajs = [*party_trajs, *calibration_trajs]
-            metrics.update({k.replace("judge/", "judge/calibration/", 1): v for k, v in calibration_metrics.items()})
+            metrics.update(calibration_metrics)
         return policy_trajs, party_trajs, metrics
 
-    async def calibration_episodes(self, trajs: Sequence[Trajectory], *, eval: bool) -> list[Trajectory]:
+    async def calibration(
+        self, trajs: Sequence[Trajectory], *, eval: bool
+    ) -> tuple[list[Trajectory], list[Trajectory], dict[str, float]]:
         """The judge's samples on ``cotrain.calibration`` answers to the tasks of ``trajs``
-        (:func:`~chatgym.trainer.cotrain.party.calibration_episodes`): ``train.group_size`` samples of
-        each in training, one at ``env.eval_temperature`` in evaluation."""
-        from chatgym.envs.judge.mtbench import load_mtbench
-
-        tasks = {row["task_id"]: row for row in load_mtbench("all")}
+        (:func:`~chatgym.trainer.cotrain.party.calibration_episodes`; ``train.group_size`` samples of
+        each in training, one at ``env.eval_temperature`` in evaluation), scored: ``(episodes,
+        trajectories, metrics)``, the metrics under ``judge/calibration/``."""
         responder = self.party.eval_responder if eval else self.party.responder
         samples = 1 if eval else self.cfg.train.group_size
-        return await calibration_episodes(
-            [str(t.task_id) for t in trajs], self.co.calibration, responder, samples=samples, tasks=tasks,
-            env_id=self.cfg.env.id,
+        episodes = await calibration_episodes(
+            [str(t.task_id) for t in trajs], self.co.calibration, responder, samples=samples,
+            tasks=self._mtbench, env_id=self.cfg.env.id,
         )
+        scored, metrics = await party_trajectories(episodes, "judge", self.reward_fn)
+        if eval:
+            metrics.update(await judge_constant_baseline(episodes))
+        return episodes, scored, {k.replace("judge/", "judge/calibration/", 1): v for k, v in metrics.items()}
 
     def rollouts(self, step: int) -> tuple[list[Trajectory], list[Trajectory], dict[str, float]]:
         """Collect step ``step``'s episodes and :meth:`score` them, with the episodes' rollout metrics."""
@@ -261,11 +268,9 @@ class CoTrainer(Trainer):
             metrics.update(await policy_reference_metrics(trajs))
             metrics.update(await judge_constant_baseline(trajs))
         if self.co.calibration:
-            calibration = await self.calibration_episodes(trajs, eval=True)
-            _, calibration_metrics = await party_trajectories(calibration, "judge", self.reward_fn)
-            calibration_metrics.update(await judge_constant_baseline(calibration))
-            self._write_calibration(calibration)
-            metrics.update({k.replace("judge/", "judge/calibration/", 1): v for k, v in calibration_metrics.items()})
+            episodes, _, calibration_metrics = await self.calibration(trajs, eval=True)
+            self._write_calibration(episodes)
+            metrics.update(calibration_metrics)
         return {f"eval/{k}": v for k, v in metrics.items()}
 
     def _write_calibration(self, episodes: Sequence[Trajectory]) -> None:

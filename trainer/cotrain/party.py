@@ -364,11 +364,12 @@ async def calibration_episodes(
     from chatgym.envs.judge.env import parse_rating, rubric_prompt
 
     with_ref = [tid for tid, row in tasks.items() if row.get("reference")]
+    position = {tid: i for i, tid in enumerate(with_ref)}
     jobs = []
     for tid in dict.fromkeys(task_ids):
-        if tid not in with_ref:
+        if tid not in position:
             continue
-        off_topic = tasks[with_ref[(with_ref.index(tid) + 1) % len(with_ref)]]
+        off_topic = tasks[with_ref[(position[tid] + 1) % len(with_ref)]]
         for fraction in fractions:
             prompt = rubric_prompt(tasks[tid], [calibration_answer(tasks[tid], fraction, off_topic)])
             jobs.append((tid, float(fraction), [M.user(prompt)]))
