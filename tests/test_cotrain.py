@@ -20,12 +20,14 @@ from chatgym.trainer.cotrain.party import (
     VersionedResponder,
     best_constant_agreement,
     calibration_answer,
+    calibration_order,
     facts,
     faithfulness,
     judge_agreement,
     judge_constant_baseline,
     party_trajectories,
     trace_trajectory,
+    user_checks,
 )
 from chatgym.trainer.engines.replay import ReplayEngine, count_subsequence, replay_logprob, turn_script
 from chatgym.trainer.rollout.collector import Collector, RolloutConfig
@@ -210,7 +212,7 @@ JUDGE_OVERRIDES = [
 ]
 
 
-def judge_fixture_trainer(tmp_path, tok, calibration=()):
+def judge_fixture_trainer(tmp_path, tok, calibration=(), stop=(), judge_tail=""):
     """A CoTrainer on Judge-v0 task mtbench/104 (2 samples), tiny random policy and judge learners,
     scripted engines: the policy answers the reference answers in one sample and "zzzq" in the
     other; the judge says [[4]] of any prompt holding "zzzq", [[10]] otherwise."""
@@ -227,7 +229,7 @@ def judge_fixture_trainer(tmp_path, tok, calibration=()):
 
     def judge_script(prompt):
         rating = 4 if "zzzq" in tok.decode(prompt) else 10
-        return [*enc(tok, f"Short answer.\nRating: [[{rating}]]"), IM_END]
+        return [*enc(tok, f"Short answer.\nRating: [[{rating}]]{judge_tail}"), IM_END]
 
     from chatgym.trainer.config.run import load_config
 
@@ -243,7 +245,8 @@ def judge_fixture_trainer(tmp_path, tok, calibration=()):
         ],
     )
     co = CoTrainConfig(
-        party="judge", model_path="smollm2", lr=1e-3, max_tokens=32, tasks=(3,), calibration=calibration
+        party="judge", model_path="smollm2", lr=1e-3, max_tokens=32, tasks=(3,), calibration=calibration,
+        stop=stop,
     )
     policy_engine = WeightSink(policy_script, tok)
     judge_engine = WeightSink(judge_script, tok)
@@ -489,6 +492,9 @@ def test_calibration_in_the_evaluation_is_one_greedy_sample_each(calibration_ste
     assert got["eval/judge/calibration/best_constant_rating"] == 8.0
     assert got["eval/judge/calibration/agreement_over_constant"] == pytest.approx(0.0)
     assert got["eval/judge/calibration/rating_distinct"] == 1.0
+    # One pair with different references (10 > 8), rated 10 and 10: a tie, so not in order.
+    assert got["eval/judge/calibration/order_accuracy"] == 0.0
+    assert got["eval/judge/calibration/order_pairs"] == 1.0
     rows = [json.loads(line) for line in (trainer.out / "eval_calibration.jsonl").read_text().splitlines()]
     assert rows == [
         {"judge_version": 0, "task_id": "mtbench/104", "fraction": 1.0, "rating": 10.0, "reference_rating": 10.0},
@@ -499,6 +505,42 @@ def test_calibration_in_the_evaluation_is_one_greedy_sample_each(calibration_ste
     assert got["eval/judge/agreement_over_constant"] == pytest.approx((1 + 1 + 2 / 3 + 2 / 3) / 4 - 0.5)
 
 
+def test_calibration_order_counts_pairs_ranked_as_the_reference_ranks_them():
+    from chatgym.trainer.rollout.types import Trajectory
+
+    def episode(task_id, samples):
+        traces = [{"reference_rating": ref, "rating": rating} for ref, rating in samples]
+        return Trajectory(env_id="Judge-v0", task_id=task_id, group_id=0, sample_index=0, info={"judge_traces": traces})
+
+    episodes = [
+        # refs 10, 7, 3 rated 8, 8, 2: (10, 7) a tie, a miss; (10, 3) and (7, 3) in order.
+        episode("a", [(10.0, 8.0), (7.0, 8.0), (3.0, 2.0)]),
+        # refs 5, 5: equal, no pair; (5, 9) rated 6 and None: unparsed, a miss; (5, 9) rated 4, 9: right.
+        episode("b", [(5.0, 6.0), (5.0, 4.0), (9.0, None)]),
+        episode("c", [(9.0, 9.0), (2.0, 9.0)]),  # a tie: a miss
+        episode("d", [(2.0, 3.0), (9.0, 1.0)]),  # reversed: a miss
+    ]
+    # Pairs: a 3 (2 right), b 2 (0 right), c 1 (0), d 1 (0): 2 of 7. Pairs never cross tasks.
+    assert calibration_order(episodes) == {"judge/order_accuracy": 2 / 7, "judge/order_pairs": 7.0}
+    assert calibration_order([episode("e", [(4.0, 1.0), (4.0, 9.0)])]) == {}  # no pair of different references
+
+
+def test_party_stop_strings_end_the_judges_reply_at_its_rating(tmp_path, tok):
+    needs_smollm2()
+    trainer, _, judge_engine = judge_fixture_trainer(tmp_path, tok, stop=("]]",), judge_tail=" I hope this helps.")
+    try:
+        _, judge_trajs, metrics = trainer.rollouts(0)
+    finally:
+        trainer.close()
+    assert judge_engine.calls and all(params.stop == ("]]",) for _, params in judge_engine.calls)
+    for t in judge_trajs:
+        rating = 4 if "zzzq" in tok.decode(t.token_ids[: t.prompt_len]) else 10
+        # The scripted reply goes on after "]]"; the engine stops on the token that completes it.
+        assert tok.decode(t.token_ids[t.prompt_len :]) == f"Short answer.\nRating: [[{rating}]]"
+        assert t.finish_reasons == ["stop"]
+    assert metrics["judge/parse_rate"] == 1.0
+
+
 def test_calibration_config_is_checked_at_load():
     from chatgym.trainer.config.run import ConfigError
 
@@ -506,6 +548,8 @@ def test_calibration_config_is_checked_at_load():
     assert co.calibration == (1.0, 0.5, 0.0)
     with pytest.raises(ConfigError, match=r"cotrain.*calibration must be fractions in \[0, 1\], got \[1.0, 2.0\]"):
         load_cotrain_config(None, ["cotrain.calibration=[1.0, 2.0]"])
+    with pytest.raises(ConfigError, match=r"cotrain.*stop must hold non-empty strings, got \['\]\]', ''\]"):
+        load_cotrain_config(None, ["cotrain.stop=[']]', '']"])
     with pytest.raises(ConfigError, match=r"^cotrain\.calibration: answers for a judge to rate; party 'user' takes none$"):
         load_cotrain_config(None, ["cotrain.party=user", "cotrain.calibration=[1.0]"])
 
@@ -546,6 +590,33 @@ def test_faithfulness_by_hand():
     # Known facts {emma_kim_9957}; never stated -> coverage 0.
     # reply 0: 0.5 * 1 + 0.5 * 0 = 0.5; reply 1: w42 grounded (the agent said it), 99x not -> 0.5 * 1/2.
     assert faithfulness(traces) == pytest.approx([0.5, 0.25])
+
+
+def test_user_checks_split_faithfulness_and_compare_a_scenario_blind_user():
+    from chatgym.trainer.rollout.types import Trajectory
+
+    def view(known):
+        return [system(f"<scenario>\nKnown info:\n\t{known}\nTask instructions:\n\tbe nice\n</scenario>")]
+
+    emma = view("Your user id is emma_kim_9957.")
+    a = [  # known {emma_kim_9957}, stated in reply 1 -> coverage 1; reply 1 also states 99x, unseen
+        {"messages": emma, "text": "I need help."},
+        {"messages": emma, "text": "I am emma_kim_9957, order 99X."},
+    ]
+    b = [{"messages": view("You are Noah."), "text": "I need help."}]  # no known facts: coverage 1
+    eps = [Trajectory(env_id="UserSim-v0", task_id=i, info={"user_traces": tr}) for i, tr in enumerate((a, b))]
+    eps.append(Trajectory(env_id="UserSim-v0", task_id=2, error="crash", info={"user_traces": a}))  # failed: left out
+    got = user_checks(eps)
+    # grounded per reply: 1, 1/2 (a), 1 (b) -> 5/6; coverage per episode 1, 1 -> 1.
+    # faithfulness: a 1.0, 0.75; b 1.0 -> mean 11/12. Blind: a's replies 0.5 each (known facts), b's 1.0.
+    assert got == pytest.approx({
+        "user/grounded": 5 / 6,
+        "user/coverage": 1.0,
+        "user/blind_faithfulness": 2 / 3,
+        "user/faithfulness_over_blind": 11 / 12 - 2 / 3,
+        "user/opening_distinct": 0.5,  # both openings are "I need help."
+    })
+    assert user_checks([]) == {}
 
 
 async def test_usersim_user_traces_and_faithfulness(tok):

@@ -40,6 +40,11 @@ class CoTrainConfig:
         prefill: text every party reply starts with, given as prompt tokens (not trained on):
             ``"Rating: [["`` makes a 135M judge write a parseable MT-bench rating (without it
             SmolLM2-135M-Instruct wrote no ``[[r]]`` at all: parse rate 0, nothing to learn from).
+        stop: stop strings of the party's replies (the whole token that completes one is kept, as
+            vLLM's ``include_stop_str_in_output``): ``["]]"]`` ends a judge's reply at its rating, so
+            only the rating's tokens are trained on. Without it a 135M judge wrote ~5 tokens of text
+            after ``]]`` in an 8-token budget, each carrying the rating's advantage, and under
+            ``token-mean`` aggregation the rating token held about an eighth of the gradient.
         eval_task_ids: evaluate on these task indices of ``env.eval_split`` (the first
             ``env.eval_tasks`` of them); None: its first ``env.eval_tasks`` tasks.
         calibration: judge only. Fractions in [0, 1]: beside the policy's answers, the judge also rates,
@@ -62,6 +67,7 @@ class CoTrainConfig:
     max_model_len: int = 4096
     tasks: tuple[int, ...] | None = None
     prefill: str = ""
+    stop: tuple[str, ...] = ()
     eval_task_ids: tuple[int, ...] | None = None
     calibration: tuple[float, ...] = ()
 
@@ -76,6 +82,8 @@ class CoTrainConfig:
             raise ValueError("tasks must be None or non-empty")
         if any(not 0.0 <= f <= 1.0 for f in self.calibration):
             raise ValueError(f"calibration must be fractions in [0, 1], got {list(self.calibration)}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError(f"stop must hold non-empty strings, got {list(self.stop)}")
         if self.calibration and self.party != "judge":
             raise ValueError(
                 f"cotrain.calibration: answers for a judge to rate; party {self.party!r} takes none"

@@ -54,9 +54,11 @@ from chatgym.trainer.cotrain.party import (
     RewardFn,
     VersionedResponder,
     calibration_episodes,
+    calibration_order,
     judge_constant_baseline,
     party_trajectories,
     policy_reference_metrics,
+    user_checks,
 )
 from chatgym.trainer.engines.base import SamplingParams
 from chatgym.trainer.logging.step_metrics import rollout_metrics
@@ -154,7 +156,7 @@ class CoTrainer(Trainer):
             train_responder = VersionedResponder(
                 party_engine,
                 ptok,
-                params=SamplingParams(max_tokens=co.max_tokens, temperature=co.temperature),
+                params=SamplingParams(max_tokens=co.max_tokens, temperature=co.temperature, stop=co.stop),
                 max_prompt_tokens=co.max_prompt_tokens,
                 prefill=co.prefill,
             )
@@ -204,6 +206,8 @@ class CoTrainer(Trainer):
         metrics["policy/judge_error_episodes"] = len(trajs) - len(policy_trajs)
         if self.co.party == "judge":
             metrics.update(await policy_reference_metrics(trajs))
+        else:
+            metrics.update(user_checks(trajs))
         if self.co.calibration:
             _, calibration_trajs, calibration_metrics = await self.calibration(trajs, eval=False)
             first = max((t.group_id for t in party_trajs), default=-1) + 1
@@ -229,6 +233,7 @@ class CoTrainer(Trainer):
         scored, metrics = await party_trajectories(episodes, "judge", self.reward_fn)
         if eval:
             metrics.update(await judge_constant_baseline(episodes))
+            metrics.update(calibration_order(episodes))
         return episodes, scored, {k.replace("judge/", "judge/calibration/", 1): v for k, v in metrics.items()}
 
     def rollouts(self, step: int) -> tuple[list[Trajectory], list[Trajectory], dict[str, float]]:
@@ -267,6 +272,8 @@ class CoTrainer(Trainer):
         if self.co.party == "judge":
             metrics.update(await policy_reference_metrics(trajs))
             metrics.update(await judge_constant_baseline(trajs))
+        else:
+            metrics.update(user_checks(trajs))
         if self.co.calibration:
             episodes, _, calibration_metrics = await self.calibration(trajs, eval=True)
             self._write_calibration(episodes)

@@ -218,22 +218,68 @@ def known_facts(messages: list[dict[str, Any]]) -> set[str]:
     return facts(found.group(1)) if found else set()
 
 
-def faithfulness(traces: list[dict[str, Any]]) -> list[float]:
-    """Per simulated-user reply of one episode: ``0.5 * grounded + 0.5 * coverage`` (module docstring)."""
+def faithfulness_parts(traces: list[dict[str, Any]]) -> tuple[list[float], float]:
+    """``(grounded per reply, coverage)`` of one episode's simulated-user replies (module docstring)."""
     stated_all: set[str] = set()
     for trace in traces:
         stated_all |= facts(trace.get("text", ""))
     known = known_facts(traces[0].get("messages", [])) if traces else set()
     coverage = len(known & stated_all) / len(known) if known else 1.0
-    out = []
+    grounded = []
     for trace in traces:
         stated = facts(trace.get("text", ""))
         seen: set[str] = set()
         for m in trace.get("messages", []):
             seen |= facts(m.get("content") or "")
-        grounded = len(stated & seen) / len(stated) if stated else 1.0
-        out.append(0.5 * grounded + 0.5 * coverage)
-    return out
+        grounded.append(len(stated & seen) / len(stated) if stated else 1.0)
+    return grounded, coverage
+
+
+def faithfulness(traces: list[dict[str, Any]]) -> list[float]:
+    """Per simulated-user reply of one episode: ``0.5 * grounded + 0.5 * coverage`` (module docstring)."""
+    grounded, coverage = faithfulness_parts(traces)
+    return [0.5 * g + 0.5 * coverage for g in grounded]
+
+
+def user_checks(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """What a simulated user's faithfulness is made of, and whether it beats a user that ignores its
+    scenario, over the episodes of ``trajs`` with user replies (failed ones give none):
+
+    - ``user/grounded`` (mean over replies) and ``user/coverage`` (mean over episodes): the two halves.
+    - ``user/blind_faithfulness``: the faithfulness of a user that ignores its scenario and states no
+      identifier (grounded 1, coverage 0 where there are known facts), which a user that cannot
+      know the scenario's identifiers cannot beat by stating any; mean over replies.
+    - ``user/faithfulness_over_blind``: the replies' mean faithfulness minus that.
+    - ``user/opening_distinct``: distinct opening replies / episodes (1: every episode opened in its
+      own words; a constant user: ``1 / episodes``). Read on the held-out set, one greedy episode a
+      scenario.
+
+    ``{}`` when no episode has a user reply."""
+    replies: list[float] = []
+    grounded: list[float] = []
+    coverage: list[float] = []
+    blind: list[float] = []
+    openings: list[str] = []
+    for t in trajs:
+        traces = list(t.info.get("user_traces") or []) if not t.failed else []
+        if not traces:
+            continue
+        g, c = faithfulness_parts(traces)
+        replies += [0.5 * x + 0.5 * c for x in g]
+        grounded += g
+        coverage.append(c)
+        no_known = not known_facts(traces[0].get("messages", []))
+        blind += [0.5 + 0.5 * no_known] * len(traces)
+        openings.append(str(traces[0].get("text", "")))
+    if not replies:
+        return {}
+    return {
+        "user/grounded": float(np.mean(grounded)),
+        "user/coverage": float(np.mean(coverage)),
+        "user/blind_faithfulness": float(np.mean(blind)),
+        "user/faithfulness_over_blind": float(np.mean(replies) - np.mean(blind)),
+        "user/opening_distinct": len(set(openings)) / len(openings),
+    }
 
 
 async def _faithfulness(traces: list[dict[str, Any]]) -> list[float | None]:
@@ -287,6 +333,32 @@ async def judge_constant_baseline(trajs: Sequence[Trajectory]) -> dict[str, floa
         "judge/best_constant_rating": c,
         "judge/agreement_over_constant": float(agreement) - constant,
     }
+
+
+def calibration_order(episodes: Sequence[Trajectory]) -> dict[str, float]:
+    """Whether the judge ranks a question's calibration answers as the reference does: over every
+    pair of samples of the same task whose reference ratings differ, the share the judge rated in
+    the same order (strictly; a tie or an unparsed rating is a miss): ``judge/order_accuracy`` and
+    ``judge/order_pairs``. A judge that ignores the answer (any constant) scores 0, a random one
+    about 0.5 minus its ties; ``{}`` without such a pair. The paired form of the constant check:
+    it asks whether the judge tells a better answer from a worse one to the same question, which a
+    rating distribution alone cannot do."""
+    by_task: dict[str, list[tuple[float, float | None]]] = {}
+    for t in episodes:
+        for trace in t.info.get("judge_traces") or []:
+            ref = trace.get("reference_rating")
+            if ref is not None:
+                by_task.setdefault(str(t.task_id), []).append((float(ref), trace.get("rating")))
+    pairs = right = 0
+    for samples in by_task.values():
+        for i, (ref_a, a) in enumerate(samples):
+            for ref_b, b in samples[i + 1 :]:
+                if ref_a == ref_b:
+                    continue
+                pairs += 1
+                if a is not None and b is not None and (a - b) * (ref_a - ref_b) > 0:
+                    right += 1
+    return {"judge/order_accuracy": right / pairs, "judge/order_pairs": float(pairs)} if pairs else {}
 
 
 async def policy_reference_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
