@@ -40,9 +40,13 @@ whose rows all start together (no joining).
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 logger = logging.getLogger(__name__)
+
+# Held while any StaticSlots in the process captures a graph (see StaticSlots._graph).
+_CAPTURE_LOCK = threading.Lock()
 
 SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
 LENGTH_DEPENDENT_ROPE = frozenset({"dynamic", "longrope"})
@@ -151,6 +155,7 @@ class StaticSlots:
         self._pos_host: list[int] = []  # pos[:rows] mirrored on the host: no device sync to pick a bucket
         self._graphs: dict[tuple[int, int], tuple[Any, Any]] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+        self._capture_stream: Any = None  # this engine's own, made at its first capture
         self.graphs_captured = 0
         self.capture_failures: dict[tuple[int, int], str] = {}
         self._want_fused = bool(fused)
@@ -350,11 +355,23 @@ class StaticSlots:
     def _graph(self, n: int, width: int) -> tuple[Any, Any] | None:
         """The bucket's captured graph and its output buffer, captured on first use; None when its
         capture failed (that bucket then runs eagerly, and the failure is logged once)."""
-        import torch
 
         found = self._graphs.get((n, width))
         if found is not None or (n, width) in self.capture_failures:
             return found
+        # One capture at a time in the process, each engine on its own capture stream: by default
+        # torch.cuda.graph captures every graph on one class-level stream, and a capture registers the
+        # default CUDA generator's state. Two engines in one process (a policy and a co-trained judge)
+        # capturing from their threads at once met on that stream and that generator: "operation not
+        # permitted when stream is capturing", "Cannot register the state during capturing stage" (H200).
+        with _CAPTURE_LOCK:
+            return self._capture(n, width)
+
+    def _capture(self, n: int, width: int) -> tuple[Any, Any] | None:
+        import torch
+
+        if self._capture_stream is None:
+            self._capture_stream = torch.cuda.Stream(device=self.device)
         # Warm-up on a side stream, as torch.cuda.graphs asks; it writes the same keys/values that the
         # replay right after writes (same tokens, same positions), so running it changes nothing.
         stream = torch.cuda.Stream(device=self.device)
@@ -368,7 +385,7 @@ class StaticSlots:
         # invalidates the capture ("operation failed due to a previous error during capture").
         try:
             with torch.inference_mode(), torch.cuda.graph(
-                graph, pool=self._pool, capture_error_mode="thread_local"
+                graph, pool=self._pool, stream=self._capture_stream, capture_error_mode="thread_local"
             ):
                 out = self._forward(n, width)
         except Exception as exc:
