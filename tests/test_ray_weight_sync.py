@@ -223,22 +223,6 @@ def test_a_step_whose_every_episode_failed_says_so(cluster, tmp_path, capfd):
     assert "NameNotFound" in line and "ChatgymTestLetters" in line
 
 
-def test_all_failed_names_the_first_error_and_its_count():
-    from chatgym.trainer.logging.step_metrics import all_failed
-    from chatgym.trainer.rollout.types import Trajectory
-
-    def traj(error):
-        return Trajectory(env_id="E-v0", task_id=0, error=error)
-
-    assert all_failed([], 3) is None
-    assert all_failed([traj("env_error: x"), traj(None)], 3) is None
-    assert all_failed([traj("env_error: x\nmore"), traj("timeout: 5 s"), traj("env_error: x")], 3) == (
-        "chatgym: step 3: all 3 episodes failed, nothing was trained (2 of them: env_error: x)"
-    )
-    # Regression: an empty error string (a failure with no message) raised IndexError in the step's metrics.
-    assert all_failed([traj(""), traj("")], 4) == "chatgym: step 4: all 2 episodes failed, nothing was trained (2 of them: )"
-
-
 def test_chatgym_train_refuses_gpus_the_cluster_lacks_in_one_line(cluster, tmp_path, capsys):
     # Found by a fresh-user check: the resource check's error reached the user as a traceback (rc 1),
     # and the workers' request was checked only after the learner had loaded its weights.

@@ -690,6 +690,32 @@ def test_a_step_with_an_episode_that_did_not_fail_resets_the_failed_count(
     assert failed_step_warnings(capsys.readouterr().err) == [all_failed_line(0), all_failed_line(2)]
 
 
+def test_a_step_where_some_episodes_fail_says_so_and_trains_on_the_rest(tmp_path, tiny_model, monkeypatch, capsys):
+    """Regression: a step whose episodes partly failed trained on the rest and only ``batch/failed``
+    said so. The engine here fails its first 3 generate calls: 3 of the step's 8 one-turn episodes."""
+    from chatgym.trainer.train import Trainer
+
+    trainer = Trainer(tiny_config(tmp_path, "env.eval_tasks=0", steps=1))
+    calls = {"n": 0}
+    real = trainer.engine.generate
+
+    async def generate(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] <= 3:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.81 GiB.")
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(trainer.engine, "generate", generate)
+    try:
+        row = trainer.step(0)
+    finally:
+        trainer.close()
+    assert failed_step_warnings(capsys.readouterr().err) == [
+        f"chatgym: step 0: 3 of 8 episodes failed and were left out of the update (3 of them: {OOM_ERROR})"
+    ]
+    assert row["batch/failed"] == 3 and trainer.learner.version == 1
+
+
 def test_max_failed_steps_zero_never_stops_and_a_negative_one_is_refused(
     tmp_path, tiny_model, monkeypatch, capsys
 ):

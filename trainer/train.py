@@ -38,7 +38,13 @@ from chatgym.trainer.engines import engine_dtype
 from chatgym.trainer.learner.checkpoint import find_checkpoint, load_pipeline_state
 from chatgym.trainer.learner.learner import Learner, seed_everything
 from chatgym.trainer.logging.ledger import BatchLedger
-from chatgym.trainer.logging.step_metrics import accuracy, all_failed, multiturn_metrics, rollout_metrics
+from chatgym.trainer.logging.step_metrics import (
+    accuracy,
+    all_failed,
+    multiturn_metrics,
+    rollout_metrics,
+    some_failed,
+)
 from chatgym.trainer.logging.writer import MetricsLogger
 from chatgym.trainer.models.packaged import load_model_path
 from chatgym.trainer.pipeline import Pipeline, PipelineOptions, StepResult
@@ -201,6 +207,9 @@ class Trainer:
                     f"(train.max_failed_steps={limit}); stopping. The last: {warning.removeprefix('chatgym: ')}"
                 )
             print(warning, file=sys.stderr)
+        partial = some_failed(result.trajectories, result.step)
+        if partial is not None:
+            print(partial, file=sys.stderr)
         metrics.update(result.metrics)
         source_metrics = getattr(self.rollout, "metrics", None)  # a local rollout has none
         if source_metrics is not None:

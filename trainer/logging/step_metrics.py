@@ -15,16 +15,42 @@ from chatgym.envs.tools import TOOL_ERROR_KINDS
 from chatgym.trainer.rollout.types import Trajectory, hit_budget
 
 
+def failure_counts(trajs: Sequence[Trajectory], shown: int = 3) -> str:
+    """The failed trajectories' errors, by first line (200 characters), in the order they first
+    occur, each with how many share it: ``"2 of them: A; 1: B"``; more than ``shown`` distinct
+    errors end in ``"; and K other errors"``. ``""`` when none failed."""
+    counts: dict[str, int] = {}
+    for t in trajs:
+        if t.failed:
+            error = (str(t.error).splitlines() or [""])[0][:200]  # "" has no lines
+            counts[error] = counts.get(error, 0) + 1
+    parts = [f"{n}: {error}" for error, n in list(counts.items())[:shown]]
+    if parts:
+        parts[0] = parts[0].replace(": ", " of them: ", 1)
+    if len(counts) > shown:
+        parts.append(f"and {len(counts) - shown} other errors")
+    return "; ".join(parts)
+
+
 def all_failed(trajs: Sequence[Trajectory], step: int) -> str | None:
     """One line when every trajectory of step ``step`` failed (nothing can be trained on: an env id
-    the rollout workers do not know, an engine that cannot generate), naming the first error and how
-    many share it; None otherwise (no trajectories, or at least one that did not fail)."""
+    the rollout workers do not know, an engine that cannot generate), naming the errors and how
+    many share each (:func:`failure_counts`); None otherwise (no trajectories, or at least one that
+    did not fail)."""
     if not trajs or not all(t.failed for t in trajs):
         return None
-    errors = [(str(t.error).splitlines() or [""])[0][:200] for t in trajs]  # "" has no lines
+    return f"chatgym: step {step}: all {len(trajs)} episodes failed, nothing was trained ({failure_counts(trajs)})"
+
+
+def some_failed(trajs: Sequence[Trajectory], step: int) -> str | None:
+    """One line when some but not all trajectories of step ``step`` failed: the update trains on the
+    rest, and without this only ``batch/failed`` would say so. None otherwise."""
+    failed = sum(t.failed for t in trajs)
+    if not failed or failed == len(trajs):
+        return None
     return (
-        f"chatgym: step {step}: all {len(trajs)} episodes failed, nothing was trained "
-        f"({errors.count(errors[0])} of them: {errors[0]})"
+        f"chatgym: step {step}: {failed} of {len(trajs)} episodes failed and were left out of the update "
+        f"({failure_counts(trajs)})"
     )
 
 
