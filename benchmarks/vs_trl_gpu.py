@@ -1,6 +1,7 @@
 """chatgym's trainer vs TRL's GRPOTrainer on one GPU: wall-clock s/step, generation, memory, accuracy.
 
-Same model (SmolLM2-135M-Instruct, real weights from the packaged GGUF), task (Math-v0 train split,
+Same model (``--shape``, below; default SmolLM2-135M-Instruct, real weights from the packaged GGUF),
+task (Math-v0 train split,
 the same 8 prompts per step in the same order: ``trainer.sampler.tasks_for_step``), shape (8 prompts
 x 8 samples, <= 128 new tokens, temperature 1), lr 1e-5 constant, no KL, clip 0.2 / 0.28, token-mean
 loss, group-normalised advantages, Math-v0's own scorer as the reward on both sides. Held-out accuracy:
@@ -21,10 +22,35 @@ Runs (``--runs``, any subset, each ``NAME:SEED``):
   static step on e4m3 weights, re-quantized at every sync; the learner stays fp32/bf16), with the
   rollout correction ``--correction`` (default ``token_tis``; ``--mask-band`` for the mask modes) —
   applied to every ``ours*`` run alike, so ``ours`` and ``ours_fp8`` differ in the engine's weights only;
+* ``ours_vllm``   — ``ours`` generating with the in-process vLLM engine (``engine.backend: vllm``, bf16,
+  ``engine.options.gpu_memory_utilization: 0.3``: the share of the card TRL's colocated vLLM gets);
+* ``ours_1off``   — ``ours`` with ``trainer.pipeline: one_step_off``: step k+1's rollout runs while step
+  k's update does (each batch one weight version behind: ``steps[i]["staleness"]``); timed per step of
+  the pipeline's driver, as ``chatgym train`` runs it (see :func:`run_ours` for its evaluations);
 * ``trl_bf16``    — TRL with bf16 weights (its fastest configuration in the peers' figures);
 * ``trl_fp32``    — TRL with fp32 weights, bf16 autocast and gradient checkpointing (its most accurate);
 * ``trl_vllm_bf16`` / ``trl_vllm_fp32`` — the same two with TRL's colocated vLLM generating
   (``use_vllm=True, vllm_mode="colocate"``, 0.3 of the GPU): the configuration a GPU user runs.
+
+Shapes (``--shape``; one shape per ``--out`` folder, the report refuses a mix):
+
+* ``smollm2`` (default) — the real weights above, with held-out accuracy and the PNG;
+* ``qwen2.5-1.5b`` / ``qwen2.5-7b`` — the Qwen2.5 architecture (``Qwen2ForCausalLM``) at the published
+  widths, depth, heads and vocabulary (``hf_decode_gpu.QWEN_SHAPES``: 1536 / 3584 hidden, 28 layers,
+  12 / 28 heads, 2 / 4 KV heads, 151,936 / 152,064 ids) with random weights (seed 0), saved once per
+  invocation with SmolLM2's tokenizer into a temp dir that every run loads (ours' learner and engine,
+  TRL's model and its vLLM: the same weights) and removed at the end. Math-v0's prompts come from that
+  tokenizer; a sampled id past its 49,152 decodes to no text, and random weights almost never sample
+  EOS, so every reply runs the full 128 tokens on both sides. No accuracy (``env.eval_tasks=0``, TRL
+  without an evaluator): the table's accuracy columns stay empty and no PNG is drawn; s/step, generation
+  s and tokens/s are the figures. At 7B fp32 weights + grads + AdamW states are 122 GB: ours trains bf16
+  weights there (``model.dtype=bfloat16``) and the ``trl_*_fp32`` runs are refused.
+
+The report prints, besides the table (s/step, generation s, update s, generated tokens per second of
+generation and per second of step, peak GiB, accuracy), each ours* configuration's speed against the
+faster of ``trl_vllm_bf16`` / ``trl_vllm_fp32`` (their mean s/step over ours' mean s/step, seeds
+averaged): the issue's targets are >= 2x at ``smollm2`` and >= 1.5x at ``qwen2.5-1.5b``, with ``ours``,
+``ours_vllm`` or ``ours_1off`` (whichever is faster, as long as its accuracy holds at ``smollm2``).
 
 Wall clock per step is measured around the whole step (``Trainer.step`` + logging; TRL: callback from
 ``on_step_begin`` to ``on_step_end``), with ``torch.cuda.synchronize()``. Each run writes
@@ -50,6 +76,20 @@ after ``gc.freeze()``. The slow updates' cause was elsewhere: the probe's per-ph
 7-8x longer in the forward and the backward of those steps, which were the steps whose padded length
 was new — cuDNN attention's per-shape plans (``chatgym.trainer.models.cuda.without_cudnn_attention``).
 
+The next GPU lease, the two targets, two seeds each (one command per seed to stay within 10 minutes a
+command — not measured; the report reads every JSON of the folder; ``--steps 10`` at the Qwen shape:
+s/step is a median over steps 2..10, and there is no accuracy curve to follow):
+
+    python benchmarks/vs_trl_gpu.py --shape smollm2 --out /tmp/vs_trl_smollm2 --runs ours:0 ours_vllm:0 ours_1off:0 trl_vllm_bf16:0 trl_vllm_fp32:0
+    python benchmarks/vs_trl_gpu.py --shape smollm2 --out /tmp/vs_trl_smollm2 --runs ours:1 ours_vllm:1 ours_1off:1 trl_vllm_bf16:1 trl_vllm_fp32:1
+    python benchmarks/vs_trl_gpu.py --report /tmp/vs_trl_smollm2
+    python benchmarks/vs_trl_gpu.py --shape qwen2.5-1.5b --steps 10 --out /tmp/vs_trl_qwen1.5b --runs ours:0 ours_vllm:0 ours_1off:0 trl_vllm_bf16:0 trl_vllm_fp32:0
+    python benchmarks/vs_trl_gpu.py --shape qwen2.5-1.5b --steps 10 --out /tmp/vs_trl_qwen1.5b --runs ours:1 ours_vllm:1 ours_1off:1 trl_vllm_bf16:1 trl_vllm_fp32:1
+    python benchmarks/vs_trl_gpu.py --report /tmp/vs_trl_qwen1.5b
+    python benchmarks/vs_trl_gpu.py --shape qwen2.5-7b --steps 10 --out /tmp/vs_trl_qwen7b --runs ours:0 ours_vllm:0 ours_1off:0 trl_vllm_bf16:0   # no target: s/step and tokens/s
+
+Earlier ones:
+
     python benchmarks/vs_trl_gpu.py --runs ours:0 ours:1 trl_bf16:0 --out /tmp/vs_trl
     python benchmarks/vs_trl_gpu.py --runs ours:0 ours_packed:0 --no-gc-freeze --out /tmp/vs_trl_packed
     python benchmarks/vs_trl_gpu.py --report /tmp/vs_trl
@@ -68,6 +108,7 @@ import argparse
 import gc
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -75,41 +116,89 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hf_decode_gpu import QWEN_SHAPES, SHAPES, shape_config  # the Qwen2.5 shape table, one copy
+
 PROMPTS, GROUP, NEW_TOKENS, LR = 8, 8, 128, 1e-5
 DEVICE = "cuda"  # a CPU smoke run of the script sets "cpu"
 EVAL_TASKS = 64
+# --shape: the model every run loads (set by main). smollm2: the packaged real weights, held-out
+# accuracy; a Qwen2.5 shape: the directory save_random_model wrote, no accuracy.
+MODEL = {"shape": "smollm2", "path": "smollm2"}
+# ours' overrides per shape. At 7B, fp32 weights + grads + AdamW states alone are 16 B x 7.6 B = 122 GB
+# of the H200's 141: both sides train bf16 weights there (ours model.dtype; TRL's *_bf16 runs only).
+SHAPE_OVERRIDES = {"smollm2": [], "qwen2.5-1.5b": [], "qwen2.5-7b": ["model.dtype=bfloat16"]}
+FP32_REFUSED = {"qwen2.5-7b"}
+# The ours* runs: the engine ("static" / "async" / "dynamic": the hf engine's decode, "vllm": the
+# in-process vLLM engine with TRL's 0.3 of the GPU), the pipeline, model.pack, the engine's quantization.
+OUR_RUNS: dict[str, dict[str, str]] = {
+    "ours": {"engine": "static"},
+    "ours_async": {"engine": "async"},
+    "ours_dynamic": {"engine": "dynamic"},
+    "ours_packed": {"engine": "static", "pack": "true"},
+    "ours_fp8": {"engine": "static", "quantization": "fp8"},
+    "ours_vllm": {"engine": "vllm"},
+    "ours_1off": {"engine": "static", "pipeline": "one_step_off"},
+}
+# The trl* runs: (fp32 master weights, TRL's colocated vLLM generating).
+TRL_RUNS = {
+    "trl_bf16": (False, False),
+    "trl_fp32": (True, False),
+    "trl_vllm_bf16": (False, True),
+    "trl_vllm_fp32": (True, True),
+}
+VLLM_SHARE = 0.3  # of the GPU's memory, for TRL's colocated vLLM and ours_vllm alike
 # ours' update settings (--pack, --pack-max-tokens, --checkpointing); the runs named ours_packed set pack.
 UPDATE = {"pack": "auto", "pack_max_tokens": None, "checkpointing": None}
 # ours' rollout correction (--correction, --mask-band), the same for every ours* run.
 CORRECTION = {"rollout_correction": "token_tis", "rollout_mask_band": (0.5, 2.0)}
 
 
+def engine_overrides(engine: str, quantization: str | None = None) -> list[str]:
+    """The ``engine.*`` overrides of an ours* run's ``engine`` (see :data:`OUR_RUNS`)."""
+    if engine == "vllm":
+        return ["engine.backend=vllm", "engine.dtype=bfloat16", f"engine.options={{gpu_memory_utilization: {VLLM_SHARE}}}"]
+    out = [
+        "engine.backend=hf",
+        f"engine.dtype={'bfloat16' if DEVICE == 'cuda' else 'float32'}",
+        # "async": the static decode with async_scheduling (the next step queued before the read-back).
+        "engine.options={decode: static, async_scheduling: true}"
+        if engine == "async"
+        else f"engine.options={{decode: {engine}}}",
+    ]
+    if quantization:  # after engine.options=..., which replaces the whole mapping
+        out.append(f"engine.options.quantization={quantization}")
+    return out
+
+
 def our_config(
-    seed: int, steps: int, out: Path, decode: str, pack: str | None = None, quantization: str | None = None
+    seed: int,
+    steps: int,
+    out: Path,
+    engine: str,
+    pack: str | None = None,
+    quantization: str | None = None,
+    pipeline: str = "sync",
 ):
+    """ours' run config at the shape of :data:`MODEL`; ``engine``: see :data:`OUR_RUNS`."""
     from chatgym.trainer.config.run import load_config
 
     checkpointing = UPDATE["checkpointing"] if UPDATE["checkpointing"] is not None else DEVICE == "cuda"
     extra = [f"model.pack={pack or UPDATE['pack']}", f"algo.rollout_correction={CORRECTION['rollout_correction']}",
              "algo.rollout_mask_band=[{},{}]".format(*CORRECTION["rollout_mask_band"])]
-    engine_extra = [f"engine.options.quantization={quantization}"] if quantization else []
     if UPDATE["pack_max_tokens"]:
         extra.append(f"model.pack_max_tokens={UPDATE['pack_max_tokens']}")
     return load_config(
         None,
         [
-            "model.path=smollm2",
+            f"model.path={MODEL['path']}",
+            *SHAPE_OVERRIDES[MODEL["shape"]],
             f"model.gradient_checkpointing={str(checkpointing).lower()}",
             *extra,
-            "engine.backend=hf",
-            f"engine.dtype={'bfloat16' if DEVICE == 'cuda' else 'float32'}",
-            # "async": the static decode with async_scheduling (the next step queued before the read-back).
-            "engine.options={decode: static, async_scheduling: true}"
-            if decode == "async"
-            else f"engine.options={{decode: {decode}}}",
-            *engine_extra,  # after engine.options=..., which replaces the whole mapping
+            *engine_overrides(engine, quantization),
+            f"trainer.pipeline={pipeline}",
             "env.id=Math-v0",
-            f"env.eval_tasks={EVAL_TASKS}",
+            f"env.eval_tasks={EVAL_TASKS if has_accuracy() else 0}",
             f"rollout.max_tokens={NEW_TOKENS}",
             f"rollout.max_response_tokens={NEW_TOKENS}",
             "rollout.max_model_len=512",
@@ -126,6 +215,53 @@ def our_config(
             f"optim.lr={LR}",
         ],
     )
+
+
+def has_accuracy() -> bool:
+    """Held-out accuracy is measured at the real-weights shape only (random weights score nothing)."""
+    return MODEL["shape"] == "smollm2"
+
+
+def shape_model_config(shape: str, tokenizer: Any) -> Any:
+    """The transformers config of a Qwen2.5 shape (``hf_decode_gpu.shape_config``: the published
+    widths, depth, heads and vocabulary) with ``tokenizer``'s bos / eos / pad ids, so generation ends
+    on the token the chat template ends turns with.
+
+    Raises:
+        KeyError: ``shape`` is not a Qwen2.5 shape of ``hf_decode_gpu.QWEN_SHAPES``.
+    """
+    if shape not in QWEN_SHAPES:
+        raise KeyError(f"--shape {shape!r}: no random-weights model (choose one of {sorted(QWEN_SHAPES)})")
+    config = shape_config(shape)
+    config.bos_token_id, config.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
+    config.pad_token_id = tokenizer.pad_token_id
+    return config
+
+
+def save_random_model(shape: str, folder: Path, device: str = "cuda", **overrides: Any) -> Path:
+    """``shape``'s model with random weights (seed 0, bf16) and the packaged SmolLM2 tokenizer, saved
+    in ``folder``: the one checkpoint all runs of the shape load (ours' learner and engine, TRL's model
+    and its vLLM), so every run starts from the same weights. SmolLM2's tokenizer has 49,152 ids, the
+    Qwen vocabulary 151,936 / 152,064: the embedding and LM head keep Qwen's size (their cost is part
+    of the shape), and a sampled id past the tokenizer decodes to no text (``tokenizers`` skips it).
+    ``overrides``: config fields to change (``random_model``'s; tests shrink the model with them).
+
+    Returns:
+        ``folder`` (``config.json``, ``model.safetensors``, the tokenizer files).
+    """
+    import torch
+    from transformers import AutoTokenizer
+
+    from chatgym.trainer.models.packaged import load_model_path
+    from chatgym.trainer.models.random_init import random_model
+
+    tokenizer = AutoTokenizer.from_pretrained(load_model_path("smollm2"))
+    config = shape_model_config(shape, tokenizer)
+    with torch.device(device):  # initialised where it runs: a 7B random init on the CPU takes minutes
+        model = random_model(config, dtype="bfloat16", device=device, **overrides)
+    model.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+    return Path(folder)
 
 
 ALLOC_KEYS = ("num_device_alloc", "num_device_free", "num_alloc_retries")
@@ -280,15 +416,47 @@ class UpdateProbe:
             gc.callbacks.remove(self._on_gc)
 
 
+class OneStepOff:
+    """ours_1off's steps: the trainer's ``one_step_off`` driver (``Pipeline.run``) advanced one step
+    per call, as ``chatgym train`` runs it: step k+1's rollout runs while step k's update does (the
+    update in a worker thread), and step k's weights reach the engine before step k+2's rollout."""
+
+    def __init__(self, trainer: Any, steps: int):
+        self.trainer = trainer
+        self.results = trainer.pipeline.run(0, steps)
+
+    def __call__(self, step: int) -> dict[str, float]:
+        """Step ``step``'s log row (``Trainer.step_metrics``); steps come in order."""
+        return self.trainer.step_metrics(self.trainer.loop.run_until_complete(anext(self.results)))
+
+    def finish(self) -> None:
+        """After the last step: the driver sends the last update's weights to the engine and ends."""
+
+        async def rest() -> list:
+            return [r async for r in self.results]
+
+        self.trainer.loop.run_until_complete(rest())
+
+    def close(self) -> None:
+        self.trainer.loop.run_until_complete(self.results.aclose())
+
+
 def run_ours(
     seed: int,
     steps: int,
     eval_every: int,
-    decode: str,
+    engine: str,
     pack: str | None = None,
     options: dict | None = None,
     quantization: str | None = None,
+    pipeline: str = "sync",
 ) -> dict:
+    """One ours* run (``engine``, ``pack``, ``quantization``, ``pipeline``: see :data:`OUR_RUNS`):
+    ``steps`` timed steps, held-out accuracy before, every ``eval_every`` steps and after (None at a
+    random-weights shape). With ``one_step_off`` the next rollout keeps running during an evaluation
+    (as in ``chatgym train``), whose seconds are taken out of the wall clock: the step after one is
+    marked ``after_eval`` and left out of the medians. Its evaluations during training see the weights
+    one update behind, as ``chatgym train``'s do; the last one follows the final weight sync."""
     import torch
 
     from chatgym.trainer.train import Trainer, frozen_gc
@@ -299,7 +467,7 @@ def run_ours(
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    trainer = Trainer(our_config(seed, steps, out, decode, pack, quantization))
+    trainer = Trainer(our_config(seed, steps, out, engine, pack, quantization, pipeline))
     if options.get("learner_cudnn"):  # cuDNN attention allowed in the update (its per-shape plans)
         import contextlib
 
@@ -308,14 +476,20 @@ def run_ours(
         role.without_cudnn_attention = lambda device: contextlib.nullcontext()
     setup_s = time.perf_counter() - t0
     probe = UpdateProbe(trainer)
+    overlapped = OneStepOff(trainer, steps) if pipeline == "one_step_off" else None
+    run_step = overlapped or trainer.step
+
+    def accuracy() -> float | None:
+        return trainer.evaluate().get("eval/accuracy")  # {} with env.eval_tasks=0
+
     try:
-        curve = [(0.0, trainer.evaluate()["eval/accuracy"])]
+        curve = [(0.0, accuracy())]
         with frozen_gc(not options.get("no_gc_freeze")):  # as Trainer.train runs its steps
             wall, rows = 0.0, []
             for step in range(steps):
                 probe.start_step()
                 t = time.perf_counter()
-                metrics = trainer.step(step)
+                metrics = run_step(step)
                 t_log = time.perf_counter()
                 trainer.metrics.log(step + 1, metrics)
                 if not options.get("no_plot"):
@@ -337,21 +511,29 @@ def run_ours(
                         "reward": metrics["reward/mean"],
                         "mismatch": {k.rsplit("/", 1)[1]: v for k, v in metrics.items() if k.startswith("rollout/mismatch/")},
                         "sync_s": metrics.get("timing/sync_s", 0.0),
+                        # weight versions the batch lags the learner (one_step_off: 1 from step 2 on)
+                        "staleness": metrics.get("staleness/max", 0.0),
                         "probe": record,
                     }
                 )
+                if overlapped is not None and step > 0 and step % eval_every == 0:
+                    rows[-1]["after_eval"] = True
                 brief = {k: v for k, v in rows[-1].items() if k != "probe"}
                 forwards = record.get("forwards", [])
                 print(
-                    f"ours {decode} seed {seed} step {step + 1}: {brief} | tokens {record.get('tokens')} "
+                    f"ours {engine} {pipeline} seed {seed} step {step + 1}: {brief} | tokens {record.get('tokens')} "
                     f"shape {record.get('batch_shape')} forwards {len(forwards)} alloc {record.get('update_alloc')} "
                     f"gc {record['gc_s']:.3f} s plot {record.get('plot_running_at_update_start')}",
                     flush=True,
                 )
                 if (step + 1) % eval_every == 0 or step + 1 == steps:
-                    curve.append((wall, trainer.evaluate()["eval/accuracy"]))
+                    if overlapped is not None and step + 1 == steps:
+                        overlapped.finish()
+                    curve.append((wall, accuracy()))
         trainer.metrics.wait_plotted()
     finally:
+        if overlapped is not None:
+            overlapped.close()
         probe.close()
         trainer.close()
     peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan")
@@ -359,9 +541,10 @@ def run_ours(
 
 
 def run_trl(seed: int, steps: int, eval_every: int, fp32: bool, evaluator, vllm: bool = False) -> dict:
-    """One TRL GRPOTrainer run; ``vllm``: generation by TRL's colocated vLLM (``use_vllm=True,
-    vllm_mode="colocate"``, ``vllm_gpu_memory_utilization=0.3``, TRL's defaults otherwise, including its
-    importance-sampling correction), timed around ``vllm_generation.generate``."""
+    """One TRL GRPOTrainer run of the model of :data:`MODEL`; ``vllm``: generation by TRL's colocated
+    vLLM (``use_vllm=True, vllm_mode="colocate"``, ``vllm_gpu_memory_utilization=0.3``, TRL's defaults
+    otherwise, including its importance-sampling correction), timed around
+    ``vllm_generation.generate``. ``evaluator``: the model's held-out accuracy (None: not measured)."""
     import gymnasium as gym
     import torch
     from datasets import Dataset
@@ -390,8 +573,9 @@ def run_trl(seed: int, steps: int, eval_every: int, fp32: bool, evaluator, vllm:
         return scores
 
     torch.cuda.reset_peak_memory_stats()
-    tokenizer = get_tokenizer("smollm2")
-    model = load_model("smollm2", dtype="float32" if fp32 else "bfloat16", device=DEVICE)
+    tokenizer = get_tokenizer(MODEL["path"])
+    # Loaded from its directory: its name_or_path is what TRL's colocated vLLM loads.
+    model = load_model(MODEL["path"], dtype="float32" if fp32 else "bfloat16", device=DEVICE)
     gen: list[tuple[float, int]] = []
 
     def timed(generate, count):
@@ -412,7 +596,10 @@ def run_trl(seed: int, steps: int, eval_every: int, fp32: bool, evaluator, vllm:
         return int((out[:, prompt_len:] != tokenizer.pad_token_id).sum())
 
     model.generate = timed(model.generate, new_tokens)
-    curve = [(0.0, evaluator(model))]
+    def accuracy(model) -> float | None:
+        return None if evaluator is None else evaluator(model)
+
+    curve = [(0.0, accuracy(model))]
     wall = [0.0]
     steps_out: list[dict] = []
 
@@ -436,7 +623,7 @@ def run_trl(seed: int, steps: int, eval_every: int, fp32: bool, evaluator, vllm:
                 flush=True,
             )
             if state.global_step % eval_every == 0 or state.global_step == steps:
-                curve.append((wall[0], evaluator(model)))
+                curve.append((wall[0], accuracy(model)))
 
     args = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="vs-trl-trl-"),
@@ -463,7 +650,7 @@ def run_trl(seed: int, steps: int, eval_every: int, fp32: bool, evaluator, vllm:
         bf16=DEVICE == "cuda",
         use_cpu=DEVICE == "cpu",
         gradient_checkpointing=fp32,
-        **({"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.3} if vllm else {}),
+        **({"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": VLLM_SHARE} if vllm else {}),
     )
     trainer = GRPOTrainer(
         model=model,
@@ -513,7 +700,11 @@ def make_evaluator():
 
 
 def summarize(name: str, result: dict) -> dict:
-    later = result["steps"][1:] or result["steps"]
+    """One run's figures: medians over its steps after the first (and, one_step_off, not the steps
+    right after an evaluation) of s/step, generation s, update s, generated tokens per second of
+    generation (``gen_tok_s``) and of the step (``step_tok_s``); peak memory; held-out accuracy (None
+    where not measured); the run's ``shape`` (``smollm2`` for JSONs written before ``--shape``)."""
+    later = [r for r in result["steps"][1:] if not r.get("after_eval")] or result["steps"]
     med = {k: statistics.median(r[k] for r in later) for k in ("wall_s", "gen_s", "update_s")}
     tps = statistics.median(r["gen_tokens"] / r["gen_s"] for r in later if r["gen_s"] > 0)
     curve = result["curve"]
@@ -524,12 +715,14 @@ def summarize(name: str, result: dict) -> dict:
     }
     return {
         "run": name,
+        "shape": result.get("shape", "smollm2"),
         "mismatch": mismatch,
         "sync_s": statistics.median(r.get("sync_s", 0.0) for r in later),
         "s_per_step": med["wall_s"],
         "gen_s": med["gen_s"],
         "update_s": med["update_s"],
         "gen_tok_s": tps,
+        "step_tok_s": statistics.median(r["gen_tokens"] / r["wall_s"] for r in later),
         "peak_gib": result["peak_gib"],
         "acc_before": curve[0][1],
         "acc_after": curve[-1][1],
@@ -538,8 +731,12 @@ def summarize(name: str, result: dict) -> dict:
     }
 
 
-def accuracy_at(curve: list, wall: float) -> float:
+def accuracy_at(curve: list, wall: float) -> float | None:
     return [acc for t, acc in curve if t <= wall + 1e-9][-1]
+
+
+def fmt_acc(value: float | None, width: int) -> str:
+    return " " * width if value is None else f"{value:{width}.4f}"
 
 
 def slow_updates(folder: Path, top: int = 3) -> None:
@@ -581,6 +778,8 @@ def mismatch_table(rows: list[dict], groups: dict[str, list[dict]], equal: float
             f"{r['run']:16s} {m.get('mean_abs', float('nan')):9.5f} {m.get('max_abs', float('nan')):8.4f} "
             f"{m.get('k3_kl', float('nan')):9.6f} {m.get('clip_frac', float('nan')):9.5f} {r['sync_s']:7.3f}"
         )
+    if all(r["acc_after"] is None for r in rows):
+        return
     print(f"\nheld-out accuracy over seeds (after training; @ {equal:.0f} s of training):")
     for name, rs in groups.items():
         after = [r["acc_after"] for r in rs]
@@ -588,35 +787,56 @@ def mismatch_table(rows: list[dict], groups: dict[str, list[dict]], equal: float
         print(f"{name:16s} after {min(after):.4f} .. {max(after):.4f}   @ equal wall clock {min(at):.4f} .. {max(at):.4f}")
 
 
-def report(folder: Path) -> None:
-    rows = [summarize(p.stem, json.loads(p.read_text())) for p in sorted(folder.glob("*.json"))]
-    if not rows:
-        raise SystemExit(f"no results in {folder}")
-    equal = min(r["wall_total_s"] for r in rows)
+def speedups(groups: dict[str, list[dict]]) -> tuple[str, dict[str, float]] | None:
+    """The targets' ratio: the faster TRL+vLLM configuration (``trl_vllm_bf16`` / ``trl_vllm_fp32``,
+    the lower mean s/step over its seeds) and, per ours* configuration, that s/step over its own mean
+    s/step (> 1: ours is faster; the targets are >= 2 at smollm2, >= 1.5 at qwen2.5-1.5b). None: no
+    TRL+vLLM run in ``groups`` (configuration -> its runs' :func:`summarize` rows)."""
+
+    def mean_step(name: str) -> float:
+        return statistics.mean(r["s_per_step"] for r in groups[name])
+
+    theirs = [name for name in groups if name.startswith("trl_vllm")]
+    if not theirs:
+        return None
+    anchor = min(theirs, key=mean_step)
+    return anchor, {name: mean_step(anchor) / mean_step(name) for name in groups if name.startswith("ours")}
+
+
+def run_table(rows: list[dict], equal: float) -> None:
     print(
-        f"{'run':16s} {'s/step':>7s} {'gen s':>6s} {'upd s':>6s} {'gen tok/s':>9s} {'peak GiB':>8s} "
-        f"{'acc before':>10s} {'acc after':>9s} {'acc @' + format(equal, '.0f') + ' s':>10s}"
+        f"{'run':18s} {'s/step':>7s} {'gen s':>6s} {'upd s':>6s} {'gen tok/s':>9s} {'step tok/s':>10s} "
+        f"{'peak GiB':>8s} {'acc before':>10s} {'acc after':>9s} {'acc @' + format(equal, '.0f') + ' s':>10s}"
     )
     for r in rows:
-        print(
-            f"{r['run']:16s} {r['s_per_step']:7.3f} {r['gen_s']:6.3f} {r['update_s']:6.3f} "
-            f"{r['gen_tok_s']:9,.0f} {r['peak_gib']:8.2f} {r['acc_before']:10.4f} {r['acc_after']:9.4f} "
-            f"{accuracy_at(r['curve'], equal):10.4f}"
+        line = (
+            f"{r['run']:18s} {r['s_per_step']:7.3f} {r['gen_s']:6.3f} {r['update_s']:6.3f} "
+            f"{r['gen_tok_s']:9,.0f} {r['step_tok_s']:10,.0f} {r['peak_gib']:8.2f} {fmt_acc(r['acc_before'], 10)} "
+            f"{fmt_acc(r['acc_after'], 9)} {fmt_acc(accuracy_at(r['curve'], equal), 10)}"
         )
-    groups: dict[str, list[dict]] = {}
-    for r in rows:
-        groups.setdefault(r["run"].rsplit("_", 1)[0], []).append(r)
+        print(line.rstrip())
+
+
+def seed_means(groups: dict[str, list[dict]], equal: float) -> None:
     print("\nmeans over seeds:")
     for name, rs in groups.items():
 
         def mean(key: str, rs: list[dict] = rs) -> float:
             return statistics.mean(r[key] for r in rs)
 
+        acc = ""
+        if rs[0]["acc_after"] is not None:
+            acc = (
+                f"  acc {mean('acc_before'):.4f} -> {mean('acc_after'):.4f}  "
+                f"acc @ {equal:.0f} s {statistics.mean(accuracy_at(r['curve'], equal) for r in rs):.4f}"
+            )
         print(
-            f"{name:16s} seeds {len(rs)}  s/step {mean('s_per_step'):.3f}  gen tok/s {mean('gen_tok_s'):,.0f}  "
-            f"acc {mean('acc_before'):.4f} -> {mean('acc_after'):.4f}  "
-            f"acc @ {equal:.0f} s {statistics.mean(accuracy_at(r['curve'], equal) for r in rs):.4f}"
+            f"{name:18s} seeds {len(rs)}  s/step {mean('s_per_step'):.3f}  gen tok/s {mean('gen_tok_s'):,.0f}  "
+            f"step tok/s {mean('step_tok_s'):,.0f}{acc}"
         )
+
+
+def pairwise(groups: dict[str, list[dict]]) -> None:
     for mine in [g for g in groups if g.startswith("ours")]:
         for name, rs in groups.items():
             if name.startswith("trl"):
@@ -627,8 +847,19 @@ def report(folder: Path) -> None:
                 print(
                     f"{mine} vs {name}: {theirs / ours:.2f}x faster per step, {g_ours / g_theirs:.2f}x generation tok/s"
                 )
-    mismatch_table(rows, groups, equal)
-    slow_updates(folder)
+    ratio = speedups(groups)
+    if ratio is not None:
+        anchor, by_run = ratio
+        anchor_s = statistics.mean(r["s_per_step"] for r in groups[anchor])
+        print(f"\nagainst the faster TRL+vLLM run, {anchor} ({anchor_s:.3f} s/step), its s/step / ours:")
+        for name, x in by_run.items():
+            print(f"{name:18s} {x:.2f}x")
+
+
+def plot(rows: list[dict], folder: Path, shape: str) -> None:
+    if all(r["acc_after"] is None for r in rows):
+        print(f"no held-out accuracy at shape {shape} (random weights): no accuracy_vs_wallclock.png")
+        return
     import matplotlib
 
     matplotlib.use("Agg")
@@ -647,9 +878,96 @@ def report(folder: Path) -> None:
     print(f"plot: {folder / 'accuracy_vs_wallclock.png'}")
 
 
-def main() -> None:
+def report(folder: Path) -> None:
+    """Print the table of every run's JSON in ``folder`` (one shape), the means over seeds, the
+    ratios to TRL (each TRL run; the faster TRL+vLLM one: :func:`speedups`), the mismatch table and
+    the slowest updates, and draw ``accuracy_vs_wallclock.png`` (where accuracy was measured).
+
+    Raises:
+        SystemExit: no JSON in ``folder``, or runs of more than one shape there.
+    """
+    rows = [summarize(p.stem, json.loads(p.read_text())) for p in sorted(folder.glob("*.json"))]
+    if not rows:
+        raise SystemExit(f"no results in {folder}")
+    shapes = sorted({r["shape"] for r in rows})
+    if len(shapes) > 1:
+        raise SystemExit(f"--report {folder}: runs of several shapes ({', '.join(shapes)}); one folder per shape")
+    equal = min(r["wall_total_s"] for r in rows)
+    print(f"chatgym vs TRL, shape {shapes[0]} ({folder})")
+    run_table(rows, equal)
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(r["run"].rsplit("_", 1)[0], []).append(r)
+    seed_means(groups, equal)
+    pairwise(groups)
+    mismatch_table(rows, groups, equal)
+    slow_updates(folder)
+    plot(rows, folder, shapes[0])
+
+
+def parse_run(spec: str) -> tuple[str, int]:
+    """One ``--runs`` entry, ``NAME:SEED`` -> (name, seed).
+
+    Raises:
+        SystemExit: not ``NAME:SEED`` with a whole-number seed, or a name of neither
+            :data:`OUR_RUNS` nor :data:`TRL_RUNS` (one line naming the entry).
+    """
+    name, sep, seed = spec.partition(":")
+    if not sep or not seed.isdigit():
+        raise SystemExit(f"--runs: {spec!r} is not NAME:SEED (e.g. ours:0)")
+    if name not in OUR_RUNS and name not in TRL_RUNS:
+        raise SystemExit(f"--runs: unknown run {name!r} in {spec!r}; choose from {', '.join([*OUR_RUNS, *TRL_RUNS])}")
+    return name, int(seed)
+
+
+def check_runs(runs: list[tuple[str, int]], shape: str) -> None:
+    """Refuse, before any run, what cannot run: fp32 TRL at a shape in :data:`FP32_REFUSED`, a
+    missing TRL or vLLM (the TRL runs come last, after minutes of ours)."""
+    import importlib.util
+
+    fp32 = sorted({name for name, _ in runs if name in TRL_RUNS and TRL_RUNS[name][0]})
+    if fp32 and shape in FP32_REFUSED:
+        raise SystemExit(f"--shape {shape}: {', '.join(fp32)} do not fit (fp32 weights + AdamW: 122 GB); run the *_bf16 ones")
+    if any(name in TRL_RUNS for name, _ in runs) and importlib.util.find_spec("trl") is None:
+        raise SystemExit("vs_trl_gpu.py: the trl_* runs need TRL: pip install trl==1.16.0 datasets")
+    vllm = sorted({name for name, _ in runs if name == "ours_vllm" or (name in TRL_RUNS and TRL_RUNS[name][1])})
+    if vllm and importlib.util.find_spec("vllm") is None:
+        raise SystemExit(f"vs_trl_gpu.py: {', '.join(vllm)} need vLLM on CUDA: pip install vllm")
+
+
+def check_out(out: Path, shape: str) -> None:
+    """Refuse an ``--out`` folder holding runs of another shape (the report takes one shape a folder)."""
+    other = sorted({json.loads(p.read_text()).get("shape", "smollm2") for p in out.glob("*.json")} - {shape})
+    if other:
+        raise SystemExit(f"--out {out}: holds runs of shape {', '.join(other)}, not {shape}; one folder per shape")
+
+
+def run_one(name: str, seed: int, args: argparse.Namespace, options: dict, evaluator: Any) -> dict:
+    if name in OUR_RUNS:
+        return run_ours(seed, args.steps, args.eval_every, options=options, **OUR_RUNS[name])
+    fp32, vllm = TRL_RUNS[name]
+    return run_trl(seed, args.steps, args.eval_every, fp32, evaluator, vllm)
+
+
+def run_all(runs: list[tuple[str, int]], args: argparse.Namespace, options: dict, out: Path) -> None:
+    """Every run in order, each written to ``out/<name>_<seed>.json`` as it ends."""
+    evaluator = None
+    for name, seed in runs:
+        if name in TRL_RUNS and evaluator is None and has_accuracy():
+            evaluator = make_evaluator()
+        result = run_one(name, seed, args, options, evaluator)
+        result["shape"] = MODEL["shape"]
+        (out / f"{name}_{seed}.json").write_text(json.dumps(result))
+        print(
+            json.dumps({k: v for k, v in summarize(f"{name}_{seed}", result).items() if k != "curve"}),
+            flush=True,
+        )
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", nargs="*", default=["ours:0", "ours:1", "trl_bf16:0", "trl_bf16:1"])
+    ap.add_argument("--runs", nargs="*", default=["ours:0", "ours:1", "trl_bf16:0", "trl_bf16:1"], help="NAME:SEED ...")
+    ap.add_argument("--shape", choices=SHAPES, default="smollm2", help="the model (module docstring)")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--out", default="vs_trl_results")
@@ -670,11 +988,13 @@ def main() -> None:
     ap.add_argument("--learner-cudnn", action="store_true", help="ours' update with cuDNN attention allowed")
     ap.add_argument("--correction", default="token_tis", help="ours' algo.rollout_correction (every ours* run)")
     ap.add_argument("--mask-band", type=float, nargs=2, default=(0.5, 2.0), help="ours' algo.rollout_mask_band")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     CORRECTION.update(rollout_correction=args.correction, rollout_mask_band=tuple(args.mask_band))
     if args.report:
         report(Path(args.report))
         return
+    runs = [parse_run(spec) for spec in args.runs]
+    check_runs(runs, args.shape)
     if args.expandable_segments:  # read when CUDA is first initialised: before importing torch
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     UPDATE.update(
@@ -689,44 +1009,24 @@ def main() -> None:
         "expandable_segments": args.expandable_segments,
         **UPDATE,
     }
-    import importlib.util
-
     import torch
 
     if not torch.cuda.is_available():
         sys.exit("vs_trl_gpu.py needs CUDA")
-    if any(spec.startswith("trl") for spec in args.runs) and importlib.util.find_spec("trl") is None:
-        # Checked before any run: the TRL runs come last, after minutes of ours.
-        sys.exit("vs_trl_gpu.py: the trl_* runs need TRL: pip install trl==1.16.0 datasets")
-    if any(spec.startswith("trl_vllm") for spec in args.runs) and importlib.util.find_spec("vllm") is None:
-        sys.exit("vs_trl_gpu.py: the trl_vllm_* runs need vLLM on CUDA: pip install vllm")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    evaluator = None
-    for spec in args.runs:
-        name, seed = spec.split(":")
-        if name.startswith("trl") and evaluator is None:
-            evaluator = make_evaluator()
-        if name == "ours":
-            result = run_ours(int(seed), args.steps, args.eval_every, "static", options=options)
-        elif name == "ours_packed":
-            result = run_ours(int(seed), args.steps, args.eval_every, "static", "true", options=options)
-        elif name == "ours_async":
-            result = run_ours(int(seed), args.steps, args.eval_every, "async", options=options)
-        elif name == "ours_fp8":
-            result = run_ours(int(seed), args.steps, args.eval_every, "static", options=options, quantization="fp8")
-        elif name == "ours_dynamic":
-            result = run_ours(int(seed), args.steps, args.eval_every, "dynamic", options=options)
-        elif name in ("trl_bf16", "trl_fp32", "trl_vllm_bf16", "trl_vllm_fp32"):
-            vllm = name.startswith("trl_vllm")
-            result = run_trl(int(seed), args.steps, args.eval_every, name.endswith("fp32"), evaluator, vllm)
-        else:
-            sys.exit(f"unknown run {name!r}")
-        (out / f"{name}_{seed}.json").write_text(json.dumps(result))
-        print(
-            json.dumps({k: v for k, v in summarize(f"{name}_{seed}", result).items() if k != "curve"}),
-            flush=True,
-        )
+    check_out(out, args.shape)
+    MODEL["shape"] = args.shape
+    workdir = None
+    if args.shape in QWEN_SHAPES:  # saved once: every run below loads the same random weights
+        workdir = Path(tempfile.mkdtemp(prefix=f"vs-trl-{args.shape}-"))
+        MODEL["path"] = str(save_random_model(args.shape, workdir, device=DEVICE))
+        torch.cuda.empty_cache()
+    try:
+        run_all(runs, args, options, out)
+    finally:
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
     report(out)
 
 

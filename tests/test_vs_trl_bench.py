@@ -1,0 +1,257 @@
+"""``benchmarks/vs_trl_gpu.py`` off the GPU: the model each ``--shape`` builds, the config of each ours*
+run, ``--runs`` parsing, the report's ratio to TRL+vLLM on hand-made results, and ``ours_1off`` for
+two steps on the CPU (a tiny model of the Qwen2.5 architecture; SmolLM2's real weights under ``-m slow``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    module = _load("vs_trl_gpu")
+    monkeypatch.setattr(module, "MODEL", {"shape": "smollm2", "path": "smollm2"})
+    return module
+
+
+# The published config.json values of Qwen/Qwen2.5-1.5B and Qwen/Qwen2.5-7B.
+PUBLISHED = {
+    "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+    "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                       num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(PUBLISHED))
+def test_shape_model_config_has_the_published_dims_and_the_tokenizers_ids(bench, shape):
+    tokenizer = SimpleNamespace(bos_token_id=1, eos_token_id=2, pad_token_id=2)  # SmolLM2's ids
+    config = bench.shape_model_config(shape, tokenizer)
+    assert config.model_type == "qwen2"
+    assert {k: getattr(config, k) for k in PUBLISHED[shape]} == PUBLISHED[shape]
+    assert (config.bos_token_id, config.eos_token_id, config.pad_token_id) == (1, 2, 2)
+
+
+def test_qwen_1_5b_widths_agree_with_distributed_gpu_shape_table():
+    from chatgym.trainer.config.run import load_config
+
+    overrides = load_config(None, _load("distributed_gpu").SHAPES["qwen2.5-1.5b"]).model.config_overrides
+    published = PUBLISHED["qwen2.5-1.5b"]
+    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads"):
+        assert overrides[key] == published[key], key
+
+
+def test_shape_model_config_refuses_the_real_weights_shape(bench):
+    with pytest.raises(KeyError, match="'smollm2': no random-weights model"):
+        bench.shape_model_config("smollm2", SimpleNamespace(bos_token_id=1, eos_token_id=2, pad_token_id=2))
+
+
+# Narrow layers (the depth and the vocabulary kept: a config checks its layer_types against the depth).
+TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2)
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen(tmp_path_factory):
+    """The qwen2.5-1.5b shape with narrow layers, saved as the benchmark saves it."""
+    bench = _load("vs_trl_gpu")
+    return bench.save_random_model("qwen2.5-1.5b", tmp_path_factory.mktemp("qwen"), device="cpu", **TINY)
+
+
+def test_save_random_model_writes_a_qwen2_with_smollm2s_tokenizer(tiny_qwen):
+    from transformers import AutoConfig
+
+    from chatgym.trainer.chat.tokenizer import get_tokenizer
+    from chatgym.trainer.models.packaged import load_model
+
+    config = AutoConfig.from_pretrained(tiny_qwen)
+    assert (config.model_type, config.vocab_size, config.hidden_size, config.eos_token_id) == ("qwen2", 151936, 64, 2)
+    assert len(get_tokenizer(tiny_qwen)) == 49152
+    a, b = load_model(tiny_qwen), load_model(tiny_qwen)  # what ours and TRL each load
+    assert a.config.name_or_path == str(tiny_qwen)
+    assert all((a.state_dict()[k] == v).all() for k, v in b.state_dict().items())
+
+
+def test_smollm2_shape_keeps_the_real_weights_config(bench):
+    cfg = bench.our_config(0, 30, Path("/tmp/x"), **bench.OUR_RUNS["ours"])
+    assert (cfg.model.path, cfg.model.dtype, cfg.env.eval_tasks) == ("smollm2", "float32", 64)
+    assert (cfg.engine.backend, cfg.engine.options, cfg.trainer.pipeline) == ("hf", {"decode": "static"}, "sync")
+
+
+@pytest.mark.parametrize(("shape", "dtype"), [("qwen2.5-1.5b", "float32"), ("qwen2.5-7b", "bfloat16")])
+def test_qwen_shapes_load_the_saved_model_without_evaluation(bench, shape, dtype):
+    bench.MODEL.update(shape=shape, path="/models/random")
+    cfg = bench.our_config(0, 30, Path("/tmp/x"), **bench.OUR_RUNS["ours"])
+    assert (cfg.model.path, cfg.model.random_init, cfg.model.dtype) == ("/models/random", False, dtype)
+    assert cfg.env.eval_tasks == 0
+
+
+def test_ours_vllm_and_ours_1off_configs(bench):
+    vllm = bench.our_config(0, 30, Path("/tmp/x"), **bench.OUR_RUNS["ours_vllm"])
+    assert (vllm.engine.backend, vllm.engine.dtype) == ("vllm", "bfloat16")
+    assert vllm.engine.options == {"gpu_memory_utilization": 0.3}
+    assert vllm.trainer.pipeline == "sync"
+    off = bench.our_config(0, 30, Path("/tmp/x"), **bench.OUR_RUNS["ours_1off"])
+    assert (off.trainer.pipeline, off.engine.backend, off.engine.options) == ("one_step_off", "hf", {"decode": "static"})
+
+
+@pytest.mark.parametrize(
+    ("spec", "parsed"), [("ours_vllm:1", ("ours_vllm", 1)), ("ours_1off:0", ("ours_1off", 0)),
+                         ("trl_vllm_fp32:12", ("trl_vllm_fp32", 12))]
+)
+def test_parse_run(bench, spec, parsed):
+    assert bench.parse_run(spec) == parsed
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("ours_1off", "--runs: 'ours_1off' is not NAME:SEED"),
+        ("ours_vllm:x", "--runs: 'ours_vllm:x' is not NAME:SEED"),
+        ("ours_2off:0", "--runs: unknown run 'ours_2off' in 'ours_2off:0'; choose from ours, "),
+    ],
+)
+def test_parse_run_refuses(bench, spec, message):
+    with pytest.raises(SystemExit) as err:
+        bench.parse_run(spec)
+    assert str(err.value).startswith(message)
+
+
+def test_fp32_trl_refused_at_7b(bench):
+    with pytest.raises(SystemExit, match=r"--shape qwen2.5-7b: trl_fp32, trl_vllm_fp32 do not fit"):
+        bench.check_runs([("trl_vllm_fp32", 0), ("ours", 0), ("trl_fp32", 1)], "qwen2.5-7b")
+
+
+def _result(walls: list[float], shape: str, after_eval: int | None = None) -> dict:
+    """A run's JSON: the first step a warm-up of 9 s, 8,192 tokens generated in 0.5 s every step."""
+    steps = [{"wall_s": w, "gen_s": 0.5, "update_s": w - 0.5, "gen_tokens": 8192} for w in [9.0, *walls]]
+    if after_eval is not None:
+        steps[after_eval]["after_eval"] = True
+    return {"steps": steps, "curve": [(0.0, None), (sum(walls) + 9.0, None)], "peak_gib": 10.0, "shape": shape}
+
+
+def _write(folder: Path, runs: dict[str, dict]) -> None:
+    for name, result in runs.items():
+        (folder / f"{name}.json").write_text(json.dumps(result))
+
+
+def test_report_ratio_to_the_faster_trl_vllm_run(bench, tmp_path, capsys):
+    shape = "qwen2.5-1.5b"
+    _write(
+        tmp_path,
+        {
+            "ours_0": _result([1.0, 1.2, 1.1], shape),  # median 1.1
+            "ours_1": _result([0.9, 0.9, 1.3], shape),  # median 0.9 -> mean 1.0
+            "ours_1off_0": _result([0.8, 0.1, 0.6], shape, after_eval=2),  # 0.1 left out: median 0.7
+            "trl_vllm_bf16_0": _result([2.0, 2.2, 2.1], shape),  # 2.1
+            "trl_vllm_bf16_1": _result([2.5, 2.5, 2.5], shape),  # 2.5 -> mean 2.3: the faster
+            "trl_vllm_fp32_0": _result([3.0, 3.0, 3.0], shape),
+            "trl_bf16_0": _result([1.5, 1.5, 1.5], shape),  # faster, but no vLLM: not the anchor
+        },
+    )
+    bench.report(tmp_path)
+    out = capsys.readouterr().out
+    assert out.startswith(f"chatgym vs TRL, shape qwen2.5-1.5b ({tmp_path})\n")
+    # 2.3 / 1.0 and 2.3 / 0.7
+    assert "against the faster TRL+vLLM run, trl_vllm_bf16 (2.300 s/step), its s/step / ours:" in out
+    assert "\nours               2.30x\nours_1off          3.29x\n" in out
+    assert "no held-out accuracy at shape qwen2.5-1.5b (random weights): no accuracy_vs_wallclock.png" in out
+    assert not (tmp_path / "accuracy_vs_wallclock.png").exists()
+    groups = {"ours": [bench.summarize("ours_0", json.loads((tmp_path / "ours_0.json").read_text()))]}
+    groups["trl_vllm_fp32"] = [bench.summarize("trl_vllm_fp32_0", _result([3.0, 3.0, 3.0], shape))]
+    anchor, ratios = bench.speedups(groups)
+    assert anchor == "trl_vllm_fp32" and ratios == {"ours": pytest.approx(3.0 / 1.1)}
+
+
+def test_summarize_tokens_per_second_of_generation_and_of_step(bench):
+    row = bench.summarize("ours_0", _result([1.0, 1.2, 1.1], "qwen2.5-7b"))
+    assert row["gen_tok_s"] == pytest.approx(8192 / 0.5)
+    assert row["step_tok_s"] == pytest.approx(8192 / 1.1)  # the median step's
+    assert (row["shape"], row["acc_before"], row["acc_after"]) == ("qwen2.5-7b", None, None)
+
+
+def test_report_refuses_mixed_shapes_and_reads_old_jsons_as_smollm2(bench, tmp_path):
+    old = _result([1.0], "smollm2")
+    del old["shape"]
+    _write(tmp_path, {"ours_0": old, "ours_1": _result([1.0], "qwen2.5-7b")})
+    with pytest.raises(SystemExit, match=r"runs of several shapes \(qwen2.5-7b, smollm2\); one folder per shape"):
+        bench.report(tmp_path)
+
+
+def test_report_at_smollm2_prints_accuracy_and_draws_the_plot(bench, tmp_path, capsys):
+    run = _result([1.0, 1.0, 1.0], "smollm2")
+    run["curve"] = [(0.0, 0.25), (2.0, 0.5), (12.0, 0.75)]
+    _write(tmp_path, {"ours_0": run})
+    bench.report(tmp_path)
+    out = capsys.readouterr().out.splitlines()
+    # s/step, gen s, upd s, gen tok/s, step tok/s, peak, acc before / after / at the shortest run's 12 s
+    assert out[2].split() == ["ours_0", "1.000", "0.500", "0.500", "16,384", "8,192", "10.00", "0.2500", "0.7500", "0.7500"]
+    assert (tmp_path / "accuracy_vs_wallclock.png").stat().st_size > 0
+
+
+def test_main_checks_runs_before_anything_runs(bench):
+    with pytest.raises(SystemExit, match="--runs: 'ours_1off' is not NAME:SEED"):
+        bench.main(["--runs", "ours_1off", "--shape", "qwen2.5-1.5b"])
+    with pytest.raises(SystemExit, match="do not fit"):
+        bench.main(["--runs", "ours_vllm:0", "trl_vllm_fp32:0", "--shape", "qwen2.5-7b"])
+
+
+def test_out_folder_of_another_shape_refused(bench, tmp_path):
+    _write(tmp_path, {"ours_0": _result([1.0], "qwen2.5-7b")})
+    bench.check_out(tmp_path, "qwen2.5-7b")  # the same shape: more runs of it
+    with pytest.raises(SystemExit, match=r"holds runs of shape qwen2.5-7b, not smollm2; one folder per shape"):
+        bench.check_out(tmp_path, "smollm2")
+
+
+def test_speedups_none_without_a_trl_vllm_run(bench):
+    row = bench.summarize("ours_0", _result([1.0], "smollm2"))
+    assert bench.speedups({"ours": [row], "trl_bf16": [row]}) is None
+
+
+def _one_step_off(bench, monkeypatch, path: str, shape: str) -> dict:
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    monkeypatch.setattr(bench, "PROMPTS", 2)
+    monkeypatch.setattr(bench, "GROUP", 2)
+    monkeypatch.setattr(bench, "NEW_TOKENS", 16)
+    monkeypatch.setattr(bench, "EVAL_TASKS", 2)
+    bench.MODEL.update(shape=shape, path=path)
+    return bench.run_ours(0, 2, 1, options={"no_plot": True}, **bench.OUR_RUNS["ours_1off"])
+
+
+def _check_one_step_off(result: dict) -> None:
+    steps = result["steps"]
+    # Step 2 trains on the rollout that ran during step 1's update: one weight version behind.
+    assert [s["staleness"] for s in steps] == [0.0, 1.0]
+    assert [s.get("after_eval", False) for s in steps] == [False, True]  # evaluated after step 1
+    walls = [s["wall_s"] for s in steps]
+    assert [t for t, _ in result["curve"]] == [0.0, walls[0], walls[0] + walls[1]]
+
+
+def test_ours_1off_two_steps_on_cpu_at_a_tiny_qwen_shape(bench, monkeypatch, tiny_qwen):
+    result = _one_step_off(bench, monkeypatch, str(tiny_qwen), "qwen2.5-1.5b")
+    _check_one_step_off(result)
+    assert [acc for _, acc in result["curve"]] == [None, None, None]  # random weights: not evaluated
+    # 2 prompts x 2 samples x 16 tokens: random weights end a reply on EOS with odds 1 / 151,936 a token
+    assert [s["gen_tokens"] for s in result["steps"]] == [pytest.approx(64), pytest.approx(64)]
+
+
+@pytest.mark.slow
+def test_ours_1off_two_steps_on_cpu_with_smollm2(bench, monkeypatch):
+    """~25 s on 2 cores (measured): SmolLM2's real weights, two held-out tasks evaluated."""
+    result = _one_step_off(bench, monkeypatch, "smollm2", "smollm2")
+    _check_one_step_off(result)
+    assert all(acc in (0.0, 0.5, 1.0) for _, acc in result["curve"])
