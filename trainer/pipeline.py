@@ -47,7 +47,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from chatgym.trainer.replay_buffer import GroupEntry, ReplayBuffer, entries_from_trajectories
+from chatgym.trainer.replay_buffer import ReplayBuffer, entries_from_trajectories, staleness_metrics
 from chatgym.trainer.rollout.source import RolloutRequest, RolloutSource
 from chatgym.trainer.rollout.types import Trajectory
 
@@ -124,30 +124,6 @@ class StepResult:
     metrics: dict[str, float] = field(default_factory=dict)
     rollout_s: float = 0.0
     groups: list[tuple[int, int]] = field(default_factory=list)
-
-
-def staleness_metrics(entries: Sequence[GroupEntry], version: int) -> dict[str, float]:
-    """The staleness distribution of a batch's groups against the learner ``version``.
-
-    ``staleness/mean|min|max`` over groups (a group's staleness: ``version`` minus its oldest token's
-    version), ``staleness/groups_<k>``: how many groups were k versions old, and
-    ``staleness/offpolicy_token_frac``: the share of generated tokens sampled by older weights.
-    """
-    if not entries:
-        return {}
-    ages = [e.staleness(version) for e in entries]
-    out: dict[str, float] = {
-        "staleness/mean": sum(ages) / len(ages),
-        "staleness/min": float(min(ages)),
-        "staleness/max": float(max(ages)),
-    }
-    for k in sorted(set(ages)):
-        out[f"staleness/groups_{k}"] = float(ages.count(k))
-    versions = [v for e in entries for t in e.trajectories or () for v in t.weight_versions if v >= 0]
-    out["staleness/offpolicy_token_frac"] = (
-        sum(v < version for v in versions) / len(versions) if versions else 0.0
-    )
-    return out
 
 
 class WeightSync:
