@@ -33,8 +33,13 @@ Every step logs the staleness distribution of what it trained on (``staleness/me
 ``/groups_<k>``: groups k versions old, ``/offpolicy_token_frac``) and the pipeline's counters.
 
 Weights reach the rollout side by one rule (:class:`WeightSync`): they are sent when the version the
-rollout side holds differs from the learner's, and on the first sync whatever the versions say (an
-engine starts on the weights it loaded from disk, which are not the learner's cast to its dtype).
+rollout side holds differs from the learner's, on the first sync whatever the versions say (an
+engine starts on the weights it loaded from disk, which are not the learner's cast to its dtype), and
+when the rollout side discarded them (``needs_weights``: vLLM's sleep level 2).
+
+Sleep mode (``sync`` only): a rollout side with ``sleep()`` / ``wake_up()`` (a local vLLM engine with
+``engine.options.sleep_level``) sleeps after the rollout, through the update, and wakes at the weight
+sync (:mod:`chatgym.trainer.engines.vllm_sleep`); ``timing/engine_sleep_s`` / ``engine_wake_s``.
 """
 
 from __future__ import annotations
@@ -129,7 +134,8 @@ class StepResult:
 class WeightSync:
     """Sends one learner's weights to one rollout side, by the one rule of every run: when the version
     the rollout side holds (``target.weight_version``) differs from ``learner.version``, and on the
-    first call whatever the versions say (an engine starts on the weights it loaded from disk).
+    first call whatever the versions say (an engine starts on the weights it loaded from disk), and
+    whenever the target says it discarded them (``target.needs_weights``: a level-2 sleep).
 
     Args:
         target: ``weight_version`` and ``set_weights(weights, version)`` (a
@@ -148,7 +154,8 @@ class WeightSync:
     def __call__(self) -> float:
         """Send when due (see the class docstring); returns the seconds it took (0.0: not due)."""
         self.details = {}
-        if self.sent and self.target.weight_version == self.learner.version:
+        discarded = getattr(self.target, "needs_weights", False)
+        if self.sent and self.target.weight_version == self.learner.version and not discarded:
             return 0.0
         t0 = time.perf_counter()
         self.target.set_weights(self.learner.export_weights(self.dtype), self.learner.version)
@@ -295,10 +302,16 @@ class Pipeline:
         version = self.learner.version
         entries = entries_from_trajectories(trajs, step, self.source.weight_version)
         metrics = staleness_metrics(entries, version)
+        # The engine idles through a sync step's update: a rollout side that sleeps frees its memory.
+        sleeps = sync and hasattr(self.source, "sleep")
+        if sleeps:
+            metrics.update(self.source.sleep())
         metrics.update(await self._train(trajs, in_thread))
         if sync:
             metrics["timing/sync_s"] = self.sync_weights()
             metrics.update(self.sync_metrics())
+        if sleeps:  # after the sync: the weights were woken and loaded there, the KV cache after them
+            metrics.update(self.source.wake_up())
         metrics["timing/step_s"] = time.perf_counter() - t0
         metrics["pipeline/wait_s"] = wait_s
         return StepResult(step, trajs, metrics, rollout_s, [e.key for e in entries])
