@@ -175,6 +175,19 @@ def test_cancelled_request_is_aborted_and_the_engine_goes_on(hf, vllm_engine):
     assert vllm_engine.call(lambda: vllm_engine.engine.has_unfinished_requests()) is False
 
 
+def test_sleep_mode_is_off_by_default_and_nothing_changes(hf, vllm_engine):
+    # sleep_level 0: vLLM was started without sleep mode (it has none on a CPU), so sleeping is
+    # refused before vLLM is called, waking has nothing to wake, and the engine generates as before.
+    prompt = prompt_ids(hf, "What is 2+2?")
+    assert vllm_engine.sleep_state.level == 0
+    assert vllm_engine.call(lambda: vllm_engine.engine.is_sleeping()) is False
+    with pytest.raises(RuntimeError, match=r"^sleep: sleep_level is 0, so vLLM was started without sleep mode$"):
+        vllm_engine.sleep()
+    vllm_engine.wake_up()
+    out = asyncio.run(vllm_engine.generate(prompt, SamplingParams(max_tokens=12, temperature=0)))
+    assert out.token_ids == [504, 2988, 314, 216, 36, 30, 2]  # the greedy reply of the test above
+
+
 @pytest.mark.parametrize("which", ["vllm", "vllm-server"])
 def test_update_weights_then_generate_follows_the_new_weights(hf, vllm_engine, server_engine, which):
     engine = vllm_engine if which == "vllm" else server_engine

@@ -4,7 +4,8 @@ weights in bf16 and with vLLM's online FP8 weights (``quantization="fp8"``).
 What a GPU user relies on: the sampled ids' logprobs are the policy's (checked against one full fp32
 forward pass of the same weights), stop strings end a completion on the completing token, a weight
 update changes what is sampled and drops the prefix cache, the engine stays inside its
-``gpu_memory_utilization``, and FP8 weight updates are re-quantized (an engine updated in place
+``gpu_memory_utilization``, sleep mode (``sleep_level``) gives the KV cache's memory back and wakes on
+the new weights, and FP8 weight updates are re-quantized (an engine updated in place
 samples exactly what a fresh FP8 engine of the new weights samples). The engines run eagerly
 (``enforce_eager``: a quick start; CUDA graphs change no value here) with prefix caching on.
 """
@@ -122,6 +123,17 @@ async def test_memory_stays_inside_gpu_memory_utilization(bf16):
     assert 0.05 < bf16.memory_taken <= 0.2 + 0.02
 
 
+async def check_samples_new_weights(engine, model, prompts, before, params, label):
+    """Sample ``prompts`` again after a weight update to ``model``: other ids than ``before``, and the
+    logprobs of ``model``'s forward (on the prompts cached before the update: stale cached keys/values,
+    or the old weights, would not match), within the bf16 bounds of the logprob test."""
+    _, after = await sample_all(engine, params)
+    assert [o.token_ids for o in after] != [o.token_ids for o in before]
+    mean, worst = mismatch(model, prompts, after)
+    print(f"{label}: mean |dlogprob| {mean:.4f}, max {worst:.4f}")
+    assert mean < 0.1 and worst < 1.0
+
+
 async def test_weight_update_changes_sampling_and_resets_the_prefix_cache(bf16, fp32):
     from chatgym.trainer.models.random_init import random_model
 
@@ -130,14 +142,61 @@ async def test_weight_update_changes_sampling_and_resets_the_prefix_cache(bf16, 
     other = random_model("smollm2", dtype="float32", device="cuda", seed=3)
     try:
         bf16.update_weights((n, t.to(torch.bfloat16)) for n, t in other.state_dict().items())
-        _, after = await sample_all(bf16, params)
-        assert [o.token_ids for o in after] != [o.token_ids for o in before]
-        # Logprobs of the new weights on the cached prompts: stale cached keys/values would not match.
-        mean, worst = mismatch(other, prompts, after)
-        print(f"after update: mean |dlogprob| {mean:.4f}, max {worst:.4f}")
-        assert mean < 0.1 and worst < 1.0
+        await check_samples_new_weights(bf16, other, prompts, before, params, "after update")
     finally:
         bf16.update_weights((n, t.to(torch.bfloat16)) for n, t in fp32.state_dict().items())
+
+
+def kv_cache_bytes(engine, cfg) -> int:
+    """Bytes of the KV cache vLLM allocated, from its block count and the model's shape (``cfg``, the HF
+    config): blocks x tokens per block x layers x (K, V) x KV heads x head dim x 2 (bf16)."""
+    cache = engine.engine.vllm_config.cache_config
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    return cache.num_gpu_blocks * cache.block_size * cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head_dim * 2
+
+
+def freed_by(fn) -> int:
+    """Bytes of device memory ``fn()`` gave back to the driver (``torch.cuda.mem_get_info``)."""
+    torch.cuda.synchronize()
+    before = torch.cuda.mem_get_info()[0]
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.mem_get_info()[0] - before
+
+
+async def test_sleep_frees_the_kv_cache_and_wakes_on_the_new_weights(fp32):
+    from chatgym.trainer.models.random_init import random_model
+    from chatgym.trainer.rollout.collector import Collector
+    from chatgym.trainer.rollout.source import LocalRollout
+
+    # One engine for both levels (vLLM takes the level per call; its cumem allocator is one per process).
+    engine = _engine(util=0.2, sleep_level=2)
+    rollout = LocalRollout(engine, Collector(engine, engine.tokenizer))
+    greedy = SamplingParams(max_tokens=24, temperature=0)
+    try:
+        prompts, before = await sample_all(engine, greedy)  # the prompts are now in the prefix cache
+        kv = kv_cache_bytes(engine, fp32.config)
+        # Level 1: the KV cache discarded, the weights to CPU memory and back, unchanged.
+        freed = freed_by(lambda: engine.sleep(level=1))
+        print(f"sleep level 1 freed {freed / 2**20:.0f} MiB; the KV cache is {kv / 2**20:.0f} MiB")
+        assert freed >= 0.9 * kv
+        engine.wake_up()
+        _, again = await sample_all(engine, greedy)
+        assert [o.token_ids for o in again] == [o.token_ids for o in before]
+        # Level 2 as a sync step runs it: sleep, then at the weight sync the weights woken, the new
+        # ones loaded, the KV cache woken (LocalRollout.set_weights / wake_up).
+        freed = freed_by(rollout.sleep)
+        print(f"sleep level 2 freed {freed / 2**20:.0f} MiB")
+        assert freed >= 0.9 * kv and engine.sleep_state.discarded
+        other = random_model("smollm2", dtype="float32", device="cuda", seed=3)
+        rollout.set_weights(((n, t.to(torch.bfloat16)) for n, t in other.state_dict().items()), version=1)
+        timings = rollout.wake_up()
+        print(f"level 2 wake: {timings}")
+        assert engine.sleep_state.asleep == frozenset() and not engine.sleep_state.discarded
+        await check_samples_new_weights(engine, other, prompts, before, greedy, "after sleep + update")
+    finally:
+        rollout.close()
+        await engine.close()
 
 
 async def test_fp8_weights_sample_the_policy_and_updates_are_requantized(fp32, tmp_path):

@@ -33,8 +33,13 @@ Every step logs the staleness distribution of what it trained on (``staleness/me
 ``/groups_<k>``: groups k versions old, ``/offpolicy_token_frac``) and the pipeline's counters.
 
 Weights reach the rollout side by one rule (:class:`WeightSync`): they are sent when the version the
-rollout side holds differs from the learner's, and on the first sync whatever the versions say (an
-engine starts on the weights it loaded from disk, which are not the learner's cast to its dtype).
+rollout side holds differs from the learner's, on the first sync whatever the versions say (an
+engine starts on the weights it loaded from disk, which are not the learner's cast to its dtype), and
+when the rollout side discarded them (``needs_weights``: vLLM's sleep level 2).
+
+Sleep mode (``sync`` only): a rollout side with ``sleep()`` / ``wake_up()`` (a local vLLM engine with
+``engine.options.sleep_level``) sleeps after the rollout, through the update, and wakes at the weight
+sync (:mod:`chatgym.trainer.engines.vllm_sleep`); ``timing/engine_sleep_s`` / ``engine_wake_s``.
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from chatgym.trainer.replay_buffer import GroupEntry, ReplayBuffer, entries_from_trajectories
+from chatgym.trainer.replay_buffer import ReplayBuffer, entries_from_trajectories, staleness_metrics
 from chatgym.trainer.rollout.source import RolloutRequest, RolloutSource
 from chatgym.trainer.rollout.types import Trajectory
 
@@ -126,34 +131,11 @@ class StepResult:
     groups: list[tuple[int, int]] = field(default_factory=list)
 
 
-def staleness_metrics(entries: Sequence[GroupEntry], version: int) -> dict[str, float]:
-    """The staleness distribution of a batch's groups against the learner ``version``.
-
-    ``staleness/mean|min|max`` over groups (a group's staleness: ``version`` minus its oldest token's
-    version), ``staleness/groups_<k>``: how many groups were k versions old, and
-    ``staleness/offpolicy_token_frac``: the share of generated tokens sampled by older weights.
-    """
-    if not entries:
-        return {}
-    ages = [e.staleness(version) for e in entries]
-    out: dict[str, float] = {
-        "staleness/mean": sum(ages) / len(ages),
-        "staleness/min": float(min(ages)),
-        "staleness/max": float(max(ages)),
-    }
-    for k in sorted(set(ages)):
-        out[f"staleness/groups_{k}"] = float(ages.count(k))
-    versions = [v for e in entries for t in e.trajectories or () for v in t.weight_versions if v >= 0]
-    out["staleness/offpolicy_token_frac"] = (
-        sum(v < version for v in versions) / len(versions) if versions else 0.0
-    )
-    return out
-
-
 class WeightSync:
     """Sends one learner's weights to one rollout side, by the one rule of every run: when the version
     the rollout side holds (``target.weight_version``) differs from ``learner.version``, and on the
-    first call whatever the versions say (an engine starts on the weights it loaded from disk).
+    first call whatever the versions say (an engine starts on the weights it loaded from disk), and
+    whenever the target says it discarded them (``target.needs_weights``: a level-2 sleep).
 
     Args:
         target: ``weight_version`` and ``set_weights(weights, version)`` (a
@@ -172,7 +154,8 @@ class WeightSync:
     def __call__(self) -> float:
         """Send when due (see the class docstring); returns the seconds it took (0.0: not due)."""
         self.details = {}
-        if self.sent and self.target.weight_version == self.learner.version:
+        discarded = getattr(self.target, "needs_weights", False)
+        if self.sent and self.target.weight_version == self.learner.version and not discarded:
             return 0.0
         t0 = time.perf_counter()
         self.target.set_weights(self.learner.export_weights(self.dtype), self.learner.version)
@@ -319,10 +302,16 @@ class Pipeline:
         version = self.learner.version
         entries = entries_from_trajectories(trajs, step, self.source.weight_version)
         metrics = staleness_metrics(entries, version)
+        # The engine idles through a sync step's update: a rollout side that sleeps frees its memory.
+        sleeps = sync and hasattr(self.source, "sleep")
+        if sleeps:
+            metrics.update(self.source.sleep())
         metrics.update(await self._train(trajs, in_thread))
         if sync:
             metrics["timing/sync_s"] = self.sync_weights()
             metrics.update(self.sync_metrics())
+        if sleeps:  # after the sync: the weights were woken and loaded there, the KV cache after them
+            metrics.update(self.source.wake_up())
         metrics["timing/step_s"] = time.perf_counter() - t0
         metrics["pipeline/wait_s"] = wait_s
         return StepResult(step, trajs, metrics, rollout_s, [e.key for e in entries])

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -285,3 +285,27 @@ def entries_from_trajectories(
         GroupEntry(step, g, sorted(by_group.get(g, []), key=lambda t: t.sample_index), issued_version)
         for g in ids
     ]
+
+
+def staleness_metrics(entries: Sequence[GroupEntry], version: int) -> dict[str, float]:
+    """The staleness distribution of a batch's groups against the learner ``version``.
+
+    ``staleness/mean|min|max`` over groups (a group's staleness: ``version`` minus its oldest token's
+    version), ``staleness/groups_<k>``: how many groups were k versions old, and
+    ``staleness/offpolicy_token_frac``: the share of generated tokens sampled by older weights.
+    """
+    if not entries:
+        return {}
+    ages = [e.staleness(version) for e in entries]
+    out: dict[str, float] = {
+        "staleness/mean": sum(ages) / len(ages),
+        "staleness/min": float(min(ages)),
+        "staleness/max": float(max(ages)),
+    }
+    for k in sorted(set(ages)):
+        out[f"staleness/groups_{k}"] = float(ages.count(k))
+    versions = [v for e in entries for t in e.trajectories or () for v in t.weight_versions if v >= 0]
+    out["staleness/offpolicy_token_frac"] = (
+        sum(v < version for v in versions) / len(versions) if versions else 0.0
+    )
+    return out

@@ -154,8 +154,8 @@ class EngineConfig:
             keeps ``auto``, so ``config.yaml`` is the same on every machine) to ``bfloat16`` on GPUs and
             CPUs with native bf16 (AVX-512 BF16 / AMX), else ``float32`` (emulated bf16 was 5.7x slower
             than fp32 on an AVX2-only CPU) — see :func:`chatgym.trainer.engines.engine_dtype`.
-        options: backend-specific keyword arguments (e.g. ``enforce_eager``, ``kv_cache_gib``;
-            ``quantization: fp8`` for FP8 rollout weights on a GPU of compute capability >= 8.9, docs/gpu.md).
+        options: backend-specific keyword arguments (e.g. ``enforce_eager``, ``kv_cache_gib``; on a GPU, docs/gpu.md:
+            ``quantization: fp8`` for FP8 rollout weights, ``sleep_level: 1|2`` for vLLM's sleep mode in the update).
     """
 
     backend: str = "vllm"
@@ -328,7 +328,6 @@ class AlgoConfig:
         self._check_correction()
         _positive("algo", loss_norm_constant=self.loss_norm_constant, value_clip=self.value_clip)
 
-
     def _check_correction(self) -> None:
         if self.rollout_correction not in ROLLOUT_CORRECTIONS:
             raise ValueError(
@@ -470,7 +469,7 @@ class Config:
             raise ValueError(
                 f"model.value_head must be true with algo.advantage {self.algo.advantage!r} (a value model)"
             )
-        self._check_fp8()
+        self._check_engine()
         if self.trainer.stale == "importance_sampling" and self.algo.tis_cap is None:
             # Checked at load, not when the trainer starts: a refused run leaves no output dir behind.
             raise ValueError(
@@ -478,15 +477,16 @@ class Config:
                 "IS weight; set algo.tis_cap (e.g. 2.0)"
             )
 
-
-    def _check_fp8(self) -> None:
-        """FP8 engine weights need FP8 hardware: refused before any model loads
-        (:func:`~chatgym.trainer.models.cuda.fp8_config_refusal`)."""
+    def _check_engine(self) -> None:
+        """Engine options refused before any model loads: FP8 without FP8 hardware, sleep mode where it cannot work."""
+        from chatgym.trainer.engines.vllm_sleep import sleep_config_refusal
         from chatgym.trainer.models.cuda import fp8_config_refusal
 
         why = fp8_config_refusal(self.engine.options, self.trainer.backend, self.trainer.ray.worker_num_gpus)
         if why is not None:
             raise ValueError(f"engine.options.quantization: {self.engine.options['quantization']!r} is refused: {why}")
+        if (why := sleep_config_refusal(self)) is not None:
+            raise ValueError(why)
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:

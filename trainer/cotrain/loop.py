@@ -109,8 +109,8 @@ class CoTrainer(Trainer):
         reward_fn: the party's reward (None: :data:`REWARDS` of ``cotrain.party``).
 
     Raises:
-        ConfigError: ``trainer.backend``/``pipeline`` other than local/sync, or ``model.random_init``
-            without both engines given.
+        ConfigError: ``trainer.backend``/``pipeline`` other than local/sync, ``engine.options.sleep_level``,
+            or ``model.random_init`` without both engines given.
         FileExistsError: an ``output_dir`` that already holds checkpoints (as ``chatgym train``).
     """
 
@@ -133,6 +133,11 @@ class CoTrainer(Trainer):
         cfg = config
         if cfg.trainer.backend != "local" or cfg.trainer.pipeline != "sync":
             raise ConfigError("trainer: cotrain runs backend 'local' with pipeline 'sync' only")
+        if cfg.engine.options.get("sleep_level"):  # the party's engine takes the same options
+            raise ConfigError(
+                "engine.options.sleep_level: cotrain runs the party's vLLM engine in this process too, and "
+                "vLLM's sleep mode (one allocator per process) would put it to sleep with the policy's; leave it 0"
+            )
         if cfg.model.random_init and (engine is None or party_engine is None):
             raise ConfigError("model.random_init: cotrain needs both engines given (engine=, party_engine=)")
         self.co = co = cotrain

@@ -53,6 +53,7 @@ from chatgym.trainer.engines.common import (
     stop_ids,
 )
 from chatgym.trainer.engines.vllm_logs import quiet_vllm_logs
+from chatgym.trainer.engines.vllm_sleep import SleepState, fall_asleep, sleep_mode_unavailable, wake_vllm
 from chatgym.trainer.engines.vllm_vision import VLLMImages, check_prompt_echo, vllm_prompt
 
 _INSTALL_HINT = (
@@ -187,11 +188,15 @@ class VLLMEngine:
             :data:`CPU_DEFAULTS` (vLLM's own default sizes the cache from 92% of RAM and refuses to
             start when anything else holds a few GiB).
         seed: engine seed (requests without their own ``seed`` draw from it).
+        sleep_level: 0 (off), or vLLM's sleep mode for the learner's update (a GPU: CUDA; started with
+            ``enable_sleep_mode``): 1 discards the KV cache and moves the weights to CPU memory, 2
+            discards both (the next weight sync brings them back). See :meth:`sleep`, :mod:`.vllm_sleep`.
         **llm_kwargs: more ``vllm.EngineArgs`` (e.g. ``gpu_memory_utilization=0.3``,
             ``max_num_seqs=64``, ``enable_prefix_caching=True``).
 
     Raises:
         ModuleNotFoundError: vLLM is not installed (the message says what to install).
+        ValueError: a ``sleep_level`` other than 0/1/2, or 1/2 where vLLM has no sleep mode (CPU).
     """
 
     def __init__(
@@ -204,6 +209,7 @@ class VLLMEngine:
         enforce_eager: bool = False,
         kv_cache_gib: int | None = None,
         seed: int = 0,
+        sleep_level: int = 0,
         **llm_kwargs: Any,
     ) -> None:
         from chatgym.trainer.chat.tokenizer import get_tokenizer
@@ -211,6 +217,12 @@ class VLLMEngine:
         from chatgym.trainer.models.dtype import fast_dtype
         from chatgym.trainer.models.packaged import load_model_path
 
+        self.sleep_state = SleepState(sleep_level)  # before vLLM starts, as the FP8 check: one line
+        if sleep_level:
+            why = sleep_mode_unavailable()
+            if why is not None:
+                raise ValueError(f"sleep_level {sleep_level} is refused: {why}")
+            llm_kwargs = {**llm_kwargs, "enable_sleep_mode": True}
         if is_fp8(llm_kwargs.get("quantization")):  # before vLLM starts: one line, not its traceback
             why = fp8_unsupported()
             if why is not None:
@@ -290,7 +302,7 @@ class VLLMEngine:
 
         Raises:
             TypeError / ValueError: a malformed prompt, or images the prompt or model cannot place;
-            RuntimeError: the engine is closed, vLLM failed, or vLLM's prompt ids differ from ours.
+            RuntimeError: the engine is closed or asleep, vLLM failed, or vLLM's prompt ids differ from ours.
         """
         ids = check_prompt(prompt_ids, self.vocab_size, self.max_model_len)
         images = tuple(images)
@@ -299,6 +311,7 @@ class VLLMEngine:
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
         if self._closed:
             raise RuntimeError("VLLMEngine is closed")
+        self.sleep_state.check_awake()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Completion] = loop.create_future()
         request_id = f"chatgym-{next(self._ids)}"
@@ -322,7 +335,8 @@ class VLLMEngine:
         (``model.vision_model.*``, ``model.connector.*``), and vLLM's cached vision features are dropped.
 
         Raises:
-            TypeError: ``weights`` is neither form. RuntimeError: vLLM rejected the weights.
+            TypeError: ``weights`` is neither form. RuntimeError: vLLM rejected the weights, or they are
+                asleep (:meth:`wake_up` ``["weights"]`` first).
         """
         pairs = iter_weights(weights)
 
@@ -334,7 +348,23 @@ class VLLMEngine:
             if self.vision is not None:  # the features of an image seen before came from the old weights
                 self.engine.reset_encoder_cache()
 
-        self.call(reload)
+        self.call(lambda: self.sleep_state.load(reload))
+
+    def sleep(self, level: int | None = None) -> None:
+        """vLLM's ``sleep`` at ``level`` (None: ``sleep_level``), between rollouts (:mod:`.vllm_sleep`).
+
+        Raises:
+            RuntimeError: ``sleep_level`` 0, already asleep, requests in flight. ValueError: ``level`` not 1/2.
+        """
+        self.call(lambda: self.sleep_state.sleep(lambda lv: fall_asleep(self.llm, lv, len(self._pending)), level))
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """vLLM's ``wake_up`` of ``tags`` (``"weights"``, ``"kv_cache"``; None: all asleep).
+
+        Raises:
+            RuntimeError: a tag that is not asleep.
+        """
+        self.call(lambda: self.sleep_state.wake(tags, lambda t: wake_vllm(self.llm, t)))
 
     def call(self, fn: Callable[[], Any], timeout: float | None = None) -> Any:
         """Run ``fn()`` on the engine thread between two steps and return its result (blocking)."""

@@ -99,6 +99,10 @@ class LocalRollout:
         env_source: ``(env_id, env_kwargs) -> (env id or factory, env_kwargs)``: what the collector
             is given for a request's env (GenRM wraps each env: :func:`chatgym.trainer.rewards.genrm.env_source`);
             None: the id and kwargs as they are.
+
+    An engine with a sleep level (``engine.sleep_state``: the in-process vLLM engine's
+    ``sleep_level``) sleeps through the learner's update of a ``sync`` step (:meth:`sleep`,
+    :meth:`set_weights`, :meth:`wake_up`; :mod:`chatgym.trainer.engines.vllm_sleep`).
     """
 
     def __init__(
@@ -114,6 +118,7 @@ class LocalRollout:
         self.env_source = env_source
         self.weight_version = int(getattr(engine, "weight_version", 0))
         engine.weight_version = self.weight_version
+        self._wake_s = 0.0  # seconds spent waking the engine since it last slept
 
     async def collect(self, request: RolloutRequest) -> list[Trajectory]:
         collector = self.eval_collector if request.eval else self.collector
@@ -134,10 +139,64 @@ class LocalRollout:
         )
 
     def set_weights(self, weights: Iterable[tuple[str, Any]], version: int) -> float:
+        """Load the weights into the engine; returns the seconds it took. An engine asleep wakes around
+        the load in verl's and TRL's order: its weights, the load, then its KV cache (mapped only once
+        the learner's exported weights are loaded, so the two never take memory together)."""
         t0 = time.perf_counter()
+        state = self._sleep_state()
+        asleep = state.asleep if state is not None else frozenset()
+        if "weights" in asleep:
+            self._wake(["weights"])
         self.engine.update_weights(weights)
+        if "kv_cache" in asleep:
+            self._wake(["kv_cache"])
         self.weight_version = self.engine.weight_version = int(version)
         return time.perf_counter() - t0
+
+    def _sleep_state(self) -> Any:
+        """The engine's :class:`~chatgym.trainer.engines.vllm_sleep.SleepState` when it has a sleep
+        level, else None."""
+        state = getattr(self.engine, "sleep_state", None)
+        return state if state is not None and state.level else None
+
+    def sleep(self) -> dict[str, float]:
+        """Put an engine with a sleep level to sleep for the learner's update (the ``sync`` pipeline
+        calls it after the step's rollout): ``{"timing/engine_sleep_s": seconds}``, or ``{}`` for an
+        engine that does not sleep.
+
+        Raises:
+            RuntimeError: the engine refused (already asleep, requests in flight).
+        """
+        if self._sleep_state() is None:
+            return {}
+        t0 = time.perf_counter()
+        self.engine.sleep()
+        self._wake_s = 0.0
+        return {"timing/engine_sleep_s": time.perf_counter() - t0}
+
+    @property
+    def needs_weights(self) -> bool:
+        """Whether the engine discarded its weights (sleep level 2): the next weight sync sends them
+        even when the learner's version did not change (:class:`~chatgym.trainer.pipeline.WeightSync`)."""
+        state = self._sleep_state()
+        return state is not None and state.discarded
+
+    def wake_up(self) -> dict[str, float]:
+        """Wake whatever the weight sync left asleep (all of a level-1 engine when no weights were due);
+        ``{"timing/engine_wake_s": seconds}`` spent waking since :meth:`sleep` (the weights' wake inside
+        :meth:`set_weights` included), or ``{}`` for an engine that does not sleep."""
+        state = self._sleep_state()
+        if state is None:
+            return {}
+        if state.asleep:
+            self._wake(None)
+        wake_s, self._wake_s = self._wake_s, 0.0
+        return {"timing/engine_wake_s": wake_s}
+
+    def _wake(self, tags: list[str] | None) -> None:
+        t0 = time.perf_counter()
+        self.engine.wake_up(tags)
+        self._wake_s += time.perf_counter() - t0
 
     def close(self) -> None:
         self.collector.close()
