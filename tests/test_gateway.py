@@ -337,6 +337,39 @@ async def test_malformed_tool_call_becomes_readable_content(tok):
     assert traj.token_ids[traj.prompt_len:] == turns[0]
 
 
+async def test_tool_call_ids_never_repeat_within_a_session(tok):
+    # The failure: each turn's calls were numbered from call_0, so a session's second call shared the
+    # first's id. Now ids count the session's call attempts (malformed ones included), over its
+    # segments too, as an env's ids count its episode's (the same rule: ParsedAction.numbered_from).
+    broken = '<tool_call>\n{"name": "add", "arguments": {"a": 2,}\n</tool_call>'
+    texts = [broken + "\n" + tool_call_text("add", a=2, b=3),
+             tool_call_text("add", a=5, b=4) + "\n" + tool_call_text("add", a=1, b=1), "9"]
+    turns = scripted(tok, texts)
+    env = AddEnv()
+    env.reset(options={"task": TASKS[0]})
+    for text in texts:
+        env.step(text)
+    env_ids = [[c["id"] for c in m["tool_calls"]] for m in env.messages if m.get("tool_calls")]
+    assert env_ids == [["call_0", "call_1"], ["call_2", "call_3"]]
+    async with Served(gateway(tok, turns)) as s:
+        for _ in range(2):  # a replayed session gets the same ids
+            sid = s.gw.open_session()
+            c = s.client(sid)
+            messages = [dict(m) for m in env.initial_messages(TASKS[0])]
+            ids = []
+            for _ in range(2):
+                msg = (await c.chat.completions.create(model="m", messages=messages, tools=env.tools)).choices[0].message
+                ids.append([call.id for call in msg.tool_calls])
+                messages += [msg.model_dump(exclude_none=True), *add_tool_messages(msg)]
+            # A rewritten history opens a new segment; the script answers it with its first turn again.
+            msg = (await c.chat.completions.create(model="m", messages=messages[:2], tools=env.tools)).choices[0].message
+            ids.append([call.id for call in msg.tool_calls])
+            trajs = await s.gw.end_session(sid)
+            # The malformed attempt is no tool_call (it is content) but holds its place: ids as the env's.
+            assert ids == [["call_1"], ["call_2", "call_3"], ["call_5"]]
+            assert len(trajs) == 2
+
+
 async def test_context_budget_answers_length_and_truncates(tok):
     turns = scripted(tok, THREE_TURNS)
     env = AddEnv()

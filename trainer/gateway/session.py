@@ -132,6 +132,9 @@ class Session:
         sampling_seed: base of the session's per-turn sampling seeds, the collector's rule
             ``request_seed(sampling_seed, group_id, sample_index, turn)`` (None: no seed rule).
         sampled: turns sampled so far over all segments (the next turn's ``turn`` in the seed rule).
+        call_attempts: tool-call attempts parsed so far over all segments, malformed ones included:
+            the next turn's calls are numbered from it (``ParsedAction.numbered_from``), so a call id
+            never repeats within the session.
         segments: the session's segments in order; the last is the current one.
         opened, last_seen: ``time.monotonic()`` of the opening and of the last request.
         reward: the reported reward (None: none yet).
@@ -147,6 +150,7 @@ class Session:
     meta: Any = None
     sampling_seed: int | None = None
     sampled: int = 0
+    call_attempts: int = 0
     segments: list[Segment] = field(default_factory=list)
     opened: float = field(default_factory=time.monotonic)
     last_seen: float = field(default_factory=time.monotonic)
