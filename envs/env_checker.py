@@ -47,7 +47,7 @@ from typing import Any
 import gymnasium as gym
 
 from chatgym.envs.messages import is_pil_image, message_errors
-from chatgym.envs.parsers import parse_openai_message
+from chatgym.envs.parsers import calls_before, parse_openai_message
 
 __all__ = [
     "ChatEnvCheckError",
@@ -360,12 +360,14 @@ def check_success_decided(steps: list[Step]) -> None:
             )
 
 
-def _expected_call_ids(env: gym.Env, action: Any) -> list[str] | None:
+def _expected_call_ids(env: gym.Env, action: Any, history: list[Any]) -> list[str] | None:
     """The call ids the turn's tool messages must answer, in order: one per call attempt, malformed
-    ones included (``ParsedAction.all_calls``: the server's id, else ``call_<position>``); None where
-    the env has no parser the checker can ask about a text turn."""
+    ones included (``ParsedAction.all_calls``: the server's id, else ``call_<n>``, ``n`` counting the
+    attempts ``history`` recorded before the turn); None where the env has no parser the checker can
+    ask about a text turn."""
+    first = calls_before(history)
     if isinstance(action, dict) and action.get("tool_calls"):
-        return [c["id"] for c in parse_openai_message(action).all_calls()]
+        return [c["id"] for c in parse_openai_message(action).numbered_from(first).all_calls()]
     if isinstance(action, str):
         text = action
     elif isinstance(action, dict):
@@ -376,6 +378,8 @@ def _expected_call_ids(env: gym.Env, action: Any) -> list[str] | None:
     if not callable(getattr(parser, "parse", None)):
         return None
     parsed = parser.parse(text)
+    if hasattr(parsed, "numbered_from"):
+        parsed = parsed.numbered_from(first)
     return [c["id"] for c in parsed.all_calls()] if hasattr(parsed, "all_calls") else None
 
 
@@ -414,7 +418,7 @@ def _step(env: gym.Env, action: Any, where: str, raise_rule: str, raise_fix: str
     """One ``step`` with the per-step rules (``step``, ``messages``, ``new_messages``, ``success``,
     ``tool_messages``); an exception out of ``step`` fails ``raise_rule``."""
     before = _history(env)
-    expected = _expected_call_ids(env, action)
+    expected = _expected_call_ids(env, action, before)
     try:
         result = env.step(copy.deepcopy(action))
     except Exception as exc:

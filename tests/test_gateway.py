@@ -337,6 +337,85 @@ async def test_malformed_tool_call_becomes_readable_content(tok):
     assert traj.token_ids[traj.prompt_len:] == turns[0]
 
 
+async def test_tool_call_ids_never_repeat_within_a_session(tok):
+    # The failure: each turn's calls were numbered from call_0, so a session's second call shared the
+    # first's id. Now ids count the session's call attempts (malformed ones included), over its
+    # segments too, as an env's ids count its episode's (the same rule: ParsedAction.numbered_from).
+    broken = '<tool_call>\n{"name": "add", "arguments": {"a": 2,}\n</tool_call>'
+    texts = [broken + "\n" + tool_call_text("add", a=2, b=3),
+             tool_call_text("add", a=5, b=4) + "\n" + tool_call_text("add", a=1, b=1), "9"]
+    turns = scripted(tok, texts)
+    env = AddEnv()
+    env.reset(options={"task": TASKS[0]})
+    for text in texts:
+        env.step(text)
+    env_ids = [[c["id"] for c in m["tool_calls"]] for m in env.messages if m.get("tool_calls")]
+    assert env_ids == [["call_0", "call_1"], ["call_2", "call_3"]]
+    async with Served(gateway(tok, turns)) as s:
+        for _ in range(2):  # a replayed session gets the same ids
+            sid = s.gw.open_session()
+            c = s.client(sid)
+            messages = [dict(m) for m in env.initial_messages(TASKS[0])]
+            ids = []
+            for _ in range(2):
+                msg = (await c.chat.completions.create(model="m", messages=messages, tools=env.tools)).choices[0].message
+                ids.append([call.id for call in msg.tool_calls])
+                messages += [msg.model_dump(exclude_none=True), *add_tool_messages(msg)]
+            # A rewritten history opens a new segment; the script answers it with its first turn again.
+            msg = (await c.chat.completions.create(model="m", messages=messages[:2], tools=env.tools)).choices[0].message
+            ids.append([call.id for call in msg.tool_calls])
+            trajs = await s.gw.end_session(sid)
+            # The malformed attempt is no tool_call (it is content) but holds its place: ids as the env's.
+            assert ids == [["call_1"], ["call_2", "call_3"], ["call_5"]]
+            assert len(trajs) == 2
+
+
+WORDS = " ".join(f"w{i}" for i in range(40))
+
+
+class WordyAddEnv(AddEnv):
+    """AddEnv whose tool results open with 40 words: past an 8-token observation budget."""
+
+    async def react(self, turn):
+        out = await super().react(turn)
+        out.messages = [{**m, "content": f"{WORDS} {m['content']}"} for m in out.messages]
+        return out
+
+
+async def test_tool_results_are_cut_to_max_observation_tokens_as_the_collector_cuts_them(tok):
+    # The failure: the gateway rendered an agent's tool results whole, whatever
+    # rollout.max_observation_tokens; the collector cuts the same env observation to it.
+    turns = scripted(tok, THREE_TURNS)
+    collector = Collector(replay(tok, turns), tok,
+                          RolloutConfig(episode_timeout_s=30.0, max_observation_tokens=8))
+    [ref] = await collector.collect(WordyAddEnv, [0])
+    env = AddEnv()
+    async with Served(gateway(tok, turns, max_observation_tokens=8)) as s:
+        sid = s.gw.open_session()
+        c = s.client(sid)
+        messages = [dict(m) for m in env.initial_messages(TASKS[0])]
+        for _ in range(3):
+            msg = (await c.chat.completions.create(model="m", messages=messages, tools=env.tools)).choices[0].message
+            messages.append(msg.model_dump(exclude_none=True))
+            messages += [{**m, "content": f"{WORDS} {m['content']}"} for m in add_tool_messages(msg)]
+        # A history cut back to the first tool result: a fresh prompt, its tool message cut too.
+        await c.chat.completions.create(model="m", messages=messages[:4], tools=env.tools)
+        first, second = await s.gw.end_session(sid)
+    for name in FIELDS:
+        assert getattr(first, name) == getattr(ref, name), name
+    # Each result keeps its first 8 tokens and a marker naming the rest (the words are plain text).
+    ids_5, ids_9 = enc(tok, f"{WORDS} 5"), enc(tok, f"{WORDS} 9")
+    cut_5 = tok.decode(ids_5[:8]) + f"\n[... {len(ids_5) - 8} more tokens truncated]"
+    assert first.messages[3]["content"] == cut_5
+    assert first.info["observation_tokens_cut"] == ref.info["observation_tokens_cut"] == len(ids_5) + len(ids_9) - 16
+    cut_history = [*messages[:3], {**messages[3], "content": cut_5}]
+    prompt = enc(tok, ChatRenderer(tok).render(cut_history, env.tools, add_generation_prompt=True))
+    assert second.token_ids[:second.prompt_len] == prompt
+    assert second.info["observation_tokens_cut"] == len(ids_5) - 8
+    # The agent keeps its whole result: what it sent is what the session compares against.
+    assert messages[3]["content"] == f"{WORDS} 5"
+
+
 async def test_context_budget_answers_length_and_truncates(tok):
     turns = scripted(tok, THREE_TURNS)
     env = AddEnv()

@@ -14,6 +14,7 @@ from rollout_helpers import ASSISTANT_HEADER, TASKS, AddEnv, tool_call_text
 from chatgym.trainer.config.gateway import GatewayConfig
 from chatgym.trainer.config.run import ConfigError, load_config
 from chatgym.trainer.engines.replay import ReplayEngine, turn_script
+from chatgym.trainer.gateway import Gateway
 from chatgym.trainer.rollout.collector import Collector, RolloutConfig
 from chatgym.trainer.rollout.source import LocalRollout, RolloutRequest
 
@@ -151,6 +152,17 @@ async def test_gateway_trajectories_equal_the_collectors(tok, in_root):
     # The same sampling seeds, request by request (group, sample, turn), as the collector's.
     assert sorted(engine.seeds) == sorted(ref_engine.seeds)
     assert len(set(engine.seeds)) == 12
+
+
+async def test_a_runs_gateway_takes_the_rollout_budgets_and_refuses_a_bad_observation_budget(tok, in_root):
+    source, engine = gateway_source(tok, "env_agent", max_model_len=2048, max_observation_tokens=7)
+    try:
+        r = source.collector.gateway.rendering
+        assert (r.max_model_len, r.max_response_tokens, r.max_observation_tokens) == (2048, 2048, 7)
+    finally:
+        await source.aclose()
+    with pytest.raises(ValueError, match=r"^max_observation_tokens must be an int >= 1, got 0$"):
+        Gateway(engine, tok, max_observation_tokens=0)
 
 
 async def test_reward_env_scores_the_last_reply_with_the_envs_scorer(tok, in_root):

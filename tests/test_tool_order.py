@@ -462,3 +462,31 @@ def test_rerendered_history_puts_each_error_after_its_own_call(template):
     assert bad_result == BAD_BLOCK_ERROR.format(n=1)
     assert good_call == '{"name": "add", "arguments": {"a": 1, "b": 2}}'
     assert good_result == "3"
+
+
+# ---- call ids over an episode -----------------------------------------------------------------------
+# The failure: every turn's parse numbered its calls from call_0, so the history of a two-turn episode
+# held two different calls under "call_0" and a client pairing tool_call_ids across the conversation
+# (the OpenAI API) could not tell them apart. Now a generated id counts the episode's call attempts.
+
+
+def test_call_ids_count_on_over_the_episode_and_keep_server_ids():
+    env = AddEnv(tools=[add])  # hermes text turns; a structured turn gets the openai checks
+    try:
+        for _ in range(2):  # a replayed episode gets the same ids
+            env.reset(seed=0)
+            # Turn 1: attempts 0 (malformed) and 1 (valid).
+            first, obs1 = _turn(env, BAD_BLOCK + hermes_call("add", {"a": 1, "b": 2}))
+            # Turn 2: attempts 2 and 3.
+            second, obs2 = _turn(env, hermes_call("add", {"a": 3, "b": 4}) + hermes_call("add", {"a": 5, "b": 6}))
+            # Turn 3, structured: attempt 4 has no server id and its count's id "call_4" is the turn's
+            # other, server-given id, so it gets "call_4_"; the server's id is kept.
+            action = structured(("", "add", '{"a": 7, "b": 8}'), ("call_4", "add", '{"a": 9, "b": 1}'))
+            del action["tool_calls"][0]["id"]
+            third, obs3 = _turn(env, action)
+            assert [c["id"] for c in first["tool_calls"]] == [m["tool_call_id"] for m in obs1] == ["call_0", "call_1"]
+            assert [c["id"] for c in second["tool_calls"]] == [m["tool_call_id"] for m in obs2] == ["call_2", "call_3"]
+            assert [c["id"] for c in third["tool_calls"]] == [m["tool_call_id"] for m in obs3] == ["call_4_", "call_4"]
+            assert [m["content"] for m in obs2 + obs3] == ["7", "11", "15", "10"]
+    finally:
+        env.close()

@@ -385,7 +385,8 @@ def test_tool_result_done_ends_the_episode_with_its_reward():
         obs, reward, terminated, truncated, info = env.step(
             '<tool_call>{"name": "submit", "arguments": {"answer": 5}}</tool_call>'
         )
-        assert obs == [{"role": "tool", "content": "correct", "tool_call_id": "call_0", "name": "submit"}]
+        # The episode's second call attempt: ids count on over the episode.
+        assert obs == [{"role": "tool", "content": "correct", "tool_call_id": "call_1", "name": "submit"}]
         assert (reward, terminated, truncated) == (1.5, True, False)
         assert info["graded"] is True and info["tool_errors"] == 0
     finally:

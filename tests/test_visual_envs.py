@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import subprocess
 import sys
 
@@ -312,6 +313,67 @@ def test_bad_rows_and_settings_are_clear_errors():
         ChartQAEnv(kinds=["pie"])
     with pytest.raises(ValueError, match="value_range"):
         ChartQAEnv(value_range=(0, 3))
+
+
+BOARD_SIZE_ERROR = (
+    "VisualGrid-v0: board_size must be an int in 5..16 (squares a side, border walls included; 5 is the "
+    "smallest with a pushable box: a 4x4 board's 2x2 floor is all corners, where no box can be pushed), got {!r}"
+)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        # The failure: a bare TypeError ('<=' not supported between 'int' and 'str') from gym.make.
+        ({"board_size": "5"}, BOARD_SIZE_ERROR.format("5")),
+        ({"board_size": 5.0}, BOARD_SIZE_ERROR.format(5.0)),  # used to pass, then fail in range()
+        ({"board_size": True}, BOARD_SIZE_ERROR.format(True)),
+        ({"n_boxes": "1"}, "VisualGrid-v0: n_boxes must be an int in 1..13 (room for them and the player on a "
+                           "6x6 board), got '1'"),  # (6 - 2) ** 2 - 3 = 13
+        ({"min_moves": "2"}, "VisualGrid-v0: min_moves must be an int >= 1, got '2'"),
+        ({"min_moves": 3, "max_moves": 2}, "VisualGrid-v0: max_moves must be an int >= 3 (at least min_moves=3), got 2"),
+        ({"box_reward": "1"}, "VisualGrid-v0: box_reward must be a finite number >= 0, got '1'"),
+        ({"step_penalty": float("nan")}, "VisualGrid-v0: step_penalty must be a finite number >= 0, got nan"),
+        ({"max_turns": 0}, "VisualGrid-v0: max_turns must be an int >= 1, got 0"),  # used to mean the default
+        ({"num_tasks": "10"}, "VisualGrid-v0: num_tasks must be an int >= 1, got '10'"),
+        ({"seed": "0"}, "VisualGrid-v0: seed must be an int, got '0'"),
+        ({"text_board": "yes"}, "VisualGrid-v0: text_board must be a bool, got 'yes'"),
+        # The failure: the parser given was replaced by the env's own, silently.
+        ({"parser": "json"}, "VisualGrid-v0 takes no parser (got 'json'): it reads each move from the raw text "
+                             "(<move>up</move>) and offers no tools, so there are no tool calls to parse; leave it out"),
+    ],
+)
+def test_grid_settings_of_the_wrong_type_and_a_parser_are_refused_naming_the_argument(kwargs, message):
+    with pytest.raises(ValueError) as caught:
+        gym.make("VisualGrid-v0", **kwargs)
+    assert str(caught.value) == message
+
+
+def test_board_size_4_is_refused_at_construction_and_5_is_the_smallest_that_generates():
+    # The failure: board_size=4 passed construction, then every reset raised RuntimeError after 500
+    # draws. Checked exhaustively: on a 4x4 board (2x2 floor) no placement of player, box and goal that
+    # is not already solved has a solution, so no size-4 board could ever be generated.
+    floor = [(1, 1), (1, 2), (2, 1), (2, 2)]
+    walls = frozenset((r, c) for r in range(4) for c in range(4)) - set(floor)
+    unsolvable = [
+        sokoban.solve(sokoban.Board(4, 4, walls, frozenset({goal}), frozenset({box}), player))
+        for box in floor for goal in floor if goal != box for player in floor if player != box
+    ]
+    assert len(unsolvable) == 36 and set(unsolvable) == {None}  # 4 boxes x 3 goals x 3 players
+    with pytest.raises(ValueError) as caught:
+        VisualGridEnv(board_size=4)
+    assert str(caught.value) == BOARD_SIZE_ERROR.format(4)
+    with pytest.raises(ValueError, match=r"^no board: size=4 \(>= 5: a smaller floor is all corners"):
+        sokoban.generate(random.Random(0), 4, 1, 2, 10)
+    env = VisualGridEnv(board_size=5, num_tasks=3)
+    try:
+        for i in range(3):
+            env.reset(options={"task_index": i})
+            board, solution = env.board, env.task["solution"]
+            assert (board.rows, board.cols) == (5, 5) and not board.solved
+            assert sokoban.solve(board) == solution and 2 <= len(solution) <= 10
+    finally:
+        env.close()
 
 
 # ---- determinism and splits ----------------------------------------------------------------------------

@@ -25,7 +25,11 @@ What every parser guarantees:
 
 * ``calls`` are OpenAI-shaped (:func:`chatgym.envs.messages.make_tool_call`): ``arguments`` is the
   JSON text of an object and each call's id is ``call_<position>``, its 0-based place among the
-  turn's call attempts, malformed ones included (the ``openai`` parser keeps a server's own ids). The parser does not know the env's tools: a call to an unknown
+  turn's call attempts, malformed ones included (the ``openai`` parser keeps a server's own ids).
+  The parser sees one turn; the env and the gateway count on over the episode (session):
+  ``parsed.numbered_from(calls_before(history))`` makes the id ``call_<n>``, ``n`` the attempt's
+  place among all the episode's call attempts, so no two calls of an episode share an id (and a
+  replayed episode gets the same ids). The parser does not know the env's tools: a call to an unknown
   name is returned as written and rejected, with the list of tools, by ``tools.run_tool_call``.
 * ``arguments`` given as a string that holds JSON (``"arguments": "{\\"x\\": 1}"``) are decoded once;
   arguments that are (or decode to) an array, a string, a number, a boolean or null are not a call:
@@ -55,7 +59,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from chatgym.envs.parsers.base import ParsedAction, ToolCallParser, normalise_arguments
+from chatgym.envs.parsers.base import ParsedAction, ToolCallParser, calls_before, normalise_arguments
 from chatgym.envs.parsers.hermes import HermesParser
 from chatgym.envs.parsers.llama_json import JsonParser
 from chatgym.envs.parsers.openai import OpenAIParser, parse_openai_message, parse_openai_tool_calls
@@ -71,6 +75,7 @@ __all__ = [
     "ParsedAction",
     "PythonicParser",
     "ToolCallParser",
+    "calls_before",
     "get_parser",
     "normalise_arguments",
     "parse_openai_message",

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -34,6 +36,9 @@ class ParsedAction:
             and the arguments as written, as text (see :func:`written_call`). The history records it
             beside the valid calls (:meth:`all_calls`) and its error ``tool`` message answers its id.
             Not part of ``==``.
+        generated_positions: the attempts (0-based positions, as ``error_positions``) whose id the
+            parser made, ``call_<position>``, rather than a server's; :meth:`numbered_from` renumbers
+            these. Empty for a ``ParsedAction`` built by hand: its ids are kept. Not part of ``==``.
     """
 
     content: str
@@ -42,6 +47,7 @@ class ParsedAction:
     error_ids: list[str | None] = field(default_factory=list)
     error_positions: list[int] = field(default_factory=list, compare=False)
     error_calls: list[ToolCall] = field(default_factory=list, compare=False)
+    generated_positions: list[int] = field(default_factory=list, compare=False)
 
     def error_call(self, j: int) -> ToolCall:
         """The recorded form of malformed call ``j`` (``errors[j]``): ``error_calls[j]``, or, for a
@@ -59,6 +65,39 @@ class ParsedAction:
         one, by position and by id, so a template or chat API that pairs results with calls by
         position shows each error after the call that caused it."""
         return [self.calls[i] if kind == "call" else self.error_call(i) for kind, i in self.in_order()]
+
+    def numbered_from(self, first: int) -> ParsedAction:
+        """This turn with its generated ids counted from ``first``: the attempt at position ``p`` whose
+        id the parser made gets ``call_<first + p>`` (``_`` appended while the turn holds a server id
+        equal to it); a server's id is kept.
+
+        ``first`` is the number of call attempts the episode (or gateway session) made before this
+        turn (:func:`calls_before`), so ids never repeat within an episode: a client that pairs
+        ``tool_call_id`` with calls across the whole conversation can tell every call apart, and an
+        episode replayed gets the same ids. ``first = 0`` is the parse itself.
+
+        Raises:
+            ValueError: ``first`` is negative.
+        """
+        if first < 0:
+            raise ValueError(f"first must be >= 0, got {first}")
+        generated = set(self.generated_positions)
+        if first == 0 or not generated:
+            return self
+        attempts = self.all_calls()
+        server_ids = {c["id"] for p, c in enumerate(attempts) if p not in generated}
+        calls, error_calls = list(self.calls), [self.error_call(j) for j in range(len(self.errors))]
+        for p, (kind, i) in enumerate(self.in_order()):
+            if p not in generated:
+                continue
+            new_id = f"call_{first + p}"
+            while new_id in server_ids:
+                new_id += "_"
+            if kind == "call":
+                calls[i] = {**calls[i], "id": new_id}
+            else:
+                error_calls[i] = {**error_calls[i], "id": new_id}
+        return dataclasses.replace(self, calls=calls, error_calls=error_calls)
 
     def in_order(self) -> list[tuple[str, int]]:
         """The turn's call attempts in the order written: ``("call", i)`` stands for ``calls[i]`` and
@@ -87,6 +126,15 @@ class ParsedAction:
                 out.append(("call", next_call))
                 next_call += 1
         return out
+
+
+def calls_before(history: Iterable[Any]) -> int:
+    """The call attempts a conversation recorded: the ``tool_calls`` of its assistant messages (an
+    env's history keeps every attempt, malformed ones included: :meth:`ParsedAction.all_calls`).
+    The ``first`` of :meth:`ParsedAction.numbered_from` for the turn after ``history``."""
+    return sum(
+        len(m.get("tool_calls") or []) for m in history if isinstance(m, dict) and m.get("role") == "assistant"
+    )
 
 
 class ToolCallParser(Protocol):
@@ -224,7 +272,8 @@ class CallList:
 
     Every attempt, valid or malformed, gets the id ``call_<position>`` (its 0-based place among the
     turn's attempts) unless the server gave it one, so the ``tool`` message answering attempt ``i``
-    carries the id of the history's call ``i``.
+    carries the id of the history's call ``i``; ``generated`` records which ids were made here, for
+    :meth:`ParsedAction.numbered_from`.
     """
 
     calls: list[ToolCall] = field(default_factory=list)
@@ -234,20 +283,24 @@ class CallList:
     error_calls: list[ToolCall] = field(default_factory=list)
     attempts: int = 0
     server_ids: set[str] = field(default_factory=set)  # the turn's ids a server gave: never generated
+    generated: set[int] = field(default_factory=set)
 
     def new_id(self, call_id: str | None) -> str:
         """The server's id, or ``call_<position>`` (``_`` appended while a server id of the turn has it)."""
         if call_id:
             return call_id
-        generated = f"call_{len(self.calls) + len(self.errors)}"
-        while generated in self.server_ids:
-            generated += "_"
-        return generated
+        position = len(self.calls) + len(self.errors)
+        self.generated.add(position)
+        made = f"call_{position}"
+        while made in self.server_ids:
+            made += "_"
+        return made
 
     def action(self, content: str, *, server_ids: bool = False) -> ParsedAction:
         """The ``ParsedAction`` of this turn; ``server_ids`` keeps the errors' server call ids."""
         ids = self.error_ids if server_ids else []
-        return ParsedAction(content, self.calls, self.errors, ids, self.error_positions, self.error_calls)
+        return ParsedAction(content, self.calls, self.errors, ids, self.error_positions, self.error_calls,
+                            sorted(self.generated))
 
     def _error(self, message: str, call_id: str | None, written: Any, raw: str) -> None:
         position = len(self.calls) + len(self.errors)

@@ -22,6 +22,8 @@ still be solved.
 from __future__ import annotations
 
 import functools
+import math
+import numbers
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -91,17 +93,24 @@ class VisualGridEnv(ChatEnv):
         split: ``train`` or ``test`` (disjoint boards, see :mod:`chatgym.envs.visual.tasks`).
         num_tasks: rows in the split (default 5000 train / 200 test; made on first access).
         seed: base seed of the generator.
-        board_size: the board's side in squares, border walls included (4..16; default 6).
-        n_boxes: boxes (and goals) per board (default 1).
-        min_moves, max_moves: the range of a board's shortest solution length (default 2..10).
-        image_size: the side of each board image in pixels (default 128); ``reset(options=
-            {"image_size": n})`` overrides it for one episode.
-        text_board: also give the board as text (the Sokoban notation) next to each image.
-        box_reward, step_penalty: the shaping (default 0; see the module docstring).
-        max_turns: assistant turns before truncation (default ``2 * max_moves``).
+        board_size: the board's side in squares, border walls included (an int in 5..16; default
+            6). 5 is the smallest: a 4x4 board's 2x2 floor is all corners, where no box can be pushed.
+        n_boxes: boxes (and goals) per board (an int >= 1, at most ``(board_size - 2) ** 2 - 3``;
+            default 1).
+        min_moves, max_moves: the range of a board's shortest solution length (ints,
+            1 <= min_moves <= max_moves; default 2..10).
+        image_size: the side of each board image in pixels (an int in ``4 * board_size``..2048;
+            default 128); ``reset(options={"image_size": n})`` overrides it for one episode.
+        text_board: also give the board as text (the Sokoban notation) next to each image (a bool).
+        box_reward, step_penalty: the shaping (finite numbers >= 0; default 0; see the module docstring).
+        max_turns: assistant turns before truncation (an int >= 1; default ``2 * max_moves``).
+        kwargs: the rest of :class:`~chatgym.envs.core.ChatEnv`'s arguments, except ``parser``: the
+            env reads each move from the raw text (``<move>…</move>``) and offers no tools, so a
+            tool-call parser would have nothing to do.
 
     Raises:
-        ValueError: a setting out of range (named).
+        ValueError: a setting of the wrong type or out of range, or a ``parser``; the message names
+            the argument and what it accepts.
     """
 
     def __init__(
@@ -121,17 +130,31 @@ class VisualGridEnv(ChatEnv):
         max_turns: int | None = None,
         **kwargs: Any,
     ):
-        if not 4 <= board_size <= 16:
-            raise ValueError(f"VisualGrid-v0: board_size must be in 4..16, got {board_size}")
-        if not (n_boxes >= 1 and (board_size - 2) ** 2 >= n_boxes + 3):
-            raise ValueError(f"VisualGrid-v0: n_boxes must be >= 1 and fit the board, got {n_boxes}")
-        if not 1 <= min_moves <= max_moves:
-            raise ValueError(f"VisualGrid-v0: need 1 <= min_moves <= max_moves, got {min_moves}, {max_moves}")
+        _check_int("board_size", board_size, sokoban.MIN_SIZE, 16,
+                   f" (squares a side, border walls included; {sokoban.MIN_SIZE} is the smallest with a pushable "
+                   "box: a 4x4 board's 2x2 floor is all corners, where no box can be pushed)")
+        most = (board_size - 2) ** 2 - 3
+        _check_int("n_boxes", n_boxes, 1, most, f" (room for them and the player on a {board_size}x{board_size} board)")
+        _check_int("min_moves", min_moves, 1)
+        _check_int("max_moves", max_moves, min_moves, None, f" (at least min_moves={min_moves})")
         _check_image_size(image_size, board_size)
-        if box_reward < 0 or step_penalty < 0:
-            raise ValueError(f"VisualGrid-v0: box_reward and step_penalty must be >= 0, got {box_reward}, {step_penalty}")
-        kwargs["parser"] = PlainText()
-        super().__init__(split=split, max_turns=max_turns or 2 * max_moves, **kwargs)
+        for name, value in (("box_reward", box_reward), ("step_penalty", step_penalty)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < math.inf:
+                raise ValueError(f"VisualGrid-v0: {name} must be a finite number >= 0, got {value!r}")
+        if num_tasks is not None:
+            _check_int("num_tasks", num_tasks, 1)
+        if max_turns is not None:
+            _check_int("max_turns", max_turns, 1)
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+            raise ValueError(f"VisualGrid-v0: seed must be an int, got {seed!r}")
+        if not isinstance(text_board, bool):
+            raise ValueError(f"VisualGrid-v0: text_board must be a bool, got {text_board!r}")
+        if "parser" in kwargs:
+            raise ValueError(
+                f"VisualGrid-v0 takes no parser (got {kwargs['parser']!r}): it reads each move from the raw "
+                "text (<move>up</move>) and offers no tools, so there are no tool calls to parse; leave it out"
+            )
+        super().__init__(split=split, max_turns=max_turns or 2 * max_moves, parser=PlainText(), **kwargs)
         self.num_tasks, self.seed = num_tasks, seed
         self.board_size, self.n_boxes, self.min_moves, self.max_moves = board_size, n_boxes, min_moves, max_moves
         self.image_size, self.text_board = image_size, text_board
@@ -229,8 +252,15 @@ class VisualGridEnv(ChatEnv):
         return transcript(self.messages)
 
 
+def _check_int(name: str, value: Any, lo: int, hi: int | None = None, why: str = "") -> None:
+    """ValueError unless ``value`` is an integer (not a bool) in ``lo..hi`` (``hi`` None: no upper bound)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < lo or (hi is not None and value > hi):
+        accepts = f"an int >= {lo}" if hi is None else f"an int in {lo}..{hi}"
+        raise ValueError(f"VisualGrid-v0: {name} must be {accepts}{why}, got {value!r}")
+
+
 def _check_image_size(image_size: Any, board_size: int) -> None:
-    if not (isinstance(image_size, int) and not isinstance(image_size, bool) and 4 * board_size <= image_size <= 2048):
+    if isinstance(image_size, bool) or not isinstance(image_size, numbers.Integral) or not 4 * board_size <= image_size <= 2048:
         raise ValueError(
             f"VisualGrid-v0: image_size must be an int in {4 * board_size}..2048 (4 px a square), got {image_size!r}"
         )

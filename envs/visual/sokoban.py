@@ -21,6 +21,9 @@ Cell = tuple[int, int]
 # Fixed order: the solver's tie-breaking (and so the reference policy) depends on it.
 DIRECTIONS: dict[str, Cell] = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
 MAX_SOLVER_STATES = 500_000
+# The smallest side (border walls included) a pushable board has: a 4x4 board's floor is 2x2, every
+# square of it a corner, and a box in a corner can never be pushed, so no unsolved 4x4 board is solvable.
+MIN_SIZE = 5
 
 COLORS = {
     "background": (30, 30, 36),
@@ -193,14 +196,14 @@ def generate(
     the start, whose shortest solution has ``min_moves``..``max_moves`` moves; and that solution.
 
     Raises:
-        ValueError: settings no board can meet (``size`` < 4, too many boxes, ``min_moves`` >
-            ``max_moves``).
+        ValueError: settings no board can meet (``size`` < :data:`MIN_SIZE`, too many boxes,
+            ``min_moves`` > ``max_moves``).
         RuntimeError: no such board in ``attempts`` draws.
     """
-    if size < 4 or n_boxes < 1 or (size - 2) ** 2 < n_boxes + 3 or not 1 <= min_moves <= max_moves:
+    if size < MIN_SIZE or n_boxes < 1 or (size - 2) ** 2 < n_boxes + 3 or not 1 <= min_moves <= max_moves:
         raise ValueError(
-            f"no board: size={size} (>= 4), n_boxes={n_boxes} (>= 1, room for them), "
-            f"min_moves={min_moves} <= max_moves={max_moves}"
+            f"no board: size={size} (>= {MIN_SIZE}: a smaller floor is all corners, where no box can be "
+            f"pushed), n_boxes={n_boxes} (>= 1, room for them), min_moves={min_moves} <= max_moves={max_moves}"
         )
     for _ in range(attempts):
         room = _room(rng, size, n_boxes)

@@ -278,8 +278,8 @@ def copy_weights_in_place(model: Any, weights: Any) -> None:
     A state dict (or its ``items()``), list or tuple is checked whole first, so a bad name or shape copies nothing; its
     same-dtype/device tensors go as multi-tensor launches (``torch._foreach_copy_``: on CUDA a few
     kernels instead of one per weight). Any other iterable is read one pair at a time, each copied
-    before the next is read (a producer may make each tensor fresh, or reuse one buffer); a bad name or
-    shape then raises with the pairs before it copied.
+    before the next is read (a producer may make each tensor fresh, or reuse one buffer); a bad name,
+    shape or value then raises with the pairs before it copied.
 
     Raises:
         KeyError: a name the model does not have; ValueError: a shape that does not match;

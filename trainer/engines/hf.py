@@ -272,13 +272,13 @@ class TransformersEngine:
         requests arriving meanwhile start after the update. On CUDA it returns once the copies are done.
 
         Args:
-            weights: a state dict or an iterable of ``(name, tensor)``; names as in the model's
-                ``state_dict()`` (tied weights may come under either name). Tensors are cast to the
-                engine's dtype/device; a subset of the weights is fine.
+            weights: a state dict or an iterable of ``(name, tensor)`` (names as in ``state_dict()``, tied
+                ones under either; a subset is fine), cast to the engine's dtype/device. A state dict,
+                list or tuple is checked whole before any copy; an iterator is copied pair by pair.
 
         Raises:
-            KeyError: a name the model does not have.
-            ValueError: a shape that does not match.
+            KeyError: an unknown name. ValueError: a shape that does not match.
+            TypeError: a value that is not a torch.Tensor (numpy array, list: named), or not a pair.
         """
         import torch
 

@@ -5,7 +5,7 @@
 The engine is the one ``chatgym train`` would build from the same config and overrides (``model``,
 ``engine``); the gateway's sampling defaults and budgets are the ``rollout`` section's
 (``temperature``, ``top_p``, ``top_k``, ``max_tokens`` per request, ``max_model_len``,
-``max_response_tokens``, ``chat_template``), its tool-call parser ``trainer.gateway.tool_parser`` and
+``max_response_tokens``, ``max_observation_tokens``, ``chat_template``), its tool-call parser ``trainer.gateway.tool_parser`` and
 its idle timeout ``trainer.gateway.session_timeout_s``. It listens on 127.0.0.1 only: a program opens
 a session with ``POST /v1/sessions`` (body optional: ``task_id``, ``meta``, ``group_id``,
 ``sample_index``, ``sampling_seed``), uses the returned ``session_id`` as its API key, may POST its
@@ -109,7 +109,8 @@ def build_gateway(cfg: Any, *, port: int, on_end: Any, workdir: Path) -> Any:
         engine, tokenizer, parser=cfg.trainer.gateway.tool_parser,
         sampling=SamplingParams(max_tokens=ro.max_tokens, temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k),
         chat_template=ro.chat_template, session_timeout_s=cfg.trainer.gateway.session_timeout_s,
-        max_model_len=ro.max_model_len, max_response_tokens=ro.max_response_tokens, host="127.0.0.1",
+        max_model_len=ro.max_model_len, max_response_tokens=ro.max_response_tokens,
+        max_observation_tokens=ro.max_observation_tokens, host="127.0.0.1",
         port=port, eos_token_ids=eos, on_end=on_end, http_sessions=True,
     )
 

@@ -73,6 +73,9 @@ class Gateway:
         session_timeout_s: seconds without a request after which a session ends by itself.
         max_model_len: the context budget of a trajectory (tokens).
         max_response_tokens: sampled tokens per segment (None: no limit but ``max_model_len``).
+        max_observation_tokens: each ``tool`` message's content is cut to this many tokens, as the
+            collector cuts an env's observations (``RolloutConfig.max_observation_tokens``); the
+            segment's ``info["observation_tokens_cut"]`` counts what was left out.
         host, port: where to listen (port 0: a free port).
         env_id: the trajectories' ``env_id``.
         weight_version: read when each turn is sampled (default: the engine's ``weight_version``, else 0).
@@ -103,13 +106,15 @@ class Gateway:
 
     Raises:
         TemplateError: the chat template fits neither delta mode (as the collector refuses it).
-        ValueError: an unknown parser name or a bad budget.
+        ValueError: an unknown parser name or a bad budget (``max_model_len`` < 2, a
+            ``max_response_tokens`` or ``max_observation_tokens`` < 1, ``session_timeout_s`` <= 0).
     """
 
     def __init__(
         self, engine: Engine, tokenizer: Any, *, parser: str | ToolCallParser = "hermes",
         sampling: SamplingParams | None = None, chat_template: str | None = None,
         session_timeout_s: float = 600.0, max_model_len: int = 4096, max_response_tokens: int | None = None,
+        max_observation_tokens: int = 1024,
         host: str = "127.0.0.1", port: int = 0, env_id: str = "gateway",
         weight_version: Callable[[], int] | None = None, eos_token_ids: tuple[int, ...] | None = None,
         scorer: Callable[[list[Any], Any], Any] | None = None, model_name: str = "chatgym",
@@ -119,6 +124,8 @@ class Gateway:
             raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
         if max_response_tokens is not None and max_response_tokens < 1:
             raise ValueError(f"max_response_tokens must be >= 1 or None, got {max_response_tokens}")
+        if not isinstance(max_observation_tokens, int) or max_observation_tokens < 1:
+            raise ValueError(f"max_observation_tokens must be an int >= 1, got {max_observation_tokens!r}")
         if not session_timeout_s > 0:
             raise ValueError(f"session_timeout_s must be > 0, got {session_timeout_s}")
         self.engine, self.tokenizer = engine, tokenizer
@@ -129,7 +136,7 @@ class Gateway:
         self._eos = frozenset(self.eos_token_ids)
         renderer = ChatRenderer(tokenizer, chat_template)
         self.rendering = Rendering(renderer, probe_template(renderer, self.eos_token_ids), max_model_len,
-                                   max_response_tokens)
+                                   max_response_tokens, max_observation_tokens)
         self.session_timeout_s = session_timeout_s
         self.host, self.port, self.env_id, self.model_name = host, port, env_id, model_name
         self.weight_version = weight_version or (lambda: int(getattr(engine, "weight_version", 0)))
@@ -396,13 +403,15 @@ class Gateway:
         parsed = None
         if chat.tools:
             try:
-                parsed = self.parser.parse(text)
+                # Ids count on over the session (not per turn), as an env's do over its episode.
+                parsed = self.parser.parse(text).numbered_from(session.call_attempts)
             except Exception:  # a parser bug: the agent gets the text as content, never a 500
                 session.count("parser_errors")
         returned = api.returned_message(parsed, text)
         seg = session.commit(plan, chat, api.as_history_message(returned), turn, text)
         seg.traj.timing["render_s"] += render_s
         if parsed is not None:
+            session.call_attempts += len(parsed.calls) + len(parsed.errors)
             tool_counts(seg, len(parsed.calls), len(parsed.errors))
         # A turn cut by a budget says so even when the cut text holds complete calls (OpenAI's rule).
         finish = "tool_calls" if returned.get("tool_calls") and turn.finish_reason != "length" else turn.finish_reason

@@ -14,6 +14,14 @@ assistant message the gateway returned, and the tools are the same — or they o
   keeps what it had; its ``info["segment_end"]`` is ``"history_rewritten"`` and ``info["rewrite"]``
   says what differed.
 
+Tool results, as the collector's env observations: each ``tool`` message's content is cut to
+``max_observation_tokens`` tokens with the collector's marker
+(:func:`~chatgym.trainer.rollout.episode.cut_observation`), in an extension's new messages and in a
+fresh prompt alike; the segment's history holds the cut text, its ``expected`` the client's own
+messages (so the agent, which keeps the whole result, still extends the segment), and
+``info["observation_tokens_cut"]`` counts the tokens left out. The agent's own messages (system,
+user) are its prompt and are never cut.
+
 Budgets, as the collector's: an extension whose closing + delta ids would leave no token of
 ``max_model_len`` is not appended (``truncated_by="max_model_len"``,
 ``info["dropped_observation_tokens"]``); a spent ``max_response_tokens`` truncates likewise; a fresh
@@ -37,19 +45,29 @@ from chatgym.envs.messages import Message
 from chatgym.trainer.chat.delta import ChatRenderer, closing_ids
 from chatgym.trainer.chat.template_probe import TemplateProbe
 from chatgym.trainer.gateway.openai_api import ChatRequest, same_message
-from chatgym.trainer.rollout.episode import fail
+from chatgym.trainer.rollout.episode import cut_observation, fail
 from chatgym.trainer.rollout.turn import Turn, TurnBudget
 from chatgym.trainer.rollout.types import Trajectory
 
 
 @dataclass(frozen=True)
 class Rendering:
-    """What a session renders with: the collector's renderer and probe, and the budgets (tokens)."""
+    """What a session renders with: the collector's renderer and probe, and the budgets (tokens;
+    ``max_observation_tokens``: each tool message's content)."""
 
     renderer: ChatRenderer
     probe: TemplateProbe
     max_model_len: int
     max_response_tokens: int | None
+    max_observation_tokens: int
+
+    def cut_tool_results(self, messages: Sequence[Message]) -> tuple[list[Message], dict[str, int]]:
+        """``messages`` with each ``tool`` message cut to ``max_observation_tokens``, and the counts to
+        add to the segment's info (``observation_tokens_cut``; empty when nothing was cut)."""
+        counts: dict[str, int] = {}
+        cut = cut_observation(self.renderer.tokenizer, list(messages), self.max_observation_tokens, counts,
+                              roles=("tool",))
+        return cut, counts
 
 
 @dataclass
@@ -82,7 +100,9 @@ class Plan:
     Attributes:
         prompt_ids: the whole prompt the engine gets.
         added: the ids appended to the segment (closing + delta, or the fresh prompt), loss mask 0.
-        new: the request's messages after the segment's ``expected`` (all of them for a new segment).
+        new: the request's messages after the segment's ``expected`` (all of them for a new segment),
+            tool results cut to ``max_observation_tokens``: what the segment's history gets.
+        counts: info counters of the cut (``observation_tokens_cut``), added at :meth:`Session.commit`.
         segment: the segment it extends, or None for a new one.
         rewrite: why a new segment was opened on a rewritten history (None: first or an extension).
         budget: the turn's budget; None when no turn is sampled (``stop`` says why).
@@ -100,6 +120,7 @@ class Plan:
     stop: str | None = None
     closing: int = 0
     max_model_len: int = 0
+    counts: dict[str, int] = field(default_factory=dict)
 
 
 def rewrite_reason(seg: Segment, request: ChatRequest) -> str | None:
@@ -132,6 +153,9 @@ class Session:
         sampling_seed: base of the session's per-turn sampling seeds, the collector's rule
             ``request_seed(sampling_seed, group_id, sample_index, turn)`` (None: no seed rule).
         sampled: turns sampled so far over all segments (the next turn's ``turn`` in the seed rule).
+        call_attempts: tool-call attempts parsed so far over all segments, malformed ones included:
+            the next turn's calls are numbered from it (``ParsedAction.numbered_from``), so a call id
+            never repeats within the session.
         segments: the session's segments in order; the last is the current one.
         opened, last_seen: ``time.monotonic()`` of the opening and of the last request.
         reward: the reported reward (None: none yet).
@@ -147,6 +171,7 @@ class Session:
     meta: Any = None
     sampling_seed: int | None = None
     sampled: int = 0
+    call_attempts: int = 0
     segments: list[Segment] = field(default_factory=list)
     opened: float = field(default_factory=time.monotonic)
     last_seen: float = field(default_factory=time.monotonic)
@@ -169,14 +194,15 @@ class Session:
         seg = self.current
         reason = None if seg is None else rewrite_reason(seg, request)
         if seg is None or reason is not None:
-            prompt = r.renderer.prompt_ids(request.messages, request.tools)
-            plan = Plan(prompt, prompt, list(request.messages), None, reason, None, max_model_len=r.max_model_len)
+            messages, counts = r.cut_tool_results(request.messages)
+            prompt = r.renderer.prompt_ids(messages, request.tools)
+            plan = Plan(prompt, prompt, messages, None, reason, None, max_model_len=r.max_model_len, counts=counts)
             if len(prompt) >= r.max_model_len:
                 plan.stop = "max_model_len"
             else:
                 plan.budget = TurnBudget(max_tokens, _left(r, 0), r.max_model_len - len(prompt))
             return plan
-        new = list(request.messages[len(seg.expected) :])
+        new, counts = r.cut_tool_results(request.messages[len(seg.expected) :])
         if seg.full:
             return Plan(list(seg.traj.token_ids), [], new, seg, None, None, "full")
         closing = closing_ids(r.probe, seg.last_ids or [])
@@ -184,7 +210,8 @@ class Session:
         delta = r.renderer.delta_ids(seg.history, new, seg.tools, r.probe)
         added = closing + delta
         total = len(seg.traj.token_ids) + len(added)
-        plan = Plan(list(seg.traj.token_ids) + added, added, new, seg, None, None, closing=len(closing))
+        plan = Plan(list(seg.traj.token_ids) + added, added, new, seg, None, None, closing=len(closing),
+                    counts=counts)
         if total >= r.max_model_len:
             plan.stop = "max_model_len"
         elif _left(r, seg.generated) <= 0:
@@ -205,10 +232,12 @@ class Session:
             seg.traj.truncated = True
             seg.traj.info["truncated_by"] = "max_model_len"
             seg.traj.info["dropped_observation_tokens"] = len(plan.added)
+            _add_counts(seg.traj.info, plan.counts)  # the collector counts the cut of a dropped observation too
             seg.full = True
         elif plan.stop != "full":
             _append_context(seg.traj, plan.added)
             seg.history.extend(plan.new)
+            _add_counts(seg.traj.info, plan.counts)
             seg.traj.info["tool_results_total"] = seg.traj.info.get("tool_results_total", 0) + sum(
                 m["role"] == "tool" for m in plan.new
             )
@@ -237,6 +266,7 @@ class Session:
         traj.prompt_len = len(plan.added)
         traj.info["turns"] = []
         traj.info["tool_results_total"] = sum(m["role"] == "tool" for m in plan.new)
+        _add_counts(traj.info, plan.counts)
         seg = Segment(traj, list(plan.new), [], request.tools)
         traj.messages = seg.history
         if plan.stop == "max_model_len":
@@ -298,6 +328,11 @@ def set_reward(traj: Trajectory, reward: float | None) -> None:
         traj.info["reward_missing"] = True
     else:
         traj.info.pop("reward_missing", None)
+
+
+def _add_counts(info: dict[str, Any], counts: dict[str, int]) -> None:
+    for key, n in counts.items():
+        info[key] = info.get(key, 0) + n
 
 
 def _left(r: Rendering, generated: int) -> int:

@@ -331,7 +331,8 @@ def gateway_collector(
 ) -> GatewayCollector:
     """A :class:`GatewayCollector` with its own gateway in front of ``engine``: the gateway's sampling
     defaults are ``rollout``'s (temperature, top_p, top_k, max_tokens per request; a request's own
-    values override them), its context ``rollout.max_model_len``, its template ``rollout.chat_template``;
+    values override them), its budgets ``rollout.max_model_len``, ``max_response_tokens`` and
+    ``max_observation_tokens`` (each tool result), its template ``rollout.chat_template``;
     the program and the rest come from ``gateway_config`` (a
     :class:`~chatgym.trainer.config.gateway.GatewayConfig`).
 
@@ -352,6 +353,7 @@ def gateway_collector(
         session_timeout_s=gateway_config.session_timeout_s,
         max_model_len=rollout.max_model_len,
         max_response_tokens=rollout.max_response_tokens,
+        max_observation_tokens=rollout.max_observation_tokens,
         env_id=env_id,
         weight_version=lambda: int(getattr(engine, "weight_version", 0)),
     )

@@ -81,9 +81,8 @@ from chatgym.trainer.chat.delta import (
     TemplateError,
     closing_ids,
     resolve_eos_ids,
-    truncate_text_tokens,
 )
-from chatgym.trainer.chat.images import ImageInputError, intern_images, truncate_content
+from chatgym.trainer.chat.images import ImageInputError, intern_images
 from chatgym.trainer.chat.template_probe import probe_template
 from chatgym.trainer.engines.base import Engine, SamplingParams
 from chatgym.trainer.rollout.config import RolloutConfig
@@ -91,6 +90,7 @@ from chatgym.trainer.rollout.env_runner import EnvRunner, EnvSource, env_name, m
 from chatgym.trainer.rollout.episode import (
     EpisodeFailure,
     check_observation,
+    cut_observation,
     ended,
     env_call,
     env_stop_strings,
@@ -315,23 +315,9 @@ class Collector:
         return obs, found, refs
 
     def _cut_observation(self, messages: list[Message], traj: Trajectory, images: dict) -> list[Message]:
-        out = []
-        limit, info, tokens = self.config.max_observation_tokens, traj.info, self.renderer.image_tokens
-        for m in messages:
-            dropped = 0
-            if isinstance(m["content"], list):
-                content, cut, dropped = truncate_content(
-                    self.tokenizer, m["content"], limit, lambda ref: tokens.count(ref, images[ref])  # type: ignore[union-attr]
-                )
-            else:
-                content, cut = truncate_text_tokens(self.tokenizer, m["content"], limit)
-            if cut:
-                m = {**m, "content": content}
-                info["observation_tokens_cut"] = info.get("observation_tokens_cut", 0) + cut
-            if dropped:
-                info["observation_images_dropped"] = info.get("observation_images_dropped", 0) + dropped
-            out.append(m)
-        return out
+        tokens = self.renderer.image_tokens
+        return cut_observation(self.tokenizer, messages, self.config.max_observation_tokens, traj.info,
+                               lambda ref: tokens.count(ref, images[ref]))  # type: ignore[union-attr]
 
     async def _episode(
         self, spec: _EpisodeSpec, env_kwargs: dict[str, Any], traj: Trajectory, state: dict

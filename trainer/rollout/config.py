@@ -16,7 +16,8 @@ class RolloutConfig:
         max_model_len: context length: most tokens in a trajectory (prompt included).
         max_response_tokens: most generated tokens per trajectory (all turns together).
         max_tokens: most generated tokens per turn.
-        max_observation_tokens: each observation message's content is cut to this many tokens.
+        max_observation_tokens: each observation message's content is cut to this many tokens (an
+            env's observations; under the gateway, each tool message an agent sends).
         temperature, top_p, top_k: sampling (temperature 0 = greedy; top_k -1 = off).
         seed: base seed of per-request sampling seeds (None: engine's own randomness).
         episode_timeout_s: wall-clock seconds one episode may take before it is cancelled (None: none).

@@ -14,17 +14,21 @@
   (step k's ``info["state_key"]`` at index k — a string naming the state the env is now in — None
   for a step that named none; absent when no step did: GiGPO's anchor states, :mod:`chatgym.trainer.learner.turns`);
 - :func:`check_observation` and :func:`env_stop_strings` check what an env hands the runner (its
-  messages, its stop strings): a malformed one is an ``env_error`` of that episode.
+  messages, its stop strings): a malformed one is an ``env_error`` of that episode;
+- :func:`cut_observation` cuts each observation message to ``max_observation_tokens`` (the
+  collector's env observations, the tool results an agent sends the gateway).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 from chatgym.envs.messages import Message, message_errors
+from chatgym.trainer.chat.delta import truncate_text_tokens
+from chatgym.trainer.chat.images import truncate_content
 from chatgym.trainer.rollout.types import Trajectory
 
 # Keys the runner owns in ``Trajectory.info``: an env's info must not overwrite them.
@@ -180,3 +184,50 @@ def check_observation(obs: Any, where: str) -> list[Message]:
                 "env_error", f"{where} returned an invalid message at index {i}: {'; '.join(errors)}"
             )
     return [dict(m) for m in obs]  # type: ignore[misc]
+
+
+def cut_observation(
+    tokenizer: Any,
+    messages: list[Message],
+    max_tokens: int,
+    info: dict[str, Any],
+    image_len: Callable[[str], int] | None = None,
+    roles: Collection[str] | None = None,
+) -> list[Message]:
+    """``messages`` with each content cut to ``max_tokens`` tokens (``RolloutConfig.max_observation_tokens``).
+
+    A text content keeps its first ``max_tokens`` tokens, counted as the model reads message text,
+    then ``"\\n[... N more tokens truncated]"`` (:func:`~chatgym.trainer.chat.delta.truncate_text_tokens`);
+    a list of content parts keeps its parts while they fit, an image whole or not at all
+    (:func:`~chatgym.trainer.chat.images.truncate_content`). A message that fits is returned as is;
+    a cut one is a copy (``messages`` is not changed).
+
+    Args:
+        tokenizer: the model's tokenizer.
+        messages: the observation (interned image parts: ``{"type": "image", "ref"}``).
+        max_tokens: tokens each message's content may keep (>= 1).
+        info: the trajectory's info: ``observation_tokens_cut`` (tokens left out) and
+            ``observation_images_dropped`` (images left out) are added to, set once non-zero.
+        image_len: tokens an image takes, by ref; needed only where a content is a list of parts.
+        roles: cut only messages of these roles (None: every message).
+
+    Returns:
+        The messages, in order, cut.
+    """
+    out = []
+    for m in messages:
+        if roles is not None and m.get("role") not in roles:
+            out.append(m)
+            continue
+        dropped = 0
+        if isinstance(m["content"], list):
+            content, cut, dropped = truncate_content(tokenizer, m["content"], max_tokens, image_len)  # type: ignore[arg-type]
+        else:
+            content, cut = truncate_text_tokens(tokenizer, m["content"], max_tokens)
+        if cut:
+            m = {**m, "content": content}  # type: ignore[assignment]
+            info["observation_tokens_cut"] = info.get("observation_tokens_cut", 0) + cut
+        if dropped:
+            info["observation_images_dropped"] = info.get("observation_images_dropped", 0) + dropped
+        out.append(m)
+    return out
