@@ -97,6 +97,17 @@ from chatgym.trainer.chat.tokenizer import (
 )
 
 
+def _raised_in_template(exc: BaseException) -> bool:
+    """True when ``exc`` passed through a chat template's compiled code (Jinja names its frames
+    ``<template>``), False for an error of the caller's arguments or of transformers itself."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == "<template>":
+            return True
+        tb = tb.tb_next
+    return False
+
+
 @dataclass
 class ChatRenderer:
     """Renders messages with a tokenizer's chat template and computes token deltas.
@@ -120,8 +131,9 @@ class ChatRenderer:
 
     Raises:
         TemplateError: the template's text holds the codec's private-use sentinel characters; from any
-            rendering: the template raised (``raise_exception``, a Jinja error), message included; with
-            a ``processor``: the template does not render image parts as placeholders.
+            rendering: the template raised (``raise_exception``, a Jinja error, a Python error in its
+            code), message included; with a ``processor``: the template does not render image parts as
+            placeholders.
         FileNotFoundError: a template name that is not shipped, or a ``.jinja`` path that does not exist.
     """
 
@@ -195,9 +207,13 @@ class ChatRenderer:
                 tokenize=False,
                 **dict(self.template_kwargs or {}),
             )
-        except jinja2.TemplateError as exc:
+        except Exception as exc:
             # A template refusing a conversation (Gemma's "System role not supported", Mistral's
-            # call-id check) is a template error of this conversation, reported as such.
+            # call-id check) is a template error of this conversation, reported as such; so is a
+            # Python error the template's code hit on these messages (a str + int, a method call on
+            # a list content), which a caller would otherwise see as its own crash.
+            if not isinstance(exc, jinja2.TemplateError) and not _raised_in_template(exc):
+                raise
             raise ConversationRefused(f"the chat template raised {type(exc).__name__}: {exc}") from None
 
     def render(
