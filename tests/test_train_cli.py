@@ -41,7 +41,9 @@ def test_resume_flag_does_not_swallow_an_override(tmp_path, capsys):
 def test_fresh_run_into_a_directory_with_checkpoints_fails_cleanly(tmp_path, capsys):
     fake_checkpoint(tmp_path, 1)
     assert main([CONFIG, "--output-dir", str(tmp_path)]) == 2
-    assert "already holds checkpoints; pass --resume" in capsys.readouterr().err
+    assert capsys.readouterr().err == (
+        f"chatgym train: {tmp_path} already holds checkpoints; pass --resume to continue or choose another --output-dir\n"
+    )
 
 
 def test_missing_checkpoint_fails_before_creating_the_output_dir(tmp_path, capsys):
