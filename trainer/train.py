@@ -335,6 +335,8 @@ class Trainer:
         if self.start_step == 0 and cfg.env.eval_tasks:
             eval_before = self.evaluate()
             self.metrics.log(0, eval_before)
+        elif self.start_step > 0:  # resumed: the first run's evaluation, its step-0 row of metrics.jsonl
+            eval_before = self.metrics.logged(0)
         bar = _progress(self.start_step, cfg.train.max_steps, cfg.train.progress)
         first, last, checkpoint = self.loop.run_until_complete(self._run_pipeline(bar))
         if bar is not None:
