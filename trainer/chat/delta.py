@@ -85,6 +85,7 @@ from chatgym.trainer.chat.template_probe import (
     TemplateError,
     TemplateProbe,
     first_difference,
+    probe_template,
 )
 from chatgym.trainer.chat.tokenizer import (
     SENTINEL_CLOSE,
@@ -400,6 +401,29 @@ def resolve_eos_ids(
         elif source is not None:
             ids.update(int(i) for i in source)
     return tuple(sorted(ids))
+
+
+def probe_chat_template(
+    tokenizer: Any,
+    config: Any,
+    engine_eos: Any = None,
+    generation_config: Any = None,
+    processor: Any = None,
+) -> tuple[tuple[int, ...], ChatRenderer, TemplateProbe]:
+    """The EOS ids, renderer and template probe a collector works with (``config``: its
+    ``RolloutConfig``, read for ``eos_token_ids``, ``chat_template`` and ``chat_template_kwargs``).
+
+    EOS ids: ``config.eos_token_ids``, else ``engine_eos`` (the engine's ``eos_token_ids``, one id or
+    several: it knows its model's generation config), else the tokenizer's and ``generation_config``'s.
+
+    Raises:
+        TemplateError: the template fits neither delta mode (see :func:`probe_template`).
+        FileNotFoundError / ValueError: ``config.chat_template`` names nothing (see :class:`ChatRenderer`).
+    """
+    engine_eos = (engine_eos,) if isinstance(engine_eos, int) else tuple(sorted(engine_eos or ()))
+    eos = config.eos_token_ids or engine_eos or resolve_eos_ids(tokenizer, generation_config)
+    renderer = ChatRenderer(tokenizer, config.chat_template, config.chat_template_kwargs, processor)
+    return eos, renderer, probe_template(renderer, eos)
 
 
 def truncate_text_tokens(tokenizer: Any, text: str, max_tokens: int) -> tuple[str, int]:
