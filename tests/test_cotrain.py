@@ -684,3 +684,15 @@ def test_chatgym_cotrain_start_up_errors_are_one_line_rc_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("chatgym cotrain: model.device") and "CUDA" in err
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_chatgym_cotrain_into_a_used_output_dir_offers_no_resume(tmp_path, capsys):
+    # cotrain has no --resume: the checkpoint check is told so (it was the train hint, string-edited).
+    from chatgym.trainer.cotrain.loop import main
+    from chatgym.trainer.learner.checkpoint import STATE_FILE
+
+    ckpt = tmp_path / "checkpoints" / "step_000001"
+    ckpt.mkdir(parents=True)
+    (ckpt / STATE_FILE).write_bytes(b"")
+    assert main(["examples/configs/cotrain_judge_cpu.yaml", "--output-dir", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"chatgym cotrain: {tmp_path} already holds checkpoints; choose another --output-dir\n"

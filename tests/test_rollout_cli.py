@@ -8,7 +8,9 @@ import subprocess
 import sys
 
 import pytest
+from cli_refusals import assert_chat_template_refusals, refusal
 
+from chatgym.trainer.config.loader import ConfigError
 from chatgym.trainer.rollout import cli as rollout_cli
 from chatgym.trainer.rollout.cli import build_parser
 
@@ -28,24 +30,38 @@ def test_help_lists_the_budgets():
         assert flag in text
 
 
-def test_bad_arguments_name_the_option(tmp_path):
-    with pytest.raises(SystemExit, match="-n/--num-tasks must be >= 1"):
-        rollout_cli.main(["--env", "CodeSandbox-v0", "-n", "0", "--out", str(tmp_path / "t.jsonl")])
-    with pytest.raises(SystemExit, match="--engine-arg expects key=value"):
-        rollout_cli.main(
-            [
-                "--env",
-                "CodeSandbox-v0",
-                "--engine",
-                "hf",
-                "--engine-arg",
-                "dtype",
-                "--out",
-                str(tmp_path / "t.jsonl"),
-            ]
-        )
+def rollout_refusal(tmp_path, monkeypatch, capsys, *args: str) -> str:
+    """What ``chatgym rollout --env Math-v0 --engine hf ... ARGS`` prints when it refuses ARGS; no
+    trajectory file is made."""
+    out = tmp_path / "t.jsonl"
+    err = refusal(rollout_cli.main, ["--env", "Math-v0", "--engine", "hf", "--out", str(out), *args], monkeypatch, capsys)
+    assert not out.exists()
+    return err
+
+
+def test_bad_arguments_name_the_option(tmp_path, monkeypatch, capsys):
+    assert rollout_refusal(tmp_path, monkeypatch, capsys, "-n", "0") == "chatgym rollout: -n/--num-tasks must be >= 1, got 0\n"
+    assert rollout_refusal(tmp_path, monkeypatch, capsys, "--engine-arg", "dtype") == (
+        "chatgym rollout: --engine-arg expects key=value, got 'dtype'\n"
+    )
     with pytest.raises(SystemExit):  # argparse: invalid choice
         build_parser().parse_args(["--env", "X", "--engine", "nope", "--out", "t"])
+
+
+def test_a_misspelt_env_arg_is_refused_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    # Regression: the model loaded, then every episode failed with only env_error in the summary
+    # (chatgym eval stopped at once with the reason: both now build the env once with build_env).
+    assert rollout_refusal(tmp_path, monkeypatch, capsys, "--env-arg", "difficulty_levl=3") == (
+        "chatgym rollout: --env-arg: cannot build the env: TypeError: ChatEnv.__init__() got an unexpected "
+        "keyword argument 'difficulty_levl' was raised from the environment creator for Math-v0 with kwargs "
+        "({'difficulty_levl': 3})\n"
+    )
+
+
+def test_chat_template_refusals_are_one_line_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    # Regression: a missing template file and a template the probe refuses were tracebacks (status 1),
+    # the second after the model had loaded.
+    assert_chat_template_refusals("rollout", lambda *a: rollout_refusal(tmp_path, monkeypatch, capsys, *a), tmp_path)
 
 
 @pytest.mark.slow
@@ -91,32 +107,22 @@ def test_rollout_and_eval_take_the_same_dotted_overrides_and_defaults():
             "rollout.max_tokens=32",
         ]
     )
-    got = rollout_config(args, "chatgym rollout", seed=3)
+    got = rollout_config(args, seed=3)
     # The flag wins over the override of the same field; the rest are RolloutConfig's defaults.
     assert got == RolloutConfig(top_k=20, max_tokens=64, seed=3)
     eval_args = eval_cli.build_parser().parse_intermixed_args(
         ["--engine", "reference", "rollout.top_k=20", "--max-tokens", "64"]
     )
-    assert rollout_config(eval_args, "chatgym eval", seed=3) == got
-    defaults = rollout_config(build_parser().parse_intermixed_args(["--env", "X", "--out", "t"]), "p")
+    assert rollout_config(eval_args, seed=3) == got
+    defaults = rollout_config(build_parser().parse_intermixed_args(["--env", "X", "--out", "t"]))
     assert defaults.max_concurrent_episodes == 256 == RolloutConfig().max_concurrent_episodes
-    assert rollout_config(eval_cli.build_parser().parse_intermixed_args([]), "p") == defaults
-    with pytest.raises(
-        SystemExit,
-        match=r"chatgym rollout: rollout.max_tokenz: unknown config key; did you mean rollout.max_tokens\?",
-    ):
-        rollout_config(
-            build_parser().parse_intermixed_args(["--env", "X", "--out", "t", "rollout.max_tokenz=3"]),
-            "chatgym rollout",
-        )
-    with pytest.raises(SystemExit, match=r"rollout.max_tokens: expected an integer, got 'many'"):
-        rollout_config(
-            build_parser().parse_intermixed_args(["--env", "X", "--out", "t", "rollout.max_tokens=many"]), "p"
-        )
-    with pytest.raises(SystemExit, match=r"expected rollout\.KEY=VALUE"):
-        rollout_config(
-            build_parser().parse_intermixed_args(["--env", "X", "--out", "t", "max_tokens=3"]), "p"
-        )
+    assert rollout_config(eval_cli.build_parser().parse_intermixed_args([])) == defaults
+    with pytest.raises(ConfigError, match=r"^rollout.max_tokenz: unknown config key; did you mean rollout.max_tokens\? \(valid: "):
+        rollout_config(build_parser().parse_intermixed_args(["--env", "X", "--out", "t", "rollout.max_tokenz=3"]))
+    with pytest.raises(ConfigError, match=r"^rollout.max_tokens: expected an integer, got 'many'$"):
+        rollout_config(build_parser().parse_intermixed_args(["--env", "X", "--out", "t", "rollout.max_tokens=many"]))
+    with pytest.raises(ConfigError, match=r"^override 'max_tokens=3': expected rollout\.KEY=VALUE$"):
+        rollout_config(build_parser().parse_intermixed_args(["--env", "X", "--out", "t", "max_tokens=3"]))
 
 
 def test_eval_overrides_after_the_env_list_are_overrides(tmp_path, monkeypatch):

@@ -17,7 +17,7 @@ from conformance_helpers import STUB, collector_for, reference_ids, run_batch
 from template_families import BY_NAME, FAMILIES, family_tokenizer
 
 from chatgym.trainer.chat.delta import ChatRenderer
-from chatgym.trainer.chat.template_probe import TemplateError
+from chatgym.trainer.chat.template_probe import TemplateError, probe_template
 from chatgym.trainer.engines.replay import replay_logprob
 
 SUPPORTED = [f for f in FAMILIES if f.refused is None]
@@ -116,6 +116,17 @@ def test_a_template_that_raises_is_a_template_error_naming_its_message():
     with pytest.raises(TemplateError, match=r"^the chat template raised TemplateError: System role not supported$"):
         renderer.render([{"role": "system", "content": "S"}, {"role": "user", "content": "U"}])
     assert STUB not in BY_NAME["gemma2"].text
+
+
+def test_a_python_error_in_a_template_is_wrapped_as_a_jinja_error_is():
+    # Regression: a template whose code hit a Python error (here str + int) escaped the renderer as a
+    # bare TypeError: a traceback at start-up, an "internal_error" episode instead of a template_error.
+    text = "{% for m in messages %}{{ m.role + ': ' + m.content + 1 }}{% endfor %}"
+    renderer = ChatRenderer(family_tokenizer("smollm2"), text)
+    with pytest.raises(TemplateError, match=r'^the chat template raised TypeError: can only concatenate str \(not "int"\) to str$'):
+        renderer.render([{"role": "user", "content": "U"}])
+    with pytest.raises(TemplateError, match=r"^the chat template raised TypeError: .*; and new messages rendered after"):
+        probe_template(renderer, [2])
 
 
 @pytest.mark.slow

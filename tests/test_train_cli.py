@@ -41,7 +41,9 @@ def test_resume_flag_does_not_swallow_an_override(tmp_path, capsys):
 def test_fresh_run_into_a_directory_with_checkpoints_fails_cleanly(tmp_path, capsys):
     fake_checkpoint(tmp_path, 1)
     assert main([CONFIG, "--output-dir", str(tmp_path)]) == 2
-    assert "already holds checkpoints; pass --resume" in capsys.readouterr().err
+    assert capsys.readouterr().err == (
+        f"chatgym train: {tmp_path} already holds checkpoints; pass --resume to continue or choose another --output-dir\n"
+    )
 
 
 def test_missing_checkpoint_fails_before_creating_the_output_dir(tmp_path, capsys):
@@ -90,6 +92,38 @@ def test_a_device_torch_cannot_read_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("chatgym train: model.device: 'bogus' is not a device (auto, cpu, cuda, cuda:N): ")
     assert err.count("\n") == 1 and not out.exists()
+
+
+def test_a_refused_chat_template_is_one_line_before_any_model_loads(tmp_path, monkeypatch, capsys):
+    # Regression: the collector's template probe refused it inside the Trainer, after the policy and
+    # the engine had loaded (90 s with vLLM): a traceback, status 1, the output dir left behind.
+    from cli_refusals import NO_EOS_REASON, NO_EOS_TEMPLATE
+
+    from chatgym.trainer import train
+
+    monkeypatch.setattr(train, "Trainer", None)  # building one would fail the test
+    no_eos = tmp_path / "no_eos.jinja"
+    no_eos.write_text(NO_EOS_TEMPLATE)
+    out = tmp_path / "run"
+    assert main([CONFIG, "engine.backend=hf", "engine.options={}", f"rollout.chat_template={no_eos}",
+                 "--output-dir", str(out)]) == 2  # fmt: skip
+    assert capsys.readouterr().err == f"chatgym train: rollout.chat_template: {NO_EOS_REASON}\n"
+    assert not out.exists()
+
+
+def test_an_agent_file_without_its_function_is_one_line_before_any_model_loads(tmp_path, monkeypatch, capsys):
+    # Regression: the gateway source found the function missing after the models had loaded (traceback).
+    from chatgym.trainer import train
+
+    monkeypatch.setattr(train, "Trainer", None)  # building one would fail the test
+    agent = tmp_path / "agent.py"
+    agent.write_text("def other(base_url, api_key, task):\n    return None\n")
+    out = tmp_path / "run"
+    config = str(Path(CONFIG).with_name("gateway_math.yaml"))
+    assert main([config, "engine.backend=hf", "engine.options={}", f"trainer.gateway.agent={agent}:run",
+                 "--output-dir", str(out)]) == 2  # fmt: skip
+    assert capsys.readouterr().err == f"chatgym train: trainer.gateway.agent: '{agent}' has no callable 'run'\n"
+    assert not out.exists()
 
 
 def test_a_recipe_model_not_made_yet_points_to_the_cold_start(tmp_path, capsys):

@@ -439,6 +439,30 @@ def test_resume_continues_with_the_same_batch_and_weights(tmp_path, tiny_model):
     assert steps == [1, 2, 3]
 
 
+def test_a_resumed_run_keeps_the_held_out_score_before_training(tmp_path, tiny_model, capsys):
+    # Regression: the resumed run's summary.json had eval_before None ("held-out before: -"), though
+    # the first run had logged it at step 0 of metrics.jsonl.
+    from chatgym.trainer.train import Trainer
+    from chatgym.trainer.train_cli import _print_summary
+
+    def run(steps, resume):
+        trainer = Trainer(tiny_config(tmp_path, "train.tensorboard=false", steps=steps), resume=resume)
+        try:
+            return trainer.train()
+        finally:
+            trainer.close()
+
+    first = run(1, False)
+    assert first["eval_before"]["eval/tasks"] == 3
+    resumed = run(2, True)
+    assert resumed["steps_run"] == 1 and resumed["eval_before"] == first["eval_before"]
+    assert json.loads((tmp_path / "summary.json").read_text())["eval_before"] == first["eval_before"]
+    capsys.readouterr()
+    _print_summary(resumed)
+    before = [line for line in capsys.readouterr().out.splitlines() if "held-out before" in line]
+    assert before == [f"  held-out before: score={first['eval_before']['eval/score']:.4g}"]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_training_steps_on_cuda_in_bf16(tmp_path, tiny_model, monkeypatch):

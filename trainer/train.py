@@ -109,11 +109,16 @@ class Trainer:
         FileNotFoundError: ``resume`` names a directory that is not a checkpoint.
     """
 
+    # Whether a run of this class can be continued (``resume``): the refusal of a used output_dir
+    # offers --resume only then.
+    resumable = True
+
     def __init__(self, config: Config, *, engine: Any = None, resume: bool | str | Path = False):
         self.cfg = cfg = config
         self.out = Path(cfg.train.output_dir)
         self.failed_steps_in_a_row = 0  # train.max_failed_steps
-        ckpt = find_checkpoint(self.out, resume)  # before mkdir: a refused run leaves nothing behind
+        # Before mkdir: a refused run leaves nothing behind.
+        ckpt = find_checkpoint(self.out, resume, resumable=self.resumable)
         self.out.mkdir(parents=True, exist_ok=True)
         seed_everything(cfg.train.seed)
         self.cluster = start_ray(cfg)  # trainer.backend: ray — a local cluster, or the one to join
@@ -339,6 +344,8 @@ class Trainer:
         if self.start_step == 0 and cfg.env.eval_tasks:
             eval_before = self.evaluate()
             self.metrics.log(0, eval_before)
+        elif self.start_step > 0:  # resumed: the first run's evaluation, its step-0 row of metrics.jsonl
+            eval_before = self.metrics.logged(0)
         bar = _progress(self.start_step, cfg.train.max_steps, cfg.train.progress)
         first, last, checkpoint = self.loop.run_until_complete(self._run_pipeline(bar))
         if bar is not None:

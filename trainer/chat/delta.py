@@ -85,6 +85,7 @@ from chatgym.trainer.chat.template_probe import (
     TemplateError,
     TemplateProbe,
     first_difference,
+    probe_template,
 )
 from chatgym.trainer.chat.tokenizer import (
     SENTINEL_CLOSE,
@@ -95,6 +96,17 @@ from chatgym.trainer.chat.tokenizer import (
     is_template_text,
     resolve_chat_template,
 )
+
+
+def _raised_in_template(exc: BaseException) -> bool:
+    """True when ``exc`` passed through a chat template's compiled code (Jinja names its frames
+    ``<template>``), False for an error of the caller's arguments or of transformers itself."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == "<template>":
+            return True
+        tb = tb.tb_next
+    return False
 
 
 @dataclass
@@ -120,8 +132,9 @@ class ChatRenderer:
 
     Raises:
         TemplateError: the template's text holds the codec's private-use sentinel characters; from any
-            rendering: the template raised (``raise_exception``, a Jinja error), message included; with
-            a ``processor``: the template does not render image parts as placeholders.
+            rendering: the template raised (``raise_exception``, a Jinja error, a Python error in its
+            code), message included; with a ``processor``: the template does not render image parts as
+            placeholders.
         FileNotFoundError: a template name that is not shipped, or a ``.jinja`` path that does not exist.
     """
 
@@ -195,9 +208,13 @@ class ChatRenderer:
                 tokenize=False,
                 **dict(self.template_kwargs or {}),
             )
-        except jinja2.TemplateError as exc:
+        except Exception as exc:
             # A template refusing a conversation (Gemma's "System role not supported", Mistral's
-            # call-id check) is a template error of this conversation, reported as such.
+            # call-id check) is a template error of this conversation, reported as such; so is a
+            # Python error the template's code hit on these messages (a str + int, a method call on
+            # a list content), which a caller would otherwise see as its own crash.
+            if not isinstance(exc, jinja2.TemplateError) and not _raised_in_template(exc):
+                raise
             raise ConversationRefused(f"the chat template raised {type(exc).__name__}: {exc}") from None
 
     def render(
@@ -384,6 +401,29 @@ def resolve_eos_ids(
         elif source is not None:
             ids.update(int(i) for i in source)
     return tuple(sorted(ids))
+
+
+def probe_chat_template(
+    tokenizer: Any,
+    config: Any,
+    engine_eos: Any = None,
+    generation_config: Any = None,
+    processor: Any = None,
+) -> tuple[tuple[int, ...], ChatRenderer, TemplateProbe]:
+    """The EOS ids, renderer and template probe a collector works with (``config``: its
+    ``RolloutConfig``, read for ``eos_token_ids``, ``chat_template`` and ``chat_template_kwargs``).
+
+    EOS ids: ``config.eos_token_ids``, else ``engine_eos`` (the engine's ``eos_token_ids``, one id or
+    several: it knows its model's generation config), else the tokenizer's and ``generation_config``'s.
+
+    Raises:
+        TemplateError: the template fits neither delta mode (see :func:`probe_template`).
+        FileNotFoundError / ValueError: ``config.chat_template`` names nothing (see :class:`ChatRenderer`).
+    """
+    engine_eos = (engine_eos,) if isinstance(engine_eos, int) else tuple(sorted(engine_eos or ()))
+    eos = config.eos_token_ids or engine_eos or resolve_eos_ids(tokenizer, generation_config)
+    renderer = ChatRenderer(tokenizer, config.chat_template, config.chat_template_kwargs, processor)
+    return eos, renderer, probe_template(renderer, eos)
 
 
 def truncate_text_tokens(tokenizer: Any, text: str, max_tokens: int) -> tuple[str, int]:

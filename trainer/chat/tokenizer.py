@@ -72,7 +72,7 @@ def resolve_chat_template(model_template: str | None, chat_template: str = "auto
 
     Raises:
         ValueError: ``"model"`` asked for but the model has no template.
-        FileNotFoundError: an unknown template name.
+        FileNotFoundError: an unknown template name, a ``.jinja`` path that does not exist.
     """
     if chat_template == "auto":
         return model_template if template_supports_tools(model_template) else builtin_template(CHATML_TOOLS)
@@ -82,10 +82,9 @@ def resolve_chat_template(model_template: str | None, chat_template: str = "auto
         return model_template
     if is_template_text(chat_template):
         return chat_template
+    check_chat_template_setting(chat_template)  # a missing .jinja file is named as such, not "not shipped"
     path = Path(chat_template).expanduser()
-    if path.suffix == ".jinja" and path.is_file():
-        return path.read_text()
-    return builtin_template(chat_template)
+    return path.read_text() if path.suffix == ".jinja" else builtin_template(chat_template)
 
 
 def is_template_text(chat_template: str) -> bool:

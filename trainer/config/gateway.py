@@ -84,8 +84,9 @@ class GatewayConfig:
 
 
 def _check_importable(spec: str) -> None:
-    """Raise ValueError naming ``trainer.gateway.agent`` when its file or module does not exist (the
-    function itself is looked up when the source starts: importing runs the user's module)."""
+    """Raise ValueError naming ``trainer.gateway.agent`` when its file or module does not exist. The
+    function itself is looked up by ``chatgym train`` / ``chatgym eval`` before any model loads, not
+    here: importing runs the user's module, which loading a config must not."""
     import importlib.util
     from pathlib import Path
 

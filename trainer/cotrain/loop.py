@@ -114,6 +114,8 @@ class CoTrainer(Trainer):
         FileExistsError: an ``output_dir`` that already holds checkpoints (as ``chatgym train``).
     """
 
+    resumable = False  # no resume argument, no --resume
+
     def __init__(
         self,
         config: Config,
@@ -350,8 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         trainer = CoTrainer(config, co)
     except (ConfigError, FileExistsError) as exc:  # no CUDA for model.device, a used output_dir, ...
-        message = str(exc).replace("pass --resume to continue or choose", "choose")  # cotrain has no --resume
-        print(f"chatgym cotrain: {message}", file=sys.stderr)
+        print(f"chatgym cotrain: {exc}", file=sys.stderr)
         return 2
     try:
         summary = trainer.train()

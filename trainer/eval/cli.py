@@ -16,13 +16,15 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from chatgym.trainer.rollout.cli import add_rollout_flags, key_values, rollout_config
+from chatgym.trainer.config.loader import ConfigError
+from chatgym.trainer.rollout.cli import (
+    add_rollout_flags,
+    check_chat_template_flag,
+    key_values,
+    rollout_config,
+)
 
 DEFAULT_DB = "runs/eval/results.sqlite"
-
-
-def _key_values(items: Sequence[str], flag: str) -> dict[str, Any]:
-    return key_values(items, flag, prog="chatgym eval")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``chatgym eval``: prints a JSON report per env; 1 when nothing could be evaluated."""
+    """Entry point of ``chatgym eval``: prints a JSON report per env; 1 when nothing could be evaluated,
+    2 for a bad argument (one line naming it, before any model loads)."""
     from chatgym.trainer.eval.config import EvalConfig
     from chatgym.trainer.eval.run import evaluate, report_dicts
 
@@ -82,9 +85,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # ``--env`` takes several ids, so overrides written after it land in its list: move them back.
     args.overrides += [e for e in args.env if "=" in e]
     args.env = [e for e in args.env if "=" not in e] or ["all"]
-    engine_kwargs = _key_values(args.engine_arg, "--engine-arg")
     try:
+        engine_kwargs = key_values(args.engine_arg, "--engine-arg")
         args.model = _model_for(args.engine, args.model, engine_kwargs)
+        check_chat_template_flag(args.chat_template)
         config = EvalConfig(
             engine=args.engine,
             model=args.model,
@@ -98,13 +102,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             db=args.db,
             traces_dir=args.traces_dir,
             # Greedy for one sample per task unless a temperature is given (flag or override).
-            rollout=rollout_config(
-                args, "chatgym eval", temperature=0.0 if args.n_samples == 1 else 1.0, seed=args.seed
-            ),
+            rollout=rollout_config(args, temperature=0.0 if args.n_samples == 1 else 1.0, seed=args.seed),
             chat_template=args.chat_template,
             success_threshold=args.success_threshold,
             retry_failed=args.retry_failed,
-            env_kwargs=_key_values(args.env_arg, "--env-arg"),
+            env_kwargs=key_values(args.env_arg, "--env-arg"),
             engine_kwargs=engine_kwargs,
             agent=args.agent,
             agent_reward=args.agent_reward,
@@ -112,10 +114,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         from chatgym.trainer.eval.run import resolve_env_ids
 
         resolve_env_ids(config.envs)
+        if config.agent is not None:
+            from chatgym.trainer.gateway.program import load_callable
+
+            load_callable(config.agent)  # a missing function fails here, not once the model has loaded
     except ValueError as exc:
-        raise SystemExit(f"chatgym eval: {exc}") from None
+        return _refuse(exc)
     try:
         reports = asyncio.run(evaluate(config, progress=not args.no_progress, argv=["chatgym", "eval", *argv]))
+    except ConfigError as exc:  # the backend's start-up checks (the chat template), before the model loads
+        return _refuse(exc)
     except KeyboardInterrupt:
         print(
             f"chatgym eval: interrupted; finished episodes are stored in {config.db} — run the same "
@@ -133,6 +141,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("chatgym eval: every episode failed (see the traces); rerun with --retry-failed", file=sys.stderr)
         return 1
     return 0 if ran else 1
+
+
+def _refuse(exc: Exception) -> int:
+    print(f"chatgym eval: {exc}", file=sys.stderr)
+    return 2
 
 
 def _model_for(engine: str, model: str | None, engine_kwargs: dict[str, Any]) -> str:

@@ -40,6 +40,7 @@ from chatgym.trainer.eval.identity import (
     weights_hash,
 )
 from chatgym.trainer.eval.store import ResultsStore
+from chatgym.trainer.rollout.env_runner import EnvBuildError, build_env
 from chatgym.trainer.rollout.types import Trajectory
 
 
@@ -84,15 +85,17 @@ def make_eval_env(env_id: str, split: str, env_kwargs: Mapping[str, Any]) -> tup
     env accepts it, else the env's default split).
 
     Raises:
-        whatever ``gym.make`` raises for an explicit split or bad keywords.
+        EnvBuildError: the env cannot be built with an explicit split or with these keywords.
     """
     kwargs = dict(env_kwargs)
     if split != "auto":
-        return gym.make(env_id, split=split, **kwargs), {**kwargs, "split": split}
+        return build_env(env_id, {**kwargs, "split": split}), {**kwargs, "split": split}
     try:
-        return gym.make(env_id, split="test", **kwargs), {**kwargs, "split": "test"}
-    except (TypeError, ValueError):
-        return gym.make(env_id, **kwargs), kwargs
+        return build_env(env_id, {**kwargs, "split": "test"}), {**kwargs, "split": "test"}
+    except EnvBuildError as exc:
+        if not isinstance(exc.__cause__, (TypeError, ValueError)):  # no "test" split: the default one
+            raise
+        return build_env(env_id, kwargs), kwargs
 
 
 def env_identity(env_id: str, split: str, env_kwargs: Mapping[str, Any]) -> tuple[EnvId, dict[str, Any]]:
@@ -183,18 +186,23 @@ class _Backend:
         if self.token_level:
             from chatgym.trainer.chat.tokenizer import get_tokenizer
             from chatgym.trainer.models.packaged import processor_for
+            from chatgym.trainer.rollout.cli import check_chat_template
             from chatgym.trainer.rollout.collector import Collector
 
             tok_source = cfg.engine_kwargs.get("tokenizer", cfg.model)
             self.tokenizer = get_tokenizer(tok_source, cfg.chat_template)
+            rollout = cfg.collector_config()
+            processor = processor_for(tok_source, self.tokenizer)
+            eos = cfg.engine_kwargs.get("eos_token_ids")  # else the model's, as its engine reads them
+            check_chat_template(cfg.model, self.tokenizer, rollout, eos, processor, setting="--chat-template")
             kwargs = {k: v for k, v in cfg.engine_kwargs.items() if k != "tokenizer"}
             # The engine's own context limit follows --max-model-len unless given (vLLM sizes its
             # KV cache by it).
             if "max_model_len" in inspect.signature(engine_class(cfg.engine)).parameters:
-                kwargs.setdefault("max_model_len", cfg.collector_config().max_model_len)
+                kwargs.setdefault("max_model_len", rollout.max_model_len)
             self.engine = make_engine(cfg.engine, cfg.model, **kwargs)
             self.collector = (
-                Collector(self.engine, self.tokenizer, cfg.collector_config(), processor=processor_for(tok_source, self.tokenizer))
+                Collector(self.engine, self.tokenizer, rollout, processor=processor)
                 if cfg.agent is None
                 else _agent_collector(cfg, self.engine, self.tokenizer)
             )
@@ -347,7 +355,7 @@ class _Evaluation:
         try:
             ident, kwargs = env_identity(env_id, config.split, config.env_kwargs)
         except Exception as exc:  # one env that cannot start must not stop the others
-            return self._skip(report, f"cannot build the env: {type(exc).__name__}: {exc}")
+            return self._skip(report, str(exc if isinstance(exc, EnvBuildError) else EnvBuildError(exc)))
         report.column = ident.column
         num_tasks = min(config.max_tasks or ident.num_tasks, ident.num_tasks)
         if num_tasks == 0:

@@ -40,30 +40,38 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from chatgym.trainer.config.loader import ConfigError
+
 
 class ProgramError(Exception):
     """The agent program failed one episode (raised, exited non-zero, or reported a bad reward)."""
 
 
-def load_callable(spec: str) -> Callable[..., Any]:
-    """The function named by ``"module:function"`` or ``"path/file.py:function"``.
+def load_callable(spec: str, setting: str = "agent") -> Callable[..., Any]:
+    """The function named by ``"module:function"`` or ``"path/file.py:function"``, its module run once
+    per process (a second call finds it loaded).
+
+    Args:
+        setting: the name of the setting that gave ``spec``, which every message starts with
+            (``trainer.gateway.agent``).
 
     Raises:
-        ValueError: a malformed spec, a missing file or module, or a name that is not callable.
+        ConfigError: (a ValueError) a malformed spec, a missing file or module, or a name that is not
+            callable.
     """
     target, sep, name = spec.rpartition(":")
     if not sep or not target or not name:
-        raise ValueError(f"agent must be 'module:function' or 'path/file.py:function', got {spec!r}")
+        raise ConfigError(f"{setting} must be 'module:function' or 'path/file.py:function', got {spec!r}")
     if target.endswith(".py"):
         path = Path(target).resolve()
         if not path.is_file():
-            raise ValueError(f"agent: no such file {target!r}")
+            raise ConfigError(f"{setting}: no such file {target!r}")
         module_name = f"chatgym_agent_{path.stem}_{abs(hash(str(path))) % 10**8}"
         module = sys.modules.get(module_name)
         if module is None:
             file_spec = importlib.util.spec_from_file_location(module_name, path)
             if file_spec is None or file_spec.loader is None:
-                raise ValueError(f"agent: cannot load {target!r} as a Python module")
+                raise ConfigError(f"{setting}: cannot load {target!r} as a Python module")
             module = importlib.util.module_from_spec(file_spec)
             sys.modules[module_name] = module
             file_spec.loader.exec_module(module)
@@ -71,10 +79,10 @@ def load_callable(spec: str) -> Callable[..., Any]:
         try:
             module = importlib.import_module(target)
         except ImportError as exc:
-            raise ValueError(f"agent: cannot import {target!r}: {exc}") from exc
+            raise ConfigError(f"{setting}: cannot import {target!r}: {exc}") from exc
     fn = getattr(module, name, None)
     if not callable(fn):
-        raise ValueError(f"agent: {target!r} has no callable {name!r}")
+        raise ConfigError(f"{setting}: {target!r} has no callable {name!r}")
     return fn
 
 

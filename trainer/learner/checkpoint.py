@@ -52,13 +52,15 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
     return ckpts[-1] if ckpts else None
 
 
-def find_checkpoint(output_dir: str | Path, resume: bool | str | Path) -> Path | None:
+def find_checkpoint(output_dir: str | Path, resume: bool | str | Path, *, resumable: bool = True) -> Path | None:
     """The checkpoint a run starts from, checked without loading anything.
 
     Args:
         output_dir: the run's output directory.
         resume: False (fresh run), True (newest checkpoint in ``output_dir``, or None when there is
             none), or a checkpoint directory.
+        resumable: whether the command can continue a run (``chatgym train --resume``; ``chatgym
+            cotrain`` cannot): the refusal of a used ``output_dir`` offers ``--resume`` only then.
 
     Raises:
         FileExistsError: a fresh run into an ``output_dir`` that already holds checkpoints.
@@ -66,9 +68,8 @@ def find_checkpoint(output_dir: str | Path, resume: bool | str | Path) -> Path |
     """
     if resume is False:
         if latest_checkpoint(output_dir) is not None:
-            raise FileExistsError(
-                f"{output_dir} already holds checkpoints; pass --resume to continue or choose another --output-dir"
-            )
+            resume_hint = "pass --resume to continue or " if resumable else ""
+            raise FileExistsError(f"{output_dir} already holds checkpoints; {resume_hint}choose another --output-dir")
         return None
     if resume is True:
         return latest_checkpoint(output_dir)

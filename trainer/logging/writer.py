@@ -117,6 +117,12 @@ class MetricsLogger:
         if self._wandb is not None:
             self._wandb.log(scalars, step=step)
 
+    def logged(self, step: int) -> dict[str, Any] | None:
+        """The metrics last logged at ``step`` (this run's or, resumed, the earlier run's rows kept
+        from ``metrics.jsonl``), without ``step``; None when no row has that step."""
+        rows = [r for r in self.history if r.get("step") == step]
+        return {k: v for k, v in rows[-1].items() if k != "step"} if rows else None
+
     def plot(self, path: str | Path | None = None) -> Path:
         """Draw the learning curves of :data:`.curves.CURVE_KEYS` that have data into a PNG; returns its path.
 

@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -29,17 +30,17 @@ from chatgym.trainer.engines import ENGINES
 from chatgym.trainer.rollout.config import RolloutConfig
 
 
-def key_values(items: Sequence[str], flag: str, prog: str = "chatgym rollout") -> dict[str, Any]:
+def key_values(items: Sequence[str], flag: str) -> dict[str, Any]:
     """``["a=1", "b=x"]`` -> ``{"a": 1, "b": "x"}`` (values parsed as YAML scalars).
 
     Raises:
-        SystemExit: an item without ``=`` (the message names ``prog`` and ``flag``).
+        ConfigError: an item without ``=`` (the message names ``flag``).
     """
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise SystemExit(f"{prog}: {flag} expects key=value, got {item!r}")
+            raise ConfigError(f"{flag} expects key=value, got {item!r}")
         out[key] = yaml.safe_load(value)
     return out
 
@@ -90,46 +91,121 @@ def add_rollout_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def rollout_config(args: argparse.Namespace, prog: str, **base: Any) -> RolloutConfig:
+def rollout_config(args: argparse.Namespace, **base: Any) -> RolloutConfig:
     """The :class:`RolloutConfig` of a CLI call: ``base`` values, then ``args.overrides``, then the
     flags given (a flag wins over an override of the same field).
 
     Raises:
-        SystemExit: a bad override or value, naming the dotted field (``rollout.max_tokens: ...``).
+        ConfigError: a bad override or value, naming the dotted field (``rollout.max_tokens: ...``).
     """
     items = list(args.overrides)
     for flag, (name, _, _) in ROLLOUT_FLAGS.items():
         value = getattr(args, flag.lstrip("-").replace("-", "_"))
         if value is not None:
             items.append(f"rollout.{name}={value}")
+    bad = [i for i in items if not i.startswith("rollout.")]
+    if bad:
+        raise ConfigError(f"override {bad[0]!r}: expected rollout.KEY=VALUE")
+    data = apply_overrides({"rollout": dict(base)}, items)
+    return from_dict(RolloutConfig, data["rollout"], prefix="rollout")
+
+
+def check_chat_template_flag(value: str) -> None:
+    """``--chat-template`` names something there (a shipped template, an existing ``.jinja`` file).
+
+    Raises:
+        ConfigError: naming ``--chat-template``.
+    """
+    from chatgym.trainer.chat.tokenizer import check_chat_template_setting
+
     try:
-        bad = [i for i in items if not i.startswith("rollout.")]
-        if bad:
-            raise ConfigError(f"override {bad[0]!r}: expected rollout.KEY=VALUE")
-        data = apply_overrides({"rollout": dict(base)}, items)
-        return from_dict(RolloutConfig, data["rollout"], prefix="rollout")
-    except ConfigError as exc:
-        raise SystemExit(f"{prog}: {exc}") from None
+        check_chat_template_setting(value)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"--chat-template: {exc}") from None
+
+
+def check_chat_template(
+    model: str | os.PathLike[str],
+    tokenizer: Any,
+    config: RolloutConfig,
+    engine_eos: Any = None,
+    processor: Any = None,
+    *,
+    setting: str,
+) -> None:
+    """The template check a collector makes when it starts
+    (:func:`~chatgym.trainer.chat.delta.probe_chat_template`), made before any engine loads ``model``:
+    the EOS ids the engine would report are read from the model's files as the engines read them
+    (:func:`~chatgym.trainer.engines.common.local_model_info`; none for a model only a server holds)
+    unless ``engine_eos`` (the engine's ``eos_token_ids`` option) gives them.
+
+    Args:
+        setting: the argument that chose ``tokenizer``'s template (``--chat-template``), named when
+            ``config.chat_template`` does not override it.
+
+    Raises:
+        ConfigError: the template is refused; the message starts with ``rollout.chat_template`` or
+            ``setting``.
+    """
+    from chatgym.trainer.chat.delta import probe_chat_template
+    from chatgym.trainer.engines.common import local_model_info
+
+    if engine_eos is None:
+        engine_eos = local_model_info(model, tokenizer)[2]
+    try:
+        probe_chat_template(tokenizer, config, engine_eos, None, processor)
+    except (FileNotFoundError, ValueError) as exc:  # TemplateError is a ValueError
+        where = "rollout.chat_template" if config.chat_template is not None else setting
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def _start_up_checks(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], RolloutConfig, Any, Any]:
+    """The engine and env keywords, the collector's config, the tokenizer and the processor (None for
+    a text model), every argument checked before any model loads.
+
+    Raises:
+        ConfigError: naming the bad argument.
+    """
+    import gymnasium as gym
+
+    import chatgym  # noqa: F401  (registers the env ids)
+    from chatgym.trainer.chat.tokenizer import get_tokenizer
+    from chatgym.trainer.models.packaged import processor_for
+    from chatgym.trainer.rollout.env_runner import EnvBuildError, build_env
+
+    if args.num_tasks < 1:
+        raise ConfigError(f"-n/--num-tasks must be >= 1, got {args.num_tasks}")
+    engine_kwargs = key_values(args.engine_arg, "--engine-arg")
+    env_kwargs = key_values(args.env_arg, "--env-arg")
+    config = rollout_config(args, seed=args.seed)
+    try:  # as chatgym eval builds each env once: a misspelt --env-arg would fail every episode
+        build_env(args.env, env_kwargs).close()
+    except EnvBuildError as exc:
+        flag = "--env-arg" if env_kwargs and args.env in gym.registry else "--env"
+        raise ConfigError(f"{flag}: {exc}") from None
+    check_chat_template_flag(args.chat_template)
+    try:
+        tokenizer = get_tokenizer(args.model, args.chat_template)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"--model: {exc}") from None
+    except ValueError as exc:  # --chat-template model, and the model has none
+        raise ConfigError(f"--chat-template: {exc}") from None
+    processor = processor_for(args.model, tokenizer)
+    eos = engine_kwargs.get("eos_token_ids")  # else the model's, as its engine reads them
+    check_chat_template(args.model, tokenizer, config, eos, processor, setting="--chat-template")
+    return engine_kwargs, env_kwargs, config, tokenizer, processor
 
 
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
     from tqdm import tqdm
 
-    import chatgym  # noqa: F401  (registers the env ids)
-    from chatgym.trainer.chat.tokenizer import get_tokenizer
     from chatgym.trainer.engines import make_engine
-    from chatgym.trainer.models.packaged import processor_for
     from chatgym.trainer.rollout.collector import Collector
     from chatgym.trainer.rollout.trace import TraceWriter
 
-    if args.num_tasks < 1:
-        raise SystemExit(f"chatgym rollout: -n/--num-tasks must be >= 1, got {args.num_tasks}")
-    engine_kwargs = key_values(args.engine_arg, "--engine-arg")
-    env_kwargs = key_values(args.env_arg, "--env-arg")
-    config = rollout_config(args, "chatgym rollout", seed=args.seed)
-    tokenizer = get_tokenizer(args.model, args.chat_template)
+    engine_kwargs, env_kwargs, config, tokenizer, processor = _start_up_checks(args)
     engine = make_engine(args.engine, args.model, **engine_kwargs)
-    collector = Collector(engine, tokenizer, config, processor=processor_for(args.model, tokenizer))
+    collector = Collector(engine, tokenizer, config, processor=processor)
     writer = TraceWriter(args.out, 1.0, args.seed, tokenizer)
     bar = tqdm(total=args.num_tasks * args.group_size, unit="ep", disable=args.no_progress, file=sys.stderr)
     failed = 0
@@ -160,8 +236,13 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``chatgym rollout``; returns 0, or 1 when every episode failed."""
+    """Entry point of ``chatgym rollout``; returns 0, 1 when every episode failed, 2 for a bad argument
+    (one line naming it, before any model loads)."""
     args = build_parser().parse_intermixed_args(argv)
-    stats = asyncio.run(_run(args))
+    try:
+        stats = asyncio.run(_run(args))
+    except ConfigError as exc:
+        print(f"chatgym rollout: {exc}", file=sys.stderr)
+        return 2
     print(json.dumps(stats, indent=2))
     return 1 if stats["episodes"] and stats["failed"] == stats["episodes"] else 0

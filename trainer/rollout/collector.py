@@ -77,13 +77,11 @@ from typing import Any
 
 from chatgym.envs.messages import Message
 from chatgym.trainer.chat.delta import (
-    ChatRenderer,
     TemplateError,
     closing_ids,
-    resolve_eos_ids,
+    probe_chat_template,
 )
 from chatgym.trainer.chat.images import ImageInputError, intern_images
-from chatgym.trainer.chat.template_probe import probe_template
 from chatgym.trainer.engines.base import Engine, SamplingParams
 from chatgym.trainer.rollout.config import RolloutConfig
 from chatgym.trainer.rollout.env_runner import EnvRunner, EnvSource, env_name, make_env
@@ -160,16 +158,10 @@ class Collector:
         self.engine = engine
         self.tokenizer = tokenizer
         self.config = config or RolloutConfig()
-        # The engine knows its model's EOS ids (generation config); the tokenizer's is a fallback.
-        engine_eos = tuple(sorted(getattr(engine, "eos_token_ids", None) or ()))
-        self.eos_token_ids = (
-            self.config.eos_token_ids or engine_eos or resolve_eos_ids(tokenizer, generation_config)
+        self.eos_token_ids, self.renderer, self.probe = probe_chat_template(
+            tokenizer, self.config, getattr(engine, "eos_token_ids", None), generation_config, processor
         )
         self._eos = frozenset(self.eos_token_ids)
-        self.renderer = ChatRenderer(
-            tokenizer, self.config.chat_template, self.config.chat_template_kwargs, processor
-        )
-        self.probe = probe_template(self.renderer, self.eos_token_ids)
         self._pool: ThreadPoolExecutor | None = None
         self.tracer = (
             TraceWriter(self.config.trace_path, self.config.trace_fraction, self.config.seed or 0, tokenizer)

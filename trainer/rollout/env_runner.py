@@ -24,7 +24,7 @@ import gymnasium as gym
 
 from chatgym.envs.async_env import async_core
 
-__all__ = ["EnvRunner", "EnvSource", "async_core", "env_name", "make_env"]
+__all__ = ["EnvBuildError", "EnvRunner", "EnvSource", "async_core", "build_env", "env_name", "make_env"]
 
 # What an episode is made from: a registered id (``gym.make``) or a factory (not Gymnasium's EnvSpec).
 EnvSource = str | Callable[[], gym.Env]
@@ -46,6 +46,27 @@ def make_env(spec: EnvSource, env_kwargs: dict[str, Any] | None = None) -> gym.E
     raise TypeError(
         f"envs: each entry must be an env id (str) or a factory returning a gym.Env, got {spec!r}"
     )
+
+
+class EnvBuildError(ValueError):
+    """An env that cannot be built from its id and ``gym.make`` keywords (a keyword it does not take,
+    a bad value, an unknown id); the message is one line: ``cannot build the env: <error>``."""
+
+    def __init__(self, cause: BaseException):
+        super().__init__(f"cannot build the env: {type(cause).__name__}: {cause}")
+
+
+def build_env(spec: EnvSource, env_kwargs: dict[str, Any] | None = None) -> gym.Env:
+    """:func:`make_env`, any failure raised as :class:`EnvBuildError`: what ``chatgym eval`` and
+    ``chatgym rollout`` check once, before any model loads, instead of failing every episode.
+
+    Raises:
+        EnvBuildError: the env cannot be built (its cause chained).
+    """
+    try:
+        return make_env(spec, env_kwargs)
+    except Exception as exc:
+        raise EnvBuildError(exc) from exc
 
 
 def env_name(spec: EnvSource, env: gym.Env | None) -> str:
