@@ -9,10 +9,12 @@ gsm_symbolic's 0.01 for a wrong number) is kept.
 from __future__ import annotations
 
 import threading
+from fractions import Fraction
 
 import pytest
 
 from chatgym.envs.math.answer import (
+    answer_value,
     answers_equal,
     extract_answer,
     math_verify_equal,
@@ -329,3 +331,17 @@ def test_extract_answer_never_raises(text):
 )
 def test_answers_equal_never_raises(answer, gold):
     assert answers_equal(answer, gold) in (True, False)
+
+
+@pytest.mark.parametrize(
+    "answer,value,normalised",
+    [("0/-1", Fraction(0), "-0/1"), ("3/-4", Fraction(-3, 4), "-3/4"), ("-1/-2", Fraction(1, 2), "1/2"),
+     ("-\\frac{3}{-4}", Fraction(3, 4), "3/4"), ("-3/4", Fraction(-3, 4), "-3/4")],
+)
+def test_a_fraction_with_a_negative_denominator_is_read_with_one_sign(answer, value, normalised):
+    """Regression (found by test_answers_equal_never_raises in a CI rehearsal): "0/-1" against the
+    gold 9500 raised ValueError from Fraction("0/-1"), which refuses a sign after the slash."""
+    assert answer_value(answer) == value
+    assert normalise_answer(answer) == normalised
+    assert answers_equal(answer, "9500") is False
+    assert answers_equal("6/-8", "-0.75") is True

@@ -160,7 +160,9 @@ def _number_text(s: str) -> str | None:
     if m:
         num, den = (m.group(1), m.group(2)) if m.group(1) is not None else (m.group(3), m.group(4))
         if int(den) != 0:
-            return f"{sign}{num}/{den}".replace("--", "")
+            # One sign in front: Fraction() reads "-3/4" but refuses "3/-4" and "-1/-2" (ValueError).
+            negative = (sign == "-") ^ num.startswith("-") ^ den.startswith("-")
+            return f"{'-' if negative else ''}{num.lstrip('-')}/{den.lstrip('-')}"
     return None
 
 
