@@ -696,3 +696,20 @@ def test_chatgym_cotrain_into_a_used_output_dir_offers_no_resume(tmp_path, capsy
     (ckpt / STATE_FILE).write_bytes(b"")
     assert main(["examples/configs/cotrain_judge_cpu.yaml", "--output-dir", str(tmp_path)]) == 2
     assert capsys.readouterr().err == f"chatgym cotrain: {tmp_path} already holds checkpoints; choose another --output-dir\n"
+
+
+def test_chatgym_cotrain_refuses_a_chat_template_in_one_line_before_the_models_load(tmp_path, monkeypatch, capsys):
+    # Regression: chatgym cotrain ran none of chatgym train's start-up checks, so a template the
+    # collector refuses was a traceback after both models had loaded.
+    from cli_refusals import NO_EOS_REASON, NO_EOS_TEMPLATE
+
+    from chatgym.trainer.cotrain import loop
+
+    monkeypatch.setattr(loop, "CoTrainer", None)  # building one would fail the test
+    no_eos = tmp_path / "no_eos.jinja"
+    no_eos.write_text(NO_EOS_TEMPLATE)
+    out = tmp_path / "run"
+    assert loop.main(["examples/configs/cotrain_judge_cpu.yaml", f"rollout.chat_template={no_eos}",
+                      "--output-dir", str(out)]) == 2  # fmt: skip
+    assert capsys.readouterr().err == f"chatgym cotrain: rollout.chat_template: {NO_EOS_REASON}\n"
+    assert not out.exists()

@@ -114,19 +114,27 @@ def _prepare(argv: list[str]) -> tuple[Any, Path | None] | None:
             "nothing to do (raise train.max_steps to continue)"
         )
         return None
-    _check_model_and_engine(config)
+    try:
+        check_model_and_engine(config)
+    except ConfigError as exc:
+        raise _Refused(str(exc)) from exc
     return config, ckpt
 
 
-def _check_model_and_engine(config: Any) -> None:
-    """An unknown model, a misspelt engine option, a chat template the collector would refuse or an
-    agent program without its function fails here, before the output dir is made."""
+def check_model_and_engine(config: Any) -> None:
+    """Start-up checks of a run config (``chatgym train``'s and ``chatgym cotrain``'s), before any
+    model loads or the output dir is made: the model exists, the device and the engine options suit
+    this machine, the collector would take the chat template, an agent program has its function.
+
+    Raises:
+        ConfigError: the first that fails, naming the field.
+    """
     try:
         model_path = load_model_path(config.model.path)
     except FileNotFoundError as exc:
         # The recipes' configs start from a cold-start SFT model that their README makes first.
         hint = " (make it first: examples/recipes/README.md, sft_warmup.py)" if "recipes" in str(config.model.path) else ""
-        raise _Refused(f"model.path: {exc}{hint}") from exc
+        raise ConfigError(f"model.path: {exc}{hint}") from exc
     from chatgym.trainer.chat.tokenizer import get_tokenizer
     from chatgym.trainer.engines import check_options
     from chatgym.trainer.gateway.program import load_callable
@@ -134,17 +142,14 @@ def _check_model_and_engine(config: Any) -> None:
     from chatgym.trainer.models.packaged import processor_for
     from chatgym.trainer.rollout.cli import check_chat_template
 
-    try:
-        resolve_device(config.model.device)
-        check_options(config.engine)
-        tokenizer = get_tokenizer(model_path)  # the Trainer's: the model's own template or chatml_tools
-        eos = config.engine.options.get("eos_token_ids")  # else the model's, as its engine reads them
-        processor = processor_for(model_path, tokenizer)
-        check_chat_template(model_path, tokenizer, config.rollout, eos, processor, setting="rollout.chat_template")
-        if config.trainer.gateway.agent is not None:
-            load_callable(config.trainer.gateway.agent, "trainer.gateway.agent")
-    except ConfigError as exc:
-        raise _Refused(str(exc)) from exc
+    resolve_device(config.model.device)
+    check_options(config.engine)
+    tokenizer = get_tokenizer(model_path)  # the Trainer's: the model's own template or chatml_tools
+    eos = config.engine.options.get("eos_token_ids")  # else the model's, as its engine reads them
+    processor = processor_for(model_path, tokenizer)
+    check_chat_template(model_path, tokenizer, config.rollout, eos, processor, setting="rollout.chat_template")
+    if config.trainer.gateway.agent is not None:
+        load_callable(config.trainer.gateway.agent, "trainer.gateway.agent")
 
 
 def _startup_refusal(exc: BaseException) -> str | None:
@@ -224,9 +229,6 @@ def _print_summary(summary: dict[str, Any]) -> None:
     print(f"  learning curve: {summary['learning_curve']}")
     print(f"  checkpoint:     {summary['checkpoint']}")
     print(f"  metrics:        {summary['metrics']}")
-
-
-
 
 
 def _missing_config(path: Path) -> str:

@@ -66,6 +66,7 @@ from chatgym.trainer.pipeline import WeightSync
 from chatgym.trainer.rollout.types import Trajectory
 from chatgym.trainer.sampler import tasks_for_step
 from chatgym.trainer.train import Trainer, TrainingStalled
+from chatgym.trainer.train_cli import check_model_and_engine
 
 
 def _prefixed(prefix: str, metrics: dict[str, float]) -> dict[str, float]:
@@ -346,6 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         overrides.append(f"train.output_dir={args.output_dir}")
     try:
         config, co = load_cotrain_config(args.config, overrides)
+        check_model_and_engine(config)  # before the two models load (the party's is checked by its load)
     except (ConfigError, OSError, yaml.YAMLError) as exc:
         print(f"chatgym cotrain: {exc}", file=sys.stderr)
         return 2
