@@ -65,8 +65,14 @@ def test_leaderboard_cli_prints_tables_and_writes_page(db, tmp_path, capsys):
     for needle in ("http://", "https://", "<link", "src="):
         assert needle not in page
     assert leaderboard_cli.main(["--db", str(db), "--html", str(out), "--env", "Nope-v0"]) == 1
-    with pytest.raises(SystemExit, match="no results file"):
-        leaderboard_cli.main(["--db", str(tmp_path / "missing.sqlite")])
+    capsys.readouterr()
+    # Regression: bad arguments were SystemExit(str), status 1 (every other command's are 2).
+    assert leaderboard_cli.main(["--db", str(tmp_path / "missing.sqlite")]) == 2
+    assert capsys.readouterr().err == (
+        f"chatgym leaderboard: --db: no results file at {tmp_path / 'missing.sqlite'} (run chatgym eval first)\n"
+    )
+    assert leaderboard_cli.main(["--db", str(db), "--k", "0"]) == 2
+    assert capsys.readouterr().err == "chatgym leaderboard: --k must be >= 1, got 0\n"
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")

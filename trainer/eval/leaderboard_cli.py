@@ -29,16 +29,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``chatgym leaderboard``; 1 when the store holds no episodes."""
+    """Entry point of ``chatgym leaderboard``; 1 when the store holds no episodes, 2 a bad argument
+    (one line, as every chatgym command)."""
     from chatgym.trainer.eval.leaderboard import build_leaderboard, rich_tables
     from chatgym.trainer.eval.page import render_html
     from chatgym.trainer.eval.store import ResultsStore
 
     args = build_parser().parse_args(argv)
+    refusal = None
     if not Path(args.db).expanduser().is_file():
-        raise SystemExit(f"chatgym leaderboard: no results file at {args.db} (run chatgym eval first)")
-    if args.k is not None and args.k < 1:
-        raise SystemExit(f"chatgym leaderboard: --k must be >= 1, got {args.k}")
+        refusal = f"--db: no results file at {args.db} (run chatgym eval first)"
+    elif args.k is not None and args.k < 1:
+        refusal = f"--k must be >= 1, got {args.k}"
+    if refusal is not None:
+        print(f"chatgym leaderboard: {refusal}", file=sys.stderr)
+        return 2
     with ResultsStore(args.db) as store:
         board = build_leaderboard(store, k=args.k, env_ids=args.env, models=args.model)
     if not board.cells:
