@@ -274,6 +274,10 @@ def test_freshqa_dataset(cache_dir):
         ({"max_passage_tokens": 0}, "max_passage_tokens must be >= 1"),
         ({"search_bonus": -0.5}, "search_bonus must be >= 0, got -0.5"),
         ({"split": "dev"}, "split must be one of"),
+        # Regression: tags mode replaced a parser it was given without a word.
+        ({"mode": "tags", "parser": "json"},
+         r"^Search-v0 in tags mode takes no parser \(got 'json'\): it reads <search> and <answer> tags from the "
+         r"raw text; mode='tool' parses tool calls$"),
     ],
 )
 def test_bad_config_names_the_field(kwargs, message):

@@ -59,7 +59,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from chatgym.envs.parsers.base import ParsedAction, ToolCallParser, calls_before, normalise_arguments
+from chatgym.envs.parsers.base import (
+    ParsedAction,
+    PlainText,
+    ToolCallParser,
+    calls_before,
+    normalise_arguments,
+)
 from chatgym.envs.parsers.hermes import HermesParser
 from chatgym.envs.parsers.llama_json import JsonParser
 from chatgym.envs.parsers.openai import OpenAIParser, parse_openai_message, parse_openai_tool_calls
@@ -73,6 +79,7 @@ __all__ = [
     "JsonParser",
     "OpenAIParser",
     "ParsedAction",
+    "PlainText",
     "PythonicParser",
     "ToolCallParser",
     "calls_before",

@@ -128,6 +128,16 @@ class ParsedAction:
         return out
 
 
+class PlainText:
+    """The parser of an env that reads the raw text itself (a ``<move>``, a ``<search>`` tag): no
+    tool-call parsing, every turn is its content."""
+
+    name = "plain"
+
+    def parse(self, text: str) -> ParsedAction:
+        return ParsedAction(text, [], [])
+
+
 def calls_before(history: Iterable[Any]) -> int:
     """The call attempts a conversation recorded: the ``tool_calls`` of its assistant messages (an
     env's history keeps every attempt, malformed ones included: :meth:`ParsedAction.all_calls`).

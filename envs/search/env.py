@@ -46,7 +46,7 @@ from typing import Any
 from chatgym.envs import messages as M
 from chatgym.envs import tool_gate
 from chatgym.envs.core import AssistantTurn, ChatEnv, StepOutcome, load_prompt
-from chatgym.envs.parsers import ParsedAction
+from chatgym.envs.parsers import PlainText
 from chatgym.envs.search.qa_metrics import exact_match, token_f1
 from chatgym.envs.tools import Tool, ToolResult
 
@@ -97,15 +97,6 @@ def format_passages(passages: Sequence[Any]) -> str:
     return "\n".join(f"Doc {i} (Title: {p.title or p.id}) {p.text}" for i, p in enumerate(passages, 1))
 
 
-class _PlainText:
-    """Tags mode reads the raw text itself; no tool-call parsing."""
-
-    name = "plain"
-
-    def parse(self, text: str) -> ParsedAction:
-        return ParsedAction(text, [], [])
-
-
 _SHARED_LOCK = threading.Lock()
 
 
@@ -138,11 +129,12 @@ class SearchEnv(ChatEnv):
         tokenizer: tokenizer that counts ``max_passage_tokens`` (None: whitespace words).
         max_turns: assistant turns before truncation (default ``max_searches + 1``).
         cache_dir: index cache root (default ``$CHATGYM_CACHE`` or ``~/.cache/chatgym``).
-        kwargs: passed to :class:`ChatEnv` (``parser``, ``tool_timeout_s``, ``render_mode``).
+        kwargs: passed to :class:`ChatEnv` (``parser`` in tool mode, ``tool_timeout_s``, ``render_mode``).
 
     Raises:
         ValueError: unknown dataset, mode, retriever kind or split; ``topk < 1``;
-            ``max_searches < 0``; ``max_passage_tokens < 1``; ``search_bonus < 0``.
+            ``max_searches < 0``; ``max_passage_tokens < 1``; ``search_bonus < 0``; a ``parser`` in
+            tags mode (it reads the tags from the raw text).
     """
 
     def __init__(
@@ -186,7 +178,12 @@ class SearchEnv(ChatEnv):
         self.mode = mode
         tools = [self._make_search_tool()] if mode == "tool" else []
         if mode == "tags":
-            kwargs["parser"] = _PlainText()
+            if "parser" in kwargs:  # it was silently replaced: a user's parser never ran
+                raise ValueError(
+                    f"Search-v0 in tags mode takes no parser (got {kwargs['parser']!r}): it reads <search> and "
+                    "<answer> tags from the raw text; mode='tool' parses tool calls"
+                )
+            kwargs["parser"] = PlainText()
         super().__init__(split=split, tools=tools, max_turns=max_turns or max_searches + 1, **kwargs)
         self.dataset = dataset
         self.seed = seed

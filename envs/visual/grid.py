@@ -29,22 +29,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from chatgym.envs.core import AssistantTurn, ChatEnv, StepOutcome, load_prompt
-from chatgym.envs.parsers import ParsedAction
+from chatgym.envs.parsers import PlainText
 from chatgym.envs.parsers.reasoning import DEFAULT_REASONING_TAGS, reasoning_spans
 from chatgym.envs.visual import sokoban
 from chatgym.envs.visual.images import image_part, text_part, transcript
 from chatgym.envs.visual.tasks import DEFAULT_SIZES, SeededTasks
 
 _MOVE = re.compile(r"<move>\s*([A-Za-z]+)\s*</move>", re.I)
-
-
-class PlainText:
-    """The visual envs read the raw text themselves; no tool-call parsing."""
-
-    name = "plain"
-
-    def parse(self, text: str) -> ParsedAction:
-        return ParsedAction(text, [], [])
 
 
 def outside_reasoning(text: str) -> str:
