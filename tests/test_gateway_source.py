@@ -155,10 +155,16 @@ async def test_gateway_trajectories_equal_the_collectors(tok, in_root):
 
 
 async def test_a_runs_gateway_takes_the_rollout_budgets_and_refuses_a_bad_observation_budget(tok, in_root):
-    source, engine = gateway_source(tok, "env_agent", max_model_len=2048, max_observation_tokens=7)
+    # Regression: the gateway rendered without rollout.chat_template_kwargs and with the engine's EOS
+    # ids whatever rollout.eos_token_ids said, so its trajectories could differ from the collector's.
+    source, engine = gateway_source(tok, "env_agent", max_model_len=2048, max_observation_tokens=7,
+                                    chat_template_kwargs={"enable_thinking": False}, eos_token_ids=(2, 7))
     try:
-        r = source.collector.gateway.rendering
+        gateway = source.collector.gateway
+        r = gateway.rendering
         assert (r.max_model_len, r.max_response_tokens, r.max_observation_tokens) == (2048, 2048, 7)
+        assert r.renderer.template_kwargs == {"enable_thinking": False}
+        assert gateway.eos_token_ids == (2, 7)
     finally:
         await source.aclose()
     with pytest.raises(ValueError, match=r"^max_observation_tokens must be an int >= 1, got 0$"):

@@ -108,7 +108,8 @@ def build_gateway(cfg: Any, *, port: int, on_end: Any, workdir: Path) -> Any:
     return Gateway(
         engine, tokenizer, parser=cfg.trainer.gateway.tool_parser,
         sampling=SamplingParams(max_tokens=ro.max_tokens, temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k),
-        chat_template=ro.chat_template, session_timeout_s=cfg.trainer.gateway.session_timeout_s,
+        chat_template=ro.chat_template, chat_template_kwargs=ro.chat_template_kwargs,
+        session_timeout_s=cfg.trainer.gateway.session_timeout_s,
         max_model_len=ro.max_model_len, max_response_tokens=ro.max_response_tokens,
         max_observation_tokens=ro.max_observation_tokens, host="127.0.0.1",
         port=port, eos_token_ids=eos, on_end=on_end, http_sessions=True,

@@ -70,6 +70,8 @@ class Gateway:
         sampling: defaults of each request (``max_tokens`` per turn, ``temperature``, ``top_p``,
             ``top_k``, ``seed``, ``stop``); a request's own fields override them.
         chat_template: as the collector's ``RolloutConfig.chat_template`` (None: the tokenizer's).
+        chat_template_kwargs: extra template variables of every rendering, as the collector's
+            ``RolloutConfig.chat_template_kwargs`` (Qwen3's ``{"enable_thinking": False}``; None: none).
         session_timeout_s: seconds without a request after which a session ends by itself.
         max_model_len: the context budget of a trajectory (tokens).
         max_response_tokens: sampled tokens per segment (None: no limit but ``max_model_len``).
@@ -113,6 +115,7 @@ class Gateway:
     def __init__(
         self, engine: Engine, tokenizer: Any, *, parser: str | ToolCallParser = "hermes",
         sampling: SamplingParams | None = None, chat_template: str | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
         session_timeout_s: float = 600.0, max_model_len: int = 4096, max_response_tokens: int | None = None,
         max_observation_tokens: int = 1024,
         host: str = "127.0.0.1", port: int = 0, env_id: str = "gateway",
@@ -134,7 +137,7 @@ class Gateway:
         engine_eos = tuple(sorted(getattr(engine, "eos_token_ids", None) or ()))
         self.eos_token_ids = tuple(eos_token_ids or engine_eos or resolve_eos_ids(tokenizer))
         self._eos = frozenset(self.eos_token_ids)
-        renderer = ChatRenderer(tokenizer, chat_template)
+        renderer = ChatRenderer(tokenizer, chat_template, chat_template_kwargs)
         self.rendering = Rendering(renderer, probe_template(renderer, self.eos_token_ids), max_model_len,
                                    max_response_tokens, max_observation_tokens)
         self.session_timeout_s = session_timeout_s

@@ -332,7 +332,8 @@ def gateway_collector(
     """A :class:`GatewayCollector` with its own gateway in front of ``engine``: the gateway's sampling
     defaults are ``rollout``'s (temperature, top_p, top_k, max_tokens per request; a request's own
     values override them), its budgets ``rollout.max_model_len``, ``max_response_tokens`` and
-    ``max_observation_tokens`` (each tool result), its template ``rollout.chat_template``;
+    ``max_observation_tokens`` (each tool result), its template ``rollout.chat_template`` with
+    ``rollout.chat_template_kwargs`` and EOS ids ``rollout.eos_token_ids`` (empty: the engine's);
     the program and the rest come from ``gateway_config`` (a
     :class:`~chatgym.trainer.config.gateway.GatewayConfig`).
 
@@ -350,6 +351,8 @@ def gateway_collector(
         parser=gateway_config.tool_parser,
         sampling=sampling,
         chat_template=rollout.chat_template,
+        chat_template_kwargs=rollout.chat_template_kwargs,
+        eos_token_ids=tuple(rollout.eos_token_ids) or None,  # None: the engine's, as the collector's
         session_timeout_s=gateway_config.session_timeout_s,
         max_model_len=rollout.max_model_len,
         max_response_tokens=rollout.max_response_tokens,
