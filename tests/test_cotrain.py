@@ -406,11 +406,11 @@ def test_chatgym_cotrain_on_a_stalled_run_prints_one_line_returns_1_and_closes(
     )
     error = (
         "chatgym cotrain: 2 steps in a row had every episode fail (train.max_failed_steps=2); stopping. "
-        f"The last: step 1: {failed}"
+        f"The last: step 2: {failed}"
     )
     assert [line for line in captured.err.splitlines() if line.startswith("chatgym cotrain:")] == [error]
     assert [line for line in captured.err.splitlines() if "episodes failed" in line] == [
-        f"chatgym: step 0: {failed}",
+        f"chatgym: step 1: {failed}",
         error,
     ]
     assert captured.out == ""  # no summary

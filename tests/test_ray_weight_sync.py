@@ -219,7 +219,7 @@ def test_a_step_whose_every_episode_failed_says_so(cluster, tmp_path, capfd):
     assert metrics["batch/failed"] == metrics["batch/trajectories"] == 8
     err = capfd.readouterr().err
     line = next(x for x in err.splitlines() if "episodes failed" in x)
-    assert line.startswith("chatgym: step 0: all 8 episodes failed, nothing was trained (8 of them: env_error: ")
+    assert line.startswith("chatgym: step 1: all 8 episodes failed, nothing was trained (8 of them: env_error: ")
     assert "NameNotFound" in line and "ChatgymTestLetters" in line
 
 

@@ -34,5 +34,6 @@ def test_failure_counts_orders_errors_by_first_occurrence_and_folds_the_rest():
     # b first (2), then a (1), c (1); d and e are the 2 left over.
     assert failure_counts(trajs) == "2 of them: b: 2; 1: a: 1; 1: c: 3; and 2 other errors"
     assert failure_counts(trajs, shown=5) == "2 of them: b: 2; 1: a: 1; 1: c: 3; 2: d: 4; 1: e: 5"
+    assert failure_counts(trajs[:7]) == "2 of them: b: 2; 1: a: 1; 1: c: 3; and 1 other error"
     assert failure_counts([traj(None)]) == ""
     assert failure_counts([traj("x" * 300)]) == "1 of them: " + "x" * 200

@@ -680,9 +680,9 @@ def test_a_run_whose_every_episode_fails_stops_after_max_failed_steps(
         trainer.close()
     assert str(err.value) == (
         "2 steps in a row had every episode fail (train.max_failed_steps=2); stopping. "
-        f"The last: step 1: all 8 episodes failed, nothing was trained (8 of them: {OOM_ERROR})"
+        f"The last: step 2: all 8 episodes failed, nothing was trained (8 of them: {OOM_ERROR})"
     )
-    assert failed_step_warnings(capsys.readouterr().err) == [all_failed_line(0)]  # step 1's is the error's
+    assert failed_step_warnings(capsys.readouterr().err) == [all_failed_line(1)]  # step 2's is the error's
     assert trainer.learner.version == 0
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1]  # step 0's row; step 1 raised before its row was logged
@@ -710,8 +710,9 @@ def test_a_step_with_an_episode_that_did_not_fail_resets_the_failed_count(
         assert trainer.failed_steps_in_a_row == 2 and trainer.learner.version == 1
     finally:
         trainer.close()
-    # Steps 0 and 2 warned and went on; step 3 raised instead (its warning is the error's).
-    assert failed_step_warnings(capsys.readouterr().err) == [all_failed_line(0), all_failed_line(2)]
+    # Steps 0 and 2 (numbered 1 and 3, as metrics.jsonl numbers them) warned and went on; step 3
+    # raised instead (its warning is the error's).
+    assert failed_step_warnings(capsys.readouterr().err) == [all_failed_line(1), all_failed_line(3)]
 
 
 def test_a_step_where_some_episodes_fail_says_so_and_trains_on_the_rest(tmp_path, tiny_model, monkeypatch, capsys):
@@ -735,7 +736,7 @@ def test_a_step_where_some_episodes_fail_says_so_and_trains_on_the_rest(tmp_path
     finally:
         trainer.close()
     assert failed_step_warnings(capsys.readouterr().err) == [
-        f"chatgym: step 0: 3 of 8 episodes failed and were left out of the update (3 of them: {OOM_ERROR})"
+        f"chatgym: step 1: 3 of 8 episodes failed and were left out of the update (3 of them: {OOM_ERROR})"
     ]
     assert row["batch/failed"] == 3 and trainer.learner.version == 1
 
@@ -753,7 +754,7 @@ def test_max_failed_steps_zero_never_stops_and_a_negative_one_is_refused(
         trainer.close()
     assert summary["steps_run"] == 3 and trainer.failed_steps_in_a_row == 3
     # Once each: no step stopped the run.
-    assert failed_step_warnings(capsys.readouterr().err) == [all_failed_line(s) for s in (0, 1, 2)]
+    assert failed_step_warnings(capsys.readouterr().err) == [all_failed_line(s) for s in (1, 2, 3)]
     with pytest.raises(ValueError, match=r"^train.max_failed_steps must be >= 0, got -1$"):
         tiny_config(tmp_path, "train.max_failed_steps=-1")
 
@@ -783,9 +784,9 @@ def test_chatgym_train_on_a_run_whose_every_episode_fails_prints_one_line_and_re
     assert rc == 1 and closed == [True]
     error = (
         "chatgym train: 2 steps in a row had every episode fail (train.max_failed_steps=2); stopping. "
-        f"The last: step 1: all 8 episodes failed, nothing was trained (8 of them: {OOM_ERROR})"
+        f"The last: step 2: all 8 episodes failed, nothing was trained (8 of them: {OOM_ERROR})"
     )
     assert [line for line in captured.err.splitlines() if line.startswith("chatgym train:")] == [error]
-    # Step 0's warning, then step 1's inside the error only (it was printed twice).
-    assert failed_step_warnings(captured.err) == [all_failed_line(0), error]
+    # Step 1's warning, then step 2's inside the error only (it was printed twice).
+    assert failed_step_warnings(captured.err) == [all_failed_line(1), error]
     assert captured.out == ""  # no summary

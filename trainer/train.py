@@ -199,7 +199,8 @@ class Trainer:
         (``rollout/worker{i}/*``, ``rollout/pending_max``,
         ``rollout/workers_down``: :meth:`~chatgym.trainer.distributed.ray_rollout.RayRollout.metrics`)."""
         metrics = rollout_metrics(result.trajectories, rollout_s=result.rollout_s)
-        warning = all_failed(result.trajectories, result.step)
+        number = result.step + 1  # as metrics.jsonl's row, the progress bar and the checkpoint count it
+        warning = all_failed(result.trajectories, number)
         self.failed_steps_in_a_row = 0 if warning is None else self.failed_steps_in_a_row + 1
         if warning is not None:
             limit = self.cfg.train.max_failed_steps
@@ -212,7 +213,7 @@ class Trainer:
                     f"(train.max_failed_steps={limit}); stopping. The last: {warning.removeprefix('chatgym: ')}"
                 )
             print(warning, file=sys.stderr)
-        partial = some_failed(result.trajectories, result.step)
+        partial = some_failed(result.trajectories, number)
         if partial is not None:
             print(partial, file=sys.stderr)
         metrics.update(result.metrics)

@@ -18,7 +18,7 @@ from chatgym.trainer.rollout.types import Trajectory, hit_budget
 def failure_counts(trajs: Sequence[Trajectory], shown: int = 3) -> str:
     """The failed trajectories' errors, by first line (200 characters), in the order they first
     occur, each with how many share it: ``"2 of them: A; 1: B"``; more than ``shown`` distinct
-    errors end in ``"; and K other errors"``. ``""`` when none failed."""
+    errors end in ``"; and K other errors"`` (``"error"`` for one). ``""`` when none failed."""
     counts: dict[str, int] = {}
     for t in trajs:
         if t.failed:
@@ -28,14 +28,15 @@ def failure_counts(trajs: Sequence[Trajectory], shown: int = 3) -> str:
     if parts:
         parts[0] = parts[0].replace(": ", " of them: ", 1)
     if len(counts) > shown:
-        parts.append(f"and {len(counts) - shown} other errors")
+        rest = len(counts) - shown
+        parts.append(f"and {rest} other error{'s' if rest > 1 else ''}")
     return "; ".join(parts)
 
 
 def all_failed(trajs: Sequence[Trajectory], step: int) -> str | None:
     """One line when every trajectory of step ``step`` failed (nothing can be trained on: an env id
-    the rollout workers do not know, an engine that cannot generate), naming the errors and how
-    many share each (:func:`failure_counts`); None otherwise (no trajectories, or at least one that
+    the rollout workers do not know, an engine that cannot generate), naming the first three distinct
+    errors and how many share each (:func:`failure_counts`); None otherwise (no trajectories, or at least one that
     did not fail)."""
     if not trajs or not all(t.failed for t in trajs):
         return None
