@@ -706,7 +706,8 @@ def summarize(name: str, result: dict) -> dict:
     where not measured); the run's ``shape`` (``smollm2`` for JSONs written before ``--shape``)."""
     later = [r for r in result["steps"][1:] if not r.get("after_eval")] or result["steps"]
     med = {k: statistics.median(r[k] for r in later) for k in ("wall_s", "gen_s", "update_s")}
-    tps = statistics.median(r["gen_tokens"] / r["gen_s"] for r in later if r["gen_s"] > 0)
+    rates = [r["gen_tokens"] / r["gen_s"] for r in later if r["gen_s"] > 0]
+    tps = statistics.median(rates) if rates else float("nan")  # no step timed its generation
     curve = result["curve"]
     mismatch = {
         key: statistics.mean(r["mismatch"][key] for r in result["steps"] if key in r.get("mismatch", {}))
@@ -739,14 +740,15 @@ def fmt_acc(value: float | None, width: int) -> str:
     return " " * width if value is None else f"{value:{width}.4f}"
 
 
-def slow_updates(folder: Path, top: int = 3) -> None:
-    """Print each run's slowest updates next to its median, with what the probe saw (ours only)."""
-    for path in sorted(folder.glob("*.json")):
-        steps = json.loads(path.read_text())["steps"]
+def slow_updates(results: dict[str, dict], top: int = 3) -> None:
+    """Print each run's slowest updates next to its median, with what the probe saw (ours only);
+    ``results``: run name -> its JSON."""
+    for name, result in results.items():
+        steps = result["steps"]
         if not steps or "probe" not in steps[0]:
             continue
         median = statistics.median(r["update_s"] for r in steps)
-        print(f"\n{path.stem}: median update {median:.3f} s; slowest:")
+        print(f"\n{name}: median update {median:.3f} s; slowest:")
         order = sorted(range(len(steps)), key=lambda i: -steps[i]["update_s"])[:top]
         for i in order:
             p = steps[i]["probe"]
@@ -791,7 +793,7 @@ def speedups(groups: dict[str, list[dict]]) -> tuple[str, dict[str, float]] | No
     """The targets' ratio: the faster TRL+vLLM configuration (``trl_vllm_bf16`` / ``trl_vllm_fp32``,
     the lower mean s/step over its seeds) and, per ours* configuration, that s/step over its own mean
     s/step (> 1: ours is faster; the targets are >= 2 at smollm2, >= 1.5 at qwen2.5-1.5b). None: no
-    TRL+vLLM run in ``groups`` (configuration -> its runs' :func:`summarize` rows)."""
+    TRL+vLLM run, or no ours* run, in ``groups`` (configuration -> its runs' :func:`summarize` rows)."""
 
     def mean_step(name: str) -> float:
         return statistics.mean(r["s_per_step"] for r in groups[name])
@@ -800,7 +802,8 @@ def speedups(groups: dict[str, list[dict]]) -> tuple[str, dict[str, float]] | No
     if not theirs:
         return None
     anchor = min(theirs, key=mean_step)
-    return anchor, {name: mean_step(anchor) / mean_step(name) for name in groups if name.startswith("ours")}
+    ours = {name: mean_step(anchor) / mean_step(name) for name in groups if name.startswith("ours")}
+    return (anchor, ours) if ours else None
 
 
 def run_table(rows: list[dict], equal: float) -> None:
@@ -883,10 +886,23 @@ def report(folder: Path) -> None:
     ratios to TRL (each TRL run; the faster TRL+vLLM one: :func:`speedups`), the mismatch table and
     the slowest updates, and draw ``accuracy_vs_wallclock.png`` (where accuracy was measured).
 
+    JSON files that are not runs of this script (or runs with no steps) are skipped, each with a line.
+
     Raises:
-        SystemExit: no JSON in ``folder``, or runs of more than one shape there.
+        SystemExit: no run in ``folder``, or runs of more than one shape there.
     """
-    rows = [summarize(p.stem, json.loads(p.read_text())) for p in sorted(folder.glob("*.json"))]
+    results: dict[str, dict] = {}
+    for p in sorted(folder.glob("*.json")):
+        try:
+            result = json.loads(p.read_text())
+        except json.JSONDecodeError as exc:
+            print(f"skipped {p.name}: not JSON ({exc})")
+            continue
+        if not isinstance(result, dict) or not result.get("steps") or not result.get("curve"):
+            print(f"skipped {p.name}: not a run of this script, or a run with no steps")
+            continue
+        results[p.stem] = result
+    rows = [summarize(name, result) for name, result in results.items()]
     if not rows:
         raise SystemExit(f"no results in {folder}")
     shapes = sorted({r["shape"] for r in rows})
@@ -901,7 +917,7 @@ def report(folder: Path) -> None:
     seed_means(groups, equal)
     pairwise(groups)
     mismatch_table(rows, groups, equal)
-    slow_updates(folder)
+    slow_updates(results)
     plot(rows, folder, shapes[0])
 
 
@@ -993,6 +1009,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.report:
         report(Path(args.report))
         return
+    for flag, value in (("--steps", args.steps), ("--eval-every", args.eval_every)):
+        if value < 1:  # 0 steps has no median; an evaluation every 0 steps divides by zero mid-run
+            raise SystemExit(f"{flag} must be >= 1, got {value}")
     runs = [parse_run(spec) for spec in args.runs]
     check_runs(runs, args.shape)
     if args.expandable_segments:  # read when CUDA is first initialised: before importing torch

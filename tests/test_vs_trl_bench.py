@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -220,6 +221,35 @@ def test_out_folder_of_another_shape_refused(bench, tmp_path):
 def test_speedups_none_without_a_trl_vllm_run(bench):
     row = bench.summarize("ours_0", _result([1.0], "smollm2"))
     assert bench.speedups({"ours": [row], "trl_bf16": [row]}) is None
+    assert bench.speedups({"trl_vllm_bf16": [row]}) is None  # no ours* run: nothing to compare
+
+
+def test_main_refuses_zero_steps_and_zero_eval_every(bench):
+    with pytest.raises(SystemExit, match=r"^--steps must be >= 1, got 0$"):
+        bench.main(["--runs", "ours:0", "--steps", "0"])
+    with pytest.raises(SystemExit, match=r"^--eval-every must be >= 1, got 0$"):
+        bench.main(["--runs", "ours:0", "--eval-every", "0"])
+
+
+def test_report_skips_files_that_are_not_runs(bench, tmp_path, capsys):
+    # Regression: another JSON in the folder was a KeyError, a malformed one a JSONDecodeError, a run
+    # with no steps a StatisticsError.
+    _write(tmp_path, {"ours_0": _result([1.0, 1.0], "qwen2.5-7b"), "notes": {"comment": "x"},
+                      "empty_0": {"steps": [], "curve": [], "peak_gib": 0.0}})  # fmt: skip
+    (tmp_path / "broken.json").write_text("{")
+    bench.report(tmp_path)
+    out = capsys.readouterr().out
+    assert "skipped broken.json: not JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1))" in out
+    assert "skipped empty_0.json: not a run of this script, or a run with no steps" in out
+    assert "skipped notes.json: not a run of this script, or a run with no steps" in out
+    assert "\nours_0 " in out
+
+
+def test_summarize_without_timed_generation_gives_nan_tokens_per_second(bench):
+    result = _result([1.0], "smollm2")
+    for step in result["steps"]:
+        step["gen_s"] = 0.0
+    assert math.isnan(bench.summarize("ours_0", result)["gen_tok_s"])
 
 
 def _one_step_off(bench, monkeypatch, path: str, shape: str) -> dict:
