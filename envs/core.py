@@ -33,7 +33,14 @@ import gymnasium as gym
 
 from chatgym.envs import messages as M
 from chatgym.envs.messages import Message, message_errors
-from chatgym.envs.parsers import ParsedAction, ToolCallParser, calls_before, get_parser, parse_openai_message
+from chatgym.envs.parsers import (
+    ParsedAction,
+    ToolCallParser,
+    call_ids,
+    calls_before,
+    get_parser,
+    parse_openai_message,
+)
 from chatgym.envs.spaces import ActionSpace, MessagesSpace
 from chatgym.envs.tool_config import LoadedTools, load_tools, parse_tools_config, read_tools_config
 from chatgym.envs.tools import (
@@ -284,8 +291,9 @@ class ChatEnv(gym.Env):
             parsed = parse_openai_message(action) if action.get("tool_calls") else self.parser.parse(raw)
         else:
             raise TypeError(f"action must be a str or an assistant Message, got {action!r:.200}")
-        # Ids count on over the episode: a client may pair tool_call_ids with calls across the whole history.
-        parsed = parsed.numbered_from(calls_before(self.messages))
+        # Ids count on over the episode and step around every id it used: a client may pair
+        # tool_call_ids with calls across the whole history.
+        parsed = parsed.numbered_from(calls_before(self.messages), call_ids(self.messages))
         # Every attempt, a malformed one as written: the tool messages that follow pair with these
         # calls one to one, in order and by id.
         return AssistantTurn(M.assistant(parsed.content, parsed.all_calls() or None), raw, parsed)

@@ -47,7 +47,7 @@ from typing import Any
 import gymnasium as gym
 
 from chatgym.envs.messages import is_pil_image, message_errors
-from chatgym.envs.parsers import calls_before, parse_openai_message
+from chatgym.envs.parsers import call_ids, calls_before, parse_openai_message
 
 __all__ = [
     "ChatEnvCheckError",
@@ -363,11 +363,11 @@ def check_success_decided(steps: list[Step]) -> None:
 def _expected_call_ids(env: gym.Env, action: Any, history: list[Any]) -> list[str] | None:
     """The call ids the turn's tool messages must answer, in order: one per call attempt, malformed
     ones included (``ParsedAction.all_calls``: the server's id, else ``call_<n>``, ``n`` counting the
-    attempts ``history`` recorded before the turn); None where the env has no parser the checker can
-    ask about a text turn."""
-    first = calls_before(history)
+    attempts ``history`` recorded before the turn, stepping around the ids it used); None where the
+    env has no parser the checker can ask about a text turn."""
+    first, taken = calls_before(history), call_ids(history)
     if isinstance(action, dict) and action.get("tool_calls"):
-        return [c["id"] for c in parse_openai_message(action).numbered_from(first).all_calls()]
+        return [c["id"] for c in parse_openai_message(action).numbered_from(first, taken).all_calls()]
     if isinstance(action, str):
         text = action
     elif isinstance(action, dict):
@@ -379,7 +379,7 @@ def _expected_call_ids(env: gym.Env, action: Any, history: list[Any]) -> list[st
         return None
     parsed = parser.parse(text)
     if hasattr(parsed, "numbered_from"):
-        parsed = parsed.numbered_from(first)
+        parsed = parsed.numbered_from(first, taken)
     return [c["id"] for c in parsed.all_calls()] if hasattr(parsed, "all_calls") else None
 
 

@@ -43,3 +43,17 @@ def assert_chat_template_refusals(prog: str, refuse: Callable[..., str], tmp_pat
     template.write_text(NO_EOS_TEMPLATE)
     assert refuse("--chat-template", str(template)) == f"chatgym {prog}: --chat-template: {NO_EOS_REASON}\n"
     assert refuse(f"rollout.chat_template={template}") == f"chatgym {prog}: rollout.chat_template: {NO_EOS_REASON}\n"
+
+
+def model_without_template(tmp_path: Path) -> Path:
+    """A model directory of SmolLM2's files (linked, not copied) without its ``chat_template.jinja``:
+    a model whose tokenizer has no chat template."""
+    from chatgym.trainer.models.packaged import load_model_path
+
+    source = load_model_path("smollm2")
+    out = tmp_path / "no_template_model"
+    out.mkdir()
+    for f in source.iterdir():
+        if f.name != "chat_template.jinja":
+            (out / f.name).symlink_to(f)
+    return out

@@ -143,6 +143,48 @@ def test_template_from_a_jinja_file(tmp_path):
     assert resolve_chat_template(None, str(path)) == "{{ messages[0].content }}"
 
 
+SMOLLM2_OWN_PROMPT = (  # SmolLM2's own template, read by hand: a default system turn, tools ignored
+    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+    "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+)
+
+
+def test_model_is_the_models_own_template_where_get_tokenizer_put_chatml_tools_in_its_place(tok):
+    # The failure: get_tokenizer("smollm2") swaps chatml_tools in for SmolLM2's template (which
+    # ignores tools), and "model" was then resolved against the tokenizer's template: it rendered the
+    # "# Tools" prompt of "auto", while `chatgym rollout --chat-template model` rendered SmolLM2's own.
+    from transformers import AutoTokenizer
+
+    from chatgym.trainer.chat.delta import ChatRenderer
+    from chatgym.trainer.models.packaged import load_model_path
+
+    own = AutoTokenizer.from_pretrained(load_model_path("smollm2")).chat_template
+    assert tok.chat_template == builtin_template()  # the Trainer's tokenizer: chatml_tools swapped in
+    messages = [user("hi")]
+    expected = tok.apply_chat_template(messages, tools=[ADD_TOOL], chat_template=own, tokenize=False,
+                                       add_generation_prompt=True)
+    assert expected == SMOLLM2_OWN_PROMPT
+    renderer = ChatRenderer(tok, "model")
+    assert renderer.chat_template == own
+    assert renderer.render(messages, [ADD_TOOL], add_generation_prompt=True) == SMOLLM2_OWN_PROMPT
+    assert ChatRenderer(tok, "auto").render(messages, [ADD_TOOL], add_generation_prompt=True).startswith(
+        "<|im_start|>system\n# Tools\n")
+    # The same tokenizer, asked for "model" at load time, agrees.
+    assert ChatRenderer(get_tokenizer("smollm2", "model"), "model").chat_template == own
+
+
+def test_model_is_refused_for_a_model_without_a_template_even_where_chatml_tools_was_swapped_in(tmp_path):
+    from cli_refusals import model_without_template
+
+    from chatgym.trainer.chat.delta import ChatRenderer
+
+    no_template = get_tokenizer(model_without_template(tmp_path))
+    assert no_template.chat_template == builtin_template()  # "auto" gave it chatml_tools
+    with pytest.raises(ValueError) as caught:
+        ChatRenderer(no_template, "model")
+    assert str(caught.value) == "chat_template='model' but the model's tokenizer has no chat template"
+
+
 def test_selection_rule(tok):
     from transformers import AutoTokenizer
 

@@ -370,6 +370,50 @@ async def test_tool_call_ids_never_repeat_within_a_session(tok):
             assert len(trajs) == 2
 
 
+
+async def test_generated_ids_step_around_the_ids_a_client_put_in_the_history(tok):
+    # The failure: the session numbered its calls from its own count alone, so a history holding a
+    # client's call_0 (a scripted first step) got a second call_0 from the gateway, and a client's
+    # call_2 a second call_2. Now a generated id takes the next free number, as an env's does.
+    client_call = {"id": "call_0", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 1}'}}
+    env = AddEnv()
+    env.reset(options={"task": TASKS[0]})
+    env.step({"role": "assistant", "content": "", "tool_calls": [client_call]})
+    env.step(tool_call_text("add", a=2, b=3))
+    env.step(tool_call_text("add", a=5, b=4) + "\n" + tool_call_text("add", a=1, b=2))
+    env_ids = [[c["id"] for c in m["tool_calls"]] for m in env.messages if m.get("tool_calls")]
+    assert env_ids == [["call_0"], ["call_1"], ["call_2", "call_3"]]
+    # The script answers by assistant turns in the prompt: the client's own call is turn 0.
+    texts = ["(the client's turn)", tool_call_text("add", a=2, b=3),
+             tool_call_text("add", a=5, b=4) + "\n" + tool_call_text("add", a=1, b=2)]
+    async with Served(gateway(tok, scripted(tok, texts))) as s:
+        for _ in range(2):  # a replayed session gets the same ids
+            sid = s.gw.open_session()
+            c = s.client(sid)
+            messages = [dict(m) for m in env.initial_messages(TASKS[0])]
+            messages += [{"role": "assistant", "content": "", "tool_calls": [client_call]},
+                         {"role": "tool", "content": "2", "tool_call_id": "call_0", "name": "add"}]
+            ids = []
+            for _ in range(2):
+                msg = (await c.chat.completions.create(model="m", messages=messages, tools=env.tools)).choices[0].message
+                ids.append([call.id for call in msg.tool_calls])
+                messages += [msg.model_dump(exclude_none=True), *add_tool_messages(msg)]
+            await s.gw.end_session(sid)
+            # As the env's, less the client's call, which the session did not make (nor count).
+            assert ids == [["call_1"], ["call_2", "call_3"]]
+        # A client id equal to the next count is stepped around too.
+        sid = s.gw.open_session()
+        messages = [dict(m) for m in env.initial_messages(TASKS[0])]
+        messages += [{"role": "assistant", "content": "", "tool_calls": [{**client_call, "id": "call_1"}]},
+                     {"role": "tool", "content": "2", "tool_call_id": "call_1", "name": "add"}]
+        c = s.client(sid)
+        msg = (await c.chat.completions.create(model="m", messages=messages, tools=env.tools)).choices[0].message
+        assert [call.id for call in msg.tool_calls] == ["call_0"]
+        messages += [msg.model_dump(exclude_none=True), *add_tool_messages(msg)]
+        msg = (await c.chat.completions.create(model="m", messages=messages, tools=env.tools)).choices[0].message
+        assert [call.id for call in msg.tool_calls] == ["call_2", "call_3"]
+
+
 WORDS = " ".join(f"w{i}" for i in range(40))
 
 

@@ -335,8 +335,13 @@ def test_answers_equal_never_raises(answer, gold):
 
 @pytest.mark.parametrize(
     "answer,value,normalised",
-    [("0/-1", Fraction(0), "-0/1"), ("3/-4", Fraction(-3, 4), "-3/4"), ("-1/-2", Fraction(1, 2), "1/2"),
-     ("-\\frac{3}{-4}", Fraction(3, 4), "3/4"), ("-3/4", Fraction(-3, 4), "-3/4")],
+    [
+        ("0/-1", Fraction(0), "0"),
+        ("3/-4", Fraction(-3, 4), "-3/4"),
+        ("-1/-2", Fraction(1, 2), "1/2"),
+        ("-\\frac{3}{-4}", Fraction(3, 4), "3/4"),
+        ("-3/4", Fraction(-3, 4), "-3/4"),
+    ],
 )
 def test_a_fraction_with_a_negative_denominator_is_read_with_one_sign(answer, value, normalised):
     """Regression (found by test_answers_equal_never_raises in a CI rehearsal): "0/-1" against the
@@ -345,3 +350,51 @@ def test_a_fraction_with_a_negative_denominator_is_read_with_one_sign(answer, va
     assert normalise_answer(answer) == normalised
     assert answers_equal(answer, "9500") is False
     assert answers_equal("6/-8", "-0.75") is True
+
+
+@pytest.mark.parametrize(
+    "answer,value,normalised,gold",
+    [
+        ("3/+4", Fraction(3, 4), "3/4", "0.75"),
+        ("+3/4", Fraction(3, 4), "3/4", "0.75"),
+        ("+3/+4", Fraction(3, 4), "3/4", "0.75"),
+        ("-3/+4", Fraction(-3, 4), "-3/4", "-0.75"),
+        ("\\frac{+3}{4}", Fraction(3, 4), "3/4", "0.75"),
+        ("-\\frac{3}{+4}", Fraction(-3, 4), "-3/4", "-0.75"),
+        ("0/1", Fraction(0), "0", "0"),
+        ("-0/3", Fraction(0), "0", "0"),
+        ("+0/-2", Fraction(0), "0", "0"),
+        ("\\frac{0}{-5}", Fraction(0), "0", "0"),
+    ],
+)
+def test_a_plus_sign_in_a_fraction_reads_as_no_sign_and_a_zero_fraction_is_0(answer, value, normalised, gold):
+    """Regression: "3/+4" was not read (answers_equal("3/+4", "0.75") was False) while "3/-4" was,
+    and "0/-1" normalised to "-0/1", a minus on the value 0."""
+    assert answer_value(answer) == value
+    assert normalise_answer(answer) == normalised
+    assert normalise_answer(normalised) == normalised
+    assert answers_equal(answer, gold) is True
+
+
+def test_a_zero_fraction_is_still_a_fraction_where_the_question_asks_for_a_decimal():
+    # It normalises to "0", yet the model wrote a fraction where the task asked for a decimal.
+    assert answers_equal("0/5", "0", "Give the answer as a decimal.") is False
+    assert answers_equal("0/5", "0") is True
+    assert answers_equal("12 km/h", "12", "Give the answer as a decimal.") is True
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    num=st.integers(0, 999),
+    den=st.integers(1, 999),
+    signs=st.tuples(*[st.sampled_from(["", "+", "-"])] * 3),
+    latex=st.booleans(),
+)
+def test_a_signed_fraction_reads_as_its_value_and_normalises_idempotently(num, den, signs, latex):
+    outer, top, bottom = signs
+    text = f"{outer}\\frac{{{top}{num}}}{{{bottom}{den}}}" if latex else f"{outer}{top}{num}/{bottom}{den}"
+    minus = [outer, top, bottom].count("-") % 2
+    assert answer_value(text) == Fraction((-1) ** minus * num, den)
+    once = normalise_answer(text)
+    assert normalise_answer(once) == once
+    assert not once.startswith("-0")

@@ -16,7 +16,13 @@ from hypothesis import strategies as st
 
 from chatgym.envs import ChatEnv, StepOutcome
 from chatgym.envs import messages as M
-from chatgym.envs.parsers import PARSERS, ParsedAction, get_parser, parse_openai_message
+from chatgym.envs.parsers import (
+    PARSERS,
+    ParsedAction,
+    get_parser,
+    parse_openai_message,
+    parse_openai_tool_calls,
+)
 
 
 def call(i: int, name: str, arguments: str) -> dict:
@@ -818,6 +824,9 @@ def test_generated_call_ids_never_take_a_servers_id_of_the_same_turn():
         {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}},
         {"type": "function", "function": {"name": "add", "arguments": '{"a": 2}'}},
     ]
-    for tool_calls, ids in ((bad_then_named, ["call_0_", "call_0"]), (named_then_bare, ["call_1", "call_1_"])):
+    # The generated id takes the next free number (it was call_0_ and call_1_, a suffix).
+    for tool_calls, ids in ((bad_then_named, ["call_1", "call_0"]), (named_then_bare, ["call_1", "call_2"])):
         parsed = parse_openai_message({"role": "assistant", "content": "", "tool_calls": tool_calls})
         assert [c["id"] for c in parsed.all_calls()] == ids
+    # The valid calls alone, as parse_openai_tool_calls returns them, by the same rule.
+    assert [c["id"] for c in parse_openai_tool_calls(named_then_bare)[0]] == ["call_1", "call_2"]

@@ -480,13 +480,51 @@ def test_call_ids_count_on_over_the_episode_and_keep_server_ids():
             # Turn 2: attempts 2 and 3.
             second, obs2 = _turn(env, hermes_call("add", {"a": 3, "b": 4}) + hermes_call("add", {"a": 5, "b": 6}))
             # Turn 3, structured: attempt 4 has no server id and its count's id "call_4" is the turn's
-            # other, server-given id, so it gets "call_4_"; the server's id is kept.
+            # other, server-given id, so it gets the next free number, "call_5"; the server's id is kept.
             action = structured(("", "add", '{"a": 7, "b": 8}'), ("call_4", "add", '{"a": 9, "b": 1}'))
             del action["tool_calls"][0]["id"]
             third, obs3 = _turn(env, action)
             assert [c["id"] for c in first["tool_calls"]] == [m["tool_call_id"] for m in obs1] == ["call_0", "call_1"]
             assert [c["id"] for c in second["tool_calls"]] == [m["tool_call_id"] for m in obs2] == ["call_2", "call_3"]
-            assert [c["id"] for c in third["tool_calls"]] == [m["tool_call_id"] for m in obs3] == ["call_4_", "call_4"]
+            assert [c["id"] for c in third["tool_calls"]] == [m["tool_call_id"] for m in obs3] == ["call_5", "call_4"]
             assert [m["content"] for m in obs2 + obs3] == ["7", "11", "15", "10"]
+    finally:
+        env.close()
+
+
+def test_a_generated_id_steps_around_every_id_the_episode_used():
+    # The failure: a generated id was call_<attempts before> and stepped around the current turn's
+    # server ids only, so a server's call_1 in turn 1 and the parser's call_1 (1 attempt before) in
+    # turn 2 made the history ['call_1', 'call_1'], with two tool messages answering call_1.
+    env = gym.make("MathCalculator-v0")
+    turns = [
+        structured(("call_1", "calculate", '{"expression": "1+1"}')),
+        hermes_call("calculate", {"expression": "2+2"}),  # attempt 1: call_1 is taken, call_2 is free
+        # Attempts 2 and 3: call_2 is taken, so call_3, then call_4 (call_3 is now the turn's).
+        hermes_call("calculate", {"expression": "3+3"}) + hermes_call("calculate", {"expression": "4+4"}),
+    ]
+    try:
+        for _ in range(2):  # a replayed episode gets the same ids
+            env.reset(seed=0)
+            answers = [m for action in turns for m in env.step(action)[0]]
+            history = [c["id"] for m in env.unwrapped.messages if m.get("tool_calls") for c in m["tool_calls"]]
+            assert history == ["call_1", "call_2", "call_3", "call_4"]
+            assert [(m["tool_call_id"], m["content"]) for m in answers] == [
+                ("call_1", "2"), ("call_2", "4"), ("call_3", "6"), ("call_4", "8")]
+    finally:
+        env.close()
+
+
+def test_a_history_id_ahead_of_the_count_is_stepped_around_and_later_numbers_go_on_from_it():
+    env = AddEnv(tools=[add])
+    try:
+        env.reset(seed=0)
+        # A client's own id, call_3, ahead of the count (1 attempt before the next turn).
+        _turn(env, structured(("call_3", "add", '{"a": 1, "b": 1}')))
+        turn, obs = _turn(env, "".join(hermes_call("add", {"a": i, "b": 1}) for i in range(3)))
+        # Attempts 1, 2, 3: call_1, call_2, then call_3 is taken, so call_4.
+        assert [c["id"] for c in turn["tool_calls"]] == [m["tool_call_id"] for m in obs] == ["call_1", "call_2", "call_4"]
+        turn, _ = _turn(env, hermes_call("add", {"a": 0, "b": 0}))
+        assert [c["id"] for c in turn["tool_calls"]] == ["call_5"]  # attempt 4: call_4 is taken
     finally:
         env.close()

@@ -111,6 +111,24 @@ def test_a_refused_chat_template_is_one_line_before_any_model_loads(tmp_path, mo
     assert not out.exists()
 
 
+def test_chat_template_model_for_a_model_without_a_template_is_refused(tmp_path, monkeypatch, capsys):
+    # Regression: the Trainer's tokenizer has chatml_tools in place of the missing template, and
+    # rollout.chat_template=model resolved to it: the run trained (status 0) instead of refusing.
+    from cli_refusals import model_without_template
+
+    from chatgym.trainer import train
+
+    monkeypatch.setattr(train, "Trainer", None)  # building one would fail the test
+    model = model_without_template(tmp_path)
+    out = tmp_path / "run"
+    assert main([CONFIG, "engine.backend=hf", "engine.options={}", f"model.path={model}",
+                 "rollout.chat_template=model", "--output-dir", str(out)]) == 2  # fmt: skip
+    assert capsys.readouterr().err == (
+        "chatgym train: rollout.chat_template: chat_template='model' but the model's tokenizer has no chat template\n"
+    )
+    assert not out.exists()
+
+
 def test_an_agent_file_without_its_function_is_one_line_before_any_model_loads(tmp_path, monkeypatch, capsys):
     # Regression: the gateway source found the function missing after the models had loaded (traceback).
     from chatgym.trainer import train

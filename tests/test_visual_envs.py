@@ -349,6 +349,15 @@ def test_grid_settings_of_the_wrong_type_and_a_parser_are_refused_naming_the_arg
     assert str(caught.value) == message
 
 
+@pytest.mark.parametrize("env_id", ["VisualGrid-v0", "ChartQA-v0"])
+@pytest.mark.parametrize("split", ["dev", "Train", None])
+def test_an_unknown_split_is_refused_at_construction_naming_the_keyword(env_id, split):
+    # The failure: gym.make(..., split="dev") built the env, and only the first reset refused it.
+    with pytest.raises(ValueError) as caught:
+        gym.make(env_id, split=split)
+    assert str(caught.value) == f"{env_id}: split must be one of ('train', 'test'), got {split!r}"
+
+
 def test_board_size_4_is_refused_at_construction_and_5_is_the_smallest_that_generates():
     # The failure: board_size=4 passed construction, then every reset raised RuntimeError after 500
     # draws. Checked exhaustively: on a 4x4 board (2x2 floor) no placement of player, box and goal that

@@ -11,7 +11,8 @@ source, the answer is then normalised the same way (:func:`normalise_answer`):
   thin spaces, and ``9 500`` where the whole answer is the number — a comma groups thousands only
   in groups of exactly three digits, so ``0,1`` stays a pair), a currency sign, a trailing unit
   (``\\text{ dollars}``, ``cm``, ``%``), the Unicode minus, ``\\frac`` / ``\\dfrac`` / ``\\tfrac``
-  with integer parts (written ``a/b``).
+  with integer parts (written ``a/b``, with one sign in front: ``3/-4`` is ``-3/4``, a ``+`` on
+  either part is no sign, and a zero numerator is ``0``).
 
 Equality with the gold (:func:`answers_equal`):
 
@@ -49,12 +50,14 @@ _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
 _ANSWER_PHRASE = re.compile(r"\banswer\s*(?:is|:|=)\s*:?\s*(.+?)(?:\.(?:\s|$)|\n|$)", re.I | re.S)
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _LATEX_MATH = re.compile(r"\\[a-zA-Z]+|\^")
+# A slash between digits ("0/5", "3 / -4"); a unit's slash ("12 km/h") has letters around it.
+_DIGIT_SLASH = re.compile(r"\d\s*/\s*[-+]?\d")
 
 # Separators that group thousands (each followed by exactly three digits).
 _SEP = r"(?:,|\{,\}|\\,|\\ |~|\\;|\\!|\u2009|\u202f|\u00a0|\\thinspace\s*)"
 _GROUPED = rf"\d{{1,3}}(?:{_SEP}\d{{3}})+"
 _DECIMAL = rf"(?:{_GROUPED}|\d+)(?:\.\d+)?|\.\d+"
-_FRAC = r"\\[dt]?frac\s*\{\s*-?\d+\s*\}\s*\{\s*-?\d+\s*\}"
+_FRAC = r"\\[dt]?frac\s*\{\s*[-+]?\d+\s*\}\s*\{\s*[-+]?\d+\s*\}"
 # A number in running text (plain spaces never group digits here: "3 500-page books" is two numbers).
 _NUMBER_IN_TEXT = re.compile(rf"[-\u2212]?(?:{_FRAC}|\d+\s*/\s*\d+(?![\d.])|{_DECIMAL})")
 
@@ -156,13 +159,18 @@ def _number_text(s: str) -> str | None:
         s = re.sub(_SEP, "", s)
     if re.fullmatch(r"\d+(?:\.\d+)?|\.\d+", s):
         return sign + s
-    m = re.fullmatch(r"\\[dt]?frac\s*\{\s*(-?\d+)\s*\}\s*\{\s*(-?\d+)\s*\}|(-?\d+)\s*/\s*(-?\d+)", s)
+    m = re.fullmatch(
+        r"\\[dt]?frac\s*\{\s*([-+]?\d+)\s*\}\s*\{\s*([-+]?\d+)\s*\}|([-+]?\d+)\s*/\s*([-+]?\d+)", s
+    )
     if m:
         num, den = (m.group(1), m.group(2)) if m.group(1) is not None else (m.group(3), m.group(4))
         if int(den) != 0:
-            # One sign in front: Fraction() reads "-3/4" but refuses "3/-4" and "-1/-2" (ValueError).
+            if int(num) == 0:  # "0/-1" is 0: a "-0/1" would read as a negative answer to a reader
+                return "0"
+            # One sign in front: Fraction() reads "-3/4" but refuses "3/-4", "3/+4" and "-1/-2"
+            # (ValueError); a "+" anywhere reads as no sign.
             negative = (sign == "-") ^ num.startswith("-") ^ den.startswith("-")
-            return f"{'-' if negative else ''}{num.lstrip('-')}/{den.lstrip('-')}"
+            return f"{'-' if negative else ''}{num.lstrip('-+')}/{den.lstrip('-+')}"
     return None
 
 
@@ -252,7 +260,8 @@ def answers_equal(answer: str | None, gold: str, question: str = "") -> bool:
         if value is None or value != expected:
             return False
         written = normalise_answer(answer)
-        is_fraction = "/" in written or "\\frac" in answer or "\\div" in answer
+        # "0/5" normalises to "0" but was written as a fraction all the same.
+        is_fraction = "/" in written or _DIGIT_SLASH.search(answer) or "\\frac" in answer or "\\div" in answer
         return not (is_fraction and _ASKS_DECIMAL.search(question))
     if _ASKS_FORM.search(question):
         return False

@@ -27,9 +27,10 @@ What every parser guarantees:
   JSON text of an object and each call's id is ``call_<position>``, its 0-based place among the
   turn's call attempts, malformed ones included (the ``openai`` parser keeps a server's own ids).
   The parser sees one turn; the env and the gateway count on over the episode (session):
-  ``parsed.numbered_from(calls_before(history))`` makes the id ``call_<n>``, ``n`` the attempt's
-  place among all the episode's call attempts, so no two calls of an episode share an id (and a
-  replayed episode gets the same ids). The parser does not know the env's tools: a call to an unknown
+  ``parsed.numbered_from(calls_before(history), call_ids(history))`` makes the id ``call_<n>``,
+  ``n`` the attempt's place among all the episode's call attempts, or the next number whose id is
+  free where that one is already used (a server's or a client's id in the history or the turn), so
+  no two calls of an episode share an id (and a replayed episode gets the same ids). The parser does not know the env's tools: a call to an unknown
   name is returned as written and rejected, with the list of tools, by ``tools.run_tool_call``.
 * ``arguments`` given as a string that holds JSON (``"arguments": "{\\"x\\": 1}"``) are decoded once;
   arguments that are (or decode to) an array, a string, a number, a boolean or null are not a call:
@@ -63,6 +64,7 @@ from chatgym.envs.parsers.base import (
     ParsedAction,
     PlainText,
     ToolCallParser,
+    call_ids,
     calls_before,
     normalise_arguments,
 )
@@ -82,6 +84,7 @@ __all__ = [
     "PlainText",
     "PythonicParser",
     "ToolCallParser",
+    "call_ids",
     "calls_before",
     "get_parser",
     "normalise_arguments",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -66,15 +66,22 @@ class ParsedAction:
         position shows each error after the call that caused it."""
         return [self.calls[i] if kind == "call" else self.error_call(i) for kind, i in self.in_order()]
 
-    def numbered_from(self, first: int) -> ParsedAction:
+    def numbered_from(self, first: int, taken: Iterable[str] = ()) -> ParsedAction:
         """This turn with its generated ids counted from ``first``: the attempt at position ``p`` whose
-        id the parser made gets ``call_<first + p>`` (``_`` appended while the turn holds a server id
-        equal to it); a server's id is kept.
+        id the parser made gets ``call_<n>``, ``n`` the first number from ``first + p`` up whose id is
+        free: not in ``taken``, not a server's id of the turn, not made for an earlier attempt of the
+        turn (:func:`fresh_call_id`). A server's id is kept as it is.
 
         ``first`` is the number of call attempts the episode (or gateway session) made before this
-        turn (:func:`calls_before`), so ids never repeat within an episode: a client that pairs
-        ``tool_call_id`` with calls across the whole conversation can tell every call apart, and an
-        episode replayed gets the same ids. ``first = 0`` is the parse itself.
+        turn (:func:`calls_before`) and ``taken`` every id it used (:func:`call_ids`), so a generated
+        id never repeats one of the episode's, a client's or a server's included: a client that
+        pairs ``tool_call_id`` with calls across the whole conversation can tell every call apart. The
+        ids depend on ``first``, ``taken`` and the turn alone, so an episode replayed gets the same
+        ids. ``numbered_from(0)`` is the parse itself.
+
+        Args:
+            first: call attempts before this turn (an int >= 0).
+            taken: ids the turn's generated ids must not take (any iterable of str).
 
         Raises:
             ValueError: ``first`` is negative.
@@ -82,17 +89,16 @@ class ParsedAction:
         if first < 0:
             raise ValueError(f"first must be >= 0, got {first}")
         generated = set(self.generated_positions)
-        if first == 0 or not generated:
+        if not generated:
             return self
         attempts = self.all_calls()
-        server_ids = {c["id"] for p, c in enumerate(attempts) if p not in generated}
+        used = set(taken) | {c["id"] for p, c in enumerate(attempts) if p not in generated}
         calls, error_calls = list(self.calls), [self.error_call(j) for j in range(len(self.errors))]
         for p, (kind, i) in enumerate(self.in_order()):
             if p not in generated:
                 continue
-            new_id = f"call_{first + p}"
-            while new_id in server_ids:
-                new_id += "_"
+            new_id = fresh_call_id(first + p, used)
+            used.add(new_id)
             if kind == "call":
                 calls[i] = {**calls[i], "id": new_id}
             else:
@@ -145,6 +151,29 @@ def calls_before(history: Iterable[Any]) -> int:
     return sum(
         len(m.get("tool_calls") or []) for m in history if isinstance(m, dict) and m.get("role") == "assistant"
     )
+
+
+def call_ids(history: Iterable[Any]) -> set[str]:
+    """Every call id a conversation holds: the ids of its assistant messages' ``tool_calls`` and the
+    ``tool_call_id`` of its tool messages. The ``taken`` of :meth:`ParsedAction.numbered_from` for
+    the turn after ``history``."""
+    ids: set[str] = set()
+    for m in history:
+        if not isinstance(m, dict):
+            continue
+        if m.get("role") == "assistant":
+            calls = m.get("tool_calls") or []
+            ids.update(c["id"] for c in calls if isinstance(c, dict) and isinstance(c.get("id"), str))
+        elif m.get("role") == "tool" and isinstance(m.get("tool_call_id"), str):
+            ids.add(m["tool_call_id"])
+    return ids
+
+
+def fresh_call_id(n: int, taken: Container[str]) -> str:
+    """``call_<m>`` for the first ``m >= n`` whose id is not in ``taken``."""
+    while f"call_{n}" in taken:
+        n += 1
+    return f"call_{n}"
 
 
 class ToolCallParser(Protocol):
@@ -282,8 +311,8 @@ class CallList:
 
     Every attempt, valid or malformed, gets the id ``call_<position>`` (its 0-based place among the
     turn's attempts) unless the server gave it one, so the ``tool`` message answering attempt ``i``
-    carries the id of the history's call ``i``; ``generated`` records which ids were made here, for
-    :meth:`ParsedAction.numbered_from`.
+    carries the id of the history's call ``i``; ``generated`` records which ids were made here, and
+    :meth:`action` steps them around the server's ids of the turn (:meth:`ParsedAction.numbered_from`).
     """
 
     calls: list[ToolCall] = field(default_factory=list)
@@ -292,25 +321,23 @@ class CallList:
     error_positions: list[int] = field(default_factory=list)
     error_calls: list[ToolCall] = field(default_factory=list)
     attempts: int = 0
-    server_ids: set[str] = field(default_factory=set)  # the turn's ids a server gave: never generated
     generated: set[int] = field(default_factory=set)
 
     def new_id(self, call_id: str | None) -> str:
-        """The server's id, or ``call_<position>`` (``_`` appended while a server id of the turn has it)."""
+        """The server's id, or ``call_<position>`` (made unique among the turn's ids by :meth:`action`)."""
         if call_id:
             return call_id
         position = len(self.calls) + len(self.errors)
         self.generated.add(position)
-        made = f"call_{position}"
-        while made in self.server_ids:
-            made += "_"
-        return made
+        return f"call_{position}"
 
     def action(self, content: str, *, server_ids: bool = False) -> ParsedAction:
         """The ``ParsedAction`` of this turn; ``server_ids`` keeps the errors' server call ids."""
         ids = self.error_ids if server_ids else []
-        return ParsedAction(content, self.calls, self.errors, ids, self.error_positions, self.error_calls,
-                            sorted(self.generated))
+        parsed = ParsedAction(content, self.calls, self.errors, ids, self.error_positions, self.error_calls,
+                              sorted(self.generated))
+        # The one rule of generated ids, here against the turn's own ids only.
+        return parsed.numbered_from(0)
 
     def _error(self, message: str, call_id: str | None, written: Any, raw: str) -> None:
         position = len(self.calls) + len(self.errors)

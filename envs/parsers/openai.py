@@ -20,10 +20,11 @@ def parse_openai_tool_calls(tool_calls: Any) -> tuple[list[ToolCall], list[str]]
 
     Returns:
         ``(calls, errors)``: calls rebuilt in canonical form (arguments re-serialised, the server's id
-        kept, ``call_<i>`` where it has none) and error messages for the model. Never raises.
+        kept; where it has none, ``call_<i>``, or the next free number when the turn already holds that
+        id) and error messages for the model. Never raises.
     """
-    out = _parse_calls(tool_calls)
-    return out.calls, out.errors
+    parsed = _parse_calls(tool_calls).action("")
+    return parsed.calls, parsed.errors
 
 
 def _parse_calls(tool_calls: Any) -> CallList:
@@ -31,7 +32,6 @@ def _parse_calls(tool_calls: Any) -> CallList:
     if not isinstance(tool_calls, list):
         out.add(f"tool_calls must be a list, got {json_type(tool_calls)}")
         return out
-    out.server_ids = {c["id"] for c in tool_calls if isinstance(c, Mapping) and isinstance(c.get("id"), str)}
     for call in tool_calls:
         n = out.next_attempt()
         call_id = call.get("id") if isinstance(call, Mapping) else None

@@ -38,7 +38,7 @@ from chatgym.envs.tools import Tool, ToolResult
 from chatgym.envs.visual import chartgen
 from chatgym.envs.visual.grid import outside_reasoning
 from chatgym.envs.visual.images import image_part, text_part, transcript, zoom_crop
-from chatgym.envs.visual.tasks import DEFAULT_SIZES, SeededTasks
+from chatgym.envs.visual.tasks import DEFAULT_SIZES, SeededTasks, check_split
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
 _NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
@@ -130,6 +130,7 @@ class ChartQAEnv(ChatEnv):
         max_turns: int | None = None,
         **kwargs: Any,
     ):
+        check_split("ChartQA-v0", split)  # here: the tasks load only at the first reset
         self._settings = _check_settings(kinds, question_types, min_categories, max_categories, value_range)
         _check_image_size(image_size)
         if not 1 <= zoom_detail <= 8:

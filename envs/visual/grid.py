@@ -33,7 +33,7 @@ from chatgym.envs.parsers import PlainText
 from chatgym.envs.parsers.reasoning import DEFAULT_REASONING_TAGS, reasoning_spans
 from chatgym.envs.visual import sokoban
 from chatgym.envs.visual.images import image_part, text_part, transcript
-from chatgym.envs.visual.tasks import DEFAULT_SIZES, SeededTasks
+from chatgym.envs.visual.tasks import DEFAULT_SIZES, SeededTasks, check_split
 
 _MOVE = re.compile(r"<move>\s*([A-Za-z]+)\s*</move>", re.I)
 
@@ -121,6 +121,7 @@ class VisualGridEnv(ChatEnv):
         max_turns: int | None = None,
         **kwargs: Any,
     ):
+        check_split("VisualGrid-v0", split)  # here: the tasks load only at the first reset
         _check_int("board_size", board_size, sokoban.MIN_SIZE, 16,
                    f" (squares a side, border walls included; {sokoban.MIN_SIZE} is the smallest with a pushable "
                    "box: a 4x4 board's 2x2 floor is all corners, where no box can be pushed)")

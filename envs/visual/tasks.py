@@ -22,6 +22,13 @@ TEST_SHARE = 8  # one key in TEST_SHARE belongs to the test split
 MAX_ATTEMPTS = 10_000
 
 
+def check_split(name: str, split: Any) -> None:
+    """ValueError unless ``split`` is one of :data:`SPLITS`; the message starts with ``name`` (an env id,
+    or the task sequence's name)."""
+    if not isinstance(split, str) or split not in SPLITS:
+        raise ValueError(f"{name}: split must be one of {SPLITS}, got {split!r}")
+
+
 def split_of(key: str) -> str:
     """``"test"`` for one key in :data:`TEST_SHARE` (by SHA-256), else ``"train"``."""
     digest = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
@@ -43,8 +50,7 @@ class SeededTasks(Sequence[dict[str, Any]]):
     def __init__(
         self, name: str, split: str, n: int, seed: int, make: Callable[[random.Random], tuple[dict[str, Any], str]]
     ):
-        if split not in SPLITS:
-            raise ValueError(f"{name}: split must be one of {SPLITS}, got {split!r}")
+        check_split(name, split)
         if n < 1:
             raise ValueError(f"{name}: the number of tasks must be >= 1, got {n}")
         self.name, self.split, self.n, self.seed, self.make = name, split, n, seed, make

@@ -94,7 +94,7 @@ from chatgym.trainer.chat.tokenizer import (
     content_codec,
     content_ids,
     is_template_text,
-    resolve_chat_template,
+    resolve_tokenizer_template,
 )
 
 
@@ -124,7 +124,9 @@ class ChatRenderer:
         chat_template: the template overriding the tokenizer's own (None: use the tokenizer's): Jinja
             text, or a name or path as :func:`~chatgym.trainer.chat.tokenizer.resolve_chat_template`
             takes (``"qwen3"``, ``"qwq"``, ``"chatml_tools"``, ``"auto"``, ``"model"``,
-            ``"path/to/t.jinja"``), resolved here against the tokenizer's own template.
+            ``"path/to/t.jinja"``), resolved here against the tokenizer's template; ``"model"`` is
+            always the model's own, even where :func:`~chatgym.trainer.chat.tokenizer.get_tokenizer`
+            put ``chatml_tools`` in its place (:func:`~chatgym.trainer.chat.tokenizer.model_chat_template`).
         processor: a multimodal processor whose ``tokenizer`` is ``tokenizer`` (None: text only;
             messages with image parts are then refused). Its ``image_token`` is passed to every
             rendering as ``image_placeholder``; the template is checked at construction to write one
@@ -136,6 +138,7 @@ class ChatRenderer:
             code), message included; with a ``processor``: the template does not render image parts as
             placeholders.
         FileNotFoundError: a template name that is not shipped, or a ``.jinja`` path that does not exist.
+        ValueError: ``"model"`` and the model has no template of its own.
     """
 
     tokenizer: Any
@@ -153,9 +156,7 @@ class ChatRenderer:
             placeholder = {"image_placeholder": self.image_tokens.placeholder}
             self.template_kwargs = {**placeholder, **dict(self.template_kwargs or {})}
         if isinstance(self.chat_template, str) and not is_template_text(self.chat_template):
-            self.chat_template = resolve_chat_template(
-                getattr(self.tokenizer, "chat_template", None), self.chat_template
-            )
+            self.chat_template = resolve_tokenizer_template(self.tokenizer, self.chat_template)
         source = self.chat_template or getattr(self.tokenizer, "chat_template", None)
         if isinstance(source, str) and (SENTINEL_OPEN in source or SENTINEL_CLOSE in source):
             raise TemplateError("chat template holds the characters U+E000/U+E001 that chatgym reserves")

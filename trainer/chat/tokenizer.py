@@ -87,6 +87,34 @@ def resolve_chat_template(model_template: str | None, chat_template: str = "auto
     return path.read_text() if path.suffix == ".jinja" else builtin_template(chat_template)
 
 
+# Where get_tokenizer keeps the model's own template when it puts another in its place, so that
+# "model" still means the model's own on that tokenizer (not the chatml_tools swapped in for "auto").
+MODEL_TEMPLATE_ATTR = "chatgym_model_chat_template"
+
+
+def model_chat_template(tokenizer: Any) -> str | None:
+    """The model's own chat template text: the one :func:`get_tokenizer` found on the model's files
+    before it chose one, else the tokenizer's ``chat_template``; None when there is none (or it is no
+    single template text)."""
+    if hasattr(tokenizer, MODEL_TEMPLATE_ATTR):
+        own = getattr(tokenizer, MODEL_TEMPLATE_ATTR)
+    else:
+        own = getattr(tokenizer, "chat_template", None)
+    return own if isinstance(own, str) and own else None
+
+
+def resolve_tokenizer_template(tokenizer: Any, chat_template: str) -> str:
+    """:func:`resolve_chat_template` of a setting for ``tokenizer``: ``"model"`` against the model's
+    own template (:func:`model_chat_template`), anything else against the tokenizer's current one.
+
+    Raises:
+        as :func:`resolve_chat_template`.
+    """
+    current = getattr(tokenizer, "chat_template", None)
+    base = model_chat_template(tokenizer) if chat_template == "model" else current
+    return resolve_chat_template(base if isinstance(base, str) else None, chat_template)
+
+
 def is_template_text(chat_template: str) -> bool:
     """True for Jinja template text, False for a name (``auto``, ``model``, a shipped one) or a path."""
     return "{%" in chat_template or "{{" in chat_template
@@ -119,7 +147,9 @@ def get_tokenizer(name_or_path: str | os.PathLike[str], chat_template: str = "au
             template string; see :func:`resolve_chat_template` for the rule.
 
     Returns:
-        A ``transformers`` tokenizer whose ``chat_template`` is the chosen template.
+        A ``transformers`` tokenizer whose ``chat_template`` is the chosen template; the model's own
+        (str, or None when it has none) is kept for ``"model"`` settings resolved later
+        (:func:`model_chat_template`).
 
     Raises:
         as :func:`load_model_path` and :func:`resolve_chat_template`.
@@ -129,6 +159,7 @@ def get_tokenizer(name_or_path: str | os.PathLike[str], chat_template: str = "au
     tokenizer = AutoTokenizer.from_pretrained(load_model_path(name_or_path))
     own = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None
     tokenizer.chat_template = resolve_chat_template(own, chat_template)
+    setattr(tokenizer, MODEL_TEMPLATE_ATTR, own)
     return tokenizer
 
 

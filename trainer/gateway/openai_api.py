@@ -310,7 +310,8 @@ def returned_message(parsed: ParsedAction | None, text: str) -> dict[str, Any]:
     """The assistant message answered for a turn whose decoded text is ``text``.
 
     ``parsed`` (None: tools not offered) gives ``tool_calls`` (its valid calls, ids ``call_<n>``, ``n``
-    counting the session's call attempts: :meth:`~chatgym.envs.parsers.ParsedAction.numbered_from`) and
+    counting the session's call attempts, past any id it used:
+    :meth:`~chatgym.envs.parsers.ParsedAction.numbered_from`) and
     ``content`` (the text outside them, stripped; null when empty and there are calls). A malformed
     call is no ``tool_call``: its parse error is appended to ``content`` as
     ``[tool call not parsed: <error>]`` lines, so the agent can read what went wrong, and listed in

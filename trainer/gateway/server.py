@@ -407,14 +407,14 @@ class Gateway:
         if chat.tools:
             try:
                 # Ids count on over the session (not per turn), as an env's do over its episode.
-                parsed = self.parser.parse(text).numbered_from(session.call_attempts)
+                parsed = session.numbered(self.parser.parse(text), chat)
             except Exception:  # a parser bug: the agent gets the text as content, never a 500
                 session.count("parser_errors")
         returned = api.returned_message(parsed, text)
         seg = session.commit(plan, chat, api.as_history_message(returned), turn, text)
         seg.traj.timing["render_s"] += render_s
         if parsed is not None:
-            session.call_attempts += len(parsed.calls) + len(parsed.errors)
+            session.book_calls(parsed)
             tool_counts(seg, len(parsed.calls), len(parsed.errors))
         # A turn cut by a budget says so even when the cut text holds complete calls (OpenAI's rule).
         finish = "tool_calls" if returned.get("tool_calls") and turn.finish_reason != "length" else turn.finish_reason

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chatgym.envs.messages import Message
+from chatgym.envs.parsers import ParsedAction, call_ids
 from chatgym.trainer.chat.delta import ChatRenderer, closing_ids
 from chatgym.trainer.chat.template_probe import TemplateProbe
 from chatgym.trainer.gateway.openai_api import ChatRequest, same_message
@@ -154,8 +155,9 @@ class Session:
             ``request_seed(sampling_seed, group_id, sample_index, turn)`` (None: no seed rule).
         sampled: turns sampled so far over all segments (the next turn's ``turn`` in the seed rule).
         call_attempts: tool-call attempts parsed so far over all segments, malformed ones included:
-            the next turn's calls are numbered from it (``ParsedAction.numbered_from``), so a call id
-            never repeats within the session.
+            the next turn's calls are numbered from it (:meth:`numbered`).
+        call_ids: the ids given to those attempts; the next turn's ids step around them and around
+            the ids of the request's messages, so a call id never repeats within the session.
         segments: the session's segments in order; the last is the current one.
         opened, last_seen: ``time.monotonic()`` of the opening and of the last request.
         reward: the reported reward (None: none yet).
@@ -172,6 +174,7 @@ class Session:
     sampling_seed: int | None = None
     sampled: int = 0
     call_attempts: int = 0
+    call_ids: set[str] = field(default_factory=set)
     segments: list[Segment] = field(default_factory=list)
     opened: float = field(default_factory=time.monotonic)
     last_seen: float = field(default_factory=time.monotonic)
@@ -184,6 +187,17 @@ class Session:
     @property
     def current(self) -> Segment | None:
         return self.segments[-1] if self.segments else None
+
+    def numbered(self, parsed: ParsedAction, request: ChatRequest) -> ParsedAction:
+        """``parsed`` (a turn's calls) with the env's rule of ids (:meth:`ParsedAction.numbered_from`)
+        over the session: counted from :attr:`call_attempts`, stepping around :attr:`call_ids` and the
+        ids in ``request``'s messages (a client's own, or those of a history it rewrote)."""
+        return parsed.numbered_from(self.call_attempts, self.call_ids | call_ids(request.messages))
+
+    def book_calls(self, parsed: ParsedAction) -> None:
+        """Count the turn's call attempts (from :meth:`numbered`) and keep their ids."""
+        self.call_attempts += len(parsed.calls) + len(parsed.errors)
+        self.call_ids.update(c["id"] for c in parsed.all_calls())
 
     def plan(self, request: ChatRequest, r: Rendering, max_tokens: int) -> Plan:
         """The prompt for ``request`` (``max_tokens``: the per-turn budget asked for).
