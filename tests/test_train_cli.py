@@ -126,6 +126,30 @@ def test_an_agent_file_without_its_function_is_one_line_before_any_model_loads(t
     assert not out.exists()
 
 
+def train_refusal(tmp_path, monkeypatch, capsys, *args: str) -> str:
+    """What ``chatgym train`` of the math config on the hf engine prints when it refuses ARGS (one line,
+    status 2), without building the Trainer or making the output dir."""
+    from chatgym.trainer import train
+
+    monkeypatch.setattr(train, "Trainer", None)  # building one would fail the test
+    out = tmp_path / "run"
+    assert main([CONFIG, "engine.backend=hf", "engine.options={}", *args, "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and not out.exists(), err
+    return err
+
+
+def test_eos_ids_given_are_named_when_refused(tmp_path, monkeypatch, capsys):
+    # Regression: engine.options.eos_token_ids=[99999] and rollout.eos_token_ids=[5] were refused as a
+    # fault of rollout.chat_template.
+    from cli_refusals import assert_eos_refusals
+
+    assert_eos_refusals(
+        "train", lambda *a: train_refusal(tmp_path, monkeypatch, capsys, *a), "engine.options.eos_token_ids",
+        lambda ids: (f"engine.options.eos_token_ids={ids}",), tmp_path,
+    )  # fmt: skip
+
+
 def test_a_recipe_model_not_made_yet_points_to_the_cold_start(tmp_path, capsys):
     # Regression: a recipe config run before its SFT step named neither the field nor the fix.
     recipe = str(Path(CONFIG).parent.parent / "recipes" / "retool" / "cpu.yaml")

@@ -123,8 +123,25 @@ def _prepare(argv: list[str]) -> tuple[Any, Path | None] | None:
 
 def check_model_and_engine(config: Any) -> None:
     """Start-up checks of a run config (``chatgym train``'s and ``chatgym cotrain``'s), before any
-    model loads or the output dir is made: the model exists, the device and the engine options suit
-    this machine, the collector would take the chat template, an agent program has its function.
+    model loads or the output dir is made: the device suits this machine, :func:`check_engine`, an
+    agent program has its function.
+
+    Raises:
+        ConfigError: the first that fails, naming the field.
+    """
+    from chatgym.trainer.gateway.program import load_callable
+    from chatgym.trainer.learner.policy import resolve_device
+
+    resolve_device(config.model.device)
+    check_engine(config)
+    if config.trainer.gateway.agent is not None:
+        load_callable(config.trainer.gateway.agent, "trainer.gateway.agent")
+
+
+def check_engine(config: Any) -> None:
+    """The start-up checks of a run config's engine (``chatgym gateway`` makes these alone): the model
+    exists, ``engine.options`` suit the backend, the collector would take the chat template with the
+    EOS ids (``rollout.eos_token_ids``, ``engine.options.eos_token_ids`` or the model's).
 
     Raises:
         ConfigError: the first that fails, naming the field.
@@ -137,19 +154,17 @@ def check_model_and_engine(config: Any) -> None:
         raise ConfigError(f"model.path: {exc}{hint}") from exc
     from chatgym.trainer.chat.tokenizer import get_tokenizer
     from chatgym.trainer.engines import check_options
-    from chatgym.trainer.gateway.program import load_callable
-    from chatgym.trainer.learner.policy import resolve_device
     from chatgym.trainer.models.packaged import processor_for
     from chatgym.trainer.rollout.cli import check_chat_template
 
-    resolve_device(config.model.device)
     check_options(config.engine)
     tokenizer = get_tokenizer(model_path)  # the Trainer's: the model's own template or chatml_tools
     eos = config.engine.options.get("eos_token_ids")  # else the model's, as its engine reads them
     processor = processor_for(model_path, tokenizer)
-    check_chat_template(model_path, tokenizer, config.rollout, eos, processor, setting="rollout.chat_template")
-    if config.trainer.gateway.agent is not None:
-        load_callable(config.trainer.gateway.agent, "trainer.gateway.agent")
+    check_chat_template(
+        model_path, tokenizer, config.rollout, eos, processor,
+        setting="rollout.chat_template", eos_setting="engine.options.eos_token_ids",
+    )  # fmt: skip
 
 
 def _startup_refusal(exc: BaseException) -> str | None:
