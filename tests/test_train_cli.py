@@ -150,6 +150,30 @@ def test_eos_ids_given_are_named_when_refused(tmp_path, monkeypatch, capsys):
     )  # fmt: skip
 
 
+def test_env_keywords_are_checked_at_start_up_for_both_splits(tmp_path, monkeypatch, capsys):
+    # Regression: a 60-line traceback (status 1) once the model had loaded, the output dir left
+    # behind. The env is built with the keywords the Trainer gives its episodes (EnvConfig.make_kwargs).
+    made = "was raised from the environment creator for Math-v0 with kwargs"
+    assert train_refusal(tmp_path, monkeypatch, capsys, "env.kwargs.splt=test") == (
+        "chatgym train: env.kwargs: cannot build the env: TypeError: ChatEnv.__init__() got an unexpected "
+        f"keyword argument 'splt' {made} ({{'split': 'train', 'splt': 'test'}})\n"
+    )
+    split = "cannot build the env: ValueError: Math-v0: split must be one of ['test', 'train'], got 'bogus'"
+    assert train_refusal(tmp_path, monkeypatch, capsys, "env.eval_split=bogus") == (
+        f"chatgym train: env.eval_split: {split}\n"
+    )
+    assert train_refusal(tmp_path, monkeypatch, capsys, "env.train_split=bogus", "env.kwargs.splt=1") == (
+        f"chatgym train: env.train_split and env.kwargs: {split}\n"
+    )
+    from chatgym.trainer import train
+
+    monkeypatch.setattr(train, "Trainer", None)
+    # No held-out evaluation: the eval split is not built, so not checked.
+    argv = [CONFIG, "env.eval_split=bogus", "env.eval_tasks=0", "model.path=/nope", "--output-dir", str(tmp_path / "r")]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.startswith("chatgym train: model.path: ")
+
+
 def test_a_recipe_model_not_made_yet_points_to_the_cold_start(tmp_path, capsys):
     # Regression: a recipe config run before its SFT step named neither the field nor the fix.
     recipe = str(Path(CONFIG).parent.parent / "recipes" / "retool" / "cpu.yaml")

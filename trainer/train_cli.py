@@ -115,10 +115,51 @@ def _prepare(argv: list[str]) -> tuple[Any, Path | None] | None:
         )
         return None
     try:
+        check_env(config.env)
         check_model_and_engine(config)
     except ConfigError as exc:
         raise _Refused(str(exc)) from exc
     return config, ckpt
+
+
+def check_env(env: Any) -> None:
+    """``env.id`` builds with the ``gym.make`` keywords the Trainer gives its episodes
+    (:meth:`EnvConfig.make_kwargs <chatgym.trainer.config.env.EnvConfig.make_kwargs>`): the train split
+    and, when held-out tasks are evaluated (``env.eval_tasks``), the eval split, each with
+    ``env.kwargs``. As ``chatgym rollout`` checks ``--env-arg``: a misspelt keyword would otherwise fail
+    once the models have loaded.
+
+    Raises:
+        ConfigError: naming ``env.kwargs``, the split's field or ``env.id`` (the one that makes it fail).
+    """
+    from chatgym.trainer.rollout.env_runner import EnvBuildError, build_env
+
+    for eval in (False, True) if env.eval_tasks else (False,):
+        try:
+            build_env(env.id, env.make_kwargs(eval=eval)).close()
+        except EnvBuildError as exc:
+            raise ConfigError(f"{_env_field(env, eval)}: {exc}") from None
+
+
+def _env_field(env: Any, eval: bool) -> str:
+    """The field(s) to blame for an env that does not build with :meth:`EnvConfig.make_kwargs`: the
+    split's field and/or ``env.kwargs``, whichever fails alone; ``env.id`` when the env does not build
+    even with its defaults."""
+    if not _builds(env.id, {}):
+        return "env.id"
+    split_field = "env.eval_split" if eval else "env.train_split"
+    alone = ((split_field, {"split": env.make_kwargs(eval=eval)["split"]}), ("env.kwargs", dict(env.kwargs)))
+    return " and ".join(field for field, kwargs in alone if kwargs and not _builds(env.id, kwargs)) or "env.kwargs"
+
+
+def _builds(env_id: str, kwargs: dict[str, Any]) -> bool:
+    from chatgym.trainer.rollout.env_runner import EnvBuildError, build_env
+
+    try:
+        build_env(env_id, kwargs).close()
+    except EnvBuildError:
+        return False
+    return True
 
 
 def check_model_and_engine(config: Any) -> None:
