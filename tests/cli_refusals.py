@@ -45,15 +45,76 @@ def assert_chat_template_refusals(prog: str, refuse: Callable[..., str], tmp_pat
     assert refuse(f"rollout.chat_template={template}") == f"chatgym {prog}: rollout.chat_template: {NO_EOS_REASON}\n"
 
 
-def model_without_template(tmp_path: Path) -> Path:
-    """A model directory of SmolLM2's files (linked, not copied) without its ``chat_template.jinja``:
-    a model whose tokenizer has no chat template."""
+def model_without_chat_template(tmp_path: Path) -> Path:
+    """SmolLM2's directory without its chat template (``chat_template.jinja`` and any
+    ``tokenizer_config.json`` entry removed; the weights linked, not copied)."""
+    import json
+    import shutil
+
     from chatgym.trainer.models.packaged import load_model_path
 
-    source = load_model_path("smollm2")
-    out = tmp_path / "no_template_model"
-    out.mkdir()
-    for f in source.iterdir():
-        if f.name != "chat_template.jinja":
-            (out / f.name).symlink_to(f)
-    return out
+    source, model = load_model_path("smollm2"), tmp_path / "no_template_model"
+    model.mkdir()
+    for path in source.iterdir():
+        if path.name == "chat_template.jinja":
+            continue
+        if path.suffix == ".safetensors":
+            (model / path.name).symlink_to(path)
+        else:
+            shutil.copy(path, model / path.name)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    return model
+
+
+# SmolLM2 ends assistant turns with <|im_end|> (id 2); id 5 is another token, 99999 none.
+def assert_eos_refusals(
+    prog: str, refuse: Callable[..., str], eos_setting: str, set_eos: Callable[[str], Sequence[str]], tmp_path: Path
+) -> None:
+    """``chatgym {prog}`` blames EOS ids the user gave on the setting that gave them (``set_eos(ids)``:
+    the arguments that set ``eos_setting``; ``rollout.eos_token_ids`` too): an id that is no token of
+    the tokenizer, and ids without the one the chat template ends assistant turns with (a template the
+    model's own EOS ids pass); a template that fails with the model's EOS ids too is the template's
+    fault."""
+    outside = "eos_token_ids has ids outside the model's vocabulary [0, 49152): [99999] (ids the model can never sample"
+    assert refuse(*set_eos("[99999]")) == f"chatgym {prog}: {eos_setting}: {outside}; [] means none)\n"
+    assert refuse("rollout.eos_token_ids=[99999]") == (
+        f"chatgym {prog}: rollout.eos_token_ids: {outside}; [] means the engine's)\n"
+    )
+    not_the_end = (
+        "chat template ends assistant turns with '<|im_end|>' (id 2), which is not among these EOS ids [5]: "
+        "generation would run past the end of the turn (the model's own EOS ids are [2])"
+    )
+    assert refuse(*set_eos("[5]")) == f"chatgym {prog}: {eos_setting}: {not_the_end}\n"
+    assert refuse("rollout.eos_token_ids=[5]") == f"chatgym {prog}: rollout.eos_token_ids: {not_the_end}\n"
+    template = tmp_path / "no_eos.jinja"
+    template.write_text(NO_EOS_TEMPLATE)
+    assert refuse(f"rollout.chat_template={template}", *set_eos("[2]")) == (
+        f"chatgym {prog}: rollout.chat_template: {NO_EOS_REASON}\n"
+    )
+
+
+def assert_token_engine_refusals(prog: str, refuse: Callable[..., str], tmp_path: Path) -> None:
+    """``chatgym {prog} --engine hf`` refuses, in one line naming the flag (``refuse(*args)``: its
+    stderr): ``--chat-template model`` on a model without one, an ``--engine-arg`` the engine does not
+    take (as ``chatgym train`` checks ``engine.options``) and the EOS ids of ``--engine-arg
+    eos_token_ids`` (:func:`assert_eos_refusals`)."""
+    model = model_without_chat_template(tmp_path)
+    assert refuse("--model", str(model), "--chat-template", "model") == (
+        f"chatgym {prog}: --chat-template: chat_template='model' but the model's tokenizer has no chat template\n"
+    )
+    assert refuse("--engine-arg", "max_batch_sise=8") == (
+        f"chatgym {prog}: --engine-arg: 'max_batch_sise' not taken by the 'hf' engine (TransformersEngine); "
+        "did you mean 'max_batch_size' for 'max_batch_sise'?\n"
+    )
+    assert_eos_refusals(
+        prog, refuse, "--engine-arg eos_token_ids", lambda ids: ("--engine-arg", f"eos_token_ids={ids}"), tmp_path
+    )
+
+
+def assert_engine_value_refusal(prog: str, main: Callable[[Sequence[str]], int], argv: Sequence[str], capsys) -> None:
+    """``chatgym {prog} ARGV --engine hf --engine-arg max_batch_size=0``: a value the engine refuses as
+    it starts (the hf engine, before it loads the model) is one line naming ``--engine-arg``, status 2."""
+    assert main([*argv, "--engine", "hf", "--engine-arg", "max_batch_size=0"]) == 2
+    assert capsys.readouterr().err == f"chatgym {prog}: --engine-arg: max_batch_size must be >= 1, got 0\n"

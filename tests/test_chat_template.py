@@ -174,11 +174,11 @@ def test_model_is_the_models_own_template_where_get_tokenizer_put_chatml_tools_i
 
 
 def test_model_is_refused_for_a_model_without_a_template_even_where_chatml_tools_was_swapped_in(tmp_path):
-    from cli_refusals import model_without_template
+    from cli_refusals import model_without_chat_template
 
     from chatgym.trainer.chat.delta import ChatRenderer
 
-    no_template = get_tokenizer(model_without_template(tmp_path))
+    no_template = get_tokenizer(model_without_chat_template(tmp_path))
     assert no_template.chat_template == builtin_template()  # "auto" gave it chatml_tools
     with pytest.raises(ValueError) as caught:
         ChatRenderer(no_template, "model")

@@ -100,6 +100,42 @@ def test_an_engine_option_the_backend_does_not_take_is_one_line_and_status_2(tmp
     )
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith(
-        "chatgym gateway: ConfigError: engine.options: 'gpu_memory_utilization', 'kv_cache_gib' not taken by the 'hf' engine"
+        "chatgym gateway: engine.options: 'gpu_memory_utilization', 'kv_cache_gib' not taken by the 'hf' engine"
     )
     assert "Traceback" not in done.stderr
+    assert not (tmp_path / "t.jsonl").exists()
+
+
+def gateway_refusal(tmp_path, monkeypatch, capsys, *args: str) -> str:
+    """What ``chatgym gateway`` of the math config on the hf engine prints when it refuses ARGS: one
+    line, status 2, before the gateway (its engine) is built and with no ``--out`` file made."""
+    from chatgym.trainer.gateway import cli
+
+    def no_engine(*a, **k):
+        raise AssertionError("the gateway's engine was built before the refusal")
+
+    monkeypatch.setattr(cli, "build_gateway", no_engine)
+    out = tmp_path / "t.jsonl"
+    config = str(ROOT / "examples" / "configs" / "gateway_math.yaml")
+    assert cli.main([config, "engine.backend=hf", "engine.options={}", *args, "--port", "0", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and not out.exists(), err
+    return err
+
+
+def test_chatgym_train_start_up_checks_run_before_the_engine_is_built(tmp_path, monkeypatch, capsys):
+    # Regression: a chat template that raises was refused once vLLM had started (44 lines, the
+    # message prefixed `TemplateError:` and naming no field), the --out file left behind.
+    from cli_refusals import assert_eos_refusals
+
+    template = tmp_path / "raises.jinja"
+    template.write_text("{{ raise_exception('no') }}")
+    raised = "the chat template raised TemplateError: no"
+    assert gateway_refusal(tmp_path, monkeypatch, capsys, f"rollout.chat_template={template}") == (
+        f"chatgym gateway: rollout.chat_template: {raised}; and new messages rendered after a fixed base "
+        f"conversation do not match the full rendering either: {raised}\n"
+    )
+    assert_eos_refusals(
+        "gateway", lambda *a: gateway_refusal(tmp_path, monkeypatch, capsys, *a), "engine.options.eos_token_ids",
+        lambda ids: (f"engine.options.eos_token_ids={ids}",), tmp_path,
+    )  # fmt: skip

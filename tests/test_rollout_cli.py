@@ -8,7 +8,12 @@ import subprocess
 import sys
 
 import pytest
-from cli_refusals import assert_chat_template_refusals, refusal
+from cli_refusals import (
+    assert_chat_template_refusals,
+    assert_engine_value_refusal,
+    assert_token_engine_refusals,
+    refusal,
+)
 
 from chatgym.trainer.config.loader import ConfigError
 from chatgym.trainer.rollout import cli as rollout_cli
@@ -62,6 +67,35 @@ def test_chat_template_refusals_are_one_line_before_the_model_loads(tmp_path, mo
     # Regression: a missing template file and a template the probe refuses were tracebacks (status 1),
     # the second after the model had loaded.
     assert_chat_template_refusals("rollout", lambda *a: rollout_refusal(tmp_path, monkeypatch, capsys, *a), tmp_path)
+
+
+def test_token_engine_arguments_are_one_line_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    # Regression: an --engine-arg the engine does not take was its TypeError, a traceback with status
+    # 1; --engine-arg eos_token_ids=[99999] was refused as a fault of --chat-template.
+    assert_token_engine_refusals("rollout", lambda *a: rollout_refusal(tmp_path, monkeypatch, capsys, *a), tmp_path)
+
+
+def test_a_value_the_engine_refuses_as_it_starts_is_one_line(tmp_path, capsys):
+    # Regression: the engine's ValueError was a traceback with status 1.
+    out = tmp_path / "t.jsonl"
+    assert_engine_value_refusal("rollout", rollout_cli.main, ["--env", "Math-v0", "--out", str(out)], capsys)
+    assert not out.exists()
+
+
+def test_vllm_sleep_level_where_vllm_has_no_sleep_mode_is_one_line(tmp_path, capsys):
+    # Regression: VLLMEngine's refusal (made before vLLM starts) was a traceback with status 1.
+    pytest.importorskip("vllm")
+    from chatgym.trainer.engines.vllm_sleep import sleep_mode_unavailable
+
+    why = sleep_mode_unavailable()
+    if why is None:
+        pytest.skip("vLLM has sleep mode on this machine")
+    out = tmp_path / "t.jsonl"
+    argv = ["--env", "Math-v0", "--engine", "vllm", "--out", str(out), "--engine-arg", "sleep_level=1"]
+    assert rollout_cli.main(argv) == 2
+    # The last line: importing vLLM may log its own warning first (Triton on a CPU build).
+    assert capsys.readouterr().err.splitlines()[-1] == f"chatgym rollout: --engine-arg: sleep_level 1 is refused: {why}"
+    assert not out.exists()
 
 
 @pytest.mark.slow

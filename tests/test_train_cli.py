@@ -114,12 +114,12 @@ def test_a_refused_chat_template_is_one_line_before_any_model_loads(tmp_path, mo
 def test_chat_template_model_for_a_model_without_a_template_is_refused(tmp_path, monkeypatch, capsys):
     # Regression: the Trainer's tokenizer has chatml_tools in place of the missing template, and
     # rollout.chat_template=model resolved to it: the run trained (status 0) instead of refusing.
-    from cli_refusals import model_without_template
+    from cli_refusals import model_without_chat_template
 
     from chatgym.trainer import train
 
     monkeypatch.setattr(train, "Trainer", None)  # building one would fail the test
-    model = model_without_template(tmp_path)
+    model = model_without_chat_template(tmp_path)
     out = tmp_path / "run"
     assert main([CONFIG, "engine.backend=hf", "engine.options={}", f"model.path={model}",
                  "rollout.chat_template=model", "--output-dir", str(out)]) == 2  # fmt: skip
@@ -142,6 +142,54 @@ def test_an_agent_file_without_its_function_is_one_line_before_any_model_loads(t
                  "--output-dir", str(out)]) == 2  # fmt: skip
     assert capsys.readouterr().err == f"chatgym train: trainer.gateway.agent: '{agent}' has no callable 'run'\n"
     assert not out.exists()
+
+
+def train_refusal(tmp_path, monkeypatch, capsys, *args: str) -> str:
+    """What ``chatgym train`` of the math config on the hf engine prints when it refuses ARGS (one line,
+    status 2), without building the Trainer or making the output dir."""
+    from chatgym.trainer import train
+
+    monkeypatch.setattr(train, "Trainer", None)  # building one would fail the test
+    out = tmp_path / "run"
+    assert main([CONFIG, "engine.backend=hf", "engine.options={}", *args, "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and not out.exists(), err
+    return err
+
+
+def test_eos_ids_given_are_named_when_refused(tmp_path, monkeypatch, capsys):
+    # Regression: engine.options.eos_token_ids=[99999] and rollout.eos_token_ids=[5] were refused as a
+    # fault of rollout.chat_template.
+    from cli_refusals import assert_eos_refusals
+
+    assert_eos_refusals(
+        "train", lambda *a: train_refusal(tmp_path, monkeypatch, capsys, *a), "engine.options.eos_token_ids",
+        lambda ids: (f"engine.options.eos_token_ids={ids}",), tmp_path,
+    )  # fmt: skip
+
+
+def test_env_keywords_are_checked_at_start_up_for_both_splits(tmp_path, monkeypatch, capsys):
+    # Regression: a 60-line traceback (status 1) once the model had loaded, the output dir left
+    # behind. The env is built with the keywords the Trainer gives its episodes (EnvConfig.make_kwargs).
+    made = "was raised from the environment creator for Math-v0 with kwargs"
+    assert train_refusal(tmp_path, monkeypatch, capsys, "env.kwargs.splt=test") == (
+        "chatgym train: env.kwargs: cannot build the env: TypeError: ChatEnv.__init__() got an unexpected "
+        f"keyword argument 'splt' {made} ({{'split': 'train', 'splt': 'test'}})\n"
+    )
+    split = "cannot build the env: ValueError: Math-v0: split must be one of ['test', 'train'], got 'bogus'"
+    assert train_refusal(tmp_path, monkeypatch, capsys, "env.eval_split=bogus") == (
+        f"chatgym train: env.eval_split: {split}\n"
+    )
+    assert train_refusal(tmp_path, monkeypatch, capsys, "env.train_split=bogus", "env.kwargs.splt=1") == (
+        f"chatgym train: env.train_split and env.kwargs: {split}\n"
+    )
+    from chatgym.trainer import train
+
+    monkeypatch.setattr(train, "Trainer", None)
+    # No held-out evaluation: the eval split is not built, so not checked.
+    argv = [CONFIG, "env.eval_split=bogus", "env.eval_tasks=0", "model.path=/nope", "--output-dir", str(tmp_path / "r")]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.startswith("chatgym train: model.path: ")
 
 
 def test_a_recipe_model_not_made_yet_points_to_the_cold_start(tmp_path, capsys):

@@ -247,8 +247,7 @@ class Trainer:
         return tuple(tasks_for_step(step, cfg.train.prompts_per_step, self.num_train_tasks, cfg.train.seed))
 
     def _env_kwargs(self, *, eval: bool) -> dict[str, Any]:
-        env = self.cfg.env
-        return {"split": env.eval_split if eval else env.train_split, **env.kwargs}
+        return self.cfg.env.make_kwargs(eval=eval)  # what chatgym train checks at start-up
 
     def collect(self, step: int) -> list[Trajectory]:
         """The trajectories of training step ``step`` (0-based)."""

@@ -115,16 +115,74 @@ def _prepare(argv: list[str]) -> tuple[Any, Path | None] | None:
         )
         return None
     try:
+        check_env(config.env)
         check_model_and_engine(config)
     except ConfigError as exc:
         raise _Refused(str(exc)) from exc
     return config, ckpt
 
 
+def check_env(env: Any) -> None:
+    """``env.id`` builds with the ``gym.make`` keywords the Trainer gives its episodes
+    (:meth:`EnvConfig.make_kwargs <chatgym.trainer.config.env.EnvConfig.make_kwargs>`): the train split
+    and, when held-out tasks are evaluated (``env.eval_tasks``), the eval split, each with
+    ``env.kwargs``. As ``chatgym rollout`` checks ``--env-arg``: a misspelt keyword would otherwise fail
+    once the models have loaded.
+
+    Raises:
+        ConfigError: naming ``env.kwargs``, the split's field or ``env.id`` (the one that makes it fail).
+    """
+    from chatgym.trainer.rollout.env_runner import EnvBuildError, build_env
+
+    for eval in (False, True) if env.eval_tasks else (False,):
+        try:
+            build_env(env.id, env.make_kwargs(eval=eval)).close()
+        except EnvBuildError as exc:
+            raise ConfigError(f"{_env_field(env, eval)}: {exc}") from None
+
+
+def _env_field(env: Any, eval: bool) -> str:
+    """The field(s) to blame for an env that does not build with :meth:`EnvConfig.make_kwargs`: the
+    split's field and/or ``env.kwargs``, whichever fails alone; ``env.id`` when the env does not build
+    even with its defaults."""
+    if not _builds(env.id, {}):
+        return "env.id"
+    split_field = "env.eval_split" if eval else "env.train_split"
+    alone = ((split_field, {"split": env.make_kwargs(eval=eval)["split"]}), ("env.kwargs", dict(env.kwargs)))
+    return " and ".join(field for field, kwargs in alone if kwargs and not _builds(env.id, kwargs)) or "env.kwargs"
+
+
+def _builds(env_id: str, kwargs: dict[str, Any]) -> bool:
+    from chatgym.trainer.rollout.env_runner import EnvBuildError, build_env
+
+    try:
+        build_env(env_id, kwargs).close()
+    except EnvBuildError:
+        return False
+    return True
+
+
 def check_model_and_engine(config: Any) -> None:
     """Start-up checks of a run config (``chatgym train``'s and ``chatgym cotrain``'s), before any
-    model loads or the output dir is made: the model exists, the device and the engine options suit
-    this machine, the collector would take the chat template, an agent program has its function.
+    model loads or the output dir is made: the device suits this machine, :func:`check_engine`, an
+    agent program has its function.
+
+    Raises:
+        ConfigError: the first that fails, naming the field.
+    """
+    from chatgym.trainer.gateway.program import load_callable
+    from chatgym.trainer.learner.policy import resolve_device
+
+    resolve_device(config.model.device)
+    check_engine(config)
+    if config.trainer.gateway.agent is not None:
+        load_callable(config.trainer.gateway.agent, "trainer.gateway.agent")
+
+
+def check_engine(config: Any) -> None:
+    """The start-up checks of a run config's engine (``chatgym gateway`` makes these alone): the model
+    exists, ``engine.options`` suit the backend, the collector would take the chat template with the
+    EOS ids (``rollout.eos_token_ids``, ``engine.options.eos_token_ids`` or the model's).
 
     Raises:
         ConfigError: the first that fails, naming the field.
@@ -137,19 +195,17 @@ def check_model_and_engine(config: Any) -> None:
         raise ConfigError(f"model.path: {exc}{hint}") from exc
     from chatgym.trainer.chat.tokenizer import get_tokenizer
     from chatgym.trainer.engines import check_options
-    from chatgym.trainer.gateway.program import load_callable
-    from chatgym.trainer.learner.policy import resolve_device
     from chatgym.trainer.models.packaged import processor_for
     from chatgym.trainer.rollout.cli import check_chat_template
 
-    resolve_device(config.model.device)
     check_options(config.engine)
     tokenizer = get_tokenizer(model_path)  # the Trainer's: the model's own template or chatml_tools
     eos = config.engine.options.get("eos_token_ids")  # else the model's, as its engine reads them
     processor = processor_for(model_path, tokenizer)
-    check_chat_template(model_path, tokenizer, config.rollout, eos, processor, setting="rollout.chat_template")
-    if config.trainer.gateway.agent is not None:
-        load_callable(config.trainer.gateway.agent, "trainer.gateway.agent")
+    check_chat_template(
+        model_path, tokenizer, config.rollout, eos, processor,
+        setting="rollout.chat_template", eos_setting="engine.options.eos_token_ids",
+    )  # fmt: skip
 
 
 def _startup_refusal(exc: BaseException) -> str | None:

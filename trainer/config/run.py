@@ -27,6 +27,7 @@ from chatgym.trainer.algos import (
     check_turn_params,
 )
 from chatgym.trainer.algos.correction import ROLLOUT_CORRECTIONS
+from chatgym.trainer.config.env import EnvConfig, check_env_id
 from chatgym.trainer.config.loader import ConfigError, apply_overrides, config_to_dict, from_dict
 from chatgym.trainer.config.reward import RewardConfig
 from chatgym.trainer.config.runner import RayConfig, RunnerConfig
@@ -167,54 +168,6 @@ class EngineConfig:
 
         if self.backend not in ENGINES and self.backend != "auto":
             raise ValueError(f"engine.backend: unknown {self.backend!r}; choose auto or one of {sorted(ENGINES)}")
-
-
-@dataclass(frozen=True)
-class EnvConfig:
-    """The environment and its task splits.
-
-    Attributes:
-        id: a registered Gymnasium env id (``Math-v0``, ``CodeSandbox-v0``, ...).
-        kwargs: keyword arguments of ``gym.make`` (both splits).
-        train_split, eval_split: the env's split names for training and held-out evaluation.
-        eval_tasks: held-out tasks evaluated before and after training (0: no evaluation).
-        eval_every: also evaluate every N steps (0: only before and after).
-        eval_temperature: sampling temperature of evaluation (0: greedy).
-    """
-
-    id: str = "Math-v0"
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    train_split: str = "train"
-    eval_split: str = "test"
-    eval_tasks: int = 64
-    eval_every: int = 0
-    eval_temperature: float = 0.0
-
-    def __post_init__(self) -> None:
-        for name in ("eval_tasks", "eval_every"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"env.{name} must be >= 0, got {getattr(self, name)}")
-        if "split" in self.kwargs:
-            raise ValueError("env.kwargs must not set 'split'; use env.train_split / env.eval_split")
-
-
-def check_env_id(env: EnvConfig) -> None:
-    """Fail at load, before minutes of engine start-up, when ``env.id`` is not a registered Gymnasium
-    id (run by :func:`load_config`; not in ``EnvConfig.__post_init__``, so building a config never
-    reads the registry).
-
-    Raises:
-        ConfigError: ``env.id: unknown env ...`` with the chatgym env ids.
-    """
-    import gymnasium as gym
-
-    import chatgym  # noqa: F401  (registers the env ids)
-
-    if env.id not in gym.registry:
-        from chatgym.envs.registration import ENV_SPECS
-
-        known = ", ".join(sorted(ENV_SPECS))
-        raise ConfigError(f"env.id: unknown env {env.id!r}; chatgym envs: {known}")
 
 
 # Arguments the trainer passes to an advantage estimator / policy loss itself: not ``*_kwargs`` keys.

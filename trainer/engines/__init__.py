@@ -17,6 +17,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -71,44 +72,54 @@ def engine_dtype(cfg: Any) -> str:
 
 def check_options(cfg: Any) -> None:
     """Check ``engine.options`` (``cfg``: an ``EngineConfig``) against what ``engine.backend``'s class
-    takes — its keyword arguments, and for an engine that passes ``**kwargs`` on, its
-    ``option_names()`` (vLLM: the fields of ``EngineArgs``; imports vLLM); with ``auto``, against every
-    engine :func:`chatgym.trainer.engines.auto.candidates` may pick here. ``chatgym train`` calls it
-    before any model loads; :func:`build_engine` calls it too.
+    takes: :func:`check_engine_options` naming ``engine.options``. ``chatgym train`` calls it before any
+    model loads; :func:`build_engine` calls it too.
 
     Raises:
         ModuleNotFoundError: the backend's package is missing.
-        ConfigError: (a ValueError) an ``engine.options`` key the backend does not take (named, with the
-            closest known name or the allowed ones).
+        ConfigError: (a ValueError) an ``engine.options`` key the backend does not take.
     """
-    if cfg.backend == "auto":  # every engine auto may pick here must take the options
-        from dataclasses import replace
+    check_engine_options(cfg.backend, cfg.options, "engine.options")
 
+
+def check_engine_options(backend: str, options: Mapping[str, Any], setting: str) -> None:
+    """Check an engine's keyword arguments ``options`` against what ``backend``'s class takes — its
+    keyword arguments, and for an engine that passes ``**kwargs`` on, its ``option_names()`` (vLLM: the
+    fields of ``EngineArgs``; imports vLLM); with ``auto``, against every engine
+    :func:`chatgym.trainer.engines.auto.candidates` may pick here. ``chatgym rollout`` and ``chatgym
+    eval`` check their ``--engine-arg`` keywords with it (``setting``), before any model loads.
+
+    Raises:
+        ModuleNotFoundError: the backend's package is missing.
+        ConfigError: (a ValueError) a key the backend does not take (the message starts with
+            ``setting`` and names the key, with the closest known name or the allowed ones).
+    """
+    if backend == "auto":  # every engine auto may pick here must take the options
         from chatgym.trainer.engines.auto import candidates
 
         picks = candidates()
         for name in picks:
             try:
-                check_options(replace(cfg, backend=name))
+                check_engine_options(name, options, setting)
             except ConfigError as exc:
                 may = f"picks {picks[0]!r}" if len(picks) == 1 else f"may pick any of {picks}, and every option must suit them all"
                 raise ConfigError(f"{exc} — engine.backend auto {may} on this machine; or set engine.backend") from None
         return
-    cls = engine_class(cfg.backend)
+    cls = engine_class(backend)
     accepted = inspect.signature(cls).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
     # An engine that passes **kwargs on (vLLM's EngineArgs) names what it passes on: a typo then fails
     # here, named, not as the library's TypeError once the engine starts.
     passed_on = getattr(cls, "option_names", None)
     known = set(accepted) | (set(passed_on()) if takes_any and passed_on else set())
-    unknown = sorted(set(cfg.options) - known) if (not takes_any or passed_on) else []
+    unknown = sorted(set(options) - known) if (not takes_any or passed_on) else []
     if unknown:
         allowed = sorted(n for n, p in accepted.items() if p.kind is inspect.Parameter.KEYWORD_ONLY)
         close = {u: difflib.get_close_matches(u, sorted(known), n=1) for u in unknown}
         hints = [f"did you mean {c[0]!r} for {u!r}?" for u, c in close.items() if c]
         takes = f"it takes {allowed}" + (f" and {cls.__name__}.option_names()" if takes_any else "")
         raise ConfigError(
-            f"engine.options: {', '.join(map(repr, unknown))} not taken by the {cfg.backend!r} engine "
+            f"{setting}: {', '.join(map(repr, unknown))} not taken by the {backend!r} engine "
             f"({cls.__name__}); {' '.join(hints) or takes}"
         )
 
@@ -156,6 +167,7 @@ __all__ = [
     "Engine",
     "SamplingParams",
     "build_engine",
+    "check_engine_options",
     "check_options",
     "engine_class",
     "engine_dtype",

@@ -30,13 +30,14 @@ def eos_token_ids(generation_config: Any = None, config: Any = None, tokenizer: 
     return frozenset()
 
 
-def check_token_ids(ids: Any, vocab_size: int, name: str) -> frozenset[int]:
+def check_token_ids(ids: Any, vocab_size: int, name: str, empty: str = "none") -> frozenset[int]:
     """``ids`` (one int or an iterable of ints) as a frozenset, each a token of the model.
 
     Args:
         ids: the ids a caller passed (``eos_token_ids=[2, 5]``).
         vocab_size: the model's vocabulary: ids in ``[0, vocab_size)`` are valid.
         name: the argument's name, for the message.
+        empty: what ``[]`` means for that argument, for the message.
 
     Raises:
         TypeError: something other than ints (a string, floats, bools).
@@ -54,7 +55,7 @@ def check_token_ids(ids: Any, vocab_size: int, name: str) -> frozenset[int]:
     if bad:
         raise ValueError(
             f"{name} has ids outside the model's vocabulary [0, {vocab_size}): {bad[:5]} "
-            "(ids the model can never sample; [] means none)"
+            f"(ids the model can never sample; [] means {empty})"
         )
     return frozenset(values)
 

@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -117,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if config.agent is not None:
             from chatgym.trainer.gateway.program import load_callable
 
-            load_callable(config.agent)  # a missing function fails here, not once the model has loaded
+            load_callable(config.agent, "--agent")  # a missing function fails here, not once the model has loaded
     except ValueError as exc:
         return _refuse(exc)
     try:
@@ -143,8 +144,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0 if ran else 1
 
 
+# EvalConfig's messages name its fields; the command names the flags that set them.
+FLAGS = {"agent": "--agent", "n_samples": "-n/--n-samples", "max_tasks": "--max-tasks"}
+
+
 def _refuse(exc: Exception) -> int:
-    print(f"chatgym eval: {exc}", file=sys.stderr)
+    text = str(exc)
+    field = re.match(r"\w+", text)
+    if field and field.group() in FLAGS:
+        text = FLAGS[field.group()] + text[field.end() :]
+    print(f"chatgym eval: {text}", file=sys.stderr)
     return 2
 
 

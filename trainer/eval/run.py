@@ -29,6 +29,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from chatgym.trainer.config.loader import ConfigError
 from chatgym.trainer.eval.config import LOCAL_WEIGHT_ENGINES, REFERENCE, TOKEN_ENGINES, EvalConfig
 from chatgym.trainer.eval.identity import (
     EnvId,
@@ -170,6 +171,7 @@ class _Backend:
         self.config = config
         self.engine: Any = None
         self.tokenizer: Any = None
+        self.processor: Any = None
         self.collector: Any = None
         self.pool = ThreadPoolExecutor(16, thread_name_prefix="chatgym-eval-env")
 
@@ -177,37 +179,61 @@ class _Backend:
     def token_level(self) -> bool:
         return self.config.engine in TOKEN_ENGINES
 
-    def start(self) -> None:
+    def check(self) -> None:
+        """Check every argument of the engine before it loads the model (and before the store is
+        opened): :func:`~chatgym.trainer.rollout.cli.checked_tokenizer` for a token engine (its
+        tokenizer and processor kept for :meth:`start`), the ``--engine-arg`` keys for the others.
+
+        Raises:
+            ConfigError: naming the flag.
+        """
         cfg = self.config
         if cfg.engine == REFERENCE:
             return
-        from chatgym.trainer.engines import engine_class, make_engine
+        from chatgym.trainer.engines import check_engine_options
+        from chatgym.trainer.rollout.cli import checked_tokenizer
 
-        if self.token_level:
-            from chatgym.trainer.chat.tokenizer import get_tokenizer
-            from chatgym.trainer.models.packaged import processor_for
-            from chatgym.trainer.rollout.cli import check_chat_template
-            from chatgym.trainer.rollout.collector import Collector
+        if not self.token_level:
+            check_engine_options(cfg.engine, cfg.engine_kwargs, "--engine-arg")
+            return
+        if cfg.engine in LOCAL_WEIGHT_ENGINES:
+            from chatgym.trainer.models.packaged import load_model_path
 
-            tok_source = cfg.engine_kwargs.get("tokenizer", cfg.model)
-            self.tokenizer = get_tokenizer(tok_source, cfg.chat_template)
-            rollout = cfg.collector_config()
-            processor = processor_for(tok_source, self.tokenizer)
-            eos = cfg.engine_kwargs.get("eos_token_ids")  # else the model's, as its engine reads them
-            check_chat_template(cfg.model, self.tokenizer, rollout, eos, processor, setting="--chat-template")
-            kwargs = {k: v for k, v in cfg.engine_kwargs.items() if k != "tokenizer"}
-            # The engine's own context limit follows --max-model-len unless given (vLLM sizes its
-            # KV cache by it).
-            if "max_model_len" in inspect.signature(engine_class(cfg.engine)).parameters:
-                kwargs.setdefault("max_model_len", rollout.max_model_len)
-            self.engine = make_engine(cfg.engine, cfg.model, **kwargs)
-            self.collector = (
-                Collector(self.engine, self.tokenizer, rollout, processor=processor)
-                if cfg.agent is None
-                else _agent_collector(cfg, self.engine, self.tokenizer)
-            )
-        else:
-            self.engine = make_engine(cfg.engine, cfg.model, **dict(cfg.engine_kwargs))
+            try:
+                load_model_path(cfg.model)
+            except FileNotFoundError as exc:
+                raise ConfigError(f"--model: {exc}") from None
+        self.tokenizer, self.processor = checked_tokenizer(
+            cfg.engine, cfg.model, dict(cfg.engine_kwargs), cfg.chat_template, cfg.collector_config(),
+            cfg.engine_kwargs.get("tokenizer"),
+        )  # fmt: skip
+
+    def start(self) -> None:
+        """Load the engine (after :meth:`check`) and its collector."""
+        cfg = self.config
+        if cfg.engine == REFERENCE:
+            return
+        from chatgym.trainer.engines import engine_class
+        from chatgym.trainer.rollout.cli import make_checked_engine
+
+        flag = "--engine-arg" if cfg.engine_kwargs else "--engine"
+        if not self.token_level:
+            self.engine = make_checked_engine(cfg.engine, cfg.model, dict(cfg.engine_kwargs), flag)
+            return
+        from chatgym.trainer.rollout.collector import Collector
+
+        rollout = cfg.collector_config()
+        kwargs = {k: v for k, v in cfg.engine_kwargs.items() if k != "tokenizer"}
+        # The engine's own context limit follows --max-model-len unless given (vLLM sizes its
+        # KV cache by it).
+        if "max_model_len" in inspect.signature(engine_class(cfg.engine)).parameters:
+            kwargs.setdefault("max_model_len", rollout.max_model_len)
+        self.engine = make_checked_engine(cfg.engine, cfg.model, kwargs, flag)
+        self.collector = (
+            Collector(self.engine, self.tokenizer, rollout, processor=self.processor)
+            if cfg.agent is None
+            else _agent_collector(cfg, self.engine, self.tokenizer)
+        )
 
     async def close(self) -> None:
         if self.collector is not None:
@@ -326,23 +352,32 @@ class _EnvGrid:
 
 
 class _Evaluation:
-    """The state of one :func:`evaluate` call: the model's identity, the store, the backend (started
-    at the first env with episodes to run)."""
+    """The state of one :func:`evaluate` call: the model's identity, the store, the backend (checked
+    first, started at the first env with episodes to run).
+
+    The store is opened when there is one already; else it is made once the backend has started, so
+    that an evaluation refused at start-up (an engine option, the chat template) leaves no file behind.
+
+    Raises:
+        ConfigError: the backend's start-up checks (:meth:`_Backend.check`), before any model loads.
+    """
 
     def __init__(self, config: EvalConfig, log: Callable[[str], None]):
         self.config = config
         self.log = log
+        self.backend = _Backend(config)
+        self.backend.check()
         self.model = model_identity(config)
         self.sampling = config.sampling()
-        db = Path(config.db).expanduser()
-        self.traces_dir = Path(config.traces_dir).expanduser() if config.traces_dir else db.parent / "traces"
-        self.store = ResultsStore(db)
-        self.backend = _Backend(config)
+        self.db = Path(config.db).expanduser()
+        self.traces_dir = Path(config.traces_dir).expanduser() if config.traces_dir else self.db.parent / "traces"
+        self.store: ResultsStore | None = ResultsStore(self.db) if self.db.exists() else None
         self.started = False
 
     async def close(self) -> None:
         await self.backend.close()
-        self.store.close()
+        if self.store is not None:
+            self.store.close()
 
     def _skip(self, report: EnvReport, reason: str) -> None:
         report.skipped = reason
@@ -351,7 +386,7 @@ class _Evaluation:
     async def grid(self, env_id: str, report: EnvReport) -> _EnvGrid | None:
         """The env's grid with the episodes still to run; None when there are none or the env is
         skipped (``report.skipped`` says why)."""
-        config, store = self.config, self.store
+        config, store = self.config, self.store  # None: no results file yet, so nothing stored
         try:
             ident, kwargs = env_identity(env_id, config.split, config.env_kwargs)
         except Exception as exc:  # one env that cannot start must not stop the others
@@ -362,9 +397,9 @@ class _Evaluation:
             return self._skip(report, f"split {ident.split!r} has no tasks")
         key = report.run_key = run_key(self.model, ident, config.seed, config.n_samples, self.sampling)
         grid = {(t, s) for t in range(num_tasks) for s in range(config.n_samples)}
-        if config.retry_failed and (dropped := store.drop_failed(key)):
+        if config.retry_failed and store is not None and (dropped := store.drop_failed(key)):
             self.log(f"chatgym eval: {env_id}: {dropped} failed episodes will run again")
-        done = store.done(key) & grid
+        done = store.done(key) & grid if store is not None else set()
         todo = grid - done
         report.grid, report.already_done = len(grid), len(done)
         if config.engine == REFERENCE:
@@ -384,6 +419,8 @@ class _Evaluation:
         if not self.started:
             self.backend.start()
             self.started = True
+        if self.store is None:
+            self.store = ResultsStore(self.db)
         if grid.done:
             self.log(
                 f"chatgym eval: {env_id}: resuming grid {key[:12]}: {len(grid.done)} stored, {len(grid.todo)} to run"

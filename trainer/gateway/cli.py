@@ -58,6 +58,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = Path(args.out)
         if out.is_dir():
             raise ConfigError(f"--out: {out} is a directory")
+        from chatgym.trainer.train_cli import check_engine
+
+        check_engine(cfg)  # as chatgym train: the model, engine.options, the chat template, before the engine loads
     except (ConfigError, OSError, yaml.YAMLError) as exc:
         print(f"chatgym gateway: {exc}", file=sys.stderr)
         return 2
@@ -67,9 +70,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             asyncio.run(serve(cfg, port=args.port, out=out, workdir=Path(tmp)))
         except (ConfigError, FileNotFoundError, TemplateError, OSError) as exc:
-            # Start-up failures (an engine option the backend does not take, a missing model, a
-            # refused chat template, a port in use): one line and status 2, as for a bad config.
-            print(f"chatgym gateway: {type(exc).__name__}: {exc}", file=sys.stderr)
+            # Start-up failures found only as the engine starts (a value the engine refuses, a port in
+            # use): one line and status 2, as for a bad config.
+            what = "" if isinstance(exc, ConfigError) else f"{type(exc).__name__}: "
+            print(f"chatgym gateway: {what}{exc}", file=sys.stderr)
             return 2
     return 0
 
@@ -125,16 +129,17 @@ def _generation_config(path: Path) -> Any:
 
 
 async def serve(cfg: Any, *, port: int, out: Path, workdir: Path) -> None:
-    """Serve until SIGINT / SIGTERM; then end the open sessions (written too) and stop."""
+    """Serve until SIGINT / SIGTERM; then end the open sessions (written too) and stop. ``out`` is
+    made once the engine has started (an engine that refuses its options leaves none)."""
+
+    def write(sid: str, trajs: list[Any]) -> None:  # sessions end once the gateway has started
+        for traj in trajs:
+            sink.write(json.dumps(traj.to_json(), default=str) + "\n")
+        sink.flush()
+
+    gateway = build_gateway(cfg, port=port, on_end=write, workdir=workdir)
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("a", encoding="utf-8") as sink:
-
-        def write(sid: str, trajs: list[Any]) -> None:
-            for traj in trajs:
-                sink.write(json.dumps(traj.to_json(), default=str) + "\n")
-            sink.flush()
-
-        gateway = build_gateway(cfg, port=port, on_end=write, workdir=workdir)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -132,6 +132,7 @@ def check_chat_template(
     processor: Any = None,
     *,
     setting: str,
+    eos_setting: str = "eos_token_ids",
 ) -> None:
     """The template check a collector makes when it starts
     (:func:`~chatgym.trainer.chat.delta.probe_chat_template`), made before any engine loads ``model``:
@@ -139,24 +140,115 @@ def check_chat_template(
     (:func:`~chatgym.trainer.engines.common.local_model_info`; none for a model only a server holds)
     unless ``engine_eos`` (the engine's ``eos_token_ids`` option) gives them.
 
+    EOS ids the user gave (``config.eos_token_ids``, else ``engine_eos``) must be tokens of ``tokenizer``,
+    and a template that fails the probe with them but passes it with the model's own EOS ids is their
+    fault: those refusals name their setting (``rollout.eos_token_ids`` or ``eos_setting``).
+
     Args:
         setting: the argument that chose ``tokenizer``'s template (``--chat-template``), named when
             ``config.chat_template`` does not override it.
+        eos_setting: the setting ``engine_eos`` came from (``engine.options.eos_token_ids``).
 
     Raises:
-        ConfigError: the template is refused; the message starts with ``rollout.chat_template`` or
-            ``setting``.
+        ConfigError: the template or the EOS ids are refused; the message starts with the setting.
     """
     from chatgym.trainer.chat.delta import probe_chat_template
-    from chatgym.trainer.engines.common import local_model_info
+    from chatgym.trainer.engines.common import check_token_ids, local_model_info
 
-    if engine_eos is None:
-        engine_eos = local_model_info(model, tokenizer)[2]
+    given, given_setting = engine_eos, eos_setting
+    if config.eos_token_ids:  # they win over the engine's
+        given, given_setting = config.eos_token_ids, "rollout.eos_token_ids"
+    if given is not None:
+        empty = "the engine's" if given_setting == "rollout.eos_token_ids" else "none"
+        try:
+            check_token_ids(given, len(tokenizer), "eos_token_ids", empty)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{given_setting}: {exc}") from None
+    model_eos = local_model_info(model, tokenizer)[2]
     try:
-        probe_chat_template(tokenizer, config, engine_eos, None, processor)
+        probe_chat_template(tokenizer, config, engine_eos if engine_eos is not None else model_eos, None, processor)
     except (FileNotFoundError, ValueError) as exc:  # TemplateError is a ValueError
+        if given is not None and (blame := _eos_blame(tokenizer, config, model_eos, processor, given)):
+            raise ConfigError(f"{given_setting}: {blame}") from None
         where = "rollout.chat_template" if config.chat_template is not None else setting
         raise ConfigError(f"{where}: {exc}") from None
+
+
+def _eos_blame(tokenizer: Any, config: RolloutConfig, model_eos: Any, processor: Any, given: Any) -> str | None:
+    """Why the EOS ids ``given`` fail a template that the model's own EOS ids pass; None when those
+    fail it too (the template's fault)."""
+    from chatgym.trainer.chat.delta import probe_chat_template
+
+    try:
+        eos, _, probe = probe_chat_template(
+            tokenizer, dataclasses.replace(config, eos_token_ids=()), model_eos, None, processor
+        )
+    except (FileNotFoundError, ValueError):
+        return None
+    end = probe.turn_suffix_ids[0]
+    given = sorted([given] if isinstance(given, int) else given)
+    return (
+        f"chat template ends assistant turns with {tokenizer.convert_ids_to_tokens([end])[0]!r} (id {end}), "
+        f"which is not among these EOS ids {given}: generation would run past the end of the turn "
+        f"(the model's own EOS ids are {list(eos)})"
+    )
+
+
+def checked_tokenizer(
+    engine: str,
+    model: str,
+    engine_kwargs: dict[str, Any],
+    chat_template: str,
+    config: RolloutConfig,
+    tokenizer_source: Any = None,
+) -> tuple[Any, Any]:
+    """The tokenizer and the processor (None for a text model) of ``chatgym rollout``'s and ``chatgym
+    eval``'s collector, every argument of the token engine checked before it loads the model: the
+    ``--engine-arg`` keys (:func:`~chatgym.trainer.engines.check_engine_options`, as ``chatgym train``
+    checks ``engine.options``), ``--model`` (the tokenizer's source unless ``tokenizer_source``, an
+    ``--engine-arg tokenizer``, is), ``--chat-template``, and the collector's template probe with the EOS
+    ids of ``--engine-arg eos_token_ids``, else the model's (:func:`check_chat_template`).
+
+    Raises:
+        ConfigError: naming the flag.
+    """
+    from chatgym.trainer.chat.tokenizer import get_tokenizer
+    from chatgym.trainer.engines import check_engine_options
+    from chatgym.trainer.models.packaged import processor_for
+
+    check_chat_template_flag(chat_template)
+    check_engine_options(engine, engine_kwargs, "--engine-arg")
+    source = model if tokenizer_source is None else tokenizer_source
+    try:
+        tokenizer = get_tokenizer(source, chat_template)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{'--model' if tokenizer_source is None else '--engine-arg tokenizer'}: {exc}") from None
+    except ValueError as exc:  # --chat-template model, and the model has none
+        raise ConfigError(f"--chat-template: {exc}") from None
+    processor = processor_for(source, tokenizer)
+    eos = engine_kwargs.get("eos_token_ids")  # else the model's, as its engine reads them
+    check_chat_template(
+        model, tokenizer, config, eos, processor, setting="--chat-template", eos_setting="--engine-arg eos_token_ids"
+    )
+    return tokenizer, processor
+
+
+def make_checked_engine(name: str, model: Any, kwargs: dict[str, Any], flag: str = "--engine-arg") -> Any:
+    """``make_engine(name, model, **kwargs)``, a value the engine refuses as it starts (a ValueError,
+    such as vLLM's ``sleep_level=1`` on a machine without sleep mode, refused before vLLM starts) raised
+    as a ConfigError naming ``flag``.
+
+    Raises:
+        ConfigError: ``flag: <the engine's reason>``.
+    """
+    from chatgym.trainer.engines import make_engine
+
+    try:
+        return make_engine(name, model, **kwargs)
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise ConfigError(f"{flag}: {exc}") from exc
 
 
 def _start_up_checks(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], RolloutConfig, Any, Any]:
@@ -169,8 +261,6 @@ def _start_up_checks(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str
     import gymnasium as gym
 
     import chatgym  # noqa: F401  (registers the env ids)
-    from chatgym.trainer.chat.tokenizer import get_tokenizer
-    from chatgym.trainer.models.packaged import processor_for
     from chatgym.trainer.rollout.env_runner import EnvBuildError, build_env
 
     if args.num_tasks < 1:
@@ -183,28 +273,19 @@ def _start_up_checks(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str
     except EnvBuildError as exc:
         flag = "--env-arg" if env_kwargs and args.env in gym.registry else "--env"
         raise ConfigError(f"{flag}: {exc}") from None
-    check_chat_template_flag(args.chat_template)
-    try:
-        tokenizer = get_tokenizer(args.model, args.chat_template)
-    except FileNotFoundError as exc:
-        raise ConfigError(f"--model: {exc}") from None
-    except ValueError as exc:  # --chat-template model, and the model has none
-        raise ConfigError(f"--chat-template: {exc}") from None
-    processor = processor_for(args.model, tokenizer)
-    eos = engine_kwargs.get("eos_token_ids")  # else the model's, as its engine reads them
-    check_chat_template(args.model, tokenizer, config, eos, processor, setting="--chat-template")
+    tokenizer, processor = checked_tokenizer(args.engine, args.model, engine_kwargs, args.chat_template, config)
     return engine_kwargs, env_kwargs, config, tokenizer, processor
 
 
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
     from tqdm import tqdm
 
-    from chatgym.trainer.engines import make_engine
     from chatgym.trainer.rollout.collector import Collector
     from chatgym.trainer.rollout.trace import TraceWriter
 
     engine_kwargs, env_kwargs, config, tokenizer, processor = _start_up_checks(args)
-    engine = make_engine(args.engine, args.model, **engine_kwargs)
+    flag = "--engine-arg" if engine_kwargs else "--engine"
+    engine = make_checked_engine(args.engine, args.model, engine_kwargs, flag)
     collector = Collector(engine, tokenizer, config, processor=processor)
     writer = TraceWriter(args.out, 1.0, args.seed, tokenizer)
     bar = tqdm(total=args.num_tasks * args.group_size, unit="ep", disable=args.no_progress, file=sys.stderr)
