@@ -36,8 +36,6 @@ from chatgym.envs.messages import Message, message_errors
 from chatgym.envs.parsers import (
     ParsedAction,
     ToolCallParser,
-    call_ids,
-    calls_before,
     get_parser,
     parse_openai_message,
 )
@@ -293,7 +291,7 @@ class ChatEnv(gym.Env):
             raise TypeError(f"action must be a str or an assistant Message, got {action!r:.200}")
         # Ids count on over the episode and step around every id it used: a client may pair
         # tool_call_ids with calls across the whole history.
-        parsed = parsed.numbered_from(calls_before(self.messages), call_ids(self.messages))
+        parsed = parsed.numbered_after(self.messages)
         # Every attempt, a malformed one as written: the tool messages that follow pair with these
         # calls one to one, in order and by id.
         return AssistantTurn(M.assistant(parsed.content, parsed.all_calls() or None), raw, parsed)

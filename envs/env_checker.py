@@ -47,7 +47,7 @@ from typing import Any
 import gymnasium as gym
 
 from chatgym.envs.messages import is_pil_image, message_errors
-from chatgym.envs.parsers import call_ids, calls_before, parse_openai_message
+from chatgym.envs.parsers import parse_openai_message
 
 __all__ = [
     "ChatEnvCheckError",
@@ -365,9 +365,8 @@ def _expected_call_ids(env: gym.Env, action: Any, history: list[Any]) -> list[st
     ones included (``ParsedAction.all_calls``: the server's id, else ``call_<n>``, ``n`` counting the
     attempts ``history`` recorded before the turn, stepping around the ids it used); None where the
     env has no parser the checker can ask about a text turn."""
-    first, taken = calls_before(history), call_ids(history)
     if isinstance(action, dict) and action.get("tool_calls"):
-        return [c["id"] for c in parse_openai_message(action).numbered_from(first, taken).all_calls()]
+        return [c["id"] for c in parse_openai_message(action).numbered_after(history).all_calls()]
     if isinstance(action, str):
         text = action
     elif isinstance(action, dict):
@@ -378,8 +377,8 @@ def _expected_call_ids(env: gym.Env, action: Any, history: list[Any]) -> list[st
     if not callable(getattr(parser, "parse", None)):
         return None
     parsed = parser.parse(text)
-    if hasattr(parsed, "numbered_from"):
-        parsed = parsed.numbered_from(first, taken)
+    if hasattr(parsed, "numbered_after"):
+        parsed = parsed.numbered_after(history)
     return [c["id"] for c in parsed.all_calls()] if hasattr(parsed, "all_calls") else None
 
 

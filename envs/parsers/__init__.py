@@ -27,7 +27,7 @@ What every parser guarantees:
   JSON text of an object and each call's id is ``call_<position>``, its 0-based place among the
   turn's call attempts, malformed ones included (the ``openai`` parser keeps a server's own ids).
   The parser sees one turn; the env and the gateway count on over the episode (session):
-  ``parsed.numbered_from(calls_before(history), call_ids(history))`` makes the id ``call_<n>``,
+  ``parsed.numbered_after(history)`` makes the id ``call_<n>``,
   ``n`` the attempt's place among all the episode's call attempts, or the next number whose id is
   free where that one is already used (a server's or a client's id in the history or the turn), so
   no two calls of an episode share an id (and a replayed episode gets the same ids). The parser does not know the env's tools: a call to an unknown

@@ -105,6 +105,12 @@ class ParsedAction:
                 error_calls[i] = {**error_calls[i], "id": new_id}
         return dataclasses.replace(self, calls=calls, error_calls=error_calls)
 
+    def numbered_after(self, history: Iterable[Any]) -> ParsedAction:
+        """:meth:`numbered_from` for the turn that follows the conversation ``history`` (an env's
+        messages): counted from :func:`calls_before`, stepping around :func:`call_ids`."""
+        history = list(history)
+        return self.numbered_from(calls_before(history), call_ids(history))
+
     def in_order(self) -> list[tuple[str, int]]:
         """The turn's call attempts in the order written: ``("call", i)`` stands for ``calls[i]`` and
         ``("error", j)`` for ``errors[j]``.

@@ -155,7 +155,7 @@ class StaticSlots:
         self._pos_host: list[int] = []  # pos[:rows] mirrored on the host: no device sync to pick a bucket
         self._graphs: dict[tuple[int, int], tuple[Any, Any]] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
-        self._capture_stream: Any = None  # this engine's own, made at its first capture
+        self._capture_stream = torch.cuda.Stream(device=self.device) if self.use_graphs else None  # its own
         self.graphs_captured = 0
         self.capture_failures: dict[tuple[int, int], str] = {}
         self._want_fused = bool(fused)
@@ -355,7 +355,6 @@ class StaticSlots:
     def _graph(self, n: int, width: int) -> tuple[Any, Any] | None:
         """The bucket's captured graph and its output buffer, captured on first use; None when its
         capture failed (that bucket then runs eagerly, and the failure is logged once)."""
-
         found = self._graphs.get((n, width))
         if found is not None or (n, width) in self.capture_failures:
             return found
@@ -370,8 +369,6 @@ class StaticSlots:
     def _capture(self, n: int, width: int) -> tuple[Any, Any] | None:
         import torch
 
-        if self._capture_stream is None:
-            self._capture_stream = torch.cuda.Stream(device=self.device)
         # Warm-up on a side stream, as torch.cuda.graphs asks; it writes the same keys/values that the
         # replay right after writes (same tokens, same positions), so running it changes nothing.
         stream = torch.cuda.Stream(device=self.device)

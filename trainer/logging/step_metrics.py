@@ -7,6 +7,7 @@ metrics = rollout_metrics(trajectories, rollout_s=12.5)   # {"reward/mean": ...,
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -19,11 +20,8 @@ def failure_counts(trajs: Sequence[Trajectory], shown: int = 3) -> str:
     """The failed trajectories' errors, by first line (200 characters), in the order they first
     occur, each with how many share it: ``"2 of them: A; 1: B"``; more than ``shown`` distinct
     errors end in ``"; and K other errors"`` (``"error"`` for one). ``""`` when none failed."""
-    counts: dict[str, int] = {}
-    for t in trajs:
-        if t.failed:
-            error = (str(t.error).splitlines() or [""])[0][:200]  # "" has no lines
-            counts[error] = counts.get(error, 0) + 1
+    # A Counter keeps first-occurrence order; "" has no lines.
+    counts = Counter((str(t.error).splitlines() or [""])[0][:200] for t in trajs if t.failed)
     parts = [f"{n}: {error}" for error, n in list(counts.items())[:shown]]
     if parts:
         parts[0] = parts[0].replace(": ", " of them: ", 1)
