@@ -168,3 +168,15 @@ def test_ray_weight_sync_bounds_and_fp8_on_cpu_workers_fail_at_load():
         load_config(None, ["trainer.backend=ray", "engine.options.quantization=fp8"])
     with pytest.raises(ConfigError, match=r"engine.options.device 'gpu0' is not a torch device"):
         load_config(None, ["engine.backend=hf", "engine.options={quantization: fp8, device: gpu0}"])
+
+
+def test_config_changes_lists_the_dotted_keys_that_differ():
+    from chatgym.trainer.config.loader import config_changes
+
+    old = {"algo": {"kl_coef": 0.01, "tis_cap": None}, "train": {"max_steps": 1}, "engine": {"options": {}}}
+    new = {"algo": {"kl_coef": 0.0, "tis_cap": None}, "train": {"max_steps": 5}, "engine": {"options": {"x": 1}}}
+    assert config_changes(old, new) == [
+        "algo.kl_coef: 0.01 -> 0.0", "engine.options.x: (unset) -> 1", "train.max_steps: 1 -> 5",
+    ]
+    assert config_changes(old, new, ignore=("train.max_steps",))[-1] == "engine.options.x: (unset) -> 1"
+    assert config_changes(old, old) == []

@@ -463,6 +463,36 @@ def test_a_resumed_run_keeps_the_held_out_score_before_training(tmp_path, tiny_m
     assert before == [f"  held-out before: score={first['eval_before']['eval/score']:.4g}"]
 
 
+def test_a_resume_with_a_changed_config_says_so_and_keeps_the_old_config(tmp_path, tiny_model, capsys):
+    # Regression (a fresh user, README section 2): the resume command left out the first run's
+    # algo.kl_coef=0.01 override, trained on without KL and overwrote config.yaml without a word.
+    import yaml
+
+    from chatgym.trainer.train import Trainer
+
+    def run(steps, resume, *extra):
+        trainer = Trainer(tiny_config(tmp_path, "env.eval_tasks=0", *extra, steps=steps), resume=resume)
+        try:
+            trainer.train()
+        finally:
+            trainer.close()
+
+    run(1, False)
+    first = (tmp_path / "config.yaml").read_text()
+    run(2, True)  # only train.max_steps differs: nothing said, nothing kept
+    assert "differs" not in capsys.readouterr().err and not list(tmp_path.glob("config.until_step_*"))
+    run(3, True, "algo.kl_coef=0.0", "optim.lr=0.002")
+    kept = tmp_path / "config.until_step_2.yaml"
+    lines = [line for line in capsys.readouterr().err.splitlines() if "differs" in line]
+    assert lines == [
+        f"chatgym: resuming at step 2 with a config that differs from {tmp_path / 'config.yaml'}: "
+        f"algo.kl_coef: 0.01 -> 0.0; optim.lr: 0.001 -> 0.002 (the steps from here use the new values; "
+        f"the old config is kept in {kept})"
+    ]
+    assert kept.read_text() == first.replace("max_steps: 1", "max_steps: 2")
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text())["algo"]["kl_coef"] == 0.0
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_training_steps_on_cuda_in_bf16(tmp_path, tiny_model, monkeypatch):

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import gc
 import json
+import shutil
 import sys
 import time
 from collections.abc import Awaitable
@@ -32,7 +33,9 @@ from typing import Any
 
 import numpy as np
 import torch
+import yaml
 
+from chatgym.trainer.config.loader import config_changes
 from chatgym.trainer.config.run import Config, config_to_dict, save_config
 from chatgym.trainer.engines import engine_dtype
 from chatgym.trainer.learner.checkpoint import find_checkpoint, load_pipeline_state
@@ -165,6 +168,7 @@ class Trainer:
             self._num_eval_tasks: int | None = None
             if ckpt is not None:
                 self.pipeline.load_state_dict(load_pipeline_state(ckpt) or {})
+                _keep_changed_config(self.out / "config.yaml", cfg, self.start_step)
             save_config(cfg, self.out / "config.yaml")
             self.metrics = MetricsLogger(
                 self.out,
@@ -475,6 +479,27 @@ def pipeline_options(cfg: Config) -> PipelineOptions:
         priority=t.buffer_priority,
         buffer_capacity=t.buffer_capacity,
         spill_dir=t.buffer_spill_dir,
+    )
+
+
+def _keep_changed_config(path: Path, cfg: Config, step: int) -> None:
+    """Before a resumed run writes ``path`` (``config.yaml``): when the config it resumes with differs
+    from the one there (beyond ``train.max_steps`` and ``train.output_dir``), say so in one line and
+    keep the old file as ``config.until_step_<step>.yaml``. A resume whose command leaves out an
+    override of the first run (``algo.kl_coef=0.01``) otherwise trains on with the YAML's value and
+    overwrites the record of the first run's, without a word."""
+    if not path.is_file():
+        return
+    old = yaml.safe_load(path.read_text()) or {}
+    changes = config_changes(old, config_to_dict(cfg), ignore=("train.max_steps", "train.output_dir"))
+    if not changes:
+        return
+    kept = path.with_name(f"config.until_step_{step}.yaml")
+    shutil.copyfile(path, kept)
+    print(
+        f"chatgym: resuming at step {step} with a config that differs from {path}: {'; '.join(changes)} "
+        f"(the steps from here use the new values; the old config is kept in {kept})",
+        file=sys.stderr,
     )
 
 

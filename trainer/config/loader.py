@@ -171,3 +171,30 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
+
+
+def config_changes(old: Mapping[str, Any], new: Mapping[str, Any], ignore: Sequence[str] = ()) -> list[str]:
+    """The dotted keys whose values differ between two configs as :func:`config_to_dict` writes them
+    (a key only one side has counts), each as ``"key: old -> new"``, sorted; ``ignore``: keys left out.
+
+    ``config_changes({"algo": {"kl_coef": 0.01}}, {"algo": {"kl_coef": 0.0}})`` ->
+    ``["algo.kl_coef: 0.01 -> 0.0"]``.
+    """
+
+    def flat(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            name = f"{prefix}{key}"
+            if isinstance(value, Mapping):  # a section, or a mapping-valued key: compared key by key
+                out.update(flat(value, f"{name}."))
+            else:
+                out[name] = value
+        return out
+
+    a, b = flat(old), flat(new)
+    missing = "(unset)"
+    return [
+        f"{key}: {a.get(key, missing)} -> {b.get(key, missing)}"
+        for key in sorted(a.keys() | b.keys())
+        if key not in ignore and a.get(key, missing) != b.get(key, missing)
+    ]
