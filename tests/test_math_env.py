@@ -96,3 +96,29 @@ def test_split_is_generated_once_per_process():
     b = gym.make("Math-v0", split="train").unwrapped.tasks
     assert a is b
     assert gym.make("Math-v0", split="train", seed=1).unwrapped.tasks is not a
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        # Regression (a fresh user): a row without metadata reset fine and raised KeyError at step.
+        ({"question": "What is 6 * 7?", "answer": "42"},
+         r"^task\['metadata'\]\['source_dataset'\] must name the reasoning-gym dataset whose scorer grades "
+         r"the answer \(e\.g\. 'basic_arithmetic'\), got None$"),
+        ({"question": "What is 6 * 7?", "answer": "42", "metadata": {"source_dataset": "nope"}}, r"got 'nope'$"),
+        ({"question": " ", "answer": "42", "metadata": {"source_dataset": "basic_arithmetic"}},
+         r"^task\['question'\] must be a non-empty string$"),
+        ({"question": "What is 6 * 7?", "metadata": {"source_dataset": "basic_arithmetic"}},
+         r"^task\['answer'\] is missing \(the gold answer\)$"),
+    ],
+)
+def test_a_task_row_is_checked_at_reset_naming_the_field(row, message):
+    env = gym.make("Math-v0")
+    with pytest.raises(ValueError, match=message):
+        env.reset(options={"task": row})
+    env.close()
+    env = gym.make("Math-v0")  # the row mended: it plays
+    env.reset(options={"task": {**row, "question": "What is 6 * 7?", "answer": "42",
+                                "metadata": {"source_dataset": "basic_arithmetic"}}})  # fmt: skip
+    assert env.step("<answer>42</answer>")[1] == 1.0
+    env.close()

@@ -122,6 +122,26 @@ class MathEnv(ChatEnv):
     def initial_messages(self, task: dict[str, Any]) -> list[M.Message]:
         return [M.system(self.system_prompt), M.user(task["question"])]
 
+    async def on_reset(self, task: dict[str, Any]) -> None:
+        """Check a task row (``options={"task": row}`` may give any) at reset, not at the scoring step.
+
+        Raises:
+            ValueError: naming the field: no non-empty ``question`` string, no ``answer``, or a
+                ``metadata.source_dataset`` that is no reasoning-gym dataset (its scorer grades).
+        """
+        if not isinstance(task.get("question"), str) or not task["question"].strip():
+            raise ValueError("task['question'] must be a non-empty string")
+        if task.get("answer") is None:
+            raise ValueError("task['answer'] is missing (the gold answer)")
+        source = (task.get("metadata") or {}).get("source_dataset") if isinstance(task.get("metadata"), dict) else None
+        try:
+            _reasoning_gym().get_score_answer_fn(source)
+        except (ValueError, KeyError, TypeError):
+            raise ValueError(
+                "task['metadata']['source_dataset'] must name the reasoning-gym dataset whose scorer grades "
+                f"the answer (e.g. 'basic_arithmetic'), got {source!r}"
+            ) from None
+
     async def score(self, turn: AssistantTurn) -> StepOutcome:
         answer, tagged = extract_answer(turn.raw_text)
         score_answer = _reasoning_gym().get_score_answer_fn(self.task["metadata"]["source_dataset"])

@@ -129,6 +129,7 @@ class MathPythonEnv(MathEnv):
         return [opening[0], *shot, *opening[1:]]
 
     async def on_reset(self, task: dict[str, Any]) -> None:
+        await super().on_reset(task)
         await self._close_session()  # a reused env starts each episode with a fresh interpreter
         self.python_calls = 0
         self.python_ok = 0

@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tasks", type=int, help="first N tasks of the split (default: all)")
     p.add_argument("--db", default=DEFAULT_DB, help=f"SQLite results file (default {DEFAULT_DB})")
     p.add_argument("--traces-dir", help="JSONL traces (default: traces/ next to --db)")
-    p.add_argument("--chat-template", default="auto")
+    p.add_argument("--chat-template", default="auto", help="auto | model | chatml_tools | path.jinja")
     add_rollout_flags(p)  # --temperature (default: 0 with -n 1, else 1.0), --max-tokens, ... and rollout.KEY=VALUE
     p.add_argument(
         "--success-threshold",
