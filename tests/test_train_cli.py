@@ -312,6 +312,46 @@ def test_ctrl_c_leaves_the_curve_of_the_steps_logged(tmp_path, monkeypatch, caps
     assert (tmp_path / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_sigterm_unwinds_like_ctrl_c_and_exits_143(tmp_path, monkeypatch, capsys):
+    # Regression: SIGTERM (a scheduler's stop, `timeout`) killed the run where it stood: exit 143 with
+    # no word on the checkpoint to resume from, engines not closed. A real SIGTERM sent to this process
+    # in step 2, after step 1's checkpoint (train.save_every=1).
+    import json
+    import os
+    import signal
+
+    from train_helpers import LETTERS_ENV_ID, TINY_LLAMA, register
+
+    from chatgym.trainer.logging.writer import MetricsLogger
+    from chatgym.trainer.pipeline import Pipeline
+
+    register()
+    sync_step = Pipeline.sync_step
+
+    async def terminated_at_the_second_step(self, i):
+        if i == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return await sync_step(self, i)
+
+    monkeypatch.setattr(Pipeline, "sync_step", terminated_at_the_second_step)
+    monkeypatch.setattr(MetricsLogger, "plot_later", lambda self: self.dir / "learning_curve.png")
+    overrides = [
+        "model.random_init=true", "model.config_overrides=" + json.dumps(TINY_LLAMA), "engine.backend=hf",
+        "engine.dtype=float32", f"env.id={LETTERS_ENV_ID}", "env.eval_tasks=0", "rollout.max_tokens=8",
+        "rollout.max_response_tokens=8", "rollout.max_model_len=128", "train.max_steps=3",
+        "train.prompts_per_step=2", "train.group_size=2", "train.progress=false", "train.tensorboard=false",
+        "train.save_every=1",
+    ]
+    before = signal.getsignal(signal.SIGTERM)
+    assert main([*overrides, "--output-dir", str(tmp_path)]) == 143
+    assert capsys.readouterr().err.endswith(
+        f"chatgym train: terminated (SIGTERM); the last checkpoint is {tmp_path / 'checkpoints' / 'step_000001'}"
+        " (continue with --resume)\n"
+    )
+    assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1]
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler lives only as long as the run
+
+
 def test_the_summary_counts_one_step_in_the_singular(capsys):
     from chatgym.trainer.train_cli import _print_summary
 

@@ -13,6 +13,7 @@ import difflib
 import os
 import re
 import shutil
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,13 +33,38 @@ class _Refused(Exception):
     loads (the message follows ``chatgym train: ``)."""
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM during training (a job scheduler's stop, ``kill``, ``timeout``): unwound as Ctrl-C is,
+    so the engines and their processes are closed and the resume hint printed, then exit 143."""
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds():
+    """Within the block SIGTERM raises :class:`_Terminated` in the main thread instead of killing the
+    process where it stands (which left vLLM's engine process and its files behind, and said nothing
+    about the checkpoint to resume from). Outside the main thread signals cannot be handled: no-op."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise _Terminated
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``chatgym train CONFIG [key.sub=value ...] [--max-steps N] [--output-dir DIR] [--resume | --resume-from CKPT]``.
 
     Overrides and options may come in any order. Returns the exit status: 0 done (or nothing left to
     do), 1 a learner process died or a stalled run (every episode failed train.max_failed_steps
     steps in a row), 2 a bad config, output dir or checkpoint — reported before any model loads —,
-    130 interrupted.
+    130 interrupted (Ctrl-C), 143 terminated (SIGTERM; the engines are closed first).
     """
     try:
         run = _prepare(list(sys.argv[1:] if argv is None else argv))
@@ -243,17 +269,19 @@ def _train(config: Any, ckpt: Path | None) -> int:
             shutil.rmtree(out, ignore_errors=True)  # this run made it and wrote nothing worth keeping
         raise _Refused(reason) from exc
     try:
-        summary = trainer.train()
+        with _sigterm_unwinds():
+            summary = trainer.train()
     except (LearnerFailed, TrainingStalled) as exc:  # a Ray learner died (the message names the checkpoint) / nothing trains
         print(f"chatgym train: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         with contextlib.suppress(Exception):  # the curve of the steps logged so far, as a finished run has
             trainer.metrics.plot()
         last = latest_checkpoint(config.train.output_dir)
         where = f"the last checkpoint is {last} (continue with --resume)" if last else "no checkpoint was saved yet"
-        print(f"\nchatgym train: interrupted; {where}", file=sys.stderr)
-        return 130
+        how = "terminated (SIGTERM)" if isinstance(exc, _Terminated) else "interrupted"
+        print(f"\nchatgym train: {how}; {where}", file=sys.stderr)
+        return 143 if isinstance(exc, _Terminated) else 130
     finally:
         trainer.close()
     _print_summary(summary)
