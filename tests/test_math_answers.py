@@ -398,3 +398,11 @@ def test_a_signed_fraction_reads_as_its_value_and_normalises_idempotently(num, d
     once = normalise_answer(text)
     assert normalise_answer(once) == once
     assert not once.startswith("-0")
+
+
+@pytest.mark.parametrize("answer,normalised", [("-0", "0"), ("-0.0", "0.0"), ("\\boxed{-0}", "0"), ("-.0", ".0"), ("-0.5", "-0.5")])
+def test_a_zero_is_normalised_without_its_sign(answer, normalised):
+    """Regression: "-0" stayed "-0" while "0/-1" and "-0/5" became "0" (a zero's sign made it read as
+    a negative answer in traces); a nonzero keeps its sign."""
+    assert normalise_answer(answer) == normalised
+    assert answers_equal(answer, "0") is (normalised != "-0.5")

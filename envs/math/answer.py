@@ -158,7 +158,8 @@ def _number_text(s: str) -> str | None:
     if re.fullmatch(rf"{_GROUPED}(?:\.\d+)?", s):
         s = re.sub(_SEP, "", s)
     if re.fullmatch(r"\d+(?:\.\d+)?|\.\d+", s):
-        return sign + s
+        # A zero carries no sign, as "0/-1" -> "0" below: "-0" and "-0.0" read as negative to a reader.
+        return ("" if float(s) == 0 else sign) + s
     m = re.fullmatch(
         r"\\[dt]?frac\s*\{\s*([-+]?\d+)\s*\}\s*\{\s*([-+]?\d+)\s*\}|([-+]?\d+)\s*/\s*([-+]?\d+)", s
     )
