@@ -104,3 +104,34 @@ async def test_chat_responder_talks_to_a_real_http_server():
     finally:
         await engine.close()
         await runner.cleanup()
+
+
+async def test_openai_chat_numbers_id_less_tool_calls_after_the_conversation():
+    # Regression: a server's tool calls without ids got call_{i} per turn, so the second turn's call
+    # was call_0 again and a client pairing tool results by id mixed the two turns' calls up. Real
+    # HTTP server; its calls carry no id (or an empty one).
+    async def completions(request: web.Request) -> web.Response:
+        call = {"type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}
+        return web.json_response(
+            {"choices": [{"message": {"role": "assistant", "content": None, "tool_calls": [call, {**call, "id": ""}]}}]}
+        )
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", completions)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = _free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    engine = OpenAIChatEngine("agent-model", base_url=f"http://127.0.0.1:{port}/v1", api_key="k")
+    try:
+        first = await engine.chat([M.user("add")])
+        assert [c["id"] for c in first["tool_calls"]] == ["call_0", "call_1"]
+        history = [M.user("add"), first]
+        history += [{"role": "tool", "content": "2", "tool_call_id": c["id"]} for c in first["tool_calls"]]
+        # The user's own id call_3 is taken: the second turn's calls are the 3rd and 4th -> call_2, call_4.
+        history.append({"role": "tool", "content": "x", "tool_call_id": "call_3"})
+        second = await engine.chat(history)
+        assert [c["id"] for c in second["tool_calls"]] == ["call_2", "call_4"]
+    finally:
+        await engine.close()
+        await runner.cleanup()

@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from typing import Any
 
 from chatgym.envs.messages import Message, ToolCall
+from chatgym.envs.parsers.base import call_ids, calls_before, fresh_call_id
 from chatgym.trainer.engines.base import Completion, SamplingParams
 from chatgym.trainer.engines.common import earliest_stop, refuse_images
 from chatgym.trainer.engines.http import JSONClient, ServerError
@@ -118,15 +120,20 @@ class OpenAIChatEngine:
         """
         params = params or self.params
         response = await self.client.post("/chat/completions", self.request_body(messages, tools, params))
-        return self.parse_response(response, params.stop)
+        return self.parse_response(response, params.stop, messages)
 
-    def parse_response(self, response: Any, stop: tuple[str, ...] | list[str] = ()) -> Message:
+    def parse_response(
+        self, response: Any, stop: tuple[str, ...] | list[str] = (), history: Iterable[Any] = ()
+    ) -> Message:
         """The assistant message of a ``/chat/completions`` answer (usage is added to ``self.usage``).
 
         Args:
             response: the decoded JSON answer.
             stop: the request's stop strings: the content is cut after the first one (kept), and in
                 ``stop_mode="server"`` the one the server names is put back.
+            history: the conversation the answer follows. A tool call the server sent without an id
+                gets ``call_<n>`` by the envs' rule (:meth:`~chatgym.envs.parsers.base.ParsedAction.numbered_from`):
+                ``n`` counted from the calls ``history`` made, never an id it or this turn holds.
 
         Raises:
             ServerError: no message; or, in ``stop_mode="server"``, a reply that ended on ``stop``
@@ -145,14 +152,24 @@ class OpenAIChatEngine:
             content = self._apply_stop(content, choice, tuple(stop))
         out: Message = {"role": "assistant", "content": content}
         calls: list[ToolCall] = []
-        for i, call in enumerate(message.get("tool_calls") or []):
+        raw = message.get("tool_calls") or []
+        # Made ids must differ from every id of the episode (a bare call_{i} repeated call_0 each
+        # turn, so a client pairing results with calls by id across turns mixed them up).
+        history = list(history)
+        first = calls_before(history)
+        taken = call_ids(history) | {c["id"] for c in raw if isinstance(c.get("id"), str) and c["id"]}
+        for i, call in enumerate(raw):
             fn = call.get("function") or {}
             arguments = fn.get("arguments", "{}")
             if not isinstance(arguments, str):  # some servers send the object itself
                 arguments = json.dumps(arguments, ensure_ascii=False)
+            call_id = call.get("id")
+            if not (isinstance(call_id, str) and call_id):
+                call_id = fresh_call_id(first + i, taken)
+                taken.add(call_id)
             calls.append(
                 {
-                    "id": call.get("id") or f"call_{i}",
+                    "id": call_id,
                     "type": "function",
                     "function": {"name": fn.get("name", ""), "arguments": arguments},
                 }
