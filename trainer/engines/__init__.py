@@ -144,8 +144,9 @@ def build_engine(cfg: Any, model_path: Path, tokenizer: Any, seed: int, max_mode
         from dataclasses import replace
 
         from chatgym.trainer.engines.auto import auto_options, choose_backend
+        from chatgym.trainer.models.cuda import is_fp8
 
-        name, why = choose_backend(model_path)
+        name, why = choose_backend(model_path, fp8=is_fp8(cfg.options.get("quantization")))
         print(f"chatgym: engine.backend auto -> {name} ({why})", file=sys.stderr)
         cfg = replace(cfg, backend=name, options={**auto_options(name), **cfg.options})
     cls = engine_class(cfg.backend)

@@ -4,6 +4,11 @@
 * CUDA: ``hf`` (static decode, fused step) for a checkpoint of at most :data:`AUTO_VLLM_ABOVE`
   parameters, ``vllm`` above it (``hf`` when vLLM is not installed). When it picks vLLM on CUDA, vLLM
   takes :data:`AUTO_VLLM_MEMORY` of the GPU (its own default, 0.92, leaves a colocated learner nothing).
+* CUDA with ``engine.options.quantization: fp8``: ``vllm`` at every size (when installed). The ``hf``
+  engine's FP8 step decodes slower than its own bf16 one (Qwen2.5-7B shape, 64 / 256 rows: 6,024 /
+  12,781 tokens/s against 8,069 / 14,993; ``benchmarks/results/fp8_h200/2026-12-02b/``; at SmolLM2 in
+  ``vs_trl_gpu.py`` 0.774-0.803 s of generation a step against 0.448-0.471), vLLM's faster than its own
+  bf16 at 64 rows (13,746 against 11,443).
 
 The rule is from one H200 (``benchmarks/hf_decode_gpu.py``: bf16, 128 new tokens, temperature 1;
 decode tokens/s at 64 / 256 rows, ``hf`` static vs vLLM 0.26's in-process engine; docs/gpu.md; the 135M
@@ -61,15 +66,20 @@ def checkpoint_parameters(model_path: str | Path) -> int | None:
     return total
 
 
-def choose_backend(model_path: str | Path, cuda: bool | None = None, vllm: bool | None = None) -> tuple[str, str]:
+def choose_backend(
+    model_path: str | Path, cuda: bool | None = None, vllm: bool | None = None, *, fp8: bool = False
+) -> tuple[str, str]:
     """``(backend, why)``: the engine ``auto`` runs for the model in ``model_path`` (module doc's rule)
-    and the reason, one line for the start-up log. ``cuda`` / ``vllm`` override the detection (tests)."""
+    and the reason, one line for the start-up log. ``fp8``: the run asked for FP8 weights
+    (``engine.options.quantization``). ``cuda`` / ``vllm`` override the detection (tests)."""
     cuda = has_cuda() if cuda is None else cuda
     vllm = has_vllm() if vllm is None else vllm
     if not cuda:
         return ("vllm", "no CUDA, vLLM installed") if vllm else ("hf", "no CUDA, vLLM not installed")
     if not vllm:
         return "hf", "CUDA, vLLM not installed"
+    if fp8:
+        return "vllm", "CUDA, FP8 weights: the hf engine's FP8 step is slower than its bf16 one (docs/gpu.md)"
     n = checkpoint_parameters(model_path)
     if n is None:
         return "hf", f"CUDA, no safetensors in {model_path} to size the model (hf up to {AUTO_VLLM_ABOVE:.0e} parameters)"
