@@ -99,6 +99,30 @@ def test_token_rewards_on_each_turns_last_token():
     assert out[1].tolist() == [0, 0, 2.0, 0, 0, 0, 0, 0]
 
 
+def test_prepare_batch_logs_the_share_of_groups_with_equal_rewards():
+    # TRL's frac_reward_zero_std: the groups that give a GRPO step no gradient. Groups 0 (1, 1) and 2
+    # (one sample) have zero spread, group 1 (0, 1) has some: 2 of 3. Group 3's only trajectory
+    # failed: not a group of the step. Dynamic sampling keeps group 1 only, the share is the same.
+    from chatgym.trainer.learner.forward import ForwardPlan
+    from chatgym.trainer.learner.prepare import prepare_batch
+
+    trajs = [
+        traj([3, 4, 5], [0, 1, 1], reward=1.0, group=0),
+        traj([3, 4, 6], [0, 1, 1], reward=1.0, group=0),
+        traj([3, 4, 7], [0, 1, 1], reward=0.0, group=1),
+        traj([3, 4, 8], [0, 1, 1], reward=1.0, group=1),
+        traj([3, 4, 9], [0, 1, 1], reward=0.5, group=2),
+        traj([3, 4, 9], [0, 1, 1], reward=0.0, group=3, error="env crashed"),
+    ]
+    for dynamic, kept in ((False, 3), (True, 1)):
+        _, metrics = prepare_batch(
+            trajs, AlgoConfig(dynamic_sampling=dynamic), max_response_tokens=8, pad_id=0, policy=None,
+            plan=ForwardPlan(micro_batch_size=8),
+        )  # fmt: skip
+        assert metrics["batch/frac_reward_zero_std"] == pytest.approx(2 / 3)
+        assert metrics["batch/groups_kept"] == kept
+
+
 def test_hit_budget_groups_and_reward_shaping():
     assert hit_budget(traj([1, 2], [0, 1], finish=("stop", "length")))
     assert not hit_budget(traj([1, 2], [0, 1], truncated=True, info={"truncated_by": "env"}))

@@ -170,20 +170,24 @@ def prepare_batch(
         ``(batch, metrics)``. ``batch`` is None when nothing is left to train on (every trajectory
         failed, or dynamic sampling kept no group); otherwise it carries ``advantages`` and
         ``returns``, and ``ref_logprobs`` / ``old_logprobs`` / ``old_values`` where used. Metrics:
-        ``batch/groups_kept``, ``batch/trajectories_trained`` and, with a batch,
+        ``batch/groups_kept``, ``batch/trajectories_trained``, ``batch/frac_reward_zero_std`` (the
+        share of the groups of the trajectories that did not fail whose shaped rewards are all
+        equal, before dynamic sampling; TRL's ``frac_reward_zero_std``) and, with a batch,
         ``batch/advantage_mean``, ``batch/advantage_abs_mean``, ``batch/trained_tokens``,
         ``reward/kl_penalty`` (KL in reward), ``timing/prepare_s``.
     """
     t0 = time.perf_counter()
     ok = [t for t in trajs if not t.failed]
     rewards = shape_rewards(ok, algo, max_response_tokens) if ok else torch.zeros(0)
-    keep = list(range(len(ok)))
-    if algo.dynamic_sampling and ok:
-        keep = informative_groups([t.group_id for t in ok], rewards)
+    informative = informative_groups([t.group_id for t in ok], rewards) if ok else []
+    keep = informative if algo.dynamic_sampling else list(range(len(ok)))
     metrics: dict[str, float] = {
         "batch/groups_kept": len({ok[i].group_id for i in keep}),
         "batch/trajectories_trained": len(keep),
     }
+    if ok:  # groups whose rewards are all equal: no group-normalised advantage, no gradient
+        groups = len({t.group_id for t in ok})
+        metrics["batch/frac_reward_zero_std"] = 1 - len({ok[i].group_id for i in informative}) / groups
     if not keep:
         return None, metrics
     trained = [ok[i] for i in keep]
