@@ -211,6 +211,9 @@ def test_update_reports_the_mismatch_with_and_without_the_old_logprob_pass(tiny_
     assert m["rollout/mismatch/mean_abs"] == pytest.approx(0.1, abs=1e-5)
     assert m["rollout/mismatch/max_abs"] == pytest.approx(0.1, abs=1e-5)
     assert m["rollout/mismatch/k3_kl"] == pytest.approx(math.exp(-0.1) - 0.9, abs=1e-6)  # 0.0048374
+    if not precompute:  # one optimizer step: the update's forward is at the sampling weights too.
+        # Regression: this was exp(0.1) − 1.1 = 0.0051709, k3 with the ratio upside down (no KL estimate).
+        assert m["actor/engine_kl"] == pytest.approx(math.exp(-0.1) - 0.9, abs=1e-6)
     assert m["rollout/mismatch/seq_abs_log_ratio"] == pytest.approx(0.1 * 23 / 6, abs=1e-5)  # 0.383333
     assert m["rollout/mismatch/clip_frac"] == 0.0  # ρ = e^−0.1 < 2
     assert "rollout/mismatch/seq_clip_frac" not in m

@@ -6,8 +6,8 @@ Per token, with ``r = learner_logprob − engine_logprob`` on loss-masked (gener
 - ``|r|``: its mean and max over the batch are ``rollout/mismatch/mean_abs`` / ``max_abs``;
 - ``k3 = exp(r) − 1 − r``: the mean is ``rollout/mismatch/k3_kl``. The tokens are samples of the
   *engine*, so by Schulman's construction (samples x ~ q, ratio p(x)/q(x) with q = engine, p = learner)
-  this is an unbiased, always >= 0 estimate of KL(engine ‖ learner). (``actor/engine_kl`` keeps its
-  older convention, ``kl_k3(learner, engine)``, i.e. ``exp(−r) − 1 + r``.)
+  this is an unbiased, always >= 0 estimate of KL(engine ‖ learner). (``actor/engine_kl`` is the same
+  estimate against the learner's logprobs in the update's own forward, which moves between mini-batches.)
 - per sequence, ``Σ_t r``: the log of the sequence-level ratio π_learner(y)/π_engine(y); the mean of its
   absolute value over rows is ``rollout/mismatch/seq_abs_log_ratio``.
 

@@ -208,7 +208,9 @@ def _policy_backward(
     sums.add_masked("actor/entropy", entropy, mask)
     sums.add_masked("actor/clip_frac", out.clipped.float(), mask)
     sums.add_masked("actor/dual_clip_frac", out.dual_clipped.float(), mask)
-    engine_kl = get_kl_estimator("k3")(logp.detach(), mb.engine_logprobs, mask)
+    # The tokens are the engine's samples, so k3 with the ratio learner/engine estimates KL(engine ‖
+    # learner) without bias (Schulman 2020); the other order (used until now) is not a KL estimate.
+    engine_kl = get_kl_estimator("k3")(mb.engine_logprobs, logp.detach(), mask)
     sums.add_masked("actor/engine_kl", engine_kl, mask)
     if weights is not None:
         sums.add_masked("actor/tis_weight", weights, mask)
