@@ -350,6 +350,15 @@ async def test_session_keeps_state_and_restarts_after_timeout(sb):
         res = await session.run("1 / 0")
         assert res.status == "error" and res.stderr.endswith("ZeroDivisionError: division by zero\n")
         assert (await session.run("print(x)")).stdout == "1\n"  # an exception keeps the state
+        # Regression: a cell that does not parse showed the host's ast.py frames (its path) first.
+        res = await session.run("y = 2\nprint(3 * (4 + 5)")
+        assert (res.status, res.stderr) == (
+            "error",
+            '  File "<cell 6>", line 2\n    print(3 * (4 + 5)\n         ^\nSyntaxError: \'(\' was never closed\n',
+        )
+        res = await session.run("compile('1 +', 'inner', 'eval')")  # raised by the cell's own code: its frames stay
+        assert res.stderr.startswith('Traceback (most recent call last):\n  File "<cell 7>", line 1, in <module>\n')
+        assert (await session.run("print(x)")).stdout == "1\n"
         await session.run("open('kept.txt', 'w').write('file')")
 
         res = await session.run("while True: pass", timeout_s=0.2)

@@ -366,10 +366,20 @@ def run_cell(code: str, name: str, ns: dict) -> int:
         tree = ast.parse(code, name, "exec")
         last = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):
-            last = ast.Expression(tree.body.pop().value)
-        exec(compile(tree, name, "exec", dont_inherit=True), ns)
+            last = compile(ast.Expression(tree.body.pop().value), name, "eval", dont_inherit=True)
+        body = compile(tree, name, "exec", dont_inherit=True)
+    except SyntaxError as e:
+        # As the interpreter reports a script that does not parse: the cell's line and caret, no
+        # frames (they were the host's ast.py: its path, and 300 of a tool result's characters).
+        child.print_exception(e.with_traceback(None))
+        return 1
+    except BaseException as e:  # e.g. RecursionError / MemoryError while parsing deeply nested code
+        child.print_exception(e)
+        return 1
+    try:
+        exec(body, ns)
         if last is not None:
-            value = eval(compile(last, name, "eval", dont_inherit=True), ns)
+            value = eval(last, ns)
             if value is not None:
                 sys.displayhook(value)
         return 0
