@@ -7,6 +7,7 @@ The learners are tiny random-init Llamas (train_helpers.TINY_LLAMA), so a step r
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -713,3 +714,41 @@ def test_chatgym_cotrain_refuses_a_chat_template_in_one_line_before_the_models_l
                       "--output-dir", str(out)]) == 2  # fmt: skip
     assert capsys.readouterr().err == f"chatgym cotrain: rollout.chat_template: {NO_EOS_REASON}\n"
     assert not out.exists()
+
+
+def test_chatgym_cotrain_checks_the_env_in_one_line_before_the_models_load(tmp_path, monkeypatch, capsys):
+    # Regression: a misspelt env.kwargs key or a split the env lacks was a traceback (status 1) once
+    # both models had loaded (count_tasks), the output dir left behind; an env.id without the party's
+    # keyword failed every episode. (An unknown env.id was already refused at load.)
+    from chatgym.trainer.cotrain import loop
+
+    monkeypatch.setattr(loop, "CoTrainer", None)  # building one would fail the test
+    out = tmp_path / "run"
+
+    def refusal(*overrides: str) -> str:
+        config = "examples/configs/cotrain_judge_cpu.yaml"
+        assert loop.main([config, *overrides, "--output-dir", str(out)]) == 2
+        assert not out.exists()
+        return capsys.readouterr().err
+
+    assert refusal("env.kwargs.max_turnz=2") == (
+        "chatgym cotrain: env.kwargs: cannot build the env: TypeError: ChatEnv.__init__() got an unexpected "
+        "keyword argument 'max_turnz' was raised from the environment creator for Judge-v0 with kwargs "
+        "({'split': 'reference', 'max_turnz': 2})\n"
+    )
+    bogus = "cannot build the env: ValueError: split must be 'all' or 'reference', got 'bogus'"
+    assert refusal("env.train_split=bogus") == f"chatgym cotrain: env.train_split: {bogus}\n"
+    assert refusal("env.eval_split=bogus") == f"chatgym cotrain: env.eval_split: {bogus}\n"
+    assert refusal("env.id=Math-v0", "env.train_split=train", "env.eval_split=test") == (
+        "chatgym cotrain: cotrain.party: 'judge' answers through the env's judge= keyword, which env.id "
+        "'Math-v0' does not take (Judge-v0 takes judge=, UserSim-v0 user=)\n"
+    )
+
+
+def test_every_example_cotrain_config_passes_the_env_check():
+    from chatgym.trainer.cotrain.loop import check_party_env
+
+    paths = sorted(Path("examples/configs").glob("cotrain_*.yaml"))
+    assert len(paths) == 4
+    for path in paths:
+        check_party_env(*load_cotrain_config(path, []))  # a refusal raises ConfigError
