@@ -289,6 +289,37 @@ def test_policy_rewards_and_masks(judge_step, tok):
     assert metrics["policy/judge_error_episodes"] == 0
 
 
+def test_held_out_evaluation_counts_a_failed_policy_episode_as_a_miss(tmp_path, tok):
+    """Regression: eval/score and eval/policy/reference_reward were over the episodes that did not
+    fail (1.0 and 1.0 here). Two held-out episodes of task 3; the policy's engine fails the second
+    first-turn call, so one episode fails and the other answers the reference answers (judge [[10]]
+    twice: reward 1.0, reference-judged 1.0)."""
+    import dataclasses
+
+    needs_smollm2()
+    trainer, policy_engine, _ = judge_fixture_trainer(tmp_path, tok)
+    trainer.co = dataclasses.replace(trainer.co, eval_task_ids=(3, 3))
+    header, first_turns = enc(tok, ASSISTANT_HEADER), []
+    generate = policy_engine.generate
+
+    async def failing_second_first_turn(prompt_ids, params, **kwargs):
+        if count_subsequence(prompt_ids, header) == 1:
+            first_turns.append(prompt_ids)
+            if len(first_turns) == 2:
+                raise RuntimeError("the engine failed")
+        return await generate(prompt_ids, params, **kwargs)
+
+    policy_engine.generate = failing_second_first_turn
+    try:
+        metrics = trainer.evaluate(2)
+    finally:
+        trainer.close()
+    assert (metrics["eval/failed"], metrics["eval/tasks"]) == (1, 2)
+    assert metrics["eval/score"] == pytest.approx((1.0 + 0.0) / 2)
+    assert metrics["eval/policy/reference_reward"] == pytest.approx((1.0 + 0.0) / 2)
+    assert "eval/accuracy" not in metrics  # Judge-v0 rates answers: it states no success
+
+
 def test_judge_rewards_masks_and_groups(judge_step, tok):
     _, _, judge_engine, _, judge_trajs, metrics = judge_step
     # Every judge sample of every question turn of both episodes reached the judge's batch: 2 x 2.

@@ -427,7 +427,7 @@ def test_compare_runs_skips_non_runs_and_unevaluated_runs_and_flags_failed_evalu
         "| r_turn_grpo_s0 | 0 | 1.000 | 1.000 | 2.000 | 0.250 |",
         "| r_turn_grpo_s0 | 10 | nan | nan | 1.500 | nan |",
         "",
-        "(N failed): eval/failed > 0, N held-out episodes failed; accuracy is over the rest.",
+        "(N failed): eval/failed > 0, N held-out episodes failed (misses in the accuracy).",
         "",
         "No evaluation row (not in the tables): r_turn_grpo_s1, r_turn_grpo_s2.",
     ]

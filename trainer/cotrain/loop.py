@@ -278,7 +278,7 @@ class CoTrainer(Trainer):
         (:func:`~chatgym.trainer.cotrain.party.judge_constant_baseline`)."""
         _, metrics = await party_trajectories(trajs, self.co.party, self.reward_fn)
         if self.co.party == "judge":
-            metrics.update(await policy_reference_metrics(trajs))
+            metrics.update(await policy_reference_metrics(trajs, failed_as_miss=True))
             metrics.update(await judge_constant_baseline(trajs))
         else:
             metrics.update(user_checks(trajs))
