@@ -7,6 +7,7 @@ The learners are tiny random-init Llamas (train_helpers.TINY_LLAMA), so a step r
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -286,6 +287,37 @@ def test_policy_rewards_and_masks(judge_step, tok):
     # The fixed yardstick: the reference judge rates ref 10, 10 (-> 1.0) and bad 1, 1 (-> 0.0).
     assert metrics["policy/reference_reward"] == pytest.approx(0.5)
     assert metrics["policy/judge_error_episodes"] == 0
+
+
+def test_held_out_evaluation_counts_a_failed_policy_episode_as_a_miss(tmp_path, tok):
+    """Regression: eval/score and eval/policy/reference_reward were over the episodes that did not
+    fail (1.0 and 1.0 here). Two held-out episodes of task 3; the policy's engine fails the second
+    first-turn call, so one episode fails and the other answers the reference answers (judge [[10]]
+    twice: reward 1.0, reference-judged 1.0)."""
+    import dataclasses
+
+    needs_smollm2()
+    trainer, policy_engine, _ = judge_fixture_trainer(tmp_path, tok)
+    trainer.co = dataclasses.replace(trainer.co, eval_task_ids=(3, 3))
+    header, first_turns = enc(tok, ASSISTANT_HEADER), []
+    generate = policy_engine.generate
+
+    async def failing_second_first_turn(prompt_ids, params, **kwargs):
+        if count_subsequence(prompt_ids, header) == 1:
+            first_turns.append(prompt_ids)
+            if len(first_turns) == 2:
+                raise RuntimeError("the engine failed")
+        return await generate(prompt_ids, params, **kwargs)
+
+    policy_engine.generate = failing_second_first_turn
+    try:
+        metrics = trainer.evaluate(2)
+    finally:
+        trainer.close()
+    assert (metrics["eval/failed"], metrics["eval/tasks"]) == (1, 2)
+    assert metrics["eval/score"] == pytest.approx((1.0 + 0.0) / 2)
+    assert metrics["eval/policy/reference_reward"] == pytest.approx((1.0 + 0.0) / 2)
+    assert "eval/accuracy" not in metrics  # Judge-v0 rates answers: it states no success
 
 
 def test_judge_rewards_masks_and_groups(judge_step, tok):
@@ -713,3 +745,41 @@ def test_chatgym_cotrain_refuses_a_chat_template_in_one_line_before_the_models_l
                       "--output-dir", str(out)]) == 2  # fmt: skip
     assert capsys.readouterr().err == f"chatgym cotrain: rollout.chat_template: {NO_EOS_REASON}\n"
     assert not out.exists()
+
+
+def test_chatgym_cotrain_checks_the_env_in_one_line_before_the_models_load(tmp_path, monkeypatch, capsys):
+    # Regression: a misspelt env.kwargs key or a split the env lacks was a traceback (status 1) once
+    # both models had loaded (count_tasks), the output dir left behind; an env.id without the party's
+    # keyword failed every episode. (An unknown env.id was already refused at load.)
+    from chatgym.trainer.cotrain import loop
+
+    monkeypatch.setattr(loop, "CoTrainer", None)  # building one would fail the test
+    out = tmp_path / "run"
+
+    def refusal(*overrides: str) -> str:
+        config = "examples/configs/cotrain_judge_cpu.yaml"
+        assert loop.main([config, *overrides, "--output-dir", str(out)]) == 2
+        assert not out.exists()
+        return capsys.readouterr().err
+
+    assert refusal("env.kwargs.max_turnz=2") == (
+        "chatgym cotrain: env.kwargs: cannot build the env: TypeError: ChatEnv.__init__() got an unexpected "
+        "keyword argument 'max_turnz' was raised from the environment creator for Judge-v0 with kwargs "
+        "({'split': 'reference', 'max_turnz': 2})\n"
+    )
+    bogus = "cannot build the env: ValueError: split must be 'all' or 'reference', got 'bogus'"
+    assert refusal("env.train_split=bogus") == f"chatgym cotrain: env.train_split: {bogus}\n"
+    assert refusal("env.eval_split=bogus") == f"chatgym cotrain: env.eval_split: {bogus}\n"
+    assert refusal("env.id=Math-v0", "env.train_split=train", "env.eval_split=test") == (
+        "chatgym cotrain: cotrain.party: 'judge' answers through the env's judge= keyword, which env.id "
+        "'Math-v0' does not take (Judge-v0 takes judge=, UserSim-v0 user=)\n"
+    )
+
+
+def test_every_example_cotrain_config_passes_the_env_check():
+    from chatgym.trainer.cotrain.loop import check_party_env
+
+    paths = sorted(Path("examples/configs").glob("cotrain_*.yaml"))
+    assert len(paths) == 4
+    for path in paths:
+        check_party_env(*load_cotrain_config(path, []))  # a refusal raises ConfigError

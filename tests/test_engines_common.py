@@ -83,6 +83,21 @@ def test_save_weights_writes_tied_tensors_atomically(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]  # no temp file left
 
 
+def test_save_weights_names_a_value_that_is_not_a_tensor_and_writes_nothing(tmp_path):
+    # Regression: a numpy value was AttributeError ('numpy.ndarray' object has no attribute 'detach'),
+    # a list value the same, naming no weight, after the directory and config had been written.
+    import numpy as np
+
+    out = tmp_path / "w"
+    with pytest.raises(TypeError) as err:
+        save_weights({"a.weight": torch.zeros(2), "b.weight": np.zeros(2)}, out)
+    assert str(err.value) == "update_weights: 'b.weight' is a ndarray, not a torch.Tensor"
+    with pytest.raises(TypeError) as err:
+        save_weights(iter([("a.weight", torch.zeros(2)), ("b.weight", [0.0, 0.0])]), out)
+    assert str(err.value) == "update_weights: 'b.weight' is a list, not a torch.Tensor"
+    assert not out.exists()
+
+
 def test_factory_names():
     assert set(ENGINES) == {"vllm", "vllm-server", "sglang", "hf", "openai"}
     assert engine_class("hf").__name__ == "TransformersEngine"

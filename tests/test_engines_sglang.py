@@ -217,6 +217,18 @@ async def test_update_weights_from_disk_then_flush(engine, fake, tmp_path):
         await asyncio.to_thread(engine.update_weights, weights)
 
 
+async def test_update_weights_names_a_non_tensor_value_before_asking_the_server(engine, fake, tmp_path):
+    # Regression: AttributeError ('numpy.ndarray' object has no attribute 'detach') from save_weights.
+    import numpy as np
+
+    engine._weights_dir = tmp_path / "w"
+    weights = {"model.norm.weight": torch.arange(4.0), "lm_head.weight": np.ones((2, 3))}
+    with pytest.raises(TypeError) as err:
+        await asyncio.to_thread(engine.update_weights, weights)
+    assert str(err.value) == "update_weights: 'lm_head.weight' is a ndarray, not a torch.Tensor"
+    assert fake.requests == [] and not (tmp_path / "w").exists()
+
+
 async def test_remote_model_uses_the_servers_finish_reason(fake):
     eng = make_engine("sglang", "some-remote-model", base_url=fake.url)
     assert eng.tokenizer is None and eng.eos_token_ids == frozenset()

@@ -206,6 +206,22 @@ def test_update_weights_then_generate_follows_the_new_weights(hf, vllm_engine, s
     assert asyncio.run(engine.generate(prompt, params)).token_ids == before.token_ids
 
 
+def test_update_weights_names_a_value_that_is_not_a_tensor_and_loads_nothing(vllm_engine):
+    # Regression: a numpy value was an AttributeError ('numpy.ndarray' object has no attribute
+    # 'detach') from inside vLLM's in-place reload, which had begun: every later generate failed
+    # ("Cannot copy out of meta tensor").
+    params = SamplingParams(max_tokens=8, temperature=0.0)
+    prompt = [1, 504, 3458, 314]
+    before = asyncio.run(vllm_engine.generate(prompt, params)).token_ids
+    weights = {name: torch.zeros_like(t) for name, t in load_model("smollm2").state_dict().items()}
+    last = list(weights)[-1]
+    for value in (weights[last].numpy(), weights[last].tolist()):
+        with pytest.raises(TypeError) as err:
+            vllm_engine.update_weights({**weights, last: value})
+        assert str(err.value) == f"update_weights: {last!r} is a {type(value).__name__}, not a torch.Tensor"
+    assert asyncio.run(vllm_engine.generate(prompt, params)).token_ids == before  # the old weights, whole
+
+
 def test_openai_chat_engine_against_the_vllm_server(hf, server):
     chat = make_engine("openai", "smollm2", base_url=f"{server.url}/v1", api_key="unused")
     assert isinstance(chat, OpenAIChatEngine)

@@ -116,12 +116,69 @@ def test_a_value_the_engine_refuses_as_it_starts_is_one_line_and_leaves_no_resul
     assert not db.exists()
 
 
-def test_a_misspelt_env_arg_skips_the_env_with_the_reason_rollout_gives(tmp_path, capsys):
-    # eval and rollout share the check (build_env): the same words for the same mistake.
-    argv = ["--engine", "reference", "--env", "Math-v0", "--env-arg", "difficulty_levl=3", "--db", str(tmp_path / "r.sqlite")]
-    assert eval_cli.main(argv) == 1  # nothing evaluated
-    assert capsys.readouterr().err == (
-        "chatgym eval: Math-v0: skipped, cannot build the env: TypeError: ChatEnv.__init__() got an unexpected "
-        "keyword argument 'difficulty_levl' was raised from the environment creator for Math-v0 with kwargs "
-        "({'difficulty_levl': 3})\n"
+MISSPELT = (
+    "cannot build the env: TypeError: ChatEnv.__init__() got an unexpected keyword argument 'difficulty_levl' "
+    "was raised from the environment creator for Math-v0 with kwargs ({'difficulty_levl': 3})"
+)
+
+
+def env_refusal(tmp_path, capsys, *args: str) -> str:
+    """What ``chatgym eval --engine reference ARGS`` prints when it refuses at start (status 2); no
+    results file, no traces."""
+    db = tmp_path / "r.sqlite"
+    argv = ["--engine", "reference", "--max-tasks", "2", "--db", str(db), "--no-progress", *args]
+    assert eval_cli.main(argv) == 2
+    out = capsys.readouterr()
+    assert out.out == ""
+    assert list(tmp_path.iterdir()) == []
+    return out.err
+
+
+def test_an_env_that_cannot_be_built_is_refused_at_start_naming_the_flag(tmp_path, capsys):
+    # Regression: each was "skipped" with exit status 1 (as if evaluated and found empty); eval and
+    # rollout share the check (build_env): the same words for the same mistake.
+    assert env_refusal(tmp_path, capsys, "--env", "Math-v0", "--env-arg", "difficulty_levl=3") == (
+        f"chatgym eval: --env-arg: Math-v0: {MISSPELT}\n"
     )
+    assert env_refusal(tmp_path, capsys, "--env", "Math-v0", "--split", "nope") == (
+        "chatgym eval: --split: Math-v0: cannot build the env: ValueError: Math-v0: split must be one of "
+        "['test', 'train'], got 'nope'\n"
+    )
+    both = ("--split", "nope", "--env-arg", "difficulty_levl=3")
+    assert env_refusal(tmp_path, capsys, "--env", "Math-v0", *both) == (
+        "chatgym eval: --split and --env-arg: Math-v0: cannot build the env: ValueError: Math-v0: split must "
+        "be one of ['test', 'train'], got 'nope'\n"
+    )
+
+
+def test_one_named_env_that_cannot_be_built_refuses_the_others_too(tmp_path, capsys):
+    # Math-v0 builds with --split test, Judge-v0 does not: scoring Math-v0 alone would store a part of
+    # the requested evaluation as if it were the whole.
+    assert env_refusal(tmp_path, capsys, "--env", "Math-v0", "Judge-v0", "--split", "test") == (
+        "chatgym eval: --split: Judge-v0: cannot build the env: ValueError: split must be 'all' or 'reference', "
+        "got 'test'\n"
+    )
+
+
+@pytest.fixture
+def two_envs(monkeypatch):
+    """``--env all`` means Math-v0 and ToolUse-v0 (ToolUse-v0 has no train split)."""
+    from chatgym.envs import registration
+
+    specs = {k: registration.ENV_SPECS[k] for k in ("Math-v0", "ToolUse-v0")}
+    monkeypatch.setattr(registration, "ENV_SPECS", specs)
+
+
+def test_all_skips_the_envs_that_cannot_be_built_and_refuses_when_none_can(tmp_path, capsys, two_envs):
+    assert env_refusal(tmp_path, capsys, "--env", "all", "--env-arg", "difficulty_levl=3") == (
+        f"chatgym eval: --env-arg: none of the 2 envs of 'all' can be built; Math-v0: {MISSPELT}\n"
+    )
+    db = tmp_path / "r.sqlite"
+    argv = ["--engine", "reference", "--env", "all", "--split", "train", "--max-tasks", "2", "--db", str(db)]
+    assert eval_cli.main([*argv, "--no-progress"]) == 0
+    reason = "cannot build the env: ValueError: ToolUse-v0: BFCL has only a 'test' split, got 'train'"
+    assert f"chatgym eval: ToolUse-v0: skipped, {reason}\n" in capsys.readouterr().err
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT env_id, split, COUNT(*) FROM episodes GROUP BY env_id").fetchall() == [
+            ("Math-v0", "train", 2)
+        ]

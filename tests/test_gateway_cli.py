@@ -7,6 +7,7 @@ import json
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -139,3 +140,48 @@ def test_chatgym_train_start_up_checks_run_before_the_engine_is_built(tmp_path, 
         "gateway", lambda *a: gateway_refusal(tmp_path, monkeypatch, capsys, *a), "engine.options.eos_token_ids",
         lambda ids: (f"engine.options.eos_token_ids={ids}",), tmp_path,
     )  # fmt: skip
+
+
+IN_USE = "Address already in use"
+
+
+@pytest.fixture
+def port_in_use():
+    """``127.0.0.1:<port>`` of a port another server listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield f"127.0.0.1:{sock.getsockname()[1]}"
+
+
+def test_a_port_in_use_is_one_line_before_the_engine_is_built_and_leaves_no_out_file(
+    tmp_path, monkeypatch, capsys, port_in_use
+):
+    # Regression: the model loaded, then the bind failed ("OSError: [Errno 98] ...") and left an empty
+    # --out file (and its directory) behind.
+    from chatgym.trainer.gateway import cli
+
+    def no_engine(*a, **k):
+        raise AssertionError("the gateway's engine was built before the refusal")
+
+    monkeypatch.setattr(cli, "build_gateway", no_engine)
+    out = tmp_path / "new" / "t.jsonl"
+    assert cli.main([*TINY, "--port", port_in_use.split(":")[1], "--out", str(out)]) == 2
+    assert capsys.readouterr().err == f"chatgym gateway: --port: cannot listen on {port_in_use}: {IN_USE}\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_port_taken_after_the_check_is_the_same_line_and_leaves_no_out_file(
+    tmp_path, monkeypatch, capsys, port_in_use
+):
+    # Another process may take the port between the check and the server's start (here: the check
+    # skipped), once the engine has loaded: the same refusal, still no --out file.
+    from chatgym.trainer.gateway import cli
+
+    monkeypatch.setattr(cli, "check_port", lambda port: None)
+    out = tmp_path / "new" / "t.jsonl"
+    assert cli.main([*TINY, "--port", port_in_use.split(":")[1], "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == f"chatgym gateway: --port: cannot listen on {port_in_use}: {IN_USE}"
+    assert "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []

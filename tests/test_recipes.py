@@ -427,7 +427,7 @@ def test_compare_runs_skips_non_runs_and_unevaluated_runs_and_flags_failed_evalu
         "| r_turn_grpo_s0 | 0 | 1.000 | 1.000 | 2.000 | 0.250 |",
         "| r_turn_grpo_s0 | 10 | nan | nan | 1.500 | nan |",
         "",
-        "(N failed): eval/failed > 0, N held-out episodes failed; accuracy is over the rest.",
+        "(N failed): eval/failed > 0, N held-out episodes failed (misses in the accuracy).",
         "",
         "No evaluation row (not in the tables): r_turn_grpo_s1, r_turn_grpo_s2.",
     ]
@@ -478,3 +478,99 @@ def test_compare_cotrain_tables_the_evaluations_and_the_ratings_given(tmp_path, 
     assert lines[3] == f"| lr_s0 | 10 | 0.6250 | 0.7500 | 1.0000 | {dash} | 0.5000 | 5: 1 |"
     assert err == f"compare_cotrain.py: {empty} has no metrics.jsonl; skipped\n"
     assert compare_cotrain.main([str(empty)]) == 2
+
+
+# ---- compare_estimators.sh, with stand-ins for chatgym and python ----------------------------------
+
+# A stand-in for `chatgym train`: writes "<its pid> <its child's pid>" to <output_dir>/pids, where the
+# child stands for an engine subprocess (vLLM's), then waits for it; the run of FAIL_ADVANTAGE fails
+# at once, the others end when END is set ("ok": at once).
+FAKE_CHATGYM = """#!/usr/bin/env bash
+for arg; do
+  case $arg in
+    algo.advantage=*) adv=${arg#*=} ;;
+    train.output_dir=*) out=${arg#*=} ;;
+  esac
+done
+mkdir -p "$out"
+[ "$adv" = "${FAIL_ADVANTAGE:-}" ] && exit 1
+[ "${END:-}" = ok ] && exit 0
+sleep 600 &
+echo "$$ $!" > "$out/pids"
+wait
+"""
+# A stand-in for python running plot_recipe.py RUN_DIR: records the run it was asked to plot.
+FAKE_PYTHON = """#!/usr/bin/env bash
+basename "$2" >> "$PLOTTED"
+"""
+
+
+def _compare_estimators(tmp_path: Path, **env: str) -> tuple[list[str], Path, dict[str, str]]:
+    """The command, its OUT_ROOT (the cold start already made) and environment, runs grpo and
+    turn_grpo with seed 0."""
+    import os
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("chatgym", FAKE_CHATGYM), ("python", FAKE_PYTHON)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    root = tmp_path / "out"
+    (root / "arith_chain_sft").mkdir(parents=True)
+    (root / "arith_chain_sft" / "sft_summary.json").write_text("{}")
+    env = {**os.environ, "CHATGYM": str(bin_dir / "chatgym"), "PYTHON": str(bin_dir / "python"),
+           "ADVANTAGES": "grpo turn_grpo", "SEEDS": "0", "PLOTTED": str(tmp_path / "plotted"), **env}  # fmt: skip
+    return ["bash", str(RECIPES / "compare_estimators.sh"), "arith_chain", str(root)], root, env
+
+
+def _running(pid: int) -> bool:
+    """``pid`` is a live process (a zombie nobody has reaped yet counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_compare_estimators_stops_every_process_of_its_runs_when_stopped(tmp_path, sig):
+    """Regression: the script killed its runs' pids only, so a run's engine subprocesses went on
+    (holding the GPU); each run now is a process group of its own, killed whole."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    cmd, root, env = _compare_estimators(tmp_path)
+    script = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pid_files = [root / f"arith_chain_{adv}_s0" / "pids" for adv in ("grpo", "turn_grpo")]
+    deadline = time.monotonic() + 60
+    while not all(f.is_file() and f.read_text().endswith("\n") for f in pid_files):
+        assert time.monotonic() < deadline and script.poll() is None, script.communicate()
+        time.sleep(0.05)
+    pids = [int(p) for f in pid_files for p in f.read_text().split()]
+    try:
+        assert all(_running(p) for p in pids)
+        script.send_signal(getattr(signal, sig))
+        _, err = script.communicate(timeout=30)
+        assert script.returncode == {"SIGTERM": 143, "SIGINT": 130}[sig], err
+        deadline = time.monotonic() + 10
+        while any(_running(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [p for p in pids if _running(p)] == []  # the runs and their children
+        assert not (tmp_path / "plotted").exists()
+    finally:  # a failed check leaves no stand-in behind
+        for p in filter(_running, pids):
+            os.kill(p, signal.SIGKILL)
+
+
+def test_compare_estimators_plots_only_the_runs_that_finished(tmp_path):
+    import subprocess
+
+    cmd, root, env = _compare_estimators(tmp_path, FAIL_ADVANTAGE="turn_grpo", END="ok")
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert done.stderr == (
+        f"compare_estimators.sh: run arith_chain_turn_grpo_s0 failed; see {root}/arith_chain_turn_grpo_s0.log\n"
+    )
+    assert (tmp_path / "plotted").read_text() == "arith_chain_grpo_s0\n"  # not the failed run

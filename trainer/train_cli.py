@@ -143,8 +143,11 @@ def _prepare(argv: list[str]) -> tuple[Any, Path | None] | None:
     try:
         check_env(config.env)
         check_model_and_engine(config)
-    except ConfigError as exc:
-        raise _Refused(str(exc)) from exc
+    except Exception as exc:  # a bad setting, or a missing package (check_options imports the engine's)
+        reason = _startup_refusal(exc)
+        if reason is None:
+            raise
+        raise _Refused(reason) from exc
     return config, ckpt
 
 

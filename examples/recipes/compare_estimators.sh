@@ -10,8 +10,9 @@
 # Overrides go to every `chatgym train` (e.g. train.max_steps=40).
 # ADVANTAGES (default "grpo turn_grpo") and SEEDS (default "0 1") choose the runs; CHATGYM and
 # PYTHON the executables, one path or name each (default .venv/bin/chatgym and .venv/bin/python where
-# they exist). Exits 1 when the cold start, a run or a plot failed, naming its log; an interrupt or
-# TERM stops the runs still going.
+# they exist). Exits 1 when the cold start, a run or a plot failed, naming its log (a failed run is not
+# plotted); an interrupt or TERM stops the runs still going, each with every process it started (its
+# engine's subprocesses: each run is a process group of its own).
 #
 # Why at once: a 135M policy leaves an H200 mostly idle (each step is bound by kernel launches and
 # the sandboxes' CPU work), so four runs side by side take far less than four times one run. Their
@@ -41,29 +42,42 @@ if [ ! -f "$sft/sft_summary.json" ]; then
   fi
 fi
 runs=()  # runs[i] is the run of background process pids[i]
-pids=()
+pids=()  # each the leader of its own process group: the run and every process it starts
+# Stop the runs' process groups: killing a run's pid alone left its engine's subprocesses (vLLM's)
+# running, holding the GPU.
+stop_runs() {
+  local pid
+  for pid in "${pids[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || true; done
+}
 # The runs go on in the background: stop them when this script ends early (an error, Ctrl-C, TERM).
-trap 'kill "${pids[@]}" 2>/dev/null' EXIT
+# In their own sessions they no longer get the terminal's Ctrl-C themselves: this trap stops them.
+trap stop_runs EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 for adv in ${ADVANTAGES:-grpo turn_grpo}; do
   for seed in ${SEEDS:-0 1}; do
     run=${recipe}_${adv}_s$seed
-    "$cg" train "$config" model.path="$sft" algo.advantage="$adv" train.seed="$seed" \
+    # A background command of a script (no job control) is not a group leader, so setsid makes it
+    # one without forking: $! is the run's pid and its process group's id.
+    setsid -w "$cg" train "$config" model.path="$sft" algo.advantage="$adv" train.seed="$seed" \
       train.output_dir="$root/$run" train.progress=false "$@" > "$root/$run.log" 2>&1 &
     pids+=("$!")
     runs+=("$run")
   done
 done
 rc=0
+done_runs=()  # the runs that finished; a failed one has no curves worth drawing
 for i in "${!pids[@]}"; do
-  if ! wait "${pids[$i]}"; then
+  if wait "${pids[$i]}"; then
+    done_runs+=("${runs[$i]}")
+  else
     echo "compare_estimators.sh: run ${runs[$i]} failed; see $root/${runs[$i]}.log" >&2
     rc=1
   fi
 done
-trap - EXIT INT TERM  # every run has ended: nothing is left to kill
-for run in "${runs[@]}"; do
+stop_runs  # every run has ended; a failed one may have left its engine behind
+trap - EXIT INT TERM
+for run in ${done_runs[@]+"${done_runs[@]}"}; do
   if ! "$py" "$here/plot_recipe.py" "$root/$run" > "$root/$run.plot.txt" 2>&1; then
     echo "compare_estimators.sh: plotting $run failed; see $root/$run.plot.txt" >&2
     rc=1

@@ -11,8 +11,9 @@ the held-out tool figures at the first and last evaluation (``eval/tools/episode
 a row lacks one), and draws held-out accuracy against steps and against wall clock (seconds: the sum
 of ``timing/step_s`` and ``timing/eval_s`` up to the row), the tool error rate and turns per episode
 against steps into ``--out``. A run with no evaluation row is left out of the tables and the plot
-(a line under the tables names it); an evaluation with failed episodes (``eval/failed`` > 0: its
-accuracy is over the others) is marked ``(N failed)``. Wall clock compares speed only for runs that
+(a line under the tables names it); an evaluation with failed episodes (``eval/failed`` > 0, counted
+as misses in its accuracy; runs logged before chatgym counted them had accuracy over the others) is
+marked ``(N failed)``. Wall clock compares speed only for runs that
 had a GPU alone: runs that shared one (``compare_estimators.sh`` runs them at once) ran under
 different load.
 """
@@ -44,7 +45,8 @@ def is_run(path: Path) -> bool:
 def load_run(run_dir: Path) -> dict[str, Any]:
     """One run: its name, advantage, seed, evaluations ``[(step, wall_s, row)]`` in step order (none
     when it has no ``metrics.jsonl`` yet). An evaluation row is one with ``eval/accuracy`` or
-    ``eval/failed`` (every episode failed: no accuracy, read as nan).
+    ``eval/failed`` (one without accuracy — every episode failed, logged before failures counted as
+    misses — reads as nan).
 
     Raises FileNotFoundError when ``run_dir`` has no ``config.yaml``."""
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
@@ -105,7 +107,7 @@ def table(runs: list[dict[str, Any]]) -> str:
             figures = " | ".join(f"{row.get(k, float('nan')):.3f}" for k in TOOL_KEYS.values())
             lines.append(f"| {run['name']} | {step}{_failed(row)} | {figures} |")
     if any(_failed(row) for run in runs for _, _, row in run["evals"]):
-        lines += ["", "(N failed): eval/failed > 0, N held-out episodes failed; accuracy is over the rest."]
+        lines += ["", "(N failed): eval/failed > 0, N held-out episodes failed (misses in the accuracy)."]
     if unevaluated:
         lines += ["", "No evaluation row (not in the tables): " + ", ".join(unevaluated) + "."]
     return "\n".join(lines)

@@ -66,7 +66,7 @@ from chatgym.trainer.pipeline import WeightSync
 from chatgym.trainer.rollout.types import Trajectory
 from chatgym.trainer.sampler import tasks_for_step
 from chatgym.trainer.train import Trainer, TrainingStalled
-from chatgym.trainer.train_cli import check_model_and_engine
+from chatgym.trainer.train_cli import check_env, check_model_and_engine
 
 
 def _prefixed(prefix: str, metrics: dict[str, float]) -> dict[str, float]:
@@ -278,7 +278,7 @@ class CoTrainer(Trainer):
         (:func:`~chatgym.trainer.cotrain.party.judge_constant_baseline`)."""
         _, metrics = await party_trajectories(trajs, self.co.party, self.reward_fn)
         if self.co.party == "judge":
-            metrics.update(await policy_reference_metrics(trajs))
+            metrics.update(await policy_reference_metrics(trajs, failed_as_miss=True))
             metrics.update(await judge_constant_baseline(trajs))
         else:
             metrics.update(user_checks(trajs))
@@ -327,6 +327,27 @@ class CoTrainer(Trainer):
 # ---- CLI -------------------------------------------------------------------------------------------
 
 
+def check_party_env(config: Config, co: CoTrainConfig) -> None:
+    """``chatgym train``'s env check (:func:`~chatgym.trainer.train_cli.check_env`: ``env.kwargs`` and
+    each split build), and that ``env.id`` takes the party's keyword (``judge=`` / ``user=``): either
+    would otherwise fail every episode once both models have loaded.
+
+    Raises:
+        ConfigError: naming ``env.kwargs``, the split's field, ``env.id`` or ``cotrain.party``.
+    """
+    from chatgym.trainer.rollout.env_runner import EnvBuildError, build_env
+
+    check_env(config.env)
+    kwarg = PARTIES[co.party][0]
+    try:  # None: the env's own default party, so only the keyword is tested
+        build_env(config.env.id, {**config.env.make_kwargs(eval=False), kwarg: None}).close()
+    except EnvBuildError:
+        raise ConfigError(
+            f"cotrain.party: {co.party!r} answers through the env's {kwarg}= keyword, which env.id "
+            f"{config.env.id!r} does not take (Judge-v0 takes judge=, UserSim-v0 user=)"
+        ) from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``chatgym cotrain CONFIG [key.sub=value ...] [--max-steps N] [--output-dir DIR]``; 0 done, 1 a
     stalled run (train.max_failed_steps), 2 a bad config."""
@@ -346,7 +367,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.output_dir is not None:
         overrides.append(f"train.output_dir={args.output_dir}")
     try:
-        config, co = load_cotrain_config(args.config, overrides)
+        config, co = load_cotrain_config(args.config, overrides)  # env.id: a registered one
+        check_party_env(config, co)
         check_model_and_engine(config)  # before the two models load (the party's is checked by its load)
     except (ConfigError, OSError, yaml.YAMLError) as exc:
         print(f"chatgym cotrain: {exc}", file=sys.stderr)

@@ -361,14 +361,21 @@ def calibration_order(episodes: Sequence[Trajectory]) -> dict[str, float]:
     return {"judge/order_accuracy": right / pairs, "judge/order_pairs": float(pairs)} if pairs else {}
 
 
-async def policy_reference_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
+async def policy_reference_metrics(
+    trajs: Sequence[Trajectory], *, failed_as_miss: bool = False
+) -> dict[str, float]:
     """``policy/reference_reward``: the policy's Judge-v0 return had the rule-based reference judge
     rated it (the reference rating of each question turn's last judge sample, ``(r - 1) / 9 /
     n_turns`` summed over the question turns judged) — a fixed yardstick while the co-trained judge
-    moves. Mean over the episodes whose judged turns all have a reference rating."""
+    moves. Mean over the episodes whose judged turns all have a reference rating, and with
+    ``failed_as_miss`` (the held-out evaluation, as ``eval/score`` counts them) the failed episodes
+    as 0 (left out, a policy whose episodes crash would look better)."""
     values = []
     for t in trajs:
         traces = t.info.get("judge_traces") or []
+        if t.failed and failed_as_miss:
+            values.append(0.0)
+            continue
         if t.failed or not traces:
             continue
         last = {int(trace.get("question_turn", 0)): trace for trace in traces}  # later samples win

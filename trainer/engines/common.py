@@ -270,6 +270,31 @@ def _pair(item: Any) -> tuple[str, Any]:
     return item[0], item[1]
 
 
+def checked_weights(weights: Any) -> Iterable[tuple[str, Any]]:
+    """The ``(name, tensor)`` pairs of ``weights`` (a state dict or ``(name, tensor)`` pairs), each
+    checked: a pair whose name is a ``str`` and whose value is a ``torch.Tensor`` (a numpy array or a
+    list is named, not left to fail inside the engine's copy). A state dict (or its ``items()``),
+    list or tuple is checked whole, before anything is copied (a list comes back); any other iterable
+    is checked pair by pair as it is read (a producer may make each tensor fresh).
+
+    Raises:
+        TypeError: ``weights`` is neither form, an item is not a ``(name, tensor)`` pair, or a value is
+            not a tensor (the message names the weight).
+    """
+    import torch
+
+    def check(item: Any) -> tuple[str, Any]:
+        name, tensor = _pair(item)
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"update_weights: {name!r} is a {type(tensor).__name__}, not a torch.Tensor")
+        return name, tensor
+
+    pairs = iter_weights(weights)
+    if isinstance(weights, Mapping | list | tuple | ItemsView):
+        return [check(pair) for pair in pairs]
+    return map(check, pairs)
+
+
 def copy_weights_in_place(model: Any, weights: Any) -> None:
     """Copy ``weights`` (a state dict or ``(name, tensor)`` pairs; names as in ``model.state_dict()``,
     tied weights under either name, a subset is fine) into ``model``'s parameters and buffers in place,
@@ -292,8 +317,6 @@ def copy_weights_in_place(model: Any, weights: Any) -> None:
     targets.update(dict(model.named_buffers(remove_duplicate=False)))
 
     def target_of(name: str, tensor: Any) -> Any:
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"update_weights: {name!r} is a {type(tensor).__name__}, not a torch.Tensor")
         target = targets.get(name)
         if target is None:
             raise KeyError(f"update_weights: the model has no weight named {name!r}")
@@ -303,14 +326,13 @@ def copy_weights_in_place(model: Any, weights: Any) -> None:
             )
         return target
 
-    pairs = iter_weights(weights)
+    pairs = checked_weights(weights)
     with torch.no_grad():
-        if not isinstance(weights, Mapping | list | tuple | ItemsView):  # read as it comes (see the docstring)
-            for pair in pairs:
-                name, tensor = _pair(pair)
+        if not isinstance(pairs, list):  # read as it comes (see the docstring)
+            for name, tensor in pairs:
                 target_of(name, tensor).copy_(tensor)
             return
-        checked = [(target_of(name, tensor), tensor) for name, tensor in map(_pair, pairs)]
+        checked = [(target_of(name, tensor), tensor) for name, tensor in pairs]
         run: tuple[list[Any], list[Any]] = ([], [])  # consecutive same-dtype/device copies
         for target, tensor in checked:
             if tensor.dtype == target.dtype and tensor.device == target.device:
@@ -337,6 +359,10 @@ def save_weights(weights: Any, directory: Any, config_from: Any = None) -> Any:
     Returns:
         The directory as a ``Path``. Tensors are copied to CPU (tied weights become separate copies,
         which safetensors requires).
+
+    Raises:
+        TypeError: as :func:`checked_weights` (a value that is not a tensor, named), before anything
+            is written.
     """
     import os
     import shutil
@@ -345,13 +371,13 @@ def save_weights(weights: Any, directory: Any, config_from: Any = None) -> Any:
 
     from safetensors.torch import save_file
 
+    tensors = {name: t.detach().to("cpu").contiguous().clone() for name, t in checked_weights(weights)}
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     if config_from is not None:
         for name in ("config.json", "generation_config.json"):
             if (Path(config_from) / name).is_file():
                 shutil.copyfile(Path(config_from) / name, directory / name)
-    tensors = {name: t.detach().to("cpu").contiguous().clone() for name, t in iter_weights(weights)}
     fd, tmp = tempfile.mkstemp(suffix=".safetensors.tmp", dir=directory)
     os.close(fd)
     try:

@@ -169,6 +169,9 @@ class SGLangServerEngine:
         """Write ``weights`` (and the model's config) to disk and make the server load them (blocking).
 
         Raises:
+            TypeError: a value that is not a torch.Tensor, or an item that is not a ``(name, tensor)``
+                pair (named; :func:`~chatgym.trainer.engines.common.save_weights`), before the server
+                is asked to load.
             ServerError: the server answered ``success: false`` or failed.
         """
         from chatgym.trainer.models.packaged import cache_dir

@@ -46,9 +46,9 @@ from typing import Any
 from chatgym.trainer.engines.base import Completion, SamplingParams
 from chatgym.trainer.engines.common import (
     check_prompt,
+    checked_weights,
     completion_text,
     eos_token_ids,
-    iter_weights,
     judge_stop,
     stop_ids,
 )
@@ -335,10 +335,11 @@ class VLLMEngine:
         (``model.vision_model.*``, ``model.connector.*``), and vLLM's cached vision features are dropped.
 
         Raises:
-            TypeError: ``weights`` is neither form. RuntimeError: vLLM rejected the weights, or they are
-                asleep (:meth:`wake_up` ``["weights"]`` first).
+            TypeError: as :func:`~chatgym.trainer.engines.common.checked_weights` (a value that is not a
+                tensor, named; a state dict checked whole before vLLM's reload begins). RuntimeError:
+                vLLM rejected the weights, or they are asleep (:meth:`wake_up` ``["weights"]`` first).
         """
-        pairs = iter_weights(weights)
+        pairs = checked_weights(weights)
 
         def reload() -> None:
             self.engine.collective_rpc(

@@ -196,6 +196,9 @@ class VLLMServerEngine:
         """Write ``weights`` to disk and make the server reload them (blocking).
 
         Raises:
+            TypeError: a value that is not a torch.Tensor, or an item that is not a ``(name, tensor)``
+                pair (named; :func:`~chatgym.trainer.engines.common.save_weights`), before the server
+                is asked to reload.
             NotImplementedError: the server lacks ``/collective_rpc`` (not started with
                 ``VLLM_SERVER_DEV_MODE=1``); the message names the alternatives.
             ServerError: the reload failed on the server.

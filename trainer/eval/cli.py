@@ -77,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``chatgym eval``: prints a JSON report per env; 1 when nothing could be evaluated,
-    2 for a bad argument (one line naming it, before any model loads)."""
+    2 for a bad argument (one line naming it, before any model loads), an env named by ``--env``
+    included that cannot be built with ``--split`` / ``--env-arg``."""
     from chatgym.trainer.eval.config import EvalConfig
     from chatgym.trainer.eval.run import evaluate, report_dicts
 
@@ -112,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             agent=args.agent,
             agent_reward=args.agent_reward,
         )
-        from chatgym.trainer.eval.run import resolve_env_ids
+        from chatgym.trainer.eval.envs import resolve_env_ids
 
         resolve_env_ids(config.envs)
         if config.agent is not None:
@@ -145,14 +146,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 # EvalConfig's messages name its fields; the command names the flags that set them.
-FLAGS = {"agent": "--agent", "n_samples": "-n/--n-samples", "max_tasks": "--max-tasks"}
+FLAGS = {
+    "agent": "--agent",
+    "n_samples": "-n/--n-samples",
+    "max_tasks": "--max-tasks",
+    "envs": "--env",
+    "split": "--split",
+    "env_kwargs": "--env-arg",
+}
 
 
 def _refuse(exc: Exception) -> int:
     text = str(exc)
-    field = re.match(r"\w+", text)
-    if field and field.group() in FLAGS:
-        text = FLAGS[field.group()] + text[field.end() :]
+    fields = re.match(r"\w+(?: and \w+)*", text)  # "split and env_kwargs: ..." names two
+    if fields and all(f in FLAGS for f in fields.group().split(" and ")):
+        text = " and ".join(FLAGS[f] for f in fields.group().split(" and ")) + text[fields.end() :]
     print(f"chatgym eval: {text}", file=sys.stderr)
     return 2
 

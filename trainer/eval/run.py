@@ -31,17 +31,15 @@ import gymnasium as gym
 
 from chatgym.trainer.config.loader import ConfigError
 from chatgym.trainer.eval.config import LOCAL_WEIGHT_ENGINES, REFERENCE, TOKEN_ENGINES, EvalConfig
+from chatgym.trainer.eval.envs import build_envs, resolve_env_ids
 from chatgym.trainer.eval.identity import (
     EnvId,
     ModelId,
     canonical_json,
-    dataset_hash,
-    env_version,
     run_key,
     weights_hash,
 )
 from chatgym.trainer.eval.store import ResultsStore
-from chatgym.trainer.rollout.env_runner import EnvBuildError, build_env
 from chatgym.trainer.rollout.types import Trajectory
 
 
@@ -58,65 +56,6 @@ class EnvReport:
     failed: int = 0
     wall_s: float = 0.0
     skipped: str | None = None
-
-
-def resolve_env_ids(names: Sequence[str]) -> list[str]:
-    """``["all"]`` -> every id of ``ENV_SPECS`` (envs added later included); others checked against the
-    Gymnasium registry.
-
-    Raises:
-        ValueError: an unknown id (named).
-    """
-    import chatgym  # noqa: F401  (registers the env ids)
-    from chatgym.envs.registration import ENV_SPECS
-
-    out: list[str] = []
-    for name in names:
-        ids = list(ENV_SPECS) if name == "all" else [name]
-        for env_id in ids:
-            if env_id not in gym.registry:
-                raise ValueError(f"unknown env id {env_id!r}; registered chatgym envs: {sorted(ENV_SPECS)}")
-            if env_id not in out:
-                out.append(env_id)
-    return out
-
-
-def make_eval_env(env_id: str, split: str, env_kwargs: Mapping[str, Any]) -> tuple[gym.Env, dict[str, Any]]:
-    """The env and the ``gym.make`` keywords that build it for ``split`` (``auto``: ``test`` where the
-    env accepts it, else the env's default split).
-
-    Raises:
-        EnvBuildError: the env cannot be built with an explicit split or with these keywords.
-    """
-    kwargs = dict(env_kwargs)
-    if split != "auto":
-        return build_env(env_id, {**kwargs, "split": split}), {**kwargs, "split": split}
-    try:
-        return build_env(env_id, {**kwargs, "split": "test"}), {**kwargs, "split": "test"}
-    except EnvBuildError as exc:
-        if not isinstance(exc.__cause__, (TypeError, ValueError)):  # no "test" split: the default one
-            raise
-        return build_env(env_id, kwargs), kwargs
-
-
-def env_identity(env_id: str, split: str, env_kwargs: Mapping[str, Any]) -> tuple[EnvId, dict[str, Any]]:
-    """The env's identity and its ``gym.make`` keywords.
-
-    Raises:
-        NotImplementedError: the env has no task list (nothing to enumerate).
-    """
-    env, kwargs = make_eval_env(env_id, split, env_kwargs)
-    try:
-        core = env.unwrapped
-        tasks = core.tasks
-        used_split = str(getattr(core, "split", kwargs.get("split", "default")))
-    finally:
-        env.close()
-    extra = {k: v for k, v in kwargs.items() if k != "split"}
-    ident = EnvId(
-        env_id, env_version(env_id), dataset_hash(tasks), used_split, canonical_json(extra), len(tasks)
-    )
-    return ident, kwargs
 
 
 def model_identity(config: EvalConfig) -> ModelId:
@@ -323,15 +262,21 @@ async def evaluate(
 
     Raises:
         ValueError: an unknown env id or bad config (before anything runs).
+        ConfigError: an env that cannot be built (see :func:`~chatgym.trainer.eval.envs.build_envs`),
+            before any model loads or the store is made.
     """
     env_ids = resolve_env_ids(config.envs)
-    evaluation = _Evaluation(config, log or (lambda msg: print(msg, file=sys.stderr)))
+    evaluation = _Evaluation(config, env_ids, log or (lambda msg: print(msg, file=sys.stderr)))
+    built = evaluation.built
     reports: list[EnvReport] = []
     try:
         for env_id in env_ids:
             report = EnvReport(env_id)
             reports.append(report)
-            grid = await evaluation.grid(env_id, report)
+            if isinstance(built[env_id], str):
+                evaluation.skip(report, built[env_id])
+                continue
+            grid = await evaluation.grid(env_id, report, *built[env_id])
             if grid is not None:
                 await evaluation.run(grid, report, progress=progress, argv=argv)
     finally:
@@ -359,14 +304,16 @@ class _Evaluation:
     that an evaluation refused at start-up (an engine option, the chat template) leaves no file behind.
 
     Raises:
-        ConfigError: the backend's start-up checks (:meth:`_Backend.check`), before any model loads.
+        ConfigError: the backend's start-up checks (:meth:`_Backend.check`) and an env that cannot be
+            built (:func:`~chatgym.trainer.eval.envs.build_envs`), before any model loads.
     """
 
-    def __init__(self, config: EvalConfig, log: Callable[[str], None]):
+    def __init__(self, config: EvalConfig, env_ids: Sequence[str], log: Callable[[str], None]):
         self.config = config
         self.log = log
         self.backend = _Backend(config)
         self.backend.check()
+        self.built = build_envs(config, env_ids)
         self.model = model_identity(config)
         self.sampling = config.sampling()
         self.db = Path(config.db).expanduser()
@@ -379,22 +326,20 @@ class _Evaluation:
         if self.store is not None:
             self.store.close()
 
-    def _skip(self, report: EnvReport, reason: str) -> None:
+    def skip(self, report: EnvReport, reason: str) -> None:
         report.skipped = reason
         self.log(f"chatgym eval: {report.env_id}: skipped, {reason}")
 
-    async def grid(self, env_id: str, report: EnvReport) -> _EnvGrid | None:
-        """The env's grid with the episodes still to run; None when there are none or the env is
-        skipped (``report.skipped`` says why)."""
+    async def grid(
+        self, env_id: str, report: EnvReport, ident: EnvId, kwargs: dict[str, Any]
+    ) -> _EnvGrid | None:
+        """The env's grid (``ident``, built with ``kwargs``) with the episodes still to run; None when
+        there are none or the env is skipped (``report.skipped`` says why)."""
         config, store = self.config, self.store  # None: no results file yet, so nothing stored
-        try:
-            ident, kwargs = env_identity(env_id, config.split, config.env_kwargs)
-        except Exception as exc:  # one env that cannot start must not stop the others
-            return self._skip(report, str(exc if isinstance(exc, EnvBuildError) else EnvBuildError(exc)))
         report.column = ident.column
         num_tasks = min(config.max_tasks or ident.num_tasks, ident.num_tasks)
         if num_tasks == 0:
-            return self._skip(report, f"split {ident.split!r} has no tasks")
+            return self.skip(report, f"split {ident.split!r} has no tasks")
         key = report.run_key = run_key(self.model, ident, config.seed, config.n_samples, self.sampling)
         grid = {(t, s) for t in range(num_tasks) for s in range(config.n_samples)}
         if config.retry_failed and store is not None and (dropped := store.drop_failed(key)):
@@ -405,7 +350,7 @@ class _Evaluation:
         if config.engine == REFERENCE:
             reason = await self.backend.has_reference(env_id, kwargs)
             if reason:
-                return self._skip(report, reason)
+                return self.skip(report, reason)
         if not todo:
             self.log(f"chatgym eval: {env_id}: all {len(grid)} episodes already stored (grid {key[:12]})")
             return None

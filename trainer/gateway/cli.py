@@ -12,7 +12,8 @@ a session with ``POST /v1/sessions`` (body optional: ``task_id``, ``meta``, ``gr
 reward, and ends it with ``POST /v1/sessions/<id>/end``. Every ended session (end, timeout, and at
 shutdown the ones still open, ``info["ended_by"] = "shutdown"``) is appended to ``--out`` as JSON
 lines, one :meth:`Trajectory.to_json <chatgym.trainer.rollout.types.Trajectory.to_json>` per segment.
-SIGINT / SIGTERM stop it (exit status 0); a bad config is exit status 2, before any model loads.
+SIGINT / SIGTERM stop it (exit status 0); a bad config or a port in use is exit status 2, one line,
+before any model loads (``--out`` is made once the gateway listens).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import sys
 import tempfile
@@ -58,6 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = Path(args.out)
         if out.is_dir():
             raise ConfigError(f"--out: {out} is a directory")
+        check_port(args.port)  # a port in use is refused before the model loads
         from chatgym.trainer.train_cli import check_engine
 
         check_engine(cfg)  # as chatgym train: the model, engine.options, the chat template, before the engine loads
@@ -76,6 +79,31 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"chatgym gateway: {what}{exc}", file=sys.stderr)
             return 2
     return 0
+
+
+def check_port(port: int) -> None:
+    """The gateway can listen on 127.0.0.1:``port`` (0: any free one): bound and let go at once, with
+    the ``SO_REUSEADDR`` the server sets (so a port in TIME_WAIT is free, one that is listened on is
+    not). Another process may still take it before the server starts; :func:`serve` says the same then.
+
+    Raises:
+        ConfigError: naming ``--port``.
+    """
+    import socket
+
+    from chatgym.trainer.config.run import ConfigError
+
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise ConfigError(_port_refusal(port, exc)) from None
+
+
+def _port_refusal(port: int, exc: OSError) -> str:
+    # By errno: asyncio's bind error repeats the address in its own words.
+    return f"--port: cannot listen on 127.0.0.1:{port}: {os.strerror(exc.errno) if exc.errno else exc}"
 
 
 def _model_dir(cfg: Any, tokenizer: Any, workdir: Path) -> Path:
@@ -130,7 +158,13 @@ def _generation_config(path: Path) -> Any:
 
 async def serve(cfg: Any, *, port: int, out: Path, workdir: Path) -> None:
     """Serve until SIGINT / SIGTERM; then end the open sessions (written too) and stop. ``out`` is
-    made once the engine has started (an engine that refuses its options leaves none)."""
+    made once the engine has started and the gateway listens (an engine that refuses its options, or
+    a port in use, leaves none).
+
+    Raises:
+        ConfigError: the gateway cannot listen on ``port`` (naming ``--port``).
+    """
+    from chatgym.trainer.config.run import ConfigError
 
     def write(sid: str, trajs: list[Any]) -> None:  # sessions end once the gateway has started
         for traj in trajs:
@@ -138,13 +172,23 @@ async def serve(cfg: Any, *, port: int, out: Path, workdir: Path) -> None:
         sink.flush()
 
     gateway = build_gateway(cfg, port=port, on_end=write, workdir=workdir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("a", encoding="utf-8") as sink:
+    try:
+        try:
+            base_url = await gateway.start()
+        except OSError as exc:  # the port was taken after check_port
+            raise ConfigError(_port_refusal(port, exc)) from exc
+        # No await between here and the file's opening: no session can end before `sink` exists.
+        out.parent.mkdir(parents=True, exist_ok=True)
+        sink = out.open("a", encoding="utf-8")
+    except BaseException:
+        await gateway.stop()
+        await gateway.engine.close()
+        raise
+    with sink:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        base_url = await gateway.start()
         print(f"chatgym gateway: serving {base_url} (open a session: POST {base_url}/sessions); "
               f"ended sessions -> {out}", flush=True)
         try:

@@ -89,6 +89,27 @@ def accuracy(name: str, trajs: Sequence[Trajectory]) -> dict[str, float]:
     return {name: float(np.mean(judged))} if judged else {}
 
 
+def held_out_scores(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """``eval/score`` and ``eval/accuracy`` of held-out episodes (one per task), counted as the
+    leaderboard counts them (:func:`chatgym.trainer.eval.scores.cell_metrics`): a failed episode is a
+    miss, with the reward it had when it failed (0 unless the env rewarded a turn before that). Over
+    the episodes that did not fail alone, a model whose evaluation episodes crash would look better.
+
+    Returns:
+        ``eval/score``: mean reward of all the episodes (0.0 with none); ``eval/accuracy``: the
+        episodes with ``success`` True over those that state success plus the failed ones — absent
+        when episodes did not fail and none of them states success (the env defines none).
+    """
+    if not trajs:
+        return {"eval/score": 0.0}
+    ok = [t for t in trajs if not t.failed]
+    out = {"eval/score": float(np.mean([t.reward for t in trajs]))}
+    judged = [t.success for t in ok if t.success is not None]
+    if judged or not ok:  # every episode failed: every one a miss
+        out["eval/accuracy"] = float(np.mean(judged + [False] * (len(trajs) - len(ok))))
+    return out
+
+
 # Budgets an episode can be cut by, as ``episode/truncated/<budget>`` (fractions of all trajectories):
 # ``env`` the env's own limit (``max_turns``; Judge-v0's judge failure), ``max_response_tokens`` and
 # ``max_model_len`` the collector's episode budgets, ``max_tokens`` an episode with a turn cut by the
