@@ -448,6 +448,57 @@ def test_chatgym_cotrain_on_a_stalled_run_prints_one_line_returns_1_and_closes(
     assert captured.out == ""  # no summary
 
 
+def test_chatgym_cotrain_on_sigterm_closes_names_both_checkpoints_and_returns_143(tmp_path, tok, monkeypatch, capsys):
+    """Regression: Ctrl-C or SIGTERM ended `chatgym cotrain` with a traceback (or killed it where it
+    stood) without saying which checkpoints were saved. A real SIGTERM to this process in step 2, after
+    step 1's checkpoints (train.save_every=1): rc 143, one line naming the policy's and the judge's
+    checkpoints, the trainer closed, the handler gone afterwards."""
+    needs_smollm2()
+    import os
+    import signal
+
+    import chatgym.trainer.cotrain.loop as loop
+    from chatgym.trainer.pipeline import Pipeline
+
+    closed = []
+
+    class ScriptedCoTrainer(CoTrainer):  # what main builds, with scripted engines
+        def __init__(self, config, co):
+            super().__init__(
+                config,
+                co,
+                engine=WeightSink(lambda prompt: [IM_END], tok),
+                party_engine=WeightSink(lambda prompt: [IM_END], tok),
+            )
+
+        def close(self):
+            closed.append(True)
+            super().close()
+
+    sync_step = Pipeline.sync_step
+
+    async def terminated_at_the_second_step(self, i):
+        if i == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return await sync_step(self, i)
+
+    monkeypatch.setattr(loop, "CoTrainer", ScriptedCoTrainer)
+    monkeypatch.setattr(Pipeline, "sync_step", terminated_at_the_second_step)
+    config = tmp_path / "cotrain.yaml"
+    config.write_text(
+        "cotrain:\n  party: judge\n  model_path: smollm2\n  lr: 0.001\n  max_tokens: 32\n  tasks: [3]\n"
+    )
+    out = tmp_path / "run"
+    before = signal.getsignal(signal.SIGTERM)
+    rc = loop.main([str(config), *JUDGE_OVERRIDES, "train.save_every=1", "--max-steps", "3", "--output-dir", str(out)])
+    assert rc == 143 and closed == [True]
+    step1 = "checkpoints/step_000001"
+    assert capsys.readouterr().err.endswith(
+        f"chatgym cotrain: terminated (SIGTERM); the last checkpoints are {out / step1} and {out / 'judge' / step1}\n"
+    )
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
 # ---- calibration answers: judge samples of set quality beside the policy's --------------------------
 
 

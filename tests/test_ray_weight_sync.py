@@ -240,10 +240,10 @@ def test_chatgym_train_refuses_gpus_the_cluster_lacks_in_one_line(cluster, tmp_p
 
 
 def test_a_missing_package_at_start_up_is_one_line():
-    from chatgym.trainer.train_cli import _startup_refusal
+    from chatgym.trainer.train_cli import startup_refusal
 
     exc = ModuleNotFoundError("VLLMEngine needs vLLM: pip install 'chatgym[vllm]'")
-    assert _startup_refusal(exc) == (
+    assert startup_refusal(exc) == (
         "VLLMEngine needs vLLM: pip install 'chatgym[vllm]' (a missing package: see docs/training.md#set-up)"
     )
-    assert _startup_refusal(RuntimeError("a bug")) is None
+    assert startup_refusal(RuntimeError("a bug")) is None

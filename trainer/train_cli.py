@@ -15,7 +15,7 @@ import re
 import shutil
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,19 +33,21 @@ class _Refused(Exception):
     loads (the message follows ``chatgym train: ``)."""
 
 
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM during training (a job scheduler's stop, ``kill``, ``timeout``): unwound as Ctrl-C is,
-    so the engines and their processes are closed and the resume hint printed, then exit 143."""
+class Terminated(KeyboardInterrupt):
+    """Raised in the main thread by SIGTERM inside :func:`sigterm_unwinds`: a scheduler's stop (``kill``,
+    ``timeout``, a preemption) then closes the engines and their processes and says where the run
+    stands, as Ctrl-C does, instead of killing the process where it stands. A ``KeyboardInterrupt``,
+    so every ``finally`` and Ctrl-C handler runs. ``chatgym train`` / ``cotrain`` exit 143 (128 + 15)
+    on it, 130 on Ctrl-C."""
 
 
 @contextlib.contextmanager
-def _sigterm_unwinds():
-    """Within the block SIGTERM raises :class:`_Terminated` in the main thread instead of killing the
-    process where it stands (which left vLLM's engine process and its files behind, and said nothing
-    about the checkpoint to resume from). Outside the main thread signals cannot be handled: no-op."""
+def sigterm_unwinds() -> Iterator[None]:
+    """Within the block SIGTERM raises :class:`Terminated`; the previous handler is restored after it.
+    Outside the main thread signals cannot be handled: a no-op there."""
 
     def handler(signum: int, frame: Any) -> None:
-        raise _Terminated
+        raise Terminated
 
     try:
         previous = signal.signal(signal.SIGTERM, handler)
@@ -56,6 +58,11 @@ def _sigterm_unwinds():
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def exit_status(exc: KeyboardInterrupt) -> int:
+    """143 for :class:`Terminated`, 130 for Ctrl-C (the shell's 128 + signal number)."""
+    return 143 if isinstance(exc, Terminated) else 130
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -144,7 +151,7 @@ def _prepare(argv: list[str]) -> tuple[Any, Path | None] | None:
         check_env(config.env)
         check_model_and_engine(config)
     except Exception as exc:  # a bad setting, or a missing package (check_options imports the engine's)
-        reason = _startup_refusal(exc)
+        reason = startup_refusal(exc)
         if reason is None:
             raise
         raise _Refused(reason) from exc
@@ -237,7 +244,7 @@ def check_engine(config: Any) -> None:
     )  # fmt: skip
 
 
-def _startup_refusal(exc: BaseException) -> str | None:
+def startup_refusal(exc: BaseException) -> str | None:
     """The one line to print for a start-up failure that is the user's to fix (a ``ConfigError``, a
     ``ModuleNotFoundError`` naming what to install, a ``ConfigError`` raised inside a Ray actor's
     constructor); None for anything else (a bug: its traceback is shown)."""
@@ -265,14 +272,14 @@ def _train(config: Any, ckpt: Path | None) -> int:
     except Exception as exc:
         # A setting checked only when its part is built (engine.options, the Ray cluster's resources),
         # a missing optional package, or either inside a Ray actor (Ray wraps the actor's error).
-        reason = _startup_refusal(exc)
+        reason = startup_refusal(exc)
         if reason is None:
             raise
         if made_out:
             shutil.rmtree(out, ignore_errors=True)  # this run made it and wrote nothing worth keeping
         raise _Refused(reason) from exc
     try:
-        with _sigterm_unwinds():
+        with sigterm_unwinds():
             summary = trainer.train()
     except (LearnerFailed, TrainingStalled) as exc:  # a Ray learner died (the message names the checkpoint) / nothing trains
         print(f"chatgym train: {exc}", file=sys.stderr)
@@ -282,9 +289,9 @@ def _train(config: Any, ckpt: Path | None) -> int:
             trainer.metrics.plot()
         last = latest_checkpoint(config.train.output_dir)
         where = f"the last checkpoint is {last} (continue with --resume)" if last else "no checkpoint was saved yet"
-        how = "terminated (SIGTERM)" if isinstance(exc, _Terminated) else "interrupted"
+        how = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
         print(f"\nchatgym train: {how}; {where}", file=sys.stderr)
-        return 143 if isinstance(exc, _Terminated) else 130
+        return exit_status(exc)
     finally:
         trainer.close()
     _print_summary(summary)

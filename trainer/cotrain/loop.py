@@ -66,7 +66,14 @@ from chatgym.trainer.pipeline import WeightSync
 from chatgym.trainer.rollout.types import Trajectory
 from chatgym.trainer.sampler import tasks_for_step
 from chatgym.trainer.train import Trainer, TrainingStalled
-from chatgym.trainer.train_cli import check_env, check_model_and_engine
+from chatgym.trainer.train_cli import (
+    Terminated,
+    check_env,
+    check_model_and_engine,
+    exit_status,
+    sigterm_unwinds,
+    startup_refusal,
+)
 
 
 def _prefixed(prefix: str, metrics: dict[str, float]) -> dict[str, float]:
@@ -350,7 +357,8 @@ def check_party_env(config: Config, co: CoTrainConfig) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``chatgym cotrain CONFIG [key.sub=value ...] [--max-steps N] [--output-dir DIR]``; 0 done, 1 a
-    stalled run (train.max_failed_steps), 2 a bad config."""
+    stalled run (train.max_failed_steps), 2 a bad config or a missing package, 130 interrupted
+    (Ctrl-C), 143 terminated (SIGTERM; both close the engines first and name the last checkpoints)."""
     parser = argparse.ArgumentParser(
         prog="chatgym cotrain", description="Co-train a policy and its judge / simulated user."
     )
@@ -378,11 +386,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, FileExistsError) as exc:  # no CUDA for model.device, a used output_dir, ...
         print(f"chatgym cotrain: {exc}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as exc:  # an engine's optional package: one line, as chatgym train says it
+        print(f"chatgym cotrain: {startup_refusal(exc)}", file=sys.stderr)
+        return 2
     try:
-        summary = trainer.train()
+        with sigterm_unwinds():
+            summary = trainer.train()
     except TrainingStalled as exc:  # every episode failed train.max_failed_steps steps in a row
         print(f"chatgym cotrain: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated): a traceback before
+        how = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+        print(f"\nchatgym cotrain: {how}; {_checkpoints_line(config, co)}", file=sys.stderr)
+        return exit_status(exc)
     finally:
         trainer.close()
     print(
@@ -391,6 +407,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     )
     return 0
+
+
+def _checkpoints_line(config: Config, co: CoTrainConfig) -> str:
+    """Where an interrupted co-training run's last checkpoints are (the policy's, and the party's under
+    ``<output_dir>/<party>/``), or that none was saved."""
+    from chatgym.trainer.learner.checkpoint import latest_checkpoint
+
+    out = Path(config.train.output_dir)
+    found = [str(c) for c in (latest_checkpoint(out), latest_checkpoint(out / co.party)) if c]
+    return f"the last checkpoints are {' and '.join(found)}" if found else "no checkpoint was saved yet"
 
 
 if __name__ == "__main__":
