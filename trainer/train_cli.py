@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from chatgym.trainer.config.loader import missing_package
 from chatgym.trainer.config.run import ConfigError, load_config
 from chatgym.trainer.learner.checkpoint import checkpoint_step, find_checkpoint, latest_checkpoint
 from chatgym.trainer.models.packaged import load_model_path
@@ -251,7 +252,7 @@ def startup_refusal(exc: BaseException) -> str | None:
     if isinstance(exc, ConfigError):
         return str(exc)
     if isinstance(exc, ModuleNotFoundError):
-        return f"{exc} (a missing package: see docs/training.md#set-up)"
+        return missing_package(exc)
     found = re.search(r"ConfigError: ([^\n]+)", str(exc))
     if found and type(exc).__module__.startswith("ray"):
         return found.group(1).strip()

@@ -32,6 +32,12 @@ class ConfigError(ValueError):
     """A bad config key or value; the message starts with the field's dotted name."""
 
 
+def missing_package(exc: ModuleNotFoundError) -> str:
+    """The one line every CLI prints when an optional package (vLLM, Ray, ...) is missing at start-up:
+    the error's own text (ours name the extra to install) and where set-up is explained."""
+    return f"{exc} (a missing package: see docs/training.md#set-up)"
+
+
 def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 

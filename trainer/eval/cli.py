@@ -126,6 +126,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         reports = asyncio.run(evaluate(config, progress=not args.no_progress, argv=["chatgym", "eval", *argv]))
     except ConfigError as exc:  # the backend's start-up checks (the chat template), before the model loads
         return _refuse(exc)
+    except ModuleNotFoundError as exc:  # the engine's optional package (vLLM, ...)
+        from chatgym.trainer.config.loader import missing_package
+
+        print(f"chatgym eval: {missing_package(exc)}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(
             f"chatgym eval: interrupted; finished episodes are stored in {config.db} — run the same "

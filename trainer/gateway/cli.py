@@ -67,6 +67,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, OSError, yaml.YAMLError) as exc:
         print(f"chatgym gateway: {exc}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as exc:  # check_engine imports the engine's optional package (vLLM, ...)
+        from chatgym.trainer.config.loader import missing_package
+
+        print(f"chatgym gateway: {missing_package(exc)}", file=sys.stderr)
+        return 2
     from chatgym.trainer.chat.template_probe import TemplateError
 
     with tempfile.TemporaryDirectory(prefix="chatgym-gateway-") as tmp:

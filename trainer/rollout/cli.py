@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from chatgym.trainer.config.loader import ConfigError, apply_overrides, from_dict
+from chatgym.trainer.config.loader import ConfigError, apply_overrides, from_dict, missing_package
 from chatgym.trainer.engines import ENGINES
 from chatgym.trainer.rollout.config import RolloutConfig
 
@@ -316,14 +316,19 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     return dataclasses.asdict(collector.last_stats)
 
 
+def _refusal(exc: Exception) -> str:
+    """The start-up refusal's line: a ConfigError's text, a missing package's with the set-up hint."""
+    return missing_package(exc) if isinstance(exc, ModuleNotFoundError) else str(exc)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``chatgym rollout``; returns 0, 1 when every episode failed, 2 for a bad argument
     (one line naming it, before any model loads)."""
     args = build_parser().parse_intermixed_args(argv)
     try:
         stats = asyncio.run(_run(args))
-    except ConfigError as exc:
-        print(f"chatgym rollout: {exc}", file=sys.stderr)
+    except (ConfigError, ModuleNotFoundError) as exc:  # ...or the engine's optional package missing
+        print(f"chatgym rollout: {_refusal(exc)}", file=sys.stderr)
         return 2
     print(json.dumps(stats, indent=2))
     return 1 if stats["episodes"] and stats["failed"] == stats["episodes"] else 0
