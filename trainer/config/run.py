@@ -96,10 +96,13 @@ class ModelConfig:
             13 GB). N: the learner takes the decoder's final hidden states and runs lm head ->
             float32 -> log-softmax (and entropy) N positions at a time, recomputing each chunk in
             the backward, so one (N, vocabulary) block exists at a time; same values up to float
-            rounding, one more lm-head matmul in the backward. Used by the update and the reference /
-            old-logprob passes (not by a VLM's micro-batches with images). Refused at learner build
-            for a model whose logits are not its lm head's output (Gemma 2's softcapping, Cohere's
-            logit scale) and for LoRA on ``lm_head`` (:func:`chatgym.trainer.learner.lm_head.chunked_head_refusal`).
+            rounding, for one more lm-head matmul and one more (vocabulary, hidden) weight gradient
+            in the backward: a gain from about a thousand positions per forward (docs/gpu.md; not
+            measured on a GPU yet). Used by the update and the reference / old-logprob passes (not
+            by a VLM's micro-batches with images). Refused at config load with LoRA on ``lm_head``,
+            and at learner build for a model whose logits are not its lm head's output (Gemma 2's
+            softcapping, Cohere's logit scale) or whose head is not a plain ``torch.nn.Linear``
+            (:func:`chatgym.trainer.learner.lm_head.chunked_head_refusal`).
     """
 
     path: str = "smollm2"

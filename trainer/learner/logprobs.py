@@ -8,10 +8,11 @@ no prefix and is 0.
 
 The chunked head's costs: one more lm-head matmul per chunk in the backward (the recomputation),
 and a weight gradient per chunk that autograd sums into the weight's, so the backward briefly holds
-one or two (V, H) gradients more than the plain head (V·H·4 bytes each in fp32: 0.11 GB for SmolLM2,
-0.93 GB for Qwen2.5-1.5B) -- small next to the (N, V) float32 logits it no longer keeps at training
-sizes (13 GB for 64 x 1,024 tokens of SmolLM2), a loss below roughly 2·H tokens
-(benchmarks/logprob_memory.py).
+one (V, H) gradient more than the plain head (V·H·4 bytes in fp32: 0.11 GB for SmolLM2, 0.93 GB
+for Qwen2.5-1.5B) -- small next to the (N, V) float32 logits it no longer keeps at training sizes
+(13 GB for 64 x 1,024 tokens of SmolLM2, and the plain head's backward makes several more of that
+size). benchmarks/logprob_memory.py (CPU, fp32): a loss at 256 positions, 3x less peak memory at
+2,048.
 
 Why torch's checkpoint and not a hand-written ``autograd.Function``: Liger's fused linear
 cross-entropy computes the gradient inside the forward, which needs the loss there (cross-entropy);
@@ -182,8 +183,14 @@ def _head_chunk(
     entropy_grad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One chunk of :func:`chunked_token_logprobs`: (n,) logprobs and entropies from (n, H) hidden
-    states; the same operations as :func:`token_logprobs` runs on (n, V) logits."""
-    logits = torch.nn.functional.linear(hidden, weight, bias).float()  # (n, V)
+    states; after the product, the same operations as :func:`token_logprobs` runs on (n, V) logits."""
+    # weight @ hidden.T rather than F.linear(hidden, weight): the same product, but the weight's
+    # gradient comes out a fresh (V, H) tensor, which autograd adds in place into its sum over the
+    # chunks; F.linear's is a transposed view, which it cannot, so the backward held one more (V, H)
+    # gradient (0.9 GB at Qwen2.5-1.5B's vocabulary in fp32; measured by benchmarks/logprob_memory.py).
+    hidden_t = hidden.t()
+    logits_t = torch.mm(weight, hidden_t) if bias is None else torch.addmm(bias[:, None], weight, hidden_t)
+    logits = logits_t.t().to(torch.float32, memory_format=torch.contiguous_format)  # (n, V)
     logprobs = logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     if not with_entropy:
         return logprobs, None
