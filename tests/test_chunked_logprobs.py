@@ -207,7 +207,10 @@ def test_chunked_head_saves_only_its_inputs(with_entropy):
         return lp
 
     _, plain_saved = saved_storages(plain)
-    v_columns = sum(b for b, shapes in plain_saved.values() if any(s[-1] == v for s in shapes))
+    weight_ptr = weight.untyped_storage().data_ptr()  # the matmul saves it transposed, (H, V)
+    v_columns = sum(
+        b for ptr, (b, shapes) in plain_saved.items() if ptr != weight_ptr and any(s[-1] == v for s in shapes)
+    )
     assert v_columns >= n * v * 4
 
     kw = {"chunk_tokens": 10, "with_entropy": with_entropy, "entropy_grad": True}
@@ -321,6 +324,26 @@ def test_layout_logprobs_and_gradients_equal_the_plain_path(tiny_model, layout, 
         torch.testing.assert_close(g1[name], g0[name], rtol=0, atol=1e-5, msg=name)
 
 
+@pytest.mark.parametrize(
+    "layout", ["padded", "packed"]
+)  # (padded sharing needs the KV cache checkpointing drops)
+def test_under_gradient_checkpointing_of_the_body(tiny_model, layout):
+    # The body's layers recompute in the backward; the decoder's forward (and the hook that takes its
+    # output) runs once, so the chunked head sees the same hidden states: the plain path's gradient.
+    batch = layout_batch(layout)
+    mask = batch.loss_mask
+    plain = copy.deepcopy(tiny_model)
+    loss_of(*layout_call(layout, plain, batch, None), mask).backward()
+    model = copy.deepcopy(tiny_model)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    assert model.model.gradient_checkpointing
+    loss_of(*layout_call(layout, model, batch, 5), mask).backward()
+    want, got = grads(plain), grads(model)
+    assert set(got) == set(want)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=0, atol=1e-5, msg=name)
+
+
 def test_no_grad_pass_equals_the_plain_path(tiny_model):
     # The reference / old-logprob passes: no graph, the chunks just bound the live logits.
     batch = _group_batch()
@@ -366,6 +389,41 @@ def test_lora_on_the_body_equals_the_plain_path_adapters_on_and_off(tiny_model):
     assert len(g0) == 12 and set(g1) == set(g0)  # 3 modules x 2 layers x (A, B)
     for name in g0:
         torch.testing.assert_close(g1[name], g0[name], rtol=0, atol=1e-5, msg=name)
+
+
+def test_a_vlm_chunks_its_text_micro_batches_and_keeps_the_plain_head_with_images(monkeypatch):
+    # SmolVLM (Idefics3): get_decoder() is its text model, whose output the lm head reads, so the
+    # probe passes and a text-only micro-batch gets the plain logprobs; a micro-batch with images
+    # takes the plain forward (policy_logprobs), so no chunk is computed for it.
+    from test_vlm import tiny_vlm, trajectories
+    from transformers import AutoTokenizer
+
+    import chatgym.trainer.learner.logprobs as logprobs_module
+    from chatgym.trainer.learner.batch import collate
+    from chatgym.trainer.learner.forward import ForwardPlan, batch_logprobs
+    from chatgym.trainer.models import vlm
+    from chatgym.trainer.models.packaged import load_model_path
+
+    model = tiny_vlm().train()
+    assert chunked_head_refusal(model) is None
+    batch = _group_batch()
+    batch.input_ids = batch.input_ids % model.get_output_embeddings().weight.shape[0]
+    with torch.no_grad():
+        plain, _ = forward_logprobs(model, batch, with_entropy=False)
+        chunked, _ = forward_logprobs(model, batch, with_entropy=False, chunk_tokens=5)
+    torch.testing.assert_close(chunked[batch.loss_mask], plain[batch.loss_mask], rtol=ULP, atol=1e-6)
+
+    calls = []
+    head_chunk = logprobs_module._head_chunk
+    monkeypatch.setattr(logprobs_module, "_head_chunk", lambda *a: calls.append(1) or head_chunk(*a))
+    path = load_model_path("smolvlm")
+    pixels = vlm.ImagePixels(vlm.load_image_processor(path))
+    images = collate(trajectories(AutoTokenizer.from_pretrained(path)), pad_id=2, pixels=pixels)
+    got = [
+        batch_logprobs(model, images, ForwardPlan(micro_batch_size=2, logprob_chunk_tokens=c))
+        for c in (None, 5)
+    ]
+    assert torch.equal(got[0], got[1]) and calls == []
 
 
 def test_fsdp2_sharded_model_equals_the_plain_path(tiny_model, tmp_path):
