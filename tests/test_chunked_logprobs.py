@@ -503,7 +503,8 @@ def test_lora_on_lm_head_is_refused_because_the_chunked_head_would_drop_the_adap
     pytest.importorskip("peft")
     model = lora_model(tiny_model, ["q_proj", "lm_head"])
     assert chunked_head_refusal(model) == (
-        "model.logprob_chunk_tokens: the output embedding of LlamaForCausalLM is a peft.tuners.lora.layer.Linear, "
+        "model.logprob_chunk_tokens: the output embedding of LlamaForCausalLM is a "
+        "peft.tuners.lora.layer.Linear, "
         "not a plain torch.nn.Linear (LoRA on lm_head?); the chunked head multiplies by its weight alone"
     )
     # What it would get wrong: the base weight alone gives other logprobs than the adapted head.
@@ -536,7 +537,8 @@ def tiny_config_of(name, **fields):
             {"head_dim": 8, "final_logit_softcapping": 30.0},
             {"final_logit_softcapping": None},
             "model.logprob_chunk_tokens: Gemma2ForCausalLM caps its logits with tanh after the lm head "
-            "(final_logit_softcapping=30.0), which the chunked head does not do; leave it unset for this model",
+            "(final_logit_softcapping=30.0), which the chunked head does not do; "
+            "leave it unset for this model",
         ),
         (
             "CohereConfig",  # always scales (logit_scale None fails in its own forward)

@@ -139,8 +139,8 @@ def chunked_head_refusal(model: Any) -> str | None:
     by the base weight alone and drop the adapter); and a probe: one no-gradient forward of 4 tokens
     whose logits must equal ``F.linear(final hidden states, weight, bias)`` (catches any other
     rescaling, e.g. Granite's ``logits_scaling``, and a decoder ``get_decoder()`` does not find).
-    The probe leaves the RNG state as it found it. A value head (``model.value_head``) is no reason: the critic is a separate model whose forward
-    does not use this path.
+    The probe leaves the RNG state as it found it. A value head (``model.value_head``) is no reason:
+    the critic is a separate model whose forward does not use this path.
     """
     arch = _architecture(model)
     configs = [model.config, getattr(model.config, "text_config", None)]
@@ -154,9 +154,10 @@ def chunked_head_refusal(model: Any) -> str | None:
                 )
     head = output_head(model)
     if type(head) is not torch.nn.Linear:
+        kind = f"{type(head).__module__}.{type(head).__qualname__}"
         return (
-            f"model.logprob_chunk_tokens: the output embedding of {arch} is a {type(head).__module__}.{type(head).__qualname__}, "
-            "not a plain torch.nn.Linear (LoRA on lm_head?); the chunked head multiplies by its weight alone"
+            f"model.logprob_chunk_tokens: the output embedding of {arch} is a {kind}, not a plain "
+            "torch.nn.Linear (LoRA on lm_head?); the chunked head multiplies by its weight alone"
         )
     return _probe_refusal(model, arch)
 
