@@ -90,6 +90,19 @@ class ModelConfig:
         freeze_vision: a vision-language model's vision tower (``smolvlm``'s SigLIP-style encoder) is
             not trained; its connector and language model are. False (default): the tower trains
             too (under LoRA: adapters on its linear layers). Refused for a model without a vision tower.
+        logprob_chunk_tokens: None (default): the model computes the logits of every kept position
+            and the learner takes their float32 log-softmax, so autograd keeps (tokens, vocabulary)
+            float32 logits until the backward (64 rows x 1,024 tokens x SmolLM2's 49,152 entries:
+            13 GB). N: the learner takes the decoder's final hidden states and runs lm head ->
+            float32 -> log-softmax (and entropy) N positions at a time, recomputing each chunk in
+            the backward, so one (N, vocabulary) block exists at a time; same values up to float
+            rounding, for one more lm-head matmul and one more (vocabulary, hidden) weight gradient
+            in the backward: a gain from about a thousand positions per forward (docs/gpu.md; not
+            measured on a GPU yet). Used by the update and the reference / old-logprob passes (not
+            by a VLM's micro-batches with images). Refused at config load with LoRA on ``lm_head``,
+            and at learner build for a model whose logits are not its lm head's output (Gemma 2's
+            softcapping, Cohere's logit scale) or whose head is not a plain ``torch.nn.Linear``
+            (:func:`chatgym.trainer.learner.lm_head.chunked_head_refusal`).
     """
 
     path: str = "smollm2"
@@ -103,12 +116,18 @@ class ModelConfig:
     pack: Literal["auto", True, False] = "auto"
     pack_max_tokens: int | None = None
     freeze_vision: bool = False
+    logprob_chunk_tokens: int | None = None
 
     def __post_init__(self) -> None:
         # Literal[True, False] also admits 1 and 0 (1 == True): only the words are meant.
         if not (self.pack == "auto" or isinstance(self.pack, bool)):
             raise ValueError(f"model.pack must be auto, true or false, got {self.pack!r}")
         _positive("model", pack_max_tokens=self.pack_max_tokens)
+        if self.logprob_chunk_tokens is not None and self.logprob_chunk_tokens < 1:
+            raise ValueError(
+                f"model.logprob_chunk_tokens must be >= 1 (positions per lm-head chunk) or unset, "
+                f"got {self.logprob_chunk_tokens}"
+            )
 
 
 @dataclass(frozen=True)
@@ -167,7 +186,9 @@ class EngineConfig:
         from chatgym.trainer.engines import ENGINES
 
         if self.backend not in ENGINES and self.backend != "auto":
-            raise ValueError(f"engine.backend: unknown {self.backend!r}; choose auto or one of {sorted(ENGINES)}")
+            raise ValueError(
+                f"engine.backend: unknown {self.backend!r}; choose auto or one of {sorted(ENGINES)}"
+            )
 
 
 # Arguments the trainer passes to an advantage estimator / policy loss itself: not ``*_kwargs`` keys.
@@ -187,7 +208,8 @@ def check_kwargs(section: str, fn: Any, kwargs: Mapping[str, Any], passed: froze
     allowed = sorted(
         name
         for name, p in params.items()
-        if name not in passed and p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        if name not in passed
+        and p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     )
     for key in kwargs:
         if key not in allowed:
@@ -268,7 +290,10 @@ class AlgoConfig:
         )
         check_turn_params(self.advantage, self.advantage_kwargs)
         check_kwargs(
-            "algo.policy_loss_kwargs", POLICY_LOSSES[self.policy_loss], self.policy_loss_kwargs, _POLICY_LOSS_INPUTS
+            "algo.policy_loss_kwargs",
+            POLICY_LOSSES[self.policy_loss],
+            self.policy_loss_kwargs,
+            _POLICY_LOSS_INPUTS,
         )
         if self.loss_agg == "seq-mean-token-sum-norm" and self.loss_norm_constant is None:
             raise ValueError("algo.loss_norm_constant is required with loss_agg 'seq-mean-token-sum-norm'")
@@ -288,14 +313,18 @@ class AlgoConfig:
                 f"choose one of {list(ROLLOUT_CORRECTIONS)}"
             )
         if self.rollout_correction == "seq_tis" and self.tis_cap is None:
-            raise ValueError("algo.rollout_correction: 'seq_tis' truncates at algo.tis_cap; set it (e.g. 2.0)")
+            raise ValueError(
+                "algo.rollout_correction: 'seq_tis' truncates at algo.tis_cap; set it (e.g. 2.0)"
+            )
         band = self.rollout_mask_band
         if (
             len(band) != 2
             or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in band)
             or not 0 < band[0] <= 1 <= band[1]
         ):
-            raise ValueError(f"algo.rollout_mask_band must be [lo, hi] with 0 < lo <= 1 <= hi, got {list(band)}")
+            raise ValueError(
+                f"algo.rollout_mask_band must be [lo, hi] with 0 < lo <= 1 <= hi, got {list(band)}"
+            )
 
 
 @dataclass(frozen=True)
@@ -423,6 +452,16 @@ class Config:
                 f"model.value_head must be true with algo.advantage {self.algo.advantage!r} (a value model)"
             )
         self._check_engine()
+        if (
+            self.model.logprob_chunk_tokens is not None
+            and self.lora.enabled
+            and "lm_head" in self.lora.target_modules
+        ):
+            # Refused before any model loads; the learner refuses any other non-Linear head at build.
+            raise ValueError(
+                "model.logprob_chunk_tokens: lora.target_modules has lm_head, whose adapter the chunked "
+                "head would skip (it multiplies by the base weight); drop one of the two"
+            )
         if self.trainer.stale == "importance_sampling" and self.algo.tis_cap is None:
             # Checked at load, not when the trainer starts: a refused run leaves no output dir behind.
             raise ValueError(
@@ -437,7 +476,9 @@ class Config:
 
         why = fp8_config_refusal(self.engine.options, self.trainer.backend, self.trainer.ray.worker_num_gpus)
         if why is not None:
-            raise ValueError(f"engine.options.quantization: {self.engine.options['quantization']!r} is refused: {why}")
+            raise ValueError(
+                f"engine.options.quantization: {self.engine.options['quantization']!r} is refused: {why}"
+            )
         if (why := sleep_config_refusal(self)) is not None:
             raise ValueError(why)
 

@@ -25,6 +25,7 @@ from chatgym.trainer.learner.batch import (
     shared_prefix_batches,
     shared_prompt_micro_batches,
 )
+from chatgym.trainer.learner.lm_head import final_hidden_states, packed_head_logprobs, padded_head_logprobs
 from chatgym.trainer.learner.logprobs import logits_to_keep, token_logprobs
 from chatgym.trainer.models.vlm import image_features, merge_image_features
 
@@ -40,6 +41,9 @@ class ForwardPlan:
         pack: forward each micro-batch packed without padding (:func:`forward_logprobs_packed`).
         pack_max_tokens: tokens per packed forward at most (see :func:`resolve_pack`).
         autocast: returns a fresh mixed-precision context per forward (no-op by default).
+        logprob_chunk_tokens: None (the model's own logits), or positions per chunk of the lm head
+            and log-softmax (:func:`~chatgym.trainer.learner.logprobs.chunked_token_logprobs`), in
+            the update and in the no-gradient passes (``model.logprob_chunk_tokens``).
         data_parallel: None (one learner), or this rank's share of a data-parallel update: an object
             with ``assign(mini, micro_batches)``, ``reduce_gradients(model)`` and ``reduce_metrics``
             (:class:`chatgym.trainer.distributed.learner.DataParallel`).
@@ -52,21 +56,36 @@ class ForwardPlan:
     pack_max_tokens: int = 512  # PACK_MAX_TOKENS
     autocast: Callable[[], Any] = contextlib.nullcontext
     data_parallel: Any = None
+    logprob_chunk_tokens: int | None = None
 
 
 def forward_logprobs(
-    model: Any, mb: TokenBatch, *, with_entropy: bool, entropy_grad: bool = False
+    model: Any,
+    mb: TokenBatch,
+    *,
+    with_entropy: bool,
+    entropy_grad: bool = False,
+    chunk_tokens: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(B, T) logprobs (and entropies) of ``mb``'s tokens under ``model``; logits are only computed
     from the first trained position on (``logits_to_keep``), skipping the prompt. A batch with images
     feeds the token embeddings with the images' features at the ``<image>`` positions
-    (:func:`model_inputs`)."""
-    out = model(
-        **model_inputs(model, mb),
-        attention_mask=mb.attention_mask,
-        logits_to_keep=logits_to_keep(mb.loss_mask),
-        use_cache=False,
-    )
+    (:func:`model_inputs`). ``chunk_tokens``: the lm head runs on the final hidden states of those
+    positions ``chunk_tokens`` at a time (:func:`~chatgym.trainer.learner.lm_head.padded_head_logprobs`)
+    instead of inside the model."""
+    keep = logits_to_keep(mb.loss_mask)
+    inputs = {**model_inputs(model, mb), "attention_mask": mb.attention_mask, "use_cache": False}
+    if chunk_tokens is not None:
+        hidden = final_hidden_states(model, **inputs)[:, -keep:]
+        return padded_head_logprobs(
+            model,
+            hidden,
+            mb.input_ids,
+            chunk_tokens=chunk_tokens,
+            with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
+        )
+    out = model(**inputs, logits_to_keep=keep)
     return token_logprobs(out.logits, mb.input_ids, with_entropy=with_entropy, entropy_grad=entropy_grad)
 
 
@@ -86,7 +105,13 @@ def model_inputs(model: Any, mb: TokenBatch) -> dict[str, torch.Tensor]:
 
 
 def forward_logprobs_shared(
-    model: Any, mb: TokenBatch, prefix_len: int, *, with_entropy: bool, entropy_grad: bool = False
+    model: Any,
+    mb: TokenBatch,
+    prefix_len: int,
+    *,
+    with_entropy: bool,
+    entropy_grad: bool = False,
+    chunk_tokens: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """As :func:`forward_logprobs` for rows that share their opening prompts by group: each group's
     prompt is run once (all groups' prompts in one forward, right-padded) and its KV cache selected
@@ -98,6 +123,8 @@ def forward_logprobs_shared(
     Groups come from ``mb.prompt_lens`` (:func:`~chatgym.trainer.learner.batch.prompt_groups`); a row
     whose loss mask is set inside its prompt shares nothing (its own group, a one-token prompt).
     Without ``prompt_lens``, every row is taken to start with the same ``prefix_len`` tokens.
+    ``chunk_tokens``: both forwards give final hidden states (the same positions) and the lm head
+    runs on them in chunks, as in :func:`forward_logprobs`.
 
     Peers: Unsloth's "PrefixGrouper" (unslothai/unsloth#6871) and NeMo-RL's shared-prefix GRPO
     training (NVIDIA-NeMo/RL#4008) do the same with custom attention masks; here the stock KV cache
@@ -118,39 +145,61 @@ def forward_logprobs_shared(
     for g, (members, _) in enumerate(groups):
         group_of[members] = g
     cache = DynamicCache(config=getattr(model, "config", None))
-    keep = torch.unique(prompt_len - 1)  # the prompts' last positions: each predicts its first answer token
-    head = model(
-        input_ids=prompts,
-        attention_mask=prompt_mask,
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=keep,
-    )
-    head_logits = head.logits[
-        torch.arange(len(groups), device=device), torch.searchsorted(keep, prompt_len - 1)
-    ]
+    head_out = _prompt_heads(model, prompts, prompt_mask, prompt_len, cache, chunk_tokens)
     cache.batch_select_indices(group_of)
     starts = prompt_len[group_of]  # (B,) where each row's continuation begins
     span = max(int((mb.lengths.to(device) - starts).max()), 1)
     index = (starts[:, None] + torch.arange(span, device=device)[None, :]).clamp(max=length - 1)
     inside = (starts[:, None] + torch.arange(span, device=device)[None, :]) < length
     suffix_mask = mb.attention_mask.gather(1, index) * inside
-    tail = model(
-        input_ids=mb.input_ids.gather(1, index),
-        attention_mask=torch.cat([prompt_mask[group_of], suffix_mask], dim=1),
-        position_ids=starts[:, None] + torch.arange(span, device=device)[None, :],
-        past_key_values=cache,
-        use_cache=True,
+    tail_inputs = {
+        "input_ids": mb.input_ids.gather(1, index),
+        "attention_mask": torch.cat([prompt_mask[group_of], suffix_mask], dim=1),
+        "position_ids": starts[:, None] + torch.arange(span, device=device)[None, :],
+        "past_key_values": cache,
+        "use_cache": True,
+    }
+    tail_out = (
+        model(**tail_inputs).logits if chunk_tokens is None else final_hidden_states(model, **tail_inputs)
     )
-    # Window of each row: positions start-1 .. start+span-1; logits[j] predicts window token j+1.
-    logits = torch.cat([head_logits[group_of][:, None], tail.logits], dim=1)
+    # Window of each row: positions start-1 .. start+span-1; out[j] predicts window token j+1.
+    out = torch.cat([head_out[group_of][:, None], tail_out], dim=1)
     window = (starts[:, None] - 1 + torch.arange(span + 1, device=device)[None, :]).clamp(max=length - 1)
-    lp, ent = token_logprobs(
-        logits, mb.input_ids.gather(1, window), with_entropy=with_entropy, entropy_grad=entropy_grad
-    )
+    ids = mb.input_ids.gather(1, window)
+    if chunk_tokens is None:
+        lp, ent = token_logprobs(out, ids, with_entropy=with_entropy, entropy_grad=entropy_grad)
+    else:
+        lp, ent = padded_head_logprobs(
+            model, out, ids, chunk_tokens=chunk_tokens, with_entropy=with_entropy, entropy_grad=entropy_grad
+        )
     return _unwindow(lp, starts - 1, length), (
         _unwindow(ent, starts - 1, length) if ent is not None else None
     )
+
+
+def _prompt_heads(
+    model: Any,
+    prompts: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    prompt_len: torch.Tensor,
+    cache: Any,
+    chunk_tokens: int | None,
+) -> torch.Tensor:
+    """The shared prompts' forward of :func:`forward_logprobs_shared` (filling ``cache``): each
+    prompt's last position, which predicts its first answer token: (G, V) logits, or with
+    ``chunk_tokens`` (G, H) final hidden states."""
+    inputs = {
+        "input_ids": prompts,
+        "attention_mask": prompt_mask,
+        "past_key_values": cache,
+        "use_cache": True,
+    }
+    rows = torch.arange(len(prompts), device=prompts.device)
+    if chunk_tokens is not None:
+        return final_hidden_states(model, **inputs)[rows, prompt_len - 1]
+    keep = torch.unique(prompt_len - 1)
+    head = model(**inputs, logits_to_keep=keep)
+    return head.logits[rows, torch.searchsorted(keep, prompt_len - 1)]
 
 
 def _shareable_groups(mb: TokenBatch, prefix_len: int) -> list[tuple[list[int], int]]:
@@ -225,6 +274,7 @@ def forward_logprobs_packed(
     with_entropy: bool,
     entropy_grad: bool = False,
     max_tokens: int = PACK_MAX_TOKENS,
+    chunk_tokens: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """As :func:`forward_logprobs` (and :func:`forward_logprobs_shared` when ``prefix_len`` > 0), with
     ``mb``'s rows packed into one sequence per forward (:func:`~chatgym.trainer.learner.batch.pack_rows`):
@@ -234,6 +284,8 @@ def forward_logprobs_packed(
     the lm-head / log-softmax of an untrained position.
 
     Runs of rows are packed up to ``max_tokens`` tokens each (:func:`~chatgym.trainer.learner.batch.pack_chunks`).
+    ``chunk_tokens``: the lm head runs on the final hidden states of the kept positions in chunks
+    (:func:`~chatgym.trainer.learner.lm_head.packed_head_logprobs`).
 
     Returns:
         ``(logprobs, entropy)``: (B, T) float32; values only at ``mb.loss_mask`` positions (0 elsewhere),
@@ -249,20 +301,33 @@ def forward_logprobs_packed(
         packed = pack_rows(sub, prefix_len)
         if packed.targets.numel() == 0:
             continue
-        out = model(
-            input_ids=packed.input_ids,
-            attention_mask=_packed_attention_mask(model, packed.attention_mask()),
-            position_ids=packed.position_ids,
-            logits_to_keep=packed.logit_index,
-            use_cache=False,
-        )
-        logits = out.logits[0].float()  # (K, V)
-        lp_parts.append(
-            logits.gather(-1, packed.targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-        )
-        if with_entropy:
-            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-                ent_parts.append(entropy_from_logits(logits))
+        inputs = {
+            "input_ids": packed.input_ids,
+            "attention_mask": _packed_attention_mask(model, packed.attention_mask()),
+            "position_ids": packed.position_ids,
+            "use_cache": False,
+        }
+        if chunk_tokens is not None:
+            hidden = final_hidden_states(model, **inputs)[0, packed.logit_index]  # (K, H)
+            lp, ent = packed_head_logprobs(
+                model,
+                hidden,
+                packed.targets,
+                chunk_tokens=chunk_tokens,
+                with_entropy=with_entropy,
+                entropy_grad=entropy_grad,
+            )
+            lp_parts.append(lp)
+            ent_parts.append(ent)
+        else:
+            out = model(**inputs, logits_to_keep=packed.logit_index)
+            logits = out.logits[0].float()  # (K, V)
+            lp_parts.append(
+                logits.gather(-1, packed.targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+            )
+            if with_entropy:
+                with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                    ent_parts.append(entropy_from_logits(logits))
         index = torch.as_tensor(chunk, dtype=torch.long, device=packed.rows.device)
         rows_out.append(index[packed.rows])
         cols_out.append(packed.cols)
@@ -349,11 +414,14 @@ def policy_logprobs(
     entropy_grad: bool = False,
     pack: bool = False,
     pack_max_tokens: int = PACK_MAX_TOKENS,
+    chunk_tokens: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`forward_logprobs_packed` with ``pack`` (packs of <= ``pack_max_tokens``), else
-    :func:`forward_logprobs_shared` when ``prefix_len`` > 0, else :func:`forward_logprobs`. A
-    micro-batch with images always takes :func:`forward_logprobs` (padded, every row whole: its
-    images' features are merged into its own embeddings)."""
+    :func:`forward_logprobs_shared` when ``prefix_len`` > 0, else :func:`forward_logprobs`, each with
+    the lm head in chunks of ``chunk_tokens`` positions when set. A micro-batch with images always
+    takes :func:`forward_logprobs` (padded, every row whole: its images' features are merged into its
+    own embeddings) with the model's own logits: ``chunk_tokens`` is not applied there (a VLM's
+    image micro-batch keeps the plain head)."""
     if mb.images() is not None:
         return forward_logprobs(model, mb, with_entropy=with_entropy, entropy_grad=entropy_grad)
     if pack:
@@ -364,12 +432,20 @@ def policy_logprobs(
             with_entropy=with_entropy,
             entropy_grad=entropy_grad,
             max_tokens=pack_max_tokens,
+            chunk_tokens=chunk_tokens,
         )
     if prefix_len:
         return forward_logprobs_shared(
-            model, mb, prefix_len, with_entropy=with_entropy, entropy_grad=entropy_grad
+            model,
+            mb,
+            prefix_len,
+            with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
+            chunk_tokens=chunk_tokens,
         )
-    return forward_logprobs(model, mb, with_entropy=with_entropy, entropy_grad=entropy_grad)
+    return forward_logprobs(
+        model, mb, with_entropy=with_entropy, entropy_grad=entropy_grad, chunk_tokens=chunk_tokens
+    )
 
 
 def batch_logprobs(
@@ -389,6 +465,7 @@ def batch_logprobs(
                 with_entropy=False,
                 pack=plan.pack,
                 pack_max_tokens=plan.pack_max_tokens,
+                chunk_tokens=plan.logprob_chunk_tokens,
             )[0]
 
     dp = plan.data_parallel

@@ -23,8 +23,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from chatgym.trainer.config.loader import ConfigError
 from chatgym.trainer.learner.checkpoint import load_trainer_state, save_checkpoint, set_rng_state
 from chatgym.trainer.learner.forward import ForwardPlan, resolve_pack
+from chatgym.trainer.learner.lm_head import chunked_head_refusal
 from chatgym.trainer.learner.optim import build_optimizer
 from chatgym.trainer.learner.policy import (
     autocast_context,
@@ -78,6 +80,10 @@ class Learner:
 
     The construction order (policy, reference, critic, optimizers) is the random-init order and must
     not change: a run's seed fixes its initial weights.
+
+    Raises:
+        ConfigError: ``model.logprob_chunk_tokens`` set for a policy whose logits the chunked head
+            would get wrong (:func:`~chatgym.trainer.learner.lm_head.chunked_head_refusal`).
     """
 
     def __init__(self, config: Any, tokenizer: Any, ckpt: Path | None = None):
@@ -93,8 +99,11 @@ class Learner:
             pack=self.pack,
             pack_max_tokens=self.pack_max_tokens,
             autocast=self._autocast,
+            logprob_chunk_tokens=cfg.model.logprob_chunk_tokens,
         )
         self.policy = self._load_policy(ckpt)
+        if cfg.model.logprob_chunk_tokens is not None and (why := chunked_head_refusal(self.policy)):
+            raise ConfigError(why)
         # A vision-language policy's images -> pixel values, each distinct image processed once.
         # Its processor is saved into every checkpoint, so a checkpoint's policy is a loadable VLM directory.
         self.processor = processor_for(cfg.model.path, tokenizer) if is_vlm(self.policy) else None
@@ -230,6 +239,7 @@ class Learner:
           without padding on CPU, :func:`~chatgym.trainer.learner.forward.forward_logprobs_packed`,
           padded on CUDA).
         - torch threads on CPU: set here once to the cores this process may use.
+        - ``model.logprob_chunk_tokens`` (when set) is named in the line too.
         """
         model = self.cfg.model
         self.compute_dtype, reason = resolve_compute_dtype(model.compute_dtype, model.dtype, self.device)
@@ -244,6 +254,8 @@ class Learner:
             if self.pack
             else "padded micro-batches"
         )
+        if model.logprob_chunk_tokens is not None:
+            layout += f", lm head in chunks of {model.logprob_chunk_tokens} positions"
         print(
             f"chatgym: training compute {self.compute_dtype}{mixed} over {model.dtype} weights on "
             f"{self.device} ({reason}){threads}, {layout}",

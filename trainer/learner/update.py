@@ -190,6 +190,7 @@ def _policy_backward(
             entropy_grad=algo.entropy_coef > 0,
             pack=plan.pack,
             pack_max_tokens=plan.pack_max_tokens,
+            chunk_tokens=plan.logprob_chunk_tokens,
         )
     old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
     correction = correction_of(old, mb.engine_logprobs, mask, algo)
@@ -231,7 +232,11 @@ def correction_of(
 
 
 def add_mismatch_metrics(
-    sums: _Sums, old: torch.Tensor, engine: torch.Tensor, mask: torch.Tensor, correction: CorrectionOutput | None
+    sums: _Sums,
+    old: torch.Tensor,
+    engine: torch.Tensor,
+    mask: torch.Tensor,
+    correction: CorrectionOutput | None,
 ) -> None:
     """``rollout/mismatch/*`` of one micro-batch: the learner's logprobs of the sampled tokens under the
     rollout weights (``old``: this forward's own, detached, in the one-step update; the prepared
@@ -250,7 +255,9 @@ def add_mismatch_metrics(
     if correction is not None:
         sums.add_masked("rollout/mismatch/clip_frac", correction.clipped.float(), terms.mask)
         if correction.seq_clipped is not None:
-            sums.add("rollout/mismatch/seq_clip_frac", float(correction.seq_clipped[rows].float().mean()), n_rows)
+            sums.add(
+                "rollout/mismatch/seq_clip_frac", float(correction.seq_clipped[rows].float().mean()), n_rows
+            )
 
 
 def _value_backward(
