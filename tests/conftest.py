@@ -1,4 +1,4 @@
-"""Session fixtures shared by test modules (Docker only: ``docker_engine``), and a time limit per GPU
+"""Fixtures shared by test modules (``tiny_model``; the session's ``docker_engine``), and a time limit per GPU
 test: every ``gpu``-marked test without its own ``timeout`` mark gets ``timeout(300, method="thread")``
 (pytest-timeout, the ``dev`` extra): a hang fails that test and dumps every thread's stack instead
 of blocking the session.
@@ -64,3 +64,19 @@ def docker_engine():
         yield engine
     finally:
         manager.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    """A random model of SmolLM2's architecture at ``train_helpers.TINY_LLAMA``'s size (seed 0, train
+    mode), one per test module; skips where the packaged SmolLM2 (its config) is not installed."""
+    from train_helpers import TINY_LLAMA
+
+    from chatgym.trainer.models.packaged import load_model_path
+    from chatgym.trainer.models.random_init import random_model
+
+    try:
+        load_model_path("smollm2")
+    except ModuleNotFoundError as exc:
+        pytest.skip(str(exc))
+    return random_model("smollm2", seed=0, **TINY_LLAMA).train()

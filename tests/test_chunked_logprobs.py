@@ -32,18 +32,6 @@ V_SMOL = 49152  # SmolLM2's vocabulary (the tiny model's lm head is (49152, 64))
 ULP = 2**-23
 
 
-@pytest.fixture(scope="module")
-def tiny_model():
-    from chatgym.trainer.models.packaged import load_model_path
-    from chatgym.trainer.models.random_init import random_model
-
-    try:
-        load_model_path("smollm2")
-    except ModuleNotFoundError as exc:
-        pytest.skip(str(exc))
-    return random_model("smollm2", seed=0, **TINY_LLAMA).train()
-
-
 def grads(model) -> dict[str, torch.Tensor]:
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 

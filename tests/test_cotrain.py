@@ -457,8 +457,9 @@ def test_chatgym_cotrain_on_sigterm_closes_names_both_checkpoints_and_returns_14
     import os
     import signal
 
+    from train_helpers import interrupt_in_second_step
+
     import chatgym.trainer.cotrain.loop as loop
-    from chatgym.trainer.pipeline import Pipeline
 
     closed = []
 
@@ -475,15 +476,8 @@ def test_chatgym_cotrain_on_sigterm_closes_names_both_checkpoints_and_returns_14
             closed.append(True)
             super().close()
 
-    sync_step = Pipeline.sync_step
-
-    async def terminated_at_the_second_step(self, i):
-        if i == 1:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return await sync_step(self, i)
-
     monkeypatch.setattr(loop, "CoTrainer", ScriptedCoTrainer)
-    monkeypatch.setattr(Pipeline, "sync_step", terminated_at_the_second_step)
+    interrupt_in_second_step(monkeypatch, lambda: os.kill(os.getpid(), signal.SIGTERM))
     config = tmp_path / "cotrain.yaml"
     config.write_text(
         "cotrain:\n  party: judge\n  model_path: smollm2\n  lr: 0.001\n  max_tokens: 32\n  tasks: [3]\n"

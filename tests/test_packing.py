@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 from test_trainer import _group_batch, _sgd_models, _update_batch, traj
-from train_helpers import TINY_LLAMA
+from train_helpers import torch_threads
 
 from chatgym.trainer.config.run import AlgoConfig, ConfigError, load_config
 from chatgym.trainer.learner.batch import collate, pack_chunks, pack_rows
@@ -31,16 +31,6 @@ from chatgym.trainer.models.dtype import choose_compute_dtype, cpu_flags
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(scope="module")
-def tiny_model():
-    from chatgym.trainer.models.packaged import load_model_path
-    from chatgym.trainer.models.random_init import random_model
-
-    try:
-        load_model_path("smollm2")
-    except ModuleNotFoundError as exc:
-        pytest.skip(str(exc))
-    return random_model("smollm2", seed=0, **TINY_LLAMA).train()
 
 
 def flat(model) -> torch.Tensor:
@@ -179,10 +169,8 @@ def one_thread():
     # Bitwise comparisons of two runs need kernels that reduce in one order. With two threads on a
     # loaded machine this test failed 3 of 8 runs (a helper's session) and this file 2 of 7 beside
     # two busy processes; with one thread the file passed 5 of 5 that way.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(1):
+        yield
 
 
 @pytest.mark.parametrize("pack", [False, True])

@@ -168,18 +168,6 @@ def test_correction_fields_load():
 # ------------------------------------------------------------------------------ the update's metrics
 
 
-@pytest.fixture(scope="module")
-def tiny_model():
-    from train_helpers import TINY_LLAMA
-
-    from chatgym.trainer.models.packaged import load_model_path
-    from chatgym.trainer.models.random_init import random_model
-
-    try:
-        load_model_path("smollm2")
-    except ModuleNotFoundError as exc:
-        pytest.skip(str(exc))
-    return random_model("smollm2", seed=0, **TINY_LLAMA).train()
 
 
 def _update(model, algo, **plan):

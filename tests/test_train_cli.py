@@ -299,33 +299,37 @@ def test_vllm_logs_warnings_only_unless_the_user_chose(tmp_path, monkeypatch, ca
     assert os.environ["VLLM_LOGGING_LEVEL"] == "DEBUG"
 
 
-def test_ctrl_c_leaves_the_curve_of_the_steps_logged(tmp_path, monkeypatch, capsys):
-    # Regression: an interrupted run left no learning_curve.png (only the end of a run drew it).
+def _tiny_letters_run(*extra: str) -> list[str]:
+    """Overrides of a 3-step run of a tiny random model on the letters env (no dataset, no weights)."""
     import json
 
     from train_helpers import LETTERS_ENV_ID, TINY_LLAMA, register
 
-    from chatgym.trainer.logging.writer import MetricsLogger
-    from chatgym.trainer.pipeline import Pipeline
-
     register()
-    sync_step = Pipeline.sync_step
-
-    async def interrupted_at_the_second_step(self, i):
-        if i == 1:
-            raise KeyboardInterrupt
-        return await sync_step(self, i)
-
-    monkeypatch.setattr(Pipeline, "sync_step", interrupted_at_the_second_step)
-    # No background redraw finishes: a terminal's Ctrl-C reached the redraw child too (the helper's case).
-    monkeypatch.setattr(MetricsLogger, "plot_later", lambda self: self.dir / "learning_curve.png")
-    overrides = [
+    return [
         "model.random_init=true", "model.config_overrides=" + json.dumps(TINY_LLAMA), "engine.backend=hf",
         "engine.dtype=float32", f"env.id={LETTERS_ENV_ID}", "env.eval_tasks=0", "rollout.max_tokens=8",
         "rollout.max_response_tokens=8", "rollout.max_model_len=128", "train.max_steps=3",
         "train.prompts_per_step=2", "train.group_size=2", "train.progress=false", "train.tensorboard=false",
-    ]
-    assert main([*overrides, "--output-dir", str(tmp_path)]) == 130
+        *extra,
+    ]  # fmt: skip
+
+
+def test_ctrl_c_leaves_the_curve_of_the_steps_logged(tmp_path, monkeypatch, capsys):
+    # Regression: an interrupted run left no learning_curve.png (only the end of a run drew it).
+    import json
+
+    from train_helpers import interrupt_in_second_step
+
+    from chatgym.trainer.logging.writer import MetricsLogger
+
+    def ctrl_c():
+        raise KeyboardInterrupt
+
+    interrupt_in_second_step(monkeypatch, ctrl_c)
+    # No background redraw finishes: a terminal's Ctrl-C reached the redraw child too (the helper's case).
+    monkeypatch.setattr(MetricsLogger, "plot_later", lambda self: self.dir / "learning_curve.png")
+    assert main([*_tiny_letters_run(), "--output-dir", str(tmp_path)]) == 130
     assert capsys.readouterr().err.endswith("chatgym train: interrupted; no checkpoint was saved yet\n")
     assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1]
     assert (tmp_path / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -339,30 +343,14 @@ def test_sigterm_unwinds_like_ctrl_c_and_exits_143(tmp_path, monkeypatch, capsys
     import os
     import signal
 
-    from train_helpers import LETTERS_ENV_ID, TINY_LLAMA, register
+    from train_helpers import interrupt_in_second_step
 
     from chatgym.trainer.logging.writer import MetricsLogger
-    from chatgym.trainer.pipeline import Pipeline
 
-    register()
-    sync_step = Pipeline.sync_step
-
-    async def terminated_at_the_second_step(self, i):
-        if i == 1:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return await sync_step(self, i)
-
-    monkeypatch.setattr(Pipeline, "sync_step", terminated_at_the_second_step)
+    interrupt_in_second_step(monkeypatch, lambda: os.kill(os.getpid(), signal.SIGTERM))
     monkeypatch.setattr(MetricsLogger, "plot_later", lambda self: self.dir / "learning_curve.png")
-    overrides = [
-        "model.random_init=true", "model.config_overrides=" + json.dumps(TINY_LLAMA), "engine.backend=hf",
-        "engine.dtype=float32", f"env.id={LETTERS_ENV_ID}", "env.eval_tasks=0", "rollout.max_tokens=8",
-        "rollout.max_response_tokens=8", "rollout.max_model_len=128", "train.max_steps=3",
-        "train.prompts_per_step=2", "train.group_size=2", "train.progress=false", "train.tensorboard=false",
-        "train.save_every=1",
-    ]
     before = signal.getsignal(signal.SIGTERM)
-    assert main([*overrides, "--output-dir", str(tmp_path)]) == 143
+    assert main([*_tiny_letters_run("train.save_every=1"), "--output-dir", str(tmp_path)]) == 143
     assert capsys.readouterr().err.endswith(
         f"chatgym train: terminated (SIGTERM); the last checkpoint is {tmp_path / 'checkpoints' / 'step_000001'}"
         " (continue with --resume)\n"

@@ -47,17 +47,6 @@ def traj(ids, mask, *, reward=0.0, rewards=None, group=0, finish=("stop",), **kw
     )
 
 
-@pytest.fixture(scope="module")
-def tiny_model():
-    from chatgym.trainer.models.packaged import load_model_path
-    from chatgym.trainer.models.random_init import random_model
-
-    try:
-        load_model_path("smollm2")
-    except ModuleNotFoundError as exc:
-        pytest.skip(str(exc))
-    torch.manual_seed(0)
-    return random_model("smollm2", seed=0, **TINY_LLAMA).train()
 
 
 # ---------------------------------------------------------------------------------- batch + rewards

@@ -129,3 +129,19 @@ def torch_threads(n: int) -> Iterator[None]:
         else:
             os.environ["OMP_NUM_THREADS"] = saved_env
         torch.set_num_threads(saved_threads)
+
+
+def interrupt_in_second_step(monkeypatch: Any, interrupt: Any) -> None:
+    """Make the training loop call ``interrupt()`` (raise KeyboardInterrupt, send this process a
+    signal, ...) as its second step starts, after step 1 has been logged (and checkpointed with
+    ``train.save_every=1``)."""
+    from chatgym.trainer.pipeline import Pipeline
+
+    sync_step = Pipeline.sync_step
+
+    async def interrupted(self: Any, i: int) -> Any:
+        if i == 1:
+            interrupt()
+        return await sync_step(self, i)
+
+    monkeypatch.setattr(Pipeline, "sync_step", interrupted)

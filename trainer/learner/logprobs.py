@@ -32,6 +32,21 @@ from torch.utils.checkpoint import checkpoint
 from chatgym.trainer.algos.entropy import entropy_from_logits
 
 
+def _first_kept(values: torch.Tensor, input_ids: torch.Tensor, name: str, width: str) -> int:
+    """The position of ``values[:, 0]``: ``values`` (B, K, ``width``) describe the last K of
+    ``input_ids``' T positions, so T − K.
+
+    Raises:
+        ValueError: ``values`` is not (B, K, *) for ``input_ids``' B, or K > T.
+    """
+    batch, length = input_ids.shape
+    if values.dim() != 3 or values.shape[0] != batch:
+        raise ValueError(f"{name} must have shape (B={batch}, K, {width}), got {tuple(values.shape)}")
+    if values.shape[1] > length:
+        raise ValueError(f"{name} covers {values.shape[1]} positions but input_ids has only {length}")
+    return length - values.shape[1]
+
+
 def token_logprobs(
     logits: torch.Tensor,
     input_ids: torch.Tensor,
@@ -60,13 +75,8 @@ def token_logprobs(
     Raises:
         ValueError: mismatched batch sizes or K > T.
     """
-    batch, length = input_ids.shape
-    if logits.dim() != 3 or logits.shape[0] != batch:
-        raise ValueError(f"logits must have shape (B={batch}, K, V), got {tuple(logits.shape)}")
-    keep = logits.shape[1]
-    if keep > length:
-        raise ValueError(f"logits cover {keep} positions but input_ids has only {length}")
-    first = length - keep  # the position of logits[:, 0]
+    batch = input_ids.shape[0]
+    first = _first_kept(logits, input_ids, "logits", "V")
     # logits[:, j] (position first + j) predicts token first + j + 1; the last one predicts nothing.
     targets = input_ids[:, first + 1 :]
     lp_parts, ent_parts = [], []
@@ -225,13 +235,8 @@ def head_token_logprobs(
     Raises:
         ValueError: mismatched batch sizes, K > T, or ``chunk_tokens`` < 1.
     """
-    batch, length = input_ids.shape
-    if hidden.dim() != 3 or hidden.shape[0] != batch:
-        raise ValueError(f"hidden must have shape (B={batch}, K, H), got {tuple(hidden.shape)}")
-    keep = hidden.shape[1]
-    if keep > length:
-        raise ValueError(f"hidden covers {keep} positions but input_ids has only {length}")
-    first = length - keep  # the position of hidden[:, 0]
+    first = _first_kept(hidden, input_ids, "hidden", "H")
+    batch, keep = input_ids.shape[0], hidden.shape[1]
     # hidden[:, j] (position first + j) predicts token first + j + 1; the last one predicts nothing.
     # The reshape copies (B, K-1, H) hidden states: H/V of one copy of the logits.
     flat = hidden[:, :-1].reshape(-1, hidden.shape[-1])
