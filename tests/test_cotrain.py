@@ -819,6 +819,34 @@ def test_chatgym_cotrain_checks_the_env_in_one_line_before_the_models_load(tmp_p
         "chatgym cotrain: cotrain.party: 'judge' answers through the env's judge= keyword, which env.id "
         "'Math-v0' does not take (Judge-v0 takes judge=, UserSim-v0 user=)\n"
     )
+    # Fresh user: task indices outside their split failed every episode (cotrain.tasks) or sat silent
+    # (cotrain.eval_task_ids), and a missing party model was a traceback, once the policy had loaded.
+    assert refusal("cotrain.tasks=[3,999]") == (
+        "chatgym cotrain: cotrain.tasks: [999] out of range for split 'reference' (30 tasks: 0..29)\n"
+    )
+    assert refusal("cotrain.eval_task_ids=[5,-1,30]") == (
+        "chatgym cotrain: cotrain.eval_task_ids: [-1, 30] out of range for split 'reference' (30 tasks: 0..29)\n"
+    )
+    assert refusal("cotrain.model_path=/nonexistent").startswith(
+        "chatgym cotrain: cotrain.model_path: model '/nonexistent' is neither"
+    )
+
+
+def test_chatgym_cotrain_with_an_engine_package_missing_is_one_line(tmp_path, monkeypatch, capsys):
+    # Fresh user: without vLLM, engine.backend=vllm (examples/configs/cotrain_usersim.yaml's) was a
+    # ModuleNotFoundError traceback from the start-up option check, status 1. vLLM is installed here,
+    # so its import is blocked: it then fails as if missing.
+    import sys
+
+    from chatgym.trainer.cotrain import loop
+
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    monkeypatch.setattr(loop, "CoTrainer", None)  # building one would fail the test
+    out = tmp_path / "run"
+    config = "examples/configs/cotrain_judge_cpu.yaml"
+    assert loop.main([config, "engine.backend=vllm", "--output-dir", str(out)]) == 2
+    assert capsys.readouterr().err.startswith("chatgym cotrain: VLLMEngine needs vLLM: ")
+    assert not out.exists()
 
 
 def test_every_example_cotrain_config_passes_the_env_check():

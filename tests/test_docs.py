@@ -62,17 +62,21 @@ def test_config_reference_lists_every_key_once():
 
 
 def test_field_docs_split_entries_that_name_several_fields():
-    from chatgym.trainer.config.run import LoraConfig, OptimConfig
+    from chatgym.trainer.config.run import AlgoConfig, LoraConfig, OptimConfig
 
     gen = _generator()
     lora = gen.field_docs(LoraConfig)
     assert lora["r"] == lora["alpha"] == lora["dropout"] == (
         "rank, scaling numerator (scale = alpha / r) and dropout of the adapters."
     )
+    # A field with no line of its own gets the line that names it, prefixed with that line's field.
+    algo = gen.field_docs(AlgoConfig)
+    assert algo["advantage_kwargs"].startswith("``advantage``: advantage estimator (``grpo``")
+    # Fields with a line each get their own (these shared one line, which read garbled in config.md).
     optim = gen.field_docs(OptimConfig)
-    assert optim["lr"] == "peak learning rate; value_lr: the value head's (None: same as ``lr``)."
-    assert optim["value_lr"] == "``lr``: peak learning rate; value_lr: the value head's (None: same as ``lr``)."
-    assert optim["min_lr_ratio"].startswith("``schedule``: shape after warm-up; decays reach ``min_lr_ratio")
+    assert optim["lr"] == "peak learning rate."
+    assert optim["value_lr"] == "the value head's (None: same as ``lr``)."
+    assert optim["min_lr_ratio"] == "the decays' end, as a share of ``lr``."
 
 
 # ---- the write-an-env example --------------------------------------------------------------------------

@@ -141,6 +141,10 @@ def test_openai_chat_maps_tool_calls_and_refuses_token_ids(monkeypatch):
         ],
     }
     assert chat.usage == {"prompt_tokens": 12, "completion_tokens": 5}
+    for calls in (["add"], {"id": "c1"}):  # fresh user: an AttributeError ('str' ... 'get') before
+        bad = {"choices": [{"message": {"role": "assistant", "content": "", "tool_calls": calls}}]}
+        with pytest.raises(ServerError, match="tool_calls is not a list of objects"):
+            chat.parse_response(bad)
     body = chat.request_body([{"role": "user", "content": "hi"}], None, SamplingParams(max_tokens=3, seed=4))
     assert body == {
         "model": "gpt-test",

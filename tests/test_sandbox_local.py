@@ -356,8 +356,11 @@ async def test_session_keeps_state_and_restarts_after_timeout(sb):
             "error",
             '  File "<cell 6>", line 2\n    print(3 * (4 + 5)\n         ^\nSyntaxError: \'(\' was never closed\n',
         )
+        # Parsed, refused by the compiler: the line and caret as a script shows them (fresh user).
+        res = await session.run("a = 1\nreturn 5")
+        assert res.stderr == '  File "<cell 7>", line 2\n    return 5\n    ^^^^^^^^\nSyntaxError: \'return\' outside function\n'
         res = await session.run("compile('1 +', 'inner', 'eval')")  # raised by the cell's own code: its frames stay
-        assert res.stderr.startswith('Traceback (most recent call last):\n  File "<cell 7>", line 1, in <module>\n')
+        assert res.stderr.startswith('Traceback (most recent call last):\n  File "<cell 8>", line 1, in <module>\n')
         assert (await session.run("print(x)")).stdout == "1\n"
         await session.run("open('kept.txt', 'w').write('file')")
 

@@ -369,6 +369,14 @@ def test_the_summary_counts_one_step_in_the_singular(capsys):
     assert capsys.readouterr().out.splitlines()[0] == "done: 1 step (resumed at step 3), now at step 4, in 12 s"
     _print_summary({**summary, "steps_run": 4})
     assert capsys.readouterr().out.splitlines()[0] == "done: 4 steps, now at step 4, in 12 s"
+    # Fresh user: failed held-out episodes are misses in both figures; the summary says how many.
+    evaluation = {"eval/score": 0.25, "eval/accuracy": 0.25, "eval/failed": 21, "eval/tasks": 32}
+    _print_summary({**summary, "eval_before": evaluation, "eval_after": {**evaluation, "eval/failed": 0}})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[3:5] == [
+        "  held-out before: score=0.25, accuracy=0.25 (21 of 32 episodes failed: counted as misses)",
+        "  held-out after:  score=0.25, accuracy=0.25",
+    ]
 
 
 def test_a_missing_config_through_python_m(tmp_path):
@@ -381,3 +389,42 @@ def test_a_missing_config_through_python_m(tmp_path):
         capture_output=True, text=True, cwd=tmp_path,
     )
     assert (done.returncode, done.stderr) == (2, f"chatgym train: no config file {tmp_path / 'nope.yaml'}\n")
+
+
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
+def test_a_signal_during_a_rollout_leaves_no_task_running_after_close(tmp_path, monkeypatch, capsys, signum):
+    # Regression (fresh user): a signal while episodes were generating left the pipeline's task on the
+    # loop; close() ran the loop again, episodes went on and wrote to the closed trace file ("Task
+    # exception was never retrieved ... trace file ... is closed", or "aclose(): asynchronous
+    # generator is already running" and a never-awaited EnvRunner.close). Sent from inside the engine's
+    # fifth generate call (2 x 2 episodes a step): step 2's first, three more of its episodes in flight.
+    import gc
+    import os
+    import signal
+    import warnings
+
+    from chatgym.trainer.engines.hf import TransformersEngine
+    from chatgym.trainer.logging.writer import MetricsLogger
+
+    generate, calls = TransformersEngine.generate, []
+
+    async def signalled(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 5:
+            os.kill(os.getpid(), getattr(signal, signum))
+        return await generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(TransformersEngine, "generate", signalled)
+    monkeypatch.setattr(MetricsLogger, "plot_later", lambda self: self.dir / "learning_curve.png")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rc = main([*_tiny_letters_run("train.save_every=1"), "--output-dir", str(tmp_path)])
+        gc.collect()  # an unretrieved task's error is logged when the task is collected
+    err = capsys.readouterr().err
+    how = "terminated (SIGTERM)" if signum == "SIGTERM" else "interrupted"
+    assert rc == (143 if signum == "SIGTERM" else 130)
+    assert err.endswith(
+        f"chatgym train: {how}; the last checkpoint is {tmp_path / 'checkpoints' / 'step_000001'} (continue with --resume)\n"
+    )
+    assert "Traceback" not in err and "never retrieved" not in err and "Exception ignored" not in err, err
+    assert [str(w.message) for w in caught if "never awaited" in str(w.message)] == []

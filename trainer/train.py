@@ -35,6 +35,7 @@ import numpy as np
 import torch
 import yaml
 
+from chatgym.trainer.config.env import count_tasks
 from chatgym.trainer.config.loader import config_changes
 from chatgym.trainer.config.run import Config, config_to_dict, save_config
 from chatgym.trainer.engines import engine_dtype
@@ -55,19 +56,6 @@ from chatgym.trainer.roles.build import build_learner, build_rollout, start_ray
 from chatgym.trainer.rollout.source import RolloutRequest
 from chatgym.trainer.rollout.types import Trajectory
 from chatgym.trainer.sampler import tasks_for_step
-
-
-def count_tasks(env: Any, split: str) -> int:
-    """How many tasks the split ``split`` of ``env`` (an ``EnvConfig``: id and kwargs) holds."""
-    import gymnasium as gym
-
-    import chatgym  # noqa: F401  (registers the env ids)
-
-    made = gym.make(env.id, split=split, **env.kwargs)
-    try:
-        return len(made.unwrapped.tasks)
-    finally:
-        made.close()
 
 
 def _step_seed(seed: int, step: int, salt: int) -> int:
@@ -428,6 +416,7 @@ class Trainer:
         return first, last, checkpoint
 
     def close(self) -> None:
+        self._cancel_pending()
         self.loop.run_until_complete(self.rollout.aclose())  # also a separate GenRM judge's engine
         self.metrics.close()
         with contextlib.suppress(Exception):
@@ -437,6 +426,22 @@ class Trainer:
             self.learner.close()
         if self.cluster is not None:
             self.cluster.shutdown()
+
+
+    def _cancel_pending(self) -> None:
+        """Cancel, and wait for, the tasks an interrupt (Ctrl-C, SIGTERM) left on the loop: the
+        pipeline and its episodes, stopped where the signal found them. Left pending, the next
+        ``run_until_complete`` of :meth:`close` ran them on: episodes wrote to the closed trace file and
+        the pipeline's generator was closed while it ran."""
+        for _ in range(10):  # a task cancelled may leave another to cancel; never loop forever
+            pending = [task for task in asyncio.all_tasks(self.loop) if not task.done()]
+            if not pending:
+                return
+            for task in pending:
+                task.cancel()
+            # A task that awaited the interrupted one gets the interrupt again: it ends the run once.
+            with contextlib.suppress(KeyboardInterrupt):
+                self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
 
 
 class TrainingStalled(RuntimeError):

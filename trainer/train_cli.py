@@ -319,8 +319,13 @@ def _print_summary(summary: dict[str, Any]) -> None:
     print(f"done: {steps}{resumed}, now at step {summary['steps']}, in {summary['wall_s']:.0f} s")
     print(f"  first step: {pick(summary['first_step'], *keys)}")
     print(f"  last step:  {pick(summary['last_step'], *keys)}")
-    print(f"  held-out before: {pick(summary['eval_before'], 'eval/score', 'eval/accuracy')}")
-    print(f"  held-out after:  {pick(summary['eval_after'], 'eval/score', 'eval/accuracy')}")
+    def held_out(m: dict[str, Any] | None) -> str:
+        failed = (m or {}).get("eval/failed")  # counted as misses in both figures: say how many
+        extra = f" ({failed} of {m['eval/tasks']} episodes failed: counted as misses)" if failed else ""
+        return pick(m, "eval/score", "eval/accuracy") + extra
+
+    print(f"  held-out before: {held_out(summary['eval_before'])}")
+    print(f"  held-out after:  {held_out(summary['eval_after'])}")
     print(f"  learning curve: {summary['learning_curve']}")
     print(f"  checkpoint:     {summary['checkpoint']}")
     print(f"  metrics:        {summary['metrics']}")

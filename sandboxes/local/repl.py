@@ -371,6 +371,8 @@ def run_cell(code: str, name: str, ns: dict) -> int:
     except SyntaxError as e:
         # As the interpreter reports a script that does not parse: the cell's line and caret, no
         # frames (they were the host's ast.py: its path, and 300 of a tool result's characters).
+        if e.text is None and e.lineno:  # compile() of the parsed tree has no source to quote
+            e.text = linecache.getline(name, e.lineno)
         child.print_exception(e.with_traceback(None))
         return 1
     except BaseException as e:  # e.g. RecursionError / MemoryError while parsing deeply nested code

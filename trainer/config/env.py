@@ -64,3 +64,16 @@ def check_env_id(env: EnvConfig) -> None:
 
         known = ", ".join(sorted(ENV_SPECS))
         raise ConfigError(f"env.id: unknown env {env.id!r}; chatgym envs: {known}")
+
+
+def count_tasks(env: EnvConfig, split: str) -> int:
+    """How many tasks the split ``split`` of ``env`` (its id and kwargs) holds."""
+    import gymnasium as gym
+
+    import chatgym  # noqa: F401  (registers the env ids)
+
+    made = gym.make(env.id, split=split, **env.kwargs)
+    try:
+        return len(made.unwrapped.tasks)
+    finally:
+        made.close()

@@ -240,7 +240,8 @@ class AlgoConfig:
             leaves ``rollout_mask_band`` weigh 0; the rest min(ρ_t, tis_cap), or 1 when ``tis_cap``
             is None). See docs/training.md.
         rollout_mask_band: ``[lo, hi]`` with 0 < lo <= 1 <= hi, the ratios the mask modes keep.
-        ppo_epochs: passes over each rollout batch; mini_batches: optimizer steps per pass.
+        ppo_epochs: passes over each rollout batch.
+        mini_batches: optimizer steps per pass.
         dynamic_sampling: drop groups whose rewards are all equal (DAPO) before the update.
         mask_truncated: zero the loss mask of completions cut by a token budget (DAPO).
         missing_eos_penalty: subtracted from the reward of completions without EOS (0: off).
@@ -332,10 +333,12 @@ class OptimConfig:
     """AdamW with a warm-up then constant / linear / cosine learning-rate schedule.
 
     Attributes:
-        lr: peak learning rate; value_lr: the value head's (None: same as ``lr``).
+        lr: peak learning rate.
+        value_lr: the value head's (None: same as ``lr``).
         weight_decay, betas, eps: AdamW's.
         warmup_steps: optimizer steps of linear warm-up from 0 to ``lr``.
         schedule: shape after warm-up; decays reach ``min_lr_ratio · lr`` at the last step.
+        min_lr_ratio: the decays' end, as a share of ``lr``.
         max_grad_norm: clip the global gradient norm (None: no clipping).
     """
 
@@ -367,16 +370,19 @@ class TrainConfig:
 
     Attributes:
         max_steps: training steps (one rollout batch each).
-        prompts_per_step: tasks per step; group_size: samples per task (GRPO's G).
+        prompts_per_step: tasks per step.
+        group_size: samples per task (GRPO's G).
         micro_batch_size: trajectories per forward/backward (gradients are accumulated).
         share_prompt_prefix: forward a group's common prompt once for all its samples (exact; about
             G times fewer prompt tokens; on CUDA off under gradient checkpointing, which drops the KV
             cache the padded layout uses — the packed layout, ``model.pack``, needs none).
         seed: seeds torch, task sampling and the engine's sampling.
         output_dir: where metrics, curves, traces and checkpoints go.
-        save_every: checkpoint every N steps (0: only at the end); keep_checkpoints: how many kept.
+        save_every: checkpoint every N steps (0: only at the end).
+        keep_checkpoints: how many checkpoints are kept (the newest).
         trace_fraction: share of rollouts written to ``traces.jsonl``.
-        tensorboard, wandb: also log there (wandb only if installed); wandb_project: its project.
+        tensorboard, wandb: also log there (wandb only if installed).
+        wandb_project: the wandb project.
         progress: show a progress bar.
         gc_freeze: move every object alive when training starts (models, tokenizer, env data) out of
             Python's garbage collector for the run (``gc.freeze()``, as vLLM does after start-up): a

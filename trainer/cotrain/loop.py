@@ -47,6 +47,7 @@ from typing import Any
 import yaml
 
 from chatgym.trainer.config.cotrain import CoTrainConfig, load_cotrain_config, party_config
+from chatgym.trainer.config.env import count_tasks
 from chatgym.trainer.config.run import Config, ConfigError, config_to_dict
 from chatgym.trainer.cotrain.party import (
     PARTIES,
@@ -336,12 +337,16 @@ class CoTrainer(Trainer):
 
 def check_party_env(config: Config, co: CoTrainConfig) -> None:
     """``chatgym train``'s env check (:func:`~chatgym.trainer.train_cli.check_env`: ``env.kwargs`` and
-    each split build), and that ``env.id`` takes the party's keyword (``judge=`` / ``user=``): either
-    would otherwise fail every episode once both models have loaded.
+    each split build), that ``env.id`` takes the party's keyword (``judge=`` / ``user=``), that
+    ``cotrain.tasks`` / ``cotrain.eval_task_ids`` are task indices of their splits, and that
+    ``cotrain.model_path`` names a model: each would otherwise fail (every episode, or the party's
+    load) once the policy had loaded.
 
     Raises:
-        ConfigError: naming ``env.kwargs``, the split's field, ``env.id`` or ``cotrain.party``.
+        ConfigError: naming ``env.kwargs``, the split's field, ``env.id``, ``cotrain.party``,
+            ``cotrain.tasks``, ``cotrain.eval_task_ids`` or ``cotrain.model_path``.
     """
+    from chatgym.trainer.models.packaged import load_model_path
     from chatgym.trainer.rollout.env_runner import EnvBuildError, build_env
 
     check_env(config.env)
@@ -353,6 +358,18 @@ def check_party_env(config: Config, co: CoTrainConfig) -> None:
             f"cotrain.party: {co.party!r} answers through the env's {kwarg}= keyword, which env.id "
             f"{config.env.id!r} does not take (Judge-v0 takes judge=, UserSim-v0 user=)"
         ) from None
+    checks = [("cotrain.tasks", co.tasks, config.env.train_split)]
+    if config.env.eval_tasks:
+        checks.append(("cotrain.eval_task_ids", co.eval_task_ids, config.env.eval_split))
+    for field, ids, split in checks:
+        if ids:
+            n = count_tasks(config.env, split)
+            if outside := [i for i in ids if not 0 <= i < n]:
+                raise ConfigError(f"{field}: {outside} out of range for split {split!r} ({n} tasks: 0..{n - 1})")
+    try:
+        load_model_path(co.model_path)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"cotrain.model_path: {exc}") from exc
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -378,8 +395,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         config, co = load_cotrain_config(args.config, overrides)  # env.id: a registered one
         check_party_env(config, co)
         check_model_and_engine(config)  # before the two models load (the party's is checked by its load)
-    except (ConfigError, OSError, yaml.YAMLError) as exc:
-        print(f"chatgym cotrain: {exc}", file=sys.stderr)
+    except (ConfigError, OSError, yaml.YAMLError, ModuleNotFoundError) as exc:  # ...: check_options imports vLLM
+        print(f"chatgym cotrain: {startup_refusal(exc) or exc}", file=sys.stderr)
         return 2
     try:
         trainer = CoTrainer(config, co)

@@ -136,8 +136,9 @@ class OpenAIChatEngine:
                 ``n`` counted from the calls ``history`` made, never an id it or this turn holds.
 
         Raises:
-            ServerError: no message; or, in ``stop_mode="server"``, a reply that ended on ``stop``
-                without the server naming what matched.
+            ServerError: no message, ``tool_calls`` that are not a list of objects; or, in
+                ``stop_mode="server"``, a reply that ended on ``stop`` without the server naming what
+                matched.
         """
         try:
             choice = response["choices"][0]
@@ -153,6 +154,8 @@ class OpenAIChatEngine:
         out: Message = {"role": "assistant", "content": content}
         calls: list[ToolCall] = []
         raw = message.get("tool_calls") or []
+        if not isinstance(raw, list) or not all(isinstance(c, dict) for c in raw):
+            raise ServerError(f"/chat/completions answer's tool_calls is not a list of objects: {str(raw)[:500]}")
         # Made ids must differ from every id of the episode (a bare call_{i} repeated call_0 each
         # turn, so a client pairing results with calls by id across turns mixed them up).
         history = list(history)
