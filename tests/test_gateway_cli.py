@@ -63,11 +63,13 @@ def test_a_session_opened_over_http_is_written_as_a_token_exact_jsonl_line(serve
     other = httpx.post(base_url + "/sessions").json()["session_id"]
     openai.OpenAI(base_url=base_url, api_key=other, max_retries=0, timeout=60).chat.completions.create(
         model="m", messages=[{"role": "user", "content": "Bye"}])
+    httpx.post(base_url + "/sessions")  # a third, left open without a turn: nothing to write
     bad = httpx.post(base_url + "/sessions", json={"group_id": -1})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "group_id"
     proc.send_signal(signal.SIGINT)
     assert proc.wait(60) == 0
-    assert "stopped (1 open sessions ended and written)" in lines.get(timeout=5)
+    # Regression (fresh user): "1 open sessions ended and written" for a session that wrote nothing.
+    assert "stopped (2 open sessions ended, 1 with turns written)" in lines.get(timeout=5)
 
     first, second = [json.loads(line) for line in out.read_text().splitlines()]
     assert first == ended[0]  # the line is the session's Trajectory.to_json(), as the end route returned it

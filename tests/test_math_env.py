@@ -1,5 +1,6 @@
 """Math-v0: answer extraction, scoring with reasoning-gym's scorer, splits, and the calculator tool."""
 
+import re
 from fractions import Fraction
 
 import gymnasium as gym
@@ -122,3 +123,21 @@ def test_a_task_row_is_checked_at_reset_naming_the_field(row, message):
                                 "metadata": {"source_dataset": "basic_arithmetic"}}})  # fmt: skip
     assert env.step("<answer>42</answer>")[1] == 1.0
     env.close()
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"size": "abc"}, "size must be an int >= 1 (tasks in the split) or None, got 'abc'"),
+        ({"size": -3}, "size must be an int >= 1 (tasks in the split) or None, got -3"),
+        ({"size": 0}, "size must be an int >= 1 (tasks in the split) or None, got 0"),
+        ({"size": True}, "size must be an int >= 1 (tasks in the split) or None, got True"),
+        ({"seed": "x"}, "seed must be an int, got 'x'"),
+    ],
+)
+def test_size_and_seed_are_checked_with_their_names(kwargs, message):
+    # Regression (fresh user): `chatgym eval --env-arg size=abc` said "TypeError: '>=' not supported
+    # between instances of 'int' and 'str'", size=-3 "ValueError: __len__() should return >= 0".
+    with pytest.raises(ValueError, match=re.escape(f"Math-v0: {message}")):
+        gym.make("Math-v0", split="train", **kwargs)
+    assert len(gym.make("Math-v0", split="train", size=3, seed=2).unwrapped.tasks) == 3

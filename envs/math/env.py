@@ -105,6 +105,11 @@ class MathEnv(ChatEnv):
     ):
         if split not in SPLIT_SEEDS:
             raise ValueError(f"Math-v0: split must be one of {sorted(SPLIT_SEEDS)}, got {split!r}")
+        # Checked here: reasoning-gym's own errors for these read as Python's ('>=' not supported ...).
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+            raise ValueError(f"Math-v0: size must be an int >= 1 (tasks in the split) or None, got {size!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int):  # the generators' random.Random takes int
+            raise ValueError(f"Math-v0: seed must be an int, got {seed!r}")
         tools = [Tool.from_function(calculate)] if calculator else []
         super().__init__(split=split, tools=tools, max_turns=max_turns or (4 if calculator else 1), **kwargs)
         self.dataset_name = dataset

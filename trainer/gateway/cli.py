@@ -209,4 +209,6 @@ async def serve(cfg: Any, *, port: int, out: Path, workdir: Path) -> None:
                     print(f"chatgym gateway: lost session {sid}: {exc}", file=sys.stderr)
             for error in gateway.on_end_errors:
                 print(f"chatgym gateway: could not write {error}", file=sys.stderr)
-            print(f"chatgym gateway: stopped ({len(ended)} open sessions ended and written)", flush=True)
+            # A session without a turn writes nothing (docs/gateway.md): count only those written.
+            written = sum(1 for trajs in ended.values() if trajs)
+            print(f"chatgym gateway: stopped ({len(ended)} open sessions ended, {written} with turns written)", flush=True)
