@@ -427,7 +427,6 @@ class Trainer:
         if self.cluster is not None:
             self.cluster.shutdown()
 
-
     def _cancel_pending(self) -> None:
         """Cancel, and wait for, the tasks an interrupt (Ctrl-C, SIGTERM) left on the loop: the
         pipeline and its episodes, stopped where the signal found them. Left pending, the next

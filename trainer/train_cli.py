@@ -61,9 +61,10 @@ def sigterm_unwinds() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def exit_status(exc: KeyboardInterrupt) -> int:
-    """143 for :class:`Terminated`, 130 for Ctrl-C (the shell's 128 + signal number)."""
-    return 143 if isinstance(exc, Terminated) else 130
+def interruption(exc: KeyboardInterrupt) -> tuple[str, int]:
+    """What stopped the run, for its last line, and the exit status: ``("terminated (SIGTERM)", 143)``
+    for :class:`Terminated`, ``("interrupted", 130)`` for Ctrl-C (the shell's 128 + signal number)."""
+    return ("terminated (SIGTERM)", 143) if isinstance(exc, Terminated) else ("interrupted", 130)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -290,9 +291,9 @@ def _train(config: Any, ckpt: Path | None) -> int:
             trainer.metrics.plot()
         last = latest_checkpoint(config.train.output_dir)
         where = f"the last checkpoint is {last} (continue with --resume)" if last else "no checkpoint was saved yet"
-        how = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+        how, status = interruption(exc)
         print(f"\nchatgym train: {how}; {where}", file=sys.stderr)
-        return exit_status(exc)
+        return status
     finally:
         trainer.close()
     _print_summary(summary)

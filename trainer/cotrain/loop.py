@@ -68,10 +68,9 @@ from chatgym.trainer.rollout.types import Trajectory
 from chatgym.trainer.sampler import tasks_for_step
 from chatgym.trainer.train import Trainer, TrainingStalled
 from chatgym.trainer.train_cli import (
-    Terminated,
     check_env,
     check_model_and_engine,
-    exit_status,
+    interruption,
     sigterm_unwinds,
     startup_refusal,
 )
@@ -352,18 +351,22 @@ def check_party_env(config: Config, co: CoTrainConfig) -> None:
     check_env(config.env)
     kwarg = PARTIES[co.party][0]
     try:  # None: the env's own default party, so only the keyword is tested
-        build_env(config.env.id, {**config.env.make_kwargs(eval=False), kwarg: None}).close()
+        env = build_env(config.env.id, {**config.env.make_kwargs(eval=False), kwarg: None})
     except EnvBuildError:
         raise ConfigError(
             f"cotrain.party: {co.party!r} answers through the env's {kwarg}= keyword, which env.id "
             f"{config.env.id!r} does not take (Judge-v0 takes judge=, UserSim-v0 user=)"
         ) from None
+    with contextlib.closing(env):
+        sizes = {config.env.train_split: len(env.unwrapped.tasks)}  # from the env just built
     checks = [("cotrain.tasks", co.tasks, config.env.train_split)]
     if config.env.eval_tasks:
         checks.append(("cotrain.eval_task_ids", co.eval_task_ids, config.env.eval_split))
     for field, ids, split in checks:
         if ids:
-            n = count_tasks(config.env, split)
+            if split not in sizes:  # the eval split, when it is another one
+                sizes[split] = count_tasks(config.env, split)
+            n = sizes[split]
             if outside := [i for i in ids if not 0 <= i < n]:
                 raise ConfigError(f"{field}: {outside} out of range for split {split!r} ({n} tasks: 0..{n - 1})")
     try:
@@ -400,11 +403,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         trainer = CoTrainer(config, co)
-    except (ConfigError, FileExistsError) as exc:  # no CUDA for model.device, a used output_dir, ...
-        print(f"chatgym cotrain: {exc}", file=sys.stderr)
-        return 2
-    except ModuleNotFoundError as exc:  # an engine's optional package: one line, as chatgym train says it
-        print(f"chatgym cotrain: {startup_refusal(exc)}", file=sys.stderr)
+    except (ConfigError, FileExistsError, ModuleNotFoundError) as exc:  # no CUDA, a used output_dir, a package
+        print(f"chatgym cotrain: {startup_refusal(exc) or exc}", file=sys.stderr)
         return 2
     try:
         with sigterm_unwinds():
@@ -413,9 +413,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"chatgym cotrain: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated): a traceback before
-        how = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+        how, status = interruption(exc)
         print(f"\nchatgym cotrain: {how}; {_checkpoints_line(config, co)}", file=sys.stderr)
-        return exit_status(exc)
+        return status
     finally:
         trainer.close()
     print(
