@@ -33,3 +33,51 @@ def test_a_checkpoint_directory_follows_the_umask_not_0700(tmp_path):
     assert {f: oct(stat.S_IMODE((path / f).stat().st_mode)) for f in files} == {f: "0o644" for f in files}
     assert list_checkpoints(tmp_path) == [path]
     assert sorted(p.name for p in path.parent.iterdir()) == ["step_000003"]  # no temporary left
+
+
+def test_a_checkpoint_the_disk_refuses_is_one_clear_error_and_leaves_no_partial_files(tmp_path):
+    """Regression: a full disk failed the run at the checkpoint save with safetensors' or torch's raw
+    traceback. A real refused write: a 1 MB file size limit (RLIMIT_FSIZE, SIGXFSZ ignored so the write
+    fails with EFBIG instead of killing the process) against the ~3 MB weights file."""
+    import resource
+    import signal
+
+    import pytest
+
+    from chatgym.trainer.learner.checkpoint import CheckpointNotWritten
+
+    model = random_model("smollm2", seed=0, **TINY)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    kw = dict(policy=model, tokenizer=None, optimizer=optimizer, scheduler=scheduler)
+    first = save_checkpoint(tmp_path, 1, **kw)
+    assert (first / "policy" / "model.safetensors").stat().st_size > 2_000_000
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1_000_000, hard))
+    try:
+        with pytest.raises(CheckpointNotWritten) as info:
+            save_checkpoint(tmp_path, 2, **kw)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old_handler)
+    message = str(info.value)
+    head = f"could not write checkpoint {tmp_path / 'checkpoints' / 'step_000002'}: File too large ("
+    assert message.startswith(head) and message.endswith(" GB free on that disk; kept: step_000001)")
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000001"]
+    assert list_checkpoints(tmp_path) == [first]
+
+
+def test_an_error_that_is_not_a_refused_write_keeps_its_own_type(tmp_path):
+    """Only a refused write becomes CheckpointNotWritten: a bug (here a state_dict that raises) keeps its
+    traceback, and no partial checkpoint is left either."""
+    import pytest
+
+    class Broken:
+        def state_dict(self):
+            raise KeyError("bug")
+
+    model = random_model("smollm2", seed=0, **TINY)
+    with pytest.raises(KeyError, match="bug"):
+        save_checkpoint(tmp_path, 1, policy=model, tokenizer=None, optimizer=Broken(), scheduler=Broken())
+    assert list((tmp_path / "checkpoints").iterdir()) == []

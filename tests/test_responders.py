@@ -106,6 +106,35 @@ async def test_chat_responder_talks_to_a_real_http_server():
         await runner.cleanup()
 
 
+async def test_openai_chat_replaces_server_ids_that_repeat():
+    # Regression: a server's own ids were kept even when they repeated (within a turn, or an id of an
+    # earlier turn), so two calls shared one id and their results could not be told apart. The first
+    # use keeps the server's id; a repeat gets a made id. Real HTTP server.
+    turns = iter([["dup", "dup", "fresh"], ["dup", "other", "other"]])
+
+    async def completions(request: web.Request) -> web.Response:
+        calls = [{"id": i, "type": "function", "function": {"name": "add", "arguments": "{}"}} for i in next(turns)]
+        return web.json_response({"choices": [{"message": {"role": "assistant", "content": None, "tool_calls": calls}}]})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", completions)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = _free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    engine = OpenAIChatEngine("agent-model", base_url=f"http://127.0.0.1:{port}/v1", api_key="k")
+    try:
+        first = await engine.chat([M.user("add")])
+        assert [c["id"] for c in first["tool_calls"]] == ["dup", "call_1", "fresh"]
+        history = [M.user("add"), first]
+        history += [{"role": "tool", "content": "2", "tool_call_id": c["id"]} for c in first["tool_calls"]]
+        second = await engine.chat(history)  # the 4th-6th calls of the episode: call_3, (other), call_5
+        assert [c["id"] for c in second["tool_calls"]] == ["call_3", "other", "call_5"]
+    finally:
+        await engine.close()
+        await runner.cleanup()
+
+
 async def test_openai_chat_numbers_id_less_tool_calls_after_the_conversation():
     # Regression: a server's tool calls without ids got call_{i} per turn, so the second turn's call
     # was call_0 again and a client pairing tool results by id mixed the two turns' calls up. Real

@@ -857,6 +857,48 @@ def test_max_failed_steps_zero_never_stops_and_a_negative_one_is_refused(
         tiny_config(tmp_path, "train.max_failed_steps=-1")
 
 
+def test_chatgym_train_on_a_disk_that_refuses_the_checkpoint_prints_one_line_and_returns_1(
+    tmp_path, tiny_model, monkeypatch, capsys
+):
+    """Regression: a full disk at the checkpoint save ended `chatgym train` with safetensors' raw
+    traceback. The save runs under a real 1 MB file size limit (RLIMIT_FSIZE, SIGXFSZ ignored: the
+    write fails with EFBIG as it would with ENOSPC): one `chatgym train:` line naming the checkpoint,
+    rc 1, no partial checkpoint, the trainer closed."""
+    import resource
+    import signal
+
+    import chatgym.trainer.train as train_module
+    from chatgym.trainer.train_cli import main
+
+    closed = []
+
+    class DiskFullTrainer(train_module.Trainer):
+        def save(self, steps_done):
+            soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+            old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (1_000_000, hard))
+            try:
+                return super().save(steps_done)
+            finally:
+                resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+                signal.signal(signal.SIGXFSZ, old)
+
+        def close(self):
+            closed.append(True)
+            super().close()
+
+    monkeypatch.setattr(train_module, "Trainer", DiskFullTrainer)  # train_cli imports it at run time
+    out = tmp_path / "run"
+    rc = main(tiny_overrides(out, "env.eval_tasks=0", "train.save_every=1", steps=2))
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("chatgym train:")]
+    assert rc == 1 and closed == [True]
+    assert len(err) == 1 and err[0].startswith(
+        f"chatgym train: could not write checkpoint {out / 'checkpoints' / 'step_000001'}: File too large ("
+    )
+    assert err[0].endswith(" GB free on that disk; no earlier checkpoint)")
+    assert list((out / "checkpoints").iterdir()) == []
+
+
 def test_chatgym_train_on_a_run_whose_every_episode_fails_prints_one_line_and_returns_1(
     tmp_path, tiny_model, monkeypatch, capsys
 ):

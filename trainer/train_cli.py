@@ -263,6 +263,7 @@ def startup_refusal(exc: BaseException) -> str | None:
 def _train(config: Any, ckpt: Path | None) -> int:
     """Build the trainer and run it; the exit status (see :func:`main`)."""
     from chatgym.trainer.distributed.learner import LearnerFailed  # imports no Ray
+    from chatgym.trainer.learner.checkpoint import CheckpointNotWritten
 
     # torch and transformers load only once the config is good
     from chatgym.trainer.train import Trainer, TrainingStalled
@@ -283,7 +284,8 @@ def _train(config: Any, ckpt: Path | None) -> int:
     try:
         with sigterm_unwinds():
             summary = trainer.train()
-    except (LearnerFailed, TrainingStalled) as exc:  # a Ray learner died (the message names the checkpoint) / nothing trains
+    # a Ray learner died (the message names the checkpoint) / nothing trains / the disk refused a checkpoint
+    except (LearnerFailed, TrainingStalled, CheckpointNotWritten) as exc:
         print(f"chatgym train: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:

@@ -62,6 +62,7 @@ from chatgym.trainer.cotrain.party import (
     user_checks,
 )
 from chatgym.trainer.engines.base import SamplingParams
+from chatgym.trainer.learner.checkpoint import CheckpointNotWritten
 from chatgym.trainer.logging.step_metrics import rollout_metrics
 from chatgym.trainer.pipeline import WeightSync
 from chatgym.trainer.rollout.types import Trajectory
@@ -409,7 +410,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with sigterm_unwinds():
             summary = trainer.train()
-    except TrainingStalled as exc:  # every episode failed train.max_failed_steps steps in a row
+    # every episode failed train.max_failed_steps steps in a row / the disk refused a checkpoint
+    except (TrainingStalled, CheckpointNotWritten) as exc:
         print(f"chatgym cotrain: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated): a traceback before

@@ -131,8 +131,9 @@ class OpenAIChatEngine:
             response: the decoded JSON answer.
             stop: the request's stop strings: the content is cut after the first one (kept), and in
                 ``stop_mode="server"`` the one the server names is put back.
-            history: the conversation the answer follows. A tool call the server sent without an id
-                gets ``call_<n>`` by the envs' rule (:meth:`~chatgym.envs.parsers.base.ParsedAction.numbered_from`):
+            history: the conversation the answer follows. A tool call the server sent without an id,
+                or with one that ``history`` or an earlier call of this answer already holds, gets
+                ``call_<n>`` by the envs' rule (:meth:`~chatgym.envs.parsers.base.ParsedAction.numbered_from`):
                 ``n`` counted from the calls ``history`` made, never an id it or this turn holds.
 
         Raises:
@@ -156,18 +157,27 @@ class OpenAIChatEngine:
         raw = message.get("tool_calls") or []
         if not isinstance(raw, list) or not all(isinstance(c, dict) for c in raw):
             raise ServerError(f"/chat/completions answer's tool_calls is not a list of objects: {str(raw)[:500]}")
-        # Made ids must differ from every id of the episode (a bare call_{i} repeated call_0 each
-        # turn, so a client pairing results with calls by id across turns mixed them up).
+        # Every id must differ from every other id of the episode (a bare call_{i} repeated call_0
+        # each turn, so a client pairing results with calls by id across turns mixed them up). A
+        # server's id is kept the first time it appears; a missing one, or one the conversation or
+        # an earlier call of this turn already holds, is replaced by a made one.
         history = list(history)
         first = calls_before(history)
-        taken = call_ids(history) | {c["id"] for c in raw if isinstance(c.get("id"), str) and c["id"]}
-        for i, call in enumerate(raw):
+        used = call_ids(history)
+        kept: list[str | None] = []
+        for call in raw:
+            call_id = call.get("id")
+            ok = isinstance(call_id, str) and call_id and call_id not in used
+            kept.append(call_id if ok else None)
+            if ok:
+                used.add(call_id)
+        taken = set(used)
+        for i, (call, call_id) in enumerate(zip(raw, kept, strict=True)):
             fn = call.get("function") or {}
             arguments = fn.get("arguments", "{}")
             if not isinstance(arguments, str):  # some servers send the object itself
                 arguments = json.dumps(arguments, ensure_ascii=False)
-            call_id = call.get("id")
-            if not (isinstance(call_id, str) and call_id):
+            if call_id is None:
                 call_id = fresh_call_id(first + i, taken)
                 taken.add(call_id)
             calls.append(

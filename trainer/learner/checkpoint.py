@@ -28,6 +28,15 @@ import torch
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 STATE_FILE = "trainer_state.pt"
+# How a failed write reads once torch (RuntimeError) or safetensors (its Rust io::Error) has wrapped it.
+_WRITE_FAILURE = re.compile(
+    r"No space left|Disk quota|Read-only file system|Permission denied|File too large|file write failed|os error \d+"
+)
+
+
+class CheckpointNotWritten(RuntimeError):
+    """The disk refused a checkpoint (full, over quota, read-only, a file size limit); the message names
+    the checkpoint, the reason and the bytes free. The partial files are removed, older checkpoints kept."""
 
 
 def checkpoint_root(output_dir: str | Path) -> Path:
@@ -127,6 +136,10 @@ def save_checkpoint(
 
     Returns:
         The checkpoint directory.
+
+    Raises:
+        CheckpointNotWritten: the filesystem refused a write (disk full, quota, read-only, a file size
+            limit); nothing of this checkpoint is left on disk.
     """
     root = checkpoint_root(output_dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -154,11 +167,30 @@ def save_checkpoint(
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
+    except Exception as exc:
+        if not (isinstance(exc, OSError) or _WRITE_FAILURE.search(str(exc))):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointNotWritten(_not_written(root, final, exc)) from exc
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     for old in list_checkpoints(output_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _not_written(root: Path, final: Path, exc: Exception) -> str:
+    text = str(exc)
+    rust = re.search(r"I/O error: (.+?) \(os error \d+\)", text)  # safetensors' wrapped io::Error
+    found = _WRITE_FAILURE.search(text)
+    if isinstance(exc, OSError) and exc.strerror:
+        reason = exc.strerror
+    else:
+        reason = rust.group(1) if rust else found.group(0) if found else text
+    free = shutil.disk_usage(root).free
+    kept = [p.name for p in list_checkpoints(root.parent)]
+    older = f"; kept: {', '.join(kept)}" if kept else "; no earlier checkpoint"
+    return f"could not write checkpoint {final}: {reason} ({free / 1e9:.2f} GB free on that disk{older})"
 
 
 def _files_follow_the_umask(root: Path) -> None:
