@@ -160,15 +160,19 @@ def scenario_text(task: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def scripted_user(task: dict[str, Any]) -> ScriptedResponder:
-    """A user that replays the task's known answers: its opening line is the reason for calling and
-    the known info from the scenario; any later turn is ``###STOP###``."""
+def scripted_opening(task: dict[str, Any]) -> str:
+    """The scenario's reason for calling and its known info, one after the other (the scripted user's
+    first message)."""
     ins = task["user_scenario"]["instructions"]
     if isinstance(ins, dict):
-        opening = "\n".join(s.strip() for s in (ins.get("reason_for_call"), ins.get("known_info")) if s)
-    else:
-        opening = str(ins)
-    return ScriptedResponder([opening], then=STOP)
+        return "\n".join(s.strip() for s in (ins.get("reason_for_call"), ins.get("known_info")) if s)
+    return str(ins)
+
+
+def scripted_user(task: dict[str, Any]) -> ScriptedResponder:
+    """A user that replays the task's known answers: its opening line is :func:`scripted_opening`;
+    any later turn is ``###STOP###``."""
+    return ScriptedResponder([scripted_opening(task)], then=STOP)
 
 
 class UserSimEnv(ChatEnv):

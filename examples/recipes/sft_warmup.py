@@ -22,7 +22,14 @@ them:
   opening, quotes and question mark), the real BM25 retriever answers, and the policy answers with
   the gold article's title when a returned passage carries it (``(Title: <title>)``). An episode where
   the article was not retrieved, or that the env did not score correct, is skipped: every trace is a
-  real, successful episode.
+  real, successful episode;
+* ``usersim`` (UserSim-v0, the simulated-user party of ``chatgym cotrain``): no episode is played; the
+  trace is the user's first turn as its engine sees it (the user system prompt with the task's
+  scenario, the agent's greeting) answered by :func:`~chatgym.envs.usersim.env.scripted_opening` (the
+  scenario's reason for calling and its known info). Without it the 135M user states no identifier
+  of its scenario (0 of 48 sampled openings on six training scenarios, temperature 1), so the
+  faithfulness reward's coverage half gives co-training no gradient; a few of these traces make it
+  state them sometimes. Use ``--config`` for another domain (``env.kwargs.domain``).
 
 Each trace is rendered with the rollout's chat template and tool schemas (what the policy sees in
 RL); the loss covers the assistant turns only (each turn's text and its ``<|im_end|>``), never the
@@ -174,12 +181,22 @@ def _rank_of(text: str, title: str) -> int:
     return int(re.findall(r"Doc (\d+) \(Title: ", text[:at])[-1])
 
 
+def usersim_episode(env: Any, task_index: int) -> Episode:
+    from chatgym.envs import messages as M
+    from chatgym.envs.usersim.env import GREETING, scripted_opening
+
+    task = env.tasks[task_index]
+    messages = [M.system(env.user_system_prompt(task)), M.user(GREETING), M.assistant(scripted_opening(task))]
+    return Episode(messages, reward=1.0, info={}, observation="")
+
+
 # recipe -> (default config, default --offset, episode function)
 RECIPES: dict[str, tuple[str, int, Any]] = {
     "retool": ("examples/recipes/retool/cpu.yaml", 4000, retool_episode),
     "arith_chain": ("examples/recipes/arith_chain/cpu.yaml", 4000, retool_episode),
     "countdown": ("examples/recipes/countdown/cpu.yaml", 4000, countdown_episode),
     "search": ("examples/recipes/search_r1/tags_cpu.yaml", -400, search_episode),
+    "usersim": ("examples/configs/cotrain_usersim_gpu.yaml", 0, usersim_episode),
 }
 
 
@@ -312,13 +329,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.manual_seed(args.seed)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     default_config, default_offset, _ = RECIPES[args.recipe]
-    cfg = load_config(args.config or default_config)
+    if args.recipe == "usersim":  # a co-training config: its run sections, the cotrain: one set aside
+        from chatgym.trainer.config.cotrain import load_cotrain_config
+
+        cfg = load_cotrain_config(args.config or default_config)[0]
+    else:
+        cfg = load_config(args.config or default_config)
     offset = default_offset if args.offset is None else args.offset
     t0 = time.perf_counter()
     env = make_env(args.recipe, cfg)
     try:
         episodes, tried = collect_episodes(args.recipe, env, args.examples, offset)
-        tools = env.tools
+        tools = None if args.recipe == "usersim" else env.tools  # the user party is offered no tools
     finally:
         env.close()
     tokenizer = get_tokenizer(args.model, cfg.rollout.chat_template or "auto")
