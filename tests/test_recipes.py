@@ -242,6 +242,32 @@ def test_retool_sft_traces_train_only_the_assistant_turns(tok):
     assert tok.decode(ids).endswith(f"<|im_start|>assistant\n<answer>{answer}</answer><|im_end|>\n")
 
 
+def test_usersim_sft_trace_is_the_users_first_turn_with_its_scenario_opening(tok):
+    """The user party's cold start: what its engine sees at the first turn (the user system prompt with
+    the scenario, the agent's greeting), answered by the scenario's reason and known info; only that
+    answer is trained. Training task 0 of tau2 airline, its text read from the task here."""
+    from chatgym.envs.usersim.env import GREETING, UserSimEnv
+    from chatgym.trainer.config.cotrain import load_cotrain_config
+    from chatgym.trainer.cotrain.party import facts, known_facts
+
+    cfg = load_cotrain_config(ROOT / "examples/configs/cotrain_usersim_gpu.yaml")[0]
+    env = sft_warmup.make_env("usersim", cfg)
+    assert isinstance(env, UserSimEnv) and env.split == "train"
+    episode = sft_warmup.usersim_episode(env, 0)
+    opening = (
+        "You want to cancel reservation EHGLP3. \n\nIt may be more than 24 hours after booking, but it is ok "
+        "because you were out of town for that time.\nYou are Emma Kim.\nYour user id is emma_kim_9957."
+    )
+    assert episode.messages == [
+        {"role": "system", "content": env.user_system_prompt(env.tasks[0])},
+        {"role": "user", "content": GREETING},
+        {"role": "assistant", "content": opening},
+    ]
+    assert known_facts(episode.messages) == {"emma_kim_9957"} <= facts(opening)  # coverage 1
+    ids, mask = sft_warmup.assistant_mask(tok, episode.messages, None)
+    assert tok.decode([i for i, m in zip(ids, mask, strict=True) if m]) == opening + "<|im_end|>"
+
+
 @pytest.fixture(scope="module")
 def search_envs():
     """The search recipe's SFT envs (the CPU configs' kwargs, training split), one per mode."""
