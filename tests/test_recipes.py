@@ -506,6 +506,32 @@ def test_compare_cotrain_tables_the_evaluations_and_the_ratings_given(tmp_path, 
     assert compare_cotrain.main([str(empty)]) == 2
 
 
+def test_compare_cotrain_tables_a_user_run_by_its_faithfulness(tmp_path, capsys):
+    run = tmp_path / "user_s0"
+    run.mkdir()
+    rows = [
+        {"step": 0, "eval/score": 0.0, "eval/user/reward_mean": 0.5, "eval/user/blind_faithfulness": 0.5,
+         "eval/user/faithfulness_over_blind": 0.0, "eval/user/coverage": 0.0, "eval/user/grounded": 1.0,
+         "eval/user/opening_distinct": 0.95},
+        {"step": 1, "user/reward_mean": 0.6},  # a training row: not in the table
+        {"step": 5, "eval/score": 0.05, "eval/user/reward_mean": 0.625, "eval/user/blind_faithfulness": 0.5,
+         "eval/user/faithfulness_over_blind": 0.125, "eval/user/coverage": 0.25, "eval/user/grounded": 1.0,
+         "eval/user/opening_distinct": 1.0},
+    ]  # fmt: skip
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert compare_cotrain.party_of([run]) == "user"
+    assert compare_cotrain.main([str(run), "--out", str(tmp_path / "c.png")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == (
+        "| run | step | faithfulness | blind user's | over blind | coverage | grounded | distinct openings | policy score |"
+    )
+    assert lines[2:] == [
+        "| user_s0 | 0 | 0.5000 | 0.5000 | 0.0000 | 0.0000 | 1.0000 | 0.9500 | 0.0000 |",
+        "| user_s0 | 5 | 0.6250 | 0.5000 | 0.1250 | 0.2500 | 1.0000 | 1.0000 | 0.0500 |",
+    ]
+    assert (tmp_path / "c.png").stat().st_size > 0
+
+
 # ---- compare_estimators.sh, with stand-ins for chatgym and python ----------------------------------
 
 # A stand-in for `chatgym train`: writes "<its pid> <its child's pid>" to <output_dir>/pids, where the

@@ -1,10 +1,15 @@
-"""Table and plot of judge co-training runs (``chatgym cotrain``): the judge's held-out agreement against
-the best constant rating's, how many ratings it gives, and the policy's reference-judged reward.
+"""Table and plot of co-training runs (``chatgym cotrain``).
+
+A judge: its held-out agreement against the best constant rating's, how many ratings it gives, and
+the policy's reference-judged reward. A simulated user: its held-out faithfulness against the blind
+user's (one that states no identifier), coverage and groundedness, distinct openings, and the policy's
+score. The party is read off the rows (``eval/judge/*`` or ``eval/user/*``); one party per call.
 
     python examples/recipes/judge_cotrain/compare_cotrain.py RUN_DIR [RUN_DIR ...] [--out compare.png]
 
-Reads each run's ``metrics.jsonl`` (its ``eval/*`` rows) and ``eval_calibration.jsonl`` (one row per
-held-out calibration sample); prints a markdown table (stdout) and draws the curves (``--out``).
+Reads each run's ``metrics.jsonl`` (its ``eval/*`` rows) and, for a judge, ``eval_calibration.jsonl``
+(one row per held-out calibration sample); prints a markdown table (stdout) and draws the curves
+(``--out``).
 """
 
 from __future__ import annotations
@@ -26,6 +31,23 @@ COLUMNS = (
     ("eval/policy/reference_reward", "policy reference reward"),
     ("eval/score", "policy score (judge-rated)"),
 )
+USER_COLUMNS = (
+    ("eval/user/reward_mean", "faithfulness"),
+    ("eval/user/blind_faithfulness", "blind user's"),
+    ("eval/user/faithfulness_over_blind", "over blind"),
+    ("eval/user/coverage", "coverage"),
+    ("eval/user/grounded", "grounded"),
+    ("eval/user/opening_distinct", "distinct openings"),
+    ("eval/score", "policy score"),
+)
+
+
+def party_of(runs: list[Path]) -> str:
+    """``"user"`` when any evaluation row has ``eval/user/*`` keys, else ``"judge"``."""
+    for run in runs:
+        if any(k.startswith("eval/user/") for r in eval_rows(run) for k in r):
+            return "user"
+    return "judge"
 
 
 def eval_rows(run: Path) -> list[dict[str, Any]]:
@@ -48,13 +70,19 @@ def rating_counts(run: Path) -> dict[int, dict[float | None, int]]:
 
 
 def table(runs: list[Path]) -> str:
-    """One markdown row per (run, evaluation): the :data:`COLUMNS`, then the ratings given."""
-    head = ["run", "step", *(name for _, name in COLUMNS), "ratings given (calibration)"]
+    """One markdown row per (run, evaluation): a judge's :data:`COLUMNS` and the ratings given, or a
+    user's :data:`USER_COLUMNS`."""
+    user = party_of(runs) == "user"
+    columns = USER_COLUMNS if user else COLUMNS
+    head = ["run", "step", *(name for _, name in columns)] + ([] if user else ["ratings given (calibration)"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for run in runs:
         counts = rating_counts(run)
         for r in eval_rows(run):
-            cells = [f"{r[k]:.4f}" if k in r else "–" for k, _ in COLUMNS]
+            cells = [f"{r[k]:.4f}" if k in r else "–" for k, _ in columns]
+            if user:
+                lines.append(f"| {run.name} | {r['step']} | " + " | ".join(cells) + " |")
+                continue
             given = counts.get(int(r["step"]), {})
             spread = ", ".join(f"{'none' if k is None else f'{k:g}'}: {n}" for k, n in sorted(given.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)))
             lines.append(f"| {run.name} | {r['step']} | " + " | ".join(cells) + f" | {spread or '–'} |")
@@ -67,19 +95,28 @@ def plot(runs: list[Path], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = (
-        ("eval/judge/calibration/reward_mean", "held-out calibration agreement (dashed: best constant)"),
-        ("eval/judge/calibration/rating_distinct", "distinct ratings on them (1: a constant judge)"),
-        ("eval/policy/reference_reward", "policy reward, reference-judged"),
-    )
+    if party_of(runs) == "user":
+        panels = (
+            ("eval/user/reward_mean", "held-out user faithfulness (dashed: a blind user's)"),
+            ("eval/user/coverage", "known identifiers stated (coverage)"),
+            ("eval/score", "policy score (tau2 reward)"),
+        )
+        baseline = ("eval/user/reward_mean", "eval/user/blind_faithfulness")
+    else:
+        panels = (
+            ("eval/judge/calibration/reward_mean", "held-out calibration agreement (dashed: best constant)"),
+            ("eval/judge/calibration/rating_distinct", "distinct ratings on them (1: a constant judge)"),
+            ("eval/policy/reference_reward", "policy reward, reference-judged"),
+        )
+        baseline = ("eval/judge/calibration/reward_mean", "eval/judge/calibration/best_constant_agreement")
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6))
     for run in runs:
         rows = eval_rows(run)
         steps = [r["step"] for r in rows]
         for ax, (key, title) in zip(axes, panels, strict=True):
             (line,) = ax.plot(steps, [r.get(key, float("nan")) for r in rows], marker="o", label=run.name)
-            if key == "eval/judge/calibration/reward_mean":
-                const = [r.get("eval/judge/calibration/best_constant_agreement", float("nan")) for r in rows]
+            if key == baseline[0]:
+                const = [r.get(baseline[1], float("nan")) for r in rows]
                 ax.plot(steps, const, ls="--", color=line.get_color())
             ax.set_title(title, fontsize=9)
             ax.set_xlabel("step")
