@@ -594,7 +594,12 @@ def test_compare_estimators_stops_every_process_of_its_runs_when_stopped(tmp_pat
     import time
 
     cmd, root, env = _compare_estimators(tmp_path)
-    script = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT at its default in the script: a test run started in the background inherits it ignored,
+    # and bash cannot trap a signal ignored on entry.
+    script = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     pid_files = [root / f"arith_chain_{adv}_s0" / "pids" for adv in ("grpo", "turn_grpo")]
     deadline = time.monotonic() + 60
     while not all(f.is_file() and f.read_text().endswith("\n") for f in pid_files):

@@ -416,10 +416,15 @@ def test_a_signal_during_a_rollout_leaves_no_task_running_after_close(tmp_path, 
 
     monkeypatch.setattr(TransformersEngine, "generate", signalled)
     monkeypatch.setattr(MetricsLogger, "plot_later", lambda self: self.dir / "learning_curve.png")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        rc = main([*_tiny_letters_run("train.save_every=1"), "--output-dir", str(tmp_path)])
-        gc.collect()  # an unretrieved task's error is logged when the task is collected
+    # A test run started in the background inherits SIGINT ignored, and Python then keeps it ignored.
+    old_int = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            rc = main([*_tiny_letters_run("train.save_every=1"), "--output-dir", str(tmp_path)])
+            gc.collect()  # an unretrieved task's error is logged when the task is collected
+    finally:
+        signal.signal(signal.SIGINT, old_int)
     err = capsys.readouterr().err
     how = "terminated (SIGTERM)" if signum == "SIGTERM" else "interrupted"
     assert rc == (143 if signum == "SIGTERM" else 130)
