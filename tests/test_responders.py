@@ -4,6 +4,7 @@ reply decoding, traces for co-training; the chat-API adapter against a real loca
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 
 import pytest
@@ -106,6 +107,23 @@ async def test_chat_responder_talks_to_a_real_http_server():
         await runner.cleanup()
 
 
+@contextlib.asynccontextmanager
+async def _tool_call_server(completions):
+    """An OpenAIChatEngine on a real aiohttp ``/v1/chat/completions`` answered by ``completions``."""
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", completions)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = _free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    engine = OpenAIChatEngine("agent-model", base_url=f"http://127.0.0.1:{port}/v1", api_key="k")
+    try:
+        yield engine
+    finally:
+        await engine.close()
+        await runner.cleanup()
+
+
 async def test_openai_chat_replaces_server_ids_that_repeat():
     # Regression: a server's own ids were kept even when they repeated (within a turn, or an id of an
     # earlier turn), so two calls shared one id and their results could not be told apart. The first
@@ -116,23 +134,13 @@ async def test_openai_chat_replaces_server_ids_that_repeat():
         calls = [{"id": i, "type": "function", "function": {"name": "add", "arguments": "{}"}} for i in next(turns)]
         return web.json_response({"choices": [{"message": {"role": "assistant", "content": None, "tool_calls": calls}}]})
 
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", completions)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = _free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    engine = OpenAIChatEngine("agent-model", base_url=f"http://127.0.0.1:{port}/v1", api_key="k")
-    try:
+    async with _tool_call_server(completions) as engine:
         first = await engine.chat([M.user("add")])
         assert [c["id"] for c in first["tool_calls"]] == ["dup", "call_1", "fresh"]
         history = [M.user("add"), first]
         history += [{"role": "tool", "content": "2", "tool_call_id": c["id"]} for c in first["tool_calls"]]
         second = await engine.chat(history)  # the 4th-6th calls of the episode: call_3, (other), call_5
         assert [c["id"] for c in second["tool_calls"]] == ["call_3", "other", "call_5"]
-    finally:
-        await engine.close()
-        await runner.cleanup()
 
 
 async def test_openai_chat_numbers_id_less_tool_calls_after_the_conversation():
@@ -145,14 +153,7 @@ async def test_openai_chat_numbers_id_less_tool_calls_after_the_conversation():
             {"choices": [{"message": {"role": "assistant", "content": None, "tool_calls": [call, {**call, "id": ""}]}}]}
         )
 
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", completions)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = _free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    engine = OpenAIChatEngine("agent-model", base_url=f"http://127.0.0.1:{port}/v1", api_key="k")
-    try:
+    async with _tool_call_server(completions) as engine:
         first = await engine.chat([M.user("add")])
         assert [c["id"] for c in first["tool_calls"]] == ["call_0", "call_1"]
         history = [M.user("add"), first]
@@ -161,6 +162,3 @@ async def test_openai_chat_numbers_id_less_tool_calls_after_the_conversation():
         history.append({"role": "tool", "content": "x", "tool_call_id": "call_3"})
         second = await engine.chat(history)
         assert [c["id"] for c in second["tool_calls"]] == ["call_2", "call_4"]
-    finally:
-        await engine.close()
-        await runner.cleanup()
