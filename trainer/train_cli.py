@@ -263,9 +263,9 @@ def startup_refusal(exc: BaseException) -> str | None:
 def _train(config: Any, ckpt: Path | None) -> int:
     """Build the trainer and run it; the exit status (see :func:`main`)."""
     from chatgym.trainer.distributed.learner import LearnerFailed  # imports no Ray
-    from chatgym.trainer.learner.checkpoint import CheckpointNotWritten
 
     # torch and transformers load only once the config is good
+    from chatgym.trainer.learner.checkpoint import CheckpointNotWritten
     from chatgym.trainer.train import Trainer, TrainingStalled
 
     out = Path(config.train.output_dir)
