@@ -39,10 +39,8 @@ def test_a_checkpoint_the_disk_refuses_is_one_clear_error_and_leaves_no_partial_
     """Regression: a full disk failed the run at the checkpoint save with safetensors' or torch's raw
     traceback. A real refused write: a 1 MB file size limit (RLIMIT_FSIZE, SIGXFSZ ignored so the write
     fails with EFBIG instead of killing the process) against the ~3 MB weights file."""
-    import resource
-    import signal
-
     import pytest
+    from train_helpers import file_size_limit
 
     from chatgym.trainer.learner.checkpoint import CheckpointNotWritten
 
@@ -52,15 +50,8 @@ def test_a_checkpoint_the_disk_refuses_is_one_clear_error_and_leaves_no_partial_
     kw = dict(policy=model, tokenizer=None, optimizer=optimizer, scheduler=scheduler)
     first = save_checkpoint(tmp_path, 1, **kw)
     assert (first / "policy" / "model.safetensors").stat().st_size > 2_000_000
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (1_000_000, hard))
-    try:
-        with pytest.raises(CheckpointNotWritten) as info:
-            save_checkpoint(tmp_path, 2, **kw)
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-        signal.signal(signal.SIGXFSZ, old_handler)
+    with file_size_limit(1_000_000), pytest.raises(CheckpointNotWritten) as info:
+        save_checkpoint(tmp_path, 2, **kw)
     message = str(info.value)
     head = f"could not write checkpoint {tmp_path / 'checkpoints' / 'step_000002'}: File too large ("
     assert message.startswith(head) and message.endswith(" GB free on that disk; kept: step_000001)")

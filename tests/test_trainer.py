@@ -10,7 +10,14 @@ import math
 
 import pytest
 import torch
-from train_helpers import LETTERS_ENV_ID, OUTCOMES_ENV_ID, TINY_LLAMA, record_collects, register
+from train_helpers import (
+    LETTERS_ENV_ID,
+    OUTCOMES_ENV_ID,
+    TINY_LLAMA,
+    file_size_limit,
+    record_collects,
+    register,
+)
 
 from chatgym.trainer.algos import get_advantage_estimator
 from chatgym.trainer.config.run import AlgoConfig, OptimConfig, load_config
@@ -864,9 +871,6 @@ def test_chatgym_train_on_a_disk_that_refuses_the_checkpoint_prints_one_line_and
     traceback. The save runs under a real 1 MB file size limit (RLIMIT_FSIZE, SIGXFSZ ignored: the
     write fails with EFBIG as it would with ENOSPC): one `chatgym train:` line naming the checkpoint,
     rc 1, no partial checkpoint, the trainer closed."""
-    import resource
-    import signal
-
     import chatgym.trainer.train as train_module
     from chatgym.trainer.train_cli import main
 
@@ -874,14 +878,8 @@ def test_chatgym_train_on_a_disk_that_refuses_the_checkpoint_prints_one_line_and
 
     class DiskFullTrainer(train_module.Trainer):
         def save(self, steps_done):
-            soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-            old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-            resource.setrlimit(resource.RLIMIT_FSIZE, (1_000_000, hard))
-            try:
+            with file_size_limit(1_000_000):
                 return super().save(steps_done)
-            finally:
-                resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-                signal.signal(signal.SIGXFSZ, old)
 
         def close(self):
             closed.append(True)

@@ -103,6 +103,24 @@ def record_collects(trainer: Any) -> dict[int, list]:
 
 
 @contextlib.contextmanager
+def file_size_limit(limit: int) -> Iterator[None]:
+    """Run the block with this process's files capped at ``limit`` bytes (RLIMIT_FSIZE), SIGXFSZ
+    ignored so a write past it fails with EFBIG (as a full disk's fails with ENOSPC) instead of killing
+    the process; both restored after. A real refused write, for the disk-full paths."""
+    import resource
+    import signal
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old)
+
+
+@contextlib.contextmanager
 def torch_threads(n: int) -> Iterator[None]:
     """Run the block with ``n`` torch CPU threads, in this process and in every process started inside
     it (``OMP_NUM_THREADS``, read by the trainer's ``cpu_threads()``, by Ray workers, by torch in a

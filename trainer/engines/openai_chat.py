@@ -171,15 +171,14 @@ class OpenAIChatEngine:
             kept.append(call_id if ok else None)
             if ok:
                 used.add(call_id)
-        taken = set(used)
         for i, (call, call_id) in enumerate(zip(raw, kept, strict=True)):
             fn = call.get("function") or {}
             arguments = fn.get("arguments", "{}")
             if not isinstance(arguments, str):  # some servers send the object itself
                 arguments = json.dumps(arguments, ensure_ascii=False)
             if call_id is None:
-                call_id = fresh_call_id(first + i, taken)
-                taken.add(call_id)
+                call_id = fresh_call_id(first + i, used)
+                used.add(call_id)
             calls.append(
                 {
                     "id": call_id,

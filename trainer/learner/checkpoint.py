@@ -170,7 +170,7 @@ def save_checkpoint(
     except Exception as exc:
         if not (isinstance(exc, OSError) or _WRITE_FAILURE.search(str(exc))):
             raise
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # before the message reads the free space
         raise CheckpointNotWritten(_not_written(root, final, exc)) from exc
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
