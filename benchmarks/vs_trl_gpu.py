@@ -52,6 +52,11 @@ faster of ``trl_vllm_bf16`` / ``trl_vllm_fp32`` (their mean s/step over ours' me
 averaged): the issue's targets are >= 2x at ``smollm2`` and >= 1.5x at ``qwen2.5-1.5b``, with ``ours``,
 ``ours_vllm`` or ``ours_1off`` (whichever is faster, as long as its accuracy holds at ``smollm2``).
 
+Each run runs in a process of its own (``--in-process``: all in this one, as before 2026-12-05), so
+none is timed on the GPU memory, CUDA graphs or engine threads an earlier run left behind; a run that
+fails (out of memory, say) leaves the others running, and the script exits non-zero naming it after
+the report.
+
 Wall clock per step is measured around the whole step (``Trainer.step`` + logging; TRL: callback from
 ``on_step_begin`` to ``on_step_end``), with ``torch.cuda.synchronize()``. Each run writes
 ``<out>/<name>_<seed>.json``; ``--report DIR`` prints the table of all JSONs in DIR and draws
@@ -966,7 +971,8 @@ def run_one(name: str, seed: int, args: argparse.Namespace, options: dict, evalu
 
 
 def run_all(runs: list[tuple[str, int]], args: argparse.Namespace, options: dict, out: Path) -> None:
-    """Every run in order, each written to ``out/<name>_<seed>.json`` as it ends."""
+    """Every run in order in this process, each written to ``out/<name>_<seed>.json`` as it ends
+    (a child of :func:`run_isolated` is given one)."""
     evaluator = None
     for name, seed in runs:
         if name in TRL_RUNS and evaluator is None and has_accuracy():
@@ -978,6 +984,38 @@ def run_all(runs: list[tuple[str, int]], args: argparse.Namespace, options: dict
             json.dumps({k: v for k, v in summarize(f"{name}_{seed}", result).items() if k != "curve"}),
             flush=True,
         )
+
+
+def child_command(argv: list[str], *, only: str | None = None, model_dir: str | None = None,
+                  save_model: str | None = None) -> list[str]:
+    """This script's command line for one child process: ``argv`` (the parent's, checked already) plus
+    ``--only NAME:SEED`` (run that one), ``--model-dir`` (load the shape's saved random weights) or
+    ``--save-model DIR`` (save them and exit)."""
+    extra = []
+    for flag, value in (("--only", only), ("--model-dir", model_dir), ("--save-model", save_model)):
+        if value is not None:
+            extra += [flag, value]
+    return [sys.executable, str(Path(__file__).resolve()), *argv, *extra]
+
+
+def run_isolated(commands: list[tuple[str, list[str]]]) -> list[str]:
+    """Run each ``(spec, command)`` in its own process, in order, whatever the others did. Why: a run
+    leaves GPU memory, CUDA graphs, allocator caches and engine threads behind in its process (TRL's
+    colocated vLLM frees nothing), so runs sharing one process are timed on what the earlier ones left —
+    on an H200, ``ours:1`` after ``ours_vllm:0`` peaked at 48.92 GiB instead of 7.24 and generated 35%
+    fewer tokens a second, and the fifth run of a process ran out of memory.
+
+    Returns:
+        ``"NAME:SEED (rc N)"`` for each command that exited non-zero (its output went to ours).
+    """
+    import subprocess
+
+    failed = []
+    for spec, command in commands:
+        rc = subprocess.run(command, check=False).returncode
+        if rc != 0:
+            failed.append(f"{spec} (rc {rc})")
+    return failed
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -1004,6 +1042,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--learner-cudnn", action="store_true", help="ours' update with cuDNN attention allowed")
     ap.add_argument("--correction", default="token_tis", help="ours' algo.rollout_correction (every ours* run)")
     ap.add_argument("--mask-band", type=float, nargs=2, default=(0.5, 2.0), help="ours' algo.rollout_mask_band")
+    ap.add_argument(
+        "--in-process", action="store_true", help="every run in this one process (default: a process a run)"
+    )
+    # A child's flags (child_command): the one run it does, the Qwen shape's saved weights.
+    ap.add_argument("--only", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--save-model", default=None, help=argparse.SUPPRESS)
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = ap.parse_args(argv)
     CORRECTION.update(rollout_correction=args.correction, rollout_mask_band=tuple(args.mask_band))
     if args.report:
@@ -1036,17 +1082,39 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     check_out(out, args.shape)
     MODEL["shape"] = args.shape
+    if args.save_model is not None:  # a child: the shape's random weights, then exit
+        save_random_model(args.shape, Path(args.save_model), device=DEVICE)
+        return
+    if args.model_dir is not None:
+        MODEL["path"] = args.model_dir
+    if args.only is not None:  # a child: one run in this process
+        run_all([parse_run(args.only)], args, options, out)
+        return
     workdir = None
     if args.shape in QWEN_SHAPES:  # saved once: every run below loads the same random weights
         workdir = Path(tempfile.mkdtemp(prefix=f"vs-trl-{args.shape}-"))
-        MODEL["path"] = str(save_random_model(args.shape, workdir, device=DEVICE))
-        torch.cuda.empty_cache()
     try:
-        run_all(runs, args, options, out)
+        if args.in_process:
+            if workdir is not None:
+                MODEL["path"] = str(save_random_model(args.shape, workdir, device=DEVICE))
+                torch.cuda.empty_cache()
+            run_all(runs, args, options, out)
+            failed = []
+        else:  # a process a run, nothing of this one on the GPU (the model is saved by a child too)
+            if workdir is not None and run_isolated([("--save-model", child_command(argv, save_model=str(workdir)))]):
+                raise SystemExit(f"vs_trl_gpu.py: could not save the {args.shape} random weights (output above)")
+            model_dir = None if workdir is None else str(workdir)
+            failed = run_isolated([(spec, child_command(argv, only=spec, model_dir=model_dir)) for spec in args.runs])
     finally:
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)
-    report(out)
+    try:
+        report(out)  # the runs that ended (it refuses when none did)
+    finally:
+        if failed:
+            print(f"vs_trl_gpu.py: runs that failed (their output is above): {', '.join(failed)}", file=sys.stderr)
+    if failed:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -285,3 +287,70 @@ def test_ours_1off_two_steps_on_cpu_with_smollm2(bench, monkeypatch):
     result = _one_step_off(bench, monkeypatch, "smollm2", "smollm2")
     _check_one_step_off(result)
     assert all(acc in (0.0, 0.5, 1.0) for _, acc in result["curve"])
+
+
+def test_child_command_is_the_parents_argv_plus_the_childs_flags(bench):
+    argv = ["--shape", "qwen2.5-1.5b", "--runs", "ours:0", "trl_vllm_bf16:0", "--steps", "10"]
+    script = str(BENCHMARKS / "vs_trl_gpu.py")
+    assert bench.child_command(argv, only="trl_vllm_bf16:0", model_dir="/tmp/m") == [
+        sys.executable, script, *argv, "--only", "trl_vllm_bf16:0", "--model-dir", "/tmp/m"
+    ]
+    assert bench.child_command(argv, save_model="/tmp/m") == [sys.executable, script, *argv, "--save-model", "/tmp/m"]
+
+
+def test_run_isolated_runs_every_command_in_its_own_process_whatever_the_others_did(bench, tmp_path):
+    # Regression: all runs shared one process; the fifth of an H200 lease ran out of memory in what the
+    # others left, and a failure ended the runs after it. Real processes: one fails, each records its pid.
+    def cmd(code: str, spec: str) -> tuple[str, list[str]]:
+        return spec, [sys.executable, "-c", f"import os, sys; open({str(tmp_path / spec)!r}, 'w').write(str(os.getpid())); {code}"]
+
+    failed = bench.run_isolated([cmd("sys.exit(3)", "a"), cmd("pass", "b"), cmd("raise MemoryError", "c"), cmd("", "d")])
+    assert failed == ["a (rc 3)", "c (rc 1)"]
+    pids = {(tmp_path / spec).read_text() for spec in "abcd"}
+    assert len(pids) == 4 and str(os.getpid()) not in pids
+
+
+def test_main_runs_each_run_in_a_child_and_exits_non_zero_naming_the_failed_ones(bench, monkeypatch, tmp_path, capsys):
+    import torch
+
+    # The children are real processes in run_isolated (test above); here: what main asks of them.
+    calls = []
+
+    def fake_run_isolated(commands):
+        calls.extend(commands)
+        _write(tmp_path, {"ours_0": _result([1.0], "smollm2")})  # the child that ended wrote its JSON
+        return ["trl_vllm_bf16:0 (rc 1)"]
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bench, "run_isolated", fake_run_isolated)
+    argv = ["--runs", "ours:0", "trl_vllm_bf16:0", "--out", str(tmp_path)]
+    monkeypatch.setattr(bench, "check_runs", lambda runs, shape: None)  # TRL / vLLM are not installed here
+    with pytest.raises(SystemExit) as exc:
+        bench.main(argv)
+    assert exc.value.code == 1
+    assert calls == [(spec, bench.child_command(argv, only=spec)) for spec in ("ours:0", "trl_vllm_bf16:0")]
+    out, err = capsys.readouterr()
+    assert out.splitlines()[2].split()[0] == "ours_0"  # the report of the run that ended
+    assert err.strip() == "vs_trl_gpu.py: runs that failed (their output is above): trl_vllm_bf16:0 (rc 1)"
+
+
+def test_main_at_a_qwen_shape_has_a_child_save_the_weights_every_run_loads_then_removes_them(bench, monkeypatch, tmp_path):
+    import torch
+
+    calls = []
+
+    def fake_run_isolated(commands):
+        calls.extend(commands)
+        _write(tmp_path, {"ours_0": _result([1.0], "qwen2.5-1.5b")})
+        return []
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bench, "run_isolated", fake_run_isolated)
+    argv = ["--shape", "qwen2.5-1.5b", "--runs", "ours:0", "--out", str(tmp_path)]
+    bench.main(argv)
+    (save_spec, save_cmd), (run_spec, run_cmd) = calls
+    workdir = save_cmd[save_cmd.index("--save-model") + 1]
+    assert (save_spec, run_spec) == ("--save-model", "ours:0")
+    assert save_cmd == bench.child_command(argv, save_model=workdir)
+    assert run_cmd == bench.child_command(argv, only="ours:0", model_dir=workdir)
+    assert not Path(workdir).exists()
