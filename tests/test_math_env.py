@@ -8,9 +8,9 @@ import pytest
 
 import chatgym  # noqa: F401  (registers the env ids)
 from chatgym.envs.math.calculator import _eval, calculate
-from chatgym.envs.math.env import extract_answer
+from chatgym.envs.math.env import DEFAULT_CONFIG, extract_answer
 
-pytest.importorskip("reasoning_gym")
+reasoning_gym = pytest.importorskip("reasoning_gym")
 
 
 @pytest.mark.parametrize(
@@ -67,6 +67,69 @@ def test_splits_are_deterministic_and_disjoint():
     assert not {t["question"] for t in train} & {t["question"] for t in test}
     again = gym.make("Math-v0", split="test").unwrapped.tasks
     assert [t["question"] for t in again] == [t["question"] for t in test]
+
+
+def _train_questions_and_test_candidates(n):
+    """Straight from reasoning-gym, not through the env: the default train split's questions (seed 0,
+    5,000 rows) and the first `n` test candidates (seed 1,000,003) as (index, question)."""
+    config = DEFAULT_CONFIG["basic_arithmetic"]
+    train = reasoning_gym.create_dataset("basic_arithmetic", size=5000, seed=0, **config)
+    test = reasoning_gym.create_dataset("basic_arithmetic", size=n, seed=1_000_003, **config)
+    return {e["question"] for e in train}, [(i, e["question"]) for i, e in enumerate(test)]
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5])
+def test_a_tiny_test_split_holds_exactly_size_non_train_tasks(size):
+    # Regression: the test split kept the non-train questions among only 4 * size candidates, and at
+    # seed 0 too few of the first 12 are new: size=3 gave 2 tasks, size=1 none.
+    tasks = gym.make("Math-v0", split="test", size=size).unwrapped.tasks
+    train, candidates = _train_questions_and_test_candidates(100)
+    expected = [(i, q) for i, q in candidates if q not in train][:size]
+    assert len(tasks) == size
+    assert not {t["question"] for t in tasks} & train
+    assert [(t["task_id"], t["question"]) for t in tasks] == [
+        (f"basic_arithmetic/test/{i}", q) for i, q in expected
+    ]
+
+
+def test_full_splits_keep_their_tasks():
+    # The fix draws past 4 * size candidates only for a split that was short; full splits must keep
+    # their tasks, in order (recorded results and recipes use them). These ten are the old code's
+    # size=10 test split (seed 0), recorded from it before the fix (commit 32681ff).
+    recorded = [
+        (5, "Calculate 26 - 28.", "-2"), (7, "Calculate 95 - 76.", "19"), (14, "Calculate 31 - 42.", "-11"),
+        (15, "Calculate 57 + 29.", "86"), (16, "Calculate 55 + 98.", "153"), (17, "Calculate 36 + 47.", "83"),
+        (18, "Calculate 49 - 85.", "-36"), (19, "Calculate 22 - 52.", "-30"), (21, "Calculate 59 + 21.", "80"),
+        (23, "Calculate 36 + 12.", "48"),
+    ]  # fmt: skip
+    tasks = gym.make("Math-v0", split="test", size=10).unwrapped.tasks
+    assert [(t["task_id"], t["question"], t["answer"]) for t in tasks] == [
+        (f"basic_arithmetic/test/{i}", q, a) for i, q, a in recorded
+    ]
+    assert [t["question"] for t in gym.make("Math-v0", split="train", size=10).unwrapped.tasks][:3] == [
+        "Calculate 5 - 33.", "Calculate 4 - 1.", "Calculate 1 + 5.",
+    ]  # fmt: skip
+    # The old rule, computed here: the first `size` non-train questions of the first 4 * size candidates.
+    train, candidates = _train_questions_and_test_candidates(800)
+    for size in (50, 200):
+        old_rule = [q for _, q in candidates[: 4 * size] if q not in train][:size]
+        assert len(old_rule) == size
+        assert [t["question"] for t in gym.make("Math-v0", split="test", size=size).unwrapped.tasks] == old_rule
+
+
+def test_a_test_split_the_generator_cannot_fill_names_size():
+    # 1-digit + and - give 242 distinct questions, all in the train split: the old code gave an empty
+    # test split without a word; now loading the tasks says which size cannot be had.
+    config = {**DEFAULT_CONFIG["basic_arithmetic"], "max_digits": 1}
+    message = (
+        "Math-v0: the test split cannot hold size=3 tasks: basic_arithmetic (seed 0) gave 0 question(s) not "
+        "in the train split, then 10,000 train questions in a row; ask for a smaller size or a "
+        "dataset_config with more distinct questions"
+    )
+    env = gym.make("Math-v0", split="test", size=3, dataset_config=config)
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        env.reset(seed=0)
+    env.close()
 
 
 def test_calculator_env_multi_turn():

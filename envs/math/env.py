@@ -2,8 +2,9 @@
 
 Tasks come from ``reasoning-gym`` (``pip install reasoning-gym==0.1.25``; generators such as
 ``basic_arithmetic``, ``gsm_symbolic`` — GSM8K templates — or ``countdown``), generated
-deterministically from a seed, so there is nothing to download. Splits use different seeds and the
-test split drops any question that also appears in the train split.
+deterministically from a seed, so there is nothing to download. Splits use different seeds: the test
+split is the first ``size`` tasks of its seed whose question is not a question of the (5,000-task)
+train split, drawing on until there are ``size`` of them.
 
 The model answers in ``<answer>…</answer>`` tags (the last such tag counts); without tags the last
 ``\\boxed{}``, else the last "answer is …" phrase, else the last number in the reply is taken, and
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from chatgym.envs import messages as M
@@ -47,6 +48,11 @@ DEFAULT_CONFIG: dict[str, dict[str, Any]] = {
 }
 SPLIT_SEEDS = {"train": 0, "test": 1_000_003}
 SPLIT_SIZES = {"train": 5000, "test": 200}
+# A test split draws candidates until it has `size` non-train tasks; this many train questions in a row
+# means the generator has (almost surely) no other question left. basic_arithmetic's default config
+# went at most 16 in a row in 20,000 candidates (seeds 0 and 1); a 1-digit config has no new question
+# at all (its 242 questions are all in the train split). Reaching it costs ~0.3 s on basic_arithmetic.
+MAX_TRAIN_RUN = 10_000
 
 
 def _reasoning_gym() -> Any:
@@ -61,6 +67,25 @@ def _generate(dataset: str, config: str, size: int, seed: int) -> list[dict[str,
     return list(_reasoning_gym().create_dataset(dataset, size=size, seed=seed, **json.loads(config)))
 
 
+def _candidates(dataset: str, config: str, first: int, seed: int) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Rows ``(index, row)`` of one seed in index order, without end.
+
+    The first ``first`` come from one dataset of that size, exactly as the test split drew them before
+    it could draw more, so splits that were already full keep their tasks. The rest come in chunks of
+    larger datasets, whose row ``i`` is the same row whatever the dataset's size (``basic_arithmetic``
+    and ``countdown`` make it from ``Random(seed + i)``; ``gsm_symbolic``'s template choices are one
+    seeded sequence), so the rows stay one deterministic sequence.
+    """
+    yield from enumerate(_generate(dataset, config, first, seed))
+    start = first
+    while True:
+        end = start + max(first, 1024)
+        rows = _reasoning_gym().create_dataset(dataset, size=end, seed=seed, **json.loads(config))
+        for i in range(start, end):
+            yield i, rows[i]
+        start = end
+
+
 # Envs are made per episode by the collector: generating 5,000 tasks each time would cost ~0.2 s per
 # episode, so each split is generated once per process. Rows are shared: treat them as read-only.
 @functools.lru_cache(maxsize=8)
@@ -68,12 +93,26 @@ def _split_rows(dataset: str, config: str, size: int, seed: int, split: str) -> 
     if split == "train":
         rows = _generate(dataset, config, size, seed + SPLIT_SEEDS["train"])
         return tuple(dict(e, task_id=f"{dataset}/train/{i}") for i, e in enumerate(rows))
-    # Test: draw extra candidates and keep the first `size` whose question is not a train question,
-    # so a held-out score never rewards memorised training items.
+    # Test: keep the first `size` candidates whose question is not a train question, so a held-out
+    # score never rewards memorised training items. Candidates used to stop at 4 * size, which left
+    # tiny splits short (size=3 gave 2 tasks, size=1 none); the first 4 * size are drawn as before and
+    # only a short split draws on, so full splits keep their tasks, in order.
     seen = {e["question"] for e in _split_rows(dataset, config, SPLIT_SIZES["train"], seed, "train")}
-    rows = _generate(dataset, config, size * 4, seed + SPLIT_SEEDS[split])
-    fresh = (dict(e, task_id=f"{dataset}/{split}/{i}") for i, e in enumerate(rows))
-    return tuple(r for r in fresh if r["question"] not in seen)[:size]
+    rows: list[dict[str, Any]] = []
+    last_new = -1
+    for i, e in _candidates(dataset, config, size * 4, seed + SPLIT_SEEDS[split]):
+        if e["question"] not in seen:
+            rows.append(dict(e, task_id=f"{dataset}/{split}/{i}"))
+            last_new = i
+            if len(rows) == size:
+                return tuple(rows)
+        elif i - last_new >= MAX_TRAIN_RUN:
+            raise ValueError(
+                f"Math-v0: the {split} split cannot hold size={size} tasks: {dataset} (seed {seed}) gave "
+                f"{len(rows)} question(s) not in the train split, then {MAX_TRAIN_RUN:,} train questions in "
+                "a row; ask for a smaller size or a dataset_config with more distinct questions"
+            )
+    raise AssertionError("unreachable: _candidates does not end")
 
 
 class MathEnv(ChatEnv):
@@ -83,12 +122,16 @@ class MathEnv(ChatEnv):
         dataset: a reasoning-gym generator name (``basic_arithmetic``, ``gsm_symbolic``, ...).
         dataset_config: keyword settings of the generator (defaults: ``DEFAULT_CONFIG``).
         split: ``train`` or ``test``.
-        size: number of tasks in the split (default 5000 train / 200 test).
+        size: number of tasks in the split, exactly (default 5000 train / 200 test).
         seed: base seed; the split's seed is ``seed + SPLIT_SEEDS[split]``.
         calculator: offer the ``calculate`` tool (then ``max_turns`` defaults to 4, else 1).
 
     Raises:
-        ValueError: unknown split. ImportError naming the package when reasoning-gym is missing.
+        ValueError: unknown split, a size that is not an int >= 1 (or None), a seed that is not an int.
+            When the tasks are first loaded (``tasks``, ``reset``): ValueError naming ``size`` when the
+            generator has too few questions outside the train split to fill a test split of that size
+            (``MAX_TRAIN_RUN`` train questions in a row end the search), and ImportError naming the
+            package when reasoning-gym is missing.
     """
 
     def __init__(
