@@ -4,11 +4,13 @@ One cluster for the module (127.0.0.1, 4 logical CPUs). A local ``Trainer`` on t
 Llama of the trainer tests (letters env, reference policy with ``algo.kl_coef``, two PPO epochs of two
 mini-batches: old logprobs and a shuffled mini-batch order) collects step 1's trajectories and updates
 its own learner on them: the reference result. Learner groups on Ray update on the same trajectories
-and must end at the same weights. The last test kills a learner with SIGKILL between steps.
+and must end at the same weights. One test has the disk refuse a learner's checkpoint; the last kills a
+learner with SIGKILL between steps.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -354,6 +356,61 @@ def test_collective_weight_sync_broadcasts_from_rank_0(replicate_group, tmp_path
     finally:
         group.weight_sync = "object_store"
         rollout.close()
+
+
+@contextlib.contextmanager
+def file_size_limit_in(actor, limit: int):
+    """train_helpers.file_size_limit in ``actor``'s process (RLIMIT_FSIZE is per process: the
+    driver's would not reach the actor's writes): files capped at ``limit`` bytes, SIGXFSZ ignored so a
+    write past it fails with EFBIG; the old limit restored after (SIGXFSZ stays ignored)."""
+
+    def set_limit(_actor, soft):  # nested: cloudpickle sends it by value (the actor can't import this module)
+        import resource
+        import signal
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        old, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        return old
+
+    old = ray.get(actor.__ray_call__.remote(set_limit, limit))
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ray.exceptions.RayActorError):  # a learner the group ended has none to lift
+            ray.get(actor.__ray_call__.remote(set_limit, old))
+
+
+def test_a_checkpoint_the_disk_refuses_in_a_ray_learner_is_one_line_and_keeps_the_older_one(cluster, tmp_path):
+    """Regression: a Ray learner's refused checkpoint write reached the driver as Ray's
+    RayTaskError(CheckpointNotWritten), whose text is the actor's traceback: `chatgym train` printed
+    that after its one line. A real refused write: a 1 MB file size limit in the learner's process
+    against the ~12 MB weights. Now the group raises a local run's one-line CheckpointNotWritten
+    (train_cli prints it and returns 1); other errors keep their type."""
+    from chatgym.trainer.distributed.learner import RayLearnerGroup
+    from chatgym.trainer.learner.checkpoint import CheckpointNotWritten, list_checkpoints
+
+    group = RayLearnerGroup(tiny_config(tmp_path, "trainer.backend=ray"), out_dir=tmp_path)
+    ckpts = tmp_path / "checkpoints"
+    try:
+        first = group.save(tmp_path, 1, {})
+        with file_size_limit_in(group.actors[0], 1_000_000), pytest.raises(CheckpointNotWritten) as info:
+            group.save(tmp_path, 2, {})
+        assert type(info.value) is CheckpointNotWritten  # not Ray's dual RayTaskError(CheckpointNotWritten)
+        message = str(info.value)
+        assert "\n" not in message
+        assert message.startswith(f"could not write checkpoint {ckpts / 'step_000002'}: File too large (")
+        assert message.endswith(" GB free on that disk; kept: step_000001)")
+        assert sorted(p.name for p in ckpts.iterdir()) == ["step_000001"]  # no partial files
+        # The learner lives on, as a local one does: once the disk takes it, the checkpoint is written.
+        assert group.save(tmp_path, 2, {}) == ckpts / "step_000002"
+        assert list_checkpoints(tmp_path) == [first, ckpts / "step_000002"]
+        # Any other error in the learner (here a bad step) is raised as itself and ends the learners.
+        with pytest.raises(ValueError, match="Unknown format code 'd'") as info:
+            group.save(tmp_path, "three", {})
+        assert not isinstance(info.value, CheckpointNotWritten) and group.actors == []
+    finally:
+        group.close()
 
 
 def test_a_killed_learner_stops_the_run_naming_the_last_checkpoint(reference, replicate_group):

@@ -40,7 +40,9 @@ nothing). ``auto``: ``fsdp`` on CUDA with more than one learner, else ``replicat
 
 **Faults.** A learner actor is never restarted (its optimizer state would be gone): when one dies
 (kill -9, OOM) the group kills the others (a peer would wait in a collective) and raises
-:class:`LearnerFailed`, one line naming the last checkpoint to resume from.
+:class:`LearnerFailed`, one line naming the last checkpoint to resume from. A checkpoint the disk
+refuses raises :class:`~chatgym.trainer.learner.checkpoint.CheckpointNotWritten` here as a local
+learner does (one line, not Ray's traceback); the learners live on.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ import torch
 from chatgym.trainer.distributed import import_ray
 from chatgym.trainer.distributed.data_parallel import DataParallel
 from chatgym.trainer.distributed.fsdp import save_sharded, shard, sharding
+from chatgym.trainer.learner.checkpoint import CheckpointNotWritten, latest_checkpoint
 
 
 class LearnerFailed(RuntimeError):
@@ -229,7 +232,11 @@ class LearnerActor:
         return self.stager.broadcast()
 
     def save(self, output_dir: str, steps_done: int, config_dict: dict[str, Any], pipeline_state: Any) -> str | None:
-        """Write the checkpoint (rank 0; every rank takes part in gathering the shards under FSDP)."""
+        """Write the checkpoint (rank 0; every rank takes part in gathering the shards under FSDP).
+
+        Raises:
+            CheckpointNotWritten: the disk refused the checkpoint (rank 0); its partial files are removed.
+        """
         kwargs = {"pipeline_state": pipeline_state} if pipeline_state is not None else {}
         if not self.sharded:
             if self.rank != 0:
@@ -397,7 +404,13 @@ class RayLearnerGroup:
         config_dict: dict[str, Any],
         pipeline_state: dict[str, Any] | None = None,
     ) -> Path:
-        """Write ``output_dir/checkpoints/step_NNNNNN`` from rank 0 (the one-learner format)."""
+        """Write ``output_dir/checkpoints/step_NNNNNN`` from rank 0 (the one-learner format).
+
+        Raises:
+            CheckpointNotWritten: the disk refused it (full, quota, read-only, a file size limit): the
+                one-line message of a local run's, older checkpoints kept; the learners live on.
+            LearnerFailed: a learner died.
+        """
         return Path(self._all("save", str(output_dir), steps_done, config_dict, pipeline_state)[0])
 
     def base_model(self) -> _BaseModel:
@@ -422,7 +435,9 @@ class RayLearnerGroup:
     def _get(self, refs: list[Any]) -> list[Any]:
         """The results of ``refs`` (one per rank, in rank order); the first death among them ends
         every learner and raises :class:`LearnerFailed` — a peer of a dead rank would wait in its
-        collective until the process group's timeout."""
+        collective until the process group's timeout. A checkpoint the disk refused raises
+        :class:`CheckpointNotWritten`; any other error of a rank ends every learner and is raised as
+        Ray raises it (an instance of the rank's exception type)."""
         ray = import_ray()
         left = list(refs)
         while left:
@@ -431,7 +446,14 @@ class RayLearnerGroup:
                 ray.get(done[0])
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
                 self._fail(refs.index(done[0]), exc)
-            except Exception:
+            except Exception as exc:
+                cause = exc.cause if isinstance(exc, ray.exceptions.RayTaskError) else None
+                if isinstance(cause, CheckpointNotWritten):
+                    # Ray's error is a CheckpointNotWritten too, but its text is the actor's traceback,
+                    # which `chatgym train` printed after its one line: raise rank 0's message alone.
+                    # The learners are left running, as a local learner is: only rank 0 writes, after
+                    # every rank has gathered its shards, so no peer waits in a collective.
+                    raise CheckpointNotWritten(str(cause)) from exc
                 # An error raised inside a rank (a bug, a bad config): its peers would wait in a
                 # collective; end them all and raise it as is.
                 self._kill_all()
@@ -445,8 +467,6 @@ class RayLearnerGroup:
         self.actors = []
 
     def _fail(self, rank: int, exc: BaseException) -> None:
-        from chatgym.trainer.learner.checkpoint import latest_checkpoint
-
         self._kill_all()
         last = latest_checkpoint(self.out_dir)
         where = f"resume from {last} (--resume)" if last else "no checkpoint was written; the run must start over"
