@@ -27,6 +27,8 @@ Runs (``--runs``, any subset, each ``NAME:SEED``):
 * ``ours_1off``   — ``ours`` with ``trainer.pipeline: one_step_off``: step k+1's rollout runs while step
   k's update does (each batch one weight version behind: ``steps[i]["staleness"]``); timed per step of
   the pipeline's driver, as ``chatgym train`` runs it (see :func:`run_ours` for its evaluations);
+* ``ours_compile`` — ``ours`` with the learner's decoder layers compiled (``model.compile: true``:
+  the update at 135M is bound by the host issuing ops; docs/gpu.md);
 * ``trl_bf16``    — TRL with bf16 weights (its fastest configuration in the peers' figures);
 * ``trl_fp32``    — TRL with fp32 weights, bf16 autocast and gradient checkpointing (its most accurate);
 * ``trl_vllm_bf16`` / ``trl_vllm_fp32`` — the same two with TRL's colocated vLLM generating
@@ -144,6 +146,7 @@ OUR_RUNS: dict[str, dict[str, str]] = {
     "ours_fp8": {"engine": "static", "quantization": "fp8"},
     "ours_vllm": {"engine": "vllm"},
     "ours_1off": {"engine": "static", "pipeline": "one_step_off"},
+    "ours_compile": {"engine": "static", "compile": "true"},
 }
 # The trl* runs: (fp32 master weights, TRL's colocated vLLM generating).
 TRL_RUNS = {
@@ -184,6 +187,7 @@ def our_config(
     pack: str | None = None,
     quantization: str | None = None,
     pipeline: str = "sync",
+    compile: str = "false",
 ):
     """ours' run config at the shape of :data:`MODEL`; ``engine``: see :data:`OUR_RUNS`."""
     from chatgym.trainer.config.run import load_config
@@ -199,6 +203,7 @@ def our_config(
             f"model.path={MODEL['path']}",
             *SHAPE_OVERRIDES[MODEL["shape"]],
             f"model.gradient_checkpointing={str(checkpointing).lower()}",
+            f"model.compile={compile}",
             *extra,
             *engine_overrides(engine, quantization),
             f"trainer.pipeline={pipeline}",
@@ -455,8 +460,9 @@ def run_ours(
     options: dict | None = None,
     quantization: str | None = None,
     pipeline: str = "sync",
+    compile: str = "false",
 ) -> dict:
-    """One ours* run (``engine``, ``pack``, ``quantization``, ``pipeline``: see :data:`OUR_RUNS`):
+    """One ours* run (``engine``, ``pack``, ``quantization``, ``pipeline``, ``compile``: see :data:`OUR_RUNS`):
     ``steps`` timed steps, held-out accuracy before, every ``eval_every`` steps and after (None at a
     random-weights shape). With ``one_step_off`` the next rollout keeps running during an evaluation
     (as in ``chatgym train``), whose seconds are taken out of the wall clock: the step after one is
@@ -472,7 +478,7 @@ def run_ours(
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    trainer = Trainer(our_config(seed, steps, out, engine, pack, quantization, pipeline))
+    trainer = Trainer(our_config(seed, steps, out, engine, pack, quantization, pipeline, compile))
     if options.get("learner_cudnn"):  # cuDNN attention allowed in the update (its per-shape plans)
         import contextlib
 

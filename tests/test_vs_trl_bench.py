@@ -110,6 +110,9 @@ def test_ours_vllm_and_ours_1off_configs(bench):
     assert vllm.trainer.pipeline == "sync"
     off = bench.our_config(0, 30, Path("/tmp/x"), **bench.OUR_RUNS["ours_1off"])
     assert (off.trainer.pipeline, off.engine.backend, off.engine.options) == ("one_step_off", "hf", {"decode": "static"})
+    assert not off.model.compile
+    compiled = bench.our_config(0, 30, Path("/tmp/x"), **bench.OUR_RUNS["ours_compile"])
+    assert (compiled.model.compile, compiled.trainer.pipeline, compiled.engine.options) == (True, "sync", {"decode": "static"})
 
 
 @pytest.mark.parametrize(

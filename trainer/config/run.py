@@ -103,6 +103,14 @@ class ModelConfig:
             and at learner build for a model whose logits are not its lm head's output (Gemma 2's
             softcapping, Cohere's logit scale) or whose head is not a plain ``torch.nn.Linear``
             (:func:`chatgym.trainer.learner.lm_head.chunked_head_refusal`).
+        compile: ``torch.compile`` each decoder layer of the learner's model in place
+            (``nn.Module.compile``: one graph serves every layer, state-dict keys unchanged), for the
+            update and the reference / old-logprob passes. Why: at 135M on an H200 the update is bound
+            by the host issuing ~30,000 small ops a forward + backward, not by the GPU (docs/gpu.md);
+            compiled layers fuse the element-wise ones. The first forward compiles (seconds to a
+            minute), the second length recompiles once with dynamic shapes, none after. Default off;
+            not measured on a GPU yet. Refused at learner build for a model without a decoder layer
+            list (``get_decoder().layers``).
     """
 
     path: str = "smollm2"
@@ -117,6 +125,7 @@ class ModelConfig:
     pack_max_tokens: int | None = None
     freeze_vision: bool = False
     logprob_chunk_tokens: int | None = None
+    compile: bool = False
 
     def __post_init__(self) -> None:
         # Literal[True, False] also admits 1 and 0 (1 == True): only the words are meant.

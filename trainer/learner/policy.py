@@ -132,7 +132,38 @@ def load_policy(cfg: ModelConfig, lora: LoraConfig, device: torch.device) -> Any
             task_type="CAUSAL_LM",
         )
         model = get_peft_model(model, peft_cfg)
+    if cfg.compile:
+        compile_decoder_layers(model)
     return model.train()
+
+
+def compile_decoder_layers(model: Any) -> int:
+    """``torch.compile`` each decoder layer of ``model`` in place (``nn.Module.compile``; see
+    ``model.compile`` in :class:`~chatgym.trainer.config.run.ModelConfig`). Per layer, not the whole
+    model, as torchtitan compiles its blocks: every forward layout of the learner (padded, shared
+    prompt, packed, the chunked head's decoder call) runs through the layers, and torch's inlining of
+    modules lets one graph serve all of them. The weights, their names and gradient checkpointing (it
+    wraps the compiled call) are unchanged.
+
+    Args:
+        model: a transformers causal LM or VLM, or a peft model around one.
+
+    Returns:
+        The number of layers compiled.
+
+    Raises:
+        ValueError: ``model`` has no ``get_decoder().layers`` list (names ``model.compile``).
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    decoder = base.get_decoder() if hasattr(base, "get_decoder") else None
+    layers = getattr(decoder, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList) or not len(layers):
+        raise ValueError(
+            f"model.compile: {type(base).__name__} has no decoder layer list (get_decoder().layers) to compile"
+        )
+    for layer in layers:
+        layer.compile()
+    return len(layers)
 
 
 def _vlm_lora_targets(lora: LoraConfig, freeze_vision: bool) -> str:

@@ -1,0 +1,97 @@
+"""``model.compile``: the learner's decoder layers under ``torch.compile`` (inductor, on the CPU here)
+give the eager layers' logprobs, entropies and gradients in every forward layout, under gradient
+checkpointing and in the no-grad pass; the policy keeps its weights' names; a model without a
+decoder layer list is refused."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from test_chunked_logprobs import ULP, grads, layout_batch, layout_call, loss_of
+from train_helpers import TINY_LLAMA
+
+from chatgym.trainer.config.run import LoraConfig, ModelConfig
+from chatgym.trainer.learner.policy import compile_decoder_layers, load_policy
+
+
+@pytest.fixture
+def dynamo():
+    """Dynamo's counters from zero, and its caches dropped after (no compiled code leaks into the
+    other tests)."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    yield torch._dynamo.utils.counters
+    torch._dynamo.reset()
+
+
+def _compare(tiny_model, compiled, cases, checkpointing):
+    """Each ``(layout, chunk)`` forward + backward on a fresh eager copy and on ``compiled``: fp32,
+    inductor's fused kernels round differently; measured on a 2-core EPYC: logprobs within 1e-6,
+    gradients within 1e-5 of the eager ones."""
+    for layout, chunk in cases:
+        batch = layout_batch(layout)
+        mask = batch.loss_mask
+        results = []
+        for model in (copy.deepcopy(tiny_model), compiled):
+            if checkpointing:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.zero_grad(set_to_none=True)
+            lp, ent = layout_call(layout, model, batch, chunk)
+            loss_of(lp, ent, mask).backward()
+            results.append((lp.detach(), ent.detach(), grads(model)))
+        (lp0, ent0, g0), (lp1, ent1, g1) = results
+        where = f"{layout}, chunk {chunk}, checkpointing {checkpointing}"
+        torch.testing.assert_close(lp1[mask], lp0[mask], rtol=ULP, atol=1e-6, msg=where)
+        torch.testing.assert_close(ent1[mask], ent0[mask], rtol=ULP, atol=1e-6, msg=where)
+        assert set(g1) == set(g0)
+        for name in g0:
+            torch.testing.assert_close(g1[name], g0[name], rtol=0, atol=1e-5, msg=f"{name} ({where})")
+
+
+def test_compiled_layers_equal_the_eager_ones(tiny_model, dynamo):
+    # ~50 s on 2 cores with inductor's cache empty (as in CI): the padded layout at two lengths (the
+    # second recompiles the layer with dynamic shapes), then the no-grad pass; the other layouts are
+    # the slow test's.
+    compiled = copy.deepcopy(tiny_model)
+    assert compile_decoder_layers(compiled) == TINY_LLAMA["num_hidden_layers"]
+    _compare(tiny_model, compiled, [("padded", None), ("packed", None)], checkpointing=False)
+    # The compiled path ran: dynamo compiled frames (the layer's, not one per layer) and none failed.
+    assert dynamo["frames"]["ok"] >= 1 and dynamo["frames"]["ok"] == dynamo["frames"]["total"]
+    with torch.no_grad():  # the old-logprob / reference pass
+        batch = layout_batch("padded")
+        want, _ = layout_call("padded", tiny_model, batch, None)
+        got, _ = layout_call("padded", compiled, batch, None)
+    torch.testing.assert_close(got[batch.loss_mask], want[batch.loss_mask], rtol=ULP, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_compiled_layers_with_the_chunked_head_and_under_gradient_checkpointing(tiny_model, dynamo):
+    """~1 min on 2 cores (more graphs to compile): the shared-prompt layout, the chunked head's decoder
+    call in each layout, then gradient checkpointing wrapping the compiled layers (padded, packed:
+    checkpointing drops the shared prompt's KV cache)."""
+    compiled = copy.deepcopy(tiny_model)
+    compile_decoder_layers(compiled)
+    _compare(tiny_model, compiled, [("shared", None), ("padded", 5), ("shared", 5), ("packed", 5)], checkpointing=False)
+    _compare(tiny_model, compiled, [("padded", None), ("packed", 5)], checkpointing=True)
+    assert dynamo["frames"]["ok"] >= 1 and dynamo["frames"]["ok"] == dynamo["frames"]["total"]
+
+
+def test_load_policy_compiles_the_layers_and_keeps_the_weights_names(dynamo):
+    cfg = ModelConfig(path="smollm2", random_init=True, config_overrides=TINY_LLAMA, device="cpu")
+    plain = load_policy(cfg, LoraConfig(), torch.device("cpu"))
+    compiled = load_policy(ModelConfig(**{**cfg.__dict__, "compile": True}), LoraConfig(), torch.device("cpu"))
+    assert [layer._compiled_call_impl is not None for layer in compiled.model.layers] == [True, True]
+    assert all(layer._compiled_call_impl is None for layer in plain.model.layers)
+    assert list(compiled.state_dict()) == list(plain.state_dict())
+    assert compiled.training
+
+
+def test_a_model_without_a_decoder_layer_list_is_refused():
+    class NoLayers(torch.nn.Module):
+        def get_decoder(self):
+            return torch.nn.Linear(2, 2)
+
+    with pytest.raises(ValueError, match=r"^model.compile: NoLayers has no decoder layer list \(get_decoder\(\).layers\) to compile$"):
+        compile_decoder_layers(NoLayers())
