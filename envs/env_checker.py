@@ -362,9 +362,10 @@ def check_success_decided(steps: list[Step]) -> None:
 
 def _expected_call_ids(env: gym.Env, action: Any, history: list[Any]) -> list[str] | None:
     """The call ids the turn's tool messages must answer, in order: one per call attempt, malformed
-    ones included (``ParsedAction.all_calls``: the server's id, else ``call_<n>``, ``n`` counting the
-    attempts ``history`` recorded before the turn, stepping around the ids it used); None where the
-    env has no parser the checker can ask about a text turn."""
+    ones included (``ParsedAction.all_calls``: the server's id where neither ``history`` nor an
+    earlier call of the turn holds it, else ``call_<n>``, ``n`` counting the attempts ``history``
+    recorded before the turn, stepping around the ids it used); None where the env has no parser the
+    checker can ask about a text turn."""
     if isinstance(action, dict) and action.get("tool_calls"):
         return [c["id"] for c in parse_openai_message(action).numbered_after(history).all_calls()]
     if isinstance(action, str):

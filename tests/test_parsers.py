@@ -830,3 +830,36 @@ def test_generated_call_ids_never_take_a_servers_id_of_the_same_turn():
         assert [c["id"] for c in parsed.all_calls()] == ids
     # The valid calls alone, as parse_openai_tool_calls returns them, by the same rule.
     assert [c["id"] for c in parse_openai_tool_calls(named_then_bare)[0]] == ["call_1", "call_2"]
+
+
+def test_a_server_id_that_repeats_gets_a_made_id_within_the_turn_and_across_turns():
+    # Regression: parse_openai_message kept every server id, so two calls of one turn sharing "dup",
+    # or a turn reusing an id of an earlier turn, left two tool results answering one id. The first
+    # use keeps its id; a repeat gets call_<n> by the rule of ids the parser makes (as
+    # OpenAIChatEngine.parse_response does).
+    dup_bad = {"id": "dup", "type": "function", "function": {"name": "add", "arguments": "{bad"}}
+    turn1 = [
+        {"id": "dup", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}},
+        dup_bad,
+        {"id": "fresh", "type": "function", "function": {"name": "add", "arguments": '{"a": 2}'}},
+    ]
+    first = parse_openai_message({"role": "assistant", "content": "", "tool_calls": turn1})
+    assert [c["id"] for c in first.all_calls()] == ["dup", "call_1", "fresh"]
+    # The malformed repeat no longer answers the server's "dup": its error answers call_1.
+    assert first.error_ids == [None]
+    assert first.error_call(0) == {
+        "id": "call_1", "type": "function", "function": {"name": "add", "arguments": "{bad"}}
+    assert [c["id"] for c in parse_openai_tool_calls(turn1[:1] * 2)[0]] == ["dup", "call_1"]
+    history = [
+        {"role": "user", "content": "add"},
+        {"role": "assistant", "content": "", "tool_calls": first.all_calls()},
+        *({"role": "tool", "content": "ok", "tool_call_id": i} for i in ("dup", "call_1", "fresh")),
+    ]
+    # Turn 2 holds attempts 3-5; "fresh" is the history's, the second "other" the turn's.
+    turn2 = [
+        {"id": i, "type": "function", "function": {"name": "add", "arguments": '{"a": 3}'}}
+        for i in ("fresh", "other", "other")
+    ]
+    second = parse_openai_message({"role": "assistant", "content": "", "tool_calls": turn2})
+    assert [c["id"] for c in second.calls] == ["fresh", "other", "call_2"]
+    assert [c["id"] for c in second.numbered_after(history).calls] == ["call_3", "other", "call_5"]

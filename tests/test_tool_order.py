@@ -528,3 +528,23 @@ def test_a_history_id_ahead_of_the_count_is_stepped_around_and_later_numbers_go_
         assert [c["id"] for c in turn["tool_calls"]] == ["call_5"]  # attempt 4: call_4 is taken
     finally:
         env.close()
+
+
+def test_a_repeated_server_id_gets_a_made_id_and_its_result_answers_that_id():
+    # Regression: a server's id was kept even when it repeated, within the turn or one of an earlier
+    # turn, so two tool messages answered one tool_call_id. The first use keeps it; a repeat gets
+    # call_<n>, n its attempt's place in the episode (the rule of OpenAIChatEngine's made ids).
+    env = AddEnv(tools=[add])
+    try:
+        for _ in range(2):  # a replayed episode gets the same ids
+            env.reset(seed=0)
+            first, obs1 = _turn(env, structured(
+                ("dup", "add", '{"a": 1, "b": 2}'), ("dup", "add", '{"a": 3, "b": 4}'), ("fresh", "add", '{"a": 5, "b": 6}')))
+            # Attempts 3-5: "fresh" is turn 1's, the second "other" this turn's.
+            second, obs2 = _turn(env, structured(
+                ("fresh", "add", '{"a": 1, "b": 1}'), ("other", "add", '{"a": 2, "b": 2}'), ("other", "add", '{"a": 3, "b": 3}')))
+            assert [c["id"] for c in first["tool_calls"]] == [m["tool_call_id"] for m in obs1] == ["dup", "call_1", "fresh"]
+            assert [c["id"] for c in second["tool_calls"]] == [m["tool_call_id"] for m in obs2] == ["call_3", "other", "call_5"]
+            assert [m["content"] for m in obs1 + obs2] == ["3", "7", "11", "2", "4", "6"]
+    finally:
+        env.close()

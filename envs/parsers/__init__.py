@@ -25,11 +25,13 @@ What every parser guarantees:
 
 * ``calls`` are OpenAI-shaped (:func:`chatgym.envs.messages.make_tool_call`): ``arguments`` is the
   JSON text of an object and each call's id is ``call_<position>``, its 0-based place among the
-  turn's call attempts, malformed ones included (the ``openai`` parser keeps a server's own ids).
+  turn's call attempts, malformed ones included (the ``openai`` parser keeps a server's own ids,
+  each the first time it appears: a repeat gets ``call_<position>`` too).
   The parser sees one turn; the env and the gateway count on over the episode (session):
   ``parsed.numbered_after(history)`` makes the id ``call_<n>``,
   ``n`` the attempt's place among all the episode's call attempts, or the next number whose id is
-  free where that one is already used (a server's or a client's id in the history or the turn), so
+  free where that one is already used (a server's or a client's id in the history or the turn), and
+  replaces a server's id the history already holds the same way, so
   no two calls of an episode share an id (and a replayed episode gets the same ids). The parser does not know the env's tools: a call to an unknown
   name is returned as written and rejected, with the list of tools, by ``tools.run_tool_call``.
 * ``arguments`` given as a string that holds JSON (``"arguments": "{\\"x\\": 1}"``) are decoded once;
@@ -67,6 +69,7 @@ from chatgym.envs.parsers.base import (
     call_ids,
     calls_before,
     normalise_arguments,
+    unique_call_ids,
 )
 from chatgym.envs.parsers.hermes import HermesParser
 from chatgym.envs.parsers.llama_json import JsonParser
@@ -90,6 +93,7 @@ __all__ = [
     "normalise_arguments",
     "parse_openai_message",
     "parse_openai_tool_calls",
+    "unique_call_ids",
 ]
 
 PARSERS: dict[str, type] = {

@@ -26,8 +26,9 @@ class ParsedAction:
         calls: valid tool calls in the order written (OpenAI shape, arguments as JSON text).
         errors: one message per malformed call, written for the model to read.
         error_ids: the server's call id of each malformed call, where the turn came structured from an
-            OpenAI-compatible server (so the error's ``tool`` message answers that id); empty for
-            text-parsed turns.
+            OpenAI-compatible server (so the error's ``tool`` message answers that id); None where
+            it sent none or the id repeated one already used (:meth:`numbered_from` made another);
+            empty for text-parsed turns.
         error_positions: where each malformed call stood among all the call attempts of the turn
             (0-based, same length as ``errors``), so the tool messages answer the calls in the order
             written (:meth:`in_order`). Not part of ``==``: two parses compare by what they found.
@@ -37,8 +38,10 @@ class ParsedAction:
             beside the valid calls (:meth:`all_calls`) and its error ``tool`` message answers its id.
             Not part of ``==``.
         generated_positions: the attempts (0-based positions, as ``error_positions``) whose id the
-            parser made, ``call_<position>``, rather than a server's; :meth:`numbered_from` renumbers
-            these. Empty for a ``ParsedAction`` built by hand: its ids are kept. Not part of ``==``.
+            parser made, ``call_<position>``, rather than a server's, a server's id that repeated
+            one already used included; :meth:`numbered_from` renumbers these. Empty for a
+            ``ParsedAction`` built by hand: its ids are kept where they do not repeat. Not part of
+            ``==``.
     """
 
     content: str
@@ -67,21 +70,25 @@ class ParsedAction:
         return [self.calls[i] if kind == "call" else self.error_call(i) for kind, i in self.in_order()]
 
     def numbered_from(self, first: int, taken: Iterable[str] = ()) -> ParsedAction:
-        """This turn with its generated ids counted from ``first``: the attempt at position ``p`` whose
-        id the parser made gets ``call_<n>``, ``n`` the first number from ``first + p`` up whose id is
-        free: not in ``taken``, not a server's id of the turn, not made for an earlier attempt of the
-        turn (:func:`fresh_call_id`). A server's id is kept as it is.
+        """This turn with its call ids made unique over the conversation (:func:`unique_call_ids`):
+        a server's id is kept the first time it appears, unless ``taken`` already holds it; the
+        attempt at position ``p`` whose id the parser made, or whose server id ``taken`` or an
+        earlier attempt of the turn already holds, gets ``call_<n>``, ``n`` the first number from
+        ``first + p`` up whose id is free: not in ``taken``, not a kept id of the turn, not made for
+        an earlier attempt of the turn (:func:`fresh_call_id`). A replaced server id joins
+        :attr:`generated_positions` (and leaves :attr:`error_ids`), so numbering the result again
+        counts it as made.
 
         ``first`` is the number of call attempts the episode (or gateway session) made before this
-        turn (:func:`calls_before`) and ``taken`` every id it used (:func:`call_ids`), so a generated
-        id never repeats one of the episode's, a client's or a server's included: a client that
-        pairs ``tool_call_id`` with calls across the whole conversation can tell every call apart. The
+        turn (:func:`calls_before`) and ``taken`` every id it used (:func:`call_ids`), so no id
+        repeats one of the episode's, a client's or a server's included: a client that pairs
+        ``tool_call_id`` with calls across the whole conversation can tell every call apart. The
         ids depend on ``first``, ``taken`` and the turn alone, so an episode replayed gets the same
         ids. ``numbered_from(0)`` is the parse itself.
 
         Args:
             first: call attempts before this turn (an int >= 0).
-            taken: ids the turn's generated ids must not take (any iterable of str).
+            taken: ids the turn's ids must not repeat (any iterable of str).
 
         Raises:
             ValueError: ``first`` is negative.
@@ -89,21 +96,25 @@ class ParsedAction:
         if first < 0:
             raise ValueError(f"first must be >= 0, got {first}")
         generated = set(self.generated_positions)
-        if not generated:
-            return self
         attempts = self.all_calls()
-        used = set(taken) | {c["id"] for p, c in enumerate(attempts) if p not in generated}
+        ids = unique_call_ids([None if p in generated else c["id"] for p, c in enumerate(attempts)], first, taken)
+        if ids == [c["id"] for c in attempts]:
+            return self
         calls, error_calls = list(self.calls), [self.error_call(j) for j in range(len(self.errors))]
+        error_ids = list(self.error_ids)
         for p, (kind, i) in enumerate(self.in_order()):
-            if p not in generated:
+            if ids[p] == attempts[p]["id"]:
                 continue
-            new_id = fresh_call_id(first + p, used)
-            used.add(new_id)
             if kind == "call":
-                calls[i] = {**calls[i], "id": new_id}
+                calls[i] = {**calls[i], "id": ids[p]}
             else:
-                error_calls[i] = {**error_calls[i], "id": new_id}
-        return dataclasses.replace(self, calls=calls, error_calls=error_calls)
+                error_calls[i] = {**error_calls[i], "id": ids[p]}
+                if i < len(error_ids) and p not in generated:
+                    error_ids[i] = None  # the error no longer answers the server's id
+            generated.add(p)
+        return dataclasses.replace(
+            self, calls=calls, error_calls=error_calls, error_ids=error_ids, generated_positions=sorted(generated)
+        )
 
     def numbered_after(self, history: Iterable[Any]) -> ParsedAction:
         """:meth:`numbered_from` for the turn that follows the conversation ``history`` (an env's
@@ -180,6 +191,38 @@ def fresh_call_id(n: int, taken: Container[str]) -> str:
     while f"call_{n}" in taken:
         n += 1
     return f"call_{n}"
+
+
+def unique_call_ids(ids: Iterable[str | None], first: int, taken: Iterable[str] = ()) -> list[str]:
+    """The ids of one turn's call attempts, none repeating another of the conversation.
+
+    An id (a non-empty str) is kept the first time it appears: when ``taken`` does not hold it and
+    no earlier attempt of the turn kept it. Every other attempt (no id, or an id already used) gets
+    ``call_<n>``, ``n`` the first number from ``first + i`` up (``i`` its 0-based place in the turn)
+    whose id is neither in ``taken`` nor kept nor made for an earlier attempt (:func:`fresh_call_id`).
+    For ``["dup", "dup", "fresh"]`` after no calls: ``["dup", "call_1", "fresh"]``.
+
+    Args:
+        ids: each attempt's own id, in the order written (None where it has none).
+        first: call attempts the conversation made before the turn (:func:`calls_before`).
+        taken: ids the conversation already used (:func:`call_ids`).
+    """
+    ids = list(ids)
+    used = set(taken)
+    kept: list[str | None] = []
+    for call_id in ids:
+        ok = isinstance(call_id, str) and call_id and call_id not in used
+        kept.append(call_id if ok else None)
+        if ok:
+            used.add(call_id)
+    # Made ids step around every kept id of the turn, later ones included.
+    out: list[str] = []
+    for i, call_id in enumerate(kept):
+        if call_id is None:
+            call_id = fresh_call_id(first + i, used)
+            used.add(call_id)
+        out.append(call_id)
+    return out
 
 
 class ToolCallParser(Protocol):
@@ -318,7 +361,8 @@ class CallList:
     Every attempt, valid or malformed, gets the id ``call_<position>`` (its 0-based place among the
     turn's attempts) unless the server gave it one, so the ``tool`` message answering attempt ``i``
     carries the id of the history's call ``i``; ``generated`` records which ids were made here, and
-    :meth:`action` steps them around the server's ids of the turn (:meth:`ParsedAction.numbered_from`).
+    :meth:`action` steps them around the server's ids of the turn and replaces a server's id that an
+    earlier attempt of the turn already has (:meth:`ParsedAction.numbered_from`).
     """
 
     calls: list[ToolCall] = field(default_factory=list)
@@ -342,7 +386,7 @@ class CallList:
         ids = self.error_ids if server_ids else []
         parsed = ParsedAction(content, self.calls, self.errors, ids, self.error_positions, self.error_calls,
                               sorted(self.generated))
-        # The one rule of generated ids, here against the turn's own ids only.
+        # The one rule of call ids (made ids, repeated server ids), here against the turn's own ids only.
         return parsed.numbered_from(0)
 
     def _error(self, message: str, call_id: str | None, written: Any, raw: str) -> None:

@@ -20,8 +20,10 @@ def parse_openai_tool_calls(tool_calls: Any) -> tuple[list[ToolCall], list[str]]
 
     Returns:
         ``(calls, errors)``: calls rebuilt in canonical form (arguments re-serialised, the server's id
-        kept; where it has none, ``call_<i>``, or the next free number when the turn already holds that
-        id) and error messages for the model. Never raises.
+        kept the first time it appears; where it has none, or an earlier call of the turn already
+        has it, ``call_<i>``, or the next free number when the turn already holds that id:
+        :func:`~chatgym.envs.parsers.base.unique_call_ids`) and error messages for the model. Never
+        raises.
     """
     parsed = _parse_calls(tool_calls).action("")
     return parsed.calls, parsed.errors
@@ -57,7 +59,16 @@ def _parse_calls(tool_calls: Any) -> CallList:
 
 
 def parse_openai_message(message: Mapping[str, Any]) -> ParsedAction:
-    """A ``ParsedAction`` from an assistant Message whose ``tool_calls`` a server already parsed."""
+    """A ``ParsedAction`` from an assistant Message whose ``tool_calls`` a server already parsed.
+
+    Each call keeps the server's id the first time the turn uses it; a call without one, or whose
+    id an earlier call of the turn already has, gets ``call_<p>`` (``p`` its 0-based place among the
+    turn's attempts, or the next number whose id is free): ids ``["dup", "dup", "fresh"]`` give
+    ``["dup", "call_1", "fresh"]`` (:func:`~chatgym.envs.parsers.base.unique_call_ids`). The parser
+    sees one turn; ``.numbered_after(history)`` (what the env does) also replaces an id the
+    conversation already used and counts made ids on over it, so the ``tool`` messages that answer
+    the turn answer ids no other call of the episode has.
+    """
     content = message.get("content")
     out = _parse_calls(message.get("tool_calls") or [])
     text = content.strip() if isinstance(content, str) else ""

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from chatgym.envs.messages import Message, ToolCall
-from chatgym.envs.parsers.base import call_ids, calls_before, fresh_call_id
+from chatgym.envs.parsers.base import call_ids, calls_before, unique_call_ids
 from chatgym.trainer.engines.base import Completion, SamplingParams
 from chatgym.trainer.engines.common import earliest_stop, refuse_images
 from chatgym.trainer.engines.http import JSONClient, ServerError
@@ -133,7 +133,7 @@ class OpenAIChatEngine:
                 ``stop_mode="server"`` the one the server names is put back.
             history: the conversation the answer follows. A tool call the server sent without an id,
                 or with one that ``history`` or an earlier call of this answer already holds, gets
-                ``call_<n>`` by the envs' rule (:meth:`~chatgym.envs.parsers.base.ParsedAction.numbered_from`):
+                ``call_<n>`` by the envs' rule (:func:`~chatgym.envs.parsers.base.unique_call_ids`):
                 ``n`` counted from the calls ``history`` made, never an id it or this turn holds.
 
         Raises:
@@ -158,27 +158,15 @@ class OpenAIChatEngine:
         if not isinstance(raw, list) or not all(isinstance(c, dict) for c in raw):
             raise ServerError(f"/chat/completions answer's tool_calls is not a list of objects: {str(raw)[:500]}")
         # Every id must differ from every other id of the episode (a bare call_{i} repeated call_0
-        # each turn, so a client pairing results with calls by id across turns mixed them up). A
-        # server's id is kept the first time it appears; a missing one, or one the conversation or
-        # an earlier call of this turn already holds, is replaced by a made one.
+        # each turn, so a client pairing results with calls by id across turns mixed them up); the
+        # envs' rule, so an env that parses this message keeps its ids.
         history = list(history)
-        first = calls_before(history)
-        used = call_ids(history)
-        kept: list[str | None] = []
-        for call in raw:
-            call_id = call.get("id")
-            ok = isinstance(call_id, str) and call_id and call_id not in used
-            kept.append(call_id if ok else None)
-            if ok:
-                used.add(call_id)
-        for i, (call, call_id) in enumerate(zip(raw, kept, strict=True)):
+        ids = unique_call_ids([c.get("id") for c in raw], calls_before(history), call_ids(history))
+        for call, call_id in zip(raw, ids, strict=True):
             fn = call.get("function") or {}
             arguments = fn.get("arguments", "{}")
             if not isinstance(arguments, str):  # some servers send the object itself
                 arguments = json.dumps(arguments, ensure_ascii=False)
-            if call_id is None:
-                call_id = fresh_call_id(first + i, used)
-                used.add(call_id)
             calls.append(
                 {
                     "id": call_id,
