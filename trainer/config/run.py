@@ -90,27 +90,18 @@ class ModelConfig:
         freeze_vision: a vision-language model's vision tower (``smolvlm``'s SigLIP-style encoder) is
             not trained; its connector and language model are. False (default): the tower trains
             too (under LoRA: adapters on its linear layers). Refused for a model without a vision tower.
-        logprob_chunk_tokens: None (default): the model computes the logits of every kept position
-            and the learner takes their float32 log-softmax, so autograd keeps (tokens, vocabulary)
-            float32 logits until the backward (64 rows x 1,024 tokens x SmolLM2's 49,152 entries:
-            13 GB). N: the learner takes the decoder's final hidden states and runs lm head ->
-            float32 -> log-softmax (and entropy) N positions at a time, recomputing each chunk in
-            the backward, so one (N, vocabulary) block exists at a time; same values up to float
-            rounding, for one more lm-head matmul and one more (vocabulary, hidden) weight gradient
-            in the backward: a gain from about a thousand positions per forward (docs/gpu.md; not
-            measured on a GPU yet). Used by the update and the reference / old-logprob passes (not
-            by a VLM's micro-batches with images). Refused at config load with LoRA on ``lm_head``,
-            and at learner build for a model whose logits are not its lm head's output (Gemma 2's
-            softcapping, Cohere's logit scale) or whose head is not a plain ``torch.nn.Linear``
-            (:func:`chatgym.trainer.learner.lm_head.chunked_head_refusal`).
-        compile: ``torch.compile`` each decoder layer of the learner's model in place
-            (``nn.Module.compile``: one graph serves every layer, state-dict keys unchanged), for the
-            update and the reference / old-logprob passes. Why: at 135M on an H200 the update is bound
-            by the host issuing ~30,000 small ops a forward + backward, not by the GPU (docs/gpu.md);
-            compiled layers fuse the element-wise ones. The first forward compiles (seconds to a
-            minute), the second length recompiles once with dynamic shapes, none after. Default off;
-            not measured on a GPU yet. Refused at learner build for a model without a decoder layer
-            list (``get_decoder().layers``).
+        logprob_chunk_tokens: None (default): the model computes the logits of every kept position,
+            whose float32 log-softmax autograd keeps until the backward (64 rows x 1,024 tokens x
+            49,152 ids: 13 GB). N: lm head -> float32 -> log-softmax (and entropy) from the decoder's
+            final hidden states N positions at a time, each chunk recomputed in the backward; same
+            values up to float rounding, one more lm-head matmul and (vocabulary, hidden) weight
+            gradient (docs/gpu.md). Update and reference / old-logprob passes, not a VLM's image
+            micro-batches. Refused with LoRA on ``lm_head`` (config load) and for a model whose logits
+            are not a plain ``nn.Linear`` head's output (learner build: ``lm_head.chunked_head_refusal``).
+        compile: ``torch.compile`` each decoder layer of the learner's model in place (one graph for
+            every layer, weights' names unchanged): the update at 135M is bound by the host issuing
+            ops (docs/gpu.md). First forward compiles, the second length once more with dynamic
+            shapes. Refused for a model without ``get_decoder().layers``. Not measured on a GPU yet.
     """
 
     path: str = "smollm2"
