@@ -57,7 +57,8 @@ averaged): the issue's targets are >= 2x at ``smollm2`` and >= 1.5x at ``qwen2.5
 Each run runs in a process of its own (``--in-process``: all in this one, as before 2026-12-05), so
 none is timed on the GPU memory, CUDA graphs or engine threads an earlier run left behind; a run that
 fails (out of memory, say) leaves the others running, and the script exits non-zero naming it after
-the report.
+the report. A run's JSON from an earlier invocation into the same ``--out`` is removed when the run
+starts again, so a run that fails is not reported from it.
 
 Wall clock per step is measured around the whole step (``Trainer.step`` + logging; TRL: callback from
 ``on_step_begin`` to ``on_step_end``), with ``torch.cuda.synchronize()``. Each run writes
@@ -547,6 +548,7 @@ def run_ours(
             overlapped.close()
         probe.close()
         trainer.close()
+        shutil.rmtree(out, ignore_errors=True)  # its metrics, traces and checkpoint (~1.6 GB at 135M)
     peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan")
     return {"setup_s": setup_s, "steps": rows, "curve": curve, "peak_gib": peak, "options": options}
 
@@ -940,7 +942,7 @@ def parse_run(spec: str) -> tuple[str, int]:
             :data:`OUR_RUNS` nor :data:`TRL_RUNS` (one line naming the entry).
     """
     name, sep, seed = spec.partition(":")
-    if not sep or not seed.isdigit():
+    if not sep or not (seed.isascii() and seed.isdigit()):  # "²" is a digit to str.isdigit, not to int
         raise SystemExit(f"--runs: {spec!r} is not NAME:SEED (e.g. ours:0)")
     if name not in OUR_RUNS and name not in TRL_RUNS:
         raise SystemExit(f"--runs: unknown run {name!r} in {spec!r}; choose from {', '.join([*OUR_RUNS, *TRL_RUNS])}")
@@ -962,9 +964,22 @@ def check_runs(runs: list[tuple[str, int]], shape: str) -> None:
         raise SystemExit(f"vs_trl_gpu.py: {', '.join(vllm)} need vLLM on CUDA: pip install vllm")
 
 
+def _run_jsons(out: Path) -> list[dict]:
+    """The JSON objects of ``out/*.json`` (a file that is not one is left to :func:`report` to name)."""
+    found = []
+    for p in sorted(out.glob("*.json")):
+        try:
+            result = json.loads(p.read_text())
+        except json.JSONDecodeError:
+            continue
+        if isinstance(result, dict):
+            found.append(result)
+    return found
+
+
 def check_out(out: Path, shape: str) -> None:
     """Refuse an ``--out`` folder holding runs of another shape (the report takes one shape a folder)."""
-    other = sorted({json.loads(p.read_text()).get("shape", "smollm2") for p in out.glob("*.json")} - {shape})
+    other = sorted({result.get("shape", "smollm2") for result in _run_jsons(out)} - {shape})
     if other:
         raise SystemExit(f"--out {out}: holds runs of shape {', '.join(other)}, not {shape}; one folder per shape")
 
@@ -995,10 +1010,10 @@ def run_all(runs: list[tuple[str, int]], args: argparse.Namespace, options: dict
 def child_command(argv: list[str], *, only: str | None = None, model_dir: str | None = None,
                   save_model: str | None = None) -> list[str]:
     """This script's command line for one child process: ``argv`` (the parent's, checked already) plus
-    ``--only NAME:SEED`` (run that one), ``--model-dir`` (load the shape's saved random weights) or
-    ``--save-model DIR`` (save them and exit)."""
+    ``--child-run NAME:SEED`` (run that one), ``--child-model-dir`` (load the shape's saved random
+    weights) or ``--child-save-model DIR`` (save them and exit)."""
     extra = []
-    for flag, value in (("--only", only), ("--model-dir", model_dir), ("--save-model", save_model)):
+    for flag, value in (("--child-run", only), ("--child-model-dir", model_dir), ("--child-save-model", save_model)):
         if value is not None:
             extra += [flag, value]
     return [sys.executable, str(Path(__file__).resolve()), *argv, *extra]
@@ -1051,10 +1066,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--in-process", action="store_true", help="every run in this one process (default: a process a run)"
     )
-    # A child's flags (child_command): the one run it does, the Qwen shape's saved weights.
-    ap.add_argument("--only", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--save-model", default=None, help=argparse.SUPPRESS)
+    # A child's flags (child_command): the one run it does, the Qwen shape's saved weights. Named
+    # --child-* so that no abbreviation of a user's flag (--o for --out) can reach them.
+    ap.add_argument("--child-run", dest="only", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--child-model-dir", dest="model_dir", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--child-save-model", dest="save_model", default=None, help=argparse.SUPPRESS)
     argv = sys.argv[1:] if argv is None else list(argv)
     args = ap.parse_args(argv)
     CORRECTION.update(rollout_correction=args.correction, rollout_mask_band=tuple(args.mask_band))
@@ -1065,6 +1081,11 @@ def main(argv: list[str] | None = None) -> None:
         if value < 1:  # 0 steps has no median; an evaluation every 0 steps divides by zero mid-run
             raise SystemExit(f"{flag} must be >= 1, got {value}")
     runs = [parse_run(spec) for spec in args.runs]
+    if not runs:
+        raise SystemExit("--runs: give at least one NAME:SEED (e.g. ours:0)")
+    twice = sorted({f"{name}:{seed}" for name, seed in runs if runs.count((name, seed)) > 1})
+    if twice:  # both would write <name>_<seed>.json, the second over the first
+        raise SystemExit(f"--runs: {', '.join(twice)} given more than once")
     check_runs(runs, args.shape)
     if args.expandable_segments:  # read when CUDA is first initialised: before importing torch
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
@@ -1110,6 +1131,11 @@ def main(argv: list[str] | None = None) -> None:
             if workdir is not None and run_isolated([("--save-model", child_command(argv, save_model=str(workdir)))]):
                 raise SystemExit(f"vs_trl_gpu.py: could not save the {args.shape} random weights (output above)")
             model_dir = None if workdir is None else str(workdir)
+            for name, seed in runs:  # a run that fails now must not be reported from an earlier file
+                earlier = out / f"{name}_{seed}.json"
+                if earlier.exists():
+                    earlier.unlink()
+                    print(f"vs_trl_gpu.py: removed {earlier} (an earlier invocation's {name}:{seed}; run again now)")
             failed = run_isolated([(spec, child_command(argv, only=spec, model_dir=model_dir)) for spec in args.runs])
     finally:
         if workdir is not None:

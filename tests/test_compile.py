@@ -6,13 +6,14 @@ decoder layer list is refused."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
 from test_chunked_logprobs import ULP, grads, layout_batch, layout_call, loss_of
 from train_helpers import TINY_LLAMA
 
-from chatgym.trainer.config.run import LoraConfig, ModelConfig
+from chatgym.trainer.config.run import ConfigError, LoraConfig, ModelConfig
 from chatgym.trainer.learner.policy import compile_decoder_layers, load_policy
 
 
@@ -93,8 +94,36 @@ def test_a_model_without_a_decoder_layer_list_is_refused():
         def get_decoder(self):
             return torch.nn.Linear(2, 2)
 
-    with pytest.raises(ValueError, match=r"^model.compile: NoLayers has no decoder layer list \(get_decoder\(\).layers\) to compile$"):
+    with pytest.raises(ConfigError, match=r"^model.compile: NoLayers has no decoder layer list \(get_decoder\(\).layers\) to compile$"):
         compile_decoder_layers(NoLayers())
+
+
+def test_chatgym_train_refuses_compile_for_a_gpt2_in_one_line(tmp_path, capsys):
+    # Regression: a model whose blocks are not get_decoder().layers (GPT-2: transformer.h) ended
+    # chatgym train with an 11-frame traceback, rc 1, from the learner's build.
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+
+    from chatgym.trainer.models.packaged import load_model_path
+    from chatgym.trainer.train_cli import main
+
+    tokenizer = AutoTokenizer.from_pretrained(load_model_path("smollm2"))
+    model_dir = tmp_path / "gpt2"
+    ids = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id}
+    config = GPT2Config(vocab_size=len(tokenizer), n_positions=512, n_embd=16, n_layer=1, n_head=2, **ids)
+    GPT2LMHeadModel(config).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    capsys.readouterr()  # the save's progress bar
+    out = tmp_path / "run"
+    overrides = [f"model.path={model_dir}", "model.compile=true", "engine.backend=hf", "engine.options={}",
+                 "train.max_steps=1", "train.prompts_per_step=2", "train.group_size=2", "env.eval_tasks=0"]
+    config_file = Path(__file__).resolve().parent.parent / "examples" / "configs" / "math_grpo.yaml"
+    assert main([str(config_file), "--output-dir", str(out), *overrides]) == 2
+    err = capsys.readouterr().err  # after the start-up log and the weights' loading bar: one line
+    assert err.endswith(
+        "\nchatgym train: model.compile: GPT2LMHeadModel has no decoder layer list (get_decoder().layers) to compile\n"
+    )
+    assert "Traceback" not in err
+    assert not out.exists()
 
 
 @pytest.mark.slow

@@ -296,9 +296,9 @@ def test_child_command_is_the_parents_argv_plus_the_childs_flags(bench):
     argv = ["--shape", "qwen2.5-1.5b", "--runs", "ours:0", "trl_vllm_bf16:0", "--steps", "10"]
     script = str(BENCHMARKS / "vs_trl_gpu.py")
     assert bench.child_command(argv, only="trl_vllm_bf16:0", model_dir="/tmp/m") == [
-        sys.executable, script, *argv, "--only", "trl_vllm_bf16:0", "--model-dir", "/tmp/m"
+        sys.executable, script, *argv, "--child-run", "trl_vllm_bf16:0", "--child-model-dir", "/tmp/m"
     ]
-    assert bench.child_command(argv, save_model="/tmp/m") == [sys.executable, script, *argv, "--save-model", "/tmp/m"]
+    assert bench.child_command(argv, save_model="/tmp/m") == [sys.executable, script, *argv, "--child-save-model", "/tmp/m"]
 
 
 def test_run_isolated_runs_every_command_in_its_own_process_whatever_the_others_did(bench, tmp_path):
@@ -326,6 +326,8 @@ def test_main_runs_each_run_in_a_child_and_exits_non_zero_naming_the_failed_ones
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(bench, "run_isolated", fake_run_isolated)
+    # An earlier invocation's result of the run that fails now: not reported as this one's.
+    _write(tmp_path, {"trl_vllm_bf16_0": _result([0.5], "smollm2")})
     argv = ["--runs", "ours:0", "trl_vllm_bf16:0", "--out", str(tmp_path)]
     monkeypatch.setattr(bench, "check_runs", lambda runs, shape: None)  # TRL / vLLM are not installed here
     with pytest.raises(SystemExit) as exc:
@@ -333,7 +335,10 @@ def test_main_runs_each_run_in_a_child_and_exits_non_zero_naming_the_failed_ones
     assert exc.value.code == 1
     assert calls == [(spec, bench.child_command(argv, only=spec)) for spec in ("ours:0", "trl_vllm_bf16:0")]
     out, err = capsys.readouterr()
-    assert out.splitlines()[2].split()[0] == "ours_0"  # the report of the run that ended
+    lines = out.splitlines()
+    assert lines[0] == f"vs_trl_gpu.py: removed {tmp_path / 'trl_vllm_bf16_0.json'} (an earlier invocation's trl_vllm_bf16:0; run again now)"
+    assert lines[3].split()[0] == "ours_0" and lines[4] == ""  # the report: the run that ended, alone
+    assert not (tmp_path / "trl_vllm_bf16_0.json").exists()
     assert err.strip() == "vs_trl_gpu.py: runs that failed (their output is above): trl_vllm_bf16:0 (rc 1)"
 
 
@@ -352,8 +357,41 @@ def test_main_at_a_qwen_shape_has_a_child_save_the_weights_every_run_loads_then_
     argv = ["--shape", "qwen2.5-1.5b", "--runs", "ours:0", "--out", str(tmp_path)]
     bench.main(argv)
     (save_spec, save_cmd), (run_spec, run_cmd) = calls
-    workdir = save_cmd[save_cmd.index("--save-model") + 1]
+    workdir = save_cmd[save_cmd.index("--child-save-model") + 1]
     assert (save_spec, run_spec) == ("--save-model", "ours:0")
     assert save_cmd == bench.child_command(argv, save_model=workdir)
     assert run_cmd == bench.child_command(argv, only="ours:0", model_dir=workdir)
     assert not Path(workdir).exists()
+
+
+def test_main_refuses_no_runs_and_a_run_given_twice(bench):
+    with pytest.raises(SystemExit, match=r"^--runs: give at least one NAME:SEED \(e.g. ours:0\)$"):
+        bench.main(["--runs", "--out", "/tmp/never"])
+    with pytest.raises(SystemExit, match=r"^--runs: ours:0 given more than once$"):
+        bench.main(["--runs", "ours:0", "ours_1off:1", "ours:00"])
+
+
+def test_a_user_flag_abbreviation_does_not_reach_the_childs_flags(bench):
+    # Regression: the child's --only / --model-dir made --o ambiguous (it had meant --out) and --mo
+    # set the model directory of every run.
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--runs", "ours:0", "--mo", "/x"])
+    assert exc.value.code == 2  # argparse: unrecognized arguments
+    with pytest.raises(SystemExit, match=r"^--steps must be >= 1, got 0$"):
+        bench.main(["--runs", "ours:0", "--o", "/tmp/never", "--steps", "0"])  # --o is --out again
+
+
+def test_parse_run_refuses_a_seed_of_non_ascii_digits(bench):
+    # Regression: "²" passed str.isdigit and int() raised a ValueError traceback.
+    with pytest.raises(SystemExit, match=r"^--runs: 'ours:²' is not NAME:SEED \(e.g. ours:0\)$"):
+        bench.parse_run("ours:²")
+
+
+def test_check_out_skips_files_that_are_not_run_jsons(bench, tmp_path):
+    # Regression: a *.json that is not JSON was a JSONDecodeError traceback here (report skips it).
+    (tmp_path / "notes.json").write_text("not json")
+    (tmp_path / "list.json").write_text("[1, 2]")
+    _write(tmp_path, {"ours_0": _result([1.0], "smollm2")})
+    bench.check_out(tmp_path, "smollm2")
+    with pytest.raises(SystemExit, match=r"holds runs of shape smollm2, not qwen2\.5-7b"):
+        bench.check_out(tmp_path, "qwen2.5-7b")

@@ -152,13 +152,14 @@ def compile_decoder_layers(model: Any) -> int:
         The number of layers compiled.
 
     Raises:
-        ValueError: ``model`` has no ``get_decoder().layers`` list (names ``model.compile``).
+        ConfigError: ``model`` has no ``get_decoder().layers`` list (names ``model.compile``; GPT-2's
+            blocks are ``transformer.h``): one line at ``chatgym train``'s start.
     """
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     decoder = base.get_decoder() if hasattr(base, "get_decoder") else None
     layers = getattr(decoder, "layers", None)
     if not isinstance(layers, torch.nn.ModuleList) or not len(layers):
-        raise ValueError(
+        raise ConfigError(
             f"model.compile: {type(base).__name__} has no decoder layer list (get_decoder().layers) to compile"
         )
     for layer in layers:
