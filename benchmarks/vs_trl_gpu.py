@@ -57,7 +57,8 @@ averaged): the issue's targets are >= 2x at ``smollm2`` and >= 1.5x at ``qwen2.5
 Each run runs in a process of its own (``--in-process``: all in this one, as before 2026-12-05), so
 none is timed on the GPU memory, CUDA graphs or engine threads an earlier run left behind; a run that
 fails (out of memory, say) leaves the others running, and the script exits non-zero naming it after
-the report. A run's JSON from an earlier invocation into the same ``--out`` is removed when the run
+the report. ``--run-timeout S`` ends a run (its whole process group, vLLM's engine core included)
+after S seconds, so one hung run cannot hold a lease. A run's JSON from an earlier invocation into the same ``--out`` is removed when the run
 starts again, so a run that fails is not reported from it.
 
 Wall clock per step is measured around the whole step (``Trainer.step`` + logging; TRL: callback from
@@ -1019,21 +1020,55 @@ def child_command(argv: list[str], *, only: str | None = None, model_dir: str | 
     return [sys.executable, str(Path(__file__).resolve()), *argv, *extra]
 
 
-def run_isolated(commands: list[tuple[str, list[str]]]) -> list[str]:
+def run_isolated(commands: list[tuple[str, list[str]]], timeout: float | None = None) -> list[str]:
     """Run each ``(spec, command)`` in its own process, in order, whatever the others did. Why: a run
     leaves GPU memory, CUDA graphs, allocator caches and engine threads behind in its process (TRL's
-    colocated vLLM frees nothing), so runs sharing one process are timed on what the earlier ones left —
-    on an H200, ``ours:1`` after ``ours_vllm:0`` peaked at 48.92 GiB instead of 7.24 and generated 35%
-    fewer tokens a second, and the fifth run of a process ran out of memory.
+    colocated vLLM frees nothing), so runs sharing one process are timed on what the earlier ones left:
+    on an H200, ``ours:1`` after ``ours_vllm:0`` peaked at 48.92 GiB instead of 7.24, and the fifth run
+    of a process ran out of memory.
+
+    Each child leads a process group of its own, ended whole (SIGTERM, then SIGKILL after 10 s) when
+    it outlives ``timeout`` seconds or this process is interrupted: vLLM's engine-core processes
+    would otherwise hold the GPU for the next run.
 
     Returns:
-        ``"NAME:SEED (rc N)"`` for each command that exited non-zero (its output went to ours).
+        ``"NAME:SEED (rc N)"`` for each command that exited non-zero, ``"NAME:SEED (timed out after
+        N s)"`` for each ended at ``timeout`` (its output went to ours).
+
+    Raises:
+        KeyboardInterrupt: this process was interrupted (the running child's group ended first).
     """
+    import signal
     import subprocess
+
+    def end_group(child: subprocess.Popen) -> None:
+        try:
+            os.killpg(child.pid, signal.SIGTERM)
+            try:
+                child.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+            os.killpg(child.pid, signal.SIGKILL)  # the leader, or what it left behind
+        except ProcessLookupError:  # the group is gone
+            pass
+        child.wait()
 
     failed = []
     for spec, command in commands:
-        rc = subprocess.run(command, check=False).returncode
+        child = subprocess.Popen(command, start_new_session=True)
+        try:
+            rc = child.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            end_group(child)
+            failed.append(f"{spec} (timed out after {timeout:g} s)")
+            continue
+        except BaseException:
+            end_group(child)
+            raise
+        try:  # a grandchild the run left (an engine core) must not outlive it
+            os.killpg(child.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         if rc != 0:
             failed.append(f"{spec} (rc {rc})")
     return failed
@@ -1066,6 +1101,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--in-process", action="store_true", help="every run in this one process (default: a process a run)"
     )
+    ap.add_argument("--run-timeout", type=float, default=None, help="seconds a run may take (its process group is ended)")
     # A child's flags (child_command): the one run it does, the Qwen shape's saved weights. Named
     # --child-* so that no abbreviation of a user's flag (--o for --out) can reach them.
     ap.add_argument("--child-run", dest="only", default=None, help=argparse.SUPPRESS)
@@ -1136,7 +1172,8 @@ def main(argv: list[str] | None = None) -> None:
                 if earlier.exists():
                     earlier.unlink()
                     print(f"vs_trl_gpu.py: removed {earlier} (an earlier invocation's {name}:{seed}; run again now)")
-            failed = run_isolated([(spec, child_command(argv, only=spec, model_dir=model_dir)) for spec in args.runs])
+            commands = [(spec, child_command(argv, only=spec, model_dir=model_dir)) for spec in args.runs]
+            failed = run_isolated(commands, timeout=args.run_timeout)
     finally:
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -319,7 +320,7 @@ def test_main_runs_each_run_in_a_child_and_exits_non_zero_naming_the_failed_ones
     # The children are real processes in run_isolated (test above); here: what main asks of them.
     calls = []
 
-    def fake_run_isolated(commands):
+    def fake_run_isolated(commands, timeout=None):
         calls.extend(commands)
         _write(tmp_path, {"ours_0": _result([1.0], "smollm2")})  # the child that ended wrote its JSON
         return ["trl_vllm_bf16:0 (rc 1)"]
@@ -347,7 +348,7 @@ def test_main_at_a_qwen_shape_has_a_child_save_the_weights_every_run_loads_then_
 
     calls = []
 
-    def fake_run_isolated(commands):
+    def fake_run_isolated(commands, timeout=None):
         calls.extend(commands)
         _write(tmp_path, {"ours_0": _result([1.0], "qwen2.5-1.5b")})
         return []
@@ -395,3 +396,36 @@ def test_check_out_skips_files_that_are_not_run_jsons(bench, tmp_path):
     bench.check_out(tmp_path, "smollm2")
     with pytest.raises(SystemExit, match=r"holds runs of shape smollm2, not qwen2\.5-7b"):
         bench.check_out(tmp_path, "qwen2.5-7b")
+
+
+def _alive(pid: int) -> bool:
+    """A process that exists and is not a zombie (this container's init may not reap orphans)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+def test_run_isolated_ends_a_run_past_its_timeout_and_what_any_run_left_behind(bench, tmp_path):
+    # A run's process group is ended whole: at the timeout (the run and its grandchild), and after a
+    # run that exits leaving a grandchild (vLLM's engine core would hold the GPU for the next run).
+    def leaves_a_sleeper(spec: str, then: str) -> tuple[str, list[str]]:
+        pidfile = tmp_path / f"{spec}.pid"
+        code = (
+            "import subprocess, sys, time; "
+            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
+            f"open({str(pidfile)!r}, 'w').write(str(p.pid)); {then}"
+        )
+        return spec, [sys.executable, "-c", code]
+
+    t0 = time.monotonic()
+    failed = bench.run_isolated([leaves_a_sleeper("hangs", "time.sleep(120)"), leaves_a_sleeper("exits", "pass")], timeout=3)
+    assert failed == ["hangs (timed out after 3 s)"]
+    assert time.monotonic() - t0 < 60  # not the 120 s the sleepers asked for
+    for spec in ("hangs", "exits"):  # SIGKILL is delivered asynchronously: allow it a moment
+        pid = int((tmp_path / f"{spec}.pid").read_text())
+        deadline = time.monotonic() + 5
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(pid), spec
