@@ -15,7 +15,7 @@ import types
 import pytest
 import torch
 from test_trainer import _group_batch, traj
-from train_helpers import TINY_LLAMA
+from train_helpers import TINY_LLAMA, fsdp2_one_rank
 
 from chatgym.trainer.config.run import ConfigError, load_config
 from chatgym.trainer.learner.forward import (
@@ -419,22 +419,12 @@ def test_fsdp2_sharded_model_equals_the_plain_path(tiny_model, tmp_path):
     # gathered by its forward hooks; the chunked head reads the weight after the root forward and the
     # root's gradients are reduce-scattered as usual. Two optimizer-less backward passes, as two
     # micro-batches of an update, with a no-grad pass before them (old logprobs).
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
     batch = _group_batch()
     mask = batch.loss_mask
     plain = copy.deepcopy(tiny_model)
     loss_of(*forward_logprobs(plain, batch, with_entropy=True, entropy_grad=True), mask).backward()
     want = grads(plain)
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    try:
-        model = copy.deepcopy(tiny_model)
-        mesh = init_device_mesh("cpu", (1,))
-        for layer in model.model.layers:
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+    with fsdp2_one_rank(copy.deepcopy(tiny_model), tmp_path) as model:
         with torch.no_grad():
             old, _ = forward_logprobs(model, batch, with_entropy=False, chunk_tokens=5)
         for _ in range(2):
@@ -446,8 +436,6 @@ def test_fsdp2_sharded_model_equals_the_plain_path(tiny_model, tmp_path):
             for name in want:
                 torch.testing.assert_close(got[name], want[name], rtol=0, atol=1e-5, msg=name)
         torch.testing.assert_close(old[mask], lp.detach()[mask], rtol=ULP, atol=1e-6)
-    finally:
-        dist.destroy_process_group()
 
 
 # ---------------------------------------------------------------------------------------- refusals

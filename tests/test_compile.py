@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from test_chunked_logprobs import ULP, grads, layout_batch, layout_call, loss_of
-from train_helpers import TINY_LLAMA
+from train_helpers import TINY_LLAMA, fsdp2_one_rank
 
 from chatgym.trainer.config.run import ConfigError, LoraConfig, ModelConfig
 from chatgym.trainer.learner.policy import compile_decoder_layers, load_policy
@@ -131,10 +131,7 @@ def test_compiled_layers_under_fsdp2_give_the_eager_gradients(tiny_model, dynamo
     """FSDP2 over one gloo rank (as ``trainer.ray.learner_sharding: fsdp`` shards: each layer, then
     the model) around layers compiled first, as ``load_policy`` leaves them: two backward passes,
     gradients within 1e-5 of the eager model's (measured: 3.9e-8)."""
-    import torch.distributed as dist
     from test_trainer import _group_batch
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
 
     from chatgym.trainer.learner.forward import forward_logprobs
 
@@ -143,14 +140,9 @@ def test_compiled_layers_under_fsdp2_give_the_eager_gradients(tiny_model, dynamo
     plain = copy.deepcopy(tiny_model)
     loss_of(*forward_logprobs(plain, batch, with_entropy=True, entropy_grad=True), mask).backward()
     want = grads(plain)
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    try:
-        model = copy.deepcopy(tiny_model)
-        compile_decoder_layers(model)
-        mesh = init_device_mesh("cpu", (1,))
-        for layer in model.model.layers:
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+    compiled = copy.deepcopy(tiny_model)
+    compile_decoder_layers(compiled)
+    with fsdp2_one_rank(compiled, tmp_path) as model:
         for _ in range(2):
             model.zero_grad(set_to_none=True)
             loss_of(*forward_logprobs(model, batch, with_entropy=True, entropy_grad=True), mask).backward()
@@ -158,6 +150,4 @@ def test_compiled_layers_under_fsdp2_give_the_eager_gradients(tiny_model, dynamo
             assert set(got) == set(want)
             for name in want:
                 torch.testing.assert_close(got[name], want[name], rtol=0, atol=1e-5, msg=name)
-    finally:
-        dist.destroy_process_group()
     assert dynamo["frames"]["ok"] >= 1 and dynamo["frames"]["ok"] == dynamo["frames"]["total"]

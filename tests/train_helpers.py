@@ -121,6 +121,25 @@ def file_size_limit(limit: int) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def fsdp2_one_rank(model: Any, tmp_path: Any) -> Iterator[Any]:
+    """``model`` sharded by FSDP2 over one gloo rank as ``trainer.ray.learner_sharding: fsdp`` shards
+    it (each decoder layer, then the whole model); the process group is destroyed after."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        yield model
+    finally:
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
 def torch_threads(n: int) -> Iterator[None]:
     """Run the block with ``n`` torch CPU threads, in this process and in every process started inside
     it (``OMP_NUM_THREADS``, read by the trainer's ``cpu_threads()``, by Ray workers, by torch in a
