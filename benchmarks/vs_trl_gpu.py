@@ -521,6 +521,8 @@ def run_ours(
                         "gen_s": metrics["timing/rollout_s"],
                         "update_s": metrics["timing/update_s"],
                         "gen_tokens": metrics["throughput/gen_tokens_per_s"] * metrics["timing/rollout_s"],
+                        # a rollout of one batch decodes as many steps as its longest reply
+                        "decode_steps": metrics.get("response/length_max", 0),
                         "reward": metrics["reward/mean"],
                         "mismatch": {k.rsplit("/", 1)[1]: v for k, v in metrics.items() if k.startswith("rollout/mismatch/")},
                         "sync_s": metrics.get("timing/sync_s", 0.0),
@@ -590,24 +592,26 @@ def run_trl(seed: int, steps: int, eval_every: int, fp32: bool, evaluator, vllm:
     tokenizer = get_tokenizer(MODEL["path"])
     # Loaded from its directory: its name_or_path is what TRL's colocated vLLM loads.
     model = load_model(MODEL["path"], dtype="float32" if fp32 else "bfloat16", device=DEVICE)
-    gen: list[tuple[float, int]] = []
+    gen: list[tuple[float, int, int]] = []
 
     def timed(generate, count):
-        """``generate`` timed into ``gen``: (seconds, ``count(out, args, kwargs)`` new tokens)."""
+        """``generate`` timed into ``gen``: (seconds, *``count(out, args, kwargs)``), the count being
+        (new tokens, the longest reply's tokens)."""
 
         def call(*args, **kwargs):
             torch.cuda.synchronize()
             t = time.perf_counter()
             out = generate(*args, **kwargs)
             torch.cuda.synchronize()
-            gen.append((time.perf_counter() - t, count(out, args, kwargs)))
+            gen.append((time.perf_counter() - t, *count(out, args, kwargs)))
             return out
 
         return call
 
     def new_tokens(out, args, kwargs):  # model.generate: the ids after the (padded) prompt
         prompt_len = (kwargs.get("input_ids") if "input_ids" in kwargs else args[0]).shape[1]
-        return int((out[:, prompt_len:] != tokenizer.pad_token_id).sum())
+        per_row = (out[:, prompt_len:] != tokenizer.pad_token_id).sum(dim=1)
+        return int(per_row.sum()), int(per_row.max())
 
     model.generate = timed(model.generate, new_tokens)
     def accuracy(model) -> float | None:
@@ -629,7 +633,12 @@ def run_trl(seed: int, steps: int, eval_every: int, fp32: bool, evaluator, vllm:
             wall[0] += dt
             g = gen[self.gen_before :]
             steps_out.append(
-                {"wall_s": dt, "gen_s": sum(x for x, _ in g), "gen_tokens": sum(n for _, n in g)}
+                {
+                    "wall_s": dt,
+                    "gen_s": sum(x for x, _, _ in g),
+                    "gen_tokens": sum(n for _, n, _ in g),
+                    "decode_steps": sum(longest for _, _, longest in g),
+                }
             )
             steps_out[-1]["update_s"] = dt - steps_out[-1]["gen_s"]
             print(
@@ -676,7 +685,7 @@ def run_trl(seed: int, steps: int, eval_every: int, fp32: bool, evaluator, vllm:
     )
     if vllm:  # generation goes through TRL's vLLM wrapper (its completion ids second), not model.generate
         vg = trainer.vllm_generation
-        vg.generate = timed(vg.generate, lambda out, *_: sum(len(ids) for ids in out[1]))
+        vg.generate = timed(vg.generate, lambda out, *_: (sum(len(ids) for ids in out[1]), max(map(len, out[1]), default=0)))
     trainer.train()
     return {"steps": steps_out, "curve": curve, "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
 
@@ -716,12 +725,15 @@ def make_evaluator():
 def summarize(name: str, result: dict) -> dict:
     """One run's figures: medians over its steps after the first (and, one_step_off, not the steps
     right after an evaluation) of s/step, generation s, update s, generated tokens per second of
-    generation (``gen_tok_s``) and of the step (``step_tok_s``); peak memory; held-out accuracy (None
+    generation (``gen_tok_s``) and of the step (``step_tok_s``), milliseconds of generation per
+    decode step (``ms_per_decode_step``: generation s over the step's longest reply, the decode
+    steps a batch takes; None in JSONs without ``decode_steps``); peak memory; held-out accuracy (None
     where not measured); the run's ``shape`` (``smollm2`` for JSONs written before ``--shape``)."""
     later = [r for r in result["steps"][1:] if not r.get("after_eval")] or result["steps"]
     med = {k: statistics.median(r[k] for r in later) for k in ("wall_s", "gen_s", "update_s")}
     rates = [r["gen_tokens"] / r["gen_s"] for r in later if r["gen_s"] > 0]
     tps = statistics.median(rates) if rates else float("nan")  # no step timed its generation
+    per_step = [1e3 * r["gen_s"] / r["decode_steps"] for r in later if r.get("decode_steps") and r["gen_s"] > 0]
     curve = result["curve"]
     mismatch = {
         key: statistics.mean(r["mismatch"][key] for r in result["steps"] if key in r.get("mismatch", {}))
@@ -738,6 +750,8 @@ def summarize(name: str, result: dict) -> dict:
         "update_s": med["update_s"],
         "gen_tok_s": tps,
         "step_tok_s": statistics.median(r["gen_tokens"] / r["wall_s"] for r in later),
+        # generation s / the step's longest reply: each policy's reply lengths taken out (None: not recorded)
+        "ms_per_decode_step": statistics.median(per_step) if per_step else None,
         "peak_gib": result["peak_gib"],
         "acc_before": curve[0][1],
         "acc_after": curve[-1][1],
@@ -818,6 +832,17 @@ def speedups(groups: dict[str, list[dict]]) -> tuple[str, dict[str, float]] | No
     anchor = min(theirs, key=mean_step)
     ours = {name: mean_step(anchor) / mean_step(name) for name in groups if name.startswith("ours")}
     return (anchor, ours) if ours else None
+
+
+def decode_steps(rows: list[dict]) -> None:
+    """Generation per decode step, each run's median of (generation s / the step's longest reply):
+    a step generates until its longest reply ends, so s/step and tokens/s both depend on the reply
+    lengths each policy learned; this figure does not (prefill and the last rows' tail included)."""
+    timed = [r for r in rows if r.get("ms_per_decode_step") is not None]
+    if timed:
+        print("\ngeneration ms per decode step (generation s / the step's longest reply, median):")
+        for r in timed:
+            print(f"{r['run']:<18} {r['ms_per_decode_step']:7.3f}")
 
 
 def run_table(rows: list[dict], equal: float) -> None:
@@ -929,6 +954,7 @@ def report(folder: Path) -> None:
     for r in rows:
         groups.setdefault(r["run"].rsplit("_", 1)[0], []).append(r)
     seed_means(groups, equal)
+    decode_steps(rows)
     pairwise(groups)
     mismatch_table(rows, groups, equal)
     slow_updates(results)

@@ -283,6 +283,7 @@ def test_ours_1off_two_steps_on_cpu_at_a_tiny_qwen_shape(bench, monkeypatch, tin
     assert [acc for _, acc in result["curve"]] == [None, None, None]  # random weights: not evaluated
     # 2 prompts x 2 samples x 16 tokens: random weights end a reply on EOS with odds 1 / 151,936 a token
     assert [s["gen_tokens"] for s in result["steps"]] == [pytest.approx(64), pytest.approx(64)]
+    assert [s["decode_steps"] for s in result["steps"]] == [16, 16]  # every reply the full 16 tokens
 
 
 @pytest.mark.slow
@@ -429,3 +430,19 @@ def test_run_isolated_ends_a_run_past_its_timeout_and_what_any_run_left_behind(b
         while _alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not _alive(pid), spec
+
+
+def test_ms_per_decode_step_takes_the_reply_lengths_out(bench, tmp_path, capsys):
+    # gen 0.5 s a step; longest replies 125, 100, 128 after the warm-up step (left out):
+    # 500/125 = 4.0, 500/100 = 5.0, 500/128 = 3.90625 ms -> median 4.0.
+    result = _result([1.0, 1.0, 1.0], "qwen2.5-1.5b")
+    for step, longest in zip(result["steps"], [90, 125, 100, 128], strict=True):
+        step["decode_steps"] = longest
+    assert bench.summarize("ours_0", result)["ms_per_decode_step"] == pytest.approx(4.0)
+    assert bench.summarize("trl_vllm_bf16_0", _result([1.0], "qwen2.5-1.5b"))["ms_per_decode_step"] is None
+    _write(tmp_path, {"ours_0": result, "trl_vllm_bf16_0": _result([1.0], "qwen2.5-1.5b")})
+    bench.report(tmp_path)
+    out = capsys.readouterr().out.splitlines()
+    at = out.index("generation ms per decode step (generation s / the step's longest reply, median):")
+    assert out[at + 1].split() == ["ours_0", "4.000"]
+    assert not out[at + 2].startswith("trl_vllm_bf16_0")  # only the run that recorded it
