@@ -433,3 +433,13 @@ def test_a_signal_during_a_rollout_leaves_no_task_running_after_close(tmp_path, 
     )
     assert "Traceback" not in err and "never retrieved" not in err and "Exception ignored" not in err, err
     assert [str(w.message) for w in caught if "never awaited" in str(w.message)] == []
+
+
+@pytest.mark.parametrize("progress", ["true", "false"])
+def test_the_first_held_out_evaluation_is_announced_with_the_progress_bar(tmp_path, capsys, progress):
+    # A fresh user's finding: nothing was printed while the held-out evaluation before step 1 ran
+    # (seconds to minutes with vLLM on a CPU); with the progress bar off the run stays quiet.
+    run = _tiny_letters_run("env.eval_tasks=2", "train.max_steps=1", f"train.progress={progress}")
+    assert main([*run, "--output-dir", str(tmp_path)]) == 0
+    line = "chatgym: evaluating the held-out split before training (env.eval_tasks 2)\n"
+    assert capsys.readouterr().err.count(line) == (progress == "true")

@@ -333,6 +333,8 @@ class Trainer:
         start_step = self.start_step
         eval_before = None
         if self.start_step == 0 and cfg.env.eval_tasks:
+            if cfg.train.progress:  # it takes a while before the first step's bar appears
+                print(f"chatgym: evaluating the held-out split before training (env.eval_tasks {cfg.env.eval_tasks})", file=sys.stderr)
             eval_before = self.evaluate()
             self.metrics.log(0, eval_before)
         elif self.start_step > 0:  # resumed: the first run's evaluation, its step-0 row of metrics.jsonl
