@@ -28,7 +28,7 @@ Runs (``--runs``, any subset, each ``NAME:SEED``):
   k's update does (each batch one weight version behind: ``steps[i]["staleness"]``); timed per step of
   the pipeline's driver, as ``chatgym train`` runs it (see :func:`run_ours` for its evaluations);
 * ``ours_compile`` — ``ours`` with the learner's decoder layers compiled (``model.compile: true``:
-  the update at 135M is bound by the host issuing ops; docs/gpu.md);
+  fewer, fused kernels for an update that looks bound by issuing ops at 135M; docs/gpu.md);
 * ``trl_bf16``    — TRL with bf16 weights (its fastest configuration in the peers' figures);
 * ``trl_fp32``    — TRL with fp32 weights, bf16 autocast and gradient checkpointing (its most accurate);
 * ``trl_vllm_bf16`` / ``trl_vllm_fp32`` — the same two with TRL's colocated vLLM generating
