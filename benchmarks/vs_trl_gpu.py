@@ -58,8 +58,8 @@ Each run runs in a process of its own (``--in-process``: all in this one, as bef
 none is timed on the GPU memory, CUDA graphs or engine threads an earlier run left behind; a run that
 fails (out of memory, say) leaves the others running, and the script exits non-zero naming it after
 the report. ``--run-timeout S`` ends a run (its whole process group, vLLM's engine core included)
-after S seconds, so one hung run cannot hold a lease. A run's JSON from an earlier invocation into the same ``--out`` is removed when the run
-starts again, so a run that fails is not reported from it.
+after S seconds, so one hung run cannot hold a lease. A run's JSON from an earlier invocation into
+the same ``--out`` is removed when the run starts again, so a run that fails is not reported from it.
 
 Wall clock per step is measured around the whole step (``Trainer.step`` + logging; TRL: callback from
 ``on_step_begin`` to ``on_step_end``), with ``torch.cuda.synchronize()``. Each run writes
@@ -931,13 +931,8 @@ def report(folder: Path) -> None:
         SystemExit: no run in ``folder``, or runs of more than one shape there.
     """
     results: dict[str, dict] = {}
-    for p in sorted(folder.glob("*.json")):
-        try:
-            result = json.loads(p.read_text())
-        except json.JSONDecodeError as exc:
-            print(f"skipped {p.name}: not JSON ({exc})")
-            continue
-        if not isinstance(result, dict) or not result.get("steps") or not result.get("curve"):
+    for p, result in run_jsons(folder, say=print).items():
+        if not result.get("steps") or not result.get("curve"):
             print(f"skipped {p.name}: not a run of this script, or a run with no steps")
             continue
         results[p.stem] = result
@@ -991,22 +986,28 @@ def check_runs(runs: list[tuple[str, int]], shape: str) -> None:
         raise SystemExit(f"vs_trl_gpu.py: {', '.join(vllm)} need vLLM on CUDA: pip install vllm")
 
 
-def _run_jsons(out: Path) -> list[dict]:
-    """The JSON objects of ``out/*.json`` (a file that is not one is left to :func:`report` to name)."""
-    found = []
-    for p in sorted(out.glob("*.json")):
+def run_jsons(folder: Path, say: Any = None) -> dict[Path, dict]:
+    """The JSON objects of ``folder/*.json`` by path, in name order; each file that holds none is
+    skipped, with a line to ``say`` when given."""
+    found = {}
+    for p in sorted(folder.glob("*.json")):
         try:
             result = json.loads(p.read_text())
-        except json.JSONDecodeError:
-            continue
-        if isinstance(result, dict):
-            found.append(result)
+        except json.JSONDecodeError as exc:
+            why = f"not JSON ({exc})"
+        else:
+            if isinstance(result, dict):
+                found[p] = result
+                continue
+            why = "not a run of this script, or a run with no steps"
+        if say is not None:
+            say(f"skipped {p.name}: {why}")
     return found
 
 
 def check_out(out: Path, shape: str) -> None:
     """Refuse an ``--out`` folder holding runs of another shape (the report takes one shape a folder)."""
-    other = sorted({result.get("shape", "smollm2") for result in _run_jsons(out)} - {shape})
+    other = sorted({result.get("shape", "smollm2") for result in run_jsons(out).values()} - {shape})
     if other:
         raise SystemExit(f"--out {out}: holds runs of shape {', '.join(other)}, not {shape}; one folder per shape")
 
@@ -1067,16 +1068,19 @@ def run_isolated(commands: list[tuple[str, list[str]]], timeout: float | None = 
     import signal
     import subprocess
 
-    def end_group(child: subprocess.Popen) -> None:
+    def signal_group(child: subprocess.Popen, sig: int) -> None:
         try:
-            os.killpg(child.pid, signal.SIGTERM)
-            try:
-                child.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-            os.killpg(child.pid, signal.SIGKILL)  # the leader, or what it left behind
+            os.killpg(child.pid, sig)
         except ProcessLookupError:  # the group is gone
             pass
+
+    def end_group(child: subprocess.Popen) -> None:
+        signal_group(child, signal.SIGTERM)
+        try:
+            child.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        signal_group(child, signal.SIGKILL)  # the leader, or what it left behind
         child.wait()
 
     failed = []
@@ -1091,10 +1095,7 @@ def run_isolated(commands: list[tuple[str, list[str]]], timeout: float | None = 
         except BaseException:
             end_group(child)
             raise
-        try:  # a grandchild the run left (an engine core) must not outlive it
-            os.killpg(child.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        signal_group(child, signal.SIGKILL)  # a grandchild the run left (an engine core) must not outlive it
         if rc != 0:
             failed.append(f"{spec} (rc {rc})")
     return failed

@@ -27,6 +27,11 @@ def dynamo():
     torch._dynamo.reset()
 
 
+def compiled_ran(counters) -> None:
+    """The compiled path ran: dynamo compiled frames (the layer's, not one per layer) and none failed."""
+    assert counters["frames"]["ok"] >= 1 and counters["frames"]["ok"] == counters["frames"]["total"]
+
+
 def _compare(tiny_model, compiled, cases, checkpointing):
     """Each ``(layout, chunk)`` forward + backward on a fresh eager copy and on ``compiled``: fp32,
     inductor's fused kernels round differently; measured on a 2-core EPYC: logprobs within 1e-6,
@@ -52,14 +57,13 @@ def _compare(tiny_model, compiled, cases, checkpointing):
 
 
 def test_compiled_layers_equal_the_eager_ones(tiny_model, dynamo):
-    # ~50 s on 2 cores with inductor's cache empty (as in CI): the padded layout at two lengths (the
+    # ~25 s on 2 cores with inductor's cache empty (as in CI): the padded layout at two lengths (the
     # second recompiles the layer with dynamic shapes), then the no-grad pass; the other layouts are
     # the slow test's.
     compiled = copy.deepcopy(tiny_model)
     assert compile_decoder_layers(compiled) == TINY_LLAMA["num_hidden_layers"]
     _compare(tiny_model, compiled, [("padded", None), ("packed", None)], checkpointing=False)
-    # The compiled path ran: dynamo compiled frames (the layer's, not one per layer) and none failed.
-    assert dynamo["frames"]["ok"] >= 1 and dynamo["frames"]["ok"] == dynamo["frames"]["total"]
+    compiled_ran(dynamo)
     with torch.no_grad():  # the old-logprob / reference pass
         batch = layout_batch("padded")
         want, _ = layout_call("padded", tiny_model, batch, None)
@@ -76,7 +80,7 @@ def test_compiled_layers_with_the_chunked_head_and_under_gradient_checkpointing(
     compile_decoder_layers(compiled)
     _compare(tiny_model, compiled, [("shared", None), ("padded", 5), ("shared", 5), ("packed", 5)], checkpointing=False)
     _compare(tiny_model, compiled, [("padded", None), ("packed", 5)], checkpointing=True)
-    assert dynamo["frames"]["ok"] >= 1 and dynamo["frames"]["ok"] == dynamo["frames"]["total"]
+    compiled_ran(dynamo)
 
 
 def test_load_policy_compiles_the_layers_and_keeps_the_weights_names(dynamo):
@@ -150,4 +154,4 @@ def test_compiled_layers_under_fsdp2_give_the_eager_gradients(tiny_model, dynamo
             assert set(got) == set(want)
             for name in want:
                 torch.testing.assert_close(got[name], want[name], rtol=0, atol=1e-5, msg=name)
-    assert dynamo["frames"]["ok"] >= 1 and dynamo["frames"]["ok"] == dynamo["frames"]["total"]
+    compiled_ran(dynamo)

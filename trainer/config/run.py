@@ -100,8 +100,8 @@ class ModelConfig:
             are not a plain ``nn.Linear`` head's output (learner build: ``lm_head.chunked_head_refusal``).
         compile: ``torch.compile`` each decoder layer of the learner's model in place (one graph for
             every layer, weights' names unchanged): fewer, fused kernels for an update that looks
-            bound by issuing ops at 135M (docs/gpu.md). First forward compiles, the second length once more with dynamic
-            shapes. Refused for a model without ``get_decoder().layers``. Not measured on a GPU yet.
+            bound by issuing ops at 135M (docs/gpu.md). The first forward compiles, the second length
+            once more (dynamic shapes). Refused without ``get_decoder().layers``. Not GPU-measured yet.
     """
 
     path: str = "smollm2"
