@@ -582,6 +582,91 @@ def test_calibration_in_the_evaluation_is_one_greedy_sample_each(calibration_ste
     assert got["eval/judge/agreement_over_constant"] == pytest.approx((1 + 1 + 2 / 3 + 2 / 3) / 4 - 0.5)
 
 
+# ---- Judge-v0's arithmetic questions: a verifier judge co-trained with the policy --------------------
+
+
+def test_arithmetic_cotraining_step_scores_the_judge_on_answers_and_calibration(tmp_path, tok):
+    """Task 0 of a 4-task arithmetic train split, 2 policy samples (the gold, then gold + 1), calibration
+    ``(1.0, 0.0)`` (the gold; task 1's gold). The scripted judge says [[10]] of an answer that is exactly
+    ``Sum: <answer>gold</answer>`` and [[3]] otherwise."""
+    from chatgym.envs.judge.arithmetic import load_arithmetic
+    from chatgym.trainer.config.run import load_config
+
+    needs_smollm2()
+    rows = load_arithmetic("train", 4)
+    gold, other = rows[0]["reference"][0], rows[1]["reference"][0]
+    assert gold != other
+    header = enc(tok, ASSISTANT_HEADER)
+    answers = iter([f"Sum: <answer>{gold}</answer>", f"Sum: <answer>{int(gold) + 1}</answer>"])
+
+    def policy_script(prompt):
+        assert count_subsequence(prompt, header) == 1
+        return [*enc(tok, next(answers)), IM_END]
+
+    def judge_script(prompt):
+        block = tok.decode(prompt).split("[The Start of Assistant's Answer]\n")[1].split("\n[The End")[0]
+        return [*enc(tok, f"Rating: [[{10 if block == f'Sum: <answer>{gold}</answer>' else 3}]]"), IM_END]
+
+    overrides = [o for o in JUDGE_OVERRIDES if "split" not in o]
+    cfg = load_config(None, [
+        *overrides, 'env.kwargs={"questions": "arithmetic", "size": 4}', "env.train_split=train",
+        "env.eval_split=test", "train.max_steps=1", "train.micro_batch_size=4", f"train.output_dir={tmp_path}",
+    ])
+    co = CoTrainConfig(party="judge", model_path="smollm2", lr=1e-3, max_tokens=16, tasks=(0,), calibration=(1.0, 0.0))
+    trainer = CoTrainer(cfg, co, engine=WeightSink(policy_script, tok), party_engine=WeightSink(judge_script, tok))
+    try:
+        policy_trajs, judge_trajs, metrics = trainer.rollouts(0)
+    finally:
+        trainer.close()
+    # The policy: judged [[10]] -> (10 - 1) / 9 = 1 and [[3]] -> 2/9; the reference judge: 10 and 1.
+    assert sorted(t.reward for t in policy_trajs) == pytest.approx([2 / 9, 1.0])
+    assert metrics["policy/reference_reward"] == pytest.approx(0.5)
+    answer_of = {t.group_id * 10 + t.sample_index: tok.decode(t.token_ids[: t.prompt_len]) for t in judge_trajs}
+    assert len(judge_trajs) == 6  # 2 policy answers, then 2 calibration answers x group_size 2
+    calib = {}
+    for t in judge_trajs:
+        block = answer_of[t.group_id * 10 + t.sample_index].split("[The Start of Assistant's Answer]\n")[1]
+        calib.setdefault(t.group_id, set()).add((block.split("\n[The End")[0], round(9 * t.reward, 9)))
+    # Agreement 1 - |rating - reference| / 9: the gold rated 10 (reference 10) -> 1; a wrong answer
+    # rated 3 (reference 1) -> 7/9 (nine times each reward below). Group 0: the policy's answers;
+    # 1: calibration 1.0, 2: calibration 0.0, both written from the policy's first answer to the task
+    # (its first sample's, the gold) with the final answer set to the gold / to task 1's gold.
+    assert calib == {
+        0: {(f"Sum: <answer>{gold}</answer>", 9.0), (f"Sum: <answer>{int(gold) + 1}</answer>", 7.0)},
+        1: {(f"Sum: <answer>{gold}</answer>", 9.0)},
+        2: {(f"Sum: <answer>{other}</answer>", 7.0)},
+    }
+    assert metrics["judge/calibration/reward_mean"] == pytest.approx((1 + 1 + 7 / 9 + 7 / 9) / 4)
+
+
+def test_arithmetic_calibration_answers_are_the_policys_answer_with_the_final_answer_set():
+    from chatgym.trainer.cotrain.party import with_final_answer
+
+    task = {"task_id": "arithmetic/train/0", "category": "arithmetic", "turns": ["Calculate 55 + 98."], "reference": ["153"]}
+    other = {"task_id": "arithmetic/train/1", "category": "arithmetic", "turns": ["Calculate 1 + 1."], "reference": ["2"]}
+    policy = "55 + 98 = 143, so <answer>143</answer>."
+    assert calibration_answer(task, 1.0, other, policy) == "55 + 98 = 143, so <answer>153</answer>."
+    assert calibration_answer(task, 0.5, other, policy) == "55 + 98 = 143, so <answer>153</answer>."  # one number: all of it
+    assert calibration_answer(task, 0.0, other, policy) == "55 + 98 = 143, so <answer>2</answer>."
+    assert calibration_answer(task, 1.0, other) == "<answer>153</answer>"  # no policy answer (a failed episode)
+    # Only the last tag changes (the one extract_answer reads); without a tag one is appended.
+    assert with_final_answer("<answer>1</answer> then <ANSWER>\n7 </ANSWER>!", "9") == "<answer>1</answer> then <ANSWER>9</ANSWER>!"
+    assert with_final_answer("It is 143.\n\n", "153") == "It is 143.\n<answer>153</answer>"
+    assert with_final_answer("  ", "153") == "<answer>153</answer>"
+
+
+def test_first_answers_are_each_tasks_first_unfailed_policy_answer():
+    from chatgym.trainer.cotrain.party import first_answers
+    from chatgym.trainer.rollout.types import Trajectory
+
+    def episode(task_id, answer, error=None):
+        return Trajectory(env_id="Judge-v0", task_id=task_id, error=error,
+                          messages=[system("s"), user("q"), assistant(answer), user("next"), assistant("later")])
+
+    trajs = [episode("a", "a0", error="boom"), episode("a", "a1"), episode("a", "a2"), episode("b", "b0")]
+    assert first_answers(trajs) == {"a": "a1", "b": "b0"}
+
+
 def test_calibration_order_counts_pairs_ranked_as_the_reference_ranks_them():
     from chatgym.trainer.rollout.types import Trajectory
 
@@ -853,6 +938,6 @@ def test_every_example_cotrain_config_passes_the_env_check():
     from chatgym.trainer.cotrain.loop import check_party_env
 
     paths = sorted(Path("examples/configs").glob("cotrain_*.yaml"))
-    assert len(paths) == 4
+    assert len(paths) == 5
     for path in paths:
         check_party_env(*load_cotrain_config(path, []))  # a refusal raises ConfigError

@@ -485,7 +485,8 @@ def test_compare_cotrain_tables_the_evaluations_and_the_ratings_given(tmp_path, 
          "eval/judge/calibration/best_constant_agreement": 0.75, "eval/judge/calibration/rating_distinct": 2.0},
         {"step": 1, "reward/mean": 0.1},  # a training row: not in the table
         {"step": 10, "eval/score": 0.5, "eval/judge/calibration/reward_mean": 0.625,
-         "eval/judge/calibration/best_constant_agreement": 0.75, "eval/judge/calibration/rating_distinct": 1.0},
+         "eval/judge/calibration/best_constant_agreement": 0.75, "eval/judge/calibration/rating_distinct": 1.0,
+         "eval/judge/calibration/order_accuracy": 0.25},
     ]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     samples = [(0, 5.0), (0, 5.0), (0, None), (0, 1.0), (10, 5.0)]
@@ -500,8 +501,8 @@ def test_compare_cotrain_tables_the_evaluations_and_the_ratings_given(tmp_path, 
     lines = out.splitlines()
     assert len(lines) == 4  # header, rule, the two evaluations
     dash = " | ".join(["–"] * 4)  # policy-answer agreement, its constant, parse rate, reference reward
-    assert lines[2] == f"| lr_s0 | 0 | 0.5000 | 0.7500 | 2.0000 | {dash} | 0.2500 | 1: 1, 5: 2, none: 1 |"
-    assert lines[3] == f"| lr_s0 | 10 | 0.6250 | 0.7500 | 1.0000 | {dash} | 0.5000 | 5: 1 |"
+    assert lines[2] == f"| lr_s0 | 0 | 0.5000 | 0.7500 | 2.0000 | – | {dash} | 0.2500 | 1: 1, 5: 2, none: 1 |"
+    assert lines[3] == f"| lr_s0 | 10 | 0.6250 | 0.7500 | 1.0000 | 0.2500 | {dash} | 0.5000 | 5: 1 |"
     assert err == f"compare_cotrain.py: {empty} has no metrics.jsonl; skipped\n"
     assert compare_cotrain.main([str(empty)]) == 2
 

@@ -20,10 +20,15 @@ it still has none, the episode ends ``truncated`` with reward 0 and ``info["stat
 "judge_error"`` and ``info["judge_error"]`` saying why — never a made-up score. Filter those
 trajectories out of training (their 0 is not the agent's score).
 
+``questions="arithmetic"`` swaps MT-bench for Math-v0's arithmetic tasks (one question turn; the
+reference is the gold answer; :mod:`~chatgym.envs.judge.arithmetic`): the judge is asked only whether
+the final answer is the reference's, which a 135M judge can learn where MT-bench's rubric is beyond it.
+
 The judge is any :class:`~chatgym.envs.agents.Responder` (an engine through
 ``chatgym.trainer.engines.responder``, possibly the policy's own engine). A judge being trained
 returns its own samples (``respond_with_trace``); they are in ``info["judge_traces"]``, each with
-the rating parsed from it (``None`` when malformed), so the judge can be trained too. The default
+the rating parsed from it (``None`` when malformed) and the rule-based judge's rating of the same
+prompt (``reference_rating``, None without a reference answer), so the judge can be trained too. The default
 judge, :class:`ReferenceF1Judge`, is rule-based (token F1 against the reference answer), runs
 offline, and can only judge questions with a reference answer: without a judge, the default split is
 ``"reference"``.
@@ -38,7 +43,10 @@ from typing import Any
 from chatgym.envs import messages as M
 from chatgym.envs.agents import Responder, ask
 from chatgym.envs.core import AssistantTurn, ChatEnv, StepOutcome, load_prompt
+from chatgym.envs.judge.arithmetic import CATEGORY, load_arithmetic
+from chatgym.envs.judge.arithmetic import SPLITS as ARITHMETIC_SPLITS
 from chatgym.envs.judge.mtbench import load_mtbench
+from chatgym.envs.math.answer import answers_equal, extract_answer
 from chatgym.envs.messages import Message
 from chatgym.envs.parsers import ParsedAction
 from chatgym.envs.search.qa_metrics import token_f1
@@ -82,10 +90,13 @@ def _between(text: str, start: str, end: str) -> str | None:
 def rubric_prompt(task: dict[str, Any], answers: Sequence[str]) -> str:
     """MT-bench's rubric prompt judging the last of ``answers``: one answer, the single-turn form
     (question turn 1); two, the multi-turn form (turn 2, with turn 1's answer as context). The
-    ``_ref`` forms, with the reference answers, where ``task`` has them.
+    ``_ref`` forms, with the reference answers, where ``task`` has them. An arithmetic row
+    (:mod:`~chatgym.envs.judge.arithmetic`) gets ``judge_answer_ref.txt``: the same blocks, asking
+    only whether the final answer is the reference's (reply ``[[9]]``) or not (``[[1]]``).
 
     Args:
-        task: a :func:`~chatgym.envs.judge.mtbench.load_mtbench` row.
+        task: a :func:`~chatgym.envs.judge.mtbench.load_mtbench` or
+            :func:`~chatgym.envs.judge.arithmetic.load_arithmetic` row.
         answers: the agent's answers to the first ``len(answers)`` question turns (1 or 2).
 
     Raises:
@@ -95,7 +106,9 @@ def rubric_prompt(task: dict[str, Any], answers: Sequence[str]) -> str:
         raise ValueError(f"rubric_prompt judges question turn 1 or 2: got {len(answers)} answers")
     ref = task.get("reference")
     values = {"question_1": task["turns"][0], "answer_1": answers[0]}
-    if len(answers) == 1:
+    if task.get("category") == CATEGORY:  # a one-turn arithmetic row: is the final answer the reference?
+        name = "judge_answer_ref.txt"
+    elif len(answers) == 1:
         name = "judge_single_ref.txt" if ref else "judge_single.txt"
     else:
         name = "judge_multi_ref.txt" if ref else "judge_multi.txt"
@@ -135,29 +148,81 @@ class ReferenceF1Judge:
         return M.assistant(f"Token F1 with the reference answer: {f1:.3f}.\nRating: [[{1 + round(9 * f1)}]]")
 
 
+class ReferenceAnswerJudge:
+    """Rule-based judge of the arithmetic rubric (``prompts/judge_answer_ref.txt``): rating 10 when the
+    judged answer's final answer (:func:`~chatgym.envs.math.answer.extract_answer`) equals the reference
+    (:func:`~chatgym.envs.math.answer.answers_equal`, as Math-v0 scores it), else 1. Read back from
+    the prompt, as :class:`ReferenceF1Judge` does; deterministic and offline.
+
+    The prompt asks a model judge for ``[[9]]`` or ``[[1]]``, not ``[[10]]``: SmolLM2 writes ``10`` as
+    the tokens ``1``, ``0``, so a judge choosing between ``[[10]]`` and ``[[1]]`` decides only at the
+    second token, and co-trained that way it rated every answer 1 within 4 steps (two CPU runs); with
+    ``9`` the two verdicts differ at their first token. ``9`` against this judge's 10 costs a model
+    judge 1/9 of agreement on a right answer; the policy's rule-based yardstick stays its accuracy."""
+
+    async def respond(self, messages: list[Message]) -> Message:
+        prompt = messages[-1]["content"]
+        # The answer is everything between the template's first start marker and its last end marker,
+        # and the reference is read before it: an answer quoting any marker cannot move either.
+        start, end = prompt.find("[The Start of Assistant's Answer]\n"), prompt.rfind("[The End of Assistant's Answer]")
+        head = prompt[:start]
+        reference = _between(head, "[The Start of Reference Answer]\n", "[The End of Reference Answer]")
+        if start < 0 or end < start or reference is None:
+            return M.assistant("I need a reference answer to judge this; I cannot rate it.")
+        answer = prompt[start + len("[The Start of Assistant's Answer]\n") : end].strip()
+        question = _between(head, "[Question]\n", "[The Start of Reference Answer]") or ""
+        same = answers_equal(extract_answer(answer)[0], reference, question)
+        verdict = "matches" if same else "does not match"
+        return M.assistant(f"The final answer {verdict} the reference.\nRating: [[{10 if same else 1}]]")
+
+
+def reference_judge(task: dict[str, Any]) -> Responder:
+    """The rule-based judge of ``task``'s rubric: :class:`ReferenceAnswerJudge` for an arithmetic
+    row, :class:`ReferenceF1Judge` for an MT-bench one."""
+    return ReferenceAnswerJudge() if task.get("category") == CATEGORY else ReferenceF1Judge()
+
+
+async def reference_rating(task: dict[str, Any], view: list[Message]) -> float | None:
+    """The rating :func:`reference_judge` gives the judge prompt ``view`` of ``task``; None when the
+    task has no reference answer (the co-trained judge's target: ``trace["reference_rating"]``)."""
+    if not task.get("reference"):
+        return None
+    reply = await reference_judge(task).respond(list(view))
+    return parse_rating(reply["content"])[0]
+
+
 class JudgeEnv(ChatEnv):
     """Judge-v0 (see the module docstring).
 
     Args:
-        split: ``"all"`` (80 questions) or ``"reference"`` (30 with reference answers); default
-            ``"all"`` with a judge given, ``"reference"`` with the default rule-based judge.
-        judge: a :class:`~chatgym.envs.agents.Responder`, or None for :class:`ReferenceF1Judge`.
+        split: MT-bench: ``"all"`` (80 questions) or ``"reference"`` (30 with reference answers);
+            default ``"all"`` with a judge given, ``"reference"`` with the default rule-based judge.
+            Arithmetic: ``"train"`` (default) or ``"test"``.
+        questions: ``"mtbench"`` (default) or ``"arithmetic"`` (Math-v0's tasks, one question turn,
+            judged on whether the final answer is the reference's:
+            :mod:`~chatgym.envs.judge.arithmetic`).
+        size: arithmetic only: tasks in the split (None: Math-v0's 5,000 train / 200 test).
+        judge: a :class:`~chatgym.envs.agents.Responder`, or None for the rule-based
+            :func:`reference_judge` (:class:`ReferenceF1Judge`; :class:`ReferenceAnswerJudge` for arithmetic).
         max_revisions: judge-feedback rounds allowed per question turn (0: no feedback).
         accept_rating: a rating at or above this ends the feedback rounds of a turn.
         judge_retries: extra judge samples when a reply has no valid rating.
-        system_prompt: optional system message for the agent (MT-bench uses none).
+        system_prompt: optional system message for the agent (MT-bench uses none; arithmetic
+            defaults to Math-v0's, which asks for the answer in ``<answer>`` tags).
         kwargs: passed to :class:`ChatEnv` (``render_mode``; ``max_turns`` defaults to
             ``2 * (max_revisions + 1)``, enough for every turn).
 
     Raises:
-        ValueError: unknown split, ``max_revisions < 0``, ``judge_retries < 0``, or
-            ``accept_rating`` outside 1..10.
+        ValueError: unknown ``questions`` or split, ``size`` given for MT-bench, ``max_revisions < 0``,
+            ``judge_retries < 0``, or ``accept_rating`` outside 1..10.
     """
 
     def __init__(
         self,
         *,
         split: str | None = None,
+        questions: str = "mtbench",
+        size: int | None = None,
         judge: Responder | None = None,
         max_revisions: int = 0,
         accept_rating: float = 10.0,
@@ -165,10 +230,20 @@ class JudgeEnv(ChatEnv):
         system_prompt: str | None = None,
         **kwargs: Any,
     ):
-        if split is None:
-            split = "all" if judge is not None else "reference"
-        if split not in ("all", "reference"):
-            raise ValueError(f"split must be 'all' or 'reference', got {split!r}")
+        if questions not in ("mtbench", CATEGORY):
+            raise ValueError(f"questions must be 'mtbench' or {CATEGORY!r}, got {questions!r}")
+        if questions == CATEGORY:
+            split = split or "train"
+            if split not in ARITHMETIC_SPLITS:
+                raise ValueError(f"split must be one of {list(ARITHMETIC_SPLITS)} for arithmetic questions, got {split!r}")
+            if system_prompt is None:
+                system_prompt = load_prompt("chatgym.envs.math", "math_system.txt")
+        elif size is not None:
+            raise ValueError("size sets the arithmetic questions' split size; MT-bench has 80 questions")
+        else:
+            split = split or ("all" if judge is not None else "reference")
+            if split not in ("all", "reference"):
+                raise ValueError(f"split must be 'all' or 'reference', got {split!r}")
         if max_revisions < 0:
             raise ValueError(f"max_revisions must be >= 0, got {max_revisions}")
         if judge_retries < 0:
@@ -179,14 +254,18 @@ class JudgeEnv(ChatEnv):
         # Answers are prose: no tool calls are parsed out of them.
         kwargs.setdefault("parser", _NoTools())
         super().__init__(split=split, **kwargs)
-        self.judge: Responder = judge if judge is not None else ReferenceF1Judge()
+        self.questions = questions
+        self.size = size
+        self.judge: Responder = judge if judge is not None else (
+            ReferenceAnswerJudge() if questions == CATEGORY else ReferenceF1Judge()
+        )
         self.max_revisions = max_revisions
         self.accept_rating = accept_rating
         self.judge_retries = judge_retries
         self.system_prompt = system_prompt
 
     def load_tasks(self, split: str) -> Sequence[dict[str, Any]]:
-        return load_mtbench(split)
+        return load_arithmetic(split, self.size) if self.questions == CATEGORY else load_mtbench(split)
 
     async def on_reset(self, task: dict[str, Any]) -> None:
         if isinstance(self.judge, ReferenceF1Judge) and not task.get("reference"):
@@ -223,6 +302,7 @@ class JudgeEnv(ChatEnv):
                 self.judge_traces.append(
                     {
                         **trace,
+                        "reference_rating": await reference_rating(self.task, view),
                         "question_turn": self.q_turn,
                         "attempt": attempt,
                         "rating": rating,

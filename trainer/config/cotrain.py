@@ -54,7 +54,10 @@ class CoTrainConfig:
             ``env.eval_temperature`` in evaluation), trained on with the same reward
             (:func:`~chatgym.trainer.cotrain.party.calibration_answer`). A small policy's answers all
             earn about the same reference rating, so with them alone the best constant rating is
-            the judge's best policy; these give it answers of every quality. Empty (the default): none.
+            the judge's best policy; these give it answers of every quality. Arithmetic questions
+            (``env.kwargs: {questions: arithmetic}``): the policy's own answer with its final answer
+            set to the gold (any fraction > 0) or to another question's gold (0.0). Empty (the
+            default): none.
     """
 
     party: Literal["judge", "user"] = "judge"

@@ -56,6 +56,7 @@ from chatgym.trainer.cotrain.party import (
     VersionedResponder,
     calibration_episodes,
     calibration_order,
+    first_answers,
     judge_constant_baseline,
     party_trajectories,
     policy_reference_metrics,
@@ -152,10 +153,8 @@ class CoTrainer(Trainer):
         if cfg.model.random_init and (engine is None or party_engine is None):
             raise ConfigError("model.random_init: cotrain needs both engines given (engine=, party_engine=)")
         self.co = co = cotrain
-        if co.calibration:  # every MT-bench row by task_id: the calibration answers' questions
-            from chatgym.envs.judge.mtbench import load_mtbench
-
-            self._mtbench = {row["task_id"]: row for row in load_mtbench("all")}
+        if co.calibration:  # the calibration answers' questions: every row of both splits by task_id
+            self._judge_rows = judge_rows(config)
         self.kwarg, _ = PARTIES[co.party]
         self.reward_fn = reward_fn or REWARDS[co.party]
         super().__init__(cfg, engine=engine)  # the policy: its learner, engine, collectors, pipeline
@@ -244,7 +243,7 @@ class CoTrainer(Trainer):
         samples = 1 if eval else self.cfg.train.group_size
         episodes = await calibration_episodes(
             [str(t.task_id) for t in trajs], self.co.calibration, responder, samples=samples,
-            tasks=self._mtbench, env_id=self.cfg.env.id,
+            tasks=self._judge_rows, env_id=self.cfg.env.id, policy_answers=first_answers(trajs),
         )
         scored, metrics = await party_trajectories(episodes, "judge", self.reward_fn)
         if eval:
@@ -333,6 +332,19 @@ class CoTrainer(Trainer):
 
 
 # ---- CLI -------------------------------------------------------------------------------------------
+
+
+def judge_rows(config: Config) -> dict[str, dict[str, Any]]:
+    """Judge-v0's rows of ``env.train_split`` then ``env.eval_split`` (as ``env.kwargs`` build them), by
+    ``task_id``: the questions :func:`~chatgym.trainer.cotrain.party.calibration_episodes` answers."""
+    from chatgym.trainer.rollout.env_runner import build_env
+
+    rows: dict[str, dict[str, Any]] = {}
+    for eval in (False, True):
+        env = build_env(config.env.id, config.env.make_kwargs(eval=eval))
+        with contextlib.closing(env):
+            rows.update((row["task_id"], row) for row in env.unwrapped.tasks)
+    return rows
 
 
 def check_party_env(config: Config, co: CoTrainConfig) -> None:

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from chatgym.envs.judge.arithmetic import CATEGORY as ARITHMETIC
 from chatgym.trainer.engines.prefill import PrefillResponder
 from chatgym.trainer.rollout.types import Trajectory
 
@@ -172,8 +173,11 @@ async def reference_rating(messages: list[dict[str, Any]]) -> float | None:
 
 
 async def trace_reference(trace: dict[str, Any]) -> float | None:
-    """:func:`reference_rating` of a judge sample's prompt, kept in ``trace["reference_rating"]``
-    so the reward and the evaluation's metrics read one value (and the trace files show it)."""
+    """A judge sample's reference rating: ``trace["reference_rating"]``, which Judge-v0 and
+    :func:`calibration_episodes` record with the task's own rule-based judge
+    (:func:`~chatgym.envs.judge.env.reference_rating`); a trace without it is rated by
+    :func:`reference_rating` (MT-bench's rubric) and keeps the value, so the reward and the
+    evaluation's metrics read one value (and the trace files show it)."""
     if "reference_rating" not in trace:
         trace["reference_rating"] = await reference_rating(trace.get("messages", []))
     return trace["reference_rating"]
@@ -391,12 +395,22 @@ async def policy_reference_metrics(
 _WORD = re.compile(r"\S+")
 
 
-def calibration_answer(task: dict[str, Any], fraction: float, off_topic: dict[str, Any]) -> str:
+def calibration_answer(
+    task: dict[str, Any], fraction: float, off_topic: dict[str, Any], policy_answer: str | None = None
+) -> str:
     """An answer to ``task``'s first question turn whose quality is set, not sampled: the first
     ``ceil(fraction * n)`` words of its reference answer (``n`` words; formatting kept), so its
     token F1 is about ``2f / (1 + f)`` and its reference rating about ``1 + round(18f / (1 + f))``
     (1.0: the reference itself, rating 10); ``fraction == 0``: ``off_topic``'s reference answer (a
     fluent answer to another question).
+
+    An arithmetic row (:mod:`~chatgym.envs.judge.arithmetic`) is judged on its final answer alone,
+    so its calibration answers are the policy's own answer to it (``policy_answer``) with the final
+    answer set (:func:`with_final_answer`) to the gold (any ``fraction > 0``) or to ``off_topic``'s
+    gold (``fraction == 0``): the two differ only in that number, so a judge can tell them apart
+    only by checking it, not by how the answer is written (bare ``<answer>n</answer>`` answers
+    beside the policy's own let a CPU run rate by format: every bare answer 9, every policy answer 1).
+    Without ``policy_answer`` (its episode failed): ``<answer>n</answer>``.
 
     Raises:
         ValueError: ``fraction`` outside [0, 1], or a task without a reference answer.
@@ -407,11 +421,25 @@ def calibration_answer(task: dict[str, Any], fraction: float, off_topic: dict[st
     if not source.get("reference"):
         raise ValueError(f"{source.get('task_id')} has no reference answer to build a calibration answer from")
     text = source["reference"][0]
+    if task.get("category") == ARITHMETIC:
+        return with_final_answer(policy_answer or "", text)
     if fraction == 0.0:
         return text
     words = list(_WORD.finditer(text))
     keep = max(1, math.ceil(fraction * len(words) - 1e-9))  # the tolerance: 0.1 * 30 is 3, not 4
     return text[: words[keep - 1].end()]
+
+
+_LAST_TAG = re.compile(r"(.*<answer>)(.*?)(</answer>)", re.S | re.I)
+
+
+def with_final_answer(text: str, value: str) -> str:
+    """``text`` whose final answer (what :func:`~chatgym.envs.math.answer.extract_answer` reads first,
+    the last ``<answer>`` tag) is ``value``: that tag's content replaced, or, in a text without one,
+    ``<answer>value</answer>`` appended on its own line (``text`` empty: the tag alone)."""
+    if _LAST_TAG.match(text):
+        return _LAST_TAG.sub(lambda m: m.group(1) + value + m.group(3), text, count=1)
+    return f"{text.rstrip()}\n<answer>{value}</answer>" if text.strip() else f"<answer>{value}</answer>"
 
 
 async def calibration_episodes(
@@ -422,6 +450,7 @@ async def calibration_episodes(
     samples: int,
     tasks: Mapping[str, dict[str, Any]],
     env_id: str = "Judge-v0",
+    policy_answers: Mapping[str, str] | None = None,
 ) -> list[Trajectory]:
     """The judge's ratings of calibration answers (:func:`calibration_answer`) to the first question turn of
     each task of ``task_ids``: for every (task, fraction), ``samples`` replies of ``responder`` to
@@ -432,15 +461,18 @@ async def calibration_episodes(
     policy's. ``group_id`` counts from 0 in (task, fraction) order.
 
     Args:
-        task_ids: MT-bench ``task_id`` s (``"mtbench/104"``); those without a reference are skipped.
+        task_ids: Judge-v0 ``task_id`` s (``"mtbench/104"``); those without a reference are skipped.
         fractions: calibration fractions, each in [0, 1].
         responder: the judge (``respond_with_trace``, e.g. :class:`VersionedResponder`).
         samples: replies per calibration prompt (a GRPO group in training, 1 greedy in evaluation).
-        tasks: every MT-bench row by ``task_id``, in file order; a task's off-topic partner (fraction
-            0) is the next row with a reference answer (wrapping round).
+        tasks: every Judge-v0 row by ``task_id`` (MT-bench's in file order; arithmetic: the train
+            split's, then the evaluation split's); a task's off-topic partner (fraction 0) is the next
+            row with a reference answer (wrapping round).
+        policy_answers: the policy's answer to each task's first question turn (:func:`first_answers`),
+            which an arithmetic task's calibration answers are written from.
     """
     from chatgym.envs import messages as M
-    from chatgym.envs.judge.env import parse_rating, rubric_prompt
+    from chatgym.envs.judge.env import parse_rating, reference_rating, rubric_prompt
 
     with_ref = [tid for tid, row in tasks.items() if row.get("reference")]
     position = {tid: i for i, tid in enumerate(with_ref)}
@@ -450,16 +482,34 @@ async def calibration_episodes(
             continue
         off_topic = tasks[with_ref[(position[tid] + 1) % len(with_ref)]]
         for fraction in fractions:
-            prompt = rubric_prompt(tasks[tid], [calibration_answer(tasks[tid], fraction, off_topic)])
+            answer = calibration_answer(tasks[tid], fraction, off_topic, (policy_answers or {}).get(tid))
+            prompt = rubric_prompt(tasks[tid], [answer])
             jobs.append((tid, float(fraction), [M.user(prompt)]))
     replies = await asyncio.gather(
         *(responder.respond_with_trace(view) for _, _, view in jobs for _ in range(samples))
     )
     out = []
-    for k, (tid, fraction, _) in enumerate(jobs):
+    for k, (tid, fraction, view) in enumerate(jobs):
+        ref = await reference_rating(tasks[tid], view)
         traces = []
         for message, trace in replies[k * samples : (k + 1) * samples]:
             rating, error = parse_rating(message["content"])
-            traces.append({**(trace or {}), "question_turn": 0, "rating": rating, "error": error, "calibration": fraction})
+            traces.append(
+                {**(trace or {}), "question_turn": 0, "rating": rating, "error": error, "calibration": fraction,
+                 "reference_rating": ref}
+            )
         out.append(Trajectory(env_id=env_id, task_id=tid, group_id=k, sample_index=0, info={"judge_traces": traces}))
+    return out
+
+
+def first_answers(trajs: Sequence[Trajectory]) -> dict[str, str]:
+    """The policy's answer to each task's first question turn: the first assistant message of the
+    first episode of the task (in ``trajs`` order) that did not fail, by ``task_id``."""
+    out: dict[str, str] = {}
+    for t in trajs:
+        if t.failed or str(t.task_id) in out:
+            continue
+        answer = next((m.get("content") for m in t.messages if m.get("role") == "assistant"), None)
+        if isinstance(answer, str):
+            out[str(t.task_id)] = answer
     return out

@@ -25,6 +25,7 @@ COLUMNS = (
     ("eval/judge/calibration/reward_mean", "calibration agreement"),
     ("eval/judge/calibration/best_constant_agreement", "best constant"),
     ("eval/judge/calibration/rating_distinct", "distinct ratings"),
+    ("eval/judge/calibration/order_accuracy", "order accuracy"),
     ("eval/judge/reward_mean", "policy-answer agreement"),
     ("eval/judge/best_constant_agreement", "its best constant"),
     ("eval/judge/parse_rate", "parse rate"),
