@@ -6,6 +6,7 @@ The learners are tiny random-init Llamas (train_helpers.TINY_LLAMA), so a step r
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -616,8 +617,14 @@ def test_arithmetic_cotraining_step_scores_the_judge_on_answers_and_calibration(
     trainer = CoTrainer(cfg, co, engine=WeightSink(policy_script, tok), party_engine=WeightSink(judge_script, tok))
     try:
         policy_trajs, judge_trajs, metrics = trainer.rollouts(0)
+        # train_on_answers=False: the same ratings, but the judge's batch is the calibration twins alone.
+        answers = iter([f"Sum: <answer>{gold}</answer>", f"Sum: <answer>{int(gold) + 1}</answer>"])
+        trainer.co = dataclasses.replace(co, train_on_answers=False)
+        _, twins_only, twins_metrics = trainer.rollouts(0)
     finally:
         trainer.close()
+    assert sorted(t.group_id for t in twins_only) == [1, 1, 2, 2]
+    assert twins_metrics["judge/reward_mean"] == metrics["judge/reward_mean"] == pytest.approx((1 + 7 / 9) / 2)
     # The policy: judged [[10]] -> (10 - 1) / 9 = 1 and [[3]] -> 2/9; the reference judge: 10 and 1.
     assert sorted(t.reward for t in policy_trajs) == pytest.approx([2 / 9, 1.0])
     assert metrics["policy/reference_reward"] == pytest.approx(0.5)
@@ -714,6 +721,8 @@ def test_calibration_config_is_checked_at_load():
         load_cotrain_config(None, ["cotrain.stop=[']]', '']"])
     with pytest.raises(ConfigError, match=r"^cotrain\.calibration: answers for a judge to rate; party 'user' takes none$"):
         load_cotrain_config(None, ["cotrain.party=user", "cotrain.calibration=[1.0]"])
+    with pytest.raises(ConfigError, match=r"^cotrain\.train_on_answers: false leaves the party nothing to train on without cotrain\.calibration$"):
+        load_cotrain_config(None, ["cotrain.train_on_answers=false"])
 
 
 # ---- UserSim-v0: faithfulness of a scripted simulated user ---------------------------------------

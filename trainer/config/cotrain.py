@@ -58,6 +58,11 @@ class CoTrainConfig:
             (``env.kwargs: {questions: arithmetic}``): the policy's own answer with its final answer
             set to the gold (any fraction > 0) or to another question's gold (0.0). Empty (the
             default): none.
+        train_on_answers: judge only: whether the judge also trains on its ratings of the policy's
+            answers (the default). ``false``: on the calibration answers alone, which are balanced
+            by construction where a weak policy's answers are nearly all wrong (a CPU run's judge,
+            trained on both, drifted to rating everything 1); its ratings of the policy's answers
+            still reward the policy and are reported (``judge/reward_mean``).
     """
 
     party: Literal["judge", "user"] = "judge"
@@ -73,6 +78,7 @@ class CoTrainConfig:
     stop: tuple[str, ...] = ()
     eval_task_ids: tuple[int, ...] | None = None
     calibration: tuple[float, ...] = ()
+    train_on_answers: bool = True
 
     def __post_init__(self) -> None:
         if not self.lr > 0:
@@ -90,6 +96,10 @@ class CoTrainConfig:
         if self.calibration and self.party != "judge":
             raise ValueError(
                 f"cotrain.calibration: answers for a judge to rate; party {self.party!r} takes none"
+            )
+        if not self.train_on_answers and not self.calibration:
+            raise ValueError(
+                "cotrain.train_on_answers: false leaves the party nothing to train on without cotrain.calibration"
             )
 
 

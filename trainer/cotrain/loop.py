@@ -215,7 +215,8 @@ class CoTrainer(Trainer):
     async def score(self, trajs: list[Trajectory]) -> tuple[list[Trajectory], list[Trajectory], dict[str, float]]:
         """``(policy_trajs, party_trajs, metrics)`` of a step's episodes: the policy's are the episodes
         less those ended by a judge failure; the party's, every party sample scored
-        (:func:`~chatgym.trainer.cotrain.party.party_trajectories`)."""
+        (:func:`~chatgym.trainer.cotrain.party.party_trajectories`) and the calibration samples
+        (with ``cotrain.train_on_answers: false``, the calibration samples alone)."""
         party_trajs, metrics = await party_trajectories(trajs, self.co.party, self.reward_fn)
         policy_trajs = [t for t in trajs if t.info.get("status") != "judge_error"]
         metrics["policy/judge_error_episodes"] = len(trajs) - len(policy_trajs)
@@ -228,7 +229,7 @@ class CoTrainer(Trainer):
             first = max((t.group_id for t in party_trajs), default=-1) + 1
             for t in calibration_trajs:  # their own groups, after the policy answers' ones
                 t.group_id += first
-            party_trajs = [*party_trajs, *calibration_trajs]
+            party_trajs = [*party_trajs, *calibration_trajs] if self.co.train_on_answers else calibration_trajs
             metrics.update(calibration_metrics)
         return policy_trajs, party_trajs, metrics
 
