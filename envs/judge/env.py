@@ -176,10 +176,10 @@ class ReferenceAnswerJudge:
         return M.assistant(f"The final answer {verdict} the reference.\nRating: [[{10 if same else 1}]]")
 
 
-def reference_judge(task: dict[str, Any]) -> Responder:
-    """The rule-based judge of ``task``'s rubric: :class:`ReferenceAnswerJudge` for an arithmetic
-    row, :class:`ReferenceF1Judge` for an MT-bench one."""
-    return ReferenceAnswerJudge() if task.get("category") == CATEGORY else ReferenceF1Judge()
+def reference_judge(category: str | None) -> Responder:
+    """The rule-based judge of a row's rubric by its ``category`` (or the env's ``questions``):
+    :class:`ReferenceAnswerJudge` for arithmetic, :class:`ReferenceF1Judge` for MT-bench."""
+    return ReferenceAnswerJudge() if category == CATEGORY else ReferenceF1Judge()
 
 
 async def reference_rating(task: dict[str, Any], view: list[Message]) -> float | None:
@@ -187,7 +187,7 @@ async def reference_rating(task: dict[str, Any], view: list[Message]) -> float |
     task has no reference answer (the co-trained judge's target: ``trace["reference_rating"]``)."""
     if not task.get("reference"):
         return None
-    reply = await reference_judge(task).respond(list(view))
+    reply = await reference_judge(task.get("category")).respond(list(view))
     return parse_rating(reply["content"])[0]
 
 
@@ -256,9 +256,7 @@ class JudgeEnv(ChatEnv):
         super().__init__(split=split, **kwargs)
         self.questions = questions
         self.size = size
-        self.judge: Responder = judge if judge is not None else (
-            ReferenceAnswerJudge() if questions == CATEGORY else ReferenceF1Judge()
-        )
+        self.judge: Responder = judge if judge is not None else reference_judge(questions)
         self.max_revisions = max_revisions
         self.accept_rating = accept_rating
         self.judge_retries = judge_retries

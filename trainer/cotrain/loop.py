@@ -341,7 +341,7 @@ def judge_rows(config: Config) -> dict[str, dict[str, Any]]:
     from chatgym.trainer.rollout.env_runner import build_env
 
     rows: dict[str, dict[str, Any]] = {}
-    for eval in (False, True):
+    for eval in {config.env.train_split: False, config.env.eval_split: True}.values():  # one split: once
         env = build_env(config.env.id, config.env.make_kwargs(eval=eval))
         with contextlib.closing(env):
             rows.update((row["task_id"], row) for row in env.unwrapped.tasks)

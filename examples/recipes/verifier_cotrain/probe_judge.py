@@ -7,8 +7,9 @@ judge's real prompt (``rubric_prompt``, the chat template, the ``Rating: [[`` pr
 the first token after the prefill, restricted to the digits 1..9 (``"10"`` starts with the token
 ``"1"``, so the probe's top rating is 9); the reward is agreement ``1 - |r - r_ref| / 8``.
 
-* ``--mode grpo``: ``--group`` sampled ratings a prompt, advantages ``(r - mean) / (std + 1e-6)`` per
-  group (GRPO, arXiv:2402.03300), loss ``-mean(A * log p)``; one forward a prompt serves its group.
+* ``--mode grpo``: ``--group`` sampled ratings a prompt, the trainer's GRPO advantages per group
+  (:func:`~chatgym.trainer.algos.advantages.grpo_advantages`, arXiv:2402.03300), loss
+  ``-mean(A * log p)``; one forward a prompt serves its group.
 * ``--mode exact``: the expected agreement's exact gradient over the digit distribution (no sampling).
 
 Held-out every 10 steps: greedy agreement on the first ``--eval-tasks`` test tasks (gold and the next
@@ -42,6 +43,7 @@ def main() -> None:
 
     from chatgym.envs.judge.arithmetic import load_arithmetic
     from chatgym.envs.judge.env import rubric_prompt
+    from chatgym.trainer.algos.advantages import grpo_advantages
     from chatgym.trainer.models.packaged import load_model_path
 
     torch.manual_seed(args.seed)
@@ -102,7 +104,9 @@ def main() -> None:
             with torch.no_grad():
                 samples = torch.multinomial(lp.exp(), args.group, replacement=True)
                 reward = 1 - ((samples.float() + 1) - ref[:, None]).abs() / 8
-                advantage = (reward - reward.mean(1, keepdim=True)) / (reward.std(1, keepdim=True) + 1e-6)
+                groups = torch.arange(len(batch)).repeat_interleave(args.group)
+                flat = grpo_advantages(reward.reshape(-1, 1), torch.ones(reward.numel(), 1), group_ids=groups)
+                advantage = flat.advantages[:, 0].reshape(reward.shape)
             loss = -(advantage * lp.gather(1, samples)).mean()
             sampled = reward.mean().item()
         opt.zero_grad()
