@@ -88,7 +88,10 @@ async def test_statuses(fresh):
     err, tmo, oom, big, bash = await asyncio.gather(
         fresh.run("raise KeyError(1)"),
         fresh.run("import time; time.sleep(30)", timeout_s=0.5),
-        fresh.run("x = bytearray(3 << 30)", memory_mb=4096),  # past the container's 2048 MiB cap
+        # past the container's 2048 MiB cap; 60 s, not the default 10: at the cap the kernel may evict the
+        # interpreter's own pages before it kills, and on a loaded 2-core CI machine that once outlasted 10 s
+        # (status "timeout", exit -9 from the runner's kill)
+        fresh.run("x = bytearray(3 << 30)", memory_mb=4096, timeout_s=60),
         fresh.run("print('z' * 5000)"),
         fresh.run("echo $((2 + 3)); exit 4", language="bash"),
     )
