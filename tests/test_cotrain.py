@@ -586,10 +586,12 @@ def test_calibration_in_the_evaluation_is_one_greedy_sample_each(calibration_ste
 # ---- Judge-v0's arithmetic questions: a verifier judge co-trained with the policy --------------------
 
 
-def test_arithmetic_cotraining_step_scores_the_judge_on_answers_and_calibration(tmp_path, tok):
+@pytest.mark.parametrize("judge_view", ["reply", "final_answer"])
+def test_arithmetic_cotraining_step_scores_the_judge_on_answers_and_calibration(tmp_path, tok, judge_view):
     """Task 0 of a 4-task arithmetic train split, 2 policy samples (the gold, then gold + 1), calibration
-    ``(1.0, 0.0)`` (the gold; task 1's gold). The scripted judge says [[10]] of an answer that is exactly
-    ``Sum: <answer>gold</answer>`` and [[3]] otherwise."""
+    ``(1.0, 0.0)`` (the gold; task 1's gold). The scripted judge says [[10]] of an answer shown as
+    ``Sum: <answer>gold</answer>`` (``judge_view="reply"``) / ``<answer>gold</answer>`` (``"final_answer"``:
+    the policy's and the calibration answers alike) and [[3]] otherwise."""
     from chatgym.envs.judge.arithmetic import load_arithmetic
     from chatgym.trainer.config.run import load_config
 
@@ -599,6 +601,10 @@ def test_arithmetic_cotraining_step_scores_the_judge_on_answers_and_calibration(
     assert gold != other
     header = enc(tok, ASSISTANT_HEADER)
     answers = iter([f"Sum: <answer>{gold}</answer>", f"Sum: <answer>{int(gold) + 1}</answer>"])
+    prefix = "Sum: " if judge_view == "reply" else ""
+
+    def shown(value):  # what the judge sees of an answer whose final answer is value
+        return f"{prefix}<answer>{value}</answer>"
 
     def policy_script(prompt):
         assert count_subsequence(prompt, header) == 1
@@ -606,11 +612,12 @@ def test_arithmetic_cotraining_step_scores_the_judge_on_answers_and_calibration(
 
     def judge_script(prompt):
         block = tok.decode(prompt).split("[The Start of Assistant's Answer]\n")[1].split("\n[The End")[0]
-        return [*enc(tok, f"Rating: [[{10 if block == f'Sum: <answer>{gold}</answer>' else 3}]]"), IM_END]
+        return [*enc(tok, f"Rating: [[{10 if block == shown(gold) else 3}]]"), IM_END]
 
     overrides = [o for o in JUDGE_OVERRIDES if "split" not in o]
     cfg = load_config(None, [
-        *overrides, 'env.kwargs={"questions": "arithmetic", "size": 4}', "env.train_split=train",
+        *overrides, f'env.kwargs={{"questions": "arithmetic", "size": 4, "judge_view": "{judge_view}"}}',
+        "env.train_split=train",
         "env.eval_split=test", "train.max_steps=1", "train.micro_batch_size=4", f"train.output_dir={tmp_path}",
     ])
     co = CoTrainConfig(party="judge", model_path="smollm2", lr=1e-3, max_tokens=16, tasks=(0,), calibration=(1.0, 0.0))
@@ -639,9 +646,9 @@ def test_arithmetic_cotraining_step_scores_the_judge_on_answers_and_calibration(
     # 1: calibration 1.0, 2: calibration 0.0, both written from the policy's first answer to the task
     # (its first sample's, the gold) with the final answer set to the gold / to task 1's gold.
     assert calib == {
-        0: {(f"Sum: <answer>{gold}</answer>", 9.0), (f"Sum: <answer>{int(gold) + 1}</answer>", 7.0)},
-        1: {(f"Sum: <answer>{gold}</answer>", 9.0)},
-        2: {(f"Sum: <answer>{other}</answer>", 7.0)},
+        0: {(shown(gold), 9.0), (shown(int(gold) + 1), 7.0)},
+        1: {(shown(gold), 9.0)},
+        2: {(shown(other), 7.0)},
     }
     assert metrics["judge/calibration/reward_mean"] == pytest.approx((1 + 1 + 7 / 9 + 7 / 9) / 4)
 

@@ -272,6 +272,42 @@ async def test_arithmetic_rubric_and_the_reference_answer_judge():
     assert await reference_rating({**task, "reference": None}, [M.user(prompt)]) is None
 
 
+async def test_final_answer_view_shows_the_judge_the_final_answer_alone():
+    from chatgym.envs.judge.env import ReferenceAnswerJudge, rubric_prompt
+
+    task = {"task_id": "t", "category": "arithmetic", "turns": ["Calculate 55 + 98."], "reference": ["153"]}
+    template = load_prompt("chatgym.envs.judge", "judge_answer_ref.txt")
+    shown = {}
+    for answer in ["55 + 98 = 150 + 3, so <answer>153</answer>", "I get 152.", "no idea"]:
+        prompt = rubric_prompt(task, [answer], judge_view="final_answer")
+        block = prompt.split("[The Start of Assistant's Answer]\n")[1].split("\n[The End")[0]
+        reply = await ReferenceAnswerJudge().respond([M.user(prompt)])
+        shown[answer] = (block, parse_rating(reply["content"])[0])
+        assert prompt == template.format(question_1="Calculate 55 + 98.", ref_answer_1="153", answer_1=block)
+    # The tag's content; without a tag, the last number (Math-v0's reading); nothing: a line the rule rates 1.
+    assert list(shown.values()) == [("<answer>153</answer>", 10.0), ("<answer>152</answer>", 1.0), ("(no final answer)", 1.0)]
+
+    class TracedJudge:
+        async def respond_with_trace(self, messages):
+            seen.append(messages[-1]["content"])
+            return M.assistant("Rating: [[9]]"), {"token_ids": [5]}
+
+    seen = []
+    env = JudgeEnv(questions="arithmetic", split="test", size=2, judge=TracedJudge(), judge_view="final_answer")
+    env.reset(options={"task_index": 0})
+    gold = env.task["reference"][0]
+    *_, info = env.step(f"First I add the tens, then the ones.\n<answer>{gold}</answer>")
+    assert f"[The Start of Assistant's Answer]\n<answer>{gold}</answer>\n[The End" in seen[0]
+    assert "the tens" not in seen[0] and info["judge_traces"][0]["reference_rating"] == 10.0
+    env.close()
+    with pytest.raises(ValueError, match=r"judge_view must be one of \['reply', 'final_answer'\], got 'final'"):
+        JudgeEnv(questions="arithmetic", judge_view="final")
+    with pytest.raises(ValueError, match="judge_view='final_answer' is for questions='arithmetic'"):
+        JudgeEnv(judge_view="final_answer")
+    with pytest.raises(ValueError, match="judge_view='final_answer' is for arithmetic questions"):
+        rubric_prompt({"turns": ["Write a poem."], "category": "writing"}, ["A poem."], judge_view="final_answer")
+
+
 def test_arithmetic_traces_carry_the_reference_rating():
     class TracedJudge:
         async def respond_with_trace(self, messages):

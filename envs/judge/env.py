@@ -87,7 +87,18 @@ def _between(text: str, start: str, end: str) -> str | None:
     return text[i + len(start) : j if j >= 0 else len(text)].strip()
 
 
-def rubric_prompt(task: dict[str, Any], answers: Sequence[str]) -> str:
+JUDGE_VIEWS = ("reply", "final_answer")
+
+
+def final_answer_view(answer: str) -> str:
+    """What the judge sees of ``answer`` with ``judge_view="final_answer"``: its final answer as
+    Math-v0 reads it (:func:`~chatgym.envs.math.answer.extract_answer`, normalised) in ``<answer>``
+    tags, or ``(no final answer)`` when it has none."""
+    final = extract_answer(answer)[0]
+    return "(no final answer)" if final is None else f"<answer>{final}</answer>"
+
+
+def rubric_prompt(task: dict[str, Any], answers: Sequence[str], *, judge_view: str = "reply") -> str:
     """MT-bench's rubric prompt judging the last of ``answers``: one answer, the single-turn form
     (question turn 1); two, the multi-turn form (turn 2, with turn 1's answer as context). The
     ``_ref`` forms, with the reference answers, where ``task`` has them. An arithmetic row
@@ -98,14 +109,21 @@ def rubric_prompt(task: dict[str, Any], answers: Sequence[str]) -> str:
         task: a :func:`~chatgym.envs.judge.mtbench.load_mtbench` or
             :func:`~chatgym.envs.judge.arithmetic.load_arithmetic` row.
         answers: the agent's answers to the first ``len(answers)`` question turns (1 or 2).
+        judge_view: ``"reply"``: the answer as written; ``"final_answer"`` (arithmetic rows only): its
+            final answer alone (:func:`final_answer_view`).
 
     Raises:
-        ValueError: not 1 or 2 answers.
+        ValueError: not 1 or 2 answers; an unknown ``judge_view``, or ``"final_answer"`` for an MT-bench row.
     """
     if len(answers) not in (1, 2):
         raise ValueError(f"rubric_prompt judges question turn 1 or 2: got {len(answers)} answers")
+    if judge_view not in JUDGE_VIEWS:
+        raise ValueError(f"judge_view must be one of {list(JUDGE_VIEWS)}, got {judge_view!r}")
+    if judge_view == "final_answer" and task.get("category") != CATEGORY:
+        raise ValueError("judge_view='final_answer' is for arithmetic questions (MT-bench answers are prose)")
     ref = task.get("reference")
-    values = {"question_1": task["turns"][0], "answer_1": answers[0]}
+    first = final_answer_view(answers[0]) if judge_view == "final_answer" else answers[0]
+    values = {"question_1": task["turns"][0], "answer_1": first}
     if task.get("category") == CATEGORY:  # a one-turn arithmetic row: is the final answer the reference?
         name = "judge_answer_ref.txt"
     elif len(answers) == 1:
@@ -202,6 +220,11 @@ class JudgeEnv(ChatEnv):
             judged on whether the final answer is the reference's:
             :mod:`~chatgym.envs.judge.arithmetic`).
         size: arithmetic only: tasks in the split (None: Math-v0's 5,000 train / 200 test).
+        judge_view: what the judge is shown of an answer: ``"reply"`` (default), the whole reply, or
+            ``"final_answer"`` (arithmetic only), its final answer alone (:func:`final_answer_view`):
+            the judge then checks one number against the reference, which a 135M judge learns on the
+            CPU in 30 GRPO steps (``examples/recipes/verifier_cotrain/``), where in the reply's words
+            its co-trained ratings became one value.
         judge: a :class:`~chatgym.envs.agents.Responder`, or None for the rule-based
             :func:`reference_judge` (:class:`ReferenceF1Judge`; :class:`ReferenceAnswerJudge` for arithmetic).
         max_revisions: judge-feedback rounds allowed per question turn (0: no feedback).
@@ -213,7 +236,8 @@ class JudgeEnv(ChatEnv):
             ``2 * (max_revisions + 1)``, enough for every turn).
 
     Raises:
-        ValueError: unknown ``questions`` or split, ``size`` given for MT-bench, ``max_revisions < 0``,
+        ValueError: unknown ``questions``, split or ``judge_view``, ``size`` or ``judge_view="final_answer"``
+            given for MT-bench, ``max_revisions < 0``,
             ``judge_retries < 0``, or ``accept_rating`` outside 1..10.
     """
 
@@ -223,6 +247,7 @@ class JudgeEnv(ChatEnv):
         split: str | None = None,
         questions: str = "mtbench",
         size: int | None = None,
+        judge_view: str = "reply",
         judge: Responder | None = None,
         max_revisions: int = 0,
         accept_rating: float = 10.0,
@@ -232,6 +257,10 @@ class JudgeEnv(ChatEnv):
     ):
         if questions not in ("mtbench", CATEGORY):
             raise ValueError(f"questions must be 'mtbench' or {CATEGORY!r}, got {questions!r}")
+        if judge_view not in JUDGE_VIEWS:
+            raise ValueError(f"judge_view must be one of {list(JUDGE_VIEWS)}, got {judge_view!r}")
+        if judge_view == "final_answer" and questions != CATEGORY:
+            raise ValueError("judge_view='final_answer' is for questions='arithmetic' (MT-bench answers are prose)")
         if questions == CATEGORY:
             split = split or "train"
             if split not in ARITHMETIC_SPLITS:
@@ -256,6 +285,7 @@ class JudgeEnv(ChatEnv):
         super().__init__(split=split, **kwargs)
         self.questions = questions
         self.size = size
+        self.judge_view = judge_view
         self.judge: Responder = judge if judge is not None else reference_judge(questions)
         self.max_revisions = max_revisions
         self.accept_rating = accept_rating
@@ -286,7 +316,7 @@ class JudgeEnv(ChatEnv):
 
     def judge_prompt(self, answer: str) -> str:
         """The rubric prompt for the current question turn's ``answer``."""
-        return rubric_prompt(self.task, [*self.answers[: self.q_turn], answer])
+        return rubric_prompt(self.task, [*self.answers[: self.q_turn], answer], judge_view=self.judge_view)
 
     async def _judge(self, answer: str) -> tuple[float | None, str, str | None]:
         """Ask the judge (with retries); returns ``(rating, judge_text, error)``."""

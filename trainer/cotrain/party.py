@@ -451,6 +451,7 @@ async def calibration_episodes(
     tasks: Mapping[str, dict[str, Any]],
     env_id: str = "Judge-v0",
     policy_answers: Mapping[str, str] | None = None,
+    judge_view: str = "reply",
 ) -> list[Trajectory]:
     """The judge's ratings of calibration answers (:func:`calibration_answer`) to the first question turn of
     each task of ``task_ids``: for every (task, fraction), ``samples`` replies of ``responder`` to
@@ -470,6 +471,8 @@ async def calibration_episodes(
             row with a reference answer (wrapping round).
         policy_answers: the policy's answer to each task's first question turn (:func:`first_answers`),
             which an arithmetic task's calibration answers are written from.
+        judge_view: Judge-v0's ``judge_view`` (``"final_answer"``: the judge sees each calibration
+            answer's final answer alone, as it sees the policy's).
     """
     from chatgym.envs import messages as M
     from chatgym.envs.judge.env import parse_rating, reference_rating, rubric_prompt
@@ -483,7 +486,7 @@ async def calibration_episodes(
         off_topic = tasks[with_ref[(position[tid] + 1) % len(with_ref)]]
         for fraction in fractions:
             answer = calibration_answer(tasks[tid], fraction, off_topic, (policy_answers or {}).get(tid))
-            prompt = rubric_prompt(tasks[tid], [answer])
+            prompt = rubric_prompt(tasks[tid], [answer], judge_view=judge_view)
             jobs.append((tid, float(fraction), [M.user(prompt)]))
     replies = await asyncio.gather(
         *(responder.respond_with_trace(view) for _, _, view in jobs for _ in range(samples))
