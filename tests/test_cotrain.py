@@ -589,7 +589,7 @@ def test_calibration_in_the_evaluation_is_one_greedy_sample_each(calibration_ste
 @pytest.mark.parametrize("judge_view", ["reply", "final_answer"])
 def test_arithmetic_cotraining_step_scores_the_judge_on_answers_and_calibration(tmp_path, tok, judge_view):
     """Task 0 of a 4-task arithmetic train split, 2 policy samples (the gold, then gold + 1), calibration
-    ``(1.0, 0.0)`` (the gold; task 1's gold). The scripted judge says [[10]] of an answer shown as
+    ``(1.0, 0.0)`` (the gold; task 1's gold). The scripted judge says [[9]] of an answer shown as
     ``Sum: <answer>gold</answer>`` (``judge_view="reply"``) / ``<answer>gold</answer>`` (``"final_answer"``:
     the policy's and the calibration answers alike) and [[3]] otherwise."""
     from chatgym.envs.judge.arithmetic import load_arithmetic
@@ -612,7 +612,7 @@ def test_arithmetic_cotraining_step_scores_the_judge_on_answers_and_calibration(
 
     def judge_script(prompt):
         block = tok.decode(prompt).split("[The Start of Assistant's Answer]\n")[1].split("\n[The End")[0]
-        return [*enc(tok, f"Rating: [[{10 if block == shown(gold) else 3}]]"), IM_END]
+        return [*enc(tok, f"Rating: [[{9 if block == shown(gold) else 3}]]"), IM_END]
 
     overrides = [o for o in JUDGE_OVERRIDES if "split" not in o]
     cfg = load_config(None, [
@@ -631,9 +631,9 @@ def test_arithmetic_cotraining_step_scores_the_judge_on_answers_and_calibration(
     finally:
         trainer.close()
     assert sorted(t.group_id for t in twins_only) == [1, 1, 2, 2]
-    assert twins_metrics["judge/reward_mean"] == metrics["judge/reward_mean"] == pytest.approx((1 + 7 / 9) / 2)
-    # The policy: judged [[10]] -> (10 - 1) / 9 = 1 and [[3]] -> 2/9; the reference judge: 10 and 1.
-    assert sorted(t.reward for t in policy_trajs) == pytest.approx([2 / 9, 1.0])
+    assert twins_metrics["judge/reward_mean"] == metrics["judge/reward_mean"] == pytest.approx((8 / 9 + 7 / 9) / 2)
+    # The policy: judged [[9]] -> (9 - 1) / 9 and [[3]] -> 2/9; the reference judge: 10 and 1.
+    assert sorted(t.reward for t in policy_trajs) == pytest.approx([2 / 9, 8 / 9])
     assert metrics["policy/reference_reward"] == pytest.approx(0.5)
     answer_of = {t.group_id * 10 + t.sample_index: tok.decode(t.token_ids[: t.prompt_len]) for t in judge_trajs}
     assert len(judge_trajs) == 6  # 2 policy answers, then 2 calibration answers x group_size 2
@@ -641,16 +641,42 @@ def test_arithmetic_cotraining_step_scores_the_judge_on_answers_and_calibration(
     for t in judge_trajs:
         block = answer_of[t.group_id * 10 + t.sample_index].split("[The Start of Assistant's Answer]\n")[1]
         calib.setdefault(t.group_id, set()).add((block.split("\n[The End")[0], round(9 * t.reward, 9)))
-    # Agreement 1 - |rating - reference| / 9: the gold rated 10 (reference 10) -> 1; a wrong answer
+    # Agreement 1 - |rating - reference| / 9: the gold rated 9 (reference 10) -> 8/9; a wrong answer
     # rated 3 (reference 1) -> 7/9 (nine times each reward below). Group 0: the policy's answers;
     # 1: calibration 1.0, 2: calibration 0.0, both written from the policy's first answer to the task
     # (its first sample's, the gold) with the final answer set to the gold / to task 1's gold.
     assert calib == {
-        0: {(shown(gold), 9.0), (shown(int(gold) + 1), 7.0)},
-        1: {(shown(gold), 9.0)},
+        0: {(shown(gold), 8.0), (shown(int(gold) + 1), 7.0)},
+        1: {(shown(gold), 8.0)},
         2: {(shown(other), 7.0)},
     }
-    assert metrics["judge/calibration/reward_mean"] == pytest.approx((1 + 1 + 7 / 9 + 7 / 9) / 4)
+    assert metrics["judge/calibration/reward_mean"] == pytest.approx((8 / 9 + 8 / 9 + 7 / 9 + 7 / 9) / 4)
+
+
+async def test_arithmetic_calibration_gives_a_judges_10_no_agreement():
+    from chatgym.envs import messages as M
+    from chatgym.trainer.cotrain.party import calibration_episodes, judge_agreement
+
+    class Says:  # one scripted reply per call, in order
+        def __init__(self, replies):
+            self.replies = iter(replies)
+
+        async def respond_with_trace(self, view):
+            return M.assistant(next(self.replies)), {"token_ids": [1]}
+
+    rows = {
+        "arithmetic/train/0": {"task_id": "arithmetic/train/0", "category": "arithmetic", "turns": ["Calculate 55 + 98."], "reference": ["153"]},
+        "arithmetic/train/1": {"task_id": "arithmetic/train/1", "category": "arithmetic", "turns": ["Calculate 1 + 1."], "reference": ["2"]},
+    }
+    episodes = await calibration_episodes(
+        ["arithmetic/train/0"], [1.0, 0.0], Says(["Rating: [[10]]", "Rating: [[9]]", "Rating: [[1]]", "Rating: [[10]]"]),
+        samples=2, tasks=rows, policy_answers={"arithmetic/train/0": "It is <answer>150</answer>"},
+    )
+    traces = [t for e in episodes for t in e.info["judge_traces"]]
+    assert [(t["rating"], t["reference_rating"], t["rating_top"]) for t in traces] == [
+        (10.0, 10.0, 9), (9.0, 10.0, 9), (1.0, 1.0, 9), (10.0, 1.0, 9)
+    ]
+    assert await judge_agreement(traces) == pytest.approx([0.0, 8 / 9, 1.0, 0.0])
 
 
 def test_arithmetic_calibration_answers_are_the_policys_answer_with_the_final_answer_set():

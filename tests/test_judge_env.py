@@ -69,6 +69,26 @@ def test_parse_rating(text, expected):
     assert parse_rating(text) == expected
 
 
+async def test_the_arithmetic_rubric_tops_at_9_in_the_traces():
+    from chatgym.envs.judge.env import rating_top
+    from chatgym.trainer.cotrain.party import judge_agreement
+
+    assert (rating_top({"category": "arithmetic"}), rating_top({"category": "math"}), rating_top({})) == (9, 10, 10)
+
+    class TracedJudge:
+        async def respond_with_trace(self, messages):
+            return M.assistant("Rating: [[10]]"), {"token_ids": [5]}
+
+    env = JudgeEnv(questions="arithmetic", split="test", size=2, judge=TracedJudge())
+    env.reset(options={"task_index": 0})
+    _, reward, terminated, _, info = env.step(f"<answer>{env.task['reference'][0]}</answer>")
+    assert (reward, terminated, info["status"]) == (1.0, True, "ok")  # the episode reads it: (10 - 1) / 9
+    traces = info["judge_traces"]
+    assert [(t["rating"], t["reference_rating"], t["rating_top"]) for t in traces] == [(10.0, 10.0, 9)]
+    assert await judge_agreement(traces) == [0.0]  # but the rubric offers 9 and 1: no agreement to train on
+    env.close()
+
+
 def test_fill_is_one_pass_and_critique_drops_the_rating():
     assert fill("{a} and {b} {c}", {"a": "x {b}", "b": "{}"}) == "x {b} and {} {c}"
     assert critique_of("Too short.\nRating: [[3]].") == "Too short."
@@ -184,6 +204,7 @@ def test_traced_judge_samples_come_back_for_co_training():
             "token_ids": [1, 2],
             "logprobs": [-0.5, -0.25],
             "reference_rating": None,  # mtbench/84 has no reference answer
+            "rating_top": 10,  # MT-bench's scale
             "question_turn": 0,
             "attempt": 0,
             "rating": 7.0,
@@ -193,6 +214,7 @@ def test_traced_judge_samples_come_back_for_co_training():
             "token_ids": [1, 2],
             "logprobs": [-0.5, -0.25],
             "reference_rating": None,
+            "rating_top": 10,
             "question_turn": 1,
             "attempt": 0,
             "rating": 7.0,

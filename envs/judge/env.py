@@ -68,6 +68,14 @@ def parse_rating(text: str) -> tuple[float | None, str | None]:
     return rating, None
 
 
+def rating_top(task: dict[str, Any]) -> int:
+    """The highest rating ``task``'s rubric offers a model judge: 9 on the arithmetic rubric, which
+    asks for ``[[9]]`` or ``[[1]]`` (see :class:`ReferenceAnswerJudge`), else MT-bench's 10. A
+    co-trained judge's sample rating above it earns agreement 0 (``trace["rating_top"]``); the
+    episode still reads it as a rating."""
+    return 9 if task.get("category") == CATEGORY else 10
+
+
 def critique_of(text: str) -> str:
     """The judge's explanation without the rating."""
     return _RATING_LINE.sub("", text).strip() or "No further comments."
@@ -175,8 +183,12 @@ class ReferenceAnswerJudge:
     The prompt asks a model judge for ``[[9]]`` or ``[[1]]``, not ``[[10]]``: SmolLM2 writes ``10`` as
     the tokens ``1``, ``0``, so a judge choosing between ``[[10]]`` and ``[[1]]`` decides only at the
     second token, and co-trained that way it rated every answer 1 within 4 steps (two CPU runs); with
-    ``9`` the two verdicts differ at their first token. ``9`` against this judge's 10 costs a model
-    judge 1/9 of agreement on a right answer; the policy's rule-based yardstick stays its accuracy."""
+    ``9`` the two verdicts differ at their first token. For the same reason a co-trained judge's
+    ``[[10]]`` earns agreement 0 on this rubric (:func:`rating_top` 9): while it counted, the token
+    ``1`` earned reward on both answers (``10`` on a right one, ``1`` on a wrong one) and a CPU
+    co-training run's judge rated everything 1 by step 20 (examples/recipes/verifier_cotrain/, run G).
+    ``9`` against this judge's 10 costs a model judge 1/9 of agreement on a right answer; the
+    policy's rule-based yardstick stays its accuracy."""
 
     async def respond(self, messages: list[Message]) -> Message:
         prompt = messages[-1]["content"]
@@ -331,6 +343,7 @@ class JudgeEnv(ChatEnv):
                     {
                         **trace,
                         "reference_rating": await reference_rating(self.task, view),
+                        "rating_top": rating_top(self.task),
                         "question_turn": self.q_turn,
                         "attempt": attempt,
                         "rating": rating,

@@ -184,15 +184,17 @@ async def trace_reference(trace: dict[str, Any]) -> float | None:
 
 
 async def judge_agreement(traces: list[dict[str, Any]]) -> list[float | None]:
-    """Per judge sample: ``1 - |rating - reference| / 9``; 0.0 when the sample has no valid rating;
-    None when the prompt has no reference rating (not trained on)."""
+    """Per judge sample: ``1 - |rating - reference| / 9``; 0.0 when the sample has no valid rating or
+    one above its rubric's ``trace["rating_top"]`` (:func:`~chatgym.envs.judge.env.rating_top`: the
+    arithmetic rubric offers 9 and 1, and a ``[[10]]`` that counted rewarded the token ``1`` on right
+    and wrong answers alike); None when the prompt has no reference rating (not trained on)."""
     out: list[float | None] = []
     for trace in traces:
         ref = await trace_reference(trace)
         rating = trace.get("rating")
         if ref is None:
             out.append(None)
-        elif rating is None:
+        elif rating is None or rating > trace.get("rating_top", 10):
             out.append(0.0)
         else:
             out.append(1.0 - abs(float(rating) - ref) / 9.0)
@@ -475,7 +477,7 @@ async def calibration_episodes(
             answer's final answer alone, as it sees the policy's).
     """
     from chatgym.envs import messages as M
-    from chatgym.envs.judge.env import parse_rating, reference_rating, rubric_prompt
+    from chatgym.envs.judge.env import parse_rating, rating_top, reference_rating, rubric_prompt
 
     with_ref = [tid for tid, row in tasks.items() if row.get("reference")]
     position = {tid: i for i, tid in enumerate(with_ref)}
@@ -499,7 +501,7 @@ async def calibration_episodes(
             rating, error = parse_rating(message["content"])
             traces.append(
                 {**(trace or {}), "question_turn": 0, "rating": rating, "error": error, "calibration": fraction,
-                 "reference_rating": ref}
+                 "reference_rating": ref, "rating_top": rating_top(tasks[tid])}
             )
         out.append(Trajectory(env_id=env_id, task_id=tid, group_id=k, sample_index=0, info={"judge_traces": traces}))
     return out
