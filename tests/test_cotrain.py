@@ -181,6 +181,26 @@ async def test_judge_constant_baseline_over_the_samples_with_a_reference():
     assert await judge_constant_baseline([failed]) == {}
 
 
+async def test_judge_constant_baseline_on_the_arithmetic_rubric_scores_as_the_reward():
+    from chatgym.trainer.rollout.types import Trajectory
+
+    # rating_top 9: the judge's [[10]] agrees 0 (as judge_agreement rewards it), its 9 on a right answer
+    # 8/9, its 1 on a wrong one 1: (0 + 8/9 + 1) / 3 = 17/27. Refs 10, 10, 1: constant 9 ->
+    # (8/9 + 8/9 + 1/9) / 3 = 17/27 beats constant 1 -> (0 + 0 + 1) / 3 (10, over 1..10, would give 18/27).
+    traces = [{"rating": 10.0, "reference_rating": 10.0, "rating_top": 9},
+              {"rating": 9.0, "reference_rating": 10.0, "rating_top": 9},
+              {"rating": 1.0, "reference_rating": 1.0, "rating_top": 9}]
+    got = await judge_constant_baseline([Trajectory(env_id="Judge-v0", task_id="a", info={"judge_traces": traces})])
+    assert got == {
+        "judge/rating_distinct": 3.0,
+        "judge/best_constant_agreement": pytest.approx(17 / 27),
+        "judge/best_constant_rating": 9.0,
+        "judge/agreement_over_constant": pytest.approx(0.0),
+    }
+    assert best_constant_agreement([10.0, 10.0, 1.0], top=9) == (pytest.approx(17 / 27), 9.0)
+    assert best_constant_agreement([10.0, 10.0, 1.0]) == (pytest.approx(18 / 27), 10.0)
+
+
 # ---- Judge-v0: both sides of a scripted step, then the update of both learners ---------------------
 
 ANSWERS = {

@@ -295,10 +295,10 @@ async def _faithfulness(traces: list[dict[str, Any]]) -> list[float | None]:
 REWARDS: dict[str, RewardFn] = {"judge": judge_agreement, "user": _faithfulness}
 
 
-def best_constant_agreement(references: Sequence[float]) -> tuple[float, float]:
+def best_constant_agreement(references: Sequence[float], top: int = 10) -> tuple[float, float]:
     """``(agreement, rating)`` of the best judge that ignores its input: the constant rating ``c`` in
-    1..10 with the highest mean ``1 - |c - ref| / 9`` over ``references`` (the lowest such ``c`` on a
-    tie). A co-trained judge whose agreement does not beat it has learned no more than the
+    ``1..top`` (the rubric's ratings: :func:`~chatgym.envs.judge.env.rating_top`) with the highest mean
+    ``1 - |c - ref| / 9`` over ``references`` (the lowest such ``c`` on a tie). A co-trained judge whose agreement does not beat it has learned no more than the
     references' distribution (the check issue 32 asks of a judge that "moves").
 
     Raises:
@@ -308,7 +308,7 @@ def best_constant_agreement(references: Sequence[float]) -> tuple[float, float]:
         raise ValueError("best_constant_agreement needs at least one reference rating")
     # Ties compared on the summed distance (exact for whole ratings), not on float means whose last
     # bit depends on the order of the references.
-    distance, c = min((sum(abs(c - float(r)) for r in references), c) for c in range(1, 11))
+    distance, c = min((sum(abs(c - float(r)) for r in references), c) for c in range(1, top + 1))
     return 1.0 - distance / 9.0 / len(references), float(c)
 
 
@@ -316,23 +316,22 @@ async def judge_constant_baseline(trajs: Sequence[Trajectory]) -> dict[str, floa
     """The judge's agreement against a constant rating's, over every judge sample of ``trajs`` whose
     prompt has a reference rating (failed episodes give none): ``judge/rating_distinct`` (distinct
     valid ratings among them), ``judge/best_constant_agreement`` and ``judge/best_constant_rating``
-    (:func:`best_constant_agreement` on their references), and ``judge/agreement_over_constant``
-    (their mean agreement, 0 for a sample with no valid rating, minus the best constant's). ``{}``
-    when no sample has a reference."""
-    refs: list[float] = []
-    ratings: list[float | None] = []
+    (:func:`best_constant_agreement` on their references, over the lowest ``rating_top`` among them),
+    and ``judge/agreement_over_constant`` (their mean :func:`judge_agreement`, the reward's, minus the
+    best constant's). ``{}`` when no sample has a reference."""
+    traces = []
     for t in trajs:
         if t.failed:
             continue
         for trace in t.info.get("judge_traces") or []:
-            ref = await trace_reference(trace)
-            if ref is not None:
-                refs.append(ref)
-                ratings.append(trace.get("rating"))
-    if not refs:
+            if await trace_reference(trace) is not None:
+                traces.append(trace)
+    if not traces:
         return {}
-    constant, c = best_constant_agreement(refs)
-    agreement = np.mean([0.0 if r is None else 1.0 - abs(float(r) - ref) / 9.0 for r, ref in zip(ratings, refs, strict=True)])
+    refs = [trace["reference_rating"] for trace in traces]
+    ratings = [trace.get("rating") for trace in traces]
+    constant, c = best_constant_agreement(refs, min(int(trace.get("rating_top", 10)) for trace in traces))
+    agreement = np.mean(await judge_agreement(traces))
     return {
         "judge/rating_distinct": float(len({float(r) for r in ratings if r is not None})),
         "judge/best_constant_agreement": constant,
