@@ -481,12 +481,12 @@ def test_compare_cotrain_tables_the_evaluations_and_the_ratings_given(tmp_path, 
     run = tmp_path / "lr_s0"
     run.mkdir()
     rows = [
-        {"step": 0, "eval/score": 0.25, "eval/judge/calibration/reward_mean": 0.5,
+        {"step": 0, "eval/score": 0.25, "eval/judge/calibration/reward_mean": 0.5, "timing/eval_s": 20.4,
          "eval/judge/calibration/best_constant_agreement": 0.75, "eval/judge/calibration/rating_distinct": 2.0},
-        {"step": 1, "reward/mean": 0.1},  # a training row: not in the table
-        {"step": 10, "eval/score": 0.5, "eval/judge/calibration/reward_mean": 0.625,
-         "eval/judge/calibration/best_constant_agreement": 0.75, "eval/judge/calibration/rating_distinct": 1.0,
-         "eval/judge/calibration/order_accuracy": 0.25},
+        {"step": 1, "reward/mean": 0.1, "timing/step_s": 6.5},  # a training row: not in the table
+        {"step": 10, "eval/score": 0.5, "eval/judge/calibration/reward_mean": 0.625, "timing/step_s": 7.0,
+         "timing/eval_s": 11.2, "eval/judge/calibration/best_constant_agreement": 0.75,
+         "eval/judge/calibration/rating_distinct": 1.0, "eval/judge/calibration/order_accuracy": 0.25},
     ]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     samples = [(0, 5.0), (0, 5.0), (0, None), (0, 1.0), (10, 5.0)]
@@ -501,10 +501,15 @@ def test_compare_cotrain_tables_the_evaluations_and_the_ratings_given(tmp_path, 
     lines = out.splitlines()
     assert len(lines) == 4  # header, rule, the two evaluations
     dash = " | ".join(["–"] * 4)  # policy-answer agreement, its constant, parse rate, reference reward
-    assert lines[2] == f"| lr_s0 | 0 | 0.5000 | 0.7500 | 2.0000 | – | {dash} | 0.2500 | 1: 1, 5: 2, none: 1 |"
-    assert lines[3] == f"| lr_s0 | 10 | 0.6250 | 0.7500 | 1.0000 | 0.2500 | {dash} | 0.5000 | 5: 1 |"
+    assert lines[0].startswith("| run | step | wall clock (s) | calibration agreement |")
+    # wall clock: 20.4 s (step-0 evaluation); then + 6.5 (step 1) + 7.0 + 11.2 (step 10, its evaluation) = 45.1
+    assert lines[2] == f"| lr_s0 | 0 | 20 | 0.5000 | 0.7500 | 2.0000 | – | {dash} | 0.2500 | 1: 1, 5: 2, none: 1 |"
+    assert lines[3] == f"| lr_s0 | 10 | 45 | 0.6250 | 0.7500 | 1.0000 | 0.2500 | {dash} | 0.5000 | 5: 1 |"
+    assert [r["wall_s"] for r in compare_cotrain.eval_rows(run)] == pytest.approx([20.4, 45.1])
     assert err == f"compare_cotrain.py: {empty} has no metrics.jsonl; skipped\n"
     assert compare_cotrain.main([str(empty)]) == 2
+    compare_cotrain.plot([run], tmp_path / "judge.png")  # five panels, one against wall clock
+    assert (tmp_path / "judge.png").stat().st_size > 0
 
 
 def test_compare_cotrain_tables_a_user_run_by_its_faithfulness(tmp_path, capsys):
@@ -524,11 +529,12 @@ def test_compare_cotrain_tables_a_user_run_by_its_faithfulness(tmp_path, capsys)
     assert compare_cotrain.main([str(run), "--out", str(tmp_path / "c.png")]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == (
-        "| run | step | faithfulness | blind user's | over blind | coverage | grounded | distinct openings | policy score |"
+        "| run | step | wall clock (s) | faithfulness | blind user's | over blind | coverage | grounded |"
+        " distinct openings | policy score |"
     )
-    assert lines[2:] == [
-        "| user_s0 | 0 | 0.5000 | 0.5000 | 0.0000 | 0.0000 | 1.0000 | 0.9500 | 0.0000 |",
-        "| user_s0 | 5 | 0.6250 | 0.5000 | 0.1250 | 0.2500 | 1.0000 | 1.0000 | 0.0500 |",
+    assert lines[2:] == [  # no timing/* keys in these rows: wall clock 0
+        "| user_s0 | 0 | 0 | 0.5000 | 0.5000 | 0.0000 | 0.0000 | 1.0000 | 0.9500 | 0.0000 |",
+        "| user_s0 | 5 | 0 | 0.6250 | 0.5000 | 0.1250 | 0.2500 | 1.0000 | 1.0000 | 0.0500 |",
     ]
     assert (tmp_path / "c.png").stat().st_size > 0
 

@@ -7,9 +7,11 @@ score. The party is read off the rows (``eval/judge/*`` or ``eval/user/*``); one
 
     python examples/recipes/judge_cotrain/compare_cotrain.py RUN_DIR [RUN_DIR ...] [--out compare.png]
 
-Reads each run's ``metrics.jsonl`` (its ``eval/*`` rows) and, for a judge, ``eval_calibration.jsonl``
+Reads each run's ``metrics.jsonl`` (its ``eval/*`` rows; the wall clock of a row is the sum of
+``timing/step_s`` and ``timing/eval_s`` up to it, seconds) and, for a judge, ``eval_calibration.jsonl``
 (one row per held-out calibration sample); prints a markdown table (stdout) and draws the curves
-(``--out``).
+against steps and the first against wall clock (``--out``). Wall clock compares speed only for runs
+that had a GPU alone.
 """
 
 from __future__ import annotations
@@ -52,9 +54,17 @@ def party_of(runs: list[Path]) -> str:
 
 
 def eval_rows(run: Path) -> list[dict[str, Any]]:
-    """The run's evaluation rows (those with ``eval/score``), in step order."""
+    """The run's evaluation rows (those with ``eval/score``), in step order, each with ``wall_s``: the
+    seconds of ``timing/step_s`` and ``timing/eval_s`` of every row up to and including it (in file
+    order: the step-0 evaluation is logged first)."""
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return sorted((r for r in rows if "eval/score" in r), key=lambda r: r["step"])
+    wall = 0.0
+    out = []
+    for r in rows:
+        wall += r.get("timing/step_s", 0.0) + r.get("timing/eval_s", 0.0)
+        if "eval/score" in r:
+            out.append({**r, "wall_s": wall})
+    return sorted(out, key=lambda r: r["step"])
 
 
 def rating_counts(run: Path) -> dict[int, dict[float | None, int]]:
@@ -75,12 +85,12 @@ def table(runs: list[Path]) -> str:
     user's :data:`USER_COLUMNS`."""
     user = party_of(runs) == "user"
     columns = USER_COLUMNS if user else COLUMNS
-    head = ["run", "step", *(name for _, name in columns)] + ([] if user else ["ratings given (calibration)"])
+    head = ["run", "step", "wall clock (s)", *(name for _, name in columns)] + ([] if user else ["ratings given (calibration)"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for run in runs:
         counts = rating_counts(run)
         for r in eval_rows(run):
-            cells = [f"{r[k]:.4f}" if k in r else "–" for k, _ in columns]
+            cells = [f"{r['wall_s']:.0f}", *(f"{r[k]:.4f}" if k in r else "–" for k, _ in columns)]
             if user:
                 lines.append(f"| {run.name} | {r['step']} | " + " | ".join(cells) + " |")
                 continue
@@ -98,32 +108,44 @@ def plot(runs: list[Path], out: Path) -> None:
 
     if party_of(runs) == "user":
         panels = (
-            ("eval/user/reward_mean", "held-out user faithfulness (dashed: a blind user's)"),
-            ("eval/user/coverage", "known identifiers stated (coverage)"),
-            ("eval/score", "policy score (tau2 reward)"),
+            ("eval/user/reward_mean", "held-out user faithfulness (dashed: a blind user's)", "step"),
+            ("eval/user/reward_mean", "held-out user faithfulness", "wall_s"),
+            ("eval/user/coverage", "known identifiers stated (coverage)", "step"),
+            ("eval/score", "policy score (tau2 reward)", "step"),
         )
-        baseline = ("eval/user/reward_mean", "eval/user/blind_faithfulness")
+        baselines = {"eval/user/reward_mean": "eval/user/blind_faithfulness"}
     else:
         panels = (
-            ("eval/judge/calibration/reward_mean", "held-out calibration agreement (dashed: best constant)"),
-            ("eval/judge/calibration/rating_distinct", "distinct ratings on them (1: a constant judge)"),
-            ("eval/policy/reference_reward", "policy reward, reference-judged"),
+            ("eval/judge/calibration/reward_mean", "held-out calibration agreement (dashed: best constant)", "step"),
+            ("eval/judge/calibration/reward_mean", "held-out calibration agreement", "wall_s"),
+            ("eval/judge/reward_mean", "agreement on the policy's held-out answers\n(dashed: best constant)", "step"),
+            ("eval/judge/calibration/rating_distinct", "distinct ratings on them (1: a constant judge)", "step"),
+            ("eval/policy/reference_reward", "policy reward, reference-judged", "step"),
         )
-        baseline = ("eval/judge/calibration/reward_mean", "eval/judge/calibration/best_constant_agreement")
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6))
+        baselines = {
+            "eval/judge/calibration/reward_mean": "eval/judge/calibration/best_constant_agreement",
+            "eval/judge/reward_mean": "eval/judge/best_constant_agreement",
+        }
+    nrows = -(-len(panels) // 3)
+    fig, grid = plt.subplots(nrows, 3, figsize=(15, 3.9 * nrows), squeeze=False)
+    axes = list(grid.flat)
+    for ax in axes[len(panels) :]:
+        ax.set_visible(False)
+    axes = axes[: len(panels)]
     for run in runs:
         rows = eval_rows(run)
-        steps = [r["step"] for r in rows]
-        for ax, (key, title) in zip(axes, panels, strict=True):
-            (line,) = ax.plot(steps, [r.get(key, float("nan")) for r in rows], marker="o", label=run.name)
-            if key == baseline[0]:
-                const = [r.get(baseline[1], float("nan")) for r in rows]
-                ax.plot(steps, const, ls="--", color=line.get_color())
+        for ax, (key, title, x) in zip(axes, panels, strict=True):
+            xs = [r[x] for r in rows]
+            (line,) = ax.plot(xs, [r.get(key, float("nan")) for r in rows], marker="o", ms=3, label=run.name)
+            if key in baselines and x == "step":
+                const = [r.get(baselines[key], float("nan")) for r in rows]
+                ax.plot(xs, const, ls="--", color=line.get_color())
             ax.set_title(title, fontsize=9)
-            ax.set_xlabel("step")
+            ax.set_xlabel("step" if x == "step" else "wall clock (s; runs sharing a GPU ran slower)")
     axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
+    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
