@@ -648,8 +648,18 @@ def test_arithmetic_cotraining_step_scores_the_judge_on_answers_and_calibration(
         answers = iter([f"Sum: <answer>{gold}</answer>", f"Sum: <answer>{int(gold) + 1}</answer>"])
         trainer.co = dataclasses.replace(co, train_on_answers=False)
         _, twins_only, twins_metrics = trainer.rollouts(0)
+        # calibration_negative="policy": both policy answers now wrong (the same: which sample the
+        # engine serves first is not fixed), so the 0.0 twin is that answer as written (reference 1),
+        # not task 1's gold.
+        answers = iter([f"Sum: <answer>{int(gold) + 1}</answer>"] * 2)
+        trainer.co = dataclasses.replace(co, train_on_answers=False, calibration_negative="policy")
+        _, own_negatives, _ = trainer.rollouts(0)
     finally:
         trainer.close()
+    negatives = {tok.decode(t.token_ids[: t.prompt_len]).split("[The Start of Assistant's Answer]\n")[1].split("\n[The End")[0]
+                 for t in own_negatives if t.group_id == 2}
+    assert negatives == {shown(int(gold) + 1)}
+    assert [round(9 * t.reward, 9) for t in own_negatives if t.group_id == 2] == [7.0, 7.0]  # [[3]] against 1
     assert sorted(t.group_id for t in twins_only) == [1, 1, 2, 2]
     assert twins_metrics["judge/reward_mean"] == metrics["judge/reward_mean"] == pytest.approx((8 / 9 + 7 / 9) / 2)
     # The policy: judged [[9]] -> (9 - 1) / 9 and [[3]] -> 2/9; the reference judge: 10 and 1.
@@ -715,6 +725,47 @@ def test_arithmetic_calibration_answers_are_the_policys_answer_with_the_final_an
     assert with_final_answer("  ", "153") == "<answer>153</answer>"
 
 
+def test_policy_negatives_are_the_policys_wrong_answers_as_written():
+    task = {"task_id": "arithmetic/train/0", "category": "arithmetic", "turns": ["Calculate 55 + 98."], "reference": ["153"]}
+    other = {"task_id": "arithmetic/train/1", "category": "arithmetic", "turns": ["Calculate 1 + 1."], "reference": ["2"]}
+    wrong, right, none = "55 + 98 = 143, so <answer>143</answer>.", "It is <answer>153.0</answer>", "I like sums."
+    assert calibration_answer(task, 0.0, other, wrong, negative="policy") == wrong
+    assert calibration_answer(task, 0.0, other, none, negative="policy") == none  # no final answer: wrong
+    # a right answer (153.0 is 153 to Math-v0): another task's gold, as with "other_gold"
+    assert calibration_answer(task, 0.0, other, right, negative="policy") == "It is <answer>2</answer>"
+    assert calibration_answer(task, 0.0, other, None, negative="policy") == "<answer>2</answer>"  # a failed episode
+    assert calibration_answer(task, 1.0, other, wrong, negative="policy") == "55 + 98 = 143, so <answer>153</answer>."
+    with pytest.raises(ValueError, match=r"^negative must be 'other_gold' or 'policy', got 'mine'$"):
+        calibration_answer(task, 0.0, other, wrong, negative="mine")
+
+
+async def test_policy_negatives_show_the_judge_an_answer_without_a_final_answer():
+    from chatgym.envs import messages as M
+    from chatgym.trainer.cotrain.party import calibration_episodes
+
+    class Says:
+        def __init__(self):
+            self.prompts = []
+
+        async def respond_with_trace(self, view):
+            self.prompts.append(view[-1]["content"])
+            return M.assistant("Rating: [[9]]"), {"token_ids": [1]}
+
+    rows = {
+        "arithmetic/train/0": {"task_id": "arithmetic/train/0", "category": "arithmetic", "turns": ["Calculate 55 + 98."], "reference": ["153"]},
+        "arithmetic/train/1": {"task_id": "arithmetic/train/1", "category": "arithmetic", "turns": ["Calculate 1 + 1."], "reference": ["2"]},
+    }
+    judge = Says()
+    episodes = await calibration_episodes(
+        ["arithmetic/train/0"], [1.0, 0.0], judge, samples=1, tasks=rows, judge_view="final_answer",
+        policy_answers={"arithmetic/train/0": "I like sums."}, negative="policy",
+    )
+    shown = [p.split("[The Start of Assistant's Answer]\n")[1].split("\n[The End")[0] for p in judge.prompts]
+    assert shown == ["<answer>153</answer>", "(no final answer)"]
+    traces = [t for e in episodes for t in e.info["judge_traces"]]
+    assert [(t["calibration"], t["rating"], t["reference_rating"]) for t in traces] == [(1.0, 9.0, 10.0), (0.0, 9.0, 1.0)]
+
+
 def test_first_answers_are_each_tasks_first_unfailed_policy_answer():
     from chatgym.trainer.cotrain.party import first_answers
     from chatgym.trainer.rollout.types import Trajectory
@@ -776,6 +827,15 @@ def test_calibration_config_is_checked_at_load():
         load_cotrain_config(None, ["cotrain.party=user", "cotrain.calibration=[1.0]"])
     with pytest.raises(ConfigError, match=r"^cotrain\.train_on_answers: false leaves the party nothing to train on without cotrain\.calibration$"):
         load_cotrain_config(None, ["cotrain.train_on_answers=false"])
+    arithmetic = "env.kwargs={questions: arithmetic}"
+    _, co = load_cotrain_config(None, [arithmetic, "cotrain.calibration=[1.0, 0.0]", "cotrain.calibration_negative=policy"])
+    assert co.calibration_negative == "policy"
+    with pytest.raises(ConfigError, match=r"^cotrain\.calibration_negative: policy needs Judge-v0's arithmetic questions"):
+        load_cotrain_config(None, ["cotrain.calibration=[1.0, 0.0]", "cotrain.calibration_negative=policy"])
+    with pytest.raises(ConfigError, match=r"cotrain.*calibration_negative: policy sets the 0\.0 calibration answer; cotrain\.calibration has none \(got \[1\.0\]\)"):
+        load_cotrain_config(None, [arithmetic, "cotrain.calibration=[1.0]", "cotrain.calibration_negative=policy"])
+    with pytest.raises(ConfigError, match=r"cotrain\.calibration_negative"):
+        load_cotrain_config(None, [arithmetic, "cotrain.calibration=[1.0, 0.0]", "cotrain.calibration_negative=mine"])
 
 
 # ---- UserSim-v0: faithfulness of a scripted simulated user ---------------------------------------

@@ -58,6 +58,12 @@ class CoTrainConfig:
             (``env.kwargs: {questions: arithmetic}``): the policy's own answer with its final answer
             set to the gold (any fraction > 0) or to another question's gold (0.0). Empty (the
             default): none.
+        calibration_negative: judge only, arithmetic questions only: the ``0.0`` calibration answer.
+            ``"other_gold"`` (the default): the policy's answer with another question's gold as its
+            final answer. ``"policy"``: the policy's own answer as written when the rule-based check
+            finds it wrong (no final answer included), another question's gold when it is right: the
+            judge trains on the policy's actual mistakes (a GPU run's policy learned to write no final
+            answer, which twins never show, and its judge rated that 9).
         train_on_answers: judge only: whether the judge also trains on its ratings of the policy's
             answers (the default). ``false``: on the calibration answers alone, which are balanced
             by construction where a weak policy's answers are nearly all wrong (a CPU run's judge,
@@ -78,6 +84,7 @@ class CoTrainConfig:
     stop: tuple[str, ...] = ()
     eval_task_ids: tuple[int, ...] | None = None
     calibration: tuple[float, ...] = ()
+    calibration_negative: Literal["other_gold", "policy"] = "other_gold"
     train_on_answers: bool = True
 
     def __post_init__(self) -> None:
@@ -96,6 +103,11 @@ class CoTrainConfig:
         if self.calibration and self.party != "judge":
             raise ValueError(
                 f"cotrain.calibration: answers for a judge to rate; party {self.party!r} takes none"
+            )
+        if self.calibration_negative == "policy" and 0.0 not in self.calibration:
+            raise ValueError(
+                "cotrain.calibration_negative: policy sets the 0.0 calibration answer; cotrain.calibration"
+                f" has none (got {list(self.calibration)})"
             )
         if not self.train_on_answers and not self.calibration:
             raise ValueError(
@@ -123,7 +135,13 @@ def load_cotrain_config(
         raise ConfigError("cotrain: must be a mapping")
     config = from_dict(Config, data)
     check_env_id(config.env)
-    return config, from_dict(CoTrainConfig, section, prefix="cotrain")
+    co = from_dict(CoTrainConfig, section, prefix="cotrain")
+    if co.calibration_negative == "policy" and config.env.kwargs.get("questions") != "arithmetic":
+        raise ConfigError(
+            "cotrain.calibration_negative: policy needs Judge-v0's arithmetic questions"
+            " (env.kwargs: {questions: arithmetic}): only they have a rule-based check of the policy's answer"
+        )
+    return config, co
 
 
 def party_config(cfg: Config, co: CoTrainConfig) -> Config:

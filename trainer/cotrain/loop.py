@@ -246,6 +246,7 @@ class CoTrainer(Trainer):
             [str(t.task_id) for t in trajs], self.co.calibration, responder, samples=samples,
             tasks=self._judge_rows, env_id=self.cfg.env.id, policy_answers=first_answers(trajs),
             judge_view=self.cfg.env.make_kwargs(eval=eval).get("judge_view", "reply"),
+            negative=self.co.calibration_negative,
         )
         scored, metrics = await party_trajectories(episodes, "judge", self.reward_fn)
         if eval:

@@ -397,7 +397,11 @@ _WORD = re.compile(r"\S+")
 
 
 def calibration_answer(
-    task: dict[str, Any], fraction: float, off_topic: dict[str, Any], policy_answer: str | None = None
+    task: dict[str, Any],
+    fraction: float,
+    off_topic: dict[str, Any],
+    policy_answer: str | None = None,
+    negative: str = "other_gold",
 ) -> str:
     """An answer to ``task``'s first question turn whose quality is set, not sampled: the first
     ``ceil(fraction * n)`` words of its reference answer (``n`` words; formatting kept), so its
@@ -413,9 +417,20 @@ def calibration_answer(
     beside the policy's own let a CPU run rate by format: every bare answer 9, every policy answer 1).
     Without ``policy_answer`` (its episode failed): ``<answer>n</answer>``.
 
+    ``negative="policy"`` (arithmetic only; ``cotrain.calibration_negative``): the ``fraction == 0``
+    answer is the policy's own answer as written when the rule-based check finds it wrong (its final
+    answer, :func:`~chatgym.envs.math.answer.extract_answer`, is not the gold by
+    :func:`~chatgym.envs.math.answer.answers_equal`, or it has none), and ``off_topic``'s gold as
+    above when it is right. The judge then trains on the policy's actual mistakes: twins that always
+    carry another task's gold never show it an answer without a final answer, which a GPU run's
+    policy learned to write and its judge rated 9 (examples/recipes/verifier_cotrain/).
+
     Raises:
-        ValueError: ``fraction`` outside [0, 1], or a task without a reference answer.
+        ValueError: ``fraction`` outside [0, 1], a task without a reference answer, or ``negative``
+            not ``"other_gold"`` / ``"policy"``.
     """
+    if negative not in ("other_gold", "policy"):
+        raise ValueError(f"negative must be 'other_gold' or 'policy', got {negative!r}")
     if not 0.0 <= fraction <= 1.0:
         raise ValueError(f"calibration fraction must be in [0, 1], got {fraction}")
     source = off_topic if fraction == 0.0 else task
@@ -423,6 +438,12 @@ def calibration_answer(
         raise ValueError(f"{source.get('task_id')} has no reference answer to build a calibration answer from")
     text = source["reference"][0]
     if task.get("category") == ARITHMETIC:
+        if negative == "policy" and fraction == 0.0 and policy_answer is not None:
+            from chatgym.envs.math.answer import answers_equal, extract_answer
+
+            question = (task.get("turns") or [""])[0]
+            if not answers_equal(extract_answer(policy_answer)[0], task["reference"][0], question):
+                return policy_answer
         return with_final_answer(policy_answer or "", text)
     if fraction == 0.0:
         return text
@@ -453,6 +474,7 @@ async def calibration_episodes(
     env_id: str = "Judge-v0",
     policy_answers: Mapping[str, str] | None = None,
     judge_view: str = "reply",
+    negative: str = "other_gold",
 ) -> list[Trajectory]:
     """The judge's ratings of calibration answers (:func:`calibration_answer`) to the first question turn of
     each task of ``task_ids``: for every (task, fraction), ``samples`` replies of ``responder`` to
@@ -474,6 +496,7 @@ async def calibration_episodes(
             which an arithmetic task's calibration answers are written from.
         judge_view: Judge-v0's ``judge_view`` (``"final_answer"``: the judge sees each calibration
             answer's final answer alone, as it sees the policy's).
+        negative: :func:`calibration_answer`'s ``negative`` (``cotrain.calibration_negative``).
     """
     from chatgym.envs import messages as M
     from chatgym.envs.judge.env import parse_rating, rating_top, reference_rating, rubric_prompt
@@ -486,7 +509,9 @@ async def calibration_episodes(
             continue
         off_topic = tasks[with_ref[(position[tid] + 1) % len(with_ref)]]
         for fraction in fractions:
-            answer = calibration_answer(tasks[tid], fraction, off_topic, (policy_answers or {}).get(tid))
+            answer = calibration_answer(
+                tasks[tid], fraction, off_topic, (policy_answers or {}).get(tid), negative=negative
+            )
             prompt = rubric_prompt(tasks[tid], [answer], judge_view=judge_view)
             jobs.append((tid, float(fraction), [M.user(prompt)]))
     replies = await asyncio.gather(
