@@ -719,10 +719,28 @@ def test_arithmetic_calibration_answers_are_the_policys_answer_with_the_final_an
     assert calibration_answer(task, 0.5, other, policy) == "55 + 98 = 143, so <answer>153</answer>."  # one number: all of it
     assert calibration_answer(task, 0.0, other, policy) == "55 + 98 = 143, so <answer>2</answer>."
     assert calibration_answer(task, 1.0, other) == "<answer>153</answer>"  # no policy answer (a failed episode)
-    # Only the last tag changes (the one extract_answer reads); without a tag one is appended.
-    assert with_final_answer("<answer>1</answer> then <ANSWER>\n7 </ANSWER>!", "9") == "<answer>1</answer> then <ANSWER>9</ANSWER>!"
+    # The last closed tag's content is set, every other tag marker dropped; without a tag one is appended.
+    assert with_final_answer("<answer>1</answer> then <ANSWER>\n7 </ANSWER>!", "9") == "1 then <answer>9</answer>!"
     assert with_final_answer("It is 143.\n\n", "153") == "It is 143.\n<answer>153</answer>"
     assert with_final_answer("  ", "153") == "<answer>153</answer>"
+    assert with_final_answer("a <answer>1</answer> b <answer> c", "9") == "a <answer>9</answer> b  c"
+
+
+@pytest.mark.parametrize("text", [
+    "13 + 6 = 7\n\nThe answer is inside <answer> tags.",  # the three policy answers (GPU runs, held-out)
+    "74 + 37 = 10 <<answer>",                             # whose "gold" twins read otherwise before the fix
+    "The answer is inside the <answer> tag.",
+    "I think <answer> the answer: <answer>7</answer>",
+    "<answer>1</answer> and <answer>2</answer> so </answer> x",
+    "The answer is 12. \\boxed{12}",
+    "",
+])
+def test_a_calibration_twin_reads_as_the_value_it_was_given(text):
+    from chatgym.envs.math.answer import extract_answer
+    from chatgym.trainer.cotrain.party import with_final_answer
+
+    assert extract_answer(with_final_answer(text, "19")) == ("19", True)
+    assert extract_answer(with_final_answer(text, "-2")) == ("-2", True)
 
 
 def test_policy_negatives_are_the_policys_wrong_answers_as_written():

@@ -508,8 +508,23 @@ def test_compare_cotrain_tables_the_evaluations_and_the_ratings_given(tmp_path, 
     assert [r["wall_s"] for r in compare_cotrain.eval_rows(run)] == pytest.approx([20.4, 45.1])
     assert err == f"compare_cotrain.py: {empty} has no metrics.jsonl; skipped\n"
     assert compare_cotrain.main([str(empty)]) == 2
+    capsys.readouterr()
     compare_cotrain.plot([run], tmp_path / "judge.png")  # five panels, one against wall clock
     assert (tmp_path / "judge.png").stat().st_size > 0
+    # A run killed mid-write: its cut last row is skipped with a note; a run with no evaluation is named.
+    cut, fresh = tmp_path / "cut", tmp_path / "fresh"
+    cut.mkdir()
+    fresh.mkdir()
+    (cut / "metrics.jsonl").write_text(json.dumps(rows[0]) + "\n" + '{"step": 11, "eval/sco')
+    (fresh / "metrics.jsonl").write_text(json.dumps(rows[1]) + "\n")
+    assert compare_cotrain.main([str(cut), str(fresh), "--out", str(tmp_path / "new" / "c.png")]) == 0
+    out, err = capsys.readouterr()
+    assert [line.split(" | ")[:3] for line in out.splitlines()[2:]] == [["| cut", "0", "20"]]
+    assert err.splitlines() == [
+        f"compare_cotrain.py: {cut}: the last line of metrics.jsonl is cut short; skipped",
+        f"compare_cotrain.py: {fresh} has no evaluation row (eval/score) yet",
+        f"wrote {tmp_path / 'new' / 'c.png'}",
+    ]
 
 
 def test_compare_cotrain_tables_a_user_run_by_its_faithfulness(tmp_path, capsys):

@@ -452,16 +452,24 @@ def calibration_answer(
     return text[: words[keep - 1].end()]
 
 
-_LAST_TAG = re.compile(r"(.*<answer>)(.*?)(</answer>)", re.S | re.I)
+_LAST_TAG = re.compile(r"(.*)<answer>(.*?)</answer>", re.S | re.I)  # greedy head: the last closed tag
+_TAG_MARK = re.compile(r"</?answer>", re.I)
 
 
 def with_final_answer(text: str, value: str) -> str:
-    """``text`` whose final answer (what :func:`~chatgym.envs.math.answer.extract_answer` reads first,
-    the last ``<answer>`` tag) is ``value``: that tag's content replaced, or, in a text without one,
-    ``<answer>value</answer>`` appended on its own line (``text`` empty: the tag alone)."""
-    if _LAST_TAG.match(text):
-        return _LAST_TAG.sub(lambda m: m.group(1) + value + m.group(3), text, count=1)
-    return f"{text.rstrip()}\n<answer>{value}</answer>" if text.strip() else f"<answer>{value}</answer>"
+    """``text`` whose final answer (what :func:`~chatgym.envs.math.answer.extract_answer` reads) is
+    ``value``: the content of the last closed ``<answer>`` tag replaced, or, in a text without one,
+    ``<answer>value</answer>`` appended on its own line (``text`` empty: the tag alone). Every other
+    ``<answer>`` / ``</answer>`` marker is removed (the text between them kept): an unclosed
+    ``<answer>`` before the final tag would open the tag ``extract_answer`` reads and carry the text
+    after it into the answer (three held-out "gold" twins of a GPU run read ``tags.\n<answer>19`` and
+    were rated wrong by the reference: examples/recipes/verifier_cotrain/)."""
+    m = _LAST_TAG.match(text)
+    if m:
+        head, tail = m.group(1), text[m.end() :]
+        return f"{_TAG_MARK.sub('', head)}<answer>{value}</answer>{_TAG_MARK.sub('', tail)}"
+    body = _TAG_MARK.sub("", text).rstrip()
+    return f"{body}\n<answer>{value}</answer>" if body.strip() else f"<answer>{value}</answer>"
 
 
 async def calibration_episodes(

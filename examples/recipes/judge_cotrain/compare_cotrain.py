@@ -57,7 +57,10 @@ def eval_rows(run: Path) -> list[dict[str, Any]]:
     """The run's evaluation rows (those with ``eval/score``), in step order, each with ``wall_s``: the
     seconds of ``timing/step_s`` and ``timing/eval_s`` of every row up to and including it (in file
     order: the step-0 evaluation is logged first)."""
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    lines = [line for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    if cut_short(run):  # a run ended mid-write (killed at a timeout): its last row is left out
+        lines = lines[:-1]
+    rows = [json.loads(line) for line in lines]
     wall = 0.0
     out = []
     for r in rows:
@@ -65,6 +68,18 @@ def eval_rows(run: Path) -> list[dict[str, Any]]:
         if "eval/score" in r:
             out.append({**r, "wall_s": wall})
     return sorted(out, key=lambda r: r["step"])
+
+
+def cut_short(run: Path) -> bool:
+    """Whether the last line of the run's ``metrics.jsonl`` is not a whole JSON row."""
+    lines = [line for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    if not lines:
+        return False
+    try:
+        json.loads(lines[-1])
+    except json.JSONDecodeError:
+        return True
+    return False
 
 
 def rating_counts(run: Path) -> dict[int, dict[float | None, int]]:
@@ -159,8 +174,14 @@ def main(argv: list[str] | None = None) -> int:
     if not runs:
         print("compare_cotrain.py: no runs", file=sys.stderr)
         return 2
+    for r in runs:
+        if cut_short(r):
+            print(f"compare_cotrain.py: {r}: the last line of metrics.jsonl is cut short; skipped", file=sys.stderr)
+        if not eval_rows(r):
+            print(f"compare_cotrain.py: {r} has no evaluation row (eval/score) yet", file=sys.stderr)
     print(table(runs))
     if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
         plot(runs, args.out)
         print(f"wrote {args.out}", file=sys.stderr)
     return 0
