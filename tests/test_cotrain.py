@@ -17,12 +17,11 @@ from train_helpers import TINY_LLAMA
 
 from chatgym.envs.messages import assistant, system, user
 from chatgym.trainer.config.cotrain import CoTrainConfig, load_cotrain_config
+from chatgym.trainer.cotrain.calibration import calibration_answer, calibration_order
 from chatgym.trainer.cotrain.loop import CoTrainer
 from chatgym.trainer.cotrain.party import (
     VersionedResponder,
     best_constant_agreement,
-    calibration_answer,
-    calibration_order,
     facts,
     faithfulness,
     judge_agreement,
@@ -685,7 +684,8 @@ def test_arithmetic_cotraining_step_scores_the_judge_on_answers_and_calibration(
 
 async def test_arithmetic_calibration_gives_a_judges_10_no_agreement():
     from chatgym.envs import messages as M
-    from chatgym.trainer.cotrain.party import calibration_episodes, judge_agreement
+    from chatgym.trainer.cotrain.calibration import calibration_episodes
+    from chatgym.trainer.cotrain.party import judge_agreement
 
     class Says:  # one scripted reply per call, in order
         def __init__(self, replies):
@@ -710,7 +710,7 @@ async def test_arithmetic_calibration_gives_a_judges_10_no_agreement():
 
 
 def test_arithmetic_calibration_answers_are_the_policys_answer_with_the_final_answer_set():
-    from chatgym.trainer.cotrain.party import with_final_answer
+    from chatgym.trainer.cotrain.calibration import with_final_answer
 
     task = {"task_id": "arithmetic/train/0", "category": "arithmetic", "turns": ["Calculate 55 + 98."], "reference": ["153"]}
     other = {"task_id": "arithmetic/train/1", "category": "arithmetic", "turns": ["Calculate 1 + 1."], "reference": ["2"]}
@@ -737,7 +737,7 @@ def test_arithmetic_calibration_answers_are_the_policys_answer_with_the_final_an
 ])
 def test_a_calibration_twin_reads_as_the_value_it_was_given(text):
     from chatgym.envs.math.answer import extract_answer
-    from chatgym.trainer.cotrain.party import with_final_answer
+    from chatgym.trainer.cotrain.calibration import with_final_answer
 
     assert extract_answer(with_final_answer(text, "19")) == ("19", True)
     assert extract_answer(with_final_answer(text, "-2")) == ("-2", True)
@@ -759,7 +759,7 @@ def test_policy_negatives_are_the_policys_wrong_answers_as_written():
 
 async def test_policy_negatives_show_the_judge_an_answer_without_a_final_answer():
     from chatgym.envs import messages as M
-    from chatgym.trainer.cotrain.party import calibration_episodes
+    from chatgym.trainer.cotrain.calibration import calibration_episodes
 
     class Says:
         def __init__(self):
@@ -785,7 +785,7 @@ async def test_policy_negatives_show_the_judge_an_answer_without_a_final_answer(
 
 
 def test_first_answers_are_each_tasks_first_unfailed_policy_answer():
-    from chatgym.trainer.cotrain.party import first_answers
+    from chatgym.trainer.cotrain.calibration import first_answers
     from chatgym.trainer.rollout.types import Trajectory
 
     def episode(task_id, answer, error=None):

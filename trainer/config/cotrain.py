@@ -52,7 +52,7 @@ class CoTrainConfig:
             question turn: the first fraction of the reference answer's words (1.0: all of it;
             0.0: another question's reference answer), ``train.group_size`` samples each (one at
             ``env.eval_temperature`` in evaluation), trained on with the same reward
-            (:func:`~chatgym.trainer.cotrain.party.calibration_answer`). A small policy's answers all
+            (:func:`~chatgym.trainer.cotrain.calibration.calibration_answer`). A small policy's answers all
             earn about the same reference rating, so with them alone the best constant rating is
             the judge's best policy; these give it answers of every quality. Arithmetic questions
             (``env.kwargs: {questions: arithmetic}``): the policy's own answer with its final answer

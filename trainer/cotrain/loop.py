@@ -49,14 +49,12 @@ import yaml
 from chatgym.trainer.config.cotrain import CoTrainConfig, load_cotrain_config, party_config
 from chatgym.trainer.config.env import count_tasks
 from chatgym.trainer.config.run import Config, ConfigError, config_to_dict
+from chatgym.trainer.cotrain.calibration import calibration_episodes, calibration_order, first_answers
 from chatgym.trainer.cotrain.party import (
     PARTIES,
     REWARDS,
     RewardFn,
     VersionedResponder,
-    calibration_episodes,
-    calibration_order,
-    first_answers,
     judge_constant_baseline,
     party_trajectories,
     policy_reference_metrics,
@@ -237,7 +235,7 @@ class CoTrainer(Trainer):
         self, trajs: Sequence[Trajectory], *, eval: bool
     ) -> tuple[list[Trajectory], list[Trajectory], dict[str, float]]:
         """The judge's samples on ``cotrain.calibration`` answers to the tasks of ``trajs``
-        (:func:`~chatgym.trainer.cotrain.party.calibration_episodes`; ``train.group_size`` samples of
+        (:func:`~chatgym.trainer.cotrain.calibration.calibration_episodes`; ``train.group_size`` samples of
         each in training, one at ``env.eval_temperature`` in evaluation), scored: ``(episodes,
         trajectories, metrics)``, the metrics under ``judge/calibration/``."""
         responder = self.party.eval_responder if eval else self.party.responder
@@ -339,7 +337,7 @@ class CoTrainer(Trainer):
 
 def judge_rows(config: Config) -> dict[str, dict[str, Any]]:
     """Judge-v0's rows of ``env.train_split`` then ``env.eval_split`` (as ``env.kwargs`` build them), by
-    ``task_id``: the questions :func:`~chatgym.trainer.cotrain.party.calibration_episodes` answers."""
+    ``task_id``: the questions :func:`~chatgym.trainer.cotrain.calibration.calibration_episodes` answers."""
     from chatgym.trainer.rollout.env_runner import build_env
 
     rows: dict[str, dict[str, Any]] = {}
