@@ -734,6 +734,9 @@ def test_arithmetic_calibration_answers_are_the_policys_answer_with_the_final_an
     "<answer>1</answer> and <answer>2</answer> so </answer> x",
     "The answer is 12. \\boxed{12}",
     "",
+    "<answer<answer>>",  # removing a marker joins its neighbours into another (a reviewer's fuzzing)
+    "<ans</answer>wer>12 ",
+    "<answer<answer>>x<answer>1</answer>",
 ])
 def test_a_calibration_twin_reads_as_the_value_it_was_given(text):
     from chatgym.envs.math.answer import extract_answer

@@ -294,6 +294,28 @@ async def test_arithmetic_rubric_and_the_reference_answer_judge():
     assert await reference_rating({**task, "reference": None}, [M.user(prompt)]) is None
 
 
+@pytest.mark.parametrize("answer", [
+    "\\boxed{5</answer>}",  # a reviewer's cases: Math-v0 reads "5</answer>" (wrong); the view read 5 (right)
+    "The answer is \\frac{10}{2}</answer>",
+    "\\boxed{5</ANSWER>}",
+    "answer: 5%</answer>\\sqrt{25}",
+    "so <answer>5</answer>",
+    "\\boxed{5}",
+    "2 + 3 = 6",
+])
+async def test_the_final_answer_view_is_rated_as_math_v0_scores_the_reply(answer):
+    from chatgym.envs.judge.env import ReferenceAnswerJudge, final_answer_view, rubric_prompt
+    from chatgym.envs.math.answer import answers_equal, extract_answer
+
+    task = {"task_id": "t", "category": "arithmetic", "turns": ["What is 2 + 3?"], "reference": ["5"]}
+    right = answers_equal(extract_answer(answer)[0], "5", "What is 2 + 3?")
+    for view in ("reply", "final_answer"):
+        reply = await ReferenceAnswerJudge().respond([M.user(rubric_prompt(task, [answer], judge_view=view))])
+        assert parse_rating(reply["content"])[0] == (10.0 if right else 1.0), view
+    if "</answer>}" in answer:
+        assert final_answer_view(answer) == "<answer>5&lt;/answer&gt;</answer>"
+
+
 async def test_final_answer_view_shows_the_judge_the_final_answer_alone():
     from chatgym.envs.judge.env import ReferenceAnswerJudge, rubric_prompt
 

@@ -515,16 +515,25 @@ def test_compare_cotrain_tables_the_evaluations_and_the_ratings_given(tmp_path, 
     cut, fresh = tmp_path / "cut", tmp_path / "fresh"
     cut.mkdir()
     fresh.mkdir()
-    (cut / "metrics.jsonl").write_text(json.dumps(rows[0]) + "\n" + '{"step": 11, "eval/sco')
+    (cut / "metrics.jsonl").write_text(json.dumps({**rows[0], "eval/judge/parse_rate": None}) + "\n" + '{"step": 11, "eval/sco')
+    (cut / "eval_calibration.jsonl").write_text(json.dumps({"judge_version": 0, "rating": 9.0}) + '\n{"judge_vers')
     (fresh / "metrics.jsonl").write_text(json.dumps(rows[1]) + "\n")
     assert compare_cotrain.main([str(cut), str(fresh), "--out", str(tmp_path / "new" / "c.png")]) == 0
     out, err = capsys.readouterr()
-    assert [line.split(" | ")[:3] for line in out.splitlines()[2:]] == [["| cut", "0", "20"]]
+    # a metric logged as null (non-finite) reads "–"
+    assert out.splitlines()[2] == f"| cut | 0 | 20 | 0.5000 | 0.7500 | 2.0000 | – | {dash} | 0.2500 | 9: 1 |"
+    assert len(out.splitlines()) == 3
     assert err.splitlines() == [
-        f"compare_cotrain.py: {cut}: the last line of metrics.jsonl is cut short; skipped",
+        f"compare_cotrain.py: {cut}: the last line of metrics.jsonl is cut short; that line left out",
+        f"compare_cotrain.py: {cut}: the last line of eval_calibration.jsonl is cut short; that line left out",
         f"compare_cotrain.py: {fresh} has no evaluation row (eval/score) yet",
         f"wrote {tmp_path / 'new' / 'c.png'}",
     ]
+    (fresh / "metrics.jsonl").write_text('{"step": 1, "tim\n' + json.dumps(rows[0]) + "\n")  # damaged mid-file
+    assert compare_cotrain.main([str(fresh)]) == 2
+    assert capsys.readouterr().err == (
+        f"compare_cotrain.py: {fresh / 'metrics.jsonl'}: line 1 is not JSON (Unterminated string starting at)\n"
+    )
 
 
 def test_compare_cotrain_tables_a_user_run_by_its_faithfulness(tmp_path, capsys):

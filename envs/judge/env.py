@@ -98,12 +98,19 @@ def _between(text: str, start: str, end: str) -> str | None:
 JUDGE_VIEWS = ("reply", "final_answer")
 
 
+_TAG_MARK = re.compile(r"<(/?)answer>", re.I)
+
+
 def final_answer_view(answer: str) -> str:
     """What the judge sees of ``answer`` with ``judge_view="final_answer"``: its final answer as
     Math-v0 reads it (:func:`~chatgym.envs.math.answer.extract_answer`, normalised) in ``<answer>``
-    tags, or ``(no final answer)`` when it has none."""
+    tags, or ``(no final answer)`` when it has none. A tag marker inside that answer (``\\boxed{5</answer>}``
+    reads as ``5</answer>``) is written ``&lt;/answer&gt;``: left as it is, the view's own tag would
+    end early and the reference judge would read ``5``, a right answer where Math-v0 read a wrong one."""
     final = extract_answer(answer)[0]
-    return "(no final answer)" if final is None else f"<answer>{final}</answer>"
+    if final is None:
+        return "(no final answer)"
+    return f"<answer>{_TAG_MARK.sub(lambda m: f'&lt;{m.group(1)}answer&gt;', final)}</answer>"
 
 
 def rubric_prompt(task: dict[str, Any], answers: Sequence[str], *, judge_view: str = "reply") -> str:

@@ -107,6 +107,14 @@ _LAST_TAG = re.compile(r"(.*)<answer>(.*?)</answer>", re.S | re.I)  # greedy hea
 _TAG_MARK = re.compile(r"</?answer>", re.I)
 
 
+def _without_tags(text: str) -> str:
+    """``text`` with every ``<answer>`` / ``</answer>`` marker removed, until none is left (removing
+    one can join its neighbours into another: ``<answer<answer>>``)."""
+    while (shorter := _TAG_MARK.sub("", text)) != text:
+        text = shorter
+    return text
+
+
 def with_final_answer(text: str, value: str) -> str:
     """``text`` whose final answer (what :func:`~chatgym.envs.math.answer.extract_answer` reads) is
     ``value``: the content of the last closed ``<answer>`` tag replaced, or, in a text without one,
@@ -118,8 +126,8 @@ def with_final_answer(text: str, value: str) -> str:
     m = _LAST_TAG.match(text)
     if m:
         head, tail = m.group(1), text[m.end() :]
-        return f"{_TAG_MARK.sub('', head)}<answer>{value}</answer>{_TAG_MARK.sub('', tail)}"
-    body = _TAG_MARK.sub("", text).rstrip()
+        return f"{_without_tags(head)}<answer>{value}</answer>{_without_tags(tail)}"
+    body = _without_tags(text).rstrip()
     return f"{body}\n<answer>{value}</answer>" if body.strip() else f"<answer>{value}</answer>"
 
 

@@ -171,7 +171,7 @@ async def reference_rating(messages: list[dict[str, Any]]) -> float | None:
 
 async def trace_reference(trace: dict[str, Any]) -> float | None:
     """A judge sample's reference rating: ``trace["reference_rating"]``, which Judge-v0 and
-    :func:`calibration_episodes` record with the task's own rule-based judge
+    :func:`~chatgym.trainer.cotrain.calibration.calibration_episodes` record with the task's own rule-based judge
     (:func:`~chatgym.envs.judge.env.reference_rating`); a trace without it is rated by
     :func:`reference_rating` (MT-bench's rubric) and keeps the value, so the reward and the
     evaluation's metrics read one value (and the trace files show it)."""

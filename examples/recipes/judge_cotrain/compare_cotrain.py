@@ -56,23 +56,26 @@ def party_of(runs: list[Path]) -> str:
 def eval_rows(run: Path) -> list[dict[str, Any]]:
     """The run's evaluation rows (those with ``eval/score``), in step order, each with ``wall_s``: the
     seconds of ``timing/step_s`` and ``timing/eval_s`` of every row up to and including it (in file
-    order: the step-0 evaluation is logged first)."""
-    lines = [line for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    if cut_short(run):  # a run ended mid-write (killed at a timeout): its last row is left out
-        lines = lines[:-1]
-    rows = [json.loads(line) for line in lines]
+    order: the step-0 evaluation is logged first). Start-up (loading the models) and checkpoint saves
+    are not in it: it runs behind the clock on the wall, the same way for every run."""
+    rows = read_rows(run / "metrics.jsonl")
     wall = 0.0
     out = []
     for r in rows:
-        wall += r.get("timing/step_s", 0.0) + r.get("timing/eval_s", 0.0)
+        wall += (r.get("timing/step_s") or 0.0) + (r.get("timing/eval_s") or 0.0)
         if "eval/score" in r:
             out.append({**r, "wall_s": wall})
     return sorted(out, key=lambda r: r["step"])
 
 
-def cut_short(run: Path) -> bool:
-    """Whether the last line of the run's ``metrics.jsonl`` is not a whole JSON row."""
-    lines = [line for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+def _lines(path: Path) -> list[str]:
+    return [line for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def cut_short(path: Path) -> bool:
+    """Whether the last line of the JSONL file ``path`` is not a whole JSON row (a run killed while
+    writing it)."""
+    lines = _lines(path)
     if not lines:
         return False
     try:
@@ -82,15 +85,29 @@ def cut_short(run: Path) -> bool:
     return False
 
 
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of the JSONL file ``path`` (none when it is missing), a cut-short last line left out.
+
+    Raises ValueError naming the line when any other line is not JSON."""
+    lines = _lines(path)
+    if cut_short(path):
+        lines = lines[:-1]
+    rows = []
+    for n, line in enumerate(lines, 1):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: line {n} is not JSON ({e.msg})") from None
+    return rows
+
+
 def rating_counts(run: Path) -> dict[int, dict[float | None, int]]:
     """Per judge weight version: how often each rating was given to the held-out calibration answers.
     The table reads the version as the step: true while every step updates the judge (the committed
     runs); a step whose judge batch was empty (e.g. ``algo.dynamic_sampling`` dropping every group)
     does not move it."""
     out: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
-    path = run / "eval_calibration.jsonl"
-    for line in path.read_text().splitlines() if path.exists() else []:
-        row = json.loads(line)
+    for row in read_rows(run / "eval_calibration.jsonl"):
         out[int(row["judge_version"])][row["rating"]] += 1
     return {v: dict(c) for v, c in sorted(out.items())}
 
@@ -105,7 +122,7 @@ def table(runs: list[Path]) -> str:
     for run in runs:
         counts = rating_counts(run)
         for r in eval_rows(run):
-            cells = [f"{r['wall_s']:.0f}", *(f"{r[k]:.4f}" if k in r else "–" for k, _ in columns)]
+            cells = [f"{r['wall_s']:.0f}", *(f"{r[k]:.4f}" if r.get(k) is not None else "–" for k, _ in columns)]
             if user:
                 lines.append(f"| {run.name} | {r['step']} | " + " | ".join(cells) + " |")
                 continue
@@ -174,12 +191,18 @@ def main(argv: list[str] | None = None) -> int:
     if not runs:
         print("compare_cotrain.py: no runs", file=sys.stderr)
         return 2
-    for r in runs:
-        if cut_short(r):
-            print(f"compare_cotrain.py: {r}: the last line of metrics.jsonl is cut short; skipped", file=sys.stderr)
-        if not eval_rows(r):
-            print(f"compare_cotrain.py: {r} has no evaluation row (eval/score) yet", file=sys.stderr)
-    print(table(runs))
+    try:
+        for r in runs:
+            for name in ("metrics.jsonl", "eval_calibration.jsonl"):
+                if cut_short(r / name):
+                    print(f"compare_cotrain.py: {r}: the last line of {name} is cut short; that line left out", file=sys.stderr)
+            if not eval_rows(r):
+                print(f"compare_cotrain.py: {r} has no evaluation row (eval/score) yet", file=sys.stderr)
+        text = table(runs)
+    except ValueError as e:
+        print(f"compare_cotrain.py: {e}", file=sys.stderr)
+        return 2
+    print(text)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         plot(runs, args.out)
