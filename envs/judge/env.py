@@ -46,7 +46,7 @@ from chatgym.envs.core import AssistantTurn, ChatEnv, StepOutcome, load_prompt
 from chatgym.envs.judge.arithmetic import CATEGORY, load_arithmetic
 from chatgym.envs.judge.arithmetic import SPLITS as ARITHMETIC_SPLITS
 from chatgym.envs.judge.mtbench import load_mtbench
-from chatgym.envs.math.answer import answers_equal, extract_answer
+from chatgym.envs.math.answer import ANSWER_MARK, answers_equal, extract_answer
 from chatgym.envs.messages import Message
 from chatgym.envs.parsers import ParsedAction
 from chatgym.envs.search.qa_metrics import token_f1
@@ -98,9 +98,6 @@ def _between(text: str, start: str, end: str) -> str | None:
 JUDGE_VIEWS = ("reply", "final_answer")
 
 
-_TAG_MARK = re.compile(r"<(/?)answer>", re.I)
-
-
 def final_answer_view(answer: str) -> str:
     """What the judge sees of ``answer`` with ``judge_view="final_answer"``: its final answer as
     Math-v0 reads it (:func:`~chatgym.envs.math.answer.extract_answer`, normalised) in ``<answer>``
@@ -110,7 +107,7 @@ def final_answer_view(answer: str) -> str:
     final = extract_answer(answer)[0]
     if final is None:
         return "(no final answer)"
-    return f"<answer>{_TAG_MARK.sub(lambda m: f'&lt;{m.group(1)}answer&gt;', final)}</answer>"
+    return "<answer>" + ANSWER_MARK.sub(r"&lt;\1answer&gt;", final) + "</answer>"
 
 
 def rubric_prompt(task: dict[str, Any], answers: Sequence[str], *, judge_view: str = "reply") -> str:

@@ -47,6 +47,9 @@ from fractions import Fraction
 from typing import Any
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
+# One marker of that tag, opening or closing (group 1: the slash): what a text must not hold, or must
+# hold escaped, for its own final tag to read as intended.
+ANSWER_MARK = re.compile(r"<(/?)answer>", re.I)
 _ANSWER_PHRASE = re.compile(r"\banswer\s*(?:is|:|=)\s*:?\s*(.+?)(?:\.(?:\s|$)|\n|$)", re.I | re.S)
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _LATEX_MATH = re.compile(r"\\[a-zA-Z]+|\^")

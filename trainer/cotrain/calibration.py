@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from chatgym.envs.judge.arithmetic import CATEGORY as ARITHMETIC
+from chatgym.envs.math.answer import ANSWER_MARK, answers_equal, extract_answer
 from chatgym.trainer.rollout.types import Trajectory
 
 
@@ -90,8 +91,6 @@ def calibration_answer(
     text = source["reference"][0]
     if task.get("category") == ARITHMETIC:
         if negative == "policy" and fraction == 0.0 and policy_answer is not None:
-            from chatgym.envs.math.answer import answers_equal, extract_answer
-
             question = (task.get("turns") or [""])[0]
             if not answers_equal(extract_answer(policy_answer)[0], task["reference"][0], question):
                 return policy_answer
@@ -104,13 +103,12 @@ def calibration_answer(
 
 
 _LAST_TAG = re.compile(r"(.*)<answer>(.*?)</answer>", re.S | re.I)  # greedy head: the last closed tag
-_TAG_MARK = re.compile(r"</?answer>", re.I)
 
 
 def _without_tags(text: str) -> str:
     """``text`` with every ``<answer>`` / ``</answer>`` marker removed, until none is left (removing
     one can join its neighbours into another: ``<answer<answer>>``)."""
-    while (shorter := _TAG_MARK.sub("", text)) != text:
+    while (shorter := ANSWER_MARK.sub("", text)) != text:
         text = shorter
     return text
 

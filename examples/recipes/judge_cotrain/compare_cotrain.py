@@ -68,37 +68,31 @@ def eval_rows(run: Path) -> list[dict[str, Any]]:
     return sorted(out, key=lambda r: r["step"])
 
 
-def _lines(path: Path) -> list[str]:
-    return [line for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-
-
-def cut_short(path: Path) -> bool:
-    """Whether the last line of the JSONL file ``path`` is not a whole JSON row (a run killed while
-    writing it)."""
-    lines = _lines(path)
-    if not lines:
-        return False
-    try:
-        json.loads(lines[-1])
-    except json.JSONDecodeError:
-        return True
-    return False
-
-
-def read_rows(path: Path) -> list[dict[str, Any]]:
-    """The rows of the JSONL file ``path`` (none when it is missing), a cut-short last line left out.
+def _parse(path: Path) -> tuple[list[dict[str, Any]], bool]:
+    """The rows of the JSONL file ``path`` (none when it is missing) and whether its last line was
+    cut short (a run killed while writing it; that line is left out).
 
     Raises ValueError naming the line when any other line is not JSON."""
-    lines = _lines(path)
-    if cut_short(path):
-        lines = lines[:-1]
+    lines = [line for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
     rows = []
     for n, line in enumerate(lines, 1):
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError as e:
+            if n == len(lines):
+                return rows, True
             raise ValueError(f"{path}: line {n} is not JSON ({e.msg})") from None
-    return rows
+    return rows, False
+
+
+def cut_short(path: Path) -> bool:
+    """Whether the last line of the JSONL file ``path`` is not a whole JSON row."""
+    return _parse(path)[1]
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of the JSONL file ``path``, a cut-short last line left out (:func:`_parse`)."""
+    return _parse(path)[0]
 
 
 def rating_counts(run: Path) -> dict[int, dict[float | None, int]]:
