@@ -316,3 +316,38 @@ def test_record_step_keeps_the_envs_state_key_per_step():
     with pytest.raises(EpisodeFailure, match="info\\['state_key'\\] must be a string, got dict") as err:
         record_step(traj, [], 0.0, {"state_key": {"a": 1}})
     assert err.value.kind == "env_error" and traj.rewards == [0.0, 0.0, 0.0, 1.0]
+
+
+def test_anchor_stats_count_the_later_turns_step_groups_by_hand():
+    from chatgym.trainer.learner.turns import anchor_stats
+
+    # Group 0: three samples share turn 0's state; turns 1 of rows 0 and 1 share state 1, row 0's
+    # turn 2 (state 2) and row 2's turn 1 (state 3) are alone. Group 1 (row 3): state 1 again, but in
+    # another group (alone), and state 4 revisited at turns 0 and 2 (a step group of two visits).
+    states = torch.tensor([[0, 1, 2], [0, 1, -1], [0, 3, -1], [4, 1, 4]])
+    counts = torch.tensor([3, 2, 2, 3])
+    groups = torch.tensor([0, 0, 0, 1])
+    # Later turns' step-group sizes: row 0 -> 2, 1; row 1 -> 2; row 2 -> 1; row 3 -> 1, 2.
+    assert anchor_stats(states, counts, groups) == {
+        "batch/anchor/later_shared_frac": 3 / 6,
+        "batch/anchor/later_group_size_mean": 9 / 6,
+    }
+    assert anchor_stats(states[:, :1], torch.ones(4, dtype=torch.long), groups) == {}
+
+
+def test_gigpo_on_one_turn_episodes_is_grpo_times_one_plus_omega():
+    # Turn 0's step group is the episode group (the shared opening): A^S = A^E. Rewards [1, 0, 1, 0]:
+    # mean 0.5, unbiased std sqrt(1/3), so GRPO gives +-0.5 / sqrt(1/3) = +-sqrt(3) / 2 (eps 1e-6 aside).
+    rewards = torch.tensor([[0.0, 1.0], [0.0, 0.0], [0.0, 1.0], [0.0, 0.0]])
+    mask = torch.ones(4, 2)
+    inputs = dict(
+        group_ids=torch.zeros(4, dtype=torch.long),
+        turn_ids=torch.zeros(4, 2, dtype=torch.long),
+        turn_counts=torch.ones(4, dtype=torch.long),
+        state_ids=torch.zeros(4, 1, dtype=torch.long),
+    )
+    grpo = (3**0.5 / 2 * torch.tensor([1.0, -1.0, 1.0, -1.0])).unsqueeze(1).expand(4, 2)
+    torch.testing.assert_close(grpo_advantages(rewards, mask, group_ids=inputs["group_ids"]).advantages, grpo, atol=1e-5, rtol=0)
+    for omega in (1.0, 0.5):
+        out = get_advantage_estimator("gigpo")(rewards, mask, omega=omega, **inputs)
+        torch.testing.assert_close(out.advantages, (1 + omega) * grpo, atol=1e-5, rtol=0)

@@ -123,7 +123,7 @@ def learner_for(tmp_path, advantage, kwargs):
 def test_a_cpu_step_places_the_hand_computed_turn_advantages_on_tokens(tmp_path, trajs, advantage):
     kwargs, hand = HAND[advantage]
     learner = learner_for(tmp_path, advantage, kwargs)
-    batch, _ = learner.prepare(trajs)
+    batch, prepared = learner.prepare(trajs)
     expected = torch.zeros_like(batch.advantages)
     for i, traj in enumerate(trajs):
         for k, record in enumerate(traj.info["turns"]):
@@ -131,6 +131,11 @@ def test_a_cpu_step_places_the_hand_computed_turn_advantages_on_tokens(tmp_path,
             expected[i, start : start + record["completion_tokens"]] = hand[i][k]
     assert not bool(((expected != 0) & ~batch.loss_mask.bool()).any())  # turns' tokens are generated ones
     torch.testing.assert_close(batch.advantages, expected, rtol=0, atol=2e-6)
+    # GiGPO's step groups beyond turn 0: rows 0 and 1 both reach the same calculator result.
+    anchors = {"batch/anchor/later_shared_frac": 1.0, "batch/anchor/later_group_size_mean": 2.0}
+    assert {k: v for k, v in prepared.items() if k.startswith("batch/anchor/")} == (
+        anchors if advantage == "gigpo" else {}
+    )
 
     before = {n: p.detach().clone() for n, p in learner.policy.named_parameters()}
     metrics = learner.train_on(trajs)

@@ -217,8 +217,10 @@ def gigpo_advantages(
     ``F_norm`` is the unbiased std plus ``eps`` (``norm_by_std=True``, the paper's default form) or 1
     (``norm_by_std=False``, the Dr.GRPO-style ``mean_norm`` mode of the authors' code). Defaults
     ``gamma = 0.95`` and ``omega = 1`` are the paper's settings. A step group of one (a state no other
-    turn reached) has step advantage 0, so its turn gets ``A^E`` only; with no repeated state
-    anywhere GiGPO is GRPO. ``values`` is ignored.
+    turn reached) has step advantage 0, so its turn gets ``A^E`` only. Turn 0 acts in the group's
+    shared opening, so its step group is the episode group: with rewards at the end only its step
+    advantage is ``A^E`` itself and turn 0 gets ``(1 + omega) A^E``; with one turn per episode
+    GiGPO is GRPO scaled by ``1 + omega``. ``values`` is ignored.
 
     Args:
         state_ids: (B, K') integer, K' >= max(turn_counts): the anchor state of each turn; equal ids

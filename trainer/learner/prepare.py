@@ -34,7 +34,7 @@ from chatgym.trainer.algos import (
 from chatgym.trainer.config.run import AlgoConfig
 from chatgym.trainer.learner.batch import TokenBatch, collate
 from chatgym.trainer.learner.forward import ForwardPlan, batch_logprobs, batch_values
-from chatgym.trainer.learner.turns import turn_inputs
+from chatgym.trainer.learner.turns import anchor_stats, turn_inputs
 from chatgym.trainer.rollout.types import Trajectory, hit_budget
 
 
@@ -174,7 +174,8 @@ def prepare_batch(
         share of the groups of the trajectories that did not fail whose shaped rewards are all
         equal, before dynamic sampling; TRL's ``frac_reward_zero_std``) and, with a batch,
         ``batch/advantage_mean``, ``batch/advantage_abs_mean``, ``batch/trained_tokens``,
-        ``reward/kl_penalty`` (KL in reward), ``timing/prepare_s``.
+        ``reward/kl_penalty`` (KL in reward), ``timing/prepare_s``; for GiGPO ``batch/anchor/*``
+        (:func:`~chatgym.trainer.learner.turns.anchor_stats`).
     """
     t0 = time.perf_counter()
     ok = [t for t in trajs if not t.failed]
@@ -209,6 +210,8 @@ def prepare_batch(
     batch.advantages, batch.returns, kl_in_reward = compute_advantages(
         batch, placed, group_ids, algo, **inputs
     )
+    if "state_ids" in inputs:
+        metrics.update(anchor_stats(inputs["state_ids"], inputs["turn_counts"], group_ids))
 
     mask = batch.loss_mask
     if kl_in_reward is not None:

@@ -1,6 +1,7 @@
 """A batch's turn structure for the per-turn advantage estimators
 (:mod:`chatgym.trainer.algos.turn_advantages`): which turn each token belongs to, how many turns each
-row has and, for GiGPO, the anchor state each turn acted in.
+row has and, for GiGPO, the anchor state each turn acted in (and how often those repeat:
+:func:`anchor_stats`).
 
 **Turn boundaries** come from the collector's turn records (``info["turns"][k]["start"]``: the position
 of turn k's first sampled id). Turn k owns ``[start_k, start_{k+1})`` — its sampled tokens, then the
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import inspect
 import json
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -126,6 +128,38 @@ def state_ids(trajs: Sequence[Trajectory], width: int) -> torch.Tensor:
         for k, key in enumerate(state_keys(traj)):
             out[i, k] = interned.setdefault(key, len(interned))
     return out
+
+
+def anchor_stats(state_ids: torch.Tensor, turn_counts: torch.Tensor, group_ids: torch.Tensor) -> dict[str, float]:
+    """How much GiGPO's step level has to work with in a batch: its step groups seen from the turns
+    after each sample's first, the ones whose anchor state can differ within a group (turn 0 acts in
+    the group's shared opening, so its step group is the episode group).
+
+    Args:
+        state_ids: (B, K') integer, each turn's anchor state (:func:`state_ids`).
+        turn_counts: (B,) integer, turns per row.
+        group_ids: (B,) integer, samples of one task share an id.
+
+    Returns:
+        ``{"batch/anchor/later_shared_frac": share of turns k >= 1 whose anchor state another turn
+        of the same group also acted in (at any turn index, as GiGPO groups them; a turn alone in
+        its state gets the episode advantage only), "batch/anchor/later_group_size_mean": the mean
+        size of those turns' step groups (1 when every state is new)}``; ``{}`` when no row has a
+        second turn.
+    """
+    visits = [
+        (int(group_ids[i]), int(state_ids[i, k]), k)
+        for i in range(state_ids.shape[0])
+        for k in range(int(turn_counts[i]))
+    ]
+    sizes = Counter((group, state) for group, state, _ in visits)
+    later = [sizes[group, state] for group, state, k in visits if k >= 1]
+    if not later:
+        return {}
+    return {
+        "batch/anchor/later_shared_frac": sum(size >= 2 for size in later) / len(later),
+        "batch/anchor/later_group_size_mean": sum(later) / len(later),
+    }
 
 
 def turn_inputs(trajs: Sequence[Trajectory], batch: TokenBatch, estimator: Callable[..., Any]) -> dict:
