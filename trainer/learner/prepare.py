@@ -117,6 +117,17 @@ def compute_advantages(
     return advantages.float(), returns.float(), kl
 
 
+def estimator_inputs(
+    trajs: Sequence[Trajectory], batch: TokenBatch, algo: AlgoConfig, critic: Any, plan: ForwardPlan
+) -> dict[str, torch.Tensor]:
+    """The inputs ``algo.advantage``'s estimator takes beyond rewards, mask and groups: T-PPO's
+    (:func:`tppo_inputs`), or a per-turn estimator's turn of each token, turns per row and anchor
+    states (:func:`~chatgym.trainer.learner.turns.turn_inputs`); {} for the others."""
+    if algo.advantage == "tppo":
+        return tppo_inputs(trajs, batch, critic, plan)
+    return turn_inputs(trajs, batch, get_advantage_estimator(algo.advantage))
+
+
 @torch.no_grad()
 def tppo_inputs(
     trajs: Sequence[Trajectory], batch: TokenBatch, critic: Any, plan: ForwardPlan
@@ -203,14 +214,11 @@ def prepare_batch(
     if critic is not None:
         batch.old_values = batch_values(critic, batch, plan)
     group_ids = torch.tensor([t.group_id for t in trained])
-    if algo.advantage == "tppo":
-        inputs = tppo_inputs(trained, batch, critic, plan)
-    else:  # per-turn estimators: each token's turn, turns per row, anchor states (learner.turns)
-        inputs = turn_inputs(trained, batch, get_advantage_estimator(algo.advantage))
+    inputs = estimator_inputs(trained, batch, algo, critic, plan)
     batch.advantages, batch.returns, kl_in_reward = compute_advantages(
         batch, placed, group_ids, algo, **inputs
     )
-    if "state_ids" in inputs:
+    if "state_ids" in inputs:  # GiGPO: how often its step groups form
         metrics.update(anchor_stats(inputs["state_ids"], inputs["turn_counts"], group_ids))
 
     mask = batch.loss_mask
