@@ -534,6 +534,16 @@ def test_compare_cotrain_tables_the_evaluations_and_the_ratings_given(tmp_path, 
     assert capsys.readouterr().err == (
         f"compare_cotrain.py: {fresh / 'metrics.jsonl'}: line 1 is not JSON (Unterminated string starting at)\n"
     )
+    # Rows another tool wrote without the keys the table reads: one line naming the file, not a KeyError.
+    (fresh / "metrics.jsonl").write_text(json.dumps({k: v for k, v in rows[0].items() if k != "step"}) + "\n")
+    assert compare_cotrain.main([str(fresh)]) == 2
+    assert capsys.readouterr().err == f"compare_cotrain.py: {fresh / 'metrics.jsonl'}: an evaluation row has no 'step'\n"
+    (fresh / "metrics.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    (fresh / "eval_calibration.jsonl").write_text(json.dumps({"judge_version": 0, "rating": 5.0}) + "\n{}\n")
+    assert compare_cotrain.main([str(fresh)]) == 2
+    assert capsys.readouterr().err == (
+        f"compare_cotrain.py: {fresh / 'eval_calibration.jsonl'}: row 2 lacks 'judge_version' or 'rating'\n"
+    )
 
 
 def test_compare_cotrain_tables_a_user_run_by_its_faithfulness(tmp_path, capsys):
@@ -582,8 +592,10 @@ sleep 600 &
 echo "$$ $!" > "$out/pids"
 wait
 """
-# A stand-in for python running plot_recipe.py RUN_DIR: records the run it was asked to plot.
+# A stand-in for python running plot_recipe.py RUN_DIR: records the run it was asked to plot; the
+# script's check of its runs (python reading its program from stdin) passes.
 FAKE_PYTHON = """#!/usr/bin/env bash
+[ "$1" = - ] && exit 0
 basename "$2" >> "$PLOTTED"
 """
 
@@ -662,3 +674,42 @@ def test_compare_estimators_plots_only_the_runs_that_finished(tmp_path):
         f"compare_estimators.sh: run arith_chain_turn_grpo_s0 failed; see {root}/arith_chain_turn_grpo_s0.log\n"
     )
     assert (tmp_path / "plotted").read_text() == "arith_chain_grpo_s0\n"  # not the failed run
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        ([], {}, "usage: compare_estimators.sh RECIPE OUT_ROOT [override ...]"),
+        (["retool", "OUT"], {}, "compare_estimators.sh: RECIPE must be arith_chain or countdown, got 'retool'"),
+        (None, {"ADVANTAGES": " "}, "compare_estimators.sh: ADVANTAGES names no run"),
+        (None, {"ADVANTAGES": "grpo gigpo grpo"}, "compare_estimators.sh: ADVANTAGES names grpo more than once"),
+        (None, {"SEEDS": "0 1 1"}, "compare_estimators.sh: SEEDS names 1 more than once"),
+        (None, {"ADVANTAGES": "grpo bogus", "PYTHON": sys.executable},
+         "compare_estimators.sh: ADVANTAGES: unknown advantage estimator 'bogus'; known: dr_grpo, gae, gigpo, grpo, "
+         "reinforce_plus_plus, reinforce_plus_plus_baseline, rloo, tppo, turn_grpo, turn_rloo"),
+    ],
+)  # fmt: skip
+def test_compare_estimators_refuses_bad_runs_before_the_cold_start(tmp_path, args, env, message):
+    """Regression (fresh-user walk): an unknown estimator was found only after the cold start, by
+    each run's log; a repeated one ran two runs into one directory; ADVANTAGES="*" was a glob."""
+    import subprocess
+
+    cmd, root, full_env = _compare_estimators(tmp_path, **env)
+    if args is not None:
+        cmd = cmd[:2] + args
+    done = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert (done.returncode, done.stderr) == (2, message + "\n")
+    assert sorted(p.name for p in root.iterdir()) == ["arith_chain_sft"]  # no run started
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the refusal without a GPU")
+def test_compare_estimators_says_it_needs_a_gpu_before_the_cold_start(tmp_path):
+    import subprocess
+
+    cmd, root, env = _compare_estimators(tmp_path, PYTHON=sys.executable)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr) == (
+        2,
+        "compare_estimators.sh: no CUDA GPU here: the cold start and gpu.yaml's runs need one\n",
+    )
+    assert sorted(p.name for p in root.iterdir()) == ["arith_chain_sft"]

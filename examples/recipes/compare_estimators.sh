@@ -10,7 +10,9 @@
 # Overrides go to every `chatgym train` (e.g. train.max_steps=40).
 # ADVANTAGES (default "grpo turn_grpo") and SEEDS (default "0 1") choose the runs; CHATGYM and
 # PYTHON the executables, one path or name each (default .venv/bin/chatgym and .venv/bin/python where
-# they exist). Exits 1 when the cold start, a run or a plot failed, naming its log (a failed run is not
+# they exist). Exits 2 before anything runs on bad arguments: a missing one, an ADVANTAGES name that
+# is no estimator, a name or seed given twice, no CUDA GPU.
+# Exits 1 when the cold start, a run or a plot failed, naming its log (a failed run is not
 # plotted); an interrupt or TERM stops the runs still going, each with every process it started (its
 # engine's subprocesses: each run is a process group of its own).
 #
@@ -19,9 +21,15 @@
 # step times are then not comparable with a run alone; compare held-out scores at equal steps.
 # Memory: each run took 16-29 GB of an H200 (the update's float32 logits); two recipes' four runs
 # at once (eight processes) ran out of its 140 GB, six fit (examples/recipes/countdown/results_h200/).
+# On an 80 GB H100 with train.micro_batch_size=16, eight ran out too (6.7-13.8 GB a process), four
+# to six fit (examples/recipes/countdown/results_h100/).
 set -euo pipefail
-recipe=${1:?usage: compare_estimators.sh RECIPE OUT_ROOT [override ...]}
-root=${2:?usage: compare_estimators.sh RECIPE OUT_ROOT [override ...]}
+if [ $# -lt 2 ]; then
+  echo "usage: compare_estimators.sh RECIPE OUT_ROOT [override ...]" >&2
+  exit 2
+fi
+recipe=$1
+root=$2
 shift 2
 case $recipe in
   arith_chain) dose=(--examples 16 --batch-size 4 --lr 5e-5) ;;
@@ -32,6 +40,42 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 config=$here/$recipe/gpu.yaml
 py=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 cg=${CHATGYM:-$([ -x .venv/bin/chatgym ] && echo .venv/bin/chatgym || echo chatgym)}
+# The runs, checked before the cold start (minutes wasted otherwise): estimator names the registry
+# knows, no name or seed twice (two runs would share one output directory), and a GPU (gpu.yaml and
+# the cold start run on cuda). `read` splits the lists without expanding globs.
+read -r -a advantages <<< "${ADVANTAGES:-grpo turn_grpo}"
+read -r -a seeds <<< "${SEEDS:-0 1}"
+for list in advantages seeds; do
+  declare -n items=$list
+  if [ ${#items[@]} -eq 0 ]; then
+    echo "compare_estimators.sh: ${list^^} names no run" >&2
+    exit 2
+  fi
+  twice=$(printf '%s\n' "${items[@]}" | sort | uniq -d | tr '\n' ' ')
+  if [ -n "$twice" ]; then
+    echo "compare_estimators.sh: ${list^^} names ${twice% } more than once" >&2
+    exit 2
+  fi
+done
+if ! problem=$("$py" - "${advantages[@]}" 2>&1 <<'PY'
+import sys
+
+from chatgym.trainer.algos import get_advantage_estimator
+
+for name in sys.argv[1:]:
+    try:
+        get_advantage_estimator(name)
+    except ValueError as e:
+        sys.exit(f"ADVANTAGES: {e}")
+import torch
+
+if not torch.cuda.is_available():
+    sys.exit("no CUDA GPU here: the cold start and gpu.yaml's runs need one")
+PY
+); then
+  echo "compare_estimators.sh: $problem" >&2
+  exit 2
+fi
 mkdir -p "$root"
 sft=$root/${recipe}_sft
 if [ ! -f "$sft/sft_summary.json" ]; then
@@ -54,8 +98,8 @@ stop_runs() {
 trap stop_runs EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
-for adv in ${ADVANTAGES:-grpo turn_grpo}; do
-  for seed in ${SEEDS:-0 1}; do
+for adv in "${advantages[@]}"; do
+  for seed in "${seeds[@]}"; do
     run=${recipe}_${adv}_s$seed
     # A background command of a script (no job control) is not a group leader, so setsid makes it
     # one without forking: $! is the run's pid and its process group's id.

@@ -57,13 +57,17 @@ def eval_rows(run: Path) -> list[dict[str, Any]]:
     """The run's evaluation rows (those with ``eval/score``), in step order, each with ``wall_s``: the
     seconds of ``timing/step_s`` and ``timing/eval_s`` of every row up to and including it (in file
     order: the step-0 evaluation is logged first). Start-up (loading the models) and checkpoint saves
-    are not in it: it runs behind the clock on the wall, the same way for every run."""
+    are not in it: it runs behind the clock on the wall, the same way for every run.
+
+    Raises ValueError when an evaluation row has no ``step``."""
     rows = read_rows(run / "metrics.jsonl")
     wall = 0.0
     out = []
     for r in rows:
         wall += (r.get("timing/step_s") or 0.0) + (r.get("timing/eval_s") or 0.0)
         if "eval/score" in r:
+            if "step" not in r:
+                raise ValueError(f"{run / 'metrics.jsonl'}: an evaluation row has no 'step'")
             out.append({**r, "wall_s": wall})
     return sorted(out, key=lambda r: r["step"])
 
@@ -99,9 +103,14 @@ def rating_counts(run: Path) -> dict[int, dict[float | None, int]]:
     """Per judge weight version: how often each rating was given to the held-out calibration answers.
     The table reads the version as the step: true while every step updates the judge (the committed
     runs); a step whose judge batch was empty (e.g. ``algo.dynamic_sampling`` dropping every group)
-    does not move it."""
+    does not move it.
+
+    Raises ValueError naming the row when one lacks ``judge_version`` or ``rating``."""
     out: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
-    for row in read_rows(run / "eval_calibration.jsonl"):
+    path = run / "eval_calibration.jsonl"
+    for n, row in enumerate(read_rows(path), 1):
+        if "judge_version" not in row or "rating" not in row:
+            raise ValueError(f"{path}: row {n} lacks 'judge_version' or 'rating'")
         out[int(row["judge_version"])][row["rating"]] += 1
     return {v: dict(c) for v, c in sorted(out.items())}
 
