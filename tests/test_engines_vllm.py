@@ -158,6 +158,27 @@ def test_seed_and_concurrency_in_process(hf, vllm_engine):
     assert a.token_ids == b.token_ids and a.token_ids != c.token_ids
 
 
+def test_a_text_prompt_reaches_vllm_as_an_engine_input_not_a_raw_prompt(hf, vllm_engine):
+    """vLLM 0.32 deprecates raw prompt dicts (a warning at every start-up; re-rendered before use):
+    token ids go in as its ``tokens_input``, which the engine takes as it is, and generate the same."""
+    sent = []
+    add_request = vllm_engine.engine.add_request
+
+    def spy(request_id, prompt, *args, **kwargs):
+        sent.append(prompt)
+        return add_request(request_id, prompt, *args, **kwargs)
+
+    ids = prompt_ids(hf, QUESTIONS[0])
+    vllm_engine.engine.add_request = spy
+    try:
+        out = asyncio.run(vllm_engine.generate(ids, SamplingParams(max_tokens=8, temperature=0)))
+    finally:
+        del vllm_engine.engine.add_request
+    assert sent == [{"type": "token", "prompt_token_ids": ids}]
+    greedy, _ = forward_logprobs(hf.model, ids, out.token_ids)
+    assert out.token_ids == greedy  # the engine input decodes as the prompt did
+
+
 def test_cancelled_request_is_aborted_and_the_engine_goes_on(hf, vllm_engine):
     prompt = prompt_ids(hf, "Tell me a long story.")
 

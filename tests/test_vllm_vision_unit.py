@@ -50,8 +50,8 @@ def test_each_image_run_becomes_the_one_image_id_vllm_expands(vision):
     assert vision.request([*run, *run], [blue, blue])["prompt_token_ids"] == [image, image]
     assert vllm_prompt(vision, ids, (red, blue)) == request
     # Text only: the ids as they are, no multimodal data (a VLM with no image this turn, or a text model).
-    assert vllm_prompt(vision, [5, 6], ()) == {"prompt_token_ids": [5, 6]}
-    assert vllm_prompt(None, [5, 6], []) == {"prompt_token_ids": [5, 6]}
+    assert vllm_prompt(vision, [5, 6], ()) == {"type": "token", "prompt_token_ids": [5, 6]}
+    assert vllm_prompt(None, [5, 6], []) == {"type": "token", "prompt_token_ids": [5, 6]}  # vLLM 0.32's tokens_input
     # Built from the processor the collector holds (passed as the engine's tokenizer), the same runs.
     from_processor = VLLMImages(load_model_path("smolvlm"), vision.processor)
     assert from_processor.request(ids, [red, blue]) == request

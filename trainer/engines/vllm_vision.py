@@ -115,12 +115,13 @@ class VLLMImages:
         return out
 
     def request(self, prompt_ids: Sequence[int], images: Sequence[Any]) -> dict[str, Any]:
-        """The prompt vLLM's ``add_request`` takes: ``{"prompt_token_ids": collapsed ids}`` plus
-        ``"multi_modal_data": {"image": [images]}`` when there are images (raises as :meth:`collapse`)."""
-        prompt: dict[str, Any] = {"prompt_token_ids": self.collapse(prompt_ids, images)}
-        if images:
-            prompt["multi_modal_data"] = {"image": list(images)}
-        return prompt
+        """The prompt vLLM's ``add_request`` takes: ``{"prompt_token_ids": collapsed ids,
+        "multi_modal_data": {"image": [images]}}`` (vLLM's processor expands and checks the images), or
+        :func:`tokens_input` of the ids when there is no image (raises as :meth:`collapse`)."""
+        ids = self.collapse(prompt_ids, images)
+        if not images:
+            return tokens_input(ids)
+        return {"prompt_token_ids": ids, "multi_modal_data": {"image": list(images)}}
 
 
 def clamp_idefics3_patches(info_class: Any = None) -> None:
@@ -141,15 +142,28 @@ def clamp_idefics3_patches(info_class: Any = None) -> None:
 
 def vllm_prompt(vision: VLLMImages | None, prompt_ids: list[int], images: Sequence[Any]) -> dict[str, Any]:
     """The ``add_request`` prompt for ``prompt_ids`` and ``images``: the ids as they are for a text-only
-    prompt; :meth:`VLLMImages.request` with images.
+    prompt (:func:`tokens_input`); :meth:`VLLMImages.request` with images.
 
     Raises:
         ValueError: images for a text-only model; as :meth:`VLLMImages.collapse` otherwise.
     """
     if vision is None:
         refuse_images("VLLMEngine", images, "this model has no vision tower (a text-only model takes token ids only)")
-        return {"prompt_token_ids": prompt_ids}
+        return tokens_input(prompt_ids)
     return vision.request(prompt_ids, tuple(images))
+
+
+def tokens_input(prompt_ids: list[int]) -> dict[str, Any]:
+    """Token ids as vLLM's engine takes them without rendering: ``vllm.inputs.engine.tokens_input``
+    (``{"type": "token", "prompt_token_ids": ...}``) where vLLM has it (0.26, the GPU kit's, and 0.32,
+    the CPU one's: both deprecate a raw prompt dict, re-render it and warn at every start-up); the
+    raw ``{"prompt_token_ids": ...}`` on older vLLM. The engine still checks the ids against the
+    model (length) either way."""
+    try:
+        from vllm.inputs.engine import tokens_input as engine_tokens_input
+    except ImportError:
+        return {"prompt_token_ids": prompt_ids}
+    return dict(engine_tokens_input(prompt_ids))
 
 
 def check_prompt_echo(expected: list[int] | None, reported: Sequence[int] | None) -> None:
