@@ -703,3 +703,56 @@ def test_a_session_body_with_a_seed_past_int64_is_refused_naming_it():
     with pytest.raises(ApiError) as e:
         session_fields({"sampling_seed": 2**63})
     assert e.value.param == "sampling_seed"
+
+
+async def test_shutdown_refuses_new_sessions_and_requests_and_writes_every_session_with_turns(
+    tok, tmp_path, monkeypatch, capsys
+):
+    # Regression: `chatgym gateway` ended the sessions it saw when SIGINT came, while it still took new
+    # ones: a session opened during the drain was answered 200 but never written to --out.
+    import os
+    import signal
+
+    from chatgym.trainer.gateway import cli
+
+    built: list[Gateway] = []
+
+    def build(cfg, *, port, on_end, workdir):  # cli.serve's gateway on a slow scripted engine
+        built.append(Gateway(replay(tok, scripted(tok, ["ok", "late"]), delay_s=1.0), tok, port=port,
+                             on_end=on_end, http_sessions=True))
+        return built[0]
+
+    monkeypatch.setattr(cli, "build_gateway", build)
+    out = tmp_path / "t.jsonl"
+    server = asyncio.create_task(cli.serve(None, port=0, out=out, workdir=tmp_path))
+    try:
+        while not out.exists():  # made once the gateway listens, with the signal handlers set right after
+            assert not server.done()
+            await asyncio.sleep(0.01)
+        base = f"http://127.0.0.1:{built[0].port}/v1"
+        msgs = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        async with httpx.AsyncClient(timeout=30) as c:
+            sid = (await c.post(base + "/sessions")).json()["session_id"]
+            other = (await c.post(base + "/sessions")).json()["session_id"]
+            in_flight = asyncio.create_task(c.post(base + "/chat/completions", json=msgs,
+                                                   headers={"Authorization": f"Bearer {sid}"}))
+            while not built[0].engine.calls:
+                await asyncio.sleep(0.01)
+            os.kill(os.getpid(), signal.SIGINT)
+            await asyncio.sleep(0.2)  # the shutdown has begun; the request in flight still samples
+            late = await c.post(base + "/sessions")
+            turn = await c.post(base + "/chat/completions", json=msgs, headers={"Authorization": f"Bearer {other}"})
+            done = await in_flight
+        await asyncio.wait_for(server, 30)
+    finally:
+        server.cancel()
+    refused = {"error": {"message": "the gateway is shutting down: it opens no new sessions and serves no new "
+                                    "requests", "type": "server_error", "param": None, "code": "shutting_down"}}
+    assert (late.status_code, late.json()) == (503, refused)
+    assert (turn.status_code, turn.json()) == (503, refused)
+    assert done.status_code == 200 and done.json()["choices"][0]["message"]["content"] == "ok"
+    [line] = out.read_text().splitlines()
+    written = json.loads(line)
+    assert (written["info"]["session_id"], written["info"]["ended_by"]) == (sid, "shutdown")
+    assert capsys.readouterr().out.splitlines()[-1] == "chatgym gateway: stopped (2 open sessions ended, 1 with turns written)"
+    assert len(built[0].engine.calls) == 1

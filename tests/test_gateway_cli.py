@@ -187,3 +187,20 @@ def test_a_port_taken_after_the_check_is_the_same_line_and_leaves_no_out_file(
     assert err.splitlines()[-1] == f"chatgym gateway: --port: cannot listen on {port_in_use}: {IN_USE}"
     assert "Traceback" not in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_engine_without_token_ids_is_refused_naming_engine_backend(tmp_path, monkeypatch, capsys):
+    # Regression: engine.backend=openai started serving, then answered every request with a 500
+    # (NotImplementedError: the openai engine gives no token ids).
+    assert gateway_refusal(tmp_path, monkeypatch, capsys, "engine.backend=openai") == (
+        "chatgym gateway: engine.backend: 'openai' is an API chat engine without token ids; the gateway needs "
+        "a token engine (auto, hf, sglang, vllm, vllm-server)\n"
+    )
+
+
+def test_a_max_model_len_below_2_is_refused_naming_it_before_the_engine_is_built(tmp_path, monkeypatch, capsys):
+    # Regression: RolloutConfig took 1 and the Gateway refused it after the model loaded, a traceback
+    # with exit status 1.
+    assert gateway_refusal(tmp_path, monkeypatch, capsys, "rollout.max_model_len=1") == (
+        "chatgym gateway: rollout.max_model_len must be an int >= 2 (a prompt token and a generated one), got 1\n"
+    )

@@ -12,7 +12,9 @@ a session with ``POST /v1/sessions`` (body optional: ``task_id``, ``meta``, ``gr
 reward, and ends it with ``POST /v1/sessions/<id>/end``. Every ended session (end, timeout, and at
 shutdown the ones still open, ``info["ended_by"] = "shutdown"``) is appended to ``--out`` as JSON
 lines, one :meth:`Trajectory.to_json <chatgym.trainer.rollout.types.Trajectory.to_json>` per segment.
-SIGINT / SIGTERM stop it (exit status 0); a bad config or a port in use is exit status 2, one line,
+SIGINT / SIGTERM stop it (exit status 0): from then on new sessions and requests are refused with
+HTTP 503, the requests in flight finish, and every open session is ended and written. A bad config,
+an engine without token ids (``engine.backend: openai``) or a port in use is exit status 2, one line,
 before any model loads (``--out`` is made once the gateway listens).
 """
 
@@ -55,6 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.config = None
     try:
         cfg = load_config(args.config, overrides)
+        check_token_engine(cfg.engine.backend)
         if not 0 <= args.port < 65536:
             raise ConfigError(f"--port must be in 0..65535, got {args.port}")
         out = Path(args.out)
@@ -84,6 +87,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"chatgym gateway: {what}{exc}", file=sys.stderr)
             return 2
     return 0
+
+
+def check_token_engine(backend: str) -> None:
+    """The gateway records token ids, which only a token engine gives (``openai`` answers text only,
+    and would fail every request once the gateway serves).
+
+    Raises:
+        ConfigError: naming ``engine.backend``.
+    """
+    from chatgym.trainer.config.run import ConfigError
+    from chatgym.trainer.engines import ENGINES
+
+    if backend == "openai":
+        tokens = ", ".join(["auto", *sorted(n for n in ENGINES if n != "openai")])
+        raise ConfigError(f"engine.backend: 'openai' is an API chat engine without token ids; "
+                          f"the gateway needs a token engine ({tokens})")
 
 
 def check_port(port: int) -> None:
@@ -199,6 +218,9 @@ async def serve(cfg: Any, *, port: int, out: Path, workdir: Path) -> None:
         try:
             await stop.wait()
         finally:
+            # New sessions and requests get 503 from here on: one opened after the sessions are ended
+            # would be answered but never written.
+            gateway.stop_accepting()
             ended = await gateway.end_open_sessions("shutdown")
             await gateway.stop()
             await gateway.engine.close()

@@ -41,7 +41,7 @@ class ApiError(Exception):
 
     Args:
         status: the HTTP status (400 malformed request, 401 unknown / ended session, 500 engine or
-            template failure).
+            template failure, 503 the gateway shuts down).
         message: what is wrong, for the agent's developer to read.
         param: the request parameter at fault (``"messages[2].role"``), or None.
         code: OpenAI's machine-readable code (``"invalid_value"``, ``"invalid_api_key"``), or None.
@@ -66,6 +66,19 @@ class ApiError(Exception):
 def bad(message: str, param: str | None = None, code: str | None = "invalid_value") -> ApiError:
     """A 400 :class:`ApiError`."""
     return ApiError(400, message, param, code)
+
+
+def unauthorized(sid: str | None) -> ApiError:
+    """The 401 :class:`ApiError` of a request naming no session, or an unknown or ended one."""
+    what = "no session id given" if not sid else "unknown or ended session id"
+    return ApiError(401, f"Incorrect API key provided: {what}. Pass the gateway's session id as the API key.",
+                    None, "invalid_api_key")
+
+
+def shutting_down() -> ApiError:
+    """The 503 :class:`ApiError` of a new session or chat request once the gateway shuts down."""
+    return ApiError(503, "the gateway is shutting down: it opens no new sessions and serves no new requests",
+                    None, "shutting_down")
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,9 @@ and booked into the session's trajectory. Routes:
 
 The session of a request is the path's ``/s/{sid}``, else the header ``X-Chatgym-Session``, else the
 API key (``Authorization: Bearer <sid>``). An unknown or ended session is refused with HTTP 401, a
-malformed body with 400 (both in OpenAI's error shape); a bad request changes nothing in its session.
-Requests of one session are served one at a time, in arrival order; sessions run concurrently.
+malformed body with 400, a new session or request at shutdown with 503 (all in OpenAI's error shape);
+a bad request changes nothing in its session. Requests of one session are served one at a time, in
+arrival order; sessions run concurrently.
 """
 
 from __future__ import annotations
@@ -52,12 +53,6 @@ MAX_BODY_BYTES = 64 * 2**20
 
 class SessionEnded(KeyError):
     """The session id is unknown, or its session ended and its trajectories were already collected."""
-
-
-def _unauthorized(sid: str | None) -> api.ApiError:
-    what = "no session id given" if not sid else "unknown or ended session id"
-    return api.ApiError(401, f"Incorrect API key provided: {what}. Pass the gateway's session id as the API key.",
-                        None, "invalid_api_key")
 
 
 class Gateway:
@@ -150,6 +145,7 @@ class Gateway:
         self._ended: dict[str, list[Trajectory]] = {}
         self._runner: web.AppRunner | None = None
         self._reaper: asyncio.Task | None = None
+        self._closing = False
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
@@ -181,6 +177,11 @@ class Gateway:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+    def stop_accepting(self) -> None:
+        """From now on answer new sessions and chat requests with HTTP 503 (shutdown: call it before
+        :meth:`end_open_sessions`, so no session opens or gets a turn after); those in flight finish."""
+        self._closing = True
 
     # ---- sessions -----------------------------------------------------------------------------
 
@@ -231,7 +232,8 @@ class Gateway:
     async def end_open_sessions(self, ended_by: str = "shutdown") -> dict[str, list[Trajectory]]:
         """End every open session (after its request in flight) with ``info["ended_by"] = ended_by``;
         returns ``{session_id: trajectories}`` (also handed to ``on_end`` / kept, as any end)."""
-        return {sid: await self.end_session_as(sid, ended_by) for sid in list(self._sessions)}
+        # One ended meanwhile (timeout, HTTP end) was handed over already; ending it again would raise.
+        return {sid: await self.end_session_as(sid, ended_by) for sid in list(self._sessions) if sid in self._sessions}
 
     async def end_session_as(self, sid: str, ended_by: str) -> list[Trajectory]:
         """:meth:`end_session` recording ``ended_by`` (``"end"``: what :meth:`end_session` records).
@@ -306,7 +308,7 @@ class Gateway:
             sid = auth[7:].strip() if auth.lower().startswith("bearer ") else None
         session = self._sessions.get(sid or "")
         if session is None:
-            raise _unauthorized(sid)
+            raise api.unauthorized(sid)
         return sid, session, self._locks[sid]  # type: ignore[index]
 
     async def _models(self, request: web.Request) -> web.Response:
@@ -322,6 +324,8 @@ class Gateway:
             return web.json_response(err.body(), status=err.status)
         try:
             kwargs = api.session_fields(body)
+            if self._closing:  # after the last await: none opens once end_open_sessions took its list
+                raise api.shutting_down()
         except api.ApiError as err:
             return web.json_response(err.body(), status=err.status)
         sid = self.open_session(**kwargs)
@@ -336,7 +340,7 @@ class Gateway:
             except ValueError as exc:
                 raise api.bad(str(exc), "reward") from None
             except SessionEnded:
-                raise _unauthorized(request.match_info["sid"]) from None
+                raise api.unauthorized(request.match_info["sid"]) from None
         except api.ApiError as err:
             return web.json_response(err.body(), status=err.status)
         return web.json_response({"ok": True})
@@ -344,7 +348,7 @@ class Gateway:
     async def _end_route(self, request: web.Request) -> web.Response:
         sid = request.match_info["sid"]
         if sid not in self._sessions:
-            err = _unauthorized(sid)
+            err = api.unauthorized(sid)
             return web.json_response(err.body(), status=err.status)
         trajs = await self._finish(sid, "end")
         return web.json_response({"session_id": sid, "trajectories": [t.to_json() for t in trajs]})
@@ -356,11 +360,13 @@ class Gateway:
             sid, session, lock = self._session_of(request)
             body = await _json_body(request)
             chat = api.parse_request(body)
+            if self._closing:  # no await from here to the lock's queue: one that passes is served first
+                raise api.shutting_down()
             waited = time.perf_counter()
             async with lock:
                 waited = time.perf_counter() - waited
                 if sid not in self._sessions:
-                    raise _unauthorized(sid)
+                    raise api.unauthorized(sid)
                 session.last_seen = time.monotonic()
                 try:
                     answer = await self._complete(session, chat)

@@ -13,7 +13,7 @@ class RolloutConfig:
     """Settings of the collector (token counts are tokens of the model's tokenizer).
 
     Attributes:
-        max_model_len: context length: most tokens in a trajectory (prompt included).
+        max_model_len: context length: most tokens in a trajectory (prompt included); at least 2.
         max_response_tokens: most generated tokens per trajectory (all turns together).
         max_tokens: most generated tokens per turn.
         max_observation_tokens: each observation message's content is cut to this many tokens (an
@@ -51,8 +51,14 @@ class RolloutConfig:
     trace_fraction: float = 1.0
 
     def __post_init__(self) -> None:
+        if not isinstance(self.max_model_len, int) or self.max_model_len < 2:
+            # The collector (and the gateway) needs room for a prompt token and a generated one; at 1
+            # every episode would fail as prompt_too_long.
+            raise ValueError(
+                "RolloutConfig.max_model_len must be an int >= 2 (a prompt token and a generated one), "
+                f"got {self.max_model_len!r}"
+            )
         for name in (
-            "max_model_len",
             "max_response_tokens",
             "max_tokens",
             "max_observation_tokens",
