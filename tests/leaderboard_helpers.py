@@ -127,3 +127,38 @@ def report_json(stdout: str) -> str:
     lines = stdout.splitlines()
     start = lines.index("[")
     return "\n".join(lines[start : lines.index("]", start) + 1])
+
+
+def store_row(**over) -> dict:
+    """One episode row for ``ResultsStore.add_episode`` (Math-v0, model "m", seed 0), ``over`` applied."""
+    row = {
+        "run_key": "k1",
+        "model_name": "m",
+        "model_hash": "h",
+        "engine": "vllm",
+        "env_id": "Math-v0",
+        "env_version": "v0",
+        "dataset_hash": "d",
+        "split": "test",
+        "env_kwargs": "{}",
+        "seed": 0,
+        "sampling": '{"max_tokens":64,"temperature":1.0,"top_p":1.0}',
+        "task_index": 0,
+        "task_id": "t0",
+        "sample_index": 0,
+        "reward": 1.0,
+        "success": 1,
+        "turns": 1,
+        "generated_tokens": 7,
+        "total_tokens": 30,
+        "tool_calls": 0,
+        "tool_errors": 0,
+        "failed": 0,
+        "error": None,
+        "truncated": 0,
+        "wall_s": 0.5,
+        "trace_path": None,
+        "chatgym_version": "0.1.0",
+    }
+    row.update(over)
+    return row

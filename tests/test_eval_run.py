@@ -138,6 +138,57 @@ def test_a_crashing_episode_fails_alone(tmp_path):
         assert len(store.episodes()) == 6
 
 
+class NanOnTaskOneEnv(CrashOnTaskOneEnv):
+    """Three tasks; scoring task 1 returns a NaN reward."""
+
+    async def score(self, turn):
+        return StepOutcome(reward=float("nan") if self.task["i"] == 1 else 1.0, terminated=True)
+
+
+def test_a_nan_reward_is_stored_as_a_failed_episode(tmp_path):
+    # Regression: SQLite stores NaN as NULL, INSERT OR IGNORE dropped the row silently (report said
+    # ran 6, the store held 4), and every rerun ran those episodes again and lost them again.
+    db = str(tmp_path / "nan.sqlite")
+    gym.register("EvalTestNan-v1", entry_point=NanOnTaskOneEnv, disable_env_checker=True)
+    try:
+        [report] = run_eval(envs=("EvalTestNan-v1",), n_samples=2, db=db)
+        [again] = run_eval(envs=("EvalTestNan-v1",), n_samples=2, db=db)
+    finally:
+        del gym.registry["EvalTestNan-v1"]
+    assert (report.grid, report.ran, report.failed) == (6, 6, 2)
+    assert (again.already_done, again.ran) == (6, 0)
+    with ResultsStore(db) as store:
+        rows = sorted(store.episodes(), key=lambda r: (r["task_index"], r["sample_index"]))
+    assert [(r["task_index"], r["failed"], r["success"], r["reward"]) for r in rows] == [
+        (0, 0, 1, 1.0), (0, 0, 1, 1.0), (1, 1, 0, 0.0), (1, 1, 0, 0.0), (2, 0, 1, 1.0), (2, 0, 1, 1.0)
+    ]  # fmt: skip
+    assert rows[2]["error"] == "reward is nan: the env's score must be a finite number"
+
+
+@pytest.mark.parametrize("kind", ["not sqlite", "directory", "unwritable"])
+def test_bad_db_path_is_one_line_before_the_model_loads(tmp_path, monkeypatch, capsys, kind):
+    # Regression: these were tracebacks (DatabaseError, OperationalError, and FileNotFoundError
+    # only once the model had loaded).
+    from chatgym.trainer.eval import cli, run
+
+    def no_start(self):
+        raise AssertionError("the model loaded before --db was checked")
+
+    monkeypatch.setattr(run._Backend, "start", no_start)
+    db = {"not sqlite": tmp_path / "notdb", "directory": tmp_path, "unwritable": "/proc/x/y.sqlite"}[kind]
+    if kind == "not sqlite":
+        db.write_text("hello, not a database\n" * 100)
+    argv = ["--engine", "reference", "--env", "Math-v0", "--max-tasks", "1", "--no-progress", "--db", str(db)]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    expected = {
+        "not sqlite": f"chatgym eval: --db: {db} is not a usable results file: file is not a database\n",
+        "directory": f"chatgym eval: --db: {db} is a directory, not a results file\n",
+        "unwritable": "chatgym eval: --db: cannot create /proc/x/y.sqlite (in /proc: No such file or directory)\n",
+    }[kind]
+    assert err == expected
+
+
 def test_every_registered_env_appears_and_missing_reference_is_skipped(tmp_path):
     gym.register("EvalTestNoReference-v3", entry_point=NoReferenceEnv, disable_env_checker=True)
     try:

@@ -67,6 +67,22 @@ def test_fresh_store_has_current_schema_and_ignores_duplicates(tmp_path):
             store.add_episode({k: v for k, v in _row(task_index=5).items() if k != "reward"})
 
 
+def test_only_a_true_duplicate_is_ignored(tmp_path):
+    # Regression: INSERT OR IGNORE also swallowed NOT NULL failures (SQLite stores a NaN reward as
+    # NULL): add_episode returned False and the episode vanished from the store.
+    with ResultsStore(tmp_path / "r.sqlite") as store:
+        with pytest.raises(ValueError, match="finite number, got nan"):
+            store.add_episode(_row(reward=float("nan")))
+        with pytest.raises(ValueError, match="finite number, got inf"):
+            store.add_episode(_row(reward=float("inf")))
+        with pytest.raises(sqlite3.IntegrityError, match="NOT NULL"):
+            store.add_episode(_row(model_name=None))
+        assert store.episodes() == []
+        assert store.add_episode(_row()) is True
+        assert store.add_episode(_row(reward=0.0)) is False
+        assert [r["reward"] for r in store.episodes()] == [1.0]
+
+
 def test_migrating_a_v1_file_keeps_its_rows(tmp_path):
     path = tmp_path / "v1.sqlite"
     # A file as chatgym's first schema wrote it: v1 tables, version 1, one episode.

@@ -6,13 +6,18 @@ fragment, and a screenshot is saved."""
 from __future__ import annotations
 
 import asyncio
+import html
+import os
+import sqlite3
 from pathlib import Path
 
 import pytest
-from leaderboard_helpers import CHROMIUM, chromium, page_matches_sqlite, sql_expected
+from leaderboard_helpers import CHROMIUM, chromium, page_matches_sqlite, sql_expected, store_row
 
 from chatgym.trainer.eval import leaderboard_cli
 from chatgym.trainer.eval.config import EvalConfig
+from chatgym.trainer.eval.leaderboard import build_leaderboard, metric_table
+from chatgym.trainer.eval.page import render_html
 from chatgym.trainer.eval.run import evaluate
 from chatgym.trainer.eval.store import ResultsStore
 
@@ -73,6 +78,96 @@ def test_leaderboard_cli_prints_tables_and_writes_page(db, tmp_path, capsys):
     )
     assert leaderboard_cli.main(["--db", str(db), "--k", "0"]) == 2
     assert capsys.readouterr().err == "chatgym leaderboard: --k must be >= 1, got 0\n"
+    # Regression: a file that is not SQLite and an --html that is a directory were tracebacks.
+    notdb = tmp_path / "notdb"
+    notdb.write_text("hello, not a database\n" * 100)
+    assert leaderboard_cli.main(["--db", str(notdb)]) == 2
+    assert capsys.readouterr().err == (
+        f"chatgym leaderboard: --db: {notdb} is not a usable results file: file is not a database\n"
+    )
+    assert leaderboard_cli.main(["--db", str(db), "--html", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (
+        f"chatgym leaderboard: --html: {tmp_path} is a directory (name the page's file)\n"
+    )
+
+
+def test_grids_differing_only_in_n_count_each_sample_once(tmp_path):
+    # Regression: -n 2 and -n 4 runs (two run keys, one leaderboard row) both hold samples 0 and 1
+    # of each task — the same episodes — and the cell counted them twice (12 episodes, n=6).
+    # Task 0 passes at samples 0, 1; task 1 only at sample 3.
+    with ResultsStore(tmp_path / "r.sqlite") as store:
+        for key, n in (("n2", 2), ("n4", 4)):
+            for t in range(2):
+                for s in range(n):
+                    ok = int(s < 2 if t == 0 else s == 3)
+                    row = store_row(run_key=key, task_index=t, sample_index=s, success=ok, reward=float(ok))
+                    store.add_episode(row)
+        board = build_leaderboard(store)
+    [cell] = board.cells.values()
+    m = cell.metrics
+    assert (m.episodes, m.samples_per_task, board.k) == (8, 4, 4)
+    assert m.pass_at_1 == pytest.approx((2 / 4 + 1 / 4) / 2)  # 5/12 when counted twice
+    assert m.pass_at_k == pytest.approx(1.0)
+
+
+def test_sample_traces_found_from_another_directory(tmp_path, monkeypatch):
+    # Regression: trace_path was stored relative to the eval's working directory, so the page said
+    # "(trace not found)" unless the leaderboard ran from there.
+    run_dir, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    run_dir.mkdir(), elsewhere.mkdir()
+    monkeypatch.chdir(run_dir)
+    config = EvalConfig(engine="reference", envs=("Math-v0",), max_tasks=1, db="out/r.sqlite")
+    asyncio.run(evaluate(config, progress=False, log=lambda m: None))
+    monkeypatch.chdir(elsewhere)
+    db = run_dir / "out" / "r.sqlite"
+    with ResultsStore(db) as store:
+        [row] = store.episodes()
+        assert row["trace_path"] == str(run_dir.resolve() / "out" / "traces" / Path(row["trace_path"]).name)
+        [cell] = build_leaderboard(store).cells.values()
+        assert cell.samples[0]["messages"][0]["role"] == "system"
+    # A store written before: the relative path as the eval's directory saw it; found next to --db.
+    conn = sqlite3.connect(db)
+    relative = os.path.join("out", "traces", Path(row["trace_path"]).name)
+    conn.execute("UPDATE episodes SET trace_path = ?", (relative,))
+    conn.commit(), conn.close()
+    with ResultsStore(db) as store:
+        board = build_leaderboard(store)
+    [cell] = board.cells.values()
+    assert cell.samples[0]["messages"][0]["role"] == "system"
+    assert "(trace not found)" not in render_html(board)
+
+
+def test_task_id_is_escaped_once(tmp_path):
+    # Regression: the sample's title escaped task_id, then the <summary> escaped it again.
+    with ResultsStore(tmp_path / "r.sqlite") as store:
+        store.add_episode(store_row(task_id="t&<b>0</b>"))
+        page = render_html(build_leaderboard(store))
+    assert f"({html.escape('t&<b>0</b>')})" in page
+    assert "t&amp;&lt;b&gt;0&lt;/b&gt;" in page and "&amp;amp;" not in page and "&amp;lt;" not in page
+
+
+def test_pass_at_k_header_true_for_every_row(tmp_path, capsys):
+    # Regression: the header came from the first row (pass@4) while the -n 1 reference row showed
+    # its pass@1 under it.
+    with ResultsStore(tmp_path / "r.sqlite") as store:
+        for s in range(4):
+            ok = int(s == 0)
+            store.add_episode(store_row(run_key="m", sample_index=s, success=ok, reward=float(ok)))
+        store.add_episode(store_row(run_key="ref", model_name="reference", model_hash="h0", sampling="{}"))
+        board = build_leaderboard(store)
+        page = render_html(board)
+    [column] = board.columns
+    present = [board.cell(r, column).metrics for r in board.rows]
+    headers, texts = metric_table(present)
+    assert headers[1] == "pass@k"
+    assert [board.row_labels[r] for r in board.rows] == ["m", "reference"]
+    assert [row[1] for row in texts] == ["1.000 (k=4)", "1.000 (k=1)"]
+    assert [row[0] for row in texts] == ["0.250", "1.000"]
+    assert "<th>pass@k</th>" in page and "<th>pass@4</th>" not in page
+    assert '<td class="num">1.000 (k=1)</td>' in page
+    # One k for every row: the header names it, the values stay bare.
+    headers, texts = metric_table(present[:1])
+    assert (headers[1], texts[0][1]) == ("pass@4", "1.000")
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")

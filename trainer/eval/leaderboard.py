@@ -3,13 +3,15 @@
 A row is one model identity with one set of sampling settings: (name, weights hash, engine,
 sampling). A column is one env version: (id, ``-vN``, dataset hash, split, extra ``gym.make``
 keywords), so results on different env versions are never mixed. A cell pools every episode of its
-row and column — several seeds or several days add samples to the same tasks — and its metrics come
-from :func:`.metrics.cell_metrics`.
+row and column — several seeds or several days add samples to the same tasks — once per (seed, task,
+sample index): grids that differ only in ``-n`` share their first samples, which count once (see
+:func:`_distinct`). Its metrics come from :func:`.metrics.cell_metrics`.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -73,13 +75,32 @@ def _row_labels(rows: Sequence[tuple[Any, ...]]) -> dict[tuple[Any, ...], str]:
     return labels
 
 
-def load_sample_trace(path: str | None, task_index: int, sample_index: int) -> dict[str, Any] | None:
+def trace_file(path: str | None, db: str | os.PathLike | None = None) -> Path | None:
+    """The trace file a row names, or None when it is missing.
+
+    Rows written before chatgym stored absolute paths hold one relative to the directory ``chatgym
+    eval`` ran in; when that does not resolve from here, the file of that name in the default traces
+    directory next to ``db`` is used.
+    """
+    if not path:
+        return None
+    candidates = [Path(path)]
+    if db is not None and not Path(path).is_absolute():
+        candidates.append(Path(db).expanduser().parent / "traces" / Path(path).name)
+    return next((c for c in candidates if c.is_file()), None)
+
+
+def load_sample_trace(
+    path: str | None, task_index: int, sample_index: int, db: str | os.PathLike | None = None
+) -> dict[str, Any] | None:
     """The last trace record of episode (task, sample) in ``path`` (a rerun after an interruption may
-    have appended a second one), or None when the file or record is missing."""
-    if not path or not Path(path).is_file():
+    have appended a second one), or None when the file or record is missing (``db``: see
+    :func:`trace_file`)."""
+    file = trace_file(path, db)
+    if file is None:
         return None
     found = None
-    with open(path, encoding="utf-8") as f:
+    with open(file, encoding="utf-8") as f:
         for line in f:
             if f'"group_id": {task_index},' not in line:
                 continue  # skip the JSON parse of other episodes' (long) lines
@@ -89,7 +110,9 @@ def load_sample_trace(path: str | None, task_index: int, sample_index: int) -> d
     return found
 
 
-def _samples(rows: Sequence[Mapping[str, Any]], per_cell: int) -> list[dict[str, Any]]:
+def _samples(
+    rows: Sequence[Mapping[str, Any]], per_cell: int, db: str | os.PathLike | None = None
+) -> list[dict[str, Any]]:
     """Up to ``per_cell`` sample episodes: first a success, then a non-success, then others."""
     ordered = sorted(rows, key=lambda r: (r["task_index"], r["sample_index"]))
     picks: list[Mapping[str, Any]] = []
@@ -100,8 +123,27 @@ def _samples(rows: Sequence[Mapping[str, Any]], per_cell: int) -> list[dict[str,
     picks += [r for r in ordered if r not in picks][: max(0, per_cell - len(picks))]
     out = []
     for r in picks:
-        trace = load_sample_trace(r.get("trace_path"), r["task_index"], r["sample_index"])
+        trace = load_sample_trace(r.get("trace_path"), r["task_index"], r["sample_index"], db)
         out.append({"row": dict(r), "messages": (trace or {}).get("messages")})
+    return out
+
+
+def _distinct(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` (one cell's) with one episode per ``(seed, task_index, sample_index)``: the first stored.
+
+    Grids that differ only in ``-n`` (two run keys) both hold samples 0..min(n)-1 of each task, and
+    an episode's sampling seed depends only on its seed and grid position, so those are the same
+    sample twice. Collapsing them (rather than splitting rows by ``n``) keeps the model in one row and
+    pass@k correct: the unbiased estimator needs n *distinct* samples per task — a duplicate would
+    inflate n and count one success twice — and the larger grid's extra samples still add.
+    """
+    seen: set[tuple[Any, ...]] = set()
+    out = []
+    for r in rows:  # store order (by id): the first stored copy wins
+        position = (r["seed"], r["task_index"], r["sample_index"])
+        if position not in seen:
+            seen.add(position)
+            out.append(r)
     return out
 
 
@@ -130,6 +172,7 @@ def build_leaderboard(
     groups: dict[tuple[tuple[Any, ...], tuple[Any, ...]], list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         groups[(tuple(r[f] for f in ROW_FIELDS), tuple(r[f] for f in COLUMN_FIELDS))].append(r)
+    groups = {key: _distinct(eps) for key, eps in groups.items()}
     if k is None:
         k = 1
         for eps in groups.values():
@@ -138,7 +181,10 @@ def build_leaderboard(
                 per_task[e["task_index"]] += 1
             k = max(k, min(per_task.values()))
     cells = {
-        key: Cell(cell_metrics(eps, k=k, wall_s=store.wall_seconds(eps)), _samples(eps, samples_per_cell))
+        key: Cell(
+            cell_metrics(eps, k=k, wall_s=store.wall_seconds(eps)),
+            _samples(eps, samples_per_cell, store.path),
+        )
         for key, eps in groups.items()
     }
     row_keys = sorted({key[0] for key in groups}, key=lambda r: (r[0] == "reference", r[0], r[1], r[3]))
@@ -175,6 +221,23 @@ def metric_columns(m: CellMetrics) -> list[tuple[str, str]]:
     ]
 
 
+def metric_table(metrics: Sequence[CellMetrics]) -> tuple[list[str], list[list[str]]]:
+    """Headers and each row's texts of one env's metrics table (rows: ``metrics``).
+
+    A cell's pass@k uses ``k`` capped at its samples per task, so rows may differ (a model at ``-n 4``,
+    the reference at ``-n 1``): then the header is ``pass@k`` and each value names its own ``k``,
+    instead of a header taken from one row that is false for the others.
+    """
+    columns = [metric_columns(m) for m in metrics]
+    headers = [header for header, _ in columns[0]]
+    if len({m.k for m in metrics}) > 1:
+        at = 1  # the pass@k column (metric_columns' order)
+        headers[at] = "pass@k"
+        for m, row in zip(metrics, columns, strict=True):
+            row[at] = ("pass@k", f"{row[at][1]} (k={m.k})")
+    return headers, [[text for _, text in row] for row in columns]
+
+
 def rich_tables(board: Leaderboard) -> list[Any]:
     """The console view: models x envs (mean reward [95% CI] and pass@1), then one table per env."""
     from rich.table import Table
@@ -200,9 +263,10 @@ def rich_tables(board: Leaderboard) -> list[Any]:
             continue
         t = Table(title=board.column_labels[c])
         t.add_column("model")
-        for header, _ in metric_columns(present[0][1].metrics):
+        headers, texts = metric_table([cell.metrics for _, cell in present])
+        for header in headers:
             t.add_column(header, justify="right")
-        for r, cell in present:
-            t.add_row(board.row_labels[r], *(text for _, text in metric_columns(cell.metrics)))
+        for (r, _), row_texts in zip(present, texts, strict=True):
+            t.add_row(board.row_labels[r], *row_texts)
         tables.append(t)
     return tables

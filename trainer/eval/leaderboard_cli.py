@@ -30,21 +30,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``chatgym leaderboard``; 1 when the store holds no episodes, 2 a bad argument
-    (one line, as every chatgym command)."""
+    (one line naming the flag, as every chatgym command: a ``--db`` that is not a results store, an
+    ``--html`` that is a directory or cannot be written)."""
     from chatgym.trainer.eval.leaderboard import build_leaderboard, rich_tables
     from chatgym.trainer.eval.page import render_html
-    from chatgym.trainer.eval.store import ResultsStore
+    from chatgym.trainer.eval.store import checked_store
 
     args = build_parser().parse_args(argv)
-    refusal = None
+    out = Path(args.html) if args.html else Path(args.db).expanduser().parent / "leaderboard.html"
+    refusal = store = None
     if not Path(args.db).expanduser().is_file():
         refusal = f"--db: no results file at {args.db} (run chatgym eval first)"
     elif args.k is not None and args.k < 1:
         refusal = f"--k must be >= 1, got {args.k}"
-    if refusal is not None:
+    elif out.is_dir():
+        refusal = f"--html: {out} is a directory (name the page's file)"
+    else:
+        try:
+            store = checked_store(args.db, "--db")  # not a SQLite file: one line, not a traceback
+        except ValueError as exc:
+            refusal = str(exc)
+    if refusal is not None or store is None:
         print(f"chatgym leaderboard: {refusal}", file=sys.stderr)
         return 2
-    with ResultsStore(args.db) as store:
+    with store:
         board = build_leaderboard(store, k=args.k, env_ids=args.env, models=args.model)
     if not board.cells:
         print(f"chatgym leaderboard: {args.db} holds no episodes (after filters)", file=sys.stderr)
@@ -54,8 +63,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console(width=200)
     for table in rich_tables(board):
         console.print(table)
-    out = Path(args.html) if args.html else Path(args.db).expanduser().parent / "leaderboard.html"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_html(board, title=args.title, source=str(args.db)), encoding="utf-8")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(render_html(board, title=args.title, source=str(args.db)), encoding="utf-8")
+    except OSError as exc:
+        print(f"chatgym leaderboard: --html: cannot write {out}: {exc}", file=sys.stderr)
+        return 2
     print(f"wrote {out}")
     return 0

@@ -13,7 +13,7 @@ import datetime as _dt
 import html
 from typing import Any
 
-from chatgym.trainer.eval.leaderboard import Cell, Leaderboard, ci_text, fmt, metric_columns
+from chatgym.trainer.eval.leaderboard import Cell, Leaderboard, ci_text, fmt, metric_table
 
 _CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:24px;color:#1b1f24;max-width:1400px}
@@ -127,8 +127,8 @@ def _trace_section(board: Leaderboard) -> str:
                 row = sample["row"]
                 title = (
                     f"{board.row_labels[r]} · {board.column_labels[c]} · task {row['task_index']} "
-                    f"({_e(row['task_id'])}) sample {row['sample_index']} · reward {fmt(row['reward'])}"
-                )
+                    f"({row['task_id']}) sample {row['sample_index']} · reward {fmt(row['reward'])}"
+                )  # plain text: escaped once, in the <summary> below
                 body = []
                 for msg in sample["messages"] or []:
                     content = str(msg.get("content") or "")
@@ -178,10 +178,11 @@ def render_html(board: Leaderboard, *, title: str = "chatgym leaderboard", sourc
     sections = []
     for j, c in enumerate(board.columns):
         present = [(i, r, board.cell(r, c)) for i, r in enumerate(board.rows) if board.cell(r, c) is not None]
-        headers = ["model", *(h for h, _ in metric_columns(present[0][2].metrics)), "sample traces"]
+        metric_headers, texts = metric_table([cell.metrics for _, _, cell in present])
+        headers = ["model", *metric_headers, "sample traces"]
         trs = []
-        for i, r, cell in present:
-            values = "".join(f'<td class="num">{_e(v)}</td>' for _, v in metric_columns(cell.metrics))
+        for (i, r, cell), row_texts in zip(present, texts, strict=True):
+            values = "".join(f'<td class="num">{_e(v)}</td>' for v in row_texts)
             trs.append(
                 f'<tr data-model="{_e(board.row_labels[r])}"><td>{_e(board.row_labels[r])}</td>{values}'
                 f"<td>{_sample_links(cell, i, j)}</td></tr>"

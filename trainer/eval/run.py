@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
+import math
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -39,7 +40,7 @@ from chatgym.trainer.eval.identity import (
     run_key,
     weights_hash,
 )
-from chatgym.trainer.eval.store import ResultsStore
+from chatgym.trainer.eval.store import ResultsStore, checked_store
 from chatgym.trainer.rollout.types import Trajectory
 
 
@@ -75,9 +76,20 @@ def model_identity(config: EvalConfig) -> ModelId:
 def episode_row(
     traj: Trajectory, *, token_level: bool, success_threshold: float, common: Mapping[str, Any]
 ) -> dict[str, Any]:
-    """The store row of one finished episode (``common``: the grid's identity columns)."""
+    """The store row of one finished episode (``common``: the grid's identity columns).
+
+    An episode whose reward is not a finite number (an env's score returned NaN or inf) is stored as
+    a failed episode with reward 0.0 and an error saying so: it is counted, and not run again by a
+    resume (SQLite cannot store NaN, which once made such episodes vanish and rerun forever).
+    """
     info = traj.info
-    if traj.failed:
+    reward, failed, error = float(traj.reward), traj.failed, traj.error
+    if not math.isfinite(reward):
+        failed = True
+        why = f"reward is {reward}: the env's score must be a finite number"
+        error = f"{why}; {error}" if error else why
+        reward = 0.0
+    if failed:
         success = False
     elif traj.success is not None:
         success = traj.success
@@ -89,15 +101,15 @@ def episode_row(
         "task_index": traj.group_id,
         "task_id": None if traj.task_id is None else str(traj.task_id),
         "sample_index": traj.sample_index,
-        "reward": float(traj.reward),
+        "reward": reward,
         "success": int(success),
         "turns": traj.num_turns,
         "generated_tokens": generated,
         "total_tokens": len(traj.token_ids) if token_level else None,
         "tool_calls": int(info.get("tool_results_total", 0) or 0),
         "tool_errors": int(info.get("tool_errors_total", 0) or 0),
-        "failed": int(traj.failed),
-        "error": traj.error,
+        "failed": int(failed),
+        "error": error,
         "truncated": int(traj.truncated),
         "wall_s": float(traj.timing.get("total_s", 0.0)),
     }
@@ -262,8 +274,8 @@ async def evaluate(
 
     Raises:
         ValueError: an unknown env id or bad config (before anything runs).
-        ConfigError: an env that cannot be built (see :func:`~chatgym.trainer.eval.envs.build_envs`),
-            before any model loads or the store is made.
+        ConfigError: an env that cannot be built (see :func:`~chatgym.trainer.eval.envs.build_envs`)
+            or a ``--db`` that cannot be a results store, before any model loads or the store is made.
     """
     env_ids = resolve_env_ids(config.envs)
     evaluation = _Evaluation(config, env_ids, log or (lambda msg: print(msg, file=sys.stderr)))
@@ -304,8 +316,9 @@ class _Evaluation:
     that an evaluation refused at start-up (an engine option, the chat template) leaves no file behind.
 
     Raises:
-        ConfigError: the backend's start-up checks (:meth:`_Backend.check`) and an env that cannot be
-            built (:func:`~chatgym.trainer.eval.envs.build_envs`), before any model loads.
+        ConfigError: the backend's start-up checks (:meth:`_Backend.check`), an env that cannot be
+            built (:func:`~chatgym.trainer.eval.envs.build_envs`) and a ``--db`` that cannot be a store
+            (:func:`~chatgym.trainer.eval.store.checked_store`), before any model loads.
     """
 
     def __init__(self, config: EvalConfig, env_ids: Sequence[str], log: Callable[[str], None]):
@@ -317,8 +330,13 @@ class _Evaluation:
         self.model = model_identity(config)
         self.sampling = config.sampling()
         self.db = Path(config.db).expanduser()
-        self.traces_dir = Path(config.traces_dir).expanduser() if config.traces_dir else self.db.parent / "traces"
-        self.store: ResultsStore | None = ResultsStore(self.db) if self.db.exists() else None
+        # Absolute: rows store their trace's path, which a leaderboard run from another directory reads.
+        traces_dir = Path(config.traces_dir).expanduser() if config.traces_dir else self.db.parent / "traces"
+        self.traces_dir = traces_dir.resolve()
+        try:  # before any model loads: a bad --db is one line, not a traceback once the model is up
+            self.store: ResultsStore | None = checked_store(self.db, "--db")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         self.started = False
 
     async def close(self) -> None:
@@ -434,7 +452,7 @@ class _EpisodeRecorder:
         )
         self.store.add_episode(row)
         self.report.ran += 1
-        self.report.failed += traj.failed
+        self.report.failed += row["failed"]  # the row's: a non-finite reward fails the episode
         self.bar.set_postfix(failed=self.report.failed, refresh=False)
         self.bar.update(1)
 

@@ -20,9 +20,11 @@ processes at once too: see :func:`migrate`):
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import sqlite3
+import tempfile
 import time
 import uuid
 from collections.abc import Iterable, Mapping
@@ -244,14 +246,22 @@ class ResultsStore:
 
         Raises:
             KeyError: a required field is missing (named).
+            ValueError: the reward is not a finite number (SQLite would store NaN as NULL; the caller
+                records such an episode as failed, see :func:`.run.episode_row`).
+            sqlite3.IntegrityError: any other constraint failure (a NULL in a NOT NULL column).
         """
         values = {"created_at": time.time(), "session_id": None, **row}
         missing = [f for f in EPISODE_FIELDS if f not in values]
         if missing:
             raise KeyError(f"episode row lacks {missing}")
+        if not math.isfinite(values["reward"]):
+            raise ValueError(f"episode reward must be a finite number, got {values['reward']!r}")
+        # ON CONFLICT names the grid's key: only a true duplicate is skipped. (INSERT OR IGNORE also
+        # skipped a row failing NOT NULL — a NaN reward — so the episode vanished and ran again forever.)
         cur = self.conn.execute(
-            f"INSERT OR IGNORE INTO episodes ({', '.join(EPISODE_FIELDS)}) "
-            f"VALUES ({', '.join('?' * len(EPISODE_FIELDS))})",
+            f"INSERT INTO episodes ({', '.join(EPISODE_FIELDS)}) "
+            f"VALUES ({', '.join('?' * len(EPISODE_FIELDS))}) "
+            "ON CONFLICT (run_key, task_index, sample_index) DO NOTHING",
             [values[f] for f in EPISODE_FIELDS],
         )
         return cur.rowcount == 1
@@ -297,3 +307,34 @@ class ResultsStore:
             )
             total += sum(max(0.0, end - starts.get(sid, end)) for sid, end in last.items())
         return total
+
+
+def checked_store(path: str | os.PathLike, flag: str = "--db") -> ResultsStore | None:
+    """The store at ``path`` opened when the file exists; else None once it is known that it can be
+    made there (a file is created in its nearest existing folder and deleted; nothing else is made).
+
+    For commands to call before any model loads: a bad path is then one line naming ``flag``, not a
+    traceback (a directory, a file that is not SQLite, an unwritable place such as ``/proc``).
+
+    Raises:
+        ValueError: naming ``flag``: ``path`` is a directory, is not a results store (or was written
+            by a newer chatgym), or cannot be created.
+    """
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise ValueError(f"{flag}: {path} is a directory, not a results file")
+    if p.exists():
+        try:
+            return ResultsStore(p)
+        except (sqlite3.DatabaseError, RuntimeError, OSError) as exc:
+            raise ValueError(f"{flag}: {path} is not a usable results file: {exc}") from None
+    folder = p.parent
+    while not folder.exists():
+        folder = folder.parent
+    try:
+        if not folder.is_dir():
+            raise NotADirectoryError("not a directory")
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as exc:
+        raise ValueError(f"{flag}: cannot create {path} (in {folder}: {exc.strerror or exc})") from None
+    return None
