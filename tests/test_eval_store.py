@@ -7,6 +7,7 @@ import sqlite3
 import traceback
 
 import pytest
+from leaderboard_helpers import store_row
 
 from chatgym.trainer.eval.identity import dataset_hash, env_version, short_hash, weights_hash
 from chatgym.trainer.eval.store import (
@@ -19,37 +20,7 @@ from chatgym.trainer.eval.store import (
 
 
 def _row(**over):
-    row = {
-        "run_key": "k1",
-        "model_name": "m",
-        "model_hash": "h",
-        "engine": "vllm",
-        "env_id": "Math-v0",
-        "env_version": "v0",
-        "dataset_hash": "d",
-        "split": "test",
-        "env_kwargs": "{}",
-        "seed": 0,
-        "sampling": "{}",
-        "task_index": 0,
-        "task_id": "t0",
-        "sample_index": 0,
-        "reward": 1.0,
-        "success": 1,
-        "turns": 1,
-        "generated_tokens": 7,
-        "total_tokens": 30,
-        "tool_calls": 0,
-        "tool_errors": 0,
-        "failed": 0,
-        "error": None,
-        "truncated": 0,
-        "wall_s": 0.5,
-        "trace_path": "/x.jsonl",
-        "chatgym_version": "0.1.0",
-    }
-    row.update(over)
-    return row
+    return store_row(**{"sampling": "{}", "trace_path": "/x.jsonl", **over})
 
 
 def test_fresh_store_has_current_schema_and_ignores_duplicates(tmp_path):
