@@ -192,3 +192,26 @@ def test_page_in_headless_chromium_matches_sqlite(db, tmp_path):
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
     print(f"screenshot: {shot}")
+
+
+def test_row_labels_are_unique_across_engines_and_unshown_sampling_settings():
+    """Regression (fresh-user walk): an hf and a vLLM run of one model with the same settings were
+    both labelled "smollm2 (T=1.0 max_tokens=32)"; settings the short form leaves out (top_k) too."""
+    import hashlib
+
+    from chatgym.trainer.eval.leaderboard import _row_labels
+
+    same = '{"max_tokens":32,"temperature":1.0,"top_p":1.0}'
+    top_k = '{"max_tokens":32,"temperature":1.0,"top_k":5,"top_p":1.0}'
+    assert _row_labels([("m", "h1", "vllm", same), ("m", "h1", "hf", same), ("reference", "", "reference", "{}")]) == {
+        ("m", "h1", "vllm", same): "m [vllm]",
+        ("m", "h1", "hf", same): "m [hf]",
+        ("reference", "", "reference", "{}"): "reference",
+    }
+    rows = [("m", "h1", "vllm", same), ("m", "h1", "hf", same), ("m", "h1", "vllm", top_k)]
+    short = {s: hashlib.sha256(s.encode()).hexdigest()[:6] for s in (same, top_k)}
+    assert _row_labels(rows) == {
+        rows[0]: f"m [vllm] (T=1.0 max_tokens=32) {{{short[same]}}}",
+        rows[1]: "m [hf] (T=1.0 max_tokens=32)",
+        rows[2]: f"m [vllm] (T=1.0 max_tokens=32) {{{short[top_k]}}}",
+    }

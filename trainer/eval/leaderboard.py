@@ -10,9 +10,10 @@ sample index): grids that differ only in ``-n`` share their first samples, which
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,19 +60,28 @@ def _sampling_label(sampling: str) -> str:
 
 
 def _row_labels(rows: Sequence[tuple[Any, ...]]) -> dict[tuple[Any, ...], str]:
+    """A unique label per row: the model's name, then what tells its rows apart — the weights hash
+    (``@``), the engine (``[vllm]``), the sampling settings — and, where settings the short form leaves
+    out (``top_k``, ...) still leave two rows alike, a short hash of the sampling settings."""
     by_name: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
     for r in rows:
         by_name[r[0]].append(r)
     labels = {}
     for name, group in by_name.items():
-        hashes = {r[1] for r in group}
+        hashes, engines, samplings = ({r[i] for r in group} for i in (1, 2, 3))
         for r in group:
             label = name
             if len(hashes) > 1:
                 label += f" @{r[1][:8]}"
-            if len(group) > len(hashes):
+            if len(engines) > 1:
+                label += f" [{r[2]}]"
+            if len(samplings) > 1:
                 label += f" ({_sampling_label(r[3])})"
             labels[r] = label
+        counts = Counter(labels[r] for r in group)
+        for r in group:
+            if counts[labels[r]] > 1:
+                labels[r] += f" {{{hashlib.sha256(str(r[3]).encode()).hexdigest()[:6]}}}"
     return labels
 
 
