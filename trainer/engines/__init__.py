@@ -31,6 +31,9 @@ ENGINES: dict[str, tuple[str, str]] = {
     "hf": ("hf", "TransformersEngine"),
     "openai": ("openai_chat", "OpenAIChatEngine"),
 }
+# The engines that return token ids and logprobs (training, the gateway, agent evaluation); ``openai``
+# answers text only.
+TOKEN_ENGINES = ("vllm", "vllm-server", "sglang", "hf")
 
 
 def engine_class(name: str) -> type:

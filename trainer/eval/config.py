@@ -7,10 +7,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from chatgym.trainer.engines import TOKEN_ENGINES
 from chatgym.trainer.rollout.config import RolloutConfig
 
 REFERENCE = "reference"
-TOKEN_ENGINES = ("vllm", "vllm-server", "sglang", "hf")
 LOCAL_WEIGHT_ENGINES = ("vllm", "hf")
 
 

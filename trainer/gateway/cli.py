@@ -97,11 +97,11 @@ def check_token_engine(backend: str) -> None:
         ConfigError: naming ``engine.backend``.
     """
     from chatgym.trainer.config.run import ConfigError
-    from chatgym.trainer.engines import ENGINES
+    from chatgym.trainer.engines import TOKEN_ENGINES
 
-    if backend == "openai":
-        tokens = ", ".join(["auto", *sorted(n for n in ENGINES if n != "openai")])
-        raise ConfigError(f"engine.backend: 'openai' is an API chat engine without token ids; "
+    if backend not in ("auto", *TOKEN_ENGINES):
+        tokens = ", ".join(["auto", *sorted(TOKEN_ENGINES)])
+        raise ConfigError(f"engine.backend: {backend!r} is an API chat engine without token ids; "
                           f"the gateway needs a token engine ({tokens})")
 
 

@@ -147,11 +147,8 @@ def anchor_stats(state_ids: torch.Tensor, turn_counts: torch.Tensor, group_ids: 
         size of those turns' step groups (1 when every state is new)}``; ``{}`` when no row has a
         second turn.
     """
-    visits = [
-        (int(group_ids[i]), int(state_ids[i, k]), k)
-        for i in range(state_ids.shape[0])
-        for k in range(int(turn_counts[i]))
-    ]
+    states, counts, groups = state_ids.tolist(), turn_counts.tolist(), group_ids.tolist()
+    visits = [(groups[i], row[k], k) for i, row in enumerate(states) for k in range(counts[i])]
     sizes = Counter((group, state) for group, state, _ in visits)
     later = [sizes[group, state] for group, state, k in visits if k >= 1]
     if not later:
