@@ -5,6 +5,7 @@ Every case here returns before the Trainer is built, so no model or engine start
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -442,4 +443,10 @@ def test_the_first_held_out_evaluation_is_announced_with_the_progress_bar(tmp_pa
     run = _tiny_letters_run("env.eval_tasks=2", "train.max_steps=1", f"train.progress={progress}")
     assert main([*run, "--output-dir", str(tmp_path)]) == 0
     line = "chatgym: evaluating the held-out split before training (env.eval_tasks 2)\n"
-    assert capsys.readouterr().err.count(line) == (progress == "true")
+    err = capsys.readouterr().err
+    assert err.count(line) == (progress == "true")
+    # ... and its result once measured (a run stopped before its end showed it nowhere): step 0's row.
+    first = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    assert "eval/accuracy" not in first  # this env reports a score only
+    result = f"chatgym: held-out before training: score {first['eval/score']:.4f}\n"
+    assert err.count(result) == (progress == "true")

@@ -337,6 +337,10 @@ class Trainer:
                 print(f"chatgym: evaluating the held-out split before training (env.eval_tasks {cfg.env.eval_tasks})", file=sys.stderr)
             eval_before = self.evaluate()
             self.metrics.log(0, eval_before)
+            if cfg.train.progress:  # shown now: a run stopped early shows it too
+                keys = ("eval/score", "eval/accuracy")
+                shown = ", ".join(f"{k[5:]} {eval_before[k]:.4f}" for k in keys if k in eval_before)
+                print(f"chatgym: held-out before training: {shown}", file=sys.stderr)
         elif self.start_step > 0:  # resumed: the first run's evaluation, its step-0 row of metrics.jsonl
             eval_before = self.metrics.logged(0)
         bar = _progress(self.start_step, cfg.train.max_steps, cfg.train.progress)
@@ -391,7 +395,7 @@ class Trainer:
             bar.set_postfix(
                 reward=f"{metrics['reward/mean']:.3f}",
                 acc=f"{metrics.get('reward/accuracy', float('nan')):.2f}",
-                kl=f"{metrics.get('actor/kl', 0.0):.4f}",
+                **({"kl": f"{metrics['actor/kl']:.4f}"} if "actor/kl" in metrics else {}),  # none: no reference
                 s=f"{metrics['timing/step_s']:.1f}",
             )
         if cfg.train.save_every and done % cfg.train.save_every == 0:
