@@ -1,20 +1,35 @@
-"""The static engine's decode step on one GPU, captured as a CUDA graph, three ways: through the
-model's own layers (``layers``), through :mod:`chatgym.trainer.engines.hf_fused` (``fused``, the
-engine's default), and (``--compile``) the layers' step compiled by ``torch.compile`` (Inductor, the
-whole step, row and column counts dynamic) then captured; and the host-side sampling per step. The
-engine itself does not compile (``benchmarks/results/vs_trl_h200_curve_subprocess/README.md``: 140 s, and 91 s
-more at the 512-column bucket). Per mode it also counts the CUDA kernels one step launches (profiler,
-one eager step at 64 rows x 256 columns).
+"""The static engine's decode step on one GPU, captured as a CUDA graph, and where its time goes.
 
-SmolLM2-135M-Instruct (real weights; ``--random`` uses its shape with random weights), bf16, 64 slots of
-``max_len`` 512, 64 prompts of 40-120 random tokens prefilled. For each mode and bucket (rows,
-columns) it prints the first call (compilation + capture, seconds), the replayed step (ms, CUDA events
-around ``--iters`` replays) and the largest difference of the compiled step's logits from the eager
-step's (same state). Then the sampling that follows each step in the engine (``hf_sampling.sample`` at
-temperature 1 with a generator per row, ``log_softmax`` + gather, one read back): ms per step.
+Modes (``--modes``): through the model's own layers (``layers``), through
+:mod:`chatgym.trainer.engines.hf_fused` (``fused``, the engine's default), the fused step on FP8
+weights (``fp8``: :mod:`.hf_fp8`, per-channel e4m3 weights, per-row activation scales), and
+``compiled`` (the layers' step compiled by ``torch.compile``, Inductor, row and column counts
+dynamic, then captured; the engine itself does not compile:
+``benchmarks/results/vs_trl_h200_curve_subprocess/README.md``: 140 s, and 91 s more at the
+512-column bucket).
 
-    python benchmarks/decode_step_gpu.py             # layers vs fused
+Shapes (``--shape``): ``smollm2`` (SmolLM2-135M-Instruct, real weights; ``--random`` its shape with
+random weights) or the Qwen2.5 shapes of :mod:`hf_decode_gpu` (random weights). bf16, 256 slots of
+``max_len`` 512, prompts of 40-120 random tokens prefilled into ``max(--rows)`` of them. For each mode
+and bucket (rows, columns) it prints the first call (capture, and compilation for ``compiled``), the
+replayed step (ms, CUDA events around ``--iters`` replays), the step against the card's bandwidth
+floor and, besides ``layers``, the largest difference of its logits from the layers' step.
+
+The floor: the bytes one step must read — every projection's and the LM head's weights once (FP8: one
+byte an element plus the scales) and the KV cache columns attended (keys and values of every layer,
+``rows x columns``) — over the bandwidth of a 1 GiB device-to-device copy measured on the card
+(bytes read + written per second). ``--profile`` runs one eager step per bucket under
+``torch.profiler`` (the same kernels the graph replays) and prints the kernels' summed time by kind
+(GEMM, attention, norms, cache writes, FP8 activation quantization, other element-wise) with the
+GEMMs' achieved bandwidth (weight bytes over GEMM time), and the ten costliest kernels; the replay's
+time less the kernels' sum is what the graph spends between kernels.
+
+Then the sampling that follows each step in the engine (``hf_sampling.sample`` at temperature 1 with a
+generator per row, ``log_softmax`` + gather, one read back): ms per step.
+
+    python benchmarks/decode_step_gpu.py             # layers vs fused, SmolLM2
     python benchmarks/decode_step_gpu.py --compile   # and the compiled layers (minutes of compilation)
+    python benchmarks/decode_step_gpu.py --shape qwen2.5-7b --modes fused fp8 --rows 64 256 --profile
 """
 
 from __future__ import annotations
@@ -24,6 +39,22 @@ import random
 import time
 
 BUCKETS = ((64, 256), (32, 256), (8, 256), (64, 512))
+SLOTS, MAX_LEN = 256, 512
+KINDS = (  # (kind, substrings of a kernel's name), first match wins (cutlass attention before GEMMs)
+    ("attention", ("fmha", "flash", "attention", "attn")),
+    ("gemm", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "splitk", "scaled_mm", "sm90_", "matmul")),
+    ("norm", ("rms", "norm")),
+    ("fp8 quant", ("float8", "e4m3", "fp8", "amax", "abs_max", "max_all", "reduce_kernel")),
+    ("cache write", ("index_put", "indexing_backward", "scatter", "index_elementwise", "put_kernel")),
+)
+
+
+def kind_of(name: str) -> str:
+    low = name.lower()
+    for kind, keys in KINDS:
+        if any(k in low for k in keys):
+            return kind
+    return "other element-wise"
 
 
 def make_slots(model, mode: str, prompts, pad_id: int):
@@ -31,7 +62,7 @@ def make_slots(model, mode: str, prompts, pad_id: int):
 
     from chatgym.trainer.engines.hf_static import StaticSlots
 
-    slots = StaticSlots(model, 64, 512, fused=mode == "fused")
+    slots = StaticSlots(model, SLOTS, MAX_LEN, fused=mode in ("fused", "fp8"), fp8=mode == "fp8")
     if mode == "compiled":  # the whole step, as the engine's graphs would capture it
         slots._forward = torch.compile(slots._forward, dynamic=True)
     with torch.inference_mode():
@@ -59,66 +90,126 @@ def time_bucket(slots, n: int, width: int, iters: int) -> tuple[float, float, ob
     return first_s, start.elapsed_time(end) / iters, out[:n].float().clone()
 
 
-def count_kernels(slots, n: int, width: int) -> int:
-    """CUDA kernels (and memcpy/memset) one eager step launches."""
+def step_kernels(slots, n: int, width: int) -> list[tuple[str, float]]:
+    """(name, microseconds) of every CUDA kernel, memcpy and memset one eager step launches."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    with torch.inference_mode(), profile(activities=[ProfilerActivity.CUDA]) as prof:
-        slots._forward(n, width)
+    with torch.inference_mode():
+        slots._forward(n, width)  # warm: allocations and lazy handles outside the profile
         torch.cuda.synchronize()
-    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            slots._forward(n, width)
+            torch.cuda.synchronize()
+    cuda = torch.autograd.DeviceType.CUDA
+    return [(e.name, e.device_time) for e in prof.events() if e.device_type == cuda]
+
+
+def copy_bandwidth() -> float:
+    """Bytes read + written per second by a 1 GiB device-to-device copy (median of 20)."""
+    import torch
+
+    size = 1 << 30
+    src = torch.randint(0, 255, (size,), dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(25):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return 2 * size / sorted(times[5:])[len(times[5:]) // 2]
+
+
+def step_bytes(model, mode: str, n: int, width: int) -> tuple[int, int]:
+    """(weight bytes, KV-cache bytes) one decode step of ``n`` rows over ``width`` columns reads."""
+    config = model.config
+    per = 1 if mode == "fp8" else 2
+    weights = 0
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        for lin in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+            weights += lin.weight.numel() * per + (lin.weight.shape[0] * 4 if mode == "fp8" else 0)
+    weights += model.lm_head.weight.numel() * 2
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv = 2 * len(model.model.layers) * n * config.num_key_value_heads * width * head_dim * 2
+    return weights, kv
+
+
+def print_profile(kernels: list[tuple[str, float]], replay_ms: float, weight_bytes: int) -> None:
+    by_kind: dict[str, list[float]] = {}
+    for name, us in kernels:
+        by_kind.setdefault(kind_of(name), []).append(us)
+    total = sum(us for _, us in kernels) / 1e3
+    print(f"    {len(kernels)} kernels, {total:.3f} ms summed; replay {replay_ms:.3f} ms: "
+          f"{replay_ms - total:+.3f} ms between kernels")
+    for kind, times in sorted(by_kind.items(), key=lambda kv: -sum(kv[1])):
+        ms = sum(times) / 1e3
+        extra = f", weights at {weight_bytes / (ms / 1e3) / 1e12:.2f} TB/s" if kind == "gemm" else ""
+        print(f"    {kind:20} {len(times):5d} kernels {ms:8.3f} ms ({ms / total:5.1%}){extra}")
+    agg: dict[str, list[float]] = {}
+    for name, us in kernels:
+        agg.setdefault(name, []).append(us)
+    for name, times in sorted(agg.items(), key=lambda kv: -sum(kv[1]))[:10]:
+        print(f"      {sum(times) / 1e3:7.3f} ms {len(times):4d} x {sum(times) / len(times):7.1f} us  {name[:110]}")
 
 
 def main() -> None:
     import torch
+    from hf_decode_gpu import SHAPES, build_model
 
     from chatgym.trainer.engines import hf_sampling
     from chatgym.trainer.engines.base import SamplingParams
-    from chatgym.trainer.models.packaged import load_model
-    from chatgym.trainer.models.random_init import random_model
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--random", action="store_true", help="random weights of SmolLM2's shape (no model files)")
+    ap.add_argument("--shape", choices=SHAPES, default="smollm2")
+    ap.add_argument("--random", action="store_true", help="smollm2: random weights (no model files)")
+    ap.add_argument("--modes", nargs="+", default=["layers", "fused"], choices=("layers", "fused", "fp8", "compiled"))
+    ap.add_argument("--compile", action="store_true", help="add 'compiled' to --modes (slow to compile)")
+    ap.add_argument("--rows", type=int, nargs="+", default=None, help="buckets of (rows, 256 columns); "
+                    "default: 64/32/8 rows x 256 and 64 x 512")
     ap.add_argument("--iters", type=int, default=300, help="replays timed per bucket")
-    ap.add_argument("--compile", action="store_true", help="also the torch.compile'd layers (slow to compile)")
+    ap.add_argument("--profile", action="store_true", help="kernel time by kind per bucket (module doc)")
     args = ap.parse_args()
-    if args.random:
-        from transformers import LlamaConfig
-
-        shape = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                            num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
-                            rope_theta=100000.0, tie_word_embeddings=True)  # SmolLM2-135M's config.json
-        model = random_model(shape, seed=0, device="cuda").to(torch.bfloat16).eval()
-    else:
-        model = load_model("smollm2", dtype="bfloat16", device="cuda")
+    modes = list(dict.fromkeys([*args.modes, *(["compiled"] if args.compile else [])]))
+    buckets = [(n, 256) for n in args.rows] if args.rows else list(BUCKETS)
+    model = build_model(args.shape, real_weights=args.shape == "smollm2" and not args.random)
     rng = random.Random(0)
-    prompts = [[rng.randrange(100, 40000) for _ in range(rng.randint(40, 120))] for _ in range(64)]
-    print(f"{torch.cuda.get_device_name()} torch {torch.__version__}")
-    results = {}
-    for mode in ("layers", "fused", "compiled")[: 3 if args.compile else 2]:
+    top = min(model.config.vocab_size, 40000)
+    prompts = [[rng.randrange(100, top) for _ in range(rng.randint(40, 120))] for _ in range(max(n for n, _ in buckets))]
+    bandwidth = copy_bandwidth()
+    print(f"{torch.cuda.get_device_name()} torch {torch.__version__}, {args.shape}, "
+          f"copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + write)", flush=True)
+    results, reference = {}, "layers" if "layers" in modes else modes[0]
+    for mode in sorted(modes, key=lambda m: m != reference):
         slots = make_slots(model, mode, prompts, 0)
-        if mode != "compiled":
-            print(f"{mode:8} kernels per step (64 rows, 256 columns): {count_kernels(slots, 64, 256)}", flush=True)
-        for n, width in BUCKETS:
+        for n, width in buckets:
             first_s, ms, logits = time_bucket(slots, n, width, args.iters)
             results[(mode, n, width)] = logits
+            weights, kv = step_bytes(model, mode, n, width)
+            floor_ms = (weights + kv) / bandwidth * 1e3
             diff = ""
-            if mode != "layers":
-                ref = results[("layers", n, width)]
-                diff = f" max |logit diff| vs layers {(logits - ref).abs().max().item():.4f}"
-                diff += f" argmax agree {(logits.argmax(-1) == ref.argmax(-1)).float().mean().item():.3f}"
-            print(f"{mode:8} rows {n:3d} columns {width:3d}: first call {first_s:7.2f} s, "
-                  f"replay {ms:.3f} ms{diff}", flush=True)
+            if mode != reference:
+                ref = results[(reference, n, width)]
+                diff = f"; vs {reference}: max |logit diff| {(logits - ref).abs().max().item():.4f}"
+                diff += f", argmax agree {(logits.argmax(-1) == ref.argmax(-1)).float().mean().item():.3f}"
+            print(f"{mode:8} rows {n:3d} columns {width:3d}: first call {first_s:7.2f} s, replay {ms:.3f} ms, "
+                  f"floor {floor_ms:.3f} ms ({(weights + kv) / 1e9:.2f} GB: KV {kv / 1e9:.2f}), "
+                  f"{ms / floor_ms:.2f}x the floor{diff}", flush=True)
+            if args.profile and mode != "compiled":
+                print_profile(step_kernels(slots, n, width), ms, weights)
         del slots
         torch.cuda.empty_cache()
 
     # The sampling after each step: 64 rows at temperature 1, each with its own seed (as the trainer
     # sends them), logprob of the drawn id, one read back.
-    logits = results[("fused", 64, 256)]
-    generators = [torch.Generator(device="cuda").manual_seed(i) for i in range(64)]
+    n, width = buckets[0]
+    logits = results[(modes[-1] if "fused" not in modes else "fused", n, width)]
+    generators = [torch.Generator(device="cuda").manual_seed(i) for i in range(n)]
     shared = torch.Generator(device="cuda").manual_seed(0)
-    params = [SamplingParams(temperature=1.0, seed=i) for i in range(64)]
+    params = [SamplingParams(temperature=1.0, seed=i) for i in range(n)]
     plan = hf_sampling.build_plan(params, generators, shared, logits.shape[-1], "cuda")
     for _ in range(10):
         hf_sampling.sample(logits, plan)
@@ -128,7 +219,7 @@ def main() -> None:
         ids, invalid = hf_sampling.sample(logits, plan)
         lps = torch.log_softmax(logits, dim=-1).gather(1, ids[:, None])[:, 0]
         hf_sampling.to_host(ids, lps, invalid)
-    print(f"sampling 64 rows (own generators) + logprobs + read back: "
+    print(f"sampling {n} rows (own generators) + logprobs + read back: "
           f"{(time.perf_counter() - t0) / args.iters * 1e3:.3f} ms per step")
 
 

@@ -29,6 +29,8 @@ Runs (``--runs``, any subset, each ``NAME:SEED``):
   the pipeline's driver, as ``chatgym train`` runs it (see :func:`run_ours` for its evaluations);
 * ``ours_compile`` — ``ours`` with the learner's decoder layers compiled (``model.compile: true``:
   fewer, fused kernels for an update that looks bound by issuing ops at 135M; docs/gpu.md);
+* ``ours_1off_compile`` — both: with an update that issues fewer ops, the next rollout's host work and
+  the update's contend less for the host (``ours_1off`` alone gained nothing: both phases issue ops);
 * ``trl_bf16``    — TRL with bf16 weights (its fastest configuration in the peers' figures);
 * ``trl_fp32``    — TRL with fp32 weights, bf16 autocast and gradient checkpointing (its most accurate);
 * ``trl_vllm_bf16`` / ``trl_vllm_fp32`` — the same two with TRL's colocated vLLM generating
@@ -149,6 +151,7 @@ OUR_RUNS: dict[str, dict[str, str]] = {
     "ours_vllm": {"engine": "vllm"},
     "ours_1off": {"engine": "static", "pipeline": "one_step_off"},
     "ours_compile": {"engine": "static", "compile": "true"},
+    "ours_1off_compile": {"engine": "static", "pipeline": "one_step_off", "compile": "true"},
 }
 # The trl* runs: (fp32 master weights, TRL's colocated vLLM generating).
 TRL_RUNS = {
