@@ -2,8 +2,9 @@
 
 Modes (``--modes``): through the model's own layers (``layers``), through
 :mod:`chatgym.trainer.engines.hf_fused` (``fused``, the engine's default), the fused step on FP8
-weights (``fp8``: :mod:`.hf_fp8`, per-channel e4m3 weights, per-row activation scales), and
-``compiled`` (the layers' step compiled by ``torch.compile``, Inductor, row and column counts
+weights (``fp8``: :mod:`.hf_fp8`, per-channel e4m3 weights, per-row activation scales), each of
+those two with its element-wise pieces compiled (``fused_c``, ``fp8_c``: the engine's
+``fused_step: compiled``, :mod:`.hf_elementwise`), and ``compiled`` (the layers' step compiled by ``torch.compile``, Inductor, row and column counts
 dynamic, then captured; the engine itself does not compile:
 ``benchmarks/results/vs_trl_h200_curve_subprocess/README.md``: 140 s, and 91 s more at the
 512-column bucket).
@@ -39,6 +40,7 @@ import random
 import time
 
 BUCKETS = ((64, 256), (32, 256), (8, 256), (64, 512))
+MODES = ("layers", "fused", "fused_c", "fp8", "fp8_c", "compiled")
 SLOTS, MAX_LEN = 256, 512
 KINDS = (  # (kind, substrings of a kernel's name), first match wins (cutlass attention before GEMMs)
     ("attention", ("fmha", "flash", "attention", "attn")),
@@ -62,7 +64,8 @@ def make_slots(model, mode: str, prompts, pad_id: int):
 
     from chatgym.trainer.engines.hf_static import StaticSlots
 
-    slots = StaticSlots(model, SLOTS, MAX_LEN, fused=mode in ("fused", "fp8"), fp8=mode == "fp8")
+    fused = "compiled" if mode.endswith("_c") else mode in ("fused", "fp8")
+    slots = StaticSlots(model, SLOTS, MAX_LEN, fused=fused, fp8=mode.startswith("fp8"))
     if mode == "compiled":  # the whole step, as the engine's graphs would capture it
         slots._forward = torch.compile(slots._forward, dynamic=True)
     with torch.inference_mode():
@@ -126,12 +129,13 @@ def copy_bandwidth() -> float:
 def step_bytes(model, mode: str, n: int, width: int) -> tuple[int, int]:
     """(weight bytes, KV-cache bytes) one decode step of ``n`` rows over ``width`` columns reads."""
     config = model.config
-    per = 1 if mode == "fp8" else 2
+    fp8 = mode.startswith("fp8")
+    per = 1 if fp8 else 2
     weights = 0
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
         for lin in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
-            weights += lin.weight.numel() * per + (lin.weight.shape[0] * 4 if mode == "fp8" else 0)
+            weights += lin.weight.numel() * per + (lin.weight.shape[0] * 4 if fp8 else 0)
     weights += model.lm_head.weight.numel() * 2
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     kv = 2 * len(model.model.layers) * n * config.num_key_value_heads * width * head_dim * 2
@@ -166,7 +170,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", choices=SHAPES, default="smollm2")
     ap.add_argument("--random", action="store_true", help="smollm2: random weights (no model files)")
-    ap.add_argument("--modes", nargs="+", default=["layers", "fused"], choices=("layers", "fused", "fp8", "compiled"))
+    ap.add_argument("--modes", nargs="+", default=["layers", "fused"], choices=MODES)
     ap.add_argument("--compile", action="store_true", help="add 'compiled' to --modes (slow to compile)")
     ap.add_argument("--rows", type=int, nargs="+", default=None, help="buckets of (rows, 256 columns); "
                     "default: 64/32/8 rows x 256 and 64 x 512")

@@ -94,6 +94,8 @@ ENGINE_MODES = {
     "static": {"decode": "static"},
     "static fp8": {"decode": "static", "quantization": "fp8"},
     "static fp8+head": {"decode": "static", "quantization": "fp8", "fp8_lm_head": True},
+    "static compiled": {"decode": "static", "fused_step": "compiled"},
+    "static fp8 compiled": {"decode": "static", "quantization": "fp8", "fused_step": "compiled"},
     "async": {"decode": "static", "async_scheduling": True},
     "layers": {"decode": "static", "fused_step": False},
     "dynamic": {"decode": "dynamic"},

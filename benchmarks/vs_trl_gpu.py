@@ -29,6 +29,9 @@ Runs (``--runs``, any subset, each ``NAME:SEED``):
   the pipeline's driver, as ``chatgym train`` runs it (see :func:`run_ours` for its evaluations);
 * ``ours_compile`` — ``ours`` with the learner's decoder layers compiled (``model.compile: true``:
   fewer, fused kernels for an update that looks bound by issuing ops at 135M; docs/gpu.md);
+* ``ours_c`` — ``ours`` with the engine's element-wise pieces compiled (``engine.options.fused_step:
+  compiled``: RoPE and the MLP's activation in one kernel each; ``ours_c_compile`` with the learner's
+  layers compiled too);
 * ``ours_1off_compile`` — both: with an update that issues fewer ops, the next rollout's host work and
   the update's contend less for the host (``ours_1off`` alone gained nothing: both phases issue ops);
 * ``trl_bf16``    — TRL with bf16 weights (its fastest configuration in the peers' figures);
@@ -152,6 +155,8 @@ OUR_RUNS: dict[str, dict[str, str]] = {
     "ours_1off": {"engine": "static", "pipeline": "one_step_off"},
     "ours_compile": {"engine": "static", "compile": "true"},
     "ours_1off_compile": {"engine": "static", "pipeline": "one_step_off", "compile": "true"},
+    "ours_c": {"engine": "static_c"},
+    "ours_c_compile": {"engine": "static_c", "compile": "true"},
 }
 # The trl* runs: (fp32 master weights, TRL's colocated vLLM generating).
 TRL_RUNS = {
@@ -174,10 +179,11 @@ def engine_overrides(engine: str, quantization: str | None = None) -> list[str]:
     out = [
         "engine.backend=hf",
         f"engine.dtype={'bfloat16' if DEVICE == 'cuda' else 'float32'}",
-        # "async": the static decode with async_scheduling (the next step queued before the read-back).
-        "engine.options={decode: static, async_scheduling: true}"
-        if engine == "async"
-        else f"engine.options={{decode: {engine}}}",
+        # "async": the static decode with async_scheduling (the next step queued before the read-back);
+        # "static_c": its element-wise pieces compiled (fused_step: compiled).
+        {"async": "engine.options={decode: static, async_scheduling: true}",
+         "static_c": "engine.options={decode: static, fused_step: compiled}"}.get(
+            engine, f"engine.options={{decode: {engine}}}"),
     ]
     if quantization:  # after engine.options=..., which replaces the whole mapping
         out.append(f"engine.options.quantization={quantization}")

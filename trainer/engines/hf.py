@@ -96,18 +96,15 @@ class TransformersEngine:
         model: packaged model name (``"smollm2"``), a local model directory, or a loaded
             ``PreTrainedModel`` (used as is, e.g. the trainer's own model; the engine then shares its
             weights and ``update_weights`` is not needed; its train/eval mode is left alone).
-        tokenizer: a tokenizer for ``Completion.text``; loaded from ``model`` when it is a name/path,
-            else none (text is empty).
+        tokenizer: for ``Completion.text``; loaded from ``model`` when it is a name/path, else none (no text).
         dtype: ``torch.dtype`` or name, when the engine loads the model (``"float32"`` default;
             ``"bfloat16"`` is ~1.3x faster on CPUs with AVX-512 BF16 and on GPUs).
         device: ``"cpu"``, ``"cuda"``, ...; default CUDA when available.
         max_batch_size: most requests decoded together (running rows; the rest wait their turn).
-        batch_window_s: seconds the first request waits for others when the engine is idle, so that
-            a burst is prefilled in one forward pass. Requests arriving while rows decode join at the
-            next step without waiting.
+        batch_window_s: seconds the first request waits for others when the engine is idle (a burst is
+            prefilled in one pass); requests arriving while rows decode join at the next step.
         seed: seed of the generator used by requests without their own ``seed``.
-        eos_token_ids: override the EOS ids (default: every id in the generation config); ``[]``: none
-            (every row runs to its budget).
+        eos_token_ids: the EOS ids (default: every id in the generation config); ``[]``: none (rows run to budget).
         max_model_len: prompt + completion limit in tokens (default: ``max_position_embeddings``);
             completions are cut there with ``finish_reason="length"``.
         num_threads: torch CPU threads (default: leave torch's setting).
@@ -121,9 +118,9 @@ class TransformersEngine:
             logprobs up to float rounding. Default False: faster generation on an H200, but its training
             runs had slower updates and more peak memory (``benchmarks/results/vs_trl_h200_fused_step/``).
         image_processor: a VLM's image processor (default: loaded from the model's directory).
-        fused_step: static path: prefill and decode through :mod:`.hf_fused` (fused weights, ~18
-            kernels a layer; 2.5x faster decode steps on an H200) when the model allows; False: through
-            the model's own layers. Same function up to float rounding.
+        fused_step: static path: prefill and decode through :mod:`.hf_fused` (~18 kernels a layer; 2.5x
+            faster steps on an H200) when the model allows; False: the model's own layers; ``"compiled"``:
+            fused, its element-wise pieces compiled (:mod:`.hf_elementwise`). Same function up to rounding.
         quantization: ``"fp8"``: the fused static step on FP8 weights (:mod:`.hf_fp8`; needs a CUDA GPU
             of compute capability >= 8.9, refused elsewhere); ``fp8_lm_head``: the LM head in FP8 too.
             ``update_weights`` re-quantizes (scales recomputed) into the same buffers. None: the dtype's.
@@ -136,7 +133,7 @@ class TransformersEngine:
     Raises:
         ValueError: ``max_batch_size < 1``, ``batch_window_s < 0``, ``eos_token_ids`` holding an id
             outside ``[0, vocab_size)`` (``eos_token_ids=[-1]``, say: the message names the argument
-            and the vocabulary size), ``async_scheduling`` without the static decode path.
+            and the vocabulary size), ``async_scheduling`` without the static path, a bad ``fused_step``.
         TypeError: ``eos_token_ids`` not ints.
 
     Counters (for tests and benchmarks): ``batches_run`` prefill passes (each admits a group of
@@ -158,7 +155,7 @@ class TransformersEngine:
         num_threads: int | None = None,
         decode: str = "auto",
         async_scheduling: bool = False,
-        fused_step: bool = True,
+        fused_step: bool | str = True,
         image_processor: Any = None,
         quantization: str | None = None,
         fp8_lm_head: bool = False,
@@ -216,8 +213,8 @@ class TransformersEngine:
         self._can_join: bool | None = None  # known after the first prefill (see hf_batch.can_join)
         self.decode = self._choose_decode(decode)
         self._slots: Any = None  # hf_static.StaticSlots, made by the worker on first use
-        self._check_static_options(async_scheduling, fused_step)
-        self.async_scheduling, self.fused_step = bool(async_scheduling), bool(fused_step)
+        self.async_scheduling = bool(async_scheduling)
+        self.fused_step = self._check_static_options(async_scheduling, fused_step)
         self._ahead: Any = None  # async_scheduling: logits of the decode step queued for the running rows
         self._plan: tuple[list[_Row], Any] = ([], None)  # the running rows' hf_sampling plan
         self.batches_run = 0
@@ -498,11 +495,15 @@ class TransformersEngine:
             return "static" if ok and self.device.type == "cuda" else "dynamic"
         return decode
 
-    def _check_static_options(self, async_scheduling: bool, fused_step: bool) -> None:
+    def _check_static_options(self, async_scheduling: bool, fused_step: bool | str) -> bool | str:
+        """``fused_step`` as the engine keeps it (a bool, or ``"compiled"``) once the options agree."""
+        if fused_step not in (True, False, "compiled"):
+            raise ValueError(f"fused_step must be true, false or 'compiled', got {fused_step!r}")
         if async_scheduling and self.decode != "static":
             raise ValueError(f"async_scheduling needs decode 'static' (this engine decodes {self.decode!r})")
         if self.fp8 and (self.decode != "static" or not fused_step):
             raise ValueError("quantization 'fp8' runs in the fused static decode step: decode 'static', fused_step")
+        return fused_step
 
     def _step_static(self, rows: list[_Row], joiners: list[_Request]) -> list[_Row]:
         """:meth:`_step` over :class:`.hf_static.StaticSlots` (row ``r`` is slot ``r``)."""

@@ -110,6 +110,13 @@ class Fp8Linear:
         """``(M, N)`` = ``x (M, K)`` times the weight, in ``out_dtype`` (default ``x``'s dtype)."""
         return fp8_matmul(x, self.weight, self.scale, out_dtype or x.dtype)
 
+    def mm(self, xq: Any, a: Any, out_dtype: Any) -> Any:
+        """``(M, N)`` in ``out_dtype`` from activations already quantized by :func:`quantize_rows`:
+        ``xq`` ``(M, K)`` float8_e4m3fn and ``a`` ``(M, 1)`` float32."""
+        import torch
+
+        return torch._scaled_mm(xq, self.weight.t(), scale_a=a, scale_b=self.scale, out_dtype=out_dtype)
+
 
 QUANTIZATIONS = (None, "fp8")
 

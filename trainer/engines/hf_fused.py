@@ -119,13 +119,19 @@ class FusedDecoder:
             device has FP8 (:func:`chatgym.trainer.models.cuda.fp8_unsupported`); this class does not,
             so the CPU tests can run it.
         fp8_lm_head: with ``fp8``, the LM head too (its logits then carry the FP8 error as well).
+        compile_elementwise: the element-wise pieces between the matmuls (RoPE, the gated MLP's
+            activation, FP8 activation quantization with the norm before it) through ``torch.compile``
+            (:mod:`.hf_elementwise`: fewer kernels a step; compiled on the first call).
 
     Raises:
         ValueError: the model is not :func:`fusable` (the reason is in the message), or with ``fp8`` a
             projection whose sizes ``torch._scaled_mm`` cannot take on this device.
     """
 
-    def __init__(self, model: Any, *, fp8: bool = False, fp8_lm_head: bool = False) -> None:
+    def __init__(self, model: Any, *, fp8: bool = False, fp8_lm_head: bool = False,
+                 compile_elementwise: bool = False) -> None:
+        from chatgym.trainer.engines import hf_elementwise
+
         ok, why = fusable(model)
         if not ok:
             raise ValueError(f"fused decode step: {why}")
@@ -135,6 +141,7 @@ class FusedDecoder:
         self.kv_heads = int(config.num_key_value_heads)
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
         self.fp8 = bool(fp8)
+        self.ops = hf_elementwise.compiled() if compile_elementwise else hf_elementwise.EAGER
         self.layers: list[_Layer] = []
         # (write the copy from its sources, the tensors it joins): bf16 concatenations or FP8 weights.
         self._copies: list[tuple[Callable[[list[Any]], None], list[Any]]] = []
@@ -295,12 +302,13 @@ class FusedDecoder:
         import torch.nn.functional as F
 
         t, heads, kv_heads, d = hidden.shape[0], self.heads, self.kv_heads, self.head_dim
-        x = F.rms_norm(hidden, (hidden.shape[-1],), layer.norm_in.weight, layer.norm_in.variance_epsilon)
+        norm = layer.norm_in
         if layer.fp8 is not None:
-            qkv = layer.fp8[0](x)
+            qkv = layer.fp8[0].mm(*self.ops.norm_quant(hidden, norm.weight, norm.variance_epsilon), hidden.dtype)
             if layer.qkv_bias is not None:
                 qkv = qkv + layer.qkv_bias
         else:
+            x = F.rms_norm(hidden, (hidden.shape[-1],), norm.weight, norm.variance_epsilon)
             qkv = F.linear(x, layer.qkv, layer.qkv_bias)
         split = (heads + kv_heads) * d
         qk = qkv[:, :split].view(t, heads + kv_heads, d)
@@ -309,25 +317,22 @@ class FusedDecoder:
                 F.rms_norm(qk[:, :heads], (d,), layer.q_norm.weight, layer.q_norm.variance_epsilon),
                 F.rms_norm(qk[:, heads:], (d,), layer.k_norm.weight, layer.k_norm.variance_epsilon),
             ), dim=1)
-        qk = torch.addcmul(qk * cos, torch.roll(qk, d // 2, dims=-1), sin)
-        return qk, qkv[:, split:].view(t, kv_heads, d)
+        return self.ops.rope(qk, cos, sin), qkv[:, split:].view(t, kv_heads, d)
 
     def _after_attention(self, layer: _Layer, hidden: Any, attended: Any) -> Any:
         """The output projection and the MLP, each added to the residual stream in its matmul."""
         import torch
         import torch.nn.functional as F
 
-        size = (hidden.shape[-1],)
+        size, ops, norm, dtype = (hidden.shape[-1],), self.ops, layer.norm_post, hidden.dtype
         if layer.fp8 is not None:  # the residual added after the FP8 matmul (its bias is 1-D only)
             _, o, gate_up, down = layer.fp8
-            hidden = hidden + o(attended)
-            x = F.rms_norm(hidden, size, layer.norm_post.weight, layer.norm_post.variance_epsilon)
-            gate, up = gate_up(x).chunk(2, dim=-1)
-            return hidden + down(F.silu(gate) * up)
+            hidden, xq, a = ops.add_norm_quant(hidden, o.mm(*ops.quant(attended), dtype), norm.weight,
+                                               norm.variance_epsilon)
+            return hidden + down.mm(*ops.silu_mul_quant(gate_up.mm(xq, a, dtype)), dtype)
         hidden = torch.addmm(hidden, attended, layer.o.weight.t())
-        x = F.rms_norm(hidden, size, layer.norm_post.weight, layer.norm_post.variance_epsilon)
-        gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
-        return torch.addmm(hidden, F.silu(gate) * up, layer.down.weight.t())
+        x = F.rms_norm(hidden, size, norm.weight, norm.variance_epsilon)
+        return torch.addmm(hidden, ops.silu_mul(F.linear(x, layer.gate_up)), layer.down.weight.t())
 
     def _logits(self, hidden: Any) -> Any:
         import torch.nn.functional as F

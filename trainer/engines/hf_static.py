@@ -115,7 +115,8 @@ class StaticSlots:
         use_graphs: capture and replay CUDA graphs (CUDA only); False runs the same step eagerly.
         fused: run the prefill and the decode step through :mod:`.hf_fused` (~18 kernels a layer
             instead of ~45, the same function up to float rounding) when the model is
-            :func:`.hf_fused.fusable`; False, or a model it cannot run, uses the model's own layers.
+            :func:`.hf_fused.fusable`; False, or a model it cannot run, uses the model's own layers;
+            ``"compiled"``: fused, with the element-wise pieces compiled (:mod:`.hf_elementwise`).
         fp8: the fused step on FP8 weights (:mod:`.hf_fp8`; ``fp8_lm_head``: the LM head too); needs the
             fused step. The caller checks the device has FP8 (the engine does).
 
@@ -125,7 +126,7 @@ class StaticSlots:
     """
 
     def __init__(self, model: Any, max_rows: int, max_len: int, *, use_graphs: bool = True,
-                 fused: bool = True, fp8: bool = False, fp8_lm_head: bool = False) -> None:
+                 fused: bool | str = True, fp8: bool = False, fp8_lm_head: bool = False) -> None:
         import torch
 
         ok, why = supports(model)
@@ -159,7 +160,8 @@ class StaticSlots:
         self.graphs_captured = 0
         self.capture_failures: dict[tuple[int, int], str] = {}
         self._want_fused = bool(fused)
-        self._fp8 = {"fp8": bool(fp8), "fp8_lm_head": bool(fp8) and bool(fp8_lm_head)}
+        self._fp8 = {"fp8": bool(fp8), "fp8_lm_head": bool(fp8) and bool(fp8_lm_head),
+                     "compile_elementwise": fused == "compiled"}
         self.fused: Any = None
         self.unfused_reason = ""  # why the step runs through the model's own layers ("" when fused)
         self.rebuilds = 0  # times the model's modules or weight tensors were found replaced

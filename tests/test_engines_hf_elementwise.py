@@ -1,0 +1,119 @@
+"""The fused step's element-wise pieces through ``torch.compile`` (trainer/engines/hf_elementwise.py):
+each compiled piece computes its eager piece's function at several sizes (one compilation, dynamic
+shapes), a fused step built on them gives the eager fused step's logits (bf16 weights and FP8), the
+engine takes ``fused_step: compiled`` and refuses other strings, and on CUDA the compiled kernels are
+captured in the step's graphs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_engines_hf_fused import decode_sequence, full_forward_logits, tiny
+from transformers import LlamaConfig, Qwen2Config
+
+from chatgym.trainer.chat.tokenizer import get_tokenizer
+from chatgym.trainer.engines import SamplingParams
+from chatgym.trainer.engines import hf_elementwise as ew
+from chatgym.trainer.engines.hf import TransformersEngine
+from chatgym.trainer.engines.hf_static import StaticSlots
+
+PROMPTS = [[1, 5, 9, 200, 3], [7, 8], list(range(11, 40))]
+
+
+@pytest.mark.parametrize("rows", [3, 17])
+def test_each_compiled_piece_computes_the_eager_one(rows):
+    """fp32 inputs: the compiled pieces may fuse but compute the same values (float rounding apart);
+    FP8 codes may differ by one e4m3 step where a value sits on a rounding boundary, so the quantized
+    pieces are compared dequantized, at e4m3's relative step (2^-3) of the row's largest value."""
+    gen = torch.Generator().manual_seed(rows)
+    heads, d, hidden, inter = 6, 16, 64, 96
+    qk, cos, sin = (torch.randn(rows, n, d, generator=gen) for n in (heads, 1, 1))
+    gate_up, x, out = torch.randn(rows, 2 * inter, generator=gen), *torch.randn(2, rows, hidden, generator=gen)
+    weight = 1 + 0.5 * torch.randn(hidden, generator=gen)
+    comp = ew.compiled()
+    torch.testing.assert_close(comp.rope(qk, cos, sin), ew.rope(qk, cos, sin), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(comp.silu_mul(gate_up), ew.silu_mul(gate_up), atol=1e-5, rtol=1e-5)
+
+    def dequant(xq, a):
+        return xq.float() * a
+
+    def close_fp8(got, want):
+        want_x = dequant(*want)
+        torch.testing.assert_close(dequant(*got), want_x, atol=float(want_x.abs().max()) / 8, rtol=0)
+        torch.testing.assert_close(got[1], want[1], atol=1e-7, rtol=1e-5)  # the scales themselves
+
+    close_fp8(comp.quant(x), ew.EAGER.quant(x))
+    close_fp8(comp.norm_quant(x, weight, 1e-6), ew.norm_quant(x, weight, 1e-6))
+    close_fp8(comp.silu_mul_quant(gate_up), ew.silu_mul_quant(gate_up))
+    h_c, *q_c = comp.add_norm_quant(x, out, weight, 1e-6)
+    h_e, *q_e = ew.add_norm_quant(x, out, weight, 1e-6)
+    torch.testing.assert_close(h_c, h_e, atol=0, rtol=0)  # an add, exactly
+    close_fp8(q_c, q_e)
+
+
+def test_the_eager_quant_pieces_are_the_fp8_module_quantization():
+    """Without compilation, norm_quant is quantize_rows(rms_norm(x)) exactly (the FP8 step's old path)."""
+    from chatgym.trainer.engines.hf_fp8 import quantize_rows
+
+    x, w = torch.randn(5, 32), torch.rand(32) + 0.5
+    want = quantize_rows(torch.nn.functional.rms_norm(x, (32,), w, 1e-5))
+    got = ew.norm_quant(x, w, 1e-5)
+    assert torch.equal(got[0].view(torch.uint8), want[0].view(torch.uint8)) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("config_class", [LlamaConfig, Qwen2Config], ids=["llama", "qwen2"])
+def test_the_compiled_fused_step_gives_the_full_forward_logits(config_class):
+    model = tiny(config_class)
+    slots = StaticSlots(model, 4, 96, use_graphs=False, fused="compiled")
+    assert slots.fused is not None and slots.fused.ops is ew.compiled()
+    seen = decode_sequence(slots, PROMPTS, steps=6)
+    for rows in seen.values():
+        for ids, logits in rows:
+            assert (logits - full_forward_logits(model, ids)).abs().max().item() < 2e-5
+
+
+def test_the_compiled_fp8_step_follows_the_eager_fp8_step():
+    """FP8 weights (CPU numerics): the same greedy ids, logits within a few e4m3 rounding steps of the
+    activations (the eager step rounds the normed activations to the model dtype before quantizing;
+    the compiled one does not, in fp32 here only the quantization's rounding differs)."""
+    model = tiny(LlamaConfig, tie_word_embeddings=False)
+    eager = decode_sequence(StaticSlots(model, 4, 96, use_graphs=False, fp8=True), PROMPTS, steps=5)
+    comp = decode_sequence(StaticSlots(model, 4, 96, use_graphs=False, fp8=True, fused="compiled"), PROMPTS, steps=5)
+    for i in eager:
+        for (ids_e, le), (ids_c, lc) in zip(eager[i], comp[i], strict=True):
+            assert ids_e == ids_c
+            assert (le - lc).abs().max().item() < 0.05 * le.abs().max().item()
+
+
+async def test_the_engine_takes_fused_step_compiled_and_refuses_other_strings():
+    model, tokenizer = tiny(LlamaConfig, vocab_size=49152), get_tokenizer("smollm2")
+    params = SamplingParams(max_tokens=5, temperature=0)
+    outs = []
+    for fused_step in (True, "compiled"):
+        engine = TransformersEngine(model, tokenizer, decode="static", max_model_len=64, fused_step=fused_step)
+        try:
+            outs.append((await engine.generate([1, 2, 3, 4], params)).token_ids)
+            assert engine._slots.fused.ops is (ew.compiled() if fused_step == "compiled" else ew.EAGER)
+        finally:
+            await engine.close()
+    assert outs[0] == outs[1]
+    with pytest.raises(ValueError, match="fused_step must be true, false or 'compiled', got 'yes'"):
+        TransformersEngine(model, tokenizer, decode="static", fused_step="yes")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_compiled_pieces_are_captured_in_the_cuda_graphs(fp8):
+    """bf16 weights on CUDA: the compiled step's graphs capture (no failure), and its logits follow the
+    eager fused step's within bf16 rounding of logits of magnitude ~1, with the same greedy ids."""
+    if fp8 and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("FP8 needs compute capability >= 8.9")
+    model = tiny(LlamaConfig, device="cuda", tie_word_embeddings=False).to(torch.bfloat16)
+    eager = decode_sequence(StaticSlots(model, 4, 96, fp8=fp8), PROMPTS, steps=6)
+    slots = StaticSlots(model, 4, 96, fp8=fp8, fused="compiled")
+    comp = decode_sequence(slots, PROMPTS, steps=6)
+    assert slots.graphs_captured >= 2 and not slots.capture_failures
+    for i in eager:
+        for (ids_e, le), (ids_c, lc) in zip(eager[i], comp[i], strict=True):
+            assert ids_e == ids_c and (le - lc).abs().max().item() < 0.1
