@@ -31,7 +31,7 @@ Runs (``--runs``, any subset, each ``NAME:SEED``):
   fewer, fused kernels for an update that looks bound by issuing ops at 135M; docs/gpu.md);
 * ``ours_c`` — ``ours`` with the engine's element-wise pieces compiled (``engine.options.fused_step:
   compiled``: RoPE and the MLP's activation in one kernel each; ``ours_c_compile`` with the learner's
-  layers compiled too);
+  layers compiled too; ``ours_all``: that with ``async_scheduling`` as well);
 * ``ours_1off_compile`` — both: with an update that issues fewer ops, the next rollout's host work and
   the update's contend less for the host (``ours_1off`` alone gained nothing: both phases issue ops);
 * ``trl_bf16``    — TRL with bf16 weights (its fastest configuration in the peers' figures);
@@ -157,6 +157,7 @@ OUR_RUNS: dict[str, dict[str, str]] = {
     "ours_1off_compile": {"engine": "static", "pipeline": "one_step_off", "compile": "true"},
     "ours_c": {"engine": "static_c"},
     "ours_c_compile": {"engine": "static_c", "compile": "true"},
+    "ours_all": {"engine": "async_c", "compile": "true"},
 }
 # The trl* runs: (fp32 master weights, TRL's colocated vLLM generating).
 TRL_RUNS = {
@@ -180,9 +181,10 @@ def engine_overrides(engine: str, quantization: str | None = None) -> list[str]:
         "engine.backend=hf",
         f"engine.dtype={'bfloat16' if DEVICE == 'cuda' else 'float32'}",
         # "async": the static decode with async_scheduling (the next step queued before the read-back);
-        # "static_c": its element-wise pieces compiled (fused_step: compiled).
+        # "static_c": its element-wise pieces compiled (fused_step: compiled); "async_c": both.
         {"async": "engine.options={decode: static, async_scheduling: true}",
-         "static_c": "engine.options={decode: static, fused_step: compiled}"}.get(
+         "static_c": "engine.options={decode: static, fused_step: compiled}",
+         "async_c": "engine.options={decode: static, fused_step: compiled, async_scheduling: true}"}.get(
             engine, f"engine.options={{decode: {engine}}}"),
     ]
     if quantization:  # after engine.options=..., which replaces the whole mapping

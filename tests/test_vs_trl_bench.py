@@ -116,6 +116,10 @@ def test_ours_vllm_and_ours_1off_configs(bench):
     assert (compiled.model.compile, compiled.trainer.pipeline, compiled.engine.options) == (True, "sync", {"decode": "static"})
     fused_c = bench.our_config(0, 30, Path("/tmp/x"), **bench.OUR_RUNS["ours_c_compile"])
     assert (fused_c.model.compile, fused_c.engine.options) == (True, {"decode": "static", "fused_step": "compiled"})
+    every = bench.our_config(0, 30, Path("/tmp/x"), **bench.OUR_RUNS["ours_all"])
+    assert (every.model.compile, every.engine.options) == (
+        True, {"decode": "static", "fused_step": "compiled", "async_scheduling": True}
+    )
     both = bench.our_config(0, 30, Path("/tmp/x"), **bench.OUR_RUNS["ours_1off_compile"])
     assert (both.model.compile, both.trainer.pipeline, both.engine.options) == (
         True, "one_step_off", {"decode": "static"}
