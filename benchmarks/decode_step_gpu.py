@@ -36,6 +36,7 @@ generator per row, ``log_softmax`` + gather, one read back): ms per step.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import time
 
@@ -164,8 +165,7 @@ def main() -> None:
     import torch
     from hf_decode_gpu import SHAPES, build_model
 
-    from chatgym.trainer.engines import hf_sampling
-    from chatgym.trainer.engines.base import SamplingParams
+    from chatgym.trainer.models.cuda import without_cudnn_attention
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", choices=SHAPES, default="smollm2")
@@ -176,6 +176,7 @@ def main() -> None:
                     "default: 64/32/8 rows x 256 and 64 x 512")
     ap.add_argument("--iters", type=int, default=300, help="replays timed per bucket")
     ap.add_argument("--profile", action="store_true", help="kernel time by kind per bucket (module doc)")
+    ap.add_argument("--cudnn", action="store_true", help="SDPA's cuDNN backend allowed (the engine turns it off)")
     args = ap.parse_args()
     modes = list(dict.fromkeys([*args.modes, *(["compiled"] if args.compile else [])]))
     buckets = [(n, 256) for n in args.rows] if args.rows else list(BUCKETS)
@@ -186,6 +187,18 @@ def main() -> None:
     bandwidth = copy_bandwidth()
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}, {args.shape}, "
           f"copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + write)", flush=True)
+    # As the engine runs its steps: SDPA's cuDNN backend off (trainer/models/cuda.py), so the graphs
+    # capture the attention kernel the engine replays (--cudnn: allowed, the A/B).
+    attention = contextlib.nullcontext() if args.cudnn else without_cudnn_attention("cuda")
+    with attention:
+        results = time_modes(model, modes, buckets, prompts, bandwidth, args)
+    sampling(results, modes, buckets, args.iters)
+
+
+def time_modes(model, modes: list[str], buckets, prompts, bandwidth: float, args) -> dict:
+    """Each mode's captured step per bucket, printed (module doc); the logits of each, by key."""
+    import torch
+
     results, reference = {}, "layers" if "layers" in modes else modes[0]
     for mode in sorted(modes, key=lambda m: m != reference):
         slots = make_slots(model, mode, prompts, 0)
@@ -206,6 +219,15 @@ def main() -> None:
                 print_profile(step_kernels(slots, n, width), ms, weights)
         del slots
         torch.cuda.empty_cache()
+    return results
+
+
+def sampling(results: dict, modes: list[str], buckets, iters: int) -> None:
+    """The engine's sampling after a step, timed on the first bucket's logits (module doc)."""
+    import torch
+
+    from chatgym.trainer.engines import hf_sampling
+    from chatgym.trainer.engines.base import SamplingParams
 
     # The sampling after each step: 64 rows at temperature 1, each with its own seed (as the trainer
     # sends them), logprob of the drawn id, one read back.
@@ -219,12 +241,12 @@ def main() -> None:
         hf_sampling.sample(logits, plan)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    for _ in range(args.iters):
+    for _ in range(iters):
         ids, invalid = hf_sampling.sample(logits, plan)
         lps = torch.log_softmax(logits, dim=-1).gather(1, ids[:, None])[:, 0]
         hf_sampling.to_host(ids, lps, invalid)
     print(f"sampling {n} rows (own generators) + logprobs + read back: "
-          f"{(time.perf_counter() - t0) / args.iters * 1e3:.3f} ms per step")
+          f"{(time.perf_counter() - t0) / iters * 1e3:.3f} ms per step")
 
 
 if __name__ == "__main__":

@@ -103,17 +103,21 @@ async def test_the_engine_takes_fused_step_compiled_and_refuses_other_strings():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("fp8", [False, True], ids=["fp32", "fp8"])
 def test_compiled_pieces_are_captured_in_the_cuda_graphs(fp8):
-    """bf16 weights on CUDA: the compiled step's graphs capture (no failure), and its logits follow the
-    eager fused step's within bf16 rounding of logits of magnitude ~1, with the same greedy ids."""
+    """On CUDA the compiled step's graphs capture (no failure); fp32 weights (TF32 off): its logits are
+    the full forward's within 1e-4; FP8 weights: the eager FP8 step's ids, logits as in the CPU test."""
     if fp8 and torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("FP8 needs compute capability >= 8.9")
-    model = tiny(LlamaConfig, device="cuda", tie_word_embeddings=False).to(torch.bfloat16)
-    eager = decode_sequence(StaticSlots(model, 4, 96, fp8=fp8), PROMPTS, steps=6)
+    model = tiny(LlamaConfig, device="cuda", tie_word_embeddings=False)
     slots = StaticSlots(model, 4, 96, fp8=fp8, fused="compiled")
     comp = decode_sequence(slots, PROMPTS, steps=6)
     assert slots.graphs_captured >= 2 and not slots.capture_failures
-    for i in eager:
-        for (ids_e, le), (ids_c, lc) in zip(eager[i], comp[i], strict=True):
-            assert ids_e == ids_c and (le - lc).abs().max().item() < 0.1
+    eager = decode_sequence(StaticSlots(model, 4, 96, fp8=True), PROMPTS, steps=6) if fp8 else None
+    for i, rows in comp.items():
+        for j, (ids, logits) in enumerate(rows):
+            if fp8:
+                ids_e, le = eager[i][j]
+                assert ids == ids_e and (logits - le).abs().max().item() < 0.05 * le.abs().max().item()
+            else:
+                assert (logits - full_forward_logits(model, ids)).abs().max().item() < 1e-4
