@@ -60,7 +60,9 @@ def kind_of(name: str) -> str:
     return "other element-wise"
 
 
-def make_slots(model, mode: str, prompts, pad_id: int):
+def make_slots(model, mode: str, prompts, pad_id: int, tokens=None):
+    """The mode's slots with ``prompts`` prefilled and each row's next token set: ``tokens`` (the
+    reference mode's, so every mode's step reads the same input) or its own prefill's argmax."""
     import torch
 
     from chatgym.trainer.engines.hf_static import StaticSlots
@@ -71,8 +73,8 @@ def make_slots(model, mode: str, prompts, pad_id: int):
         slots._forward = torch.compile(slots._forward, dynamic=True)
     with torch.inference_mode():
         logits = slots.admit(prompts, pad_id)
-    slots.set_tokens(logits.argmax(-1))
-    return slots
+    slots.set_tokens(logits.argmax(-1) if tokens is None else tokens)
+    return slots, slots.tokens[: len(prompts)].clone()
 
 
 def time_bucket(slots, n: int, width: int, iters: int) -> tuple[float, float, object]:
@@ -199,9 +201,10 @@ def time_modes(model, modes: list[str], buckets, prompts, bandwidth: float, args
     """Each mode's captured step per bucket, printed (module doc); the logits of each, by key."""
     import torch
 
-    results, reference = {}, "layers" if "layers" in modes else modes[0]
+    results, reference, tokens = {}, "layers" if "layers" in modes else modes[0], None
     for mode in sorted(modes, key=lambda m: m != reference):
-        slots = make_slots(model, mode, prompts, 0)
+        slots, fed = make_slots(model, mode, prompts, 0, tokens)
+        tokens = fed if tokens is None else tokens  # the reference mode's next tokens, fed to every mode
         for n, width in buckets:
             first_s, ms, logits = time_bucket(slots, n, width, args.iters)
             results[(mode, n, width)] = logits

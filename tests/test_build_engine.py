@@ -68,6 +68,21 @@ def test_cli_names_a_bad_engine_option_in_one_line_and_leaves_no_output_dir(tmp_
     assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ("{fused_step: Compiled}", "fused_step must be true, false or 'compiled', got 'Compiled'"),
+        ("{decode: dynamic, fused_step: compiled}", "fused_step 'compiled' needs decode 'static' (this engine decodes 'dynamic')"),
+    ],
+)
+def test_cli_refuses_an_hf_option_value_at_start_up(tmp_path, capsys, options, message):
+    # Regression (fresh-user walk): a bad fused_step was refused by the engine's constructor, after the
+    # learner's and the engine's models had loaded ("engine: ..."); the start-up check names the field.
+    status, err, out = cli_with_engine_options(tmp_path, capsys, options)
+    assert (status, err) == (2, f"chatgym train: engine.options: {message}")
+    assert not out.exists()
+
+
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="decode 'auto' is static on CUDA")
 def test_cli_names_a_value_the_engine_refuses_and_leaves_no_output_dir(tmp_path, capsys):
     # Regression: async_scheduling with the CPU's dynamic decode was silently ignored; a

@@ -99,6 +99,37 @@ async def test_the_engine_takes_fused_step_compiled_and_refuses_other_strings():
     assert outs[0] == outs[1]
     with pytest.raises(ValueError, match="fused_step must be true, false or 'compiled', got 'yes'"):
         TransformersEngine(model, tokenizer, decode="static", fused_step="yes")
+    # Regression (fresh-user walk): on the dynamic path "compiled" was accepted and never ran.
+    for decode in ("dynamic", "auto"):  # auto is the dynamic path on this CPU
+        with pytest.raises(ValueError, match=r"^fused_step 'compiled' needs decode 'static' \(this engine decodes 'dynamic'\)$"):
+            TransformersEngine(model, tokenizer, decode=decode, fused_step="compiled")
+
+
+@pytest.mark.parametrize(
+    ("decode", "options", "message"),
+    [
+        ("static", {"fused_step": 1}, "fused_step must be true, false or 'compiled', got 1"),  # 1 == True in Python
+        ("auto", {"fused_step": "Compiled"}, "fused_step must be true, false or 'compiled', got 'Compiled'"),
+        ("auto", {"fused_step": None}, "fused_step must be true, false or 'compiled', got None"),
+        ("dynamic", {"fused_step": "compiled"}, "fused_step 'compiled' needs decode 'static' (this engine decodes 'dynamic')"),
+        ("dynamic", {"async_scheduling": True}, "async_scheduling needs decode 'static' (this engine decodes 'dynamic')"),
+        ("static", {"fp8": True, "fused_step": False}, "quantization 'fp8' runs in the fused static decode step"),
+    ],
+)
+def test_check_options_refuses_what_no_path_takes(decode, options, message):
+    from chatgym.trainer.engines.hf_static import check_options
+
+    with pytest.raises(ValueError) as err:
+        check_options(decode, **options)
+    assert str(err.value).startswith(message)
+
+
+def test_check_options_returns_fused_step_and_leaves_auto_to_the_engine():
+    from chatgym.trainer.engines.hf_static import check_options
+
+    assert check_options("static", fused_step="compiled") == "compiled"
+    assert check_options("auto", fused_step="compiled", async_scheduling=True, fp8=True) == "compiled"
+    assert check_options("dynamic", fused_step=False) is False
 
 
 @pytest.mark.gpu

@@ -95,7 +95,8 @@ def check_engine_options(backend: str, options: Mapping[str, Any], setting: str)
     Raises:
         ModuleNotFoundError: the backend's package is missing.
         ConfigError: (a ValueError) a key the backend does not take (the message starts with
-            ``setting`` and names the key, with the closest known name or the allowed ones).
+            ``setting`` and names the key, with the closest known name or the allowed ones); for
+            ``hf``, values :func:`.hf_static.check_options` refuses whatever the decode path.
     """
     if backend == "auto":  # every engine auto may pick here must take the options
         from chatgym.trainer.engines.auto import candidates
@@ -125,6 +126,17 @@ def check_engine_options(backend: str, options: Mapping[str, Any], setting: str)
             f"{setting}: {', '.join(map(repr, unknown))} not taken by the {backend!r} engine "
             f"({cls.__name__}); {' '.join(hints) or takes}"
         )
+    if backend == "hf":  # values that no decode path takes, refused before any model loads
+        from chatgym.trainer.engines import hf_static
+
+        try:
+            hf_static.check_options(
+                str(options.get("decode", "auto")), fp8=str(options.get("quantization")).lower() == "fp8",
+                async_scheduling=bool(options.get("async_scheduling", False)),
+                fused_step=options.get("fused_step", True),
+            )
+        except ValueError as exc:
+            raise ConfigError(f"{setting}: {exc}") from None
 
 
 def build_engine(cfg: Any, model_path: Path, tokenizer: Any, seed: int, max_model_len: int) -> Any:

@@ -36,7 +36,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from chatgym.trainer.engines import hf_batch, hf_fp8, hf_sampling, hf_vision
+from chatgym.trainer.engines import hf_batch, hf_fp8, hf_sampling, hf_static, hf_vision
 from chatgym.trainer.engines.base import Completion, SamplingParams
 from chatgym.trainer.engines.common import (
     StopStringChecker,
@@ -213,8 +213,8 @@ class TransformersEngine:
         self._can_join: bool | None = None  # known after the first prefill (see hf_batch.can_join)
         self.decode = self._choose_decode(decode)
         self._slots: Any = None  # hf_static.StaticSlots, made by the worker on first use
-        self.async_scheduling = bool(async_scheduling)
-        self.fused_step = self._check_static_options(async_scheduling, fused_step)
+        self.async_scheduling, self.fused_step = bool(async_scheduling), hf_static.check_options(
+            self.decode, fp8=self.fp8, async_scheduling=bool(async_scheduling), fused_step=fused_step)
         self._ahead: Any = None  # async_scheduling: logits of the decode step queued for the running rows
         self._plan: tuple[list[_Row], Any] = ([], None)  # the running rows' hf_sampling plan
         self.batches_run = 0
@@ -484,8 +484,6 @@ class TransformersEngine:
         return keep
 
     def _choose_decode(self, decode: str) -> str:
-        from chatgym.trainer.engines import hf_static
-
         if decode not in ("auto", "static", "dynamic"):
             raise ValueError(f"decode must be 'auto', 'static' or 'dynamic', got {decode!r}")
         ok, why = hf_static.supports(self._decoder)
@@ -495,21 +493,9 @@ class TransformersEngine:
             return "static" if ok and self.device.type == "cuda" else "dynamic"
         return decode
 
-    def _check_static_options(self, async_scheduling: bool, fused_step: bool | str) -> bool | str:
-        """``fused_step`` as the engine keeps it (a bool, or ``"compiled"``) once the options agree."""
-        if fused_step not in (True, False, "compiled"):
-            raise ValueError(f"fused_step must be true, false or 'compiled', got {fused_step!r}")
-        if async_scheduling and self.decode != "static":
-            raise ValueError(f"async_scheduling needs decode 'static' (this engine decodes {self.decode!r})")
-        if self.fp8 and (self.decode != "static" or not fused_step):
-            raise ValueError("quantization 'fp8' runs in the fused static decode step: decode 'static', fused_step")
-        return fused_step
-
     def _step_static(self, rows: list[_Row], joiners: list[_Request]) -> list[_Row]:
         """:meth:`_step` over :class:`.hf_static.StaticSlots` (row ``r`` is slot ``r``)."""
         import torch
-
-        from chatgym.trainer.engines import hf_static
 
         if self._slots is None:
             self._slots = hf_static.StaticSlots(

@@ -76,6 +76,29 @@ def supports(model: Any) -> tuple[bool, str]:
     return True, ""
 
 
+def check_options(decode: str, *, fp8: bool = False, async_scheduling: bool = False,
+                  fused_step: Any = True) -> bool | str:
+    """The transformers engine's options that need this path, checked together; returns
+    ``fused_step`` as the engine keeps it (``True``, ``False`` or ``"compiled"``).
+
+    Args:
+        decode: the engine's decode path (``"static"`` / ``"dynamic"``), or ``"auto"`` when checked at
+            config load, before the path is known (then only what no path allows is refused).
+
+    Raises:
+        ValueError: ``fused_step`` not a bool nor ``"compiled"`` (an int too), ``async_scheduling`` or
+            ``fused_step: compiled`` on the dynamic path, FP8 weights off the fused static step.
+    """
+    if not (isinstance(fused_step, bool) or fused_step == "compiled"):
+        raise ValueError(f"fused_step must be true, false or 'compiled', got {fused_step!r}")
+    if fp8 and (decode == "dynamic" or not fused_step):
+        raise ValueError("quantization 'fp8' runs in the fused static decode step: decode 'static', fused_step")
+    for name, on in (("async_scheduling", async_scheduling), ("fused_step 'compiled'", fused_step == "compiled")):
+        if on and decode == "dynamic":
+            raise ValueError(f"{name} needs decode 'static' (this engine decodes {decode!r})")
+    return fused_step
+
+
 def _bucket(n: int, cap: int, floor: int = 1) -> int:
     size = floor
     while size < n:
