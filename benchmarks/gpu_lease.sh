@@ -1,0 +1,113 @@
+#!/bin/bash
+# The GPU benchmarks of issues 28 / 31 in one lease of the device machine (no network there), from a
+# kit built by ../shared/gpu-kit/build.sh. Every `run` carries at most 64 MiB with the working tree
+# (17 MB with the committed results), so the kit's larger parts are re-split first, here:
+#
+#   bash ../shared/gpu-kit/build.sh .gpukit all
+#   bash benchmarks/gpu_lease.sh split             # .gpukit/smol/a -> a1 + a2, .gpukit/vllm -> vllm2 (44 MB parts)
+#
+# Then the device calls, back to back (the machine goes back 30 s after a call), each from the
+# project root, with the carry named:
+#
+#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup      (starts `plan` in the background)
+#   2  [.gpukit/smol/a1]              cp .gpukit/smol/a1/* /tmp/kit/smol/
+#   3  [.gpukit/smol/a2]              cp .gpukit/smol/a2/* /tmp/kit/smol/
+#   4  [.gpukit/smol/b]               bash benchmarks/gpu_lease.sh smol
+#   5.. [.gpukit/vllm2/pNN]           mkdir -p /tmp/kit/vllm_parts && cp .gpukit/vllm2/pNN/* /tmp/kit/vllm_parts/
+#   last [.gpukit/vllm2/p10, .gpukit/vllm2/meta]  the same, then: bash benchmarks/gpu_lease.sh vllm
+#   then polls: bash benchmarks/gpu_lease.sh poll 500   (log tail; /tmp/runs packed into $OUT/runs.tgz)
+#
+# `plan` runs what needs no SmolLM2 first (the 7B step), then what needs it, then what needs vLLM,
+# each waiting for its part of the kit; the vs-TRL run lists are environment variables
+# (RUNS_SMOL_0, RUNS_SMOL_1, RUNS_QWEN15). `.whl` (ignored) holds the test plugins the machine lacks:
+# `pip download --no-deps -d .whl pytest-asyncio pytest-timeout`. Install steps run from /tmp: from the project root
+# `python3 -c "import chatgym"` would import the checkout's partial package instead of the kit's.
+set -uo pipefail
+O=/tmp/runs
+
+split() {
+  set -e
+  cd .gpukit
+  mkdir -p smol/a1 smol/a2 vllm2
+  if [ -f smol/a/smol.part0 ]; then
+    head -c 28000000 smol/a/smol.part0 > smol/a1/p0piece0
+    tail -c +28000001 smol/a/smol.part0 > smol/a2/p0piece1
+    rm -rf smol/a
+  fi
+  if [ -d vllm ]; then
+    cat vllm/p*/vllm_kit.tar.part* | (cd vllm2 && command split -b 44000000 -d -a 2 - vllm_kit.tar.part)
+    for f in vllm2/vllm_kit.tar.part*; do mkdir -p "vllm2/p${f##*part}" && mv "$f" "vllm2/p${f##*part}/"; done
+    cp -r vllm/meta vllm2/meta && ls vllm2/p*/vllm_kit.tar.part* | wc -l > vllm2/meta/nparts && rm -rf vllm
+  fi
+  ls smol/* vllm2
+}
+
+setup() {
+  set -e
+  local root=$PWD
+  mkdir -p /tmp/kit/base /tmp/kit/smol $O && cp -r .gpukit/base/. /tmp/kit/base/
+  (cd /tmp && bash /tmp/kit/base/install.sh)
+  if ls .whl/*.whl > /dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+  fi
+  nvidia-smi --query-gpu=name,memory.total --format=csv
+  setsid nohup bash "$root/benchmarks/gpu_lease.sh" plan "$root" > $O/plan.log 2>&1 < /dev/null &
+  echo "plan started: $O/plan.log"
+}
+
+smol() {
+  set -e
+  cp .gpukit/smol/b/* /tmp/kit/smol/
+  cat /tmp/kit/smol/p0piece0 /tmp/kit/smol/p0piece1 > /tmp/kit/smol/smol.part0
+  (cd /tmp && bash /tmp/kit/smol/join.sh)
+}
+
+vllm() {
+  cp .gpukit/vllm2/p10/* /tmp/kit/vllm_parts/ 2>/dev/null
+  rm -rf /tmp/kit/vllm_meta && cp -r .gpukit/vllm2/meta /tmp/kit/vllm_meta
+  (cd /tmp && bash /tmp/kit/vllm_meta/join_install.sh > $O/vllm_install.log 2>&1 && touch /tmp/kit/vllm_ok)
+  tail -n 3 $O/vllm_install.log
+}
+
+wait_for() { for _ in $(seq 1 120); do [ -f "$1" ] && return 0; sleep 5; done; return 1; }
+mark() { echo "== $(date +%T) $*"; }
+
+plan() {
+  cd "$1"
+  source /tmp/kit/base/env.sh
+  export VLLM_USE_FLASHINFER_SAMPLER=0
+  local step="python3 benchmarks/decode_step_gpu.py --rows 64 256 --profile"
+  mark "decode step, Qwen2.5-7B shape"
+  timeout 300 $step --shape qwen2.5-7b --modes fused fused_c fp8 fp8_c --iters 100 > $O/step_7b.txt 2>&1
+  grep -E "bandwidth|replay|  gemm" $O/step_7b.txt | cut -c1-160
+  mark "decode step, Qwen2.5-1.5B shape"
+  timeout 240 $step --shape qwen2.5-1.5b --modes fused fused_c --iters 100 > $O/step_q15.txt 2>&1
+  wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
+  mark "decode step, SmolLM2"
+  timeout 240 $step --shape smollm2 --modes fused fused_c fp8_c --iters 200 > $O/step_smol.txt 2>&1
+  wait_for /tmp/kit/vllm_ok || mark "no vLLM"
+  local vs="python3 benchmarks/vs_trl_gpu.py --run-timeout 420"
+  mark "vs TRL, SmolLM2, seed 0"
+  $vs --shape smollm2 --out $O/vs_smol --runs ${RUNS_SMOL_0:-ours:0 trl_vllm_fp32:0 ours_all:0} > $O/vs_smol_0.txt 2>&1
+  mark "vs TRL, SmolLM2, seed 1"
+  $vs --shape smollm2 --out $O/vs_smol --runs ${RUNS_SMOL_1:-ours:1 trl_vllm_fp32:1 ours_all:1} > $O/vs_smol_1.txt 2>&1
+  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 24 $O/report_smol.txt
+  mark "vs TRL, Qwen2.5-1.5B shape"
+  $vs --shape qwen2.5-1.5b --out $O/vs_q15 --runs ${RUNS_QWEN15:-ours_all:0 trl_vllm_bf16:0 ours:0} > $O/vs_q15.txt 2>&1
+  python3 benchmarks/vs_trl_gpu.py --report $O/vs_q15 > $O/report_q15.txt 2>&1; head -n 16 $O/report_q15.txt
+  mark "GPU tests"
+  rm -rf /tmp/t && mkdir -p /tmp/t && cp -r tests pyproject.toml /tmp/t/  # pytest's settings, not the checkout's package
+  (cd /tmp/t && timeout 600 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engines_hf_elementwise.py \
+    tests/test_engines_hf_fused.py tests/test_engines_hf_static.py tests/test_fp8_gpu.py \
+    tests/test_engines_vllm_gpu.py > $O/gpu_tests.txt 2>&1)
+  tail -n 3 $O/gpu_tests.txt
+  mark "done"
+}
+
+poll() {
+  sleep "${1:-0}"
+  tail -n 40 $O/plan.log | cut -c1-200
+  tar -czf "$OUT/runs.tgz" -C /tmp runs && ls -la "$OUT"
+}
+
+"$@"
