@@ -128,10 +128,11 @@ def check_engine_options(backend: str, options: Mapping[str, Any], setting: str)
         )
     if backend == "hf":  # values that no decode path takes, refused before any model loads
         from chatgym.trainer.engines import hf_static
+        from chatgym.trainer.models.cuda import is_fp8
 
         try:
             hf_static.check_options(
-                str(options.get("decode", "auto")), fp8=str(options.get("quantization")).lower() == "fp8",
+                str(options.get("decode", "auto")), fp8=is_fp8(options.get("quantization")),
                 async_scheduling=bool(options.get("async_scheduling", False)),
                 fused_step=options.get("fused_step", True),
             )

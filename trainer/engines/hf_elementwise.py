@@ -6,7 +6,7 @@ pass over a few kilobytes a row: RoPE (multiply, roll, multiply-add: 3), the gat
 cast, abs, amax, divide, clamp, divide, clamp, e4m3 cast: 8 kernels a projection, 4 projections a
 layer). In a replayed CUDA graph a small model's step costs about the number of its kernels, and at the
 Qwen2.5-7B shape the FP8 step's ~900 quantization kernels cost more than its halved weight reads save
-(docs/gpu.md). ``compiled=True`` runs each piece through ``torch.compile`` (Inductor: one generated
+(docs/gpu.md). :func:`compiled` gives each piece through ``torch.compile`` (Inductor: one generated
 kernel, or two where a row's amax must finish before its scale is applied), with the RMSNorm before an
 FP8 projection and the residual add before the second norm folded into the same kernels.
 

@@ -75,9 +75,14 @@ def quantize_rows(x: Any) -> tuple[Any, Any]:
 def fp8_matmul(x: Any, q: Any, s: Any, out_dtype: Any) -> Any:
     """``x @ dequant(q, s).T`` on FP8 tensor cores: ``x`` ``(M, K)`` (any float dtype) quantized per row,
     ``q`` ``(N, K)`` float8_e4m3fn, ``s`` ``(1, N)``; returns ``(M, N)`` in ``out_dtype``."""
+    return scaled_mm(*quantize_rows(x), q, s, out_dtype)
+
+
+def scaled_mm(xq: Any, a: Any, q: Any, s: Any, out_dtype: Any) -> Any:
+    """:func:`fp8_matmul` of activations already quantized by :func:`quantize_rows` (``xq`` ``(M, K)``
+    float8_e4m3fn, ``a`` ``(M, 1)`` float32)."""
     import torch
 
-    xq, a = quantize_rows(x)
     return torch._scaled_mm(xq, q.t(), scale_a=a, scale_b=s, out_dtype=out_dtype)
 
 
@@ -111,11 +116,8 @@ class Fp8Linear:
         return fp8_matmul(x, self.weight, self.scale, out_dtype or x.dtype)
 
     def mm(self, xq: Any, a: Any, out_dtype: Any) -> Any:
-        """``(M, N)`` in ``out_dtype`` from activations already quantized by :func:`quantize_rows`:
-        ``xq`` ``(M, K)`` float8_e4m3fn and ``a`` ``(M, 1)`` float32."""
-        import torch
-
-        return torch._scaled_mm(xq, self.weight.t(), scale_a=a, scale_b=self.scale, out_dtype=out_dtype)
+        """``(M, N)`` in ``out_dtype`` from activations already quantized (:func:`scaled_mm`)."""
+        return scaled_mm(xq, a, self.weight, self.scale, out_dtype)
 
 
 QUANTIZATIONS = (None, "fp8")
