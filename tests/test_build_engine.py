@@ -84,18 +84,30 @@ def test_cli_refuses_an_hf_option_value_at_start_up(tmp_path, capsys, options, m
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="decode 'auto' is static on CUDA")
+@pytest.mark.parametrize("option", ["async_scheduling: true", "fused_step: compiled"])
+def test_cli_refuses_a_static_only_option_under_auto_without_cuda_at_start_up(tmp_path, capsys, option):
+    # Regression: async_scheduling with the CPU's dynamic decode was silently ignored, then refused by
+    # the engine after the models loaded; decode 'auto' is known to be dynamic here at start-up
+    # (fresh-user walk: "fused_step: compiled" alone failed 18 s in, with no hint at decode).
+    name = option.split(":")[0]
+    name = "fused_step 'compiled'" if name == "fused_step" else name
+    status, err, out = cli_with_engine_options(tmp_path, capsys, f"{{{option}}}")
+    assert (status, err) == (2, f"chatgym train: engine.options: {name} needs decode 'static' (this engine decodes "
+                                "'dynamic'): decode 'auto' is dynamic without CUDA; set decode: static")
+    assert not out.exists()
+
+
 def test_cli_names_a_value_the_engine_refuses_and_leaves_no_output_dir(tmp_path, capsys):
-    # Regression: async_scheduling with the CPU's dynamic decode was silently ignored; a
-    # ValueError of the engine's constructor is now a one-line config error.
+    # A ValueError of the engine's constructor (after the models loaded) is a one-line config error.
     import gc
     import warnings
 
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always", ResourceWarning)
-        status, err, out = cli_with_engine_options(tmp_path, capsys, "{async_scheduling: true}")
+        status, err, out = cli_with_engine_options(tmp_path, capsys, "{batch_window_s: -1}")
         gc.collect()
     assert status == 2
-    assert err == "chatgym train: engine: async_scheduling needs decode 'static' (this engine decodes 'dynamic')"
+    assert err == "chatgym train: engine: batch_window_s must be >= 0, got -1"
     assert not out.exists()
     # Regression (CI rehearsal): the failed Trainer left its event loop unclosed, and a later test's
     # check_env caught the ResourceWarning when the garbage collector found it.

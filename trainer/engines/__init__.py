@@ -126,18 +126,24 @@ def check_engine_options(backend: str, options: Mapping[str, Any], setting: str)
             f"{setting}: {', '.join(map(repr, unknown))} not taken by the {backend!r} engine "
             f"({cls.__name__}); {' '.join(hints) or takes}"
         )
-    if backend == "hf":  # values that no decode path takes, refused before any model loads
+    if backend == "hf":  # values this machine's decode path cannot take, refused before any model loads
+        import torch
+
         from chatgym.trainer.engines import hf_static
         from chatgym.trainer.models.cuda import is_fp8
 
-        try:
-            hf_static.check_options(
-                str(options.get("decode", "auto")), fp8=is_fp8(options.get("quantization")),
-                async_scheduling=bool(options.get("async_scheduling", False)),
-                fused_step=options.get("fused_step", True),
-            )
-        except ValueError as exc:
-            raise ConfigError(f"{setting}: {exc}") from None
+        decode = str(options.get("decode", "auto"))
+        # The engine's auto is static only on CUDA (hf.TransformersEngine._choose_decode).
+        auto_dynamic = decode == "auto" and not torch.cuda.is_available()
+        values = dict(fp8=is_fp8(options.get("quantization")), fused_step=options.get("fused_step", True),
+                      async_scheduling=bool(options.get("async_scheduling", False)))
+        paths = [(decode, "")] + ([("dynamic", ": decode 'auto' is dynamic without CUDA; set decode: static")]
+                                  if auto_dynamic else [])
+        for path, hint in paths:
+            try:
+                hf_static.check_options(path, **values)
+            except ValueError as exc:
+                raise ConfigError(f"{setting}: {exc}{hint}") from None
 
 
 def build_engine(cfg: Any, model_path: Path, tokenizer: Any, seed: int, max_model_len: int) -> Any:
