@@ -127,14 +127,13 @@ def check_engine_options(backend: str, options: Mapping[str, Any], setting: str)
             f"({cls.__name__}); {' '.join(hints) or takes}"
         )
     if backend == "hf":  # values this machine's decode path cannot take, refused before any model loads
-        import torch
-
         from chatgym.trainer.engines import hf_static
+        from chatgym.trainer.engines.auto import has_cuda
         from chatgym.trainer.models.cuda import is_fp8
 
         decode = str(options.get("decode", "auto"))
         # The engine's auto is static only on CUDA (hf.TransformersEngine._choose_decode).
-        auto_dynamic = decode == "auto" and not torch.cuda.is_available()
+        auto_dynamic = decode == "auto" and not has_cuda()
         values = dict(fp8=is_fp8(options.get("quantization")), fused_step=options.get("fused_step", True),
                       async_scheduling=bool(options.get("async_scheduling", False)))
         paths = [(decode, "")] + ([("dynamic", ": decode 'auto' is dynamic without CUDA; set decode: static")]
