@@ -4,7 +4,8 @@ Modes (``--modes``): through the model's own layers (``layers``), through
 :mod:`chatgym.trainer.engines.hf_fused` (``fused``, the engine's default), the fused step on FP8
 weights (``fp8``: :mod:`.hf_fp8`, per-channel e4m3 weights, per-row activation scales), each of
 those two with its element-wise pieces compiled (``fused_c``, ``fp8_c``: the engine's
-``fused_step: compiled``, :mod:`.hf_elementwise`), and ``compiled`` (the layers' step compiled by ``torch.compile``, Inductor, row and column counts
+``fused_step: compiled``, :mod:`.hf_elementwise`), ``fp8_c_swap`` / ``fp8_c_unit``: ``fp8_c`` with
+:data:`.hf_fp8.GEMMS`' other GEMMs (``benchmarks/fp8_gemm_gpu.py`` times them alone), and ``compiled`` (the layers' step compiled by ``torch.compile``, Inductor, row and column counts
 dynamic, then captured; the engine itself does not compile:
 ``benchmarks/results/vs_trl_h200_curve_subprocess/README.md``: 140 s, and 91 s more at the
 512-column bucket).
@@ -26,7 +27,8 @@ GEMMs' achieved bandwidth (weight bytes over GEMM time), and the ten costliest k
 time less the kernels' sum is what the graph spends between kernels.
 
 Then the sampling that follows each step in the engine (``hf_sampling.sample`` at temperature 1 with a
-generator per row, ``log_softmax`` + gather, one read back): ms per step.
+generator per row, ``log_softmax`` + gather, one read back; and ``sampler: philox``'s one kernel,
+:mod:`.hf_draw`, with its read back): ms per step.
 
     python benchmarks/decode_step_gpu.py             # layers vs fused, SmolLM2
     python benchmarks/decode_step_gpu.py --compile   # and the compiled layers (minutes of compilation)
@@ -41,7 +43,7 @@ import random
 import time
 
 BUCKETS = ((64, 256), (32, 256), (8, 256), (64, 512))
-MODES = ("layers", "fused", "fused_c", "fp8", "fp8_c", "compiled")
+MODES = ("layers", "fused", "fused_c", "fp8", "fp8_c", "fp8_c_swap", "fp8_c_unit", "compiled")
 SLOTS, MAX_LEN = 256, 512
 KINDS = (  # (kind, substrings of a kernel's name), first match wins (cutlass attention before GEMMs)
     ("attention", ("fmha", "flash", "attention", "attn")),
@@ -67,8 +69,10 @@ def make_slots(model, mode: str, prompts, pad_id: int, tokens=None):
 
     from chatgym.trainer.engines.hf_static import StaticSlots
 
-    fused = "compiled" if mode.endswith("_c") else mode in ("fused", "fp8")
-    slots = StaticSlots(model, SLOTS, MAX_LEN, fused=fused, fp8=mode.startswith("fp8"))
+    kind, _, gemm = mode.partition("_c_")  # fp8_c_unit: fp8_c with hf_fp8's "unit" GEMM
+    kind = kind + "_c" if gemm else kind
+    fused = "compiled" if kind.endswith("_c") else kind in ("fused", "fp8")
+    slots = StaticSlots(model, SLOTS, MAX_LEN, fused=fused, fp8=kind.startswith("fp8"), fp8_gemm=gemm or None)
     if mode == "compiled":  # the whole step, as the engine's graphs would capture it
         slots._forward = torch.compile(slots._forward, dynamic=True)
     with torch.inference_mode():
@@ -249,6 +253,18 @@ def sampling(results: dict, modes: list[str], buckets, iters: int) -> None:
         lps = torch.log_softmax(logits, dim=-1).gather(1, ids[:, None])[:, 0]
         hf_sampling.to_host(ids, lps, invalid)
     print(f"sampling {n} rows (own generators) + logprobs + read back: "
+          f"{(time.perf_counter() - t0) / iters * 1e3:.3f} ms per step")
+    from chatgym.trainer.engines import hf_draw
+
+    plan = hf_draw.build_plan(range(n), [0] * n, [1.0] * n, "cuda")
+    bf16 = logits.to(torch.bfloat16)  # the step's own output dtype, which the kernel reads
+    for _ in range(10):
+        hf_draw.draw(bf16, plan)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        hf_sampling.packed_to_host(hf_draw.draw(bf16, plan)[1], n)
+    print(f"sampler philox, {n} rows (one kernel: draw + logprobs + packing) + read back: "
           f"{(time.perf_counter() - t0) / iters * 1e3:.3f} ms per step")
 
 

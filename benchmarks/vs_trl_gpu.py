@@ -32,6 +32,8 @@ Runs (``--runs``, any subset, each ``NAME:SEED``):
 * ``ours_c`` — ``ours`` with the engine's element-wise pieces compiled (``engine.options.fused_step:
   compiled``: RoPE and the MLP's activation in one kernel each; ``ours_c_compile`` with the learner's
   layers compiled too; ``ours_all``: that with ``async_scheduling`` as well);
+* ``ours_px`` — ``ours_all`` with ``engine.options.sampler: philox`` (one Triton kernel draws every row's
+  token a step: ``trainer/engines/hf_draw.py``); ``ours_1off_px``: that with ``one_step_off``;
 * ``ours_1off_compile`` — both: with an update that issues fewer ops, the next rollout's host work and
   the update's contend less for the host (``ours_1off`` alone gained nothing: both phases issue ops);
 * ``trl_bf16``    — TRL with bf16 weights (its fastest configuration in the peers' figures);
@@ -158,6 +160,8 @@ OUR_RUNS: dict[str, dict[str, str]] = {
     "ours_c": {"engine": "static_c"},
     "ours_c_compile": {"engine": "static_c", "compile": "true"},
     "ours_all": {"engine": "async_c", "compile": "true"},
+    "ours_px": {"engine": "async_c_px", "compile": "true"},
+    "ours_1off_px": {"engine": "async_c_px", "pipeline": "one_step_off", "compile": "true"},
 }
 # The trl* runs: (fp32 master weights, TRL's colocated vLLM generating).
 TRL_RUNS = {
@@ -184,7 +188,9 @@ def engine_overrides(engine: str, quantization: str | None = None) -> list[str]:
         # "static_c": its element-wise pieces compiled (fused_step: compiled); "async_c": both.
         {"async": "engine.options={decode: static, async_scheduling: true}",
          "static_c": "engine.options={decode: static, fused_step: compiled}",
-         "async_c": "engine.options={decode: static, fused_step: compiled, async_scheduling: true}"}.get(
+         "async_c": "engine.options={decode: static, fused_step: compiled, async_scheduling: true}",
+         "async_c_px": "engine.options={decode: static, fused_step: compiled, async_scheduling: true, sampler: philox}",
+         }.get(
             engine, f"engine.options={{decode: {engine}}}"),
     ]
     if quantization:  # after engine.options=..., which replaces the whole mapping

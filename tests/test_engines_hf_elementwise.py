@@ -85,6 +85,27 @@ def test_the_compiled_fp8_step_follows_the_eager_fp8_step():
             assert (le - lc).abs().max().item() < 0.05 * le.abs().max().item()
 
 
+@pytest.mark.parametrize("gemm", ["swap", "unit"])
+def test_the_compiled_fp8_step_with_each_gemm_follows_the_eager_one(gemm):
+    """The "unit" GEMM's scales applied inside the compiled pieces after it (the residual adds, the
+    gated activation, the q/k/v bias) give the eager step's ids and logits, as rowwise does above."""
+    model = tiny(Qwen2Config, tie_word_embeddings=False)
+    eager = decode_sequence(StaticSlots(model, 4, 96, use_graphs=False, fp8=True, fp8_gemm=gemm), PROMPTS, steps=5)
+    comp = decode_sequence(StaticSlots(model, 4, 96, use_graphs=False, fp8=True, fused="compiled", fp8_gemm=gemm),
+                           PROMPTS, steps=5)
+    for i in eager:
+        for (ids_e, le), (ids_c, lc) in zip(eager[i], comp[i], strict=True):
+            assert ids_e == ids_c
+            assert (le - lc).abs().max().item() < 0.05 * le.abs().max().item()
+
+
+def test_the_dequantizing_pieces_scale_by_hand():
+    raw, a, s = torch.tensor([[2.0, -4.0]]), torch.tensor([[0.5]]), torch.tensor([[3.0, 0.25]])
+    assert ew.dequant(raw, a, s, torch.tensor([1.0, 1.0])).tolist() == [[4.0, 0.5]]
+    assert ew.add(torch.tensor([[1.0, 1.0]]), raw, a, s).tolist() == [[4.0, 0.5]]
+    assert ew.dequant(raw).tolist() == raw.tolist() and ew.add(raw, raw).tolist() == [[4.0, -8.0]]
+
+
 async def test_the_engine_takes_fused_step_compiled_and_refuses_other_strings():
     model, tokenizer = tiny(LlamaConfig, vocab_size=49152), get_tokenizer("smollm2")
     params = SamplingParams(max_tokens=5, temperature=0)

@@ -21,6 +21,8 @@ from chatgym.trainer.engines import SamplingParams
 from chatgym.trainer.engines.hf import TransformersEngine
 from chatgym.trainer.engines.hf_fp8 import (
     FP8_MAX,
+    GEMMS,
+    Fp8Linear,
     dequantize,
     fp8_matmul,
     quantize_into,
@@ -100,6 +102,38 @@ def test_fp8_matmul_is_the_dequantized_product():
     xq, a = quantize_rows(x)
     expected = (xq.float() * a) @ dequantize(q, s).t()
     torch.testing.assert_close(fp8_matmul(x, q, s, torch.float32), expected, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("gemm", GEMMS)
+def test_each_fp8_gemm_is_the_dequantized_product(gemm):
+    """rowwise, swap (transposed) and unit (unscaled, scales applied after) compute one product."""
+    gen = torch.Generator().manual_seed(1)
+    x, w = torch.randn(6, 64, generator=gen), torch.randn(48, 64, generator=gen)
+    linear = Fp8Linear([w[:16], w[16:]], gemm)
+    xq, a = quantize_rows(x)
+    expected = (xq.float() * a) @ dequantize(*quantize_rowwise(w)).t()
+    torch.testing.assert_close(linear.mm(xq, a, torch.float32), expected, atol=1e-4, rtol=1e-5)
+    out, pa, ps = linear.project(xq, a, torch.float32)
+    assert (pa is None, ps is None) == ((gemm != "unit"),) * 2
+    if gemm == "unit":  # the raw product of the e4m3 codes, by hand: no scale in it yet
+        torch.testing.assert_close(out, xq.float() @ linear.weight.float().t(), atol=1e-3, rtol=1e-5)
+
+
+def test_an_unknown_fp8_gemm_is_refused():
+    with pytest.raises(ValueError, match=r"fp8 gemm must be one of \('rowwise', 'swap', 'unit'\), got 'fast'"):
+        Fp8Linear([torch.randn(16, 16)], "fast")
+
+
+@pytest.mark.parametrize("gemm", ["swap", "unit"])
+def test_the_fp8_fused_step_computes_the_dequantized_model_with_each_gemm(gemm):
+    # Qwen2: the q/k/v bias is added after the (transposed, or unscaled) q/k/v product.
+    model = tiny(Qwen2Config, tie_word_embeddings=False)
+    slots = StaticSlots(model, 4, 96, use_graphs=False, fp8=True, fp8_gemm=gemm)
+    assert {layer.fp8[0].gemm for layer in slots.fused.layers} == {gemm}
+    reference = fake_quant_reference(model)
+    for rows in decode_sequence(slots, [[1, 5, 9, 200, 3], [7, 8], list(range(11, 40))], steps=5).values():
+        for ids, logits in rows:
+            assert (logits - full_forward_logits(reference, ids)).abs().max().item() < 1e-4
 
 
 def fake_quant_reference(model, fp8_lm_head=False):

@@ -363,8 +363,8 @@ def test_one_read_back_gives_the_values_of_separate_tolist_calls():
     assert got == (ids.tolist(), logprobs.tolist(), [1])
     assert hf_sampling.to_host(ids, logprobs, None)[2] == []
     # The two-step read-back of async_scheduling gives the same lists.
-    assert hf_sampling.start_to_host(ids, logprobs, torch.tensor([False, True]))() == got
-    assert hf_sampling.start_to_host(ids, logprobs, None)() == (ids.tolist(), logprobs.tolist(), [])
+    assert hf_sampling.start_to_host(hf_sampling.pack(ids, logprobs, torch.tensor([False, True])), 3)() == got
+    assert hf_sampling.start_to_host(hf_sampling.pack(ids, logprobs, None), 3)() == (ids.tolist(), logprobs.tolist(), [])
 
 
 def test_rows_leaving_from_the_front_move_only_what_they_wrote(model):

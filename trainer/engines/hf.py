@@ -31,12 +31,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import threading
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from chatgym.trainer.engines import hf_batch, hf_fp8, hf_sampling, hf_static, hf_vision
+from chatgym.trainer.engines import hf_batch, hf_draw, hf_fp8, hf_sampling, hf_static, hf_vision
 from chatgym.trainer.engines.base import Completion, SamplingParams
 from chatgym.trainer.engines.common import (
     StopStringChecker,
@@ -71,6 +72,7 @@ class _Row:
     stops: frozenset[int]
     generator: Any
     checker: StopStringChecker | None = None  # set when the request has stop strings
+    seed: int = 0  # sampler 'philox': the row's key (its own seed, else drawn from the engine's seed)
     stop_string: str | None = None  # the stop string that ended the row
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -124,6 +126,10 @@ class TransformersEngine:
         quantization: ``"fp8"``: the fused static step on FP8 weights (:mod:`.hf_fp8`; needs a CUDA GPU
             of compute capability >= 8.9, refused elsewhere); ``fp8_lm_head``: the LM head in FP8 too.
             ``update_weights`` re-quantizes (scales recomputed) into the same buffers. None: the dtype's.
+        sampler: ``"generators"`` (default): each seeded row draws from its own ``torch.Generator``, the
+            ids ``torch.multinomial`` gives (:mod:`.hf_sampling`); ``"philox"`` (CUDA): one Triton kernel
+            a step draws, scores and packs every row (:mod:`.hf_draw`: counter-based Philox keyed by the
+            row's seed; other ids, the same distribution; steps with top-k / top-p rows fall back).
 
     Padding: prompts joining together are padded with ``pad_token_id``, the generation config's
     ``pad_token_id`` when it is a token of the model, else the smallest EOS id, else the tokenizer's
@@ -159,6 +165,7 @@ class TransformersEngine:
         image_processor: Any = None,
         quantization: str | None = None,
         fp8_lm_head: bool = False,
+        sampler: str = "generators",
     ) -> None:
         import torch
 
@@ -196,9 +203,9 @@ class TransformersEngine:
         )
         declared = getattr(getattr(model, "generation_config", None), "pad_token_id", None)
         self.pad_token_id = choose_pad_id(declared, self.eos_token_ids, tokenizer, self.vocab_size)
-        self.max_batch_size = max_batch_size
-        self.batch_window_s = batch_window_s
+        self.max_batch_size, self.batch_window_s = max_batch_size, batch_window_s
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
+        self._seeds = random.Random(seed)
         # The worker holds the model lock from the moment rows start decoding until the batch is
         # empty, so a weight update never lands in the middle of a sequence; while an update waits,
         # no new rows are admitted (the batch drains, the update runs, admission resumes).
@@ -213,13 +220,12 @@ class TransformersEngine:
         self._can_join: bool | None = None  # known after the first prefill (see hf_batch.can_join)
         self.decode = self._choose_decode(decode)
         self._slots: Any = None  # hf_static.StaticSlots, made by the worker on first use
-        self.async_scheduling, self.fused_step = bool(async_scheduling), hf_static.check_options(
-            self.decode, fp8=self.fp8, async_scheduling=bool(async_scheduling), fused_step=fused_step)
+        self.async_scheduling, self.fused_step, self.sampler = bool(async_scheduling), hf_static.check_options(
+            self.decode, fp8=self.fp8, async_scheduling=bool(async_scheduling), fused_step=fused_step,
+            sampler=sampler, cuda=self.device.type == "cuda"), sampler
         self._ahead: Any = None  # async_scheduling: logits of the decode step queued for the running rows
         self._plan: tuple[list[_Row], Any] = ([], None)  # the running rows' hf_sampling plan
-        self.batches_run = 0
-        self.rows_run = 0
-        self.decode_steps = 0
+        self.batches_run = self.rows_run = self.decode_steps = 0
 
     # ---- Engine contract -------------------------------------------------------------------------
 
@@ -433,14 +439,19 @@ class TransformersEngine:
         """
         import torch
 
-        logits = (parts[0] if len(parts) == 1 else torch.cat(parts)).float()
+        logits = parts[0] if len(parts) == 1 else torch.cat(parts)
         plan = self._plan_for(rows)
-        tokens, invalid = hf_sampling.sample(logits, plan)
-        logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
-        if ahead is None:
-            ids, lps, bad = hf_sampling.to_host(tokens, logprobs, invalid)
+        if plan.philox is not None:  # one kernel draws, takes the logprobs and packs (sampler 'philox')
+            tokens, packed = hf_draw.draw(logits, plan.philox)
         else:
-            wait = hf_sampling.start_to_host(tokens, logprobs, invalid)
+            logits = logits.float()
+            tokens, invalid = hf_sampling.sample(logits, plan)
+            logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
+            packed = hf_sampling.pack(tokens, logprobs, invalid)
+        if ahead is None:
+            ids, lps, bad = hf_sampling.packed_to_host(packed, len(rows))
+        else:
+            wait = hf_sampling.start_to_host(packed, len(rows))
             ahead(tokens)
             ids, lps, bad = wait()
         if bad:
@@ -462,6 +473,9 @@ class TransformersEngine:
                 [r.request.params for r in rows], [r.generator for r in rows], self._generator,
                 self.vocab_size, self.device
             )
+            if self.sampler == "philox" and plan.top_k is None:  # top-k / top-p rows: the default path
+                plan.philox = hf_draw.build_plan([r.seed for r in rows], [len(r.token_ids) for r in rows],
+                                                 [r.request.params.temperature for r in rows], self.device)
             self._plan = (list(rows), plan)  # holds the rows: their identity is the cache key
         return plan
 
@@ -547,18 +561,14 @@ class TransformersEngine:
         generator = torch.Generator(device=self.device).manual_seed(sp.seed) if own else self._generator
         budget = min(sp.max_tokens, self.max_model_len - len(request.prompt_ids))
         checker = StopStringChecker(self.tokenizer, sp.stop) if sp.stop else None
-        return _Row(request, budget, stop_ids(self.eos_token_ids, sp), generator, checker)
+        seed = sp.seed if own else self._seeds.getrandbits(63)  # the philox sampler's key for the row
+        return _Row(request, budget, stop_ids(self.eos_token_ids, sp), generator, checker, seed=seed)
 
     def _completion(self, row: _Row) -> Completion:
         finish, reason = judge_stop(row.token_ids, row.stops, row.stop_string)
-        return Completion(
-            token_ids=row.token_ids,
-            logprobs=row.logprobs if row.request.params.logprobs else [],
-            finish_reason=finish,
-            text=completion_text(self.tokenizer, row.token_ids, finish, reason),
-            info={"prompt_tokens": len(row.request.prompt_ids)},
-            stop_reason=reason,
-        )
+        return Completion(token_ids=row.token_ids, logprobs=row.logprobs if row.request.params.logprobs else [],
+                          finish_reason=finish, text=completion_text(self.tokenizer, row.token_ids, finish, reason),
+                          info={"prompt_tokens": len(row.request.prompt_ids)}, stop_reason=reason)
 
 
 def eos_token_ids_of(model: Any, tokenizer: Any = None) -> frozenset[int]:

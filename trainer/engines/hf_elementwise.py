@@ -51,22 +51,39 @@ def norm_quant(x: Any, weight: Any, eps: float) -> tuple[Any, Any]:
     return hf_fp8.quantize_rows(F.rms_norm(x, (x.shape[-1],), weight, eps))
 
 
-def add_norm_quant(hidden: Any, out: Any, weight: Any, eps: float) -> tuple[Any, Any, Any]:
+# The pieces after an FP8 projection take its output as Fp8Linear.project gives it: ``(out, a, s)``,
+# ``a`` and ``s`` None when ``out`` is already scaled, else the scales of a "unit" GEMM still to apply.
+
+
+def add_norm_quant(hidden: Any, out: Any, weight: Any, eps: float, a: Any = None,
+                   s: Any = None) -> tuple[Any, Any, Any]:
     """``hidden + out`` (the residual stream after a projection) and its RMSNorm quantized per row:
     ``(hidden + out, X, a)``."""
-    hidden = hidden + out
+    hidden = hidden + dequant(out, a, s)
     return (hidden, *norm_quant(hidden, weight, eps))
 
 
-def silu_mul_quant(gate_up: Any) -> tuple[Any, Any]:
+def silu_mul_quant(gate_up: Any, a: Any = None, s: Any = None) -> tuple[Any, Any]:
     """:func:`silu_mul` quantized per row for the FP8 down projection."""
-    return hf_fp8.quantize_rows(silu_mul(gate_up))
+    return hf_fp8.quantize_rows(silu_mul(dequant(gate_up, a, s)))
+
+
+def add(hidden: Any, out: Any, a: Any = None, s: Any = None) -> Any:
+    """``hidden + out``: the residual add after the down projection."""
+    return hidden + dequant(out, a, s)
+
+
+def dequant(out: Any, a: Any = None, s: Any = None, bias: Any = None) -> Any:
+    """``out`` scaled (:func:`.hf_fp8.dequantize_out`) when ``a`` is given, plus ``bias`` when given."""
+    out = out if a is None else hf_fp8.dequantize_out(out, a, s)
+    return out if bias is None else out + bias
 
 
 @dataclass(frozen=True)
 class Elementwise:
     """The pieces a fused step calls (module doc): :func:`rope`, :func:`silu_mul`, :func:`norm_quant`,
-    :func:`add_norm_quant`, :func:`silu_mul_quant` and :func:`.hf_fp8.quantize_rows` (``quant``)."""
+    :func:`add_norm_quant`, :func:`silu_mul_quant`, :func:`.hf_fp8.quantize_rows` (``quant``),
+    :func:`add` and :func:`dequant`."""
 
     rope: Any
     silu_mul: Any
@@ -74,9 +91,12 @@ class Elementwise:
     add_norm_quant: Any
     silu_mul_quant: Any
     quant: Any
+    add: Any
+    dequant: Any
 
 
-EAGER = Elementwise(rope, silu_mul, norm_quant, add_norm_quant, silu_mul_quant, hf_fp8.quantize_rows)
+EAGER = Elementwise(rope, silu_mul, norm_quant, add_norm_quant, silu_mul_quant, hf_fp8.quantize_rows, add,
+                    dequant)
 
 
 @functools.cache
@@ -88,4 +108,4 @@ def compiled() -> Elementwise:
         return torch.compile(fn, dynamic=True, fullgraph=True)
 
     return Elementwise(*(comp(fn) for fn in (rope, silu_mul, norm_quant, add_norm_quant, silu_mul_quant,
-                                              hf_fp8.quantize_rows)))
+                                              hf_fp8.quantize_rows, add, dequant)))

@@ -26,10 +26,18 @@ directly.
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Sequence
 from typing import Any
 
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
+# How the fused step's projections multiply (scaled_mm): "rowwise" (row-wise scales in the GEMM, cuBLASLt's
+# outer-vector-scaled kernels), "swap" (the same GEMM transposed: weights as the wide side) or "unit"
+# (a tensor-wise GEMM with unit scales, the row and channel scales applied after it). Which is fastest
+# depends on the card and the row count (docs/gpu.md); CHATGYM_FP8_GEMM picks for a process.
+GEMMS = ("rowwise", "swap", "unit")
+GEMM = os.environ.get("CHATGYM_FP8_GEMM", "rowwise")
 # Scales never reach 0 (an all-zero row or activation): x / tiny stays 0, and no 0/0.
 _MIN_SCALE = 1e-12
 
@@ -78,12 +86,38 @@ def fp8_matmul(x: Any, q: Any, s: Any, out_dtype: Any) -> Any:
     return scaled_mm(*quantize_rows(x), q, s, out_dtype)
 
 
-def scaled_mm(xq: Any, a: Any, q: Any, s: Any, out_dtype: Any) -> Any:
+def scaled_mm(xq: Any, a: Any, q: Any, s: Any, out_dtype: Any, gemm: str = "rowwise") -> Any:
     """:func:`fp8_matmul` of activations already quantized by :func:`quantize_rows` (``xq`` ``(M, K)``
-    float8_e4m3fn, ``a`` ``(M, 1)`` float32)."""
+    float8_e4m3fn, ``a`` ``(M, 1)`` float32), as the GEMM ``gemm`` of :data:`GEMMS` computes it.
+
+    ``"unit"`` returns the product *unscaled* (``X · Q^T``, rounded to ``out_dtype``): the caller
+    multiplies by ``a · s`` (:func:`dequantize_out`), which :mod:`.hf_elementwise`'s compiled pieces
+    fold into the kernel after the GEMM. ``"swap"`` returns a transposed (column-major) view.
+    """
     import torch
 
-    return torch._scaled_mm(xq, q.t(), scale_a=a, scale_b=s, out_dtype=out_dtype)
+    if gemm == "rowwise":
+        return torch._scaled_mm(xq, q.t(), scale_a=a, scale_b=s, out_dtype=out_dtype)
+    if gemm == "swap":  # (Q · X^T)^T: the rows become the GEMM's narrow N side
+        return torch._scaled_mm(q, xq.t(), scale_a=s.view(-1, 1), scale_b=a.view(1, -1), out_dtype=out_dtype).t()
+    if gemm == "unit":
+        one = _unit_scale(xq.device)
+        return torch._scaled_mm(xq, q.t(), scale_a=one, scale_b=one, out_dtype=out_dtype)
+    raise ValueError(f"fp8 gemm must be one of {GEMMS}, got {gemm!r}")
+
+
+def dequantize_out(raw: Any, a: Any, s: Any) -> Any:
+    """A ``"unit"`` GEMM's ``(M, N)`` output scaled by the activations' ``a`` ``(M, 1)`` and the weights'
+    ``s`` ``(1, N)`` in float32, rounded back to ``raw``'s dtype (what ``"rowwise"`` returns, but for
+    the rounding of ``raw``: 2^-9 relative in bf16, against FP8's 2^-4)."""
+    return (raw.float() * a * s).to(raw.dtype)
+
+
+@functools.cache
+def _unit_scale(device: Any) -> Any:
+    import torch
+
+    return torch.ones((), dtype=torch.float32, device=device)
 
 
 def fp8_shape_ok(weight: Any) -> bool:
@@ -100,9 +134,12 @@ class Fp8Linear:
             gate/up) — the quantization is per output row, so it is the same as quantizing each alone.
     """
 
-    def __init__(self, sources: Sequence[Any]) -> None:
+    def __init__(self, sources: Sequence[Any], gemm: str | None = None) -> None:
         import torch
 
+        self.gemm = gemm or GEMM
+        if self.gemm not in GEMMS:
+            raise ValueError(f"fp8 gemm must be one of {GEMMS}, got {self.gemm!r} (CHATGYM_FP8_GEMM?)")
         self.weight, self.scale = quantize_rowwise(torch.cat([w.detach() for w in sources]))
 
     def requantize(self, sources: Sequence[Any]) -> None:
@@ -117,7 +154,15 @@ class Fp8Linear:
 
     def mm(self, xq: Any, a: Any, out_dtype: Any) -> Any:
         """``(M, N)`` in ``out_dtype`` from activations already quantized (:func:`scaled_mm`)."""
-        return scaled_mm(xq, a, self.weight, self.scale, out_dtype)
+        out, a, s = self.project(xq, a, out_dtype)
+        return out if a is None else dequantize_out(out, a, s)
+
+    def project(self, xq: Any, a: Any, out_dtype: Any) -> tuple[Any, Any, Any]:
+        """``(out, None, None)`` with ``out`` = :meth:`mm`, or for the ``"unit"`` GEMM ``(raw, a, s)``:
+        the unscaled product and the scales still to apply (:func:`dequantize_out`), so that a compiled
+        piece after it applies them in its own kernel."""
+        out = scaled_mm(xq, a, self.weight, self.scale, out_dtype, self.gemm)
+        return (out, a, self.scale) if self.gemm == "unit" else (out, None, None)
 
 
 QUANTIZATIONS = (None, "fp8")

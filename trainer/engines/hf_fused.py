@@ -122,6 +122,8 @@ class FusedDecoder:
         compile_elementwise: the element-wise pieces between the matmuls (RoPE, the gated MLP's
             activation, FP8 activation quantization with the norm before it) through ``torch.compile``
             (:mod:`.hf_elementwise`: fewer kernels a step; compiled on the first call).
+        fp8_gemm: with ``fp8``, how the projections multiply (:data:`.hf_fp8.GEMMS`; default
+            :data:`.hf_fp8.GEMM`).
 
     Raises:
         ValueError: the model is not :func:`fusable` (the reason is in the message), or with ``fp8`` a
@@ -129,7 +131,7 @@ class FusedDecoder:
     """
 
     def __init__(self, model: Any, *, fp8: bool = False, fp8_lm_head: bool = False,
-                 compile_elementwise: bool = False) -> None:
+                 compile_elementwise: bool = False, fp8_gemm: str | None = None) -> None:
         from chatgym.trainer.engines import hf_elementwise
 
         ok, why = fusable(model)
@@ -140,7 +142,7 @@ class FusedDecoder:
         self.heads = int(config.num_attention_heads)
         self.kv_heads = int(config.num_key_value_heads)
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
-        self.fp8 = bool(fp8)
+        self.fp8, self.fp8_gemm = bool(fp8), fp8_gemm
         self.ops = hf_elementwise.compiled() if compile_elementwise else hf_elementwise.EAGER
         self.layers: list[_Layer] = []
         # (write the copy from its sources, the tensors it joins): bf16 concatenations or FP8 weights.
@@ -183,7 +185,7 @@ class FusedDecoder:
         for w in sources:
             if not hf_fp8.fp8_shape_ok(w):
                 raise ValueError(f"fp8: a weight of shape {tuple(w.shape)} is not a multiple of 16 (torch._scaled_mm)")
-        linear = hf_fp8.Fp8Linear(sources)
+        linear = hf_fp8.Fp8Linear(sources, self.fp8_gemm)
         self._copies.append((linear.requantize, sources))
         return linear
 
@@ -304,20 +306,21 @@ class FusedDecoder:
         t, heads, kv_heads, d = hidden.shape[0], self.heads, self.kv_heads, self.head_dim
         norm = layer.norm_in
         if layer.fp8 is not None:
-            qkv = layer.fp8[0].mm(*self.ops.norm_quant(hidden, norm.weight, norm.variance_epsilon), hidden.dtype)
-            if layer.qkv_bias is not None:
-                qkv = qkv + layer.qkv_bias
+            qkv, a, s = layer.fp8[0].project(*self.ops.norm_quant(hidden, norm.weight, norm.variance_epsilon),
+                                             hidden.dtype)
+            if a is not None or layer.qkv_bias is not None:
+                qkv = self.ops.dequant(qkv, a, s, layer.qkv_bias)
         else:
             x = F.rms_norm(hidden, (hidden.shape[-1],), norm.weight, norm.variance_epsilon)
             qkv = F.linear(x, layer.qkv, layer.qkv_bias)
         split = (heads + kv_heads) * d
-        qk = qkv[:, :split].view(t, heads + kv_heads, d)
+        qk = qkv[:, :split].reshape(t, heads + kv_heads, d)  # a copy only for a transposed ("swap") GEMM
         if layer.q_norm is not None:
             qk = torch.cat((
                 F.rms_norm(qk[:, :heads], (d,), layer.q_norm.weight, layer.q_norm.variance_epsilon),
                 F.rms_norm(qk[:, heads:], (d,), layer.k_norm.weight, layer.k_norm.variance_epsilon),
             ), dim=1)
-        return self.ops.rope(qk, cos, sin), qkv[:, split:].view(t, kv_heads, d)
+        return self.ops.rope(qk, cos, sin), qkv[:, split:].reshape(t, kv_heads, d)
 
     def _after_attention(self, layer: _Layer, hidden: Any, attended: Any) -> Any:
         """The output projection and the MLP, each added to the residual stream in its matmul."""
@@ -327,9 +330,9 @@ class FusedDecoder:
         size, ops, norm, dtype = (hidden.shape[-1],), self.ops, layer.norm_post, hidden.dtype
         if layer.fp8 is not None:  # the residual added after the FP8 matmul (its bias is 1-D only)
             _, o, gate_up, down = layer.fp8
-            hidden, xq, a = ops.add_norm_quant(hidden, o.mm(*ops.quant(attended), dtype), norm.weight,
-                                               norm.variance_epsilon)
-            return hidden + down.mm(*ops.silu_mul_quant(gate_up.mm(xq, a, dtype)), dtype)
+            out, a, s = o.project(*ops.quant(attended), dtype)
+            hidden, xq, xa = ops.add_norm_quant(hidden, out, norm.weight, norm.variance_epsilon, a, s)
+            return ops.add(hidden, *down.project(*ops.silu_mul_quant(*gate_up.project(xq, xa, dtype)), dtype))
         hidden = torch.addmm(hidden, attended, layer.o.weight.t())
         x = F.rms_norm(hidden, size, norm.weight, norm.variance_epsilon)
         return torch.addmm(hidden, ops.silu_mul(F.linear(x, layer.gate_up)), layer.down.weight.t())

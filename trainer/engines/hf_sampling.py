@@ -51,6 +51,7 @@ class SamplingPlan:
     shared_index: Any
     own: list[tuple[int, Any]]
     shared_generator: Any
+    philox: Any = None  # sampler 'philox': the rows' hf_draw.PhiloxPlan, drawn by its kernel instead
 
 
 def build_plan(
@@ -164,16 +165,21 @@ def to_host(ids: Any, logprobs: Any, invalid: Any) -> tuple[list[int], list[floa
     Ids go through float64 (exact below 2**53) and float32 logprobs convert to float64 exactly, so the
     values are those of separate ``.tolist()`` calls.
     """
-    return _unpack(_pack(ids, logprobs, invalid).cpu().tolist(), ids.shape[0])
+    return packed_to_host(pack(ids, logprobs, invalid), ids.shape[0])
 
 
-def start_to_host(ids: Any, logprobs: Any, invalid: Any) -> Callable[[], tuple[list[int], list[float], list[int]]]:
-    """:func:`to_host` in two halves (``async_scheduling``): the copy is queued now (on CUDA into pinned
-    memory, with an event after it) and the returned function waits for that event alone and gives the
-    same lists — so work queued after this call (the next decode step) does not delay them."""
+def packed_to_host(packed: Any, n: int) -> tuple[list[int], list[float], list[int]]:
+    """:func:`to_host` of a :func:`pack` of ``n`` rows (or of :func:`.hf_draw.draw`'s buffer)."""
+    return _unpack(packed.cpu().tolist(), n)
+
+
+def start_to_host(packed: Any, n: int) -> Callable[[], tuple[list[int], list[float], list[int]]]:
+    """:func:`packed_to_host` in two halves (``async_scheduling``): the copy is queued now (on CUDA into
+    pinned memory, with an event after it) and the returned function waits for that event alone and
+    gives the same lists — so work queued after this call (the next decode step) does not delay them."""
     import torch
 
-    host, event = _pack(ids, logprobs, invalid), None
+    host, event = packed, None
     if host.device.type == "cuda":
         device, host = host, torch.empty(host.shape, dtype=host.dtype, pin_memory=True)
         host.copy_(device, non_blocking=True)
@@ -183,12 +189,12 @@ def start_to_host(ids: Any, logprobs: Any, invalid: Any) -> Callable[[], tuple[l
     def wait() -> tuple[list[int], list[float], list[int]]:
         if event is not None:
             event.synchronize()
-        return _unpack(host.tolist(), ids.shape[0])
+        return _unpack(host.tolist(), n)
 
     return wait
 
 
-def _pack(ids: Any, logprobs: Any, invalid: Any) -> Any:
+def pack(ids: Any, logprobs: Any, invalid: Any) -> Any:
     """ids, logprobs (and the invalid flags) as one float64 device tensor: one copy reads them all."""
     import torch
 

@@ -76,8 +76,11 @@ def supports(model: Any) -> tuple[bool, str]:
     return True, ""
 
 
+SAMPLERS = ("generators", "philox")
+
+
 def check_options(decode: str, *, fp8: bool = False, async_scheduling: bool = False,
-                  fused_step: Any = True) -> bool | str:
+                  fused_step: Any = True, sampler: str = "generators", cuda: bool = True) -> bool | str:
     """The transformers engine's options that need this path, checked together; returns
     ``fused_step`` as the engine keeps it (``True``, ``False`` or ``"compiled"``).
 
@@ -87,8 +90,13 @@ def check_options(decode: str, *, fp8: bool = False, async_scheduling: bool = Fa
 
     Raises:
         ValueError: ``fused_step`` not a bool nor ``"compiled"`` (an int too), ``async_scheduling`` or
-            ``fused_step: compiled`` on the dynamic path, FP8 weights off the fused static step.
+            ``fused_step: compiled`` on the dynamic path, FP8 weights off the fused static step, a
+            ``sampler`` not in :data:`SAMPLERS`, ``"philox"`` (a Triton kernel) without ``cuda``.
     """
+    if sampler not in SAMPLERS:
+        raise ValueError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
+    if sampler == "philox" and not cuda:
+        raise ValueError("sampler 'philox' is a Triton kernel: it needs a CUDA GPU (this engine has none)")
     if not (isinstance(fused_step, bool) or fused_step == "compiled"):
         raise ValueError(f"fused_step must be true, false or 'compiled', got {fused_step!r}")
     if fp8 and (decode == "dynamic" or not fused_step):
@@ -141,7 +149,8 @@ class StaticSlots:
             :func:`.hf_fused.fusable`; False, or a model it cannot run, uses the model's own layers;
             ``"compiled"``: fused, with the element-wise pieces compiled (:mod:`.hf_elementwise`).
         fp8: the fused step on FP8 weights (:mod:`.hf_fp8`; ``fp8_lm_head``: the LM head too); needs the
-            fused step. The caller checks the device has FP8 (the engine does).
+            fused step. The caller checks the device has FP8 (the engine does). ``fp8_gemm``: one of
+            :data:`.hf_fp8.GEMMS` (default :data:`.hf_fp8.GEMM`).
 
     Raises:
         ValueError: the model is not supported (the reason is in the message), or ``fp8`` without a
@@ -149,7 +158,8 @@ class StaticSlots:
     """
 
     def __init__(self, model: Any, max_rows: int, max_len: int, *, use_graphs: bool = True,
-                 fused: bool | str = True, fp8: bool = False, fp8_lm_head: bool = False) -> None:
+                 fused: bool | str = True, fp8: bool = False, fp8_lm_head: bool = False,
+                 fp8_gemm: str | None = None) -> None:
         import torch
 
         ok, why = supports(model)
@@ -184,7 +194,7 @@ class StaticSlots:
         self.capture_failures: dict[tuple[int, int], str] = {}
         self._want_fused = bool(fused)
         self._fp8 = {"fp8": bool(fp8), "fp8_lm_head": bool(fp8) and bool(fp8_lm_head),
-                     "compile_elementwise": fused == "compiled"}
+                     "compile_elementwise": fused == "compiled", "fp8_gemm": fp8_gemm}
         self.fused: Any = None
         self.unfused_reason = ""  # why the step runs through the model's own layers ("" when fused)
         self.rebuilds = 0  # times the model's modules or weight tensors were found replaced
