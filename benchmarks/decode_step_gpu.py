@@ -4,8 +4,9 @@ Modes (``--modes``): through the model's own layers (``layers``), through
 :mod:`chatgym.trainer.engines.hf_fused` (``fused``, the engine's default), the fused step on FP8
 weights (``fp8``: :mod:`.hf_fp8`, per-channel e4m3 weights, per-row activation scales), each of
 those two with its element-wise pieces compiled (``fused_c``, ``fp8_c``: the engine's
-``fused_step: compiled``, :mod:`.hf_elementwise`), ``fp8_c_swap`` / ``fp8_c_unit``: ``fp8_c`` with
-:data:`.hf_fp8.GEMMS`' other GEMMs (``benchmarks/fp8_gemm_gpu.py`` times them alone), and ``compiled`` (the layers' step compiled by ``torch.compile``, Inductor, row and column counts
+``fused_step: compiled``, :mod:`.hf_elementwise`), ``fp8_c_rowwise`` / ``fp8_unit``: ``fp8_c`` /
+``fp8`` with the other of :data:`.hf_fp8.GEMMS` than their default (``benchmarks/fp8_gemm_gpu.py``
+times the GEMMs alone), and ``compiled`` (the layers' step compiled by ``torch.compile``, Inductor, row and column counts
 dynamic, then captured; the engine itself does not compile:
 ``benchmarks/results/vs_trl_h200_curve_subprocess/README.md``: 140 s, and 91 s more at the
 512-column bucket).
@@ -43,7 +44,7 @@ import random
 import time
 
 BUCKETS = ((64, 256), (32, 256), (8, 256), (64, 512))
-MODES = ("layers", "fused", "fused_c", "fp8", "fp8_c", "fp8_c_swap", "fp8_c_unit", "compiled")
+MODES = ("layers", "fused", "fused_c", "fp8", "fp8_c", "fp8_unit", "fp8_c_rowwise", "compiled")
 SLOTS, MAX_LEN = 256, 512
 KINDS = (  # (kind, substrings of a kernel's name), first match wins (cutlass attention before GEMMs)
     ("attention", ("fmha", "flash", "attention", "attn")),
@@ -69,8 +70,8 @@ def make_slots(model, mode: str, prompts, pad_id: int, tokens=None):
 
     from chatgym.trainer.engines.hf_static import StaticSlots
 
-    kind, _, gemm = mode.partition("_c_")  # fp8_c_unit: fp8_c with hf_fp8's "unit" GEMM
-    kind = kind + "_c" if gemm else kind
+    # fp8_c_rowwise / fp8_unit: fp8_c / fp8 with that hf_fp8 GEMM instead of their default
+    kind, gemm = (mode.rsplit("_", 1) if mode.endswith(("_rowwise", "_unit")) else (mode, ""))
     fused = "compiled" if kind.endswith("_c") else kind in ("fused", "fp8")
     slots = StaticSlots(model, SLOTS, MAX_LEN, fused=fused, fp8=kind.startswith("fp8"), fp8_gemm=gemm or None)
     if mode == "compiled":  # the whole step, as the engine's graphs would capture it

@@ -10,7 +10,6 @@ that time, for:
 * ``bf16``: ``F.linear`` on bf16 weights (the fused step's);
 * ``rowwise``: ``torch._scaled_mm`` with per-row activation and per-channel weight scales (the FP8
   step's default);
-* ``swap``: the same product transposed, weights as the GEMM's first operand (rows on the narrow side);
 * ``unit``: a tensor-wise FP8 GEMM with unit scales (the scales applied after it, in the compiled
   piece that follows it in the step), and ``unit+scale`` with that scaling as a kernel of its own;
 * ``autotune`` (``--autotune``): the row-wise product through ``torch.compile(mode="max-autotune-no-cudagraphs")``,

@@ -85,7 +85,7 @@ def test_the_compiled_fp8_step_follows_the_eager_fp8_step():
             assert (le - lc).abs().max().item() < 0.05 * le.abs().max().item()
 
 
-@pytest.mark.parametrize("gemm", ["swap", "unit"])
+@pytest.mark.parametrize("gemm", ["rowwise", "unit"])
 def test_the_compiled_fp8_step_with_each_gemm_follows_the_eager_one(gemm):
     """The "unit" GEMM's scales applied inside the compiled pieces after it (the residual adds, the
     gated activation, the q/k/v bias) give the eager step's ids and logits, as rowwise does above."""
@@ -97,6 +97,15 @@ def test_the_compiled_fp8_step_with_each_gemm_follows_the_eager_one(gemm):
         for (ids_e, le), (ids_c, lc) in zip(eager[i], comp[i], strict=True):
             assert ids_e == ids_c
             assert (le - lc).abs().max().item() < 0.05 * le.abs().max().item()
+
+
+def test_compiled_fp8_steps_take_the_unit_gemm_and_eager_ones_rowwise(monkeypatch):
+    model = tiny(LlamaConfig, tie_word_embeddings=False)
+    monkeypatch.delenv("CHATGYM_FP8_GEMM", raising=False)
+    for fused, gemm in ((True, "rowwise"), ("compiled", "unit")):
+        assert StaticSlots(model, 2, 32, use_graphs=False, fp8=True, fused=fused).fused.layers[0].fp8[2].gemm == gemm
+    monkeypatch.setenv("CHATGYM_FP8_GEMM", "rowwise")  # a benchmark's override
+    assert StaticSlots(model, 2, 32, use_graphs=False, fp8=True, fused="compiled").fused.fp8_gemm == "rowwise"
 
 
 def test_the_dequantizing_pieces_scale_by_hand():

@@ -106,7 +106,7 @@ def test_fp8_matmul_is_the_dequantized_product():
 
 @pytest.mark.parametrize("gemm", GEMMS)
 def test_each_fp8_gemm_is_the_dequantized_product(gemm):
-    """rowwise, swap (transposed) and unit (unscaled, scales applied after) compute one product."""
+    """rowwise and unit (unscaled, scales applied after) compute one product."""
     gen = torch.Generator().manual_seed(1)
     x, w = torch.randn(6, 64, generator=gen), torch.randn(48, 64, generator=gen)
     linear = Fp8Linear([w[:16], w[16:]], gemm)
@@ -120,13 +120,13 @@ def test_each_fp8_gemm_is_the_dequantized_product(gemm):
 
 
 def test_an_unknown_fp8_gemm_is_refused():
-    with pytest.raises(ValueError, match=r"fp8 gemm must be one of \('rowwise', 'swap', 'unit'\), got 'fast'"):
+    with pytest.raises(ValueError, match=r"fp8 gemm must be one of \('rowwise', 'unit'\), got 'fast'"):
         Fp8Linear([torch.randn(16, 16)], "fast")
 
 
-@pytest.mark.parametrize("gemm", ["swap", "unit"])
+@pytest.mark.parametrize("gemm", ["rowwise", "unit"])
 def test_the_fp8_fused_step_computes_the_dequantized_model_with_each_gemm(gemm):
-    # Qwen2: the q/k/v bias is added after the (transposed, or unscaled) q/k/v product.
+    # Qwen2: the q/k/v bias is added after the (unscaled, for unit) q/k/v product.
     model = tiny(Qwen2Config, tie_word_embeddings=False)
     slots = StaticSlots(model, 4, 96, use_graphs=False, fp8=True, fp8_gemm=gemm)
     assert {layer.fp8[0].gemm for layer in slots.fused.layers} == {gemm}

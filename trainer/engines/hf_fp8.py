@@ -32,12 +32,18 @@ from collections.abc import Sequence
 from typing import Any
 
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
-# How the fused step's projections multiply (scaled_mm): "rowwise" (row-wise scales in the GEMM, cuBLASLt's
-# outer-vector-scaled kernels), "swap" (the same GEMM transposed: weights as the wide side) or "unit"
-# (a tensor-wise GEMM with unit scales, the row and channel scales applied after it). Which is fastest
-# depends on the card and the row count (docs/gpu.md); CHATGYM_FP8_GEMM picks for a process.
-GEMMS = ("rowwise", "swap", "unit")
-GEMM = os.environ.get("CHATGYM_FP8_GEMM", "rowwise")
+# How the fused step's projections multiply (scaled_mm): "rowwise" (row-wise scales in the GEMM: cuBLASLt's
+# outer-vector-scaled kernels) or "unit" (a tensor-wise GEMM with unit scales, the row and channel scales
+# applied by the compiled piece after it). On an H100 at the 7B shape the unit GEMMs took 2.700 / 3.467
+# ms a step against rowwise's 3.696 / 4.274 at 64 / 256 rows, but applying the scales in a kernel of
+# their own cost more than that (docs/gpu.md): so "unit" with compiled pieces, "rowwise" without
+# (default_gemm). CHATGYM_FP8_GEMM overrides it for a process (benchmarks).
+GEMMS = ("rowwise", "unit")
+
+
+def default_gemm(compiled: bool) -> str:
+    """The FP8 GEMM of a fused step with (``compiled``) or without compiled element-wise pieces."""
+    return os.environ.get("CHATGYM_FP8_GEMM") or ("unit" if compiled else "rowwise")
 # Scales never reach 0 (an all-zero row or activation): x / tiny stays 0, and no 0/0.
 _MIN_SCALE = 1e-12
 
@@ -92,14 +98,12 @@ def scaled_mm(xq: Any, a: Any, q: Any, s: Any, out_dtype: Any, gemm: str = "roww
 
     ``"unit"`` returns the product *unscaled* (``X · Q^T``, rounded to ``out_dtype``): the caller
     multiplies by ``a · s`` (:func:`dequantize_out`), which :mod:`.hf_elementwise`'s compiled pieces
-    fold into the kernel after the GEMM. ``"swap"`` returns a transposed (column-major) view.
+    fold into the kernel after the GEMM.
     """
     import torch
 
     if gemm == "rowwise":
         return torch._scaled_mm(xq, q.t(), scale_a=a, scale_b=s, out_dtype=out_dtype)
-    if gemm == "swap":  # (Q · X^T)^T: the rows become the GEMM's narrow N side
-        return torch._scaled_mm(q, xq.t(), scale_a=s.view(-1, 1), scale_b=a.view(1, -1), out_dtype=out_dtype).t()
     if gemm == "unit":
         one = _unit_scale(xq.device)
         return torch._scaled_mm(xq, q.t(), scale_a=one, scale_b=one, out_dtype=out_dtype)
@@ -134,10 +138,10 @@ class Fp8Linear:
             gate/up) — the quantization is per output row, so it is the same as quantizing each alone.
     """
 
-    def __init__(self, sources: Sequence[Any], gemm: str | None = None) -> None:
+    def __init__(self, sources: Sequence[Any], gemm: str = "rowwise") -> None:
         import torch
 
-        self.gemm = gemm or GEMM
+        self.gemm = gemm
         if self.gemm not in GEMMS:
             raise ValueError(f"fp8 gemm must be one of {GEMMS}, got {self.gemm!r} (CHATGYM_FP8_GEMM?)")
         self.weight, self.scale = quantize_rowwise(torch.cat([w.detach() for w in sources]))

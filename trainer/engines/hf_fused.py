@@ -123,7 +123,7 @@ class FusedDecoder:
             activation, FP8 activation quantization with the norm before it) through ``torch.compile``
             (:mod:`.hf_elementwise`: fewer kernels a step; compiled on the first call).
         fp8_gemm: with ``fp8``, how the projections multiply (:data:`.hf_fp8.GEMMS`; default
-            :data:`.hf_fp8.GEMM`).
+            :func:`.hf_fp8.default_gemm`: ``"unit"`` with compiled pieces, else ``"rowwise"``).
 
     Raises:
         ValueError: the model is not :func:`fusable` (the reason is in the message), or with ``fp8`` a
@@ -132,7 +132,7 @@ class FusedDecoder:
 
     def __init__(self, model: Any, *, fp8: bool = False, fp8_lm_head: bool = False,
                  compile_elementwise: bool = False, fp8_gemm: str | None = None) -> None:
-        from chatgym.trainer.engines import hf_elementwise
+        from chatgym.trainer.engines import hf_elementwise, hf_fp8
 
         ok, why = fusable(model)
         if not ok:
@@ -142,7 +142,7 @@ class FusedDecoder:
         self.heads = int(config.num_attention_heads)
         self.kv_heads = int(config.num_key_value_heads)
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
-        self.fp8, self.fp8_gemm = bool(fp8), fp8_gemm
+        self.fp8, self.fp8_gemm = bool(fp8), fp8_gemm or hf_fp8.default_gemm(compile_elementwise)
         self.ops = hf_elementwise.compiled() if compile_elementwise else hf_elementwise.EAGER
         self.layers: list[_Layer] = []
         # (write the copy from its sources, the tensors it joins): bf16 concatenations or FP8 weights.
@@ -314,13 +314,13 @@ class FusedDecoder:
             x = F.rms_norm(hidden, (hidden.shape[-1],), norm.weight, norm.variance_epsilon)
             qkv = F.linear(x, layer.qkv, layer.qkv_bias)
         split = (heads + kv_heads) * d
-        qk = qkv[:, :split].reshape(t, heads + kv_heads, d)  # a copy only for a transposed ("swap") GEMM
+        qk = qkv[:, :split].view(t, heads + kv_heads, d)
         if layer.q_norm is not None:
             qk = torch.cat((
                 F.rms_norm(qk[:, :heads], (d,), layer.q_norm.weight, layer.q_norm.variance_epsilon),
                 F.rms_norm(qk[:, heads:], (d,), layer.k_norm.weight, layer.k_norm.variance_epsilon),
             ), dim=1)
-        return self.ops.rope(qk, cos, sin), qkv[:, split:].reshape(t, kv_heads, d)
+        return self.ops.rope(qk, cos, sin), qkv[:, split:].view(t, kv_heads, d)
 
     def _after_attention(self, layer: _Layer, hidden: Any, attended: Any) -> Any:
         """The output projection and the MLP, each added to the residual stream in its matmul."""

@@ -150,7 +150,7 @@ class StaticSlots:
             ``"compiled"``: fused, with the element-wise pieces compiled (:mod:`.hf_elementwise`).
         fp8: the fused step on FP8 weights (:mod:`.hf_fp8`; ``fp8_lm_head``: the LM head too); needs the
             fused step. The caller checks the device has FP8 (the engine does). ``fp8_gemm``: one of
-            :data:`.hf_fp8.GEMMS` (default :data:`.hf_fp8.GEMM`).
+            :data:`.hf_fp8.GEMMS` (default :func:`.hf_fp8.default_gemm`).
 
     Raises:
         ValueError: the model is not supported (the reason is in the message), or ``fp8`` without a
