@@ -81,7 +81,7 @@ plan() {
   mark "GPU test: the philox sampler's kernel"
   (cd /tmp/t && timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engines_hf_draw.py \
     > $O/gpu_tests_draw.txt 2>&1)
-  local px=$? all='"static all" "static fp8 all"'
+  local px=$? all='"static all" "static fp8 all" "static fp8+head all"'
   tail -n 3 $O/gpu_tests_draw.txt
   local runs0=${RUNS_SMOL_0:-ours_px:0 ours_1off_px:0 trl_vllm_fp32:0} runs1=${RUNS_SMOL_1:-ours_px:1 ours_1off_px:1 trl_vllm_fp32:1}
   if [ $px -ne 0 ]; then  # without the kernel: the runs of every other speed option

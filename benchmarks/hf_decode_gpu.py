@@ -11,7 +11,8 @@ runs the full 128 tokens: the figure is decode speed, not the model's reply leng
 * ``engine layers``  — ``decode="static"`` through the model's own layers (``fused_step=False``);
 * ``engine dynamic`` — ``TransformersEngine(decode="dynamic")``: padded ``DynamicCache`` batch;
 * ``engine static all`` / ``static fp8 all`` — every speed option of the static path (``fused_step:
-  compiled``, ``async_scheduling``, ``sampler: philox``), bf16 / FP8 weights;
+  compiled``, ``async_scheduling``, ``sampler: philox``), bf16 / FP8 weights (``static fp8+head all``:
+  the LM head in FP8 too);
 * ``generate``       — ``model.generate`` with the dynamic cache (what TRL's GRPOTrainer calls).
 
 Each path runs the same prompts ``--repeats`` times after one warm-up round (which pays graph capture
@@ -102,6 +103,8 @@ ENGINE_MODES = {
     "static all": {"decode": "static", "fused_step": "compiled", "async_scheduling": True, "sampler": "philox"},
     "static fp8 all": {"decode": "static", "quantization": "fp8", "fused_step": "compiled", "async_scheduling": True,
                        "sampler": "philox"},
+    "static fp8+head all": {"decode": "static", "quantization": "fp8", "fp8_lm_head": True, "fused_step": "compiled",
+                            "async_scheduling": True, "sampler": "philox"},
     "async": {"decode": "static", "async_scheduling": True},
     "layers": {"decode": "static", "fused_step": False},
     "dynamic": {"decode": "dynamic"},
@@ -333,6 +336,7 @@ def report(shape: str, batch: int, results: dict) -> list[str]:
         )
     pairs = (("engine static fp8", "engine static"), ("engine static fp8+head", "engine static"),
              ("engine static fp8 compiled", "engine static compiled"), ("engine static fp8 all", "engine static all"),
+             ("engine static fp8+head all", "engine static all"),
              ("vllm fp8", "vllm bf16"))
     for fp8, bf16 in pairs:
         if fp8 in results and bf16 in results:
