@@ -17,8 +17,8 @@
 #   last [.gpukit/vllm2/p10, .gpukit/vllm2/meta]  the same, then: bash benchmarks/gpu_lease.sh vllm
 #   then polls: bash benchmarks/gpu_lease.sh poll 500   (log tail; /tmp/runs packed into $OUT/runs.tgz)
 #
-# `plan` runs what needs no SmolLM2 first (the philox kernel's GPU test, the 7B engine, the GPU tests),
-# then what needs SmolLM2, then what needs vLLM, each waiting for its part of the kit; a poll must follow
+# `plan` runs the philox kernel's GPU test, then by priority ours on SmolLM2 (seed 0), the 7B engine, ours
+# (seed 1), the GPU tests, TRL + vLLM, the step benchmarks, each waiting for its part of the kit; a poll must follow
 # a poll within 30 s, or the machine goes back with the plan unfinished (2026-12-06: lost that way); the vs-TRL run lists are environment variables
 # (RUNS_SMOL_0, RUNS_SMOL_1, RUNS_QWEN15). `.whl` (ignored) holds the test plugins the machine lacks:
 # `pip download --no-deps -d .whl pytest-asyncio pytest-timeout`. Install steps run from /tmp: from the project root
@@ -83,32 +83,35 @@ plan() {
     > $O/gpu_tests_draw.txt 2>&1)
   local px=$? all='"static all" "static fp8 all" "static fp8+head all"'
   tail -n 3 $O/gpu_tests_draw.txt
-  local runs0=${RUNS_SMOL_0:-ours_px:0 ours_1off_px:0 trl_vllm_fp32:0} runs1=${RUNS_SMOL_1:-ours_px:1 ours_1off_px:1 trl_vllm_fp32:1}
+  local runs0=${RUNS_SMOL_0:-ours_px:0 ours_1off_px:0} runs1=${RUNS_SMOL_1:-ours_px:1 ours_1off_px:1}
   if [ $px -ne 0 ]; then  # without the kernel: the runs of every other speed option
     mark "the philox kernel failed: ours_all / ours_1off_compile instead"
-    runs0="ours_all:0 ours_1off_compile:0 trl_vllm_fp32:0"; runs1="ours_all:1 ours_1off_compile:1 trl_vllm_fp32:1"; all=""
+    runs0="ours_all:0 ours_1off_compile:0"; runs1="ours_all:1 ours_1off_compile:1"; all=""
   fi
+  local vs="python3 benchmarks/vs_trl_gpu.py --run-timeout 420"
+  wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
+  mark "vs TRL, SmolLM2, ours seed 0"
+  $vs --shape smollm2 --out $O/vs_smol --runs $runs0 > $O/vs_smol_0.txt 2>&1
+  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 24 $O/report_smol.txt
   mark "engine tokens/s, Qwen2.5-7B shape"
   eval timeout 360 python3 benchmarks/hf_decode_gpu.py --shape qwen2.5-7b --batch 64 256 --skip-generate --repeats 3 \
     --modes '"static compiled"' '"static fp8 compiled"' $all > $O/decode_7b.txt 2>&1
   grep -E "tok/s|FP8/bf16" $O/decode_7b.txt | cut -c1-160
+  mark "vs TRL, SmolLM2, ours seed 1"
+  $vs --shape smollm2 --out $O/vs_smol --runs $runs1 > $O/vs_smol_1.txt 2>&1
+  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 24 $O/report_smol.txt
   mark "GPU tests of this change"
   (cd /tmp/t && timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engines_hf_elementwise.py \
     tests/test_engines_hf_fused.py tests/test_engines_hf_static.py tests/test_fp8_gpu.py -k "not vllm" > $O/gpu_tests.txt 2>&1)
   tail -n 3 $O/gpu_tests.txt
-  wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
+  wait_for /tmp/kit/vllm_ok || mark "no vLLM"
+  mark "vs TRL, SmolLM2, TRL + vLLM seed 0"
+  $vs --shape smollm2 --out $O/vs_smol --runs ${RUNS_TRL:-trl_vllm_fp32:0} > $O/vs_smol_trl.txt 2>&1
+  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 24 $O/report_smol.txt
   mark "decode step and sampling, SmolLM2"
   timeout 200 python3 benchmarks/decode_step_gpu.py --rows 64 256 --shape smollm2 --modes fused fused_c --iters 200 \
     > $O/step_smol.txt 2>&1
   grep -E "replay|sampl" $O/step_smol.txt | cut -c1-200
-  wait_for /tmp/kit/vllm_ok || mark "no vLLM"
-  local vs="python3 benchmarks/vs_trl_gpu.py --run-timeout 420"
-  mark "vs TRL, SmolLM2, seed 0"
-  $vs --shape smollm2 --out $O/vs_smol --runs $runs0 > $O/vs_smol_0.txt 2>&1
-  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 24 $O/report_smol.txt
-  mark "vs TRL, SmolLM2, seed 1"
-  $vs --shape smollm2 --out $O/vs_smol --runs $runs1 > $O/vs_smol_1.txt 2>&1
-  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 24 $O/report_smol.txt
   mark "decode step, Qwen2.5-7B shape"
   timeout 300 python3 benchmarks/decode_step_gpu.py --rows 64 256 --shape qwen2.5-7b --modes fused fp8 fp8_c \
     fp8_c_rowwise --iters 100 --profile > $O/step_7b.txt 2>&1

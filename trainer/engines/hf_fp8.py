@@ -9,7 +9,9 @@ quantization with channel-wise weight scales and per-token activation scales):
   e4m3fn's largest finite value), ``Q[n, k] = e4m3(W[n, k] / s_n)``;
 * activation ``x`` (M rows × K), per row ``m``: ``a_m = max_k |x[m, k]| / 448``, ``X = e4m3(x / a)``;
 * ``y = torch._scaled_mm(X, Q.t(), scale_a=a (M, 1), scale_b=s (1, N), out_dtype=bf16)``, which is
-  ``(X · diag) (Q · diag)^T`` accumulated in fp32 and rounded once to the output dtype.
+  ``(X · diag) (Q · diag)^T`` accumulated in fp32 and rounded once to the output dtype; or, the
+  ``"unit"`` GEMM of :data:`GEMMS` (the default with compiled element-wise pieces), ``X · Q^T`` with
+  unit scales, rounded to the output dtype, then times ``a · s`` in the kernel that follows.
 
 Error of one quantized weight (round to nearest, 3 mantissa bits): a scaled value in e4m3's normal
 range (|v| >= 2^-6) is off by at most half its spacing, ``2^-4 · |v|``; below it (subnormals, spacing
