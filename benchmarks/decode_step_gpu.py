@@ -90,7 +90,15 @@ def time_bucket(slots, n: int, width: int, iters: int) -> tuple[float, float, ob
     graph, out = slots._graph(n, width)
     torch.cuda.synchronize()
     first_s = time.perf_counter() - t0
-    for _ in range(10):
+    return first_s, replay_ms(graph, iters), out[:n].float().clone()
+
+
+def replay_ms(graph, iters: int, warm: int = 10) -> float:
+    """Milliseconds one replay of a captured ``graph`` takes: CUDA events around ``iters`` replays,
+    after ``warm`` untimed ones."""
+    import torch
+
+    for _ in range(warm):
         graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -98,7 +106,7 @@ def time_bucket(slots, n: int, width: int, iters: int) -> tuple[float, float, ob
         graph.replay()
     end.record()
     torch.cuda.synchronize()
-    return first_s, start.elapsed_time(end) / iters, out[:n].float().clone()
+    return start.elapsed_time(end) / iters
 
 
 def step_kernels(slots, n: int, width: int) -> list[tuple[str, float]]:

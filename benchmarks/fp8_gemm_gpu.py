@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 
+from decode_step_gpu import replay_ms
+
 
 def projections(config) -> dict[str, tuple[int, int]]:
     """(N outputs, K inputs) of each fused projection of a transformers ``config``."""
@@ -43,15 +45,7 @@ def time_graph(fn, iters: int) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    for _ in range(3):
-        graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
+    return replay_ms(graph, iters, warm=3)
 
 
 def variants(m: int, n: int, k: int, layers: int, autotune: bool) -> dict:
