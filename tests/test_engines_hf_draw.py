@@ -160,6 +160,20 @@ def test_the_sampler_is_refused_without_cuda_and_named_when_unknown():
         hf_static.check_options("static", sampler="fast")
 
 
+def test_a_bad_fp8_gemm_override_is_refused_before_any_model_loads(monkeypatch):
+    """CHATGYM_FP8_GEMM is read where the fused step is built, on the engine's first generation: the
+    option check (config load and the engine's constructor) reads it first."""
+    from chatgym.trainer.config.loader import ConfigError
+    from chatgym.trainer.engines import check_engine_options
+
+    monkeypatch.setenv("CHATGYM_FP8_GEMM", "bogus")
+    with pytest.raises(ConfigError, match=r"^engine.options: CHATGYM_FP8_GEMM must be one of \('rowwise', 'unit'\), got 'bogus'"):
+        check_engine_options("hf", {"quantization": "fp8", "decode": "static"}, "engine.options")
+    check_engine_options("hf", {"decode": "static"}, "engine.options")  # no FP8: not read
+    monkeypatch.setenv("CHATGYM_FP8_GEMM", "unit")
+    check_engine_options("hf", {"quantization": "fp8", "decode": "static"}, "engine.options")
+
+
 def test_config_load_refuses_the_philox_sampler_on_a_machine_without_cuda(monkeypatch):
     from chatgym.trainer.config.loader import ConfigError
     from chatgym.trainer.engines import check_engine_options

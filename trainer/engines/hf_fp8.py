@@ -1,5 +1,6 @@
 """FP8 weights for the fused decode step (:mod:`.hf_fused`): e4m3 with per-output-channel scales,
-activations quantized per row, ``torch._scaled_mm`` with row-wise scaling.
+activations quantized per row, ``torch._scaled_mm`` with row-wise scaling (or unit scales, the scales
+applied after it: :data:`GEMMS`).
 
 A decode step at the 7B shape is memory-bound: it reads every weight once per step, so weights of one
 byte instead of two halve its floor. The scheme is vLLM's dynamic per-channel FP8 (``fp8`` online
@@ -44,8 +45,16 @@ GEMMS = ("rowwise", "unit")
 
 
 def default_gemm(compiled: bool) -> str:
-    """The FP8 GEMM of a fused step with (``compiled``) or without compiled element-wise pieces."""
-    return os.environ.get("CHATGYM_FP8_GEMM") or ("unit" if compiled else "rowwise")
+    """The FP8 GEMM of a fused step with (``compiled``) or without compiled element-wise pieces.
+
+    Raises:
+        ValueError: ``CHATGYM_FP8_GEMM`` set to a value not in :data:`GEMMS` (the engine's option check
+            calls this before any model loads).
+    """
+    gemm = os.environ.get("CHATGYM_FP8_GEMM") or ("unit" if compiled else "rowwise")
+    if gemm not in GEMMS:
+        raise ValueError(f"CHATGYM_FP8_GEMM must be one of {GEMMS}, got {gemm!r}")
+    return gemm
 # Scales never reach 0 (an all-zero row or activation): x / tiny stays 0, and no 0/0.
 _MIN_SCALE = 1e-12
 
