@@ -242,7 +242,7 @@ def sampling(results: dict, modes: list[str], buckets, iters: int) -> None:
     """The engine's sampling after a step, timed on the first bucket's logits (module doc)."""
     import torch
 
-    from chatgym.trainer.engines import hf_sampling
+    from chatgym.trainer.engines import hf_draw, hf_sampling
     from chatgym.trainer.engines.base import SamplingParams
 
     # The sampling after each step: 64 rows at temperature 1, each with its own seed (as the trainer
@@ -253,29 +253,30 @@ def sampling(results: dict, modes: list[str], buckets, iters: int) -> None:
     shared = torch.Generator(device="cuda").manual_seed(0)
     params = [SamplingParams(temperature=1.0, seed=i) for i in range(n)]
     plan = hf_sampling.build_plan(params, generators, shared, logits.shape[-1], "cuda")
-    for _ in range(10):
-        hf_sampling.sample(logits, plan)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(iters):
+
+    def default() -> None:
         ids, invalid = hf_sampling.sample(logits, plan)
         lps = torch.log_softmax(logits, dim=-1).gather(1, ids[:, None])[:, 0]
         hf_sampling.to_host(ids, lps, invalid)
-    print(f"sampling {n} rows (own generators) + logprobs + read back: "
-          f"{(time.perf_counter() - t0) / iters * 1e3:.3f} ms per step")
-    from chatgym.trainer.engines import hf_draw
 
-    plan = hf_draw.build_plan(range(n), [0] * n, [1.0] * n, "cuda")
+    philox = hf_draw.build_plan(range(n), [0] * n, [1.0] * n, "cuda")
     bf16 = logits.to(torch.bfloat16)  # the step's own output dtype, which the kernel reads
-    for _ in range(10):
-        hf_draw.draw(bf16, plan)
+    print(f"sampling {n} rows (own generators) + logprobs + read back: {host_ms(default, iters):.3f} ms per step")
+    print(f"sampler philox, {n} rows (one kernel: draw + logprobs + packing) + read back: "
+          f"{host_ms(lambda: hf_sampling.packed_to_host(hf_draw.draw(bf16, philox)[1], n), iters):.3f} ms per step")
+
+
+def host_ms(fn, iters: int, warm: int = 10) -> float:
+    """Milliseconds of wall clock one call of ``fn`` takes (it ends in a read-back), after ``warm`` calls."""
+    import torch
+
+    for _ in range(warm):
+        fn()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(iters):
-        hf_sampling.packed_to_host(hf_draw.draw(bf16, plan)[1], n)
-    print(f"sampler philox, {n} rows (one kernel: draw + logprobs + packing) + read back: "
-          f"{(time.perf_counter() - t0) / iters * 1e3:.3f} ms per step")
-
+        fn()
+    return (time.perf_counter() - t0) / iters * 1e3
 
 if __name__ == "__main__":
     main()

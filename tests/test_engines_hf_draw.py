@@ -41,14 +41,18 @@ def philox(key: int, ctr: list, rounds: int = 10) -> list[np.ndarray]:
     return c
 
 
+def uniform(word: np.ndarray) -> np.ndarray:
+    """Philox output words as float32 in [0, 1), as Triton's ``uint_to_uniform_float``."""
+    signed = word.astype(np.uint32).view(np.int32).astype(np.int64)
+    return np.where(signed < 0, -signed - 1, signed).astype(np.float32) * np.float32(4.6566127342e-10)
+
+
 def reference_id(logits: np.ndarray, seed: int, count: int, temperature: float) -> int:
     """The id the kernel must draw: Gumbel-max over Philox uniforms (hf_draw's module doc)."""
     x = np.asarray(logits, dtype=np.float32)
     if temperature == 0:
         return int(np.argmax(x))
-    word = philox(seed % (1 << 63), [np.arange(x.size), count & 0xFFFFFFFF, count >> 32, 0])[0]
-    signed = word.astype(np.uint32).view(np.int32).astype(np.int64)
-    u = np.where(signed < 0, -signed - 1, signed).astype(np.float32) * np.float32(4.6566127342e-10)
+    u = uniform(philox(seed % (1 << 63), [np.arange(x.size), count & 0xFFFFFFFF, count >> 32, 0])[0])
     with np.errstate(divide="ignore"):
         score = x * np.float32(1.0 / temperature) - np.log(-np.log(u))
     return int(np.argmax(score))
@@ -118,9 +122,7 @@ def test_the_reference_draws_follow_the_tempered_distribution():
     the kernel equals, above): the frequencies are within 4 standard errors of softmax(x / T) (p = 0.1
     .. 0.4 at T = 1; p^2 renormalised at T = 0.5)."""
     p, n = np.array([0.1, 0.2, 0.3, 0.4]), 20000
-    word = philox(np.arange(n, dtype=np.uint64)[:, None], [np.arange(4)[None, :], 0, 0, 0])[0]
-    signed = word.astype(np.uint32).view(np.int32).astype(np.int64)
-    u = np.where(signed < 0, -signed - 1, signed).astype(np.float32) * np.float32(4.6566127342e-10)
+    u = uniform(philox(np.arange(n, dtype=np.uint64)[:, None], [np.arange(4)[None, :], 0, 0, 0])[0])
     for temperature, want in ((1.0, p), (0.5, p**2 / (p**2).sum())):
         with np.errstate(divide="ignore"):
             ids = np.argmax(np.log(p).astype(np.float32) / np.float32(temperature) - np.log(-np.log(u)), axis=1)

@@ -131,12 +131,12 @@ def check_engine_options(backend: str, options: Mapping[str, Any], setting: str)
         from chatgym.trainer.engines.auto import has_cuda
         from chatgym.trainer.models.cuda import is_fp8
 
-        decode = str(options.get("decode", "auto"))
+        decode, cuda = str(options.get("decode", "auto")), has_cuda()
         # The engine's auto is static only on CUDA (hf.TransformersEngine._choose_decode).
-        auto_dynamic = decode == "auto" and not has_cuda()
+        auto_dynamic = decode == "auto" and not cuda
         values = dict(fp8=is_fp8(options.get("quantization")), fused_step=options.get("fused_step", True),
                       async_scheduling=bool(options.get("async_scheduling", False)),
-                      sampler=options.get("sampler", "generators"), cuda=has_cuda())
+                      sampler=options.get("sampler", "generators"), cuda=cuda)
         paths = [(decode, "")] + ([("dynamic", ": decode 'auto' is dynamic without CUDA; set decode: static")]
                                   if auto_dynamic else [])
         for path, hint in paths:

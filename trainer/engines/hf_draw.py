@@ -56,14 +56,12 @@ class PhiloxPlan:
 
 def build_plan(seeds: Sequence[int], counts: Sequence[int], temperatures: Sequence[float], device: Any) -> PhiloxPlan:
     """The :class:`PhiloxPlan` of rows with these seeds (reduced modulo 2**63), token counts and temperatures."""
-    import torch
-
     from chatgym.trainer.engines.hf_sampling import device_tensor
 
-    return PhiloxPlan(
+    return PhiloxPlan(  # Python ints and floats: int64 and float32 tensors
         seeds=device_tensor([s % (1 << 63) for s in seeds], device),
         counts=device_tensor([int(c) for c in counts], device),
-        inv_temps=device_tensor([1.0 / t if t > 0 else 0.0 for t in temperatures], device).to(torch.float32),
+        inv_temps=device_tensor([1.0 / t if t > 0 else 0.0 for t in temperatures], device),
     )
 
 

@@ -35,6 +35,9 @@ from collections.abc import Sequence
 from typing import Any
 
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
+# Scales never reach 0 (an all-zero row or activation): x / tiny stays 0, and no 0/0.
+_MIN_SCALE = 1e-12
+
 # How the fused step's projections multiply (scaled_mm): "rowwise" (row-wise scales in the GEMM: cuBLASLt's
 # outer-vector-scaled kernels) or "unit" (a tensor-wise GEMM with unit scales, the row and channel scales
 # applied by the compiled piece after it). On an H100 at the 7B shape the unit GEMMs took 2.700 / 3.467
@@ -55,8 +58,6 @@ def default_gemm(compiled: bool) -> str:
     if gemm not in GEMMS:
         raise ValueError(f"CHATGYM_FP8_GEMM must be one of {GEMMS}, got {gemm!r}")
     return gemm
-# Scales never reach 0 (an all-zero row or activation): x / tiny stays 0, and no 0/0.
-_MIN_SCALE = 1e-12
 
 
 def quantize_rowwise(weight: Any) -> tuple[Any, Any]:
@@ -154,7 +155,7 @@ class Fp8Linear:
 
         self.gemm = gemm
         if self.gemm not in GEMMS:
-            raise ValueError(f"fp8 gemm must be one of {GEMMS}, got {self.gemm!r} (CHATGYM_FP8_GEMM?)")
+            raise ValueError(f"fp8 gemm must be one of {GEMMS}, got {self.gemm!r}")
         self.weight, self.scale = quantize_rowwise(torch.cat([w.detach() for w in sources]))
 
     def requantize(self, sources: Sequence[Any]) -> None:

@@ -100,11 +100,11 @@ def check_options(decode: str, *, fp8: bool = False, async_scheduling: bool = Fa
         raise ValueError("sampler 'philox' is a Triton kernel: it needs a CUDA GPU (this engine has none)")
     if not (isinstance(fused_step, bool) or fused_step == "compiled"):
         raise ValueError(f"fused_step must be true, false or 'compiled', got {fused_step!r}")
-    if fp8 and (decode == "dynamic" or not fused_step):
-        raise ValueError("quantization 'fp8' runs in the fused static decode step: decode 'static', fused_step")
     if fp8:
         from chatgym.trainer.engines import hf_fp8
 
+        if decode == "dynamic" or not fused_step:
+            raise ValueError("quantization 'fp8' runs in the fused static decode step: decode 'static', fused_step")
         hf_fp8.default_gemm(fused_step == "compiled")  # a bad CHATGYM_FP8_GEMM, before any model loads
     for name, on in (("async_scheduling", async_scheduling), ("fused_step 'compiled'", fused_step == "compiled")):
         if on and decode == "dynamic":
