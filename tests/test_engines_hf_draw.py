@@ -164,7 +164,8 @@ def test_the_sampler_is_refused_without_cuda_and_named_when_unknown():
 
 def test_a_bad_fp8_gemm_override_is_refused_before_any_model_loads(monkeypatch):
     """CHATGYM_FP8_GEMM is read where the fused step is built, on the engine's first generation: the
-    option check (config load and the engine's constructor) reads it first."""
+    config-load option check reads it first (the engine's constructor checks it too, after its model
+    loads)."""
     from chatgym.trainer.config.loader import ConfigError
     from chatgym.trainer.engines import check_engine_options
 

@@ -3,8 +3,9 @@ activations quantized per row, ``torch._scaled_mm`` with row-wise scaling (or un
 applied after it: :data:`GEMMS`).
 
 A decode step at the 7B shape is memory-bound: it reads every weight once per step, so weights of one
-byte instead of two halve its floor. The scheme is vLLM's dynamic per-channel FP8 (``fp8`` online
-quantization with channel-wise weight scales and per-token activation scales):
+byte instead of two halve its floor. The scheme is vLLM's dynamic per-channel FP8 (its ``fp8_per_channel``
+online quantization: channel-wise weight scales and per-token activation scales; vLLM's plain ``fp8``
+scales weights per tensor):
 
 * weight ``W`` (N outputs × K inputs), per output row ``n``: ``s_n = max_k |W[n, k]| / 448`` (448 is
   e4m3fn's largest finite value), ``Q[n, k] = e4m3(W[n, k] / s_n)``;
