@@ -6,7 +6,9 @@ weights (``fp8``: :mod:`.hf_fp8`, per-channel e4m3 weights, per-row activation s
 those two with its element-wise pieces compiled (``fused_c``, ``fp8_c``: the engine's
 ``fused_step: compiled``, :mod:`.hf_elementwise`), ``fp8_c_rowwise`` / ``fp8_unit``: ``fp8_c`` /
 ``fp8`` with the other of :data:`.hf_fp8.GEMMS` than their default (``benchmarks/fp8_gemm_gpu.py``
-times the GEMMs alone), and ``compiled`` (the layers' step compiled by ``torch.compile``, Inductor, row and column counts
+times the GEMMs alone), ``fused_c_sdpa`` / ``fp8_c_sdpa``: ``fused_c`` / ``fp8_c`` with the cache writes
+and ``scaled_dot_product_attention`` instead of their default one Triton kernel (:mod:`.hf_attention`),
+and ``compiled`` (the layers' step compiled by ``torch.compile``, Inductor, row and column counts
 dynamic, then captured; the engine itself does not compile:
 ``benchmarks/results/vs_trl_h200_curve_subprocess/README.md``: 140 s, and 91 s more at the
 512-column bucket).
@@ -44,7 +46,8 @@ import random
 import time
 
 BUCKETS = ((64, 256), (32, 256), (8, 256), (64, 512))
-MODES = ("layers", "fused", "fused_c", "fp8", "fp8_c", "fp8_unit", "fp8_c_rowwise", "compiled")
+MODES = ("layers", "fused", "fused_c", "fused_c_sdpa", "fp8", "fp8_c", "fp8_c_sdpa", "fp8_unit", "fp8_c_rowwise",
+         "compiled")
 SLOTS, MAX_LEN = 256, 512
 KINDS = (  # (kind, substrings of a kernel's name), first match wins (cutlass attention before GEMMs)
     ("attention", ("fmha", "flash", "attention", "attn")),
@@ -70,10 +73,14 @@ def make_slots(model, mode: str, prompts, pad_id: int, tokens=None):
 
     from chatgym.trainer.engines.hf_static import StaticSlots
 
-    # fp8_c_rowwise / fp8_unit: fp8_c / fp8 with that hf_fp8 GEMM instead of their default
-    kind, gemm = (mode.rsplit("_", 1) if mode.endswith(("_rowwise", "_unit")) else (mode, ""))
+    # fp8_c_rowwise / fp8_unit: fp8_c / fp8 with that hf_fp8 GEMM instead of their default; *_sdpa: the
+    # compiled step with the default attention instead of the Triton kernel
+    kind, variant = (mode.rsplit("_", 1) if mode.endswith(("_rowwise", "_unit", "_sdpa")) else (mode, ""))
     fused = "compiled" if kind.endswith("_c") else kind in ("fused", "fp8")
-    slots = StaticSlots(model, SLOTS, MAX_LEN, fused=fused, fp8=kind.startswith("fp8"), fp8_gemm=gemm or None)
+    gemm = variant if variant in ("rowwise", "unit") else None
+    slots = StaticSlots(model, SLOTS, MAX_LEN, fused=fused, fp8=kind.startswith("fp8"), fp8_gemm=gemm)
+    if variant == "sdpa":  # before the first capture: the graphs take the attention the step has then
+        slots.fused.attention = "sdpa"
     if mode == "compiled":  # the whole step, as the engine's graphs would capture it
         slots._forward = torch.compile(slots._forward, dynamic=True)
     with torch.inference_mode():

@@ -17,8 +17,8 @@
 #   last [.gpukit/vllm2/p10, .gpukit/vllm2/meta]  the same, then: bash benchmarks/gpu_lease.sh vllm
 #   then polls: bash benchmarks/gpu_lease.sh poll 500   (log tail; /tmp/runs packed into $OUT/runs.tgz)
 #
-# `plan` runs the philox kernel's GPU test, then by priority ours on SmolLM2 (seed 0), the 7B engine, ours
-# (seed 1), the GPU tests, TRL + vLLM, the step benchmarks, each waiting for its part of the kit; a poll must follow
+# `plan` runs the new GPU tests, then by priority the SmolLM2 step, ours on SmolLM2 (seed 0), the 7B step, ours
+# (seed 1), TRL + vLLM, the 7B engine, the GPU tests, each waiting for its part of the kit; a poll must follow
 # a poll within 30 s, or the machine goes back with the plan unfinished (2026-12-06: lost that way); the vs-TRL run lists are environment variables
 # (RUNS_SMOL_0, RUNS_SMOL_1, RUNS_QWEN15). `.whl` (ignored) holds the test plugins the machine lacks:
 # `pip download --no-deps -d .whl pytest-asyncio pytest-timeout`. Install steps run from /tmp: from the project root
@@ -78,44 +78,43 @@ plan() {
   source /tmp/kit/base/env.sh
   export VLLM_USE_FLASHINFER_SAMPLER=0
   rm -rf /tmp/t && mkdir -p /tmp/t && cp -r tests pyproject.toml /tmp/t/  # pytest's settings, not the checkout's package
-  mark "GPU test: the philox sampler's kernel"
-  (cd /tmp/t && timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engines_hf_draw.py \
-    > $O/gpu_tests_draw.txt 2>&1)
-  local px=$? all='"static all" "static fp8 all" "static fp8+head all"'
-  tail -n 3 $O/gpu_tests_draw.txt
-  local runs0=${RUNS_SMOL_0:-ours_px:0 ours_1off_px:0} runs1=${RUNS_SMOL_1:-ours_px:1 ours_1off_px:1}
-  if [ $px -ne 0 ]; then  # without the kernel: the runs of every other speed option
-    mark "the philox kernel failed: ours_all / ours_1off_compile instead"
-    runs0="ours_all:0 ours_1off_compile:0"; runs1="ours_all:1 ours_1off_compile:1"; all=""
-  fi
+  mark "GPU tests: the decode attention kernel, the engine's stream"
+  (cd /tmp/t && timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engines_hf_attention.py \
+    tests/test_engines_hf_stream.py > $O/gpu_tests_new.txt 2>&1)
+  tail -n 3 $O/gpu_tests_new.txt
+  mark "decode step, SmolLM2: the attention kernel vs SDPA"
+  timeout 200 python3 benchmarks/decode_step_gpu.py --rows 64 256 --shape smollm2 --modes fused_c fused_c_sdpa \
+    --iters 200 --profile > $O/step_smol.txt 2>&1
+  grep -E "replay|attention|sampl" $O/step_smol.txt | cut -c1-200
+  local runs0=${RUNS_SMOL_0:-ours_px:0 ours_1off_px:0 ours_1off_px_gil:0} runs1=${RUNS_SMOL_1:-ours_px:1 ours_1off_px:1}
   local vs="python3 benchmarks/vs_trl_gpu.py --run-timeout 420"
   wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
   mark "vs TRL, SmolLM2, ours seed 0"
   $vs --shape smollm2 --out $O/vs_smol --runs $runs0 > $O/vs_smol_0.txt 2>&1
   python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 24 $O/report_smol.txt
-  mark "engine tokens/s, Qwen2.5-7B shape"
-  eval timeout 360 python3 benchmarks/hf_decode_gpu.py --shape qwen2.5-7b --batch 64 256 --skip-generate --repeats 3 \
-    --modes '"static compiled"' '"static fp8 compiled"' $all > $O/decode_7b.txt 2>&1
-  grep -E "tok/s|FP8/bf16" $O/decode_7b.txt | cut -c1-160
+  mark "decode step, Qwen2.5-7B shape"
+  timeout 300 python3 benchmarks/decode_step_gpu.py --rows 64 256 --shape qwen2.5-7b --modes fused_c fused_c_sdpa fp8_c \
+    fp8_c_sdpa --iters 50 --profile > $O/step_7b.txt 2>&1
+  grep -E "bandwidth|replay|attention" $O/step_7b.txt | cut -c1-200
   mark "vs TRL, SmolLM2, ours seed 1"
   $vs --shape smollm2 --out $O/vs_smol --runs $runs1 > $O/vs_smol_1.txt 2>&1
   python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 24 $O/report_smol.txt
-  mark "GPU tests of this change"
-  (cd /tmp/t && timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engines_hf_elementwise.py \
-    tests/test_engines_hf_fused.py tests/test_engines_hf_static.py tests/test_fp8_gpu.py -k "not vllm" > $O/gpu_tests.txt 2>&1)
-  tail -n 3 $O/gpu_tests.txt
   wait_for /tmp/kit/vllm_ok || mark "no vLLM"
   mark "vs TRL, SmolLM2, TRL + vLLM seed 0"
   $vs --shape smollm2 --out $O/vs_smol --runs ${RUNS_TRL:-trl_vllm_fp32:0} > $O/vs_smol_trl.txt 2>&1
-  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 24 $O/report_smol.txt
-  mark "decode step and sampling, SmolLM2"
-  timeout 200 python3 benchmarks/decode_step_gpu.py --rows 64 256 --shape smollm2 --modes fused fused_c --iters 200 \
-    > $O/step_smol.txt 2>&1
-  grep -E "replay|sampl" $O/step_smol.txt | cut -c1-200
-  mark "decode step, Qwen2.5-7B shape"
-  timeout 300 python3 benchmarks/decode_step_gpu.py --rows 64 256 --shape qwen2.5-7b --modes fused fp8 fp8_c \
-    fp8_c_rowwise --iters 100 --profile > $O/step_7b.txt 2>&1
-  grep -E "bandwidth|replay|  gemm|sampl" $O/step_7b.txt | cut -c1-200
+  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 40 $O/report_smol.txt
+  mark "engine tokens/s, Qwen2.5-7B shape"
+  timeout 360 python3 benchmarks/hf_decode_gpu.py --shape qwen2.5-7b --batch 64 256 --skip-generate --repeats 3 \
+    --modes "static all" "static fp8 all" > $O/decode_7b.txt 2>&1
+  grep -E "tok/s|FP8/bf16" $O/decode_7b.txt | cut -c1-160
+  mark "GPU tests of the compiled step"
+  (cd /tmp/t && timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engines_hf_elementwise.py \
+    tests/test_engines_hf_static.py tests/test_engines_hf_draw.py > $O/gpu_tests.txt 2>&1)
+  tail -n 3 $O/gpu_tests.txt
+  mark "engine tokens/s, SmolLM2 (seeded)"
+  timeout 200 python3 benchmarks/hf_decode_gpu.py --real-weights --seeded --batch 64 256 --skip-generate --repeats 3 \
+    --modes "static all" > $O/decode_smol_seeded.txt 2>&1
+  grep -E "tok/s" $O/decode_smol_seeded.txt | cut -c1-160
   mark "done"
 }
 

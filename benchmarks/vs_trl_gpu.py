@@ -34,6 +34,9 @@ Runs (``--runs``, any subset, each ``NAME:SEED``):
   layers compiled too; ``ours_all``: that with ``async_scheduling`` as well);
 * ``ours_px`` — ``ours_all`` with ``engine.options.sampler: philox`` (one Triton kernel draws every row's
   token a step: ``trainer/engines/hf_draw.py``); ``ours_1off_px``: that with ``one_step_off``;
+  ``ours_1off_px_gil``: that with Python's thread switch interval at 0.2 ms instead of 5 (the engine's
+  worker, the learner's thread and the collector share one interpreter lock: does a thread that wants it
+  wait on the one holding it?);
 * ``ours_1off_compile`` — both: with an update that issues fewer ops, the next rollout's host work and
   the update's contend less for the host (``ours_1off`` alone gained nothing: both phases issue ops);
 * ``trl_bf16``    — TRL with bf16 weights (its fastest configuration in the peers' figures);
@@ -162,6 +165,7 @@ OUR_RUNS: dict[str, dict[str, str]] = {
     "ours_all": {"engine": "async_c", "compile": "true"},
     "ours_px": {"engine": "async_c_px", "compile": "true"},
     "ours_1off_px": {"engine": "async_c_px", "pipeline": "one_step_off", "compile": "true"},
+    "ours_1off_px_gil": {"engine": "async_c_px", "pipeline": "one_step_off", "compile": "true", "switch_ms": "0.2"},
 }
 # The trl* runs: (fp32 master weights, TRL's colocated vLLM generating).
 TRL_RUNS = {
@@ -480,8 +484,10 @@ def run_ours(
     quantization: str | None = None,
     pipeline: str = "sync",
     compile: str = "false",
+    switch_ms: str | None = None,
 ) -> dict:
-    """One ours* run (``engine``, ``pack``, ``quantization``, ``pipeline``, ``compile``: see :data:`OUR_RUNS`):
+    """One ours* run (``engine``, ``pack``, ``quantization``, ``pipeline``, ``compile``, ``switch_ms``: see
+    :data:`OUR_RUNS`):
     ``steps`` timed steps, held-out accuracy before, every ``eval_every`` steps and after (None at a
     random-weights shape). With ``one_step_off`` the next rollout keeps running during an evaluation
     (as in ``chatgym train``), whose seconds are taken out of the wall clock: the step after one is
@@ -493,6 +499,9 @@ def run_ours(
 
     options = options or {}
     cuda = torch.cuda.is_available()
+    switch = sys.getswitchinterval()
+    if switch_ms is not None:
+        sys.setswitchinterval(float(switch_ms) / 1000)
     out = Path(tempfile.mkdtemp(prefix="vs-trl-ours-"))
     if cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -568,6 +577,7 @@ def run_ours(
             overlapped.close()
         probe.close()
         trainer.close()
+        sys.setswitchinterval(switch)
         shutil.rmtree(out, ignore_errors=True)  # its metrics, traces and checkpoint (~1.6 GB at 135M)
     peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan")
     return {"setup_s": setup_s, "steps": rows, "curve": curve, "peak_gib": peak, "options": options}

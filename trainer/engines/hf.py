@@ -3,7 +3,8 @@
 For GPUs without vLLM and for quick tests. One worker thread owns the model's running batch: at every
 decode step, requests that arrived meanwhile are prefilled and join the batch (up to
 ``max_batch_size`` rows), and rows that finish leave it and are answered at once (iteration-level
-scheduling, Orca, Yu et al., OSDI 2022; the cache handling is in :mod:`.hf_batch`). Nothing waits for
+scheduling, Orca, Yu et al., OSDI 2022; the cache handling is in :mod:`.hf_batch`; on CUDA it issues on
+a stream of its own, :mod:`.hf_stream`, beside a learner's kernels). Nothing waits for
 a whole batch to end, which matters under the collector's traffic: episodes send their turns at
 different times. Each row keeps its own sampling settings (temperature, top-p, top-k, stop ids, stop
 strings, max tokens, seed). Stop strings are matched on the decoded text after every token
@@ -37,7 +38,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from chatgym.trainer.engines import hf_batch, hf_draw, hf_fp8, hf_sampling, hf_static, hf_vision
+from chatgym.trainer.engines import hf_batch, hf_draw, hf_fp8, hf_sampling, hf_static, hf_stream, hf_vision
 from chatgym.trainer.engines.base import Completion, SamplingParams
 from chatgym.trainer.engines.common import (
     StopStringChecker,
@@ -145,6 +146,8 @@ class TransformersEngine:
     Counters (for tests and benchmarks): ``batches_run`` prefill passes (each admits a group of
     requests), ``rows_run`` requests admitted, ``decode_steps`` decode passes.
     """
+
+    _stream: Any = None  # the worker's CUDA stream (:mod:`.hf_stream`), made as the worker starts
 
     def __init__(
         self,
@@ -283,17 +286,15 @@ class TransformersEngine:
             KeyError: an unknown name. ValueError: a shape that does not match.
             TypeError: a value that is not a torch.Tensor (numpy array, list: named), or not a pair.
         """
-        import torch
-
         with self._cond:
             self._updates_waiting += 1
         try:
             with self._model_lock:
+                hf_stream.before_copies(self._stream, self.device)
                 copy_weights_in_place(self.model, weights)
                 if self._slots is not None:  # re-concatenate / re-quantize now: the cost is the update's
                     self._slots.follow_the_model()
-                if self.device.type == "cuda":  # the copies' kernels done: timing/sync_s holds them
-                    torch.cuda.synchronize(self.device)
+                hf_stream.copies_done(self.device)  # timing/sync_s holds the copies' kernels
         finally:
             with self._cond:
                 self._updates_waiting -= 1
@@ -352,6 +353,7 @@ class TransformersEngine:
             return joiners
 
     def _serve(self) -> None:
+        self._stream = hf_stream.make_current(self.device)
         rows: list[_Row] = []
         batch: hf_batch.Batch | None = None
         try:
@@ -363,6 +365,7 @@ class TransformersEngine:
                     continue
                 if not rows:
                     self._model_lock.acquire()
+                    hf_stream.batch_start(self._stream, self.device)
                 try:
                     rows, batch = self._step(rows, batch, joiners)
                 except Exception as exc:  # this step failed: its requests see why; the engine goes on

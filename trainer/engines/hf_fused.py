@@ -20,7 +20,9 @@ layer), with no compiler: 2.04 ms at 64 rows, 1.77 ms at 8 (``benchmarks/decode_
   exactly;
 * at decode, attention with each key/value head's query heads as its queries (``(rows, kv_heads,
   group, d)`` against the cache's ``(rows, kv_heads, columns, d)``): grouped-query attention without
-  repeating the cache, in one ``scaled_dot_product_attention`` call, and the mask built once per step.
+  repeating the cache, in one ``scaled_dot_product_attention`` call, and the mask built once per step;
+  with compiled pieces on CUDA, one Triton kernel a layer that also writes the step's keys and values
+  and reads each row's columns only up to its position (:mod:`.hf_attention`).
 
 The prompts' prefill (:meth:`FusedDecoder.prefill`, eager: prompts have every length) runs the same
 layers over all prompt tokens and writes keys/values straight into the slots: the model's own forward
@@ -124,15 +126,20 @@ class FusedDecoder:
             (:mod:`.hf_elementwise`: fewer kernels a step; compiled on the first call).
         fp8_gemm: with ``fp8``, how the projections multiply (:data:`.hf_fp8.GEMMS`; default
             :func:`.hf_fp8.default_gemm`: ``"unit"`` with compiled pieces, else ``"rowwise"``).
+        attention: the decode step's attention (:data:`.hf_attention.ATTENTIONS`; default
+            :func:`.hf_attention.default_attention`: the Triton kernel with compiled pieces on CUDA).
+            ``"triton"`` is taken on any device (the CPU tests run it in Triton's interpreter).
 
     Raises:
-        ValueError: the model is not :func:`fusable` (the reason is in the message), or with ``fp8`` a
-            projection whose sizes ``torch._scaled_mm`` cannot take on this device.
+        ValueError: the model is not :func:`fusable` (the reason is in the message), with ``fp8`` a
+            projection whose sizes ``torch._scaled_mm`` cannot take on this device, ``"triton"``
+            attention for a head size the kernel does not take (:func:`.hf_attention.supports`).
     """
 
     def __init__(self, model: Any, *, fp8: bool = False, fp8_lm_head: bool = False,
-                 compile_elementwise: bool = False, fp8_gemm: str | None = None) -> None:
-        from chatgym.trainer.engines import hf_elementwise, hf_fp8
+                 compile_elementwise: bool = False, fp8_gemm: str | None = None,
+                 attention: str | None = None) -> None:
+        from chatgym.trainer.engines import hf_attention, hf_elementwise, hf_fp8
 
         ok, why = fusable(model)
         if not ok:
@@ -144,6 +151,12 @@ class FusedDecoder:
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
         self.fp8, self.fp8_gemm = bool(fp8), fp8_gemm or hf_fp8.default_gemm(compile_elementwise)
         self.ops = hf_elementwise.compiled() if compile_elementwise else hf_elementwise.EAGER
+        cuda = next(model.parameters()).device.type == "cuda"
+        self.attention = attention or hf_attention.default_attention(compile_elementwise, cuda, self.head_dim)
+        if self.attention not in hf_attention.ATTENTIONS:
+            raise ValueError(f"attention must be one of {hf_attention.ATTENTIONS}, got {self.attention!r}")
+        if self.attention == "triton" and not hf_attention.supports(self.head_dim):
+            raise ValueError(f"attention 'triton': head size {self.head_dim} is not a power of two >= 16")
         self.layers: list[_Layer] = []
         # (write the copy from its sources, the tensors it joins): bf16 concatenations or FP8 weights.
         self._copies: list[tuple[Callable[[list[Any]], None], list[Any]]] = []
@@ -228,18 +241,26 @@ class FusedDecoder:
         import torch
         import torch.nn.functional as F
 
+        from chatgym.trainer.engines import hf_attention
+
         n, heads, kv_heads, d = tokens.shape[0], self.heads, self.kv_heads, self.head_dim
         hidden, cos, sin = self._embed(tokens, positions[:, None])  # (n, hidden), (n, 1, d)
-        mask = torch.zeros((n, 1, 1, width), dtype=hidden.dtype, device=hidden.device)
-        mask.masked_fill_((columns[:width] > positions[:, None])[:, None, None, :], float("-inf"))
+        kernel = self.attention == "triton"  # writes the cache and attends in one kernel
+        if not kernel:
+            mask = torch.zeros((n, 1, 1, width), dtype=hidden.dtype, device=hidden.device)
+            mask.masked_fill_((columns[:width] > positions[:, None])[:, None, None, :], float("-inf"))
         for layer, k_cache, v_cache in zip(self.layers, keys, values, strict=True):
             qk, v = self._qkv(layer, hidden, cos, sin)  # (n, heads + kv_heads, d), (n, kv_heads, d)
-            k_cache[rows, :, positions] = qk[:, heads:]
-            v_cache[rows, :, positions] = v
-            attended = F.scaled_dot_product_attention(
-                qk[:, :heads].view(n, kv_heads, heads // kv_heads, d), k_cache[:n, :, :width],
-                v_cache[:n, :, :width], attn_mask=mask, scale=layer.scaling,
-            )  # (n, kv_heads, group, d): query head kv * group + g, the model's own head order
+            if kernel:
+                attended = hf_attention.decode(qk[:, :heads], qk[:, heads:], v, k_cache, v_cache, positions,
+                                               layer.scaling)
+            else:
+                k_cache[rows, :, positions] = qk[:, heads:]
+                v_cache[rows, :, positions] = v
+                attended = F.scaled_dot_product_attention(
+                    qk[:, :heads].view(n, kv_heads, heads // kv_heads, d), k_cache[:n, :, :width],
+                    v_cache[:n, :, :width], attn_mask=mask, scale=layer.scaling,
+                )  # (n, kv_heads, group, d): query head kv * group + g, the model's own head order
             hidden = self._after_attention(layer, hidden, attended.reshape(n, heads * d))
         return self._logits(hidden)
 

@@ -92,7 +92,8 @@ def check_options(decode: str, *, fp8: bool = False, async_scheduling: bool = Fa
         ValueError: ``fused_step`` not a bool nor ``"compiled"`` (an int too), ``async_scheduling`` or
             ``fused_step: compiled`` on the dynamic path, FP8 weights off the fused static step, a
             ``sampler`` not in :data:`SAMPLERS`, ``"philox"`` (a Triton kernel) without ``cuda``, with
-            ``fp8`` a bad ``CHATGYM_FP8_GEMM`` (:func:`.hf_fp8.default_gemm`).
+            ``fp8`` a bad ``CHATGYM_FP8_GEMM`` (:func:`.hf_fp8.default_gemm`), with ``fused_step:
+            compiled`` a bad ``CHATGYM_DECODE_ATTENTION`` (:func:`.hf_attention.default_attention`).
     """
     if sampler not in SAMPLERS:
         raise ValueError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
@@ -106,6 +107,10 @@ def check_options(decode: str, *, fp8: bool = False, async_scheduling: bool = Fa
         if decode == "dynamic" or not fused_step:
             raise ValueError("quantization 'fp8' runs in the fused static decode step: decode 'static', fused_step")
         hf_fp8.default_gemm(fused_step == "compiled")  # a bad CHATGYM_FP8_GEMM, before any model loads
+    if fused_step == "compiled":
+        from chatgym.trainer.engines import hf_attention
+
+        hf_attention.default_attention(True, cuda)  # a bad CHATGYM_DECODE_ATTENTION, likewise
     for name, on in (("async_scheduling", async_scheduling), ("fused_step 'compiled'", fused_step == "compiled")):
         if on and decode == "dynamic":
             raise ValueError(f"{name} needs decode 'static' (this engine decodes {decode!r})")

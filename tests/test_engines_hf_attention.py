@@ -1,0 +1,165 @@
+"""The decode step's Triton attention (trainer/engines/hf_attention.py), run on the CPU in Triton's
+interpreter: it writes each row's key and value at its position and gives ``scaled_dot_product_attention``
+over the row's columns up to that position (the default path's call, written independently here); the
+fused step with it gives the logits of full forward passes of the model, rows leaving included; which
+attention a step takes, and the override's refusals. ``-m gpu``: the compiled kernel in bf16 against
+SDPA, and an engine whose ids do not depend on the choice."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_engines_hf_fused import ATOL, decode_sequence, full_forward_logits, tiny
+from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+
+from chatgym.trainer.engines import hf_attention, hf_static
+from chatgym.trainer.engines.hf_static import StaticSlots
+
+INTERPRETED_TESTS = 4  # the tests whose names hold "interpreted" (1 + 3 parametrized)
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # see tests/test_engines_hf_draw.py
+
+
+@pytest.fixture
+def interpreted():
+    if not INTERPRETED:
+        pytest.skip("runs in its own process: test_the_kernel_tests_pass_in_tritons_interpreter")
+
+
+def test_the_kernel_tests_pass_in_tritons_interpreter():
+    pytest.importorskip("triton")
+    if INTERPRETED:
+        pytest.skip("this is that process")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not gpu",
+                          "-k", "interpreted", __file__], env=env, capture_output=True, text=True,
+                         timeout=600, cwd=os.path.dirname(__file__))
+    summary = (re.findall(r"^\d+ passed.*$", out.stdout, re.M) or [out.stdout[-3000:] + out.stderr[-3000:]])[-1]
+    assert summary.startswith(f"{INTERPRETED_TESTS} passed"), summary
+
+
+def reference(qk, v, k_cache, v_cache, positions, heads, scale):
+    """The default step's attention: write the new key/value at each row's position, then SDPA over the
+    columns up to it (masked), each key/value head's query heads as its queries."""
+    n, kv_heads, d = v.shape
+    rows = torch.arange(n)
+    k_cache[rows, :, positions] = qk[:, heads:]
+    v_cache[rows, :, positions] = v
+    width = int(positions.max()) + 1
+    mask = torch.zeros((n, 1, 1, width), dtype=qk.dtype, device=qk.device)
+    mask.masked_fill_((torch.arange(width, device=qk.device) > positions[:, None])[:, None, None, :], float("-inf"))
+    out = F.scaled_dot_product_attention(qk[:, :heads].reshape(n, kv_heads, heads // kv_heads, d),
+                                         k_cache[:n, :, :width], v_cache[:n, :, :width], attn_mask=mask, scale=scale)
+    return out.reshape(n, heads, d)
+
+
+def compare(heads, kv_heads, d, positions, dtype=torch.float32, device="cpu", atol=2e-6):
+    g = torch.Generator(device=device).manual_seed(heads * 100 + d)
+    n, max_len = len(positions), max(positions) + 9
+    qk = torch.randn(n, heads + kv_heads, d, generator=g, device=device).to(dtype)
+    v = torch.randn(n, kv_heads, d, generator=g, device=device).to(dtype)
+    k_cache = torch.randn(n + 2, kv_heads, max_len, d, generator=g, device=device).to(dtype)
+    v_cache = torch.randn(n + 2, kv_heads, max_len, d, generator=g, device=device).to(dtype)
+    pos = torch.tensor(positions, device=device)
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    want = reference(qk, v, k_ref, v_ref, pos, heads, d**-0.5)
+    got = hf_attention.decode(qk[:, :heads], qk[:, heads:], v, k_cache, v_cache, pos, d**-0.5)
+    assert got.shape == (n, heads, d) and got.dtype == dtype
+    torch.testing.assert_close(got.float(), want.float(), atol=atol, rtol=0)
+    assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)  # the new column, nothing else
+
+
+def test_interpreted_kernel_gives_sdpa_over_each_rows_columns_and_writes_the_cache(interpreted):
+    # Positions at 0 (only the new column), around a block's end and past two blocks.
+    edges = [0, 1, hf_attention.BLOCK - 1, hf_attention.BLOCK, hf_attention.BLOCK + 1, 2 * hf_attention.BLOCK + 7]
+    compare(9, 3, 64, edges)  # SmolLM2's heads: groups of 3, padded to 16 query rows
+    compare(28, 4, 128, [5, 70])  # Qwen2.5-7B's: groups of 7
+    compare(4, 4, 16, [3, 40])  # no grouping
+
+
+@pytest.mark.parametrize("config_class", [LlamaConfig, Qwen2Config, Qwen3Config], ids=["llama", "qwen2", "qwen3"])
+def test_interpreted_fused_step_with_the_kernel_gives_full_forward_logits(interpreted, config_class):
+    model = tiny(config_class)
+    slots = StaticSlots(model, max_rows=4, max_len=96, use_graphs=False)
+    assert slots.fused.attention == "sdpa"  # the CPU's default
+    slots.fused.attention = "triton"
+    prompts = [[1, 5, 9, 200, 3], [7, 8], list(range(11, 81))]  # the last crosses a block of columns
+    seen = decode_sequence(slots, prompts, steps=6)
+    assert [len(v) for v in seen.values()] == [6, 3, 6]
+    for rows in seen.values():
+        for ids, logits in rows:
+            assert (logits - full_forward_logits(model, ids)).abs().max().item() < ATOL
+
+
+def test_the_default_is_the_kernel_only_with_compiled_pieces_on_cuda_for_its_head_sizes(monkeypatch):
+    monkeypatch.delenv("CHATGYM_DECODE_ATTENTION", raising=False)
+    choose = hf_attention.default_attention
+    assert [choose(True, True, 64), choose(True, True, 128), choose(True, True, None)] == ["triton"] * 3
+    assert [choose(False, True, 64), choose(True, False, 64), choose(True, True, 80)] == ["sdpa"] * 3
+    assert [hf_attention.supports(d) for d in (8, 16, 64, 80, 96, 128, 256)] == [False, True, True, False, False,
+                                                                                  True, True]
+    monkeypatch.setenv("CHATGYM_DECODE_ATTENTION", "sdpa")
+    assert choose(True, True, 64) == "sdpa"
+    monkeypatch.setenv("CHATGYM_DECODE_ATTENTION", "triton")
+    assert choose(False, True, 64) == "triton"
+    with pytest.raises(ValueError, match="needs a CUDA GPU"):
+        choose(True, False, 64)
+    with pytest.raises(ValueError, match="head size 80"):
+        choose(True, True, 80)
+    monkeypatch.setenv("CHATGYM_DECODE_ATTENTION", "flash")
+    with pytest.raises(ValueError, match=r"must be one of \('sdpa', 'triton'\), got 'flash'"):
+        hf_static.check_options("static", fused_step="compiled", cuda=True)
+    hf_static.check_options("static", fused_step=True, cuda=True)  # read only with compiled pieces
+
+
+def test_a_head_size_the_kernel_cannot_take_is_refused_when_asked_for():
+    from chatgym.trainer.engines.hf_fused import FusedDecoder
+
+    model = tiny(LlamaConfig, head_dim=24)
+    assert FusedDecoder(model).attention == "sdpa"
+    with pytest.raises(ValueError, match="head size 24 is not a power of two"):
+        FusedDecoder(model, attention="triton")
+    with pytest.raises(ValueError, match="attention must be one of"):
+        FusedDecoder(model, attention="flash")
+
+
+@pytest.mark.gpu
+def test_the_kernel_on_cuda_gives_sdpa_in_bf16():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    # bf16: SDPA and the kernel round p and sum in other orders; outputs are averages of values ~1.
+    compare(9, 3, 64, [0, 1, 63, 64, 65, 200] * 11, dtype=torch.bfloat16, device="cuda", atol=2e-2)
+    compare(28, 4, 128, [5, 70, 255, 300], dtype=torch.bfloat16, device="cuda", atol=2e-2)
+    compare(9, 3, 64, [0, 64, 130], device="cuda")  # float32: full precision, no TF32
+
+
+@pytest.mark.gpu
+def test_an_engine_decodes_the_same_greedy_ids_with_either_attention(monkeypatch):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from chatgym.trainer.chat.tokenizer import get_tokenizer
+    from chatgym.trainer.engines import SamplingParams
+    from chatgym.trainer.engines.hf import TransformersEngine
+
+    model = tiny(LlamaConfig, device="cuda")
+    prompts = [[1, 5, 9, 200, 3], [7, 8], list(range(11, 90))]
+    params = SamplingParams(max_tokens=40, temperature=0)
+
+    async def ids(attention):
+        monkeypatch.setenv("CHATGYM_DECODE_ATTENTION", attention)
+        engine = TransformersEngine(model, get_tokenizer("smollm2"), decode="static", max_model_len=256,
+                                    fused_step="compiled")
+        try:
+            out = [o.token_ids for o in await asyncio.gather(*(engine.generate(p, params) for p in prompts))]
+            assert engine._slots.fused.attention == attention
+            return out
+        finally:
+            await engine.close()
+
+    assert asyncio.run(ids("triton")) == asyncio.run(ids("sdpa"))

@@ -1,0 +1,145 @@
+"""The fused decode step's attention in one Triton kernel a layer, cache writes included.
+
+With ``fused_step: compiled`` on CUDA the step's attention is this kernel (``"triton"``); otherwise, and
+for a head size that is not a power of two, the default (``"sdpa"``): two ``index_put`` kernels write the
+step's keys and values into the cache, then ``scaled_dot_product_attention`` reads every row's first
+``width`` columns under a mask. On an H100 the pair cost 4.0 + 13.3 us a layer at 64 rows x 256
+columns (SmolLM2), 4.4 + 33.1 at 256 rows: 0.64 of the 1.73 ms step, masked columns read too
+(``benchmarks/results/vs_trl_h100_2026-12-06/decode_step_smollm2.txt``). ``CHATGYM_DECODE_ATTENTION``
+(``sdpa`` / ``triton``) overrides the choice for a process (benchmarks).
+
+The kernel runs a program per (row, key/value head):
+
+* it writes the row's new key and value at the row's position (the columns later steps read);
+* it attends the head's group of query heads (grouped-query attention: query heads ``h * group .. (h
+  + 1) * group - 1`` read key/value head ``h``, the model's own order) over the row's columns ``0 ..
+  position`` only: the earlier columns from the cache in blocks of :data:`BLOCK`, the new one from
+  registers (nothing is read back after the write), with FlashAttention's online softmax (Dao et al.,
+  NeurIPS 2022) in one pass a row, as the decode kernels of vLLM and SGLang do (without their split of
+  long rows over several programs: rollout batches have many rows);
+* ``q . k`` and ``p @ v`` run on tensor cores (``tl.dot``; the group padded to 16 query rows), the
+  softmax in float32, ``p`` rounded to the cache's dtype before ``p @ v`` as flash attention rounds it;
+  float32 caches multiply in full float32 (no TF32).
+
+It computes what the default computes up to float rounding (tests/test_engines_hf_attention.py, in
+Triton's interpreter on the CPU, and ``-m gpu``).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+ATTENTIONS = ("sdpa", "triton")
+BLOCK = 64  # cache columns a program reads at a time
+MIN_DOT = 16  # tl.dot's least size along each dimension
+
+
+def supports(head_dim: int) -> bool:
+    """Whether the kernel takes this head size (``tl.arange`` needs a power of two, ``tl.dot`` >= 16)."""
+    return head_dim >= MIN_DOT and head_dim & (head_dim - 1) == 0
+
+
+def default_attention(compiled: bool, cuda: bool, head_dim: int | None = None) -> str:
+    """The fused step's attention: ``"triton"`` with compiled pieces on CUDA for a head size the kernel
+    takes (``head_dim`` None: not known yet, as at config load), else ``"sdpa"``.
+
+    Raises:
+        ValueError: ``CHATGYM_DECODE_ATTENTION`` set to a value not in :data:`ATTENTIONS`, or to
+            ``"triton"`` without CUDA or for a head size the kernel does not take.
+    """
+    chosen = os.environ.get("CHATGYM_DECODE_ATTENTION")
+    if chosen is None or chosen == "":
+        ok = head_dim is None or supports(head_dim)
+        return "triton" if compiled and cuda and ok else "sdpa"
+    if chosen not in ATTENTIONS:
+        raise ValueError(f"CHATGYM_DECODE_ATTENTION must be one of {ATTENTIONS}, got {chosen!r}")
+    if chosen == "triton" and not cuda:
+        raise ValueError("CHATGYM_DECODE_ATTENTION=triton is a Triton kernel: it needs a CUDA GPU")
+    if chosen == "triton" and head_dim is not None and not supports(head_dim):
+        raise ValueError(f"CHATGYM_DECODE_ATTENTION=triton: head size {head_dim} is not a power of two >= 16")
+    return chosen
+
+
+def decode(q: Any, k: Any, v: Any, k_cache: Any, v_cache: Any, positions: Any, scale: float) -> Any:
+    """One decode step's attention for ``n`` rows, writing their keys and values into the caches.
+
+    Args:
+        q: ``(n, heads, d)`` the rows' roped queries (any strides with the last one 1).
+        k, v: ``(n, kv_heads, d)`` their roped keys and their values (last stride 1).
+        k_cache, v_cache: ``(slots >= n, kv_heads, max_len, d)`` of one layer, the same strides, last 1;
+            row ``r`` is slot ``r``.
+        positions: ``(n,)`` int64, each row's position: its column written, the last it attends.
+        scale: the score's factor (``head_dim ** -0.5`` for most models).
+
+    Returns:
+        ``(n, heads, d)`` in ``q``'s dtype, contiguous: each query head's attention output.
+    """
+    import torch
+
+    n, heads, d = q.shape
+    kv_heads = k.shape[1]
+    group = heads // kv_heads
+    if k_cache.stride() != v_cache.stride() or any(t.stride(-1) != 1 for t in (q, k, v, k_cache)):
+        raise ValueError("decode attention: the caches must share strides, and every last dimension be dense")
+    out = torch.empty((n, heads, d), dtype=q.dtype, device=q.device)
+    group_rows = max(MIN_DOT, 1 << (group - 1).bit_length())
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    _kernel()[(n, kv_heads)](
+        q, k, v, k_cache, v_cache, positions, out, float(scale),
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), out.stride(0), out.stride(1),
+        GROUP=group, GROUP_ROWS=group_rows, D=d, BLOCK=BLOCK, PRECISION=precision, num_warps=4,
+    )
+    return out
+
+
+@functools.cache
+def _kernel() -> Any:
+    """The Triton kernel, defined at first use (Triton reads its interpreter switch then)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def decode_attention(q, k, v, k_cache, v_cache, positions, out, scale,
+                         q_row, q_head, k_row, k_head, v_row, v_head, c_slot, c_head, c_col, o_row, o_head,
+                         GROUP: tl.constexpr, GROUP_ROWS: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
+                         PRECISION: tl.constexpr):
+        r = tl.program_id(0).to(tl.int64)
+        h = tl.program_id(1)
+        pos = tl.load(positions + r)
+        g = tl.arange(0, GROUP_ROWS)
+        dim = tl.arange(0, D)
+        real = g < GROUP
+        heads = h * GROUP + g
+        qs = tl.load(q + r * q_row + heads[:, None] * q_head + dim[None, :], mask=real[:, None], other=0.0)
+        k_new = tl.load(k + r * k_row + h * k_head + dim)
+        v_new = tl.load(v + r * v_row + h * v_head + dim)
+        base = r * c_slot + h * c_head
+        tl.store(k_cache + base + pos * c_col + dim, k_new)
+        tl.store(v_cache + base + pos * c_col + dim, v_new)
+        # The new column opens the online softmax: its score is the running max, its weight 1.
+        m = tl.sum(qs.to(tl.float32) * k_new.to(tl.float32)[None, :], 1) * scale  # (GROUP_ROWS,)
+        total = tl.full([GROUP_ROWS], 1.0, tl.float32)
+        acc = tl.zeros([GROUP_ROWS, D], tl.float32) + v_new.to(tl.float32)[None, :]
+        offs = tl.arange(0, BLOCK)
+        for start in range(0, pos, BLOCK):
+            cols = start + offs
+            earlier = cols < pos
+            at = base + cols[:, None] * c_col + dim[None, :]
+            ks = tl.load(k_cache + at, mask=earlier[:, None], other=0.0)  # (BLOCK, D)
+            vs = tl.load(v_cache + at, mask=earlier[:, None], other=0.0)
+            s = tl.dot(qs, tl.trans(ks), input_precision=PRECISION) * scale  # (GROUP_ROWS, BLOCK) float32
+            s = tl.where(earlier[None, :], s, float("-inf"))
+            top = tl.maximum(m, tl.max(s, 1))
+            p = tl.exp(s - top[:, None])
+            alpha = tl.exp(m - top)
+            total = total * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(vs.dtype), vs, input_precision=PRECISION)
+            m = top
+        result = acc / total[:, None]
+        tl.store(out + r * o_row + heads[:, None] * o_head + dim[None, :], result.to(out.dtype.element_ty),
+                 mask=real[:, None])
+
+    return decode_attention
