@@ -99,6 +99,10 @@ plan() {
   mark "vs TRL, SmolLM2, ours seed 1"
   $vs --shape smollm2 --out $O/vs_smol --runs $runs1 > $O/vs_smol_1.txt 2>&1
   python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 24 $O/report_smol.txt
+  mark "the update under the profiler (ours_px's: padded, checkpointing, compiled layers)"
+  timeout 240 python3 benchmarks/train_step_gpu.py --only padded --checkpointing on --compile --profile --repeats 5 \
+    --json $O/train_step_profile.json > $O/train_step_profile.txt 2>&1
+  grep -A14 "^padded" $O/train_step_profile.txt | cut -c1-200
   wait_for /tmp/kit/vllm_ok || mark "no vLLM"
   mark "vs TRL, SmolLM2, TRL + vLLM seed 0"
   $vs --shape smollm2 --out $O/vs_smol --runs ${RUNS_TRL:-trl_vllm_fp32:0} > $O/vs_smol_trl.txt 2>&1

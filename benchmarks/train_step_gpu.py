@@ -29,8 +29,14 @@ update, peak memory, and allocator events (``num_device_alloc``, ``num_alloc_ret
 the timed updates. Numerical check on the initial weights: max |logprob diff| of each layout vs the
 padded forward (fp32 and bf16 autocast), and the first update's loss / grad-norm differences.
 
+``--compile``: the learner's decoder layers compiled (``model.compile: true``, as vs_trl_gpu.py's ours_px
+runs). ``--profile``: after each layout's timed updates, one more under ``torch.profiler``: its wall
+seconds, the CUDA kernels' summed seconds (the rest of the wall clock the GPU waited for the host to
+issue work), the kernels' count and the twelve costliest kernel names.
+
     # on the GPU machine (~1.5-2 min with real weights):
     python benchmarks/train_step_gpu.py --repeats 10 --json /tmp/out/train_step_gpu.json
+    python benchmarks/train_step_gpu.py --only padded --checkpointing on --compile --profile
     # CPU smoke run (random 2-layer SmolLM2 shape, a small batch):
     python benchmarks/train_step_gpu.py --random-init --layers 2 --prompts 2 --group-size 4 \\
         --max-answer 32 --repeats 1 --batches 1 --pack-sizes 256
@@ -174,6 +180,24 @@ def alloc_stats(device: torch.device) -> dict[str, int]:
     return {k: int(stats.get(k, 0)) for k in ALLOC_KEYS}
 
 
+def profile_update(run: Any) -> dict:
+    """One ``run()`` (an update, synchronised) under ``torch.profiler``: ``wall_s``, ``kernels_s`` (CUDA
+    kernels, memcpys and memsets summed), ``kernels`` (their count) and ``top`` (the twelve costliest
+    names with seconds and counts)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        wall = run()
+    cuda = torch.autograd.DeviceType.CUDA
+    kernels = [(e.name, e.device_time / 1e6) for e in prof.events() if e.device_type == cuda]
+    by_name: dict[str, list[float]] = {}
+    for name, sec in kernels:
+        by_name.setdefault(name, []).append(sec)
+    top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:12]
+    return {"wall_s": wall, "kernels_s": sum(sec for _, sec in kernels), "kernels": len(kernels),
+            "top": [(name[:110], sum(t), len(t)) for name, t in top]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=10, help="timed updates per layout")
@@ -189,13 +213,16 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=None, help="with --random-init: num_hidden_layers")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="also write the results here")
+    ap.add_argument("--compile", action="store_true", help="the learner's decoder layers compiled (model.compile)")
+    ap.add_argument("--profile", action="store_true", help="one more update per layout under torch.profiler")
     args = ap.parse_args()
 
     from chatgym.trainer.chat.tokenizer import get_tokenizer
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     overrides = {"num_hidden_layers": args.layers} if args.random_init and args.layers else {}
-    model_cfg = ModelConfig(path="smollm2", random_init=args.random_init, config_overrides=overrides)
+    model_cfg = ModelConfig(path="smollm2", random_init=args.random_init, config_overrides=overrides,
+                            compile=args.compile)
     compute, reason = resolve_compute_dtype("auto", "float32", device)
     t0 = time.perf_counter()
     policy = load_policy(model_cfg, LoraConfig(), device)
@@ -325,6 +352,8 @@ def main() -> None:
             "grad_norm": first["actor/grad_norm"],
             "grad_norm_diff": first["actor/grad_norm"] - ref_first["actor/grad_norm"],
         }
+        if args.profile:
+            row["profile"] = profile_update(lambda: one(batches[0])[0])
         results.append(row)
         print(
             f"{layout.name:15s} ckpt {'on ' if layout.checkpointing else 'off'} "
@@ -334,6 +363,12 @@ def main() -> None:
             f"loss diff {row['pg_loss_diff']:+.1e} grad-norm diff {row['grad_norm_diff']:+.1e}",
             flush=True,
         )
+        if args.profile:
+            prof = row["profile"]
+            print(f"    profiled update {prof['wall_s']:.4f} s: {prof['kernels']} kernels, {prof['kernels_s']:.4f} s "
+                  f"summed ({prof['kernels_s'] / prof['wall_s']:.0%} of the wall clock)", flush=True)
+            for name, sec, count in prof["top"]:
+                print(f"      {sec * 1e3:8.3f} ms {count:5d} x  {name}", flush=True)
     hook.remove()
     plans = {
         name: [len(rows) for rows, _ in micro_batch_plan(batches[0], MICRO_BATCH, share, pack)]
