@@ -57,9 +57,9 @@ def _compare(tiny_model, compiled, cases, checkpointing):
 
 
 def test_compiled_layers_equal_the_eager_ones(tiny_model, dynamo):
-    # ~25 s on 2 cores with inductor's cache empty (as in CI): the padded layout at two lengths (the
-    # second recompiles the layer with dynamic shapes), then the no-grad pass; the other layouts are
-    # the slow test's.
+    # ~25 s on 2 cores with inductor's cache empty (as in CI): the padded and the packed layouts (the
+    # packed forward's other arguments compile the layer again), then the no-grad pass; the other
+    # layouts are the slow test's.
     compiled = copy.deepcopy(tiny_model)
     assert compile_decoder_layers(compiled) == TINY_LLAMA["num_hidden_layers"]
     _compare(tiny_model, compiled, [("padded", None), ("packed", None)], checkpointing=False)
@@ -69,6 +69,19 @@ def test_compiled_layers_equal_the_eager_ones(tiny_model, dynamo):
         want, _ = layout_call("padded", tiny_model, batch, None)
         got, _ = layout_call("padded", compiled, batch, None)
     torch.testing.assert_close(got[batch.loss_mask], want[batch.loss_mask], rtol=ULP, atol=1e-6)
+
+
+def test_compiled_layers_take_other_batch_shapes_without_compiling_again(tiny_model, dynamo):
+    """Regression (H100, vs-TRL step 5: 5.4 s): a padded batch of another length compiled the layers again."""
+    compiled = copy.deepcopy(tiny_model)
+    compile_decoder_layers(compiled)
+    generator = torch.Generator().manual_seed(0)
+    frames = []
+    for shape in [(2, 7), (2, 9), (3, 12)]:
+        ids = torch.randint(0, compiled.config.vocab_size, shape, generator=generator)
+        compiled(input_ids=ids).logits.float().sum().backward()
+        frames.append(dynamo["frames"]["ok"])
+    assert frames[0] >= 1 and frames == [frames[0]] * 3
 
 
 @pytest.mark.slow

@@ -143,7 +143,9 @@ def compile_decoder_layers(model: Any) -> int:
     model, as torchtitan compiles its blocks: every forward layout of the learner (padded, shared
     prompt, packed, the chunked head's decoder call) runs through the layers, and torch's inlining of
     modules lets one graph serve all of them. The weights, their names and gradient checkpointing (it
-    wraps the compiled call) are unchanged.
+    wraps the compiled call) are unchanged. Compiled for any sizes (``dynamic=True``): every update's
+    batch has another padded length, and the default compiles for the first and again, dynamic, at the
+    second (5.4 s of SmolLM2's fifth vs-TRL step on an H100, ``benchmarks/results/fp8_unit_h100_2026-12-06``).
 
     Args:
         model: a transformers causal LM or VLM, or a peft model around one.
@@ -163,7 +165,7 @@ def compile_decoder_layers(model: Any) -> int:
             f"model.compile: {type(base).__name__} has no decoder layer list (get_decoder().layers) to compile"
         )
     for layer in layers:
-        layer.compile()
+        layer.compile(dynamic=True)
     return len(layers)
 
 
