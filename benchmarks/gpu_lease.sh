@@ -82,13 +82,13 @@ plan() {
   (cd /tmp/t && timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engines_hf_attention.py \
     tests/test_engines_hf_stream.py > $O/gpu_tests_new.txt 2>&1)
   tail -n 3 $O/gpu_tests_new.txt
+  wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
   mark "decode step, SmolLM2: the attention kernel vs SDPA"
   timeout 200 python3 benchmarks/decode_step_gpu.py --rows 64 256 --shape smollm2 --modes fused_c fused_c_sdpa \
     --iters 200 --profile > $O/step_smol.txt 2>&1
   grep -E "replay|attention|sampl" $O/step_smol.txt | cut -c1-200
   local runs0=${RUNS_SMOL_0:-ours_px:0 ours_1off_px:0 ours_1off_px_gil:0} runs1=${RUNS_SMOL_1:-ours_px:1 ours_1off_px:1}
   local vs="python3 benchmarks/vs_trl_gpu.py --run-timeout 420"
-  wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
   mark "vs TRL, SmolLM2, ours seed 0"
   $vs --shape smollm2 --out $O/vs_smol --runs $runs0 > $O/vs_smol_0.txt 2>&1
   python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 24 $O/report_smol.txt
