@@ -9,7 +9,7 @@
 # Then the device calls, back to back (the machine goes back 30 s after a call), each from the
 # project root, with the carry named:
 #
-#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup      (starts `plan` in the background)
+#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2]   (starts `plan` in the background)
 #   2  [.gpukit/smol/a1]              cp .gpukit/smol/a1/* /tmp/kit/smol/
 #   3  [.gpukit/smol/a2]              cp .gpukit/smol/a2/* /tmp/kit/smol/
 #   4  [.gpukit/smol/b]               bash benchmarks/gpu_lease.sh smol
@@ -52,7 +52,7 @@ setup() {
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
   fi
   nvidia-smi --query-gpu=name,memory.total --format=csv
-  setsid nohup bash "$root/benchmarks/gpu_lease.sh" plan "$root" > $O/plan.log 2>&1 < /dev/null &
+  setsid nohup bash "$root/benchmarks/gpu_lease.sh" "${1:-plan}" "$root" > $O/plan.log 2>&1 < /dev/null &
   echo "plan started: $O/plan.log"
 }
 
@@ -119,6 +119,33 @@ plan() {
   timeout 200 python3 benchmarks/hf_decode_gpu.py --real-weights --seeded --batch 64 256 --skip-generate --repeats 3 \
     --modes "static all" > $O/decode_smol_seeded.txt 2>&1
   grep -E "tok/s" $O/decode_smol_seeded.txt | cut -c1-160
+  mark "done"
+}
+
+# A second lease's plan (`setup plan2`): the update after the one-write logits gradient, then ours and
+# TRL + vLLM on SmolLM2, two seeds, in one lease.
+plan2() {
+  cd "$1"
+  source /tmp/kit/base/env.sh
+  export VLLM_USE_FLASHINFER_SAMPLER=0
+  local vs="python3 benchmarks/vs_trl_gpu.py --run-timeout 420"
+  wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
+  mark "the update under the profiler (ours_px's: padded, checkpointing, compiled layers)"
+  timeout 240 python3 benchmarks/train_step_gpu.py --only padded --checkpointing on --compile --profile --repeats 5 \
+    --json $O/train_step_profile.json > $O/train_step_profile.txt 2>&1
+  grep -A14 "^padded" $O/train_step_profile.txt | cut -c1-200
+  mark "vs TRL, SmolLM2, ours seed 0"
+  $vs --shape smollm2 --out $O/vs_smol --runs ours_px:0 ours_1off_px_gil:0 > $O/vs_smol_0.txt 2>&1
+  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 12 $O/report_smol.txt
+  wait_for /tmp/kit/vllm_ok || mark "no vLLM"
+  mark "vs TRL, SmolLM2, TRL + vLLM seed 0"
+  $vs --shape smollm2 --out $O/vs_smol --runs trl_vllm_fp32:0 > $O/vs_smol_trl0.txt 2>&1
+  mark "vs TRL, SmolLM2, ours seed 1"
+  $vs --shape smollm2 --out $O/vs_smol --runs ours_px:1 ours_1off_px_gil:1 > $O/vs_smol_1.txt 2>&1
+  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 40 $O/report_smol.txt
+  mark "vs TRL, SmolLM2, TRL + vLLM seed 1"
+  $vs --shape smollm2 --out $O/vs_smol --runs trl_vllm_fp32:1 > $O/vs_smol_trl1.txt 2>&1
+  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 40 $O/report_smol.txt
   mark "done"
 }
 

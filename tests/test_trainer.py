@@ -160,6 +160,25 @@ def test_token_logprobs_alignment_and_logits_to_keep(tiny_model):
     torch.testing.assert_close(ent[:, 1:], categorical, rtol=0, atol=1e-4)
 
 
+def test_token_logprobs_backward_writes_the_logits_gradient_once_not_once_a_row():
+    """Regression (H200 profile of the vs-TRL update, 2026-12-06): each row's slice wrote a zero
+    gradient as large as all the logits and autograd added it into theirs, 64 fills and 63 adds of
+    (64, 130, 49152) bf16 a micro-batch. Now: the one slice of the logits' positions (a zero gradient,
+    then its part copied in), no add; the gradients stay log_softmax's."""
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(8, 6, 50, generator=generator, requires_grad=True)
+    ids = torch.randint(0, 50, (8, 6), generator=generator)
+    lp, ent = token_logprobs(logits, ids, with_entropy=True)
+    with torch.profiler.profile(record_shapes=True) as prof:
+        (lp.sum() + ent.sum()).backward()
+    full_size = [e.name for e in prof.events() if [8, 6, 50] in [list(s) for s in e.input_shapes if isinstance(s, list)]]
+    assert (full_size.count("aten::zero_"), full_size.count("aten::add_")) == (1, 0)
+    plain = logits.detach().clone().requires_grad_()
+    ref = torch.log_softmax(plain[:, :-1], -1)
+    (ref.gather(-1, ids[:, 1:, None]).sum() - (ref.exp() * ref).sum()).backward()
+    torch.testing.assert_close(logits.grad, plain.grad, rtol=0, atol=1e-6)
+
+
 # ------------------------------------------------------------------------------------------- update
 
 
