@@ -1,4 +1,5 @@
-"""Fixtures shared by test modules (``tiny_model``; the session's ``docker_engine``), and a time limit per GPU
+"""Fixtures shared by test modules (``tiny_model``; the session's ``docker_engine``; ``interpreted``: the Triton
+kernel tests' process, :mod:`triton_helpers`), and a time limit per GPU
 test: every ``gpu``-marked test without its own ``timeout`` mark gets ``timeout(300, method="thread")``
 (pytest-timeout, the ``dev`` extra): a hang fails that test and dumps every thread's stack instead
 of blocking the session.
@@ -44,6 +45,16 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("gpu") is not None and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(GPU_TEST_TIMEOUT_S, method="thread"))
+
+
+@pytest.fixture
+def interpreted():
+    """Skip unless this pytest process runs Triton in its interpreter (:func:`triton_helpers.run_interpreted`
+    starts one for a file's tests named "interpreted")."""
+    from triton_helpers import INTERPRETED
+
+    if not INTERPRETED:
+        pytest.skip("runs in its own process: test_the_kernel_tests_pass_in_tritons_interpreter")
 
 
 @pytest.fixture(scope="session")

@@ -8,40 +8,22 @@ SDPA, and an engine whose ids do not depend on the choice."""
 from __future__ import annotations
 
 import asyncio
-import os
-import re
-import subprocess
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 from test_engines_hf_fused import ATOL, decode_sequence, full_forward_logits, tiny
 from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+from triton_helpers import run_interpreted
 
 from chatgym.trainer.engines import hf_attention, hf_static
 from chatgym.trainer.engines.hf_static import StaticSlots
 
 INTERPRETED_TESTS = 4  # the tests whose names hold "interpreted" (1 + 3 parametrized)
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # see tests/test_engines_hf_draw.py
-
-
-@pytest.fixture
-def interpreted():
-    if not INTERPRETED:
-        pytest.skip("runs in its own process: test_the_kernel_tests_pass_in_tritons_interpreter")
 
 
 def test_the_kernel_tests_pass_in_tritons_interpreter():
-    pytest.importorskip("triton")
-    if INTERPRETED:
-        pytest.skip("this is that process")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not gpu",
-                          "-k", "interpreted", __file__], env=env, capture_output=True, text=True,
-                         timeout=600, cwd=os.path.dirname(__file__))
-    summary = (re.findall(r"^\d+ passed.*$", out.stdout, re.M) or [out.stdout[-3000:] + out.stderr[-3000:]])[-1]
-    assert summary.startswith(f"{INTERPRETED_TESTS} passed"), summary
+    run_interpreted(__file__, INTERPRETED_TESTS)
 
 
 def reference(qk, v, k_cache, v_cache, positions, heads, scale):

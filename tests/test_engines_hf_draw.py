@@ -11,16 +11,13 @@ are in ``test_the_philox_sampler_on_cuda_draws_the_distribution`` (``-m gpu``)."
 from __future__ import annotations
 
 import asyncio
-import os
-import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 from test_engines_hf_fused import full_forward_logits, tiny
 from transformers import LlamaConfig
+from triton_helpers import run_interpreted
 
 from chatgym.trainer.engines import SamplingParams, hf_draw, hf_static
 from chatgym.trainer.engines.hf import TransformersEngine
@@ -58,29 +55,8 @@ def reference_id(logits: np.ndarray, seed: int, count: int, temperature: float) 
     return int(np.argmax(score))
 
 
-# Triton reads its interpreter switch when it is imported (its own tl.max / tl.argmax are jit functions),
-# and other tests import it first: the kernel's tests run in a pytest process of their own, started
-# with the switch on by the test below.
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-
-
-@pytest.fixture
-def interpreted():
-    if not INTERPRETED:
-        pytest.skip("runs in its own process: test_the_kernel_tests_pass_in_tritons_interpreter")
-
-
 def test_the_kernel_tests_pass_in_tritons_interpreter():
-    pytest.importorskip("triton")
-    if INTERPRETED:
-        pytest.skip("this is that process")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not gpu",
-                          "-k", "interpreted", __file__], env=env, capture_output=True, text=True,
-                         timeout=600, cwd=os.path.dirname(__file__))
-    summary = out.stdout.strip().splitlines()[-1]
-    assert out.returncode == 0 and re.match(r"\d+ passed", summary), out.stdout[-3000:] + out.stderr[-2000:]
-    assert summary.startswith(f"{INTERPRETED_TESTS} passed"), summary
+    run_interpreted(__file__, INTERPRETED_TESTS)
 
 
 def test_the_numpy_philox_gives_random123s_known_answers():

@@ -123,7 +123,8 @@ class TransformersEngine:
         image_processor: a VLM's image processor (default: loaded from the model's directory).
         fused_step: static path: prefill and decode through :mod:`.hf_fused` (~18 kernels a layer; 2.5x
             faster steps on an H200) when the model allows; False: the model's own layers; ``"compiled"``:
-            fused, its element-wise pieces compiled (:mod:`.hf_elementwise`). Same function up to rounding.
+            fused, its element-wise pieces compiled (:mod:`.hf_elementwise`) and, on CUDA, its attention one
+            Triton kernel a layer (:mod:`.hf_attention`). Same function up to rounding.
         quantization: ``"fp8"``: the fused static step on FP8 weights (:mod:`.hf_fp8`; needs a CUDA GPU
             of compute capability >= 8.9, refused elsewhere); ``fp8_lm_head``: the LM head in FP8 too.
             ``update_weights`` re-quantizes (scales recomputed) into the same buffers. None: the dtype's.

@@ -7,7 +7,10 @@ SmolLM2, 8 x 8, one H100, the update 0.446-0.453 s beside a rollout against 0.19
 rollout 0.374-0.394 s against 0.300-0.324 (``benchmarks/results/fp8_unit_h100_2026-12-06``). The
 worker issues on a stream of its own at the device's highest priority: a decode step is a few hundred
 short kernels, and the block scheduler then starts each as soon as the update's running blocks leave
-room, instead of after the update's queued ones.
+room, instead of after the update's queued ones. With it (one H200, two seeds each), ``one_step_off``
+took SmolLM2's step to 0.497 s against 0.526 s for ``sync`` (``benchmarks/results/attention_stream_2026-12-06``);
+the two phases still slow each other (the rollout 0.42-0.45 s beside the update, 0.28-0.31 alone):
+both are host-bound in one interpreter.
 
 Where the two streams meet, the order is kept here:
 
