@@ -363,7 +363,9 @@ def main() -> None:
             f"loss diff {row['pg_loss_diff']:+.1e} grad-norm diff {row['grad_norm_diff']:+.1e}",
             flush=True,
         )
-        if args.profile:
+        if args.profile and device.type != "cuda":
+            print("    profiled update: no CUDA, no kernels recorded", flush=True)
+        elif args.profile:
             prof = row["profile"]
             print(f"    profiled update {prof['wall_s']:.4f} s: {prof['kernels']} kernels, {prof['kernels_s']:.4f} s "
                   f"summed ({prof['kernels_s'] / prof['wall_s']:.0%} of the wall clock)", flush=True)

@@ -21,6 +21,8 @@ def test_an_option_the_backend_does_not_take_is_named():
         "it takes ["
     )
     assert "'decode'" in message and "'max_batch_size'" in message
+    # Fresh-user walk: engine.backend=hf over the main job's vLLM options; the way out is named.
+    assert message.endswith(" (another backend's options? replace them: 'engine.options={}')")
 
 
 def test_a_misspelt_vllm_option_is_named_before_the_engine_starts():
@@ -34,7 +36,8 @@ def test_a_misspelt_vllm_option_is_named_before_the_engine_starts():
         build_engine(cfg, "unused", tokenizer=None, seed=0, max_model_len=512)
     assert str(err.value) == (
         "engine.options: 'enforce_eagr' not taken by the 'vllm' engine (VLLMEngine); "
-        "did you mean 'enforce_eager' for 'enforce_eagr'?"
+        "did you mean 'enforce_eager' for 'enforce_eagr'? (another backend's options? replace them: "
+        "'engine.options={}')"
     )
 
 
@@ -63,7 +66,7 @@ def test_cli_names_a_bad_engine_option_in_one_line_and_leaves_no_output_dir(tmp_
     status, err, out = cli_with_engine_options(tmp_path, capsys, "{decod: static}")
     assert status == 2 and err == (
         "chatgym train: engine.options: 'decod' not taken by the 'hf' engine (TransformersEngine); "
-        "did you mean 'decode' for 'decod'?"
+        "did you mean 'decode' for 'decod'? (another backend's options? replace them: 'engine.options={}')"
     )
     assert not out.exists()
 

@@ -95,9 +95,12 @@ def test_the_default_is_the_kernel_only_with_compiled_pieces_on_cuda_for_its_hea
     with pytest.raises(ValueError, match="head size 80"):
         choose(True, True, 80)
     monkeypatch.setenv("CHATGYM_DECODE_ATTENTION", "flash")
-    with pytest.raises(ValueError, match=r"must be one of \('sdpa', 'triton'\), got 'flash'"):
-        hf_static.check_options("static", fused_step="compiled", cuda=True)
-    hf_static.check_options("static", fused_step=True, cuda=True)  # read only with compiled pieces
+    # Regression (fresh-user walk): the eager fused step reads it too, so it was refused only as the
+    # worker built the step, failing every episode of a run that then exited 0.
+    for fused_step in ("compiled", True):
+        with pytest.raises(ValueError, match=r"must be one of \('sdpa', 'triton'\), got 'flash'"):
+            hf_static.check_options("static", fused_step=fused_step, cuda=True)
+    hf_static.check_options("static", fused_step=False, cuda=True)  # no fused step: not read
 
 
 def test_a_head_size_the_kernel_cannot_take_is_refused_when_asked_for():

@@ -139,16 +139,19 @@ def test_the_sampler_is_refused_without_cuda_and_named_when_unknown():
 
 
 def test_a_bad_fp8_gemm_override_is_refused_before_any_model_loads(monkeypatch):
-    """CHATGYM_FP8_GEMM is read where the fused step is built, on the engine's first generation: the
-    config-load option check reads it first (the engine's constructor checks it too, after its model
-    loads)."""
+    """CHATGYM_FP8_GEMM is read where the fused step is built, on the engine's first generation, FP8 or
+    not: the config-load option check reads it first whenever there is a fused step (the engine's
+    constructor checks it too, after its model loads). Regression (fresh-user walk): without FP8 it was
+    refused only as the worker built the step."""
     from chatgym.trainer.config.loader import ConfigError
     from chatgym.trainer.engines import check_engine_options
 
     monkeypatch.setenv("CHATGYM_FP8_GEMM", "bogus")
     with pytest.raises(ConfigError, match=r"^engine.options: CHATGYM_FP8_GEMM must be one of \('rowwise', 'unit'\), got 'bogus'"):
         check_engine_options("hf", {"quantization": "fp8", "decode": "static"}, "engine.options")
-    check_engine_options("hf", {"decode": "static"}, "engine.options")  # no FP8: not read
+    with pytest.raises(ConfigError, match=r"^engine.options: CHATGYM_FP8_GEMM must be one of"):
+        check_engine_options("hf", {"decode": "static"}, "engine.options")
+    check_engine_options("hf", {"decode": "static", "fused_step": False}, "engine.options")  # no fused step
     monkeypatch.setenv("CHATGYM_FP8_GEMM", "unit")
     check_engine_options("hf", {"quantization": "fp8", "decode": "static"}, "engine.options")
 

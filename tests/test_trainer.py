@@ -179,6 +179,19 @@ def test_token_logprobs_backward_writes_the_logits_gradient_once_not_once_a_row(
     torch.testing.assert_close(logits.grad, plain.grad, rtol=0, atol=1e-6)
 
 
+def test_token_logprobs_takes_an_empty_batch_and_refuses_bad_sizes():
+    """Fresh-user walk: an empty batch raised an IndexError from the default chunk size; chunk_rows 0
+    or -1 gave torch's split errors; K = 0 returned T + 1 columns."""
+    lp, ent = token_logprobs(torch.randn(0, 5, 9), torch.zeros(0, 5, dtype=torch.long), with_entropy=True)
+    assert lp.shape == ent.shape == (0, 5)
+    ids = torch.zeros(2, 5, dtype=torch.long)
+    for rows in (0, -1):
+        with pytest.raises(ValueError, match=f"chunk_rows must be >= 1, got {rows}"):
+            token_logprobs(torch.randn(2, 5, 9), ids, chunk_rows=rows)
+    with pytest.raises(ValueError, match="logits cover no position"):
+        token_logprobs(torch.randn(2, 0, 9), ids)
+
+
 # ------------------------------------------------------------------------------------------- update
 
 

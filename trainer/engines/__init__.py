@@ -122,9 +122,11 @@ def check_engine_options(backend: str, options: Mapping[str, Any], setting: str)
         close = {u: difflib.get_close_matches(u, sorted(known), n=1) for u in unknown}
         hints = [f"did you mean {c[0]!r} for {u!r}?" for u, c in close.items() if c]
         takes = f"it takes {allowed}" + (f" and {cls.__name__}.option_names()" if takes_any else "")
+        # A config written for one backend run with another (engine.backend=hf over a vLLM config).
+        swap = " (another backend's options? replace them: 'engine.options={}')" if setting == "engine.options" else ""
         raise ConfigError(
             f"{setting}: {', '.join(map(repr, unknown))} not taken by the {backend!r} engine "
-            f"({cls.__name__}); {' '.join(hints) or takes}"
+            f"({cls.__name__}); {' '.join(hints) or takes}{swap}"
         )
     if backend == "hf":  # values this machine's decode path cannot take, refused before any model loads
         from chatgym.trainer.engines import hf_static

@@ -3,9 +3,9 @@
 With ``fused_step: compiled`` on CUDA the step's attention is this kernel (``"triton"``); otherwise, and
 for a head size that is not a power of two, the default (``"sdpa"``): two ``index_put`` kernels write the
 step's keys and values into the cache, then ``scaled_dot_product_attention`` reads every row's first
-``width`` columns under a mask. On an H100 the pair cost 4.0 + 13.3 us a layer at 64 rows x 256
-columns (SmolLM2), 4.4 + 33.1 at 256 rows: 0.64 of the 1.73 ms step, masked columns read too
-(``benchmarks/results/vs_trl_h100_2026-12-06/decode_step_smollm2.txt``). With this kernel on an H200
+``width`` columns under a mask. On an H100 they cost 2 x 4.0 + 13.3 us a layer at 64 rows x 256
+columns (SmolLM2; cuDNN's SDPA, allowed in that run), 2 x 4.4 + 33.1 at 256 rows: 0.64 of the 1.73 ms
+step, masked columns read too (``benchmarks/results/vs_trl_h100_2026-12-06/decode_step_smollm2.txt``). With this kernel on an H200
 SmolLM2's compiled step took 1.099 / 1.343 ms at 64 / 256 rows against 1.884 / 2.703, the Qwen2.5-7B
 shape's 5.063 / 8.403 against 5.764 / 10.006 (``benchmarks/results/attention_stream_2026-12-06``).
 ``CHATGYM_DECODE_ATTENTION`` (``sdpa`` / ``triton``) overrides the choice for a process (benchmarks).

@@ -92,8 +92,9 @@ def check_options(decode: str, *, fp8: bool = False, async_scheduling: bool = Fa
         ValueError: ``fused_step`` not a bool nor ``"compiled"`` (an int too), ``async_scheduling`` or
             ``fused_step: compiled`` on the dynamic path, FP8 weights off the fused static step, a
             ``sampler`` not in :data:`SAMPLERS`, ``"philox"`` (a Triton kernel) without ``cuda``, with
-            ``fp8`` a bad ``CHATGYM_FP8_GEMM`` (:func:`.hf_fp8.default_gemm`), with ``fused_step:
-            compiled`` a bad ``CHATGYM_DECODE_ATTENTION`` (:func:`.hf_attention.default_attention`).
+            a fused step a bad ``CHATGYM_FP8_GEMM`` or ``CHATGYM_DECODE_ATTENTION`` (the fused step
+            reads both when it is built: :func:`.hf_fp8.default_gemm`,
+            :func:`.hf_attention.default_attention`).
     """
     if sampler not in SAMPLERS:
         raise ValueError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
@@ -101,16 +102,13 @@ def check_options(decode: str, *, fp8: bool = False, async_scheduling: bool = Fa
         raise ValueError("sampler 'philox' is a Triton kernel: it needs a CUDA GPU (this engine has none)")
     if not (isinstance(fused_step, bool) or fused_step == "compiled"):
         raise ValueError(f"fused_step must be true, false or 'compiled', got {fused_step!r}")
-    if fp8:
-        from chatgym.trainer.engines import hf_fp8
+    if fp8 and (decode == "dynamic" or not fused_step):
+        raise ValueError("quantization 'fp8' runs in the fused static decode step: decode 'static', fused_step")
+    if fused_step:  # read by the fused step as the worker builds it: refused here, before any model loads
+        from chatgym.trainer.engines import hf_attention, hf_fp8
 
-        if decode == "dynamic" or not fused_step:
-            raise ValueError("quantization 'fp8' runs in the fused static decode step: decode 'static', fused_step")
-        hf_fp8.default_gemm(fused_step == "compiled")  # a bad CHATGYM_FP8_GEMM, before any model loads
-    if fused_step == "compiled":
-        from chatgym.trainer.engines import hf_attention
-
-        hf_attention.default_attention(True, cuda)  # a bad CHATGYM_DECODE_ATTENTION, likewise
+        hf_fp8.default_gemm(fused_step == "compiled")
+        hf_attention.default_attention(fused_step == "compiled", cuda)
     for name, on in (("async_scheduling", async_scheduling), ("fused_step 'compiled'", fused_step == "compiled")):
         if on and decode == "dynamic":
             raise ValueError(f"{name} needs decode 'static' (this engine decodes {decode!r})")

@@ -69,19 +69,23 @@ def token_logprobs(
             metric only, so no autograd graph over the (B, K, V) softmax is kept alive.
         chunk_rows: rows upcast to float32 at a time (bounds the extra memory to chunk_rows·K·V·4
             bytes); None: as many as fit :data:`CHUNK_BYTES` (at least 1). A row a chunk issued
-            ~31 operators a row, forward and backward (64 rows with the entropy: 1,994 top-level
-            operators against 43 in one chunk), each a kernel or more on a GPU.
+            ~31 operators a row, forward and backward (64 rows, the entropy as a metric: 1,994
+            top-level operators against 43 in one chunk), each a kernel or more on a GPU.
 
     Returns:
         ``(logprobs, entropy)``: (B, T) float32, differentiable w.r.t. ``logits``; positions
         ``t < T − K + 1`` (no logits for them) are 0; ``entropy`` is None unless asked for.
 
     Raises:
-        ValueError: mismatched batch sizes or K > T.
+        ValueError: mismatched batch sizes, K > T, K = 0 (no logits), ``chunk_rows`` < 1.
     """
     first = _first_kept(logits, input_ids, "logits", "V")
+    if logits.shape[1] == 0:
+        raise ValueError("logits cover no position (K = 0): a forward must keep at least one")
     if chunk_rows is None:
-        chunk_rows = max(1, CHUNK_BYTES // max(1, 4 * logits[0, :-1].numel()))
+        chunk_rows = max(1, CHUNK_BYTES // max(1, 4 * (logits.shape[1] - 1) * logits.shape[2]))
+    elif chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
     # logits[:, j] (position first + j) predicts token first + j + 1; the last one predicts nothing.
     targets = input_ids[:, first + 1 :]
     lp_parts, ent_parts = [], []
