@@ -84,3 +84,19 @@ async def test_a_batch_starts_after_the_weights_the_caller_wrote_in_place_on_the
         assert await _ids(engine) == [greedy_reference(other, p, 12)[0] for p in PROMPTS]
     finally:
         await engine.close()
+
+
+@pytest.mark.gpu
+@cuda
+async def test_a_worker_started_after_close_decodes_what_the_first_one_did():
+    """close() ends the worker while an async_scheduling step it queued may still run; the next worker's
+    stream waits for the old one before its prefill writes the same KV slots (not run on a GPU yet)."""
+    model = random_model("smollm2", device="cuda", seed=3, **TINY).eval()
+    engine = TransformersEngine(model, get_tokenizer("smollm2"), decode="static", max_model_len=128,
+                                async_scheduling=True)
+    expected = [greedy_reference(model, p, 12)[0] for p in PROMPTS]
+    for _ in range(3):
+        try:
+            assert await _ids(engine) == expected
+        finally:
+            await engine.close()

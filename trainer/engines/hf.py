@@ -354,7 +354,7 @@ class TransformersEngine:
             return joiners
 
     def _serve(self) -> None:
-        self._stream = hf_stream.make_current(self.device)
+        self._stream = hf_stream.make_current(self.device, after=self._stream)
         rows: list[_Row] = []
         batch: hf_batch.Batch | None = None
         try:

@@ -32,14 +32,18 @@ from typing import Any
 HIGHEST = -(1 << 10)
 
 
-def make_current(device: Any) -> Any:
+def make_current(device: Any, after: Any = None) -> Any:
     """A new stream of the highest priority on CUDA ``device``, made the calling thread's current
-    stream (the worker calls it as it starts: PyTorch's current stream is per thread); None off CUDA."""
+    stream (the worker calls it as it starts: PyTorch's current stream is per thread); None off CUDA.
+    It first waits for ``after`` (the stream of the worker before, after ``close``: an
+    ``async_scheduling`` step it queued may still be writing the KV slots the new worker fills)."""
     import torch
 
     if device.type != "cuda":
         return None
     stream = torch.cuda.Stream(device=device, priority=HIGHEST)
+    if after is not None:
+        stream.wait_stream(after)
     torch.cuda.set_stream(stream)
     return stream
 
