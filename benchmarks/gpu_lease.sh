@@ -73,11 +73,24 @@ vllm() {
 wait_for() { for _ in $(seq 1 120); do [ -f "$1" ] && return 0; sleep 5; done; return 1; }
 mark() { echo "== $(date +%T) $*"; }
 
-plan() {
+# A plan's start: the project root, the kit's environment, the tests copied where pytest reads
+# pyproject.toml's settings but not the checkout's partial package.
+begin() {
   cd "$1"
   source /tmp/kit/base/env.sh
   export VLLM_USE_FLASHINFER_SAMPLER=0
-  rm -rf /tmp/t && mkdir -p /tmp/t && cp -r tests pyproject.toml /tmp/t/  # pytest's settings, not the checkout's package
+  rm -rf /tmp/t && mkdir -p /tmp/t && cp -r tests pyproject.toml /tmp/t/
+}
+
+update_profile() {
+  mark "the update under the profiler (ours_px's: padded, checkpointing, compiled layers)"
+  timeout 240 python3 benchmarks/train_step_gpu.py --only padded --checkpointing on --compile --profile --repeats 5 \
+    --json $O/train_step_profile.json > $O/train_step_profile.txt 2>&1
+  grep -A14 "^padded" $O/train_step_profile.txt | cut -c1-200
+}
+
+plan() {
+  begin "$1"
   mark "GPU tests: the decode attention kernel, the engine's stream"
   (cd /tmp/t && timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engines_hf_attention.py \
     tests/test_engines_hf_stream.py > $O/gpu_tests_new.txt 2>&1)
@@ -99,10 +112,7 @@ plan() {
   mark "vs TRL, SmolLM2, ours seed 1"
   $vs --shape smollm2 --out $O/vs_smol --runs $runs1 > $O/vs_smol_1.txt 2>&1
   python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 24 $O/report_smol.txt
-  mark "the update under the profiler (ours_px's: padded, checkpointing, compiled layers)"
-  timeout 240 python3 benchmarks/train_step_gpu.py --only padded --checkpointing on --compile --profile --repeats 5 \
-    --json $O/train_step_profile.json > $O/train_step_profile.txt 2>&1
-  grep -A14 "^padded" $O/train_step_profile.txt | cut -c1-200
+  update_profile
   wait_for /tmp/kit/vllm_ok || mark "no vLLM"
   mark "vs TRL, SmolLM2, TRL + vLLM seed 0"
   $vs --shape smollm2 --out $O/vs_smol --runs ${RUNS_TRL:-trl_vllm_fp32:0} > $O/vs_smol_trl.txt 2>&1
@@ -125,15 +135,10 @@ plan() {
 # A second lease's plan (`setup plan2`): the update after the one-write logits gradient, then ours and
 # TRL + vLLM on SmolLM2, two seeds, in one lease.
 plan2() {
-  cd "$1"
-  source /tmp/kit/base/env.sh
-  export VLLM_USE_FLASHINFER_SAMPLER=0
+  begin "$1"
   local vs="python3 benchmarks/vs_trl_gpu.py --run-timeout 420"
   wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
-  mark "the update under the profiler (ours_px's: padded, checkpointing, compiled layers)"
-  timeout 240 python3 benchmarks/train_step_gpu.py --only padded --checkpointing on --compile --profile --repeats 5 \
-    --json $O/train_step_profile.json > $O/train_step_profile.txt 2>&1
-  grep -A14 "^padded" $O/train_step_profile.txt | cut -c1-200
+  update_profile
   mark "vs TRL, SmolLM2, ours seed 0"
   $vs --shape smollm2 --out $O/vs_smol --runs ours_px:0 ours_1off_px_gil:0 > $O/vs_smol_0.txt 2>&1
   python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 12 $O/report_smol.txt
@@ -153,10 +158,7 @@ plan2() {
 # tests; the decode table's vLLM column beside ours at the three shapes; one_step_off with and without
 # the switch interval, paired; the Qwen2.5-1.5B shape against TRL + vLLM (throughput, 10 steps).
 plan3() {
-  cd "$1"
-  source /tmp/kit/base/env.sh
-  export VLLM_USE_FLASHINFER_SAMPLER=0
-  rm -rf /tmp/t && mkdir -p /tmp/t && cp -r tests pyproject.toml /tmp/t/
+  begin "$1"
   local vs="python3 benchmarks/vs_trl_gpu.py --run-timeout 420"
   wait_for /tmp/kit/vllm_ok || mark "no vLLM"
   mark "GPU tests: vLLM on CUDA, FP8"

@@ -52,7 +52,7 @@ def default_attention(compiled: bool, cuda: bool, head_dim: int | None = None) -
             ``"triton"`` without CUDA or for a head size the kernel does not take.
     """
     chosen = os.environ.get("CHATGYM_DECODE_ATTENTION")
-    if chosen is None or chosen == "":
+    if not chosen:
         ok = head_dim is None or supports(head_dim)
         return "triton" if compiled and cuda and ok else "sdpa"
     if chosen not in ATTENTIONS:
