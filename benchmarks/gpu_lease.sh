@@ -18,9 +18,10 @@
 #   then polls: bash benchmarks/gpu_lease.sh poll 500   (log tail; /tmp/runs packed into $OUT/runs.tgz)
 #
 # `plan` runs the new GPU tests, then by priority the SmolLM2 step, ours on SmolLM2 (seed 0), the 7B step, ours
-# (seed 1), TRL + vLLM, the 7B engine, the GPU tests, each waiting for its part of the kit; a poll must follow
-# a poll within 30 s, or the machine goes back with the plan unfinished (2026-12-06: lost that way); the vs-TRL run lists are environment variables
-# (RUNS_SMOL_0, RUNS_SMOL_1, RUNS_QWEN15). `.whl` (ignored) holds the test plugins the machine lacks:
+# (seed 1), the update's profile, TRL + vLLM, the 7B engine, the GPU tests, the SmolLM2 engine, each waiting for
+# its part of the kit (`plan2`, `plan3`: their own comments); a poll must follow a poll within 30 s, or the
+# machine goes back with the plan unfinished (2026-12-06: lost that way); `plan`'s vs-TRL run lists are
+# environment variables (RUNS_SMOL_0, RUNS_SMOL_1, RUNS_TRL). `.whl` (ignored) holds the test plugins the machine lacks:
 # `pip download --no-deps -d .whl pytest-asyncio pytest-timeout`. Install steps run from /tmp: from the project root
 # `python3 -c "import chatgym"` would import the checkout's partial package instead of the kit's.
 set -uo pipefail

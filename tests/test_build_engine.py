@@ -71,6 +71,15 @@ def test_cli_names_a_bad_engine_option_in_one_line_and_leaves_no_output_dir(tmp_
     assert not out.exists()
 
 
+def test_cli_refuses_a_bad_decode_attention_override_in_one_line_naming_the_variable(tmp_path, capsys, monkeypatch):
+    """Fresh-user walks: with the default fused step the bad value was refused only as the worker built
+    the step (every episode failed, exit 0), then under ``engine.options:``, an option not set."""
+    monkeypatch.setenv("CHATGYM_DECODE_ATTENTION", "flash")
+    status, err, out = cli_with_engine_options(tmp_path, capsys, "{}")
+    assert status == 2 and err == "chatgym train: CHATGYM_DECODE_ATTENTION must be one of ('sdpa', 'triton'), got 'flash'"
+    assert not out.exists()
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [

@@ -86,6 +86,8 @@ def test_the_default_is_the_kernel_only_with_compiled_pieces_on_cuda_for_its_hea
     assert [choose(False, True, 64), choose(True, False, 64), choose(True, True, 80)] == ["sdpa"] * 3
     assert [hf_attention.supports(d) for d in (8, 16, 64, 80, 96, 128, 256)] == [False, True, True, False, False,
                                                                                   True, True]
+    monkeypatch.setenv("CHATGYM_DECODE_ATTENTION", "")  # empty: unset
+    assert [choose(True, True, 64), choose(False, True, 64)] == ["triton", "sdpa"]
     monkeypatch.setenv("CHATGYM_DECODE_ATTENTION", "sdpa")
     assert choose(True, True, 64) == "sdpa"
     monkeypatch.setenv("CHATGYM_DECODE_ATTENTION", "triton")

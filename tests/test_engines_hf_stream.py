@@ -35,6 +35,29 @@ async def test_off_cuda_the_worker_keeps_no_stream():
         await engine.close()
 
 
+async def test_a_request_sent_while_the_engine_closes_is_answered_or_cancelled_never_left_waiting():
+    """Regression (second fresh-user walk, ~1 round in 30): a request queued after the stopping worker
+    had cancelled its inbox, while its thread was still alive, waited for a worker nobody started."""
+    model = random_model("smollm2", seed=3, **TINY).eval()
+    engine = TransformersEngine(model, get_tokenizer("smollm2"), max_model_len=128, batch_window_s=0)
+    params = SamplingParams(max_tokens=2, temperature=0)
+    want = greedy_reference(model, PROMPTS[1], 2)[0]
+    try:
+        for _ in range(60):
+            first = asyncio.ensure_future(engine.generate(PROMPTS[1], params))
+            await asyncio.sleep(0)
+            closing = asyncio.ensure_future(engine.close())
+            await asyncio.sleep(0)
+            late = asyncio.ensure_future(engine.generate(PROMPTS[1], params))
+            await asyncio.wait_for(closing, 5)
+            for request in (first, late):  # cancelled by the close, or decoded: never pending
+                done, _ = await asyncio.wait({request}, timeout=5)
+                assert done, "a request was left waiting"
+                assert request.cancelled() or request.result().token_ids == want
+    finally:
+        await engine.close()
+
+
 @pytest.mark.gpu
 @cuda
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])

@@ -139,6 +139,10 @@ def check_engine_options(backend: str, options: Mapping[str, Any], setting: str)
         values = dict(fp8=is_fp8(options.get("quantization")), fused_step=options.get("fused_step", True),
                       async_scheduling=bool(options.get("async_scheduling", False)),
                       sampler=options.get("sampler", "generators"), cuda=cuda)
+        try:  # the environment's overrides first: their message names the variable, not an option
+            hf_static.check_overrides(values["fused_step"], cuda)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         paths = [(decode, "")] + ([("dynamic", ": decode 'auto' is dynamic without CUDA; set decode: static")]
                                   if auto_dynamic else [])
         for path, hint in paths:

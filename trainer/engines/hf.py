@@ -302,7 +302,8 @@ class TransformersEngine:
                 self._cond.notify_all()
 
     async def close(self) -> None:
-        """Stop the worker (pending and running requests are cancelled); the engine can be used again."""
+        """Stop the worker (pending and running requests are cancelled; one sent after the worker's last
+        look at its inbox starts the next worker); the engine can be used again."""
         with self._cond:
             worker = self._worker
             self._stopping = True
@@ -370,9 +371,7 @@ class TransformersEngine:
                 try:
                     rows, batch = self._step(rows, batch, joiners)
                 except Exception as exc:  # this step failed: its requests see why; the engine goes on
-                    error = RuntimeError(
-                        f"TransformersEngine: decoding {len(rows) + len(joiners)} rows failed: {exc!r}"
-                    )
+                    error = RuntimeError(f"TransformersEngine: decoding {len(rows) + len(joiners)} rows failed: {exc!r}")
                     error.__cause__ = exc
                     for request in [r.request for r in rows] + joiners:
                         self._answer(request, error)
@@ -390,8 +389,9 @@ class TransformersEngine:
             if rows:
                 self._model_lock.release()
             with self._cond:
-                pending = [r.request for r in rows] + list(self._inbox)
-                self._inbox.clear()
+                pending, self._inbox = [r.request for r in rows] + list(self._inbox), deque()
+                if self._worker is threading.current_thread():  # a request from now on starts a new worker
+                    self._worker = None
             for request in pending:
                 self._answer(request, None)
 

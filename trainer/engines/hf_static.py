@@ -92,9 +92,7 @@ def check_options(decode: str, *, fp8: bool = False, async_scheduling: bool = Fa
         ValueError: ``fused_step`` not a bool nor ``"compiled"`` (an int too), ``async_scheduling`` or
             ``fused_step: compiled`` on the dynamic path, FP8 weights off the fused static step, a
             ``sampler`` not in :data:`SAMPLERS`, ``"philox"`` (a Triton kernel) without ``cuda``, with
-            a fused step a bad ``CHATGYM_FP8_GEMM`` or ``CHATGYM_DECODE_ATTENTION`` (the fused step
-            reads both when it is built: :func:`.hf_fp8.default_gemm`,
-            :func:`.hf_attention.default_attention`).
+            a fused step a bad ``CHATGYM_FP8_GEMM`` or ``CHATGYM_DECODE_ATTENTION`` (:func:`check_overrides`).
     """
     if sampler not in SAMPLERS:
         raise ValueError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
@@ -104,15 +102,25 @@ def check_options(decode: str, *, fp8: bool = False, async_scheduling: bool = Fa
         raise ValueError(f"fused_step must be true, false or 'compiled', got {fused_step!r}")
     if fp8 and (decode == "dynamic" or not fused_step):
         raise ValueError("quantization 'fp8' runs in the fused static decode step: decode 'static', fused_step")
-    if fused_step:  # read by the fused step as the worker builds it: refused here, before any model loads
-        from chatgym.trainer.engines import hf_attention, hf_fp8
-
-        hf_fp8.default_gemm(fused_step == "compiled")
-        hf_attention.default_attention(fused_step == "compiled", cuda)
+    check_overrides(fused_step, cuda)
     for name, on in (("async_scheduling", async_scheduling), ("fused_step 'compiled'", fused_step == "compiled")):
         if on and decode == "dynamic":
             raise ValueError(f"{name} needs decode 'static' (this engine decodes {decode!r})")
     return fused_step
+
+
+def check_overrides(fused_step: Any, cuda: bool) -> None:
+    """The environment's overrides a fused step reads as the worker builds it (``CHATGYM_FP8_GEMM``,
+    ``CHATGYM_DECODE_ATTENTION``), checked here, before any model loads; nothing without a fused step.
+
+    Raises:
+        ValueError: naming the variable (:func:`.hf_fp8.default_gemm`, :func:`.hf_attention.default_attention`).
+    """
+    if fused_step:
+        from chatgym.trainer.engines import hf_attention, hf_fp8
+
+        hf_fp8.default_gemm(fused_step == "compiled")
+        hf_attention.default_attention(fused_step == "compiled", cuda)
 
 
 def _bucket(n: int, cap: int, floor: int = 1) -> int:
