@@ -8,6 +8,9 @@ those two with its element-wise pieces compiled (``fused_c``, ``fp8_c``: the eng
 ``fp8`` with the other of :data:`.hf_fp8.GEMMS` than their default (``benchmarks/fp8_gemm_gpu.py``
 times the GEMMs alone), ``fused_c_sdpa`` / ``fp8_c_sdpa``: ``fused_c`` / ``fp8_c`` with the cache writes
 and ``scaled_dot_product_attention`` instead of their default one Triton kernel (:mod:`.hf_attention`),
+``fp8_c_inductor``: ``fp8_c`` with the MLP's quantization compiled by Inductor (the step before
+:mod:`.hf_silu_quant`), ``fused_c_aten``: ``fused_c`` with aten's RMSNorm kernel instead of Inductor's
+(the step before :func:`.hf_elementwise.norm` was compiled),
 and ``compiled`` (the layers' step compiled by ``torch.compile``, Inductor, row and column counts
 dynamic, then captured; the engine itself does not compile:
 ``benchmarks/results/vs_trl_h200_curve_subprocess/README.md``: 140 s, and 91 s more at the
@@ -42,18 +45,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import random
 import time
 
 BUCKETS = ((64, 256), (32, 256), (8, 256), (64, 512))
-MODES = ("layers", "fused", "fused_c", "fused_c_sdpa", "fp8", "fp8_c", "fp8_c_sdpa", "fp8_unit", "fp8_c_rowwise",
-         "compiled")
+MODES = ("layers", "fused", "fused_c", "fused_c_sdpa", "fused_c_aten", "fp8", "fp8_c", "fp8_c_sdpa", "fp8_c_inductor",
+         "fp8_unit", "fp8_c_rowwise", "compiled")
 SLOTS, MAX_LEN = 256, 512
 KINDS = (  # (kind, substrings of a kernel's name), first match wins (cutlass attention before GEMMs)
     ("attention", ("fmha", "flash", "attention", "attn")),
     ("gemm", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "splitk", "scaled_mm", "sm90_", "matmul")),
     ("norm", ("rms", "norm")),
-    ("fp8 quant", ("float8", "e4m3", "fp8", "amax", "abs_max", "max_all", "reduce_kernel")),
+    ("fp8 quant", ("float8", "e4m3", "fp8", "amax", "abs_max", "max_all", "reduce_kernel", "quantize", "silu_mul_partial")),
     ("cache write", ("index_put", "indexing_backward", "scatter", "index_elementwise", "put_kernel")),
 )
 
@@ -75,12 +79,18 @@ def make_slots(model, mode: str, prompts, pad_id: int, tokens=None):
 
     # fp8_c_rowwise / fp8_unit: fp8_c / fp8 with that hf_fp8 GEMM instead of their default; *_sdpa: the
     # compiled step with the default attention instead of the Triton kernel
-    kind, variant = (mode.rsplit("_", 1) if mode.endswith(("_rowwise", "_unit", "_sdpa")) else (mode, ""))
+    kind, variant = (mode.rsplit("_", 1) if mode.endswith(("_rowwise", "_unit", "_sdpa", "_inductor", "_aten")) else (mode, ""))
     fused = "compiled" if kind.endswith("_c") else kind in ("fused", "fp8")
     gemm = variant if variant in ("rowwise", "unit") else None
     slots = StaticSlots(model, SLOTS, MAX_LEN, fused=fused, fp8=kind.startswith("fp8"), fp8_gemm=gemm)
     if variant == "sdpa":  # before the first capture: the graphs take the attention the step has then
         slots.fused.attention = "sdpa"
+    if variant in ("inductor", "aten"):  # the step before hf_silu_quant's kernels / Inductor's RMSNorms
+        from chatgym.trainer.engines import hf_elementwise
+
+        piece = ({"silu_mul_quant": hf_elementwise.compiled().silu_mul_quant} if variant == "inductor"
+                 else {"norm": hf_elementwise.EAGER.norm})
+        slots.fused.ops = dataclasses.replace(slots.fused.ops, **piece)
     if mode == "compiled":  # the whole step, as the engine's graphs would capture it
         slots._forward = torch.compile(slots._forward, dynamic=True)
     with torch.inference_mode():

@@ -9,7 +9,7 @@
 # Then the device calls, back to back (the machine goes back 30 s after a call), each from the
 # project root, with the carry named:
 #
-#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan3]   (starts `plan` in the background)
+#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan3|plan4]   (starts `plan` in the background)
 #   2  [.gpukit/smol/a1]              cp .gpukit/smol/a1/* /tmp/kit/smol/
 #   3  [.gpukit/smol/a2]              cp .gpukit/smol/a2/* /tmp/kit/smol/
 #   4  [.gpukit/smol/b]               bash benchmarks/gpu_lease.sh smol
@@ -177,6 +177,62 @@ plan3() {
   $vs --shape smollm2 --out $O/vs_smol --runs ours_1off_px:0 ours_1off_px_gil:0 ours_1off_px:1 ours_1off_px_gil:1 \
     trl_vllm_fp32:0 > $O/vs_smol.txt 2>&1
   python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 30 $O/report_smol.txt
+  mark "vs TRL, Qwen2.5-1.5B shape"
+  $vs --shape qwen2.5-1.5b --steps 10 --out $O/vs_qwen15 --runs ours_px:0 ours_1off_px_gil:0 trl_vllm_bf16:0 \
+    trl_vllm_fp32:0 > $O/vs_qwen15.txt 2>&1
+  python3 benchmarks/vs_trl_gpu.py --report $O/vs_qwen15 > $O/report_qwen15.txt 2>&1; head -n 30 $O/report_qwen15.txt
+  mark "done"
+}
+
+# This session's lease (`setup plan4`), by priority: the GPU tests of what changed (the packed prefill,
+# the in-place residual adds, Inductor's RMSNorm, hf_silu_quant's kernels); the decode step at both
+# shapes against the step before (fused_c_aten, fp8_c_inductor); ours_px under py-spy (where the
+# rollout's host time goes); ours on SmolLM2; the engine against vLLM at 7B; TRL + vLLM, two seeds; the
+# engine against vLLM at 1.5B and SmolLM2; vLLM's GPU tests; the Qwen2.5-1.5B shape against TRL + vLLM.
+plan4() {
+  begin "$1"
+  local vs="python3 benchmarks/vs_trl_gpu.py --run-timeout 420"
+  mark "GPU tests: packed prefill, in-place adds, compiled RMSNorm, the FP8 MLP's quantization kernels"
+  (cd /tmp/t && timeout 400 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engines_hf_silu_quant.py \
+    tests/test_engines_hf_fused.py tests/test_engines_hf_elementwise.py tests/test_engines_hf_static.py \
+    tests/test_engines_hf_fp8.py tests/test_engines_hf_attention.py tests/test_engines_hf_draw.py \
+    tests/test_engines_hf_stream.py > $O/gpu_tests.txt 2>&1)
+  tail -n 3 $O/gpu_tests.txt
+  mark "decode step, Qwen2.5-7B shape"
+  timeout 300 python3 benchmarks/decode_step_gpu.py --rows 64 256 --shape qwen2.5-7b --modes fused_c fused_c_aten \
+    fp8_c fp8_c_inductor --iters 50 --profile > $O/step_7b.txt 2>&1
+  grep -E "bandwidth|replay|fp8 quant|norm  " $O/step_7b.txt | cut -c1-200
+  wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
+  mark "decode step, SmolLM2"
+  timeout 200 python3 benchmarks/decode_step_gpu.py --rows 64 256 --shape smollm2 --modes fused_c fused_c_aten \
+    --iters 200 --profile > $O/step_smol.txt 2>&1
+  grep -E "replay|norm  " $O/step_smol.txt | cut -c1-200
+  mark "ours_px under py-spy (8 steps)"
+  timeout 300 /tmp/site/bin/py-spy record -r 250 --threads --idle --subprocesses --nonblocking -f raw \
+    -o $O/pyspy_ours_px.txt -- python3 benchmarks/vs_trl_gpu.py --shape smollm2 --steps 8 --out $O/vs_spy \
+    --runs ours_px:0 > $O/pyspy.log 2>&1
+  tail -n 2 $O/pyspy.log
+  mark "vs TRL, SmolLM2, ours"
+  $vs --shape smollm2 --out $O/vs_smol --runs ours_1off_px_gil:0 ours_1off_px_gil:1 ours_px:0 > $O/vs_smol_ours.txt 2>&1
+  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 12 $O/report_smol.txt
+  wait_for /tmp/kit/vllm_ok || mark "no vLLM"
+  mark "engine tokens/s against vLLM, qwen2.5-7b"
+  timeout 480 python3 benchmarks/hf_decode_gpu.py --shape qwen2.5-7b --vllm --batch 64 256 --skip-generate \
+    --repeats 3 --modes "static all" "static fp8 all" > $O/decode_vllm_qwen2.5-7b.txt 2>&1
+  grep -E "tok/s" $O/decode_vllm_qwen2.5-7b.txt | cut -c1-160
+  mark "vs TRL, SmolLM2, TRL + vLLM, two seeds"
+  $vs --shape smollm2 --out $O/vs_smol --runs trl_vllm_fp32:0 trl_vllm_fp32:1 > $O/vs_smol_trl.txt 2>&1
+  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 40 $O/report_smol.txt
+  for shape in qwen2.5-1.5b smollm2; do
+    mark "engine tokens/s against vLLM, $shape"
+    timeout 420 python3 benchmarks/hf_decode_gpu.py --shape $shape --vllm --batch 64 256 --skip-generate --repeats 3 \
+      --modes "static all" > $O/decode_vllm_$shape.txt 2>&1
+    grep -E "tok/s" $O/decode_vllm_$shape.txt | cut -c1-160
+  done
+  mark "GPU tests: vLLM on CUDA, FP8"
+  (cd /tmp/t && timeout 500 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engines_vllm_gpu.py \
+    tests/test_fp8_gpu.py > $O/gpu_tests_vllm.txt 2>&1)
+  tail -n 3 $O/gpu_tests_vllm.txt
   mark "vs TRL, Qwen2.5-1.5B shape"
   $vs --shape qwen2.5-1.5b --steps 10 --out $O/vs_qwen15 --runs ours_px:0 ours_1off_px_gil:0 trl_vllm_bf16:0 \
     trl_vllm_fp32:0 > $O/vs_qwen15.txt 2>&1

@@ -33,6 +33,9 @@ def test_each_compiled_piece_computes_the_eager_one(rows):
     comp = ew.compiled()
     torch.testing.assert_close(comp.rope(qk, cos, sin), ew.rope(qk, cos, sin), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(comp.silu_mul(gate_up), ew.silu_mul(gate_up), atol=1e-5, rtol=1e-5)
+    rms = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * weight  # RMSNorm by its definition
+    torch.testing.assert_close(comp.norm(x, weight, 1e-6), rms, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ew.norm(x, weight, 1e-6), rms, atol=1e-5, rtol=1e-5)
 
     def dequant(xq, a):
         return xq.float() * a

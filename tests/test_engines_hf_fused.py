@@ -239,3 +239,31 @@ async def test_engine_weight_updates_refresh_in_place_without_a_rebuild():
     for _ in range(4):
         ids.append(int(full_forward_logits(other, ids).argmax()))
     assert out.token_ids == ids[len(prompt):]
+
+
+def test_the_prefill_projects_the_real_tokens_only_and_gives_the_padded_result():
+    """Prompts of 5, 2 and 29 tokens: each layer's projections see the 36 real tokens, not 3 x 29 padded
+    ones (the prefill padded them all before); the logits match full forward passes, and the same prefill
+    with the real tokens' indices left to it (computed from the lengths) writes the same cache columns."""
+    model = tiny(Qwen2Config)
+    prompts = [[1, 5, 9, 200, 3], [7, 8], list(range(11, 40))]
+    slots = StaticSlots(model, max_rows=4, max_len=96, use_graphs=False)
+    seen = []
+    qkv = slots.fused._qkv
+    slots.fused._qkv = lambda layer, hidden, cos, sin: (seen.append(hidden.shape[0]), qkv(layer, hidden, cos, sin))[1]
+    with torch.inference_mode():
+        logits = slots.admit(prompts, pad_id=0).float()
+    assert seen == [36, 36]  # two layers
+    width = 29
+    ids = torch.zeros((3, width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, : len(p)] = torch.tensor(p)
+    lengths = torch.tensor([5, 2, 29])
+    kv = torch.zeros_like(slots.kv)
+    with torch.inference_mode():
+        again = slots.fused.prefill(ids, lengths, [kv[0, i] for i in range(2)], [kv[1, i] for i in range(2)], 0)
+    assert torch.equal(again.float(), logits)
+    for i, n in enumerate(lengths.tolist()):
+        assert torch.equal(kv[:, :, i, :, :n], slots.kv[:, :, i, :, :n])
+    for i, p in enumerate(prompts):
+        assert (logits[i] - full_forward_logits(model, p)).abs().max().item() < ATOL

@@ -12,9 +12,9 @@ layer), with no compiler: 2.04 ms at 64 rows, 1.77 ms at 8 (``benchmarks/decode_
 
 * one matmul for q, k and v and one for gate and up, on concatenated copies of those weights (the
   layout vLLM's ``QKVParallelLinear`` / ``MergedColumnParallelLinear`` keep);
-* the residual adds folded into the output and down projections (``addmm`` with the residual as the
-  bias term);
-* ``torch.nn.functional.rms_norm`` (one fused kernel on CUDA);
+* the residual adds folded into the output and down projections (``addmm_`` into the residual in place:
+  no copy of it first);
+* ``torch.nn.functional.rms_norm`` (one fused kernel on CUDA; Inductor's with compiled pieces);
 * RoPE on q and k together, as ``x * cos + roll(x) * sin'`` where ``sin'`` is ``sin`` with its first
   half negated: ``roll(x, d/2)`` is ``cat(x2, x1)``, so ``roll(x) * sin'`` is ``rotate_half(x) * sin``
   exactly;
@@ -25,8 +25,9 @@ layer), with no compiler: 2.04 ms at 64 rows, 1.77 ms at 8 (``benchmarks/decode_
   and reads each row's columns only up to its position (:mod:`.hf_attention`).
 
 The prompts' prefill (:meth:`FusedDecoder.prefill`, eager: prompts have every length) runs the same
-layers over all prompt tokens and writes keys/values straight into the slots: the model's own forward
-spent ~45 launches a layer there too, from Python, plus transformers' mask building.
+layers over the prompts' real tokens, packed (padding only inside attention), and writes keys/values
+straight into the slots: the model's own forward spent ~45 launches a layer there too, from Python, plus
+transformers' mask building, over every padded token.
 
 The result equals the model's own layers up to float rounding (fused kernels round once where the
 layers round twice): in fp32 the logits match full forward passes within 2e-5 on CPU
@@ -47,6 +48,7 @@ so captured graphs stay valid across weight updates.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -123,7 +125,8 @@ class FusedDecoder:
         fp8_lm_head: with ``fp8``, the LM head too (its logits then carry the FP8 error as well).
         compile_elementwise: the element-wise pieces between the matmuls (RoPE, the gated MLP's
             activation, FP8 activation quantization with the norm before it) through ``torch.compile``
-            (:mod:`.hf_elementwise`: fewer kernels a step; compiled on the first call).
+            (:mod:`.hf_elementwise`: fewer kernels a step; compiled on the first call); on CUDA with
+            ``fp8`` the MLP's quantization is :mod:`.hf_silu_quant`'s two Triton kernels instead.
         fp8_gemm: with ``fp8``, how the projections multiply (:data:`.hf_fp8.GEMMS`; default
             :func:`.hf_fp8.default_gemm`: ``"unit"`` with compiled pieces, else ``"rowwise"``).
         attention: the decode step's attention (:data:`.hf_attention.ATTENTIONS`; default
@@ -139,7 +142,7 @@ class FusedDecoder:
     def __init__(self, model: Any, *, fp8: bool = False, fp8_lm_head: bool = False,
                  compile_elementwise: bool = False, fp8_gemm: str | None = None,
                  attention: str | None = None) -> None:
-        from chatgym.trainer.engines import hf_attention, hf_elementwise, hf_fp8
+        from chatgym.trainer.engines import hf_attention, hf_elementwise, hf_fp8, hf_silu_quant
 
         ok, why = fusable(model)
         if not ok:
@@ -152,6 +155,8 @@ class FusedDecoder:
         self.fp8, self.fp8_gemm = bool(fp8), fp8_gemm or hf_fp8.default_gemm(compile_elementwise)
         self.ops = hf_elementwise.compiled() if compile_elementwise else hf_elementwise.EAGER
         cuda = next(model.parameters()).device.type == "cuda"
+        if compile_elementwise and cuda and self.fp8:  # Inductor's one program a row left most of the GPU idle
+            self.ops = dataclasses.replace(self.ops, silu_mul_quant=hf_silu_quant.silu_mul_quant)
         self.attention = attention or hf_attention.default_attention(compile_elementwise, cuda, self.head_dim)
         if self.attention not in hf_attention.ATTENTIONS:
             raise ValueError(f"attention must be one of {hf_attention.ATTENTIONS}, got {self.attention!r}")
@@ -265,7 +270,7 @@ class FusedDecoder:
         return self._logits(hidden)
 
     def prefill(self, ids: Any, lengths: Any, keys: list[Any], values: list[Any], start: int,
-                embeds: Any = None) -> Any:
+                embeds: Any = None, real: Any = None) -> Any:
         """The prompts' forward pass: next-token logits ``(j, vocab)`` at each prompt's last token, with
         every layer's keys/values written to slots ``start .. start + j - 1``, columns ``0 .. width - 1``.
 
@@ -276,34 +281,45 @@ class FusedDecoder:
             start: first slot written.
             embeds: ``(j, width, hidden)`` input embeddings to feed instead of ``ids``' (a VLM's
                 prompts with their images' features); None: the ids' embeddings.
+            real: ``(t,)`` int64, the flat indices into ``(j, width)`` of the real tokens, row by row
+                (``nonzero`` of the attention mask); None: computed here from ``lengths``.
 
-        Causal attention alone keeps the padding apart: a real token at column ``i < len`` sees columns
-        ``<= i``, all real; the padding's own outputs and keys are never read (the decode step's mask
-        stops at each row's position, and decoding overwrites those columns).
+        The projections, norms and MLPs run on the ``t`` real tokens only, packed (prompts of 40-120
+        tokens padded to 120 would spend a third of the prefill's matmuls on padding); attention alone
+        runs padded, each layer's q/k/v scattered into ``(j, width)`` with zeros at the padding.
+        Causal attention keeps the padding apart: a real token at column ``i < len`` sees columns
+        ``<= i``, all real; the padding's keys and outputs are never read (the decode step stops at
+        each row's position, and decoding overwrites those columns).
         """
         import torch
         import torch.nn.functional as F
 
         j, width = ids.shape
         heads, kv_heads, d = self.heads, self.kv_heads, self.head_dim
-        positions = torch.arange(width, device=ids.device)[None, :].expand(j, width)
-        hidden, cos, sin = self._embed(ids, positions, embeds)  # (j, width, hidden), (j, width, d)
-        hidden, cos, sin = hidden.view(j * width, -1), cos.reshape(j * width, 1, d), sin.reshape(j * width, 1, d)
+        if real is None:
+            columns = torch.arange(width, device=ids.device)
+            real = (columns[None, :] < lengths[:, None]).view(-1).nonzero().squeeze(1)
+        t, ends = real.shape[0], lengths.cumsum(0) - 1  # ends: each prompt's last token among the t
+        flat = ids.view(-1)[real]
+        packed = None if embeds is None else embeds.reshape(j * width, -1)[real][None]
+        hidden, cos, sin = self._embed(flat[None], (real % width)[None], packed)  # (1, t, hidden), (1, t, d)
+        hidden, cos, sin = hidden.view(t, -1), cos.reshape(t, 1, d), sin.reshape(t, 1, d)
         group = heads // kv_heads
         for layer, k_cache, v_cache in zip(self.layers, keys, values, strict=True):
-            qk, v = self._qkv(layer, hidden, cos, sin)
-            q = qk[:, :heads].view(j, width, heads, d).transpose(1, 2)  # (j, heads, width, d)
-            k = qk[:, heads:].view(j, width, kv_heads, d).transpose(1, 2)  # (j, kv_heads, width, d)
-            v = v.view(j, width, kv_heads, d).transpose(1, 2)
+            qk, v = self._qkv(layer, hidden, cos, sin)  # (t, heads + kv_heads, d), (t, kv_heads, d)
+            grid = qk.new_zeros((j * width, heads + 2 * kv_heads, d))
+            grid[real] = torch.cat((qk, v), dim=1)
+            grid = grid.view(j, width, heads + 2 * kv_heads, d).transpose(1, 2)  # (j, all heads, width, d)
+            q, k, v = grid.split((heads, kv_heads, kv_heads), dim=1)
             k_cache[start : start + j, :, :width] = k
             v_cache[start : start + j, :, :width] = v
             attended = F.scaled_dot_product_attention(  # query head h reads key/value head h // group
                 q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1), is_causal=True,
                 scale=layer.scaling,
             )  # (j, heads, width, d)
-            hidden = self._after_attention(layer, hidden, attended.transpose(1, 2).reshape(j * width, heads * d))
-        last = hidden.view(j, width, -1)[torch.arange(j, device=ids.device), lengths - 1]
-        return self._logits(last)
+            attended = attended.transpose(1, 2).reshape(j * width, heads * d)[real]
+            hidden = self._after_attention(layer, hidden, attended)
+        return self._logits(hidden[ends])
 
     # ---- the pieces both passes share (rows are tokens: (t, hidden)) -------------------------------
 
@@ -332,37 +348,35 @@ class FusedDecoder:
             if a is not None or layer.qkv_bias is not None:
                 qkv = self.ops.dequant(qkv, a, s, layer.qkv_bias)
         else:
-            x = F.rms_norm(hidden, (hidden.shape[-1],), norm.weight, norm.variance_epsilon)
-            qkv = F.linear(x, layer.qkv, layer.qkv_bias)
+            qkv = F.linear(self.ops.norm(hidden, norm.weight, norm.variance_epsilon), layer.qkv, layer.qkv_bias)
         split = (heads + kv_heads) * d
         qk = qkv[:, :split].view(t, heads + kv_heads, d)
         if layer.q_norm is not None:
             qk = torch.cat((
-                F.rms_norm(qk[:, :heads], (d,), layer.q_norm.weight, layer.q_norm.variance_epsilon),
-                F.rms_norm(qk[:, heads:], (d,), layer.k_norm.weight, layer.k_norm.variance_epsilon),
+                self.ops.norm(qk[:, :heads], layer.q_norm.weight, layer.q_norm.variance_epsilon),
+                self.ops.norm(qk[:, heads:], layer.k_norm.weight, layer.k_norm.variance_epsilon),
             ), dim=1)
         return self.ops.rope(qk, cos, sin), qkv[:, split:].view(t, kv_heads, d)
 
     def _after_attention(self, layer: _Layer, hidden: Any, attended: Any) -> Any:
         """The output projection and the MLP, each added to the residual stream in its matmul."""
-        import torch
         import torch.nn.functional as F
 
-        size, ops, norm, dtype = (hidden.shape[-1],), self.ops, layer.norm_post, hidden.dtype
+        ops, norm, dtype = self.ops, layer.norm_post, hidden.dtype
         if layer.fp8 is not None:  # the residual added after the FP8 matmul (its bias is 1-D only)
             _, o, gate_up, down = layer.fp8
             out, a, s = o.project(*ops.quant(attended), dtype)
             hidden, xq, xa = ops.add_norm_quant(hidden, out, norm.weight, norm.variance_epsilon, a, s)
             return ops.add(hidden, *down.project(*ops.silu_mul_quant(*gate_up.project(xq, xa, dtype)), dtype))
-        hidden = torch.addmm(hidden, attended, layer.o.weight.t())
-        x = F.rms_norm(hidden, size, norm.weight, norm.variance_epsilon)
-        return torch.addmm(hidden, ops.silu_mul(F.linear(x, layer.gate_up)), layer.down.weight.t())
+        # In place: out of place, addmm first copies the residual into its output (a kernel each).
+        hidden = hidden.addmm_(attended, layer.o.weight.t())
+        x = ops.norm(hidden, norm.weight, norm.variance_epsilon)
+        return hidden.addmm_(ops.silu_mul(F.linear(x, layer.gate_up)), layer.down.weight.t())
 
     def _logits(self, hidden: Any) -> Any:
-        import torch.nn.functional as F
 
         norm = self.model.model.norm
-        x = F.rms_norm(hidden, (hidden.shape[-1],), norm.weight, norm.variance_epsilon)
+        x = self.ops.norm(hidden, norm.weight, norm.variance_epsilon)
         return self.lm_head_fp8(x) if self.lm_head_fp8 is not None else self.model.lm_head(x)
 
 

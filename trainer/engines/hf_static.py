@@ -280,10 +280,12 @@ class StaticSlots:
         for i, p in enumerate(prompts):  # right-padded: real tokens at columns 0 .. len-1
             ids[i, : len(p)] = torch.tensor(p)
             attention[i, : len(p)] = 1
+        # The fused prefill computes the real tokens only: their flat positions in (j, width), row by row.
+        real = attention.view(-1).nonzero().squeeze(1)
         if self.device.type == "cuda":  # queued, not waited for (see hf_sampling.device_tensor)
-            ids, attention = (t.pin_memory().to(self.device, non_blocking=True) for t in (ids, attention))
+            ids, attention, real = (t.pin_memory().to(self.device, non_blocking=True) for t in (ids, attention, real))
         else:
-            ids, attention = ids.to(self.device), attention.to(self.device)
+            ids, attention, real = ids.to(self.device), attention.to(self.device), real.to(self.device)
         lengths = attention.sum(-1)
         start = self.rows
         padded = None
@@ -292,7 +294,7 @@ class StaticSlots:
             for i, e in enumerate(embeds):
                 padded[i, : e.shape[0]] = e
         if self.fused is not None:
-            logits = self.fused.prefill(ids, lengths, self.cache.keys, self.cache.values, start, padded)
+            logits = self.fused.prefill(ids, lengths, self.cache.keys, self.cache.values, start, padded, real)
             return self._joined(prompts, lengths, start, logits)
         from transformers import DynamicCache
 

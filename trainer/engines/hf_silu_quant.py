@@ -1,0 +1,119 @@
+"""The FP8 step's ``silu(gate) * up`` quantized per row, in two Triton kernels spread over the row.
+
+On FP8 weights the fused step's MLP feeds the down projection ``e4m3(y / a)`` with ``y = silu(gate) * up``
+and ``a`` the row's ``max |y| / 448`` (:func:`.hf_elementwise.silu_mul_quant`). Compiled by Inductor that
+is one kernel a row, whose program walks the row's 2 x 18,944 inputs (the Qwen2.5-7B shape) in
+dependent chunks twice: 16.8 us a layer at 64 rows on an H200, 0.47 of the 3.69 ms step, with 64 of the
+card's 132 multiprocessors busy and each waiting on one load at a time
+(``benchmarks/results/attention_stream_2026-12-06/lease1_h200/step_7b.txt``). Here each row is cut in
+blocks of :data:`BLOCK` columns and a program runs per (row, block):
+
+1. ``y`` of the block (rounded to the input's dtype, as the eager pieces round it) is written to a
+   scratch tensor, and the block's ``max |y|`` to ``(rows, blocks)`` partial maxima;
+2. each program reads its row's partial maxima, takes ``a`` and writes the block quantized (the first
+   block's program writes ``a``).
+
+Both kernels read every row at once from all the blocks' programs (64 rows x 10 blocks = 640 at the 7B
+shape), the scratch's write and read adding 2 x 2 bytes an element. With the ``"unit"`` FP8 GEMM
+(:data:`.hf_fp8.GEMMS`) the first kernel also applies the GEMM's row and channel scales, rounding to the
+input's dtype as :func:`.hf_fp8.dequantize_out` does.
+
+The result is the eager function's up to float rounding (``exp`` and the division may differ in the last
+bit of float32, then rounding to bf16 may differ by one step): in float32 outputs the tests take it within
+1e-6 of the eager values (``tests/test_engines_hf_silu_quant.py``, Triton's interpreter on the CPU, which
+does not round to e4m3 as CUDA does; the e4m3 outputs ``-m gpu``).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from chatgym.trainer.engines.hf_fp8 import _MIN_SCALE, FP8_MAX
+
+BLOCK = 2048  # columns of a row a program takes (16 a thread at 4 warps)
+
+
+def silu_mul_quant(gate_up: Any, a: Any = None, s: Any = None, out_dtype: Any = None) -> tuple[Any, Any]:
+    """:func:`.hf_elementwise.silu_mul_quant` in two Triton kernels (module doc).
+
+    Args:
+        gate_up: ``(M, 2 * I)`` float (bf16 / fp16 / fp32), the gate/up projection's output (last stride 1):
+            gate in columns ``0 .. I-1``, up in ``I .. 2I-1``; with ``a``, the unscaled ``"unit"`` product.
+        a: ``(M, 1)`` float32 activation scales of that GEMM, or None (``gate_up`` already scaled).
+        s: ``(1, 2 * I)`` float32 weight scales of that GEMM (with ``a``).
+        out_dtype: the quantized output's dtype, default float8_e4m3fn (float32 keeps the unrounded
+            ``y / a``: the tests' view of it).
+
+    Returns:
+        ``(X, a_out)``: ``X`` ``(M, I)`` in ``out_dtype``, ``a_out`` ``(M, 1)`` float32 row scales.
+
+    Raises:
+        ValueError: ``a`` without ``s``, or a last dimension that is not dense.
+    """
+    import torch
+
+    if (a is None) != (s is None):
+        raise ValueError("silu_mul_quant: the unit GEMM's scales come together (a and s)")
+    if gate_up.stride(-1) != 1:
+        raise ValueError("silu_mul_quant: the last dimension must be dense")
+    m, width = gate_up.shape
+    inner = width // 2
+    blocks = -(-inner // BLOCK)
+    device = gate_up.device
+    y = torch.empty((m, inner), dtype=gate_up.dtype, device=device)
+    partial = torch.empty((m, blocks), dtype=torch.float32, device=device)
+    out = torch.empty((m, inner), dtype=out_dtype or torch.float8_e4m3fn, device=device)
+    scales = torch.empty((m, 1), dtype=torch.float32, device=device)
+    scaled = a is not None
+    first, second = _kernels()
+    first[(m, blocks)](gate_up, a if scaled else gate_up, s if scaled else gate_up, y, partial, gate_up.stride(0),
+                       inner, blocks, SCALED=scaled, BLOCK=BLOCK, num_warps=4)
+    second[(m, blocks)](y, partial, out, scales, inner, blocks, FP8_MAX, _MIN_SCALE, BLOCK=BLOCK,
+                        BLOCKS=max(16, 1 << (blocks - 1).bit_length()), num_warps=4)
+    return out, scales
+
+
+@functools.cache
+def _kernels() -> tuple[Any, Any]:
+    """The two Triton kernels, defined at first use (Triton reads its interpreter switch then)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def silu_mul_partial(gate_up, a, s, y, partial, row_stride, inner, blocks, SCALED: tl.constexpr,
+                         BLOCK: tl.constexpr):
+        r = tl.program_id(0).to(tl.int64)
+        b = tl.program_id(1)
+        cols = b * BLOCK + tl.arange(0, BLOCK)
+        inside = cols < inner
+        gate = tl.load(gate_up + r * row_stride + cols, mask=inside, other=0.0)
+        up = tl.load(gate_up + r * row_stride + inner + cols, mask=inside, other=0.0)
+        dtype = gate.dtype
+        if SCALED:  # dequantize_out: (raw.float() * a * s) rounded to raw's dtype
+            row_scale = tl.load(a + r)
+            gate = (gate.to(tl.float32) * row_scale * tl.load(s + cols, mask=inside, other=0.0)).to(dtype)
+            up = (up.to(tl.float32) * row_scale * tl.load(s + inner + cols, mask=inside, other=0.0)).to(dtype)
+        g = gate.to(tl.float32)
+        silu = tl.div_rn(g, 1.0 + tl.exp(-g)).to(dtype)  # F.silu: in float32, rounded to the dtype
+        prod = (silu.to(tl.float32) * up.to(tl.float32)).to(dtype)  # silu * up, rounded again
+        tl.store(y + r * inner + cols, prod, mask=inside)
+        tl.store(partial + r * blocks + b, tl.max(tl.abs(prod.to(tl.float32)), 0))
+
+    @triton.jit
+    def quantize_blocks(y, partial, out, scales, inner, blocks, fp8_max, min_scale, BLOCK: tl.constexpr,
+                        BLOCKS: tl.constexpr):
+        r = tl.program_id(0).to(tl.int64)
+        b = tl.program_id(1)
+        each = tl.arange(0, BLOCKS)
+        amax = tl.max(tl.load(partial + r * blocks + each, mask=each < blocks, other=0.0), 0)
+        scale = tl.maximum(tl.div_rn(amax, fp8_max), min_scale)  # hf_fp8.quantize_rows' clamp_min
+        cols = b * BLOCK + tl.arange(0, BLOCK)
+        inside = cols < inner
+        x = tl.load(y + r * inner + cols, mask=inside, other=0.0).to(tl.float32)
+        q = tl.minimum(tl.maximum(tl.div_rn(x, scale), -fp8_max), fp8_max)
+        tl.store(out + r * inner + cols, q.to(out.dtype.element_ty), mask=inside)
+        if b == 0:
+            tl.store(scales + r, scale)
+
+    return silu_mul_partial, quantize_blocks
