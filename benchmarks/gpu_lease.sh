@@ -208,7 +208,53 @@ plan4() {
     --iters 200 --profile > $O/step_smol.txt 2>&1
   grep -E "replay|norm  " $O/step_smol.txt | cut -c1-200
   mark "ours_px under py-spy (8 steps)"
-  timeout 300 /tmp/site/bin/py-spy record -r 250 --threads --idle --subprocesses --nonblocking -f raw \
+  timeout 300 /tmp/spy/bin/py-spy record -r 250 --threads --idle --subprocesses --nonblocking -f raw \
+    -o $O/pyspy_ours_px.txt -- python3 benchmarks/vs_trl_gpu.py --shape smollm2 --steps 8 --out $O/vs_spy \
+    --runs ours_px:0 > $O/pyspy.log 2>&1
+  tail -n 2 $O/pyspy.log
+  mark "vs TRL, SmolLM2, ours"
+  $vs --shape smollm2 --out $O/vs_smol --runs ours_1off_px_gil:0 ours_1off_px_gil:1 ours_px:0 > $O/vs_smol_ours.txt 2>&1
+  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 12 $O/report_smol.txt
+  wait_for /tmp/kit/vllm_ok || mark "no vLLM"
+  mark "engine tokens/s against vLLM, qwen2.5-7b"
+  timeout 480 python3 benchmarks/hf_decode_gpu.py --shape qwen2.5-7b --vllm --batch 64 256 --skip-generate \
+    --repeats 3 --modes "static all" "static fp8 all" > $O/decode_vllm_qwen2.5-7b.txt 2>&1
+  grep -E "tok/s" $O/decode_vllm_qwen2.5-7b.txt | cut -c1-160
+  mark "vs TRL, SmolLM2, TRL + vLLM, two seeds"
+  $vs --shape smollm2 --out $O/vs_smol --runs trl_vllm_fp32:0 trl_vllm_fp32:1 > $O/vs_smol_trl.txt 2>&1
+  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 40 $O/report_smol.txt
+  for shape in qwen2.5-1.5b smollm2; do
+    mark "engine tokens/s against vLLM, $shape"
+    timeout 420 python3 benchmarks/hf_decode_gpu.py --shape $shape --vllm --batch 64 256 --skip-generate --repeats 3 \
+      --modes "static all" > $O/decode_vllm_$shape.txt 2>&1
+    grep -E "tok/s" $O/decode_vllm_$shape.txt | cut -c1-160
+  done
+  mark "GPU tests: vLLM on CUDA, FP8"
+  (cd /tmp/t && timeout 500 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engines_vllm_gpu.py \
+    tests/test_fp8_gpu.py > $O/gpu_tests_vllm.txt 2>&1)
+  tail -n 3 $O/gpu_tests_vllm.txt
+  mark "vs TRL, Qwen2.5-1.5B shape"
+  $vs --shape qwen2.5-1.5b --steps 10 --out $O/vs_qwen15 --runs ours_px:0 ours_1off_px_gil:0 trl_vllm_bf16:0 \
+    trl_vllm_fp32:0 > $O/vs_qwen15.txt 2>&1
+  python3 benchmarks/vs_trl_gpu.py --report $O/vs_qwen15 > $O/report_qwen15.txt 2>&1; head -n 30 $O/report_qwen15.txt
+  mark "done"
+}
+
+# plan4 after its first lease ended at "vs TRL, SmolLM2, ours" (`setup plan5`): the stream test that failed
+# there, three times; py-spy from its own folder (the SmolLM2 kit's install replaces /tmp/site/bin); the rest.
+plan5() {
+  begin "$1"
+  local vs="python3 benchmarks/vs_trl_gpu.py --run-timeout 420"
+  python3 -m pip install -q --no-index --no-deps --target /tmp/spy .whl/py_spy*.whl
+  mark "GPU test of the engine's stream, three times"
+  for i in 1 2 3; do
+    (cd /tmp/t && timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engines_hf_stream.py \
+      > $O/gpu_tests_stream_$i.txt 2>&1)
+    tail -n 1 $O/gpu_tests_stream_$i.txt
+  done
+  wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
+  mark "ours_px under py-spy (8 steps)"
+  timeout 300 /tmp/spy/bin/py-spy record -r 250 --threads --idle --subprocesses --nonblocking -f raw \
     -o $O/pyspy_ours_px.txt -- python3 benchmarks/vs_trl_gpu.py --shape smollm2 --steps 8 --out $O/vs_spy \
     --runs ours_px:0 > $O/pyspy.log 2>&1
   tail -n 2 $O/pyspy.log

@@ -69,6 +69,8 @@ def test_the_compiled_fused_step_gives_the_full_forward_logits(config_class):
     model = tiny(config_class)
     slots = StaticSlots(model, 4, 96, use_graphs=False, fused="compiled")
     assert slots.fused is not None and slots.fused.ops is ew.compiled()
+    # the eager prefill takes aten's RMSNorm (one kernel either way, no compiled call's host cost)
+    assert slots.fused._prefill_ops.norm is ew.norm and slots.fused._prefill_ops.rope is ew.compiled().rope
     seen = decode_sequence(slots, PROMPTS, steps=6)
     for rows in seen.values():
         for ids, logits in rows:

@@ -250,7 +250,7 @@ def test_the_prefill_projects_the_real_tokens_only_and_gives_the_padded_result()
     slots = StaticSlots(model, max_rows=4, max_len=96, use_graphs=False)
     seen = []
     qkv = slots.fused._qkv
-    slots.fused._qkv = lambda layer, hidden, cos, sin: (seen.append(hidden.shape[0]), qkv(layer, hidden, cos, sin))[1]
+    slots.fused._qkv = lambda layer, hidden, *rest: (seen.append(hidden.shape[0]), qkv(layer, hidden, *rest))[1]
     with torch.inference_mode():
         logits = slots.admit(prompts, pad_id=0).float()
     assert seen == [36, 36]  # two layers

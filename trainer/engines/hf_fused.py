@@ -157,6 +157,9 @@ class FusedDecoder:
         cuda = next(model.parameters()).device.type == "cuda"
         if compile_elementwise and cuda and self.fp8:  # Inductor's one program a row left most of the GPU idle
             self.ops = dataclasses.replace(self.ops, silu_mul_quant=hf_silu_quant.silu_mul_quant)
+        # The prefill runs eagerly: a compiled RMSNorm there is one kernel as aten's is, plus a guard check
+        # and a launch from Python on the host, 61 times a prefill at SmolLM2's depth.
+        self._prefill_ops = dataclasses.replace(self.ops, norm=hf_elementwise.EAGER.norm)
         self.attention = attention or hf_attention.default_attention(compile_elementwise, cuda, self.head_dim)
         if self.attention not in hf_attention.ATTENTIONS:
             raise ValueError(f"attention must be one of {hf_attention.ATTENTIONS}, got {self.attention!r}")
@@ -304,9 +307,9 @@ class FusedDecoder:
         packed = None if embeds is None else embeds.reshape(j * width, -1)[real][None]
         hidden, cos, sin = self._embed(flat[None], (real % width)[None], packed)  # (1, t, hidden), (1, t, d)
         hidden, cos, sin = hidden.view(t, -1), cos.reshape(t, 1, d), sin.reshape(t, 1, d)
-        group = heads // kv_heads
+        group, ops = heads // kv_heads, self._prefill_ops
         for layer, k_cache, v_cache in zip(self.layers, keys, values, strict=True):
-            qk, v = self._qkv(layer, hidden, cos, sin)  # (t, heads + kv_heads, d), (t, kv_heads, d)
+            qk, v = self._qkv(layer, hidden, cos, sin, ops)  # (t, heads + kv_heads, d), (t, kv_heads, d)
             grid = qk.new_zeros((j * width, heads + 2 * kv_heads, d))
             grid[real] = torch.cat((qk, v), dim=1)
             grid = grid.view(j, width, heads + 2 * kv_heads, d).transpose(1, 2)  # (j, all heads, width, d)
@@ -318,8 +321,8 @@ class FusedDecoder:
                 scale=layer.scaling,
             )  # (j, heads, width, d)
             attended = attended.transpose(1, 2).reshape(j * width, heads * d)[real]
-            hidden = self._after_attention(layer, hidden, attended)
-        return self._logits(hidden[ends])
+            hidden = self._after_attention(layer, hidden, attended, ops)
+        return self._logits(hidden[ends], ops)
 
     # ---- the pieces both passes share (rows are tokens: (t, hidden)) -------------------------------
 
@@ -334,35 +337,35 @@ class FusedDecoder:
         half = self.head_dim // 2
         return hidden, cos, torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 
-    def _qkv(self, layer: _Layer, hidden: Any, cos: Any, sin: Any) -> tuple[Any, Any]:
+    def _qkv(self, layer: _Layer, hidden: Any, cos: Any, sin: Any, ops: Any = None) -> tuple[Any, Any]:
         """Pre-norm, the fused q/k/v projection, q/k norms (Qwen3), RoPE on q and k together:
         ``(t, heads + kv_heads, d)`` roped q and k, and ``(t, kv_heads, d)`` v."""
         import torch
         import torch.nn.functional as F
 
         t, heads, kv_heads, d = hidden.shape[0], self.heads, self.kv_heads, self.head_dim
-        norm = layer.norm_in
+        norm, ops = layer.norm_in, ops or self.ops
         if layer.fp8 is not None:
-            qkv, a, s = layer.fp8[0].project(*self.ops.norm_quant(hidden, norm.weight, norm.variance_epsilon),
+            qkv, a, s = layer.fp8[0].project(*ops.norm_quant(hidden, norm.weight, norm.variance_epsilon),
                                              hidden.dtype)
             if a is not None or layer.qkv_bias is not None:
-                qkv = self.ops.dequant(qkv, a, s, layer.qkv_bias)
+                qkv = ops.dequant(qkv, a, s, layer.qkv_bias)
         else:
-            qkv = F.linear(self.ops.norm(hidden, norm.weight, norm.variance_epsilon), layer.qkv, layer.qkv_bias)
+            qkv = F.linear(ops.norm(hidden, norm.weight, norm.variance_epsilon), layer.qkv, layer.qkv_bias)
         split = (heads + kv_heads) * d
         qk = qkv[:, :split].view(t, heads + kv_heads, d)
         if layer.q_norm is not None:
             qk = torch.cat((
-                self.ops.norm(qk[:, :heads], layer.q_norm.weight, layer.q_norm.variance_epsilon),
-                self.ops.norm(qk[:, heads:], layer.k_norm.weight, layer.k_norm.variance_epsilon),
+                ops.norm(qk[:, :heads], layer.q_norm.weight, layer.q_norm.variance_epsilon),
+                ops.norm(qk[:, heads:], layer.k_norm.weight, layer.k_norm.variance_epsilon),
             ), dim=1)
-        return self.ops.rope(qk, cos, sin), qkv[:, split:].view(t, kv_heads, d)
+        return ops.rope(qk, cos, sin), qkv[:, split:].view(t, kv_heads, d)
 
-    def _after_attention(self, layer: _Layer, hidden: Any, attended: Any) -> Any:
+    def _after_attention(self, layer: _Layer, hidden: Any, attended: Any, ops: Any = None) -> Any:
         """The output projection and the MLP, each added to the residual stream in its matmul."""
         import torch.nn.functional as F
 
-        ops, norm, dtype = self.ops, layer.norm_post, hidden.dtype
+        ops, norm, dtype = ops or self.ops, layer.norm_post, hidden.dtype
         if layer.fp8 is not None:  # the residual added after the FP8 matmul (its bias is 1-D only)
             _, o, gate_up, down = layer.fp8
             out, a, s = o.project(*ops.quant(attended), dtype)
@@ -373,10 +376,10 @@ class FusedDecoder:
         x = ops.norm(hidden, norm.weight, norm.variance_epsilon)
         return hidden.addmm_(ops.silu_mul(F.linear(x, layer.gate_up)), layer.down.weight.t())
 
-    def _logits(self, hidden: Any) -> Any:
+    def _logits(self, hidden: Any, ops: Any = None) -> Any:
 
         norm = self.model.model.norm
-        x = self.ops.norm(hidden, norm.weight, norm.variance_epsilon)
+        x = (ops or self.ops).norm(hidden, norm.weight, norm.variance_epsilon)
         return self.lm_head_fp8(x) if self.lm_head_fp8 is not None else self.model.lm_head(x)
 
 
