@@ -9,7 +9,7 @@
 # Then the device calls, back to back (the machine goes back 30 s after a call), each from the
 # project root, with the carry named:
 #
-#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan3|plan4]   (starts `plan` in the background)
+#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2..plan6]   (starts `plan` in the background)
 #   2  [.gpukit/smol/a1]              cp .gpukit/smol/a1/* /tmp/kit/smol/
 #   3  [.gpukit/smol/a2]              cp .gpukit/smol/a2/* /tmp/kit/smol/
 #   4  [.gpukit/smol/b]               bash benchmarks/gpu_lease.sh smol
@@ -19,10 +19,12 @@
 #
 # `plan` runs the new GPU tests, then by priority the SmolLM2 step, ours on SmolLM2 (seed 0), the 7B step, ours
 # (seed 1), the update's profile, TRL + vLLM, the 7B engine, the GPU tests, the SmolLM2 engine, each waiting for
-# its part of the kit (`plan2`, `plan3`: their own comments); a poll must follow a poll within 30 s, or the
-# machine goes back with the plan unfinished (2026-12-06: lost that way); `plan`'s vs-TRL run lists are
-# environment variables (RUNS_SMOL_0, RUNS_SMOL_1, RUNS_TRL). `.whl` (ignored) holds the test plugins the machine lacks:
-# `pip download --no-deps -d .whl pytest-asyncio pytest-timeout`. Install steps run from /tmp: from the project root
+# its part of the kit (`plan2` .. `plan6`: their own comments); a poll must follow a poll within 30 s, or the
+# machine goes back with the plan unfinished (2026-12-06: lost that way, twice: keep nothing between polls
+# but a short look at what came back); `plan`'s vs-TRL run lists are environment variables (RUNS_SMOL_0,
+# RUNS_SMOL_1, RUNS_TRL). `.whl` (ignored) holds the test plugins the machine lacks, and py-spy (plan4..6,
+# installed to /tmp/spy: the SmolLM2 kit's install replaces /tmp/site/bin):
+# `pip download --no-deps -d .whl pytest-asyncio pytest-timeout py-spy`. Install steps run from /tmp: from the project root
 # `python3 -c "import chatgym"` would import the checkout's partial package instead of the kit's.
 set -uo pipefail
 O=/tmp/runs
@@ -192,6 +194,7 @@ plan3() {
 plan4() {
   begin "$1"
   local vs="python3 benchmarks/vs_trl_gpu.py --run-timeout 420"
+  python3 -m pip install -q --no-index --no-deps --target /tmp/spy .whl/py_spy*.whl
   mark "GPU tests: packed prefill, in-place adds, compiled RMSNorm, the FP8 MLP's quantization kernels"
   (cd /tmp/t && timeout 400 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engines_hf_silu_quant.py \
     tests/test_engines_hf_fused.py tests/test_engines_hf_elementwise.py tests/test_engines_hf_static.py \
@@ -283,6 +286,43 @@ plan5() {
   $vs --shape qwen2.5-1.5b --steps 10 --out $O/vs_qwen15 --runs ours_px:0 ours_1off_px_gil:0 trl_vllm_bf16:0 \
     trl_vllm_fp32:0 > $O/vs_qwen15.txt 2>&1
   python3 benchmarks/vs_trl_gpu.py --report $O/vs_qwen15 > $O/report_qwen15.txt 2>&1; head -n 30 $O/report_qwen15.txt
+  mark "done"
+}
+
+# Next (`setup plan6`), what this session's leases left open: the engine's stream test five times (one
+# failure in two runs on an H100, cause not found); py-spy of the rollout in steady state (30 steps, held-
+# out only before and after), sync and one_step_off; the decode step and the engine against vLLM at 7B on
+# whatever card comes (the 1.3x-floor target is an H200's); TRL + vLLM and ours paired, two seeds.
+plan6() {
+  begin "$1"
+  local vs="python3 benchmarks/vs_trl_gpu.py --run-timeout 420"
+  python3 -m pip install -q --no-index --no-deps --target /tmp/spy .whl/py_spy*.whl
+  wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
+  mark "GPU test of the engine's stream, five times"
+  for i in 1 2 3 4 5; do
+    (cd /tmp/t && timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engines_hf_stream.py \
+      > $O/gpu_tests_stream_$i.txt 2>&1)
+    tail -n 1 $O/gpu_tests_stream_$i.txt
+  done
+  for run in ours_px ours_1off_px_gil; do
+    mark "$run under py-spy (30 steps, no evaluation between)"
+    timeout 400 /tmp/spy/bin/py-spy record -r 250 --threads --idle --subprocesses --nonblocking -f raw \
+      -o $O/pyspy_$run.txt -- python3 benchmarks/vs_trl_gpu.py --shape smollm2 --eval-every 100 --out $O/vs_spy \
+      --runs $run:0 > $O/pyspy_$run.log 2>&1
+  done
+  mark "decode step, Qwen2.5-7B shape"
+  timeout 300 python3 benchmarks/decode_step_gpu.py --rows 64 256 --shape qwen2.5-7b --modes fused_c fp8_c --iters 50 \
+    --profile > $O/step_7b.txt 2>&1
+  grep -E "bandwidth|replay" $O/step_7b.txt | cut -c1-200
+  wait_for /tmp/kit/vllm_ok || mark "no vLLM"
+  mark "vs TRL, SmolLM2, paired"
+  $vs --shape smollm2 --out $O/vs_smol --runs ours_1off_px_gil:0 trl_vllm_fp32:0 ours_1off_px_gil:1 trl_vllm_fp32:1 \
+    > $O/vs_smol.txt 2>&1
+  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 30 $O/report_smol.txt
+  mark "engine tokens/s against vLLM, qwen2.5-7b"
+  timeout 480 python3 benchmarks/hf_decode_gpu.py --shape qwen2.5-7b --vllm --batch 64 256 --skip-generate \
+    --repeats 3 --modes "static all" "static fp8 all" > $O/decode_vllm_qwen2.5-7b.txt 2>&1
+  grep -E "tok/s" $O/decode_vllm_qwen2.5-7b.txt | cut -c1-160
   mark "done"
 }
 

@@ -377,7 +377,6 @@ class FusedDecoder:
         return hidden.addmm_(ops.silu_mul(F.linear(x, layer.gate_up)), layer.down.weight.t())
 
     def _logits(self, hidden: Any, ops: Any = None) -> Any:
-
         norm = self.model.model.norm
         x = (ops or self.ops).norm(hidden, norm.weight, norm.variance_epsilon)
         return self.lm_head_fp8(x) if self.lm_head_fp8 is not None else self.model.lm_head(x)
