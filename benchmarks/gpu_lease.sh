@@ -186,15 +186,69 @@ plan3() {
   mark "done"
 }
 
-# This session's lease (`setup plan4`), by priority: the GPU tests of what changed (the packed prefill,
+# Pieces of plans 4-6.
+spy_install() { python3 -m pip install -q --no-index --no-deps --target /tmp/spy .whl/py_spy*.whl; }
+
+stream_tests() {  # the engine's stream tests alone, $1 times
+  mark "GPU test of the engine's stream, $1 times"
+  for i in $(seq 1 "$1"); do
+    (cd /tmp/t && timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engines_hf_stream.py \
+      > $O/gpu_tests_stream_$i.txt 2>&1)
+    tail -n 1 $O/gpu_tests_stream_$i.txt
+  done
+}
+
+spy() {  # vs_trl_gpu.py's run $1 (seed 0) under py-spy; the rest: vs_trl_gpu.py's other arguments
+  local run=$1; shift
+  mark "$run under py-spy ($*)"
+  timeout 400 /tmp/spy/bin/py-spy record -r 250 --threads --idle --subprocesses --nonblocking -f raw \
+    -o $O/pyspy_$run.txt -- python3 benchmarks/vs_trl_gpu.py --shape smollm2 "$@" --out $O/vs_spy \
+    --runs $run:0 > $O/pyspy_$run.log 2>&1
+  tail -n 2 $O/pyspy_$run.log
+}
+
+against_vllm() {  # the engine's tokens/s beside vLLM's at shape $1; the rest: the engine's modes
+  local shape=$1; shift
+  mark "engine tokens/s against vLLM, $shape"
+  timeout 480 python3 benchmarks/hf_decode_gpu.py --shape $shape --vllm --batch 64 256 --skip-generate --repeats 3 \
+    --modes "$@" > $O/decode_vllm_$shape.txt 2>&1
+  grep -E "tok/s" $O/decode_vllm_$shape.txt | cut -c1-160
+}
+
+# plan4 from its py-spy run on (plan5 ran it after plan4's first lease ended there).
+plan4_rest() {
+  local vs="python3 benchmarks/vs_trl_gpu.py --run-timeout 420"
+  spy ours_px --steps 8
+  mark "vs TRL, SmolLM2, ours"
+  $vs --shape smollm2 --out $O/vs_smol --runs ours_1off_px_gil:0 ours_1off_px_gil:1 ours_px:0 > $O/vs_smol_ours.txt 2>&1
+  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 12 $O/report_smol.txt
+  wait_for /tmp/kit/vllm_ok || mark "no vLLM"
+  against_vllm qwen2.5-7b "static all" "static fp8 all"
+  mark "vs TRL, SmolLM2, TRL + vLLM, two seeds"
+  $vs --shape smollm2 --out $O/vs_smol --runs trl_vllm_fp32:0 trl_vllm_fp32:1 > $O/vs_smol_trl.txt 2>&1
+  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 40 $O/report_smol.txt
+  against_vllm qwen2.5-1.5b "static all"
+  against_vllm smollm2 "static all"
+  mark "GPU tests: vLLM on CUDA, FP8"
+  (cd /tmp/t && timeout 500 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engines_vllm_gpu.py \
+    tests/test_fp8_gpu.py > $O/gpu_tests_vllm.txt 2>&1)
+  tail -n 3 $O/gpu_tests_vllm.txt
+  mark "vs TRL, Qwen2.5-1.5B shape"
+  $vs --shape qwen2.5-1.5b --steps 10 --out $O/vs_qwen15 --runs ours_px:0 ours_1off_px_gil:0 trl_vllm_bf16:0 \
+    trl_vllm_fp32:0 > $O/vs_qwen15.txt 2>&1
+  python3 benchmarks/vs_trl_gpu.py --report $O/vs_qwen15 > $O/report_qwen15.txt 2>&1; head -n 30 $O/report_qwen15.txt
+  mark "done"
+}
+
+# 2026-12-06's lease (`setup plan4`), by priority: the GPU tests of what changed (the packed prefill,
 # the in-place residual adds, Inductor's RMSNorm, hf_silu_quant's kernels); the decode step at both
-# shapes against the step before (fused_c_aten, fp8_c_inductor); ours_px under py-spy (where the
-# rollout's host time goes); ours on SmolLM2; the engine against vLLM at 7B; TRL + vLLM, two seeds; the
-# engine against vLLM at 1.5B and SmolLM2; vLLM's GPU tests; the Qwen2.5-1.5B shape against TRL + vLLM.
+# shapes against the step before (fused_c_aten, fp8_c_inductor); then plan4_rest: ours_px under py-spy
+# (where the rollout's host time goes); ours on SmolLM2; the engine against vLLM at 7B; TRL + vLLM, two
+# seeds; the engine against vLLM at 1.5B and SmolLM2; vLLM's GPU tests; the Qwen2.5-1.5B shape against
+# TRL + vLLM.
 plan4() {
   begin "$1"
-  local vs="python3 benchmarks/vs_trl_gpu.py --run-timeout 420"
-  python3 -m pip install -q --no-index --no-deps --target /tmp/spy .whl/py_spy*.whl
+  spy_install
   mark "GPU tests: packed prefill, in-place adds, compiled RMSNorm, the FP8 MLP's quantization kernels"
   (cd /tmp/t && timeout 400 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engines_hf_silu_quant.py \
     tests/test_engines_hf_fused.py tests/test_engines_hf_elementwise.py tests/test_engines_hf_static.py \
@@ -210,83 +264,17 @@ plan4() {
   timeout 200 python3 benchmarks/decode_step_gpu.py --rows 64 256 --shape smollm2 --modes fused_c fused_c_aten \
     --iters 200 --profile > $O/step_smol.txt 2>&1
   grep -E "replay|norm  " $O/step_smol.txt | cut -c1-200
-  mark "ours_px under py-spy (8 steps)"
-  timeout 300 /tmp/spy/bin/py-spy record -r 250 --threads --idle --subprocesses --nonblocking -f raw \
-    -o $O/pyspy_ours_px.txt -- python3 benchmarks/vs_trl_gpu.py --shape smollm2 --steps 8 --out $O/vs_spy \
-    --runs ours_px:0 > $O/pyspy.log 2>&1
-  tail -n 2 $O/pyspy.log
-  mark "vs TRL, SmolLM2, ours"
-  $vs --shape smollm2 --out $O/vs_smol --runs ours_1off_px_gil:0 ours_1off_px_gil:1 ours_px:0 > $O/vs_smol_ours.txt 2>&1
-  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 12 $O/report_smol.txt
-  wait_for /tmp/kit/vllm_ok || mark "no vLLM"
-  mark "engine tokens/s against vLLM, qwen2.5-7b"
-  timeout 480 python3 benchmarks/hf_decode_gpu.py --shape qwen2.5-7b --vllm --batch 64 256 --skip-generate \
-    --repeats 3 --modes "static all" "static fp8 all" > $O/decode_vllm_qwen2.5-7b.txt 2>&1
-  grep -E "tok/s" $O/decode_vllm_qwen2.5-7b.txt | cut -c1-160
-  mark "vs TRL, SmolLM2, TRL + vLLM, two seeds"
-  $vs --shape smollm2 --out $O/vs_smol --runs trl_vllm_fp32:0 trl_vllm_fp32:1 > $O/vs_smol_trl.txt 2>&1
-  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 40 $O/report_smol.txt
-  for shape in qwen2.5-1.5b smollm2; do
-    mark "engine tokens/s against vLLM, $shape"
-    timeout 420 python3 benchmarks/hf_decode_gpu.py --shape $shape --vllm --batch 64 256 --skip-generate --repeats 3 \
-      --modes "static all" > $O/decode_vllm_$shape.txt 2>&1
-    grep -E "tok/s" $O/decode_vllm_$shape.txt | cut -c1-160
-  done
-  mark "GPU tests: vLLM on CUDA, FP8"
-  (cd /tmp/t && timeout 500 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engines_vllm_gpu.py \
-    tests/test_fp8_gpu.py > $O/gpu_tests_vllm.txt 2>&1)
-  tail -n 3 $O/gpu_tests_vllm.txt
-  mark "vs TRL, Qwen2.5-1.5B shape"
-  $vs --shape qwen2.5-1.5b --steps 10 --out $O/vs_qwen15 --runs ours_px:0 ours_1off_px_gil:0 trl_vllm_bf16:0 \
-    trl_vllm_fp32:0 > $O/vs_qwen15.txt 2>&1
-  python3 benchmarks/vs_trl_gpu.py --report $O/vs_qwen15 > $O/report_qwen15.txt 2>&1; head -n 30 $O/report_qwen15.txt
-  mark "done"
+  plan4_rest
 }
 
-# plan4 after its first lease ended at "vs TRL, SmolLM2, ours" (`setup plan5`): the stream test that failed
-# there, three times; py-spy from its own folder (the SmolLM2 kit's install replaces /tmp/site/bin); the rest.
+# plan4 after its first lease ended at its py-spy step (`setup plan5`): the stream test that failed there,
+# three times (py-spy now from its own folder: the SmolLM2 kit's install replaces /tmp/site/bin); the rest.
 plan5() {
   begin "$1"
-  local vs="python3 benchmarks/vs_trl_gpu.py --run-timeout 420"
-  python3 -m pip install -q --no-index --no-deps --target /tmp/spy .whl/py_spy*.whl
-  mark "GPU test of the engine's stream, three times"
-  for i in 1 2 3; do
-    (cd /tmp/t && timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engines_hf_stream.py \
-      > $O/gpu_tests_stream_$i.txt 2>&1)
-    tail -n 1 $O/gpu_tests_stream_$i.txt
-  done
+  spy_install
+  stream_tests 3
   wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
-  mark "ours_px under py-spy (8 steps)"
-  timeout 300 /tmp/spy/bin/py-spy record -r 250 --threads --idle --subprocesses --nonblocking -f raw \
-    -o $O/pyspy_ours_px.txt -- python3 benchmarks/vs_trl_gpu.py --shape smollm2 --steps 8 --out $O/vs_spy \
-    --runs ours_px:0 > $O/pyspy.log 2>&1
-  tail -n 2 $O/pyspy.log
-  mark "vs TRL, SmolLM2, ours"
-  $vs --shape smollm2 --out $O/vs_smol --runs ours_1off_px_gil:0 ours_1off_px_gil:1 ours_px:0 > $O/vs_smol_ours.txt 2>&1
-  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 12 $O/report_smol.txt
-  wait_for /tmp/kit/vllm_ok || mark "no vLLM"
-  mark "engine tokens/s against vLLM, qwen2.5-7b"
-  timeout 480 python3 benchmarks/hf_decode_gpu.py --shape qwen2.5-7b --vllm --batch 64 256 --skip-generate \
-    --repeats 3 --modes "static all" "static fp8 all" > $O/decode_vllm_qwen2.5-7b.txt 2>&1
-  grep -E "tok/s" $O/decode_vllm_qwen2.5-7b.txt | cut -c1-160
-  mark "vs TRL, SmolLM2, TRL + vLLM, two seeds"
-  $vs --shape smollm2 --out $O/vs_smol --runs trl_vllm_fp32:0 trl_vllm_fp32:1 > $O/vs_smol_trl.txt 2>&1
-  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 40 $O/report_smol.txt
-  for shape in qwen2.5-1.5b smollm2; do
-    mark "engine tokens/s against vLLM, $shape"
-    timeout 420 python3 benchmarks/hf_decode_gpu.py --shape $shape --vllm --batch 64 256 --skip-generate --repeats 3 \
-      --modes "static all" > $O/decode_vllm_$shape.txt 2>&1
-    grep -E "tok/s" $O/decode_vllm_$shape.txt | cut -c1-160
-  done
-  mark "GPU tests: vLLM on CUDA, FP8"
-  (cd /tmp/t && timeout 500 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engines_vllm_gpu.py \
-    tests/test_fp8_gpu.py > $O/gpu_tests_vllm.txt 2>&1)
-  tail -n 3 $O/gpu_tests_vllm.txt
-  mark "vs TRL, Qwen2.5-1.5B shape"
-  $vs --shape qwen2.5-1.5b --steps 10 --out $O/vs_qwen15 --runs ours_px:0 ours_1off_px_gil:0 trl_vllm_bf16:0 \
-    trl_vllm_fp32:0 > $O/vs_qwen15.txt 2>&1
-  python3 benchmarks/vs_trl_gpu.py --report $O/vs_qwen15 > $O/report_qwen15.txt 2>&1; head -n 30 $O/report_qwen15.txt
-  mark "done"
+  plan4_rest
 }
 
 # Next (`setup plan6`), what this session's leases left open: the engine's stream test five times (one
@@ -295,34 +283,21 @@ plan5() {
 # whatever card comes (the 1.3x-floor target is an H200's); TRL + vLLM and ours paired, two seeds.
 plan6() {
   begin "$1"
-  local vs="python3 benchmarks/vs_trl_gpu.py --run-timeout 420"
-  python3 -m pip install -q --no-index --no-deps --target /tmp/spy .whl/py_spy*.whl
+  spy_install
   wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
-  mark "GPU test of the engine's stream, five times"
-  for i in 1 2 3 4 5; do
-    (cd /tmp/t && timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engines_hf_stream.py \
-      > $O/gpu_tests_stream_$i.txt 2>&1)
-    tail -n 1 $O/gpu_tests_stream_$i.txt
-  done
-  for run in ours_px ours_1off_px_gil; do
-    mark "$run under py-spy (30 steps, no evaluation between)"
-    timeout 400 /tmp/spy/bin/py-spy record -r 250 --threads --idle --subprocesses --nonblocking -f raw \
-      -o $O/pyspy_$run.txt -- python3 benchmarks/vs_trl_gpu.py --shape smollm2 --eval-every 100 --out $O/vs_spy \
-      --runs $run:0 > $O/pyspy_$run.log 2>&1
-  done
+  stream_tests 5
+  spy ours_px --eval-every 100
+  spy ours_1off_px_gil --eval-every 100
   mark "decode step, Qwen2.5-7B shape"
   timeout 300 python3 benchmarks/decode_step_gpu.py --rows 64 256 --shape qwen2.5-7b --modes fused_c fp8_c --iters 50 \
     --profile > $O/step_7b.txt 2>&1
   grep -E "bandwidth|replay" $O/step_7b.txt | cut -c1-200
   wait_for /tmp/kit/vllm_ok || mark "no vLLM"
   mark "vs TRL, SmolLM2, paired"
-  $vs --shape smollm2 --out $O/vs_smol --runs ours_1off_px_gil:0 trl_vllm_fp32:0 ours_1off_px_gil:1 trl_vllm_fp32:1 \
-    > $O/vs_smol.txt 2>&1
+  python3 benchmarks/vs_trl_gpu.py --run-timeout 420 --shape smollm2 --out $O/vs_smol --runs ours_1off_px_gil:0 \
+    trl_vllm_fp32:0 ours_1off_px_gil:1 trl_vllm_fp32:1 > $O/vs_smol.txt 2>&1
   python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 30 $O/report_smol.txt
-  mark "engine tokens/s against vLLM, qwen2.5-7b"
-  timeout 480 python3 benchmarks/hf_decode_gpu.py --shape qwen2.5-7b --vllm --batch 64 256 --skip-generate \
-    --repeats 3 --modes "static all" "static fp8 all" > $O/decode_vllm_qwen2.5-7b.txt 2>&1
-  grep -E "tok/s" $O/decode_vllm_qwen2.5-7b.txt | cut -c1-160
+  against_vllm qwen2.5-7b "static all" "static fp8 all"
   mark "done"
 }
 
