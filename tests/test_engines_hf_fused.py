@@ -241,7 +241,7 @@ async def test_engine_weight_updates_refresh_in_place_without_a_rebuild():
     assert out.token_ids == ids[len(prompt):]
 
 
-def test_the_prefill_projects_the_real_tokens_only_and_gives_the_padded_result():
+def test_the_prefill_projects_the_real_tokens_only():
     """Prompts of 5, 2 and 29 tokens: each layer's projections see the 36 real tokens, not 3 x 29 padded
     ones (the prefill padded them all before); the logits match full forward passes, and the same prefill
     with the real tokens' indices left to it (computed from the lengths) writes the same cache columns."""
