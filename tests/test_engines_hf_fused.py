@@ -267,3 +267,12 @@ def test_the_prefill_projects_the_real_tokens_only():
         assert torch.equal(kv[:, :, i, :, :n], slots.kv[:, :, i, :, :n])
     for i, p in enumerate(prompts):
         assert (logits[i] - full_forward_logits(model, p)).abs().max().item() < ATOL
+
+
+@pytest.mark.parametrize("prompts", [[], [[4, 5], []]], ids=["none", "an empty one"])
+def test_admit_refuses_no_prompts_and_empty_ones(prompts):
+    """An empty prompt has no last token to give logits at (the padded prefill read a padding column's)."""
+    slots = StaticSlots(tiny(LlamaConfig), max_rows=4, max_len=32, use_graphs=False)
+    with torch.inference_mode(), pytest.raises(ValueError, match="no prompts, or an empty one"):
+        slots.admit(prompts, pad_id=0)
+    assert slots.rows == 0

@@ -263,25 +263,29 @@ class StaticSlots:
         prompt with its images' features, :mod:`.hf_vision`).
 
         Raises:
-            ValueError: more rows than free slots, or a prompt of ``max_len`` tokens or more.
+            ValueError: no prompts or an empty one, more rows than free slots, or a prompt of ``max_len``
+                tokens or more.
         """
         import torch
 
         if self.rows == 0:  # no row is decoding: the model may have changed since the last one
             self._follow_the_model()
         j = len(prompts)
+        if j == 0 or min(map(len, prompts)) == 0:
+            raise ValueError("admit: no prompts, or an empty one (a prompt has at least one token)")
         if self.rows + j > self.max_rows:
             raise ValueError(f"{j} joiners do not fit: {self.rows} of {self.max_rows} slots in use")
         width = max(len(p) for p in prompts)
         if width >= self.max_len:
             raise ValueError(f"a prompt of {width} tokens leaves no room in {self.max_len} columns")
+        # Right-padded (real tokens at columns 0 .. len-1), built in a few host ops rather than a few a row:
+        # this thread shares the GIL with the collector's.
+        mask = torch.arange(width) < torch.tensor([len(p) for p in prompts])[:, None]
         ids = torch.full((j, width), pad_id, dtype=torch.long)
-        attention = torch.zeros((j, width), dtype=torch.long)
-        for i, p in enumerate(prompts):  # right-padded: real tokens at columns 0 .. len-1
-            ids[i, : len(p)] = torch.tensor(p)
-            attention[i, : len(p)] = 1
+        ids[mask] = torch.tensor([t for p in prompts for t in p], dtype=torch.long)
+        attention = mask.long()
         # The fused prefill computes the real tokens only: their flat positions in (j, width), row by row.
-        real = attention.view(-1).nonzero().squeeze(1)
+        real = mask.view(-1).nonzero().squeeze(1)
         if self.device.type == "cuda":  # queued, not waited for (see hf_sampling.device_tensor)
             ids, attention, real = (t.pin_memory().to(self.device, non_blocking=True) for t in (ids, attention, real))
         else:
