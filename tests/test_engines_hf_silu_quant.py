@@ -14,7 +14,7 @@ from triton_helpers import run_interpreted
 
 from chatgym.trainer.engines import hf_elementwise, hf_fp8, hf_silu_quant
 
-INTERPRETED_TESTS = 6  # the tests whose names hold "interpreted" (6 parametrized)
+INTERPRETED_TESTS = 7  # the tests whose names hold "interpreted" (6 parametrized + 1)
 
 
 def test_the_kernel_tests_pass_in_tritons_interpreter():
@@ -52,12 +52,26 @@ def test_interpreted_kernels_give_the_eager_scales_and_values(interpreted, inner
     torch.testing.assert_close(got, want, rtol=2e-6, atol=2e-4)
 
 
-def test_unpaired_scales_and_strided_rows_are_refused():
+def test_interpreted_kernels_keep_nan_where_the_eager_piece_has_it(interpreted):
+    """Regression (fresh-user walk): an infinite gate gave -448 where the eager piece gives NaN (the
+    clamp dropped the NaN of inf / inf), hiding it from the sampler's nan/inf check."""
+    gate_up = torch.ones(2, 8)
+    gate_up[0, 1] = float("inf")
+    gate_up[1, 2] = float("nan")
+    want, _ = eager(gate_up)
+    got, _ = hf_silu_quant.silu_mul_quant(gate_up, out_dtype=torch.float32)
+    assert torch.isnan(want[0, 1]) and torch.isnan(got[0, 1]) and torch.isnan(got[1, 2])
+
+
+def test_unpaired_scales_and_bad_shapes_are_refused():
     x = torch.zeros(2, 8)
     with pytest.raises(ValueError, match="come together"):
         hf_silu_quant.silu_mul_quant(x, torch.ones(2, 1))
     with pytest.raises(ValueError, match="dense"):
         hf_silu_quant.silu_mul_quant(torch.zeros(8, 2).t())
+    for bad in (torch.zeros(2, 7), torch.zeros(8)):  # an odd size would drop its last column
+        with pytest.raises(ValueError, match=r"must be \(M, 2 \* I\)"):
+            hf_silu_quant.silu_mul_quant(bad)
 
 
 @pytest.mark.gpu

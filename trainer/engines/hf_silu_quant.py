@@ -51,13 +51,19 @@ def silu_mul_quant(gate_up: Any, a: Any = None, s: Any = None, out_dtype: Any = 
     Returns:
         ``(X, a_out)``: ``X`` ``(M, I)`` in ``out_dtype``, ``a_out`` ``(M, 1)`` float32 row scales.
 
+    A NaN or infinite input gives NaN where the eager piece gives NaN (the clamp keeps NaN; the row's
+    other values may differ from the eager piece's, which are NaN too when the row's max is).
+
     Raises:
-        ValueError: ``a`` without ``s``, or a last dimension that is not dense.
+        ValueError: ``a`` without ``s``, ``gate_up`` not 2-D with an even last size, or a last dimension
+            that is not dense.
     """
     import torch
 
     if (a is None) != (s is None):
         raise ValueError("silu_mul_quant: the unit GEMM's scales come together (a and s)")
+    if gate_up.dim() != 2 or gate_up.shape[1] % 2:
+        raise ValueError(f"silu_mul_quant: gate_up must be (M, 2 * I), got shape {tuple(gate_up.shape)}")
     if gate_up.stride(-1) != 1:
         raise ValueError("silu_mul_quant: the last dimension must be dense")
     m, width = gate_up.shape
@@ -114,7 +120,7 @@ def _kernels() -> tuple[Any, Any]:
         cols = b * BLOCK + tl.arange(0, BLOCK)
         inside = cols < inner
         x = tl.load(y + r * inner + cols, mask=inside, other=0.0).to(tl.float32)
-        q = tl.minimum(tl.maximum(tl.div_rn(x, scale), -fp8_max), fp8_max)
+        q = tl.clamp(tl.div_rn(x, scale), -fp8_max, fp8_max, propagate_nan=tl.PropagateNan.ALL)  # NaN stays NaN
         tl.store(out + r * inner + cols, q.to(out.dtype.element_ty), mask=inside)
         if b == 0:
             tl.store(scales + r, scale)
