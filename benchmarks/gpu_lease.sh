@@ -9,7 +9,7 @@
 # Then the device calls, back to back (the machine goes back 30 s after a call), each from the
 # project root, with the carry named:
 #
-#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2..plan6]   (starts `plan` in the background)
+#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan6]   (starts `plan` in the background)
 #   2  [.gpukit/smol/a1]              cp .gpukit/smol/a1/* /tmp/kit/smol/
 #   3  [.gpukit/smol/a2]              cp .gpukit/smol/a2/* /tmp/kit/smol/
 #   4  [.gpukit/smol/b]               bash benchmarks/gpu_lease.sh smol
@@ -19,7 +19,7 @@
 #
 # `plan` runs the new GPU tests, then by priority the SmolLM2 step, ours on SmolLM2 (seed 0), the 7B step, ours
 # (seed 1), the update's profile, TRL + vLLM, the 7B engine, the GPU tests, the SmolLM2 engine, each waiting for
-# its part of the kit (`plan2` .. `plan6`: their own comments); a poll must follow a poll within 30 s, or the
+# its part of the kit (`plan2`, `plan4` .. `plan6`: their own comments); a poll must follow a poll within 30 s, or the
 # machine goes back with the plan unfinished (2026-12-06: lost that way, twice: keep nothing between polls
 # but a short look at what came back); `plan`'s vs-TRL run lists are environment variables (RUNS_SMOL_0,
 # RUNS_SMOL_1, RUNS_TRL). `.whl` (ignored) holds the test plugins the machine lacks, and py-spy (plan4..6,
@@ -154,35 +154,6 @@ plan2() {
   mark "vs TRL, SmolLM2, TRL + vLLM seed 1"
   $vs --shape smollm2 --out $O/vs_smol --runs trl_vllm_fp32:1 > $O/vs_smol_trl1.txt 2>&1
   python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 40 $O/report_smol.txt
-  mark "done"
-}
-
-# What issues 28 / 31 still lack a same-lease figure for (`setup plan3`), by priority: vLLM's GPU
-# tests; the decode table's vLLM column beside ours at the three shapes; one_step_off with and without
-# the switch interval, paired; the Qwen2.5-1.5B shape against TRL + vLLM (throughput, 10 steps).
-plan3() {
-  begin "$1"
-  local vs="python3 benchmarks/vs_trl_gpu.py --run-timeout 420"
-  wait_for /tmp/kit/vllm_ok || mark "no vLLM"
-  mark "GPU tests: vLLM on CUDA, FP8"
-  (cd /tmp/t && timeout 500 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engines_vllm_gpu.py \
-    tests/test_fp8_gpu.py > $O/gpu_tests_vllm.txt 2>&1)
-  tail -n 3 $O/gpu_tests_vllm.txt
-  for shape in smollm2 qwen2.5-1.5b qwen2.5-7b; do
-    mark "engine tokens/s against vLLM, $shape"
-    timeout 480 python3 benchmarks/hf_decode_gpu.py --shape $shape --vllm --batch 64 256 --skip-generate --repeats 3 \
-      --modes "static all" > $O/decode_vllm_$shape.txt 2>&1
-    grep -E "tok/s" $O/decode_vllm_$shape.txt | cut -c1-160
-  done
-  wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
-  mark "vs TRL, SmolLM2: one_step_off with and without the switch interval"
-  $vs --shape smollm2 --out $O/vs_smol --runs ours_1off_px:0 ours_1off_px_gil:0 ours_1off_px:1 ours_1off_px_gil:1 \
-    trl_vllm_fp32:0 > $O/vs_smol.txt 2>&1
-  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 30 $O/report_smol.txt
-  mark "vs TRL, Qwen2.5-1.5B shape"
-  $vs --shape qwen2.5-1.5b --steps 10 --out $O/vs_qwen15 --runs ours_px:0 ours_1off_px_gil:0 trl_vllm_bf16:0 \
-    trl_vllm_fp32:0 > $O/vs_qwen15.txt 2>&1
-  python3 benchmarks/vs_trl_gpu.py --report $O/vs_qwen15 > $O/report_qwen15.txt 2>&1; head -n 30 $O/report_qwen15.txt
   mark "done"
 }
 

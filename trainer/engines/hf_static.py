@@ -280,17 +280,16 @@ class StaticSlots:
             raise ValueError(f"a prompt of {width} tokens leaves no room in {self.max_len} columns")
         # Right-padded (real tokens at columns 0 .. len-1), built in a few host ops rather than a few a row:
         # this thread shares the GIL with the collector's.
-        mask = torch.arange(width) < torch.tensor([len(p) for p in prompts])[:, None]
+        lengths = torch.tensor([len(p) for p in prompts])
+        mask = torch.arange(width) < lengths[:, None]
         ids = torch.full((j, width), pad_id, dtype=torch.long)
         ids[mask] = torch.tensor([t for p in prompts for t in p], dtype=torch.long)
-        attention = mask.long()
         # The fused prefill computes the real tokens only: their flat positions in (j, width), row by row.
         real = mask.view(-1).nonzero().squeeze(1)
         if self.device.type == "cuda":  # queued, not waited for (see hf_sampling.device_tensor)
-            ids, attention, real = (t.pin_memory().to(self.device, non_blocking=True) for t in (ids, attention, real))
+            ids, lengths, real = (t.pin_memory().to(self.device, non_blocking=True) for t in (ids, lengths, real))
         else:
-            ids, attention, real = ids.to(self.device), attention.to(self.device), real.to(self.device)
-        lengths = attention.sum(-1)
+            ids, lengths, real = ids.to(self.device), lengths.to(self.device), real.to(self.device)
         start = self.rows
         padded = None
         if embeds is not None:  # right-padded like the ids; padding rows are zeros
@@ -304,10 +303,11 @@ class StaticSlots:
 
         prefill_cache = DynamicCache(config=self.model.config)
         inputs = {"input_ids": ids} if padded is None else {"inputs_embeds": padded}
+        columns = torch.arange(width, device=self.device)
         hidden = self.model.model(
             **inputs,
-            attention_mask=attention,
-            position_ids=torch.arange(width, device=self.device)[None, :].expand(j, -1),
+            attention_mask=(columns < lengths[:, None]).long(),
+            position_ids=columns[None, :].expand(j, -1),
             past_key_values=prefill_cache,
             use_cache=True,
         ).last_hidden_state
