@@ -269,10 +269,27 @@ def test_the_prefill_projects_the_real_tokens_only():
         assert (logits[i] - full_forward_logits(model, p)).abs().max().item() < ATOL
 
 
-@pytest.mark.parametrize("prompts", [[], [[4, 5], []]], ids=["none", "an empty one"])
-def test_admit_refuses_no_prompts_and_empty_ones(prompts):
+@pytest.mark.parametrize("prompts,message", [([], "no prompts"), ([[4, 5], []], r"prompt\(s\) \[1\] empty")],
+                         ids=["none", "an empty one"])
+def test_admit_refuses_no_prompts_and_empty_ones(prompts, message):
     """An empty prompt has no last token to give logits at (the padded prefill read a padding column's)."""
     slots = StaticSlots(tiny(LlamaConfig), max_rows=4, max_len=32, use_graphs=False)
-    with torch.inference_mode(), pytest.raises(ValueError, match="no prompts, or an empty one"):
+    with torch.inference_mode(), pytest.raises(ValueError, match=message):
         slots.admit(prompts, pad_id=0)
     assert slots.rows == 0
+
+
+def test_admit_refuses_embeds_that_do_not_match_the_prompts():
+    """Regression (second fresh-user walk): embeddings shorter than a prompt, or missing for one, were
+    zero-filled without a word."""
+    model = tiny(LlamaConfig)
+    slots = StaticSlots(model, max_rows=4, max_len=32, use_graphs=False)
+    prompts = [[4, 5, 6], [7, 8]]
+    embeds = [model.model.embed_tokens(torch.tensor(p)).detach() for p in prompts]
+    with torch.inference_mode():
+        for bad in ([embeds[0][:2], embeds[1]], embeds[:1]):
+            with pytest.raises(ValueError, match=r"embeds give \[.*\] rows for prompts of \[3, 2\] tokens"):
+                slots.admit(prompts, pad_id=0, embeds=bad)
+        assert slots.rows == 0
+        slots.admit(prompts, pad_id=0, embeds=embeds)
+    assert slots.rows == 2

@@ -263,16 +263,22 @@ class StaticSlots:
         prompt with its images' features, :mod:`.hf_vision`).
 
         Raises:
-            ValueError: no prompts or an empty one, more rows than free slots, or a prompt of ``max_len``
-                tokens or more.
+            ValueError: no prompts or an empty one, ``embeds`` not one ``(len, hidden)`` tensor a prompt,
+                more rows than free slots, or a prompt of ``max_len`` tokens or more.
         """
         import torch
 
         if self.rows == 0:  # no row is decoding: the model may have changed since the last one
             self._follow_the_model()
         j = len(prompts)
-        if j == 0 or min(map(len, prompts)) == 0:
-            raise ValueError("admit: no prompts, or an empty one (a prompt has at least one token)")
+        if j == 0:
+            raise ValueError("admit: no prompts")
+        empty = [i for i, p in enumerate(prompts) if not p]
+        if empty:
+            raise ValueError(f"admit: prompt(s) {empty} empty (a prompt has at least one token)")
+        if embeds is not None and [e.shape[0] for e in embeds] != [len(p) for p in prompts]:
+            raise ValueError(f"admit: embeds give {[e.shape[0] for e in embeds]} rows for prompts of "
+                             f"{[len(p) for p in prompts]} tokens (one (len, hidden) tensor a prompt)")
         if self.rows + j > self.max_rows:
             raise ValueError(f"{j} joiners do not fit: {self.rows} of {self.max_rows} slots in use")
         width = max(len(p) for p in prompts)
