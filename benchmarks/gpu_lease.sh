@@ -9,7 +9,7 @@
 # Then the device calls, back to back (the machine goes back 30 s after a call), each from the
 # project root, with the carry named:
 #
-#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan6]   (starts `plan` in the background)
+#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan6|plan7]   (starts `plan` in the background)
 #   2  [.gpukit/smol/a1]              cp .gpukit/smol/a1/* /tmp/kit/smol/
 #   3  [.gpukit/smol/a2]              cp .gpukit/smol/a2/* /tmp/kit/smol/
 #   4  [.gpukit/smol/b]               bash benchmarks/gpu_lease.sh smol
@@ -269,6 +269,31 @@ plan6() {
     trl_vllm_fp32:0 ours_1off_px_gil:1 trl_vllm_fp32:1 > $O/vs_smol.txt 2>&1
   python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 30 $O/report_smol.txt
   against_vllm qwen2.5-7b "static all" "static fp8 all"
+  mark "done"
+}
+
+# Lease A of 2026-12-06 (2): the engine's captures without torch.cuda.graph's synchronize and cache
+# emptying (hf_static.capture) against with them (--torch-graph-capture), ours_1off_px_gil's steady state
+# under py-spy, the update with checkpointing on and off.
+plan7() {
+  begin "$1"
+  spy_install
+  mark "GPU tests: static slots (the capture)"
+  (cd /tmp/t && timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engines_hf_static.py \
+    > $O/gpu_tests_static.txt 2>&1)
+  tail -n 3 $O/gpu_tests_static.txt
+  wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
+  local vs="python3 benchmarks/vs_trl_gpu.py --run-timeout 300 --shape smollm2"
+  mark "ours_px, captures by hf_static.capture, then by torch.cuda.graph"
+  $vs --out $O/vs_smol --runs ours_px:0 ours_1off_px_gil:0 > $O/vs_smol.txt 2>&1
+  $vs --out $O/vs_smol_torchcap --torch-graph-capture --runs ours_px:0 > $O/vs_smol_torchcap.txt 2>&1
+  for d in vs_smol vs_smol_torchcap; do
+    python3 benchmarks/vs_trl_gpu.py --report $O/$d > $O/report_$d.txt 2>&1; head -n 6 $O/report_$d.txt
+  done
+  spy ours_1off_px_gil --eval-every 100
+  mark "the update, checkpointing on and off"
+  timeout 300 python3 benchmarks/update_checkpointing_gpu.py --steps 5 --micro 64 > $O/update_ckpt.txt 2>&1
+  tail -n 8 $O/update_ckpt.txt
   mark "done"
 }
 

@@ -439,6 +439,9 @@ class UpdateProbe:
 
     def end_step(self) -> dict[str, Any]:
         self.record["step_alloc"] = _delta(_alloc_stats(), self._step_alloc)
+        slots = getattr(getattr(self.trainer, "engine", None), "_slots", None)  # the hf engine's static decode
+        if slots is not None:
+            self.record["graphs_captured"] = slots.graphs_captured  # so far: a new bucket mid-run shows here
         self.record["gc_s"] = sum(e["s"] for e in self.record["gc"]) + self.record.get("gc0_quick_s", 0.0)
         return self.record
 
@@ -513,6 +516,14 @@ def run_ours(
         import chatgym.trainer.learner.learner as role
 
         role.without_cudnn_attention = lambda device: contextlib.nullcontext()
+    if options.get("torch_graph_capture"):  # the engine's captures as before: torch.cuda.graph's own set-up
+        import chatgym.trainer.engines.hf_static as static
+
+        def torch_graph_capture(graph, pool, stream, fn):
+            with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
+                return fn()
+
+        static.capture = torch_graph_capture
     setup_s = time.perf_counter() - t0
     probe = UpdateProbe(trainer)
     overlapped = OneStepOff(trainer, steps) if pipeline == "one_step_off" else None
@@ -1150,6 +1161,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--no-plot", action="store_true", help="no learning-curve redraw during ours' steps")
     ap.add_argument("--learner-cudnn", action="store_true", help="ours' update with cuDNN attention allowed")
+    ap.add_argument("--torch-graph-capture", action="store_true",
+                    help="the hf engine's graphs captured with torch.cuda.graph (which first synchronizes and empties "
+                    "the allocators' caches), as before hf_static.capture")
     ap.add_argument("--correction", default="token_tis", help="ours' algo.rollout_correction (every ours* run)")
     ap.add_argument("--mask-band", type=float, nargs=2, default=(0.5, 2.0), help="ours' algo.rollout_mask_band")
     ap.add_argument(
@@ -1188,6 +1202,7 @@ def main(argv: list[str] | None = None) -> None:
         "no_gc_freeze": args.no_gc_freeze,
         "no_plot": args.no_plot,
         "learner_cudnn": args.learner_cudnn,
+        "torch_graph_capture": args.torch_graph_capture,
         "expandable_segments": args.expandable_segments,
         **UPDATE,
     }

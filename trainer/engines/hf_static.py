@@ -130,6 +130,36 @@ def _bucket(n: int, cap: int, floor: int = 1) -> int:
     return min(size, cap)
 
 
+def capture(graph: Any, pool: Any, stream: Any, fn: Any) -> Any:
+    """``fn()`` captured into ``graph`` on ``stream``, its memory from ``pool``, in "thread_local" error
+    mode; returns what ``fn`` returned (the graph's output buffers).
+
+    ``torch.cuda.graph`` without what its ``__enter__`` does first: a device-wide synchronize and the
+    emptying of the CUDA and pinned-host caching allocators. Each capture of a new bucket mid-training
+    (a new row count or column width comes up for many steps) handed the learner's cached blocks back
+    to the driver, and its next update allocated them again: 57 ``cudaMalloc`` (5.6 GB) after each
+    such step at SmolLM2 on an H100 (``benchmarks/vs_trl_gpu.py``'s probe, ``--torch-graph-capture``).
+    The warm-up before the capture has already run on the device (the caller waits for it).
+
+    Raises:
+        Whatever ``fn`` or the capture raises; the capture is ended either way.
+    """
+    import torch
+
+    with torch.cuda.stream(stream):
+        graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+        try:
+            out = fn()
+        except BaseException:
+            try:
+                graph.capture_end()
+            except Exception:  # the capture was already broken: fn's error says why
+                pass
+            raise
+        graph.capture_end()
+    return out
+
+
 class _SlotCache:
     """The object handed to each attention layer as ``past_key_values`` (only ``update`` is used)."""
 
@@ -444,10 +474,8 @@ class StaticSlots:
         # host allocation) while this thread captures; in the default "global" mode any such call
         # invalidates the capture ("operation failed due to a previous error during capture").
         try:
-            with torch.inference_mode(), torch.cuda.graph(
-                graph, pool=self._pool, stream=self._capture_stream, capture_error_mode="thread_local"
-            ):
-                out = self._forward(n, width)
+            with torch.inference_mode():
+                out = capture(graph, self._pool, self._capture_stream, lambda: self._forward(n, width))
         except Exception as exc:
             # A failed capture leaves its memory pool recording, and every later capture into it fails
             # ("beginAllocateToPool: already recording to mempool_id"): later graphs get a fresh pool.
