@@ -423,6 +423,18 @@ class StaticSlots:
     def clear(self) -> None:
         self.select([])
 
+    def row_bucket(self, m: int) -> int:
+        """The row count of the captured step that runs ``m`` rows."""
+        return _bucket(m, self.max_rows)
+
+    def retire(self, slots: list[int]) -> None:
+        """Rows ``slots`` finished but keep their slots until the next :meth:`select`: their position
+        goes back to 0, so the steps they still ride along in write inside their own slot and never
+        widen the column bucket (a live row is always further along: it started at its prompt length)."""
+        for r in slots:
+            self.pos[r] = 0  # one fill each: an index tensor would cost a host-to-device copy
+            self._pos_host[r] = 0
+
     # ---- the step ----------------------------------------------------------------------------------
 
     def _forward(self, n: int, width: int) -> Any:
