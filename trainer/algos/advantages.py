@@ -96,19 +96,30 @@ def place_rewards(
     out = torch.zeros(batch, length, dtype=rewards.dtype, device=rewards.device)
     # Last position of each run of 1s: a 1 followed by a 0 (or the row's end).
     ends_mask = m & ~torch.nn.functional.pad(m[:, 1:], (0, 1))
-    for i in range(batch):
-        ends = ends_mask[i].nonzero().flatten().tolist()
-        if not ends:
+    # One read of every run's end, then two indexed writes for the whole batch: a few tensor ops a
+    # row cost a GIL hand-off each beside a rollout thread. Values and float rounding are the
+    # per-row loop's: each turn's reward is written, then the row's remainder added to its last end.
+    ends: list[list[int]] = [[] for _ in range(batch)]
+    for i, j in ends_mask.nonzero().tolist():
+        ends[i].append(j)
+    values = rewards.tolist()
+    turn_at: tuple[list[int], list[int], list[float]] = ([], [], [])
+    last_at: tuple[list[int], list[int], list[float]] = ([], [], [])
+    for i, row_ends in enumerate(ends):
+        if not row_ends:  # no generated token: the reward on the last real position
             last = int(lengths[i]) - 1 if lengths is not None else length - 1
-            out[i, max(last, 0)] = rewards[i]
+            last_at[0].append(i), last_at[1].append(max(last, 0)), last_at[2].append(values[i])
             continue
         placed = 0.0
         turns = turn_rewards[i] if turn_rewards is not None else ()
-        if len(ends) == len(turns):
-            for end, r in zip(ends, turns, strict=True):
-                out[i, end] += float(r)
+        if len(row_ends) == len(turns):
+            for end, r in zip(row_ends, turns, strict=True):
+                turn_at[0].append(i), turn_at[1].append(end), turn_at[2].append(float(r))
                 placed += float(r)
-        out[i, ends[-1]] += float(rewards[i]) - placed
+        last_at[0].append(i), last_at[1].append(row_ends[-1]), last_at[2].append(values[i] - placed)
+    if turn_at[0]:
+        out[turn_at[0], turn_at[1]] = torch.tensor(turn_at[2], dtype=out.dtype, device=out.device)
+    out[last_at[0], last_at[1]] += torch.tensor(last_at[2], dtype=out.dtype, device=out.device)
     return out
 
 

@@ -60,10 +60,10 @@ def informative_groups(group_ids: Sequence[int], rewards: torch.Tensor) -> list[
     by_group: dict[int, list[int]] = defaultdict(list)
     for i, g in enumerate(group_ids):
         by_group[g].append(i)
+    values = rewards.tolist()  # one read: a tensor op per group is a GIL hand-off beside a rollout
     keep = []
     for rows in by_group.values():
-        values = rewards[rows]
-        if bool((values != values[0]).any()):
+        if any(values[r] != values[rows[0]] for r in rows):
             keep.extend(rows)
     return sorted(keep)
 
