@@ -9,7 +9,7 @@
 # Then the device calls, back to back (the machine goes back 30 s after a call), each from the
 # project root, with the carry named:
 #
-#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan6|plan7]   (starts `plan` in the background)
+#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan6|plan7|plan8]   (starts `plan` in the background)
 #   2  [.gpukit/smol/a1]              cp .gpukit/smol/a1/* /tmp/kit/smol/
 #   3  [.gpukit/smol/a2]              cp .gpukit/smol/a2/* /tmp/kit/smol/
 #   4  [.gpukit/smol/b]               bash benchmarks/gpu_lease.sh smol
@@ -294,6 +294,48 @@ plan7() {
   mark "the update, checkpointing on and off"
   timeout 300 python3 benchmarks/update_checkpointing_gpu.py --steps 5 --micro 64 > $O/update_ckpt.txt 2>&1
   tail -n 8 $O/update_ckpt.txt
+  mark "done"
+}
+
+# Lease B of 2026-12-06 (2), after the burst admission and the retired rows (hf_rows.py): the GPU tests of
+# the engine, ours and TRL + vLLM on SmolLM2 in pairs (two seeds), ours on FP8 weights (two seeds), the
+# 7B engine against vLLM (bf16 and FP8 on both), the 1.5B shape, ours with the vLLM engine (its update).
+plan8() {
+  begin "$1"
+  wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
+  mark "GPU tests of the engine"
+  (cd /tmp/t && timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engines_hf_static.py \
+    tests/test_engines_hf_stream.py tests/test_engines_hf_continuous.py tests/test_engines_hf.py \
+    tests/test_engines_hf_draw.py > $O/gpu_tests.txt 2>&1)
+  tail -n 3 $O/gpu_tests.txt
+  local vs="python3 benchmarks/vs_trl_gpu.py --run-timeout 300 --shape smollm2 --out $O/vs_smol"
+  mark "vs TRL, SmolLM2: ours seed 0"
+  $vs --runs ours_px:0 ours_1off_px_gil:0 > $O/vs_smol_ours0.txt 2>&1
+  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 5 $O/report_smol.txt
+  wait_for /tmp/kit/vllm_ok || mark "no vLLM"
+  for seed in 0 1; do
+    mark "vs TRL, SmolLM2: TRL + vLLM seed $seed"
+    $vs --runs trl_vllm_fp32:$seed > $O/vs_smol_trl$seed.txt 2>&1
+    if [ $seed = 0 ]; then
+      mark "vs TRL, SmolLM2: ours seed 1"
+      $vs --runs ours_px:1 ours_1off_px_gil:1 > $O/vs_smol_ours1.txt 2>&1
+    fi
+    python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 12 $O/report_smol.txt
+  done
+  mark "ours on FP8 weights, SmolLM2, two seeds"
+  $vs --runs ours_px_fp8:0 ours_px_fp8:1 > $O/vs_smol_fp8.txt 2>&1
+  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 40 $O/report_smol.txt
+  mark "engine tokens/s against vLLM, Qwen2.5-7B shape, bf16 and FP8"
+  timeout 540 python3 benchmarks/hf_decode_gpu.py --shape qwen2.5-7b --vllm --fp8 --batch 64 256 --skip-generate \
+    --repeats 3 --modes "static all" "static fp8 all" > $O/decode_vllm_qwen2.5-7b.txt 2>&1
+  grep -E "tok/s|FP8" $O/decode_vllm_qwen2.5-7b.txt | cut -c1-160
+  mark "vs TRL, Qwen2.5-1.5B shape"
+  python3 benchmarks/vs_trl_gpu.py --run-timeout 300 --shape qwen2.5-1.5b --steps 10 --out $O/vs_qwen15 \
+    --runs ours_px:0 trl_vllm_fp32:0 > $O/vs_qwen15.txt 2>&1
+  python3 benchmarks/vs_trl_gpu.py --report $O/vs_qwen15 > $O/report_qwen15.txt 2>&1; head -n 8 $O/report_qwen15.txt
+  mark "ours with the vLLM engine, SmolLM2 (its update against the hf engine's)"
+  $vs --runs ours_vllm:0 > $O/vs_smol_vllm.txt 2>&1
+  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 14 $O/report_smol.txt
   mark "done"
 }
 

@@ -37,6 +37,8 @@ Runs (``--runs``, any subset, each ``NAME:SEED``):
   ``ours_1off_px_gil``: that with Python's thread switch interval at 0.2 ms instead of 5 (the engine's
   worker, the learner's thread and the collector share one interpreter lock: does a thread that wants it
   wait on the one holding it?);
+* ``ours_px_fp8`` — ``ours_px`` sampling from FP8 weights (as ``ours_fp8``; issue 31's accuracy at equal
+  wall clock against ``ours_px``, with the mismatch figures of both);
 * ``ours_1off_compile`` — both: with an update that issues fewer ops, the next rollout's host work and
   the update's contend less for the host (``ours_1off`` alone gained nothing: both phases issue ops);
 * ``trl_bf16``    — TRL with bf16 weights (its fastest configuration in the peers' figures);
@@ -166,6 +168,7 @@ OUR_RUNS: dict[str, dict[str, str]] = {
     "ours_px": {"engine": "async_c_px", "compile": "true"},
     "ours_1off_px": {"engine": "async_c_px", "pipeline": "one_step_off", "compile": "true"},
     "ours_1off_px_gil": {"engine": "async_c_px", "pipeline": "one_step_off", "compile": "true", "switch_ms": "0.2"},
+    "ours_px_fp8": {"engine": "async_c_px", "compile": "true", "quantization": "fp8"},
 }
 # The trl* runs: (fp32 master weights, TRL's colocated vLLM generating).
 TRL_RUNS = {
