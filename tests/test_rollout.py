@@ -347,6 +347,21 @@ async def test_groups_share_task_and_reset_seed(tok):
     assert [x.reward for x in trajs] == [1.0] * 3 + [0.0] * 6  # the script always answers 9
 
 
+async def test_a_groups_opening_prompt_is_rendered_once_a_collect_call(tok):
+    # 2 tasks x 3 samples: 2 renders in each collect call (not 6); every trajectory opens with the
+    # template's exact prompt, and a second call renders again (the memo lives one call).
+    col = make_collector(tok, scripted(tok, ["9"]))
+    renders = []
+    prompt_ids = col.renderer.prompt_ids
+    col.renderer.prompt_ids = lambda *a: (renders.append(a[0][-1]["content"]), prompt_ids(*a))[1]
+    tasks = [0, {"task_id": "row", "question": "1+1?", "answer": 2}]
+    for call in (1, 2):
+        trajs = await col.collect(AddEnv, tasks, group_size=3)
+        assert len(renders) == 2 * call
+        want = [expected_prompt(tok, AddEnv().tasks[0])] * 3 + [expected_prompt(tok, tasks[1])] * 3
+        assert [t.token_ids[: t.prompt_len] for t in trajs] == want
+
+
 async def test_only_runs_a_subset_of_the_grid_with_the_full_grids_seeds(tok):
     # Resuming an evaluation: a subset of the tasks x G grid samples exactly as in the full grid.
     full = make_collector(tok, scripted(tok, ["9"]), seed=7)
