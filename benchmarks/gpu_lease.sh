@@ -9,7 +9,7 @@
 # Then the device calls, back to back (the machine goes back 30 s after a call), each from the
 # project root, with the carry named:
 #
-#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan6|plan7|plan8]   (starts `plan` in the background)
+#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan6|plan7|plan8|plan9]   (starts `plan` in the background)
 #   2  [.gpukit/smol/a1]              cp .gpukit/smol/a1/* /tmp/kit/smol/
 #   3  [.gpukit/smol/a2]              cp .gpukit/smol/a2/* /tmp/kit/smol/
 #   4  [.gpukit/smol/b]               bash benchmarks/gpu_lease.sh smol
@@ -336,6 +336,35 @@ plan8() {
   mark "ours with the vLLM engine, SmolLM2 (its update against the hf engine's)"
   $vs --runs ours_vllm:0 > $O/vs_smol_vllm.txt 2>&1
   python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 14 $O/report_smol.txt
+  mark "done"
+}
+
+# The next lease (written 2026-12-06, not run): where lease B's rollout time goes (py-spy of ours_px's
+# steady state), the collector's prompt memo and Math-v0's cheaper scoring (d0ab916, 91db26f), the
+# sync run with a 0.2 ms switch interval, multi_step 4, each paired with TRL + vLLM in the lease.
+plan9() {
+  begin "$1"
+  spy_install
+  wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
+  mark "GPU tests: multi_step, static slots, rows"
+  (cd /tmp/t && timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engines_hf_multi_step.py \
+    tests/test_engines_hf_static.py tests/test_engines_hf_stream.py > $O/gpu_tests.txt 2>&1)
+  tail -n 3 $O/gpu_tests.txt
+  spy ours_px --eval-every 100
+  local vs="python3 benchmarks/vs_trl_gpu.py --run-timeout 300 --shape smollm2 --out $O/vs_smol"
+  mark "vs TRL, SmolLM2: ours seed 0"
+  $vs --runs ours_px:0 ours_px_gil:0 ours_px_ms4:0 ours_1off_px_gil:0 ours_1off_px_gil_ms4:0 > $O/vs_smol_ours0.txt 2>&1
+  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 9 $O/report_smol.txt
+  wait_for /tmp/kit/vllm_ok || mark "no vLLM"
+  mark "vs TRL, SmolLM2: TRL + vLLM seeds 0 and 1, ours seed 1"
+  $vs --runs trl_vllm_fp32:0 > $O/vs_smol_trl0.txt 2>&1
+  $vs --runs ours_px_ms4:1 ours_1off_px_gil_ms4:1 ours_1off_px_gil:1 > $O/vs_smol_ours1.txt 2>&1
+  $vs --runs trl_vllm_fp32:1 > $O/vs_smol_trl1.txt 2>&1
+  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 30 $O/report_smol.txt
+  mark "engine tokens/s against vLLM, Qwen2.5-7B shape"
+  timeout 480 python3 benchmarks/hf_decode_gpu.py --shape qwen2.5-7b --vllm --batch 64 256 --skip-generate \
+    --repeats 3 --modes "static all" "static all ms4" > $O/decode_vllm_qwen2.5-7b.txt 2>&1
+  grep -E "tok/s" $O/decode_vllm_qwen2.5-7b.txt | cut -c1-160
   mark "done"
 }
 

@@ -105,6 +105,11 @@ ENGINE_MODES = {
                        "sampler": "philox"},
     "static fp8+head all": {"decode": "static", "quantization": "fp8", "fp8_lm_head": True, "fused_step": "compiled",
                             "async_scheduling": True, "sampler": "philox"},
+    # with four decode steps a read-back of the sampled ids (engine.options.multi_step)
+    "static all ms4": {"decode": "static", "fused_step": "compiled", "async_scheduling": True, "sampler": "philox",
+                       "multi_step": 4},
+    "static fp8 all ms4": {"decode": "static", "quantization": "fp8", "fused_step": "compiled",
+                           "async_scheduling": True, "sampler": "philox", "multi_step": 4},
     "async": {"decode": "static", "async_scheduling": True},
     "layers": {"decode": "static", "fused_step": False},
     "dynamic": {"decode": "dynamic"},

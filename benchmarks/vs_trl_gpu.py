@@ -39,6 +39,9 @@ Runs (``--runs``, any subset, each ``NAME:SEED``):
   wait on the one holding it?);
 * ``ours_px_fp8`` — ``ours_px`` sampling from FP8 weights (as ``ours_fp8``; issue 31's accuracy at equal
   wall clock against ``ours_px``, with the mismatch figures of both);
+* ``ours_px_gil`` — ``ours_px`` (no ``one_step_off``) with the 0.2 ms thread switch interval;
+  ``ours_px_ms4`` / ``ours_1off_px_gil_ms4``: ``ours_px`` / ``ours_1off_px_gil`` with the engine's
+  ``multi_step: 4`` (four decode steps a read-back of the sampled ids);
 * ``ours_1off_compile`` — both: with an update that issues fewer ops, the next rollout's host work and
   the update's contend less for the host (``ours_1off`` alone gained nothing: both phases issue ops);
 * ``trl_bf16``    — TRL with bf16 weights (its fastest configuration in the peers' figures);
@@ -169,6 +172,9 @@ OUR_RUNS: dict[str, dict[str, str]] = {
     "ours_1off_px": {"engine": "async_c_px", "pipeline": "one_step_off", "compile": "true"},
     "ours_1off_px_gil": {"engine": "async_c_px", "pipeline": "one_step_off", "compile": "true", "switch_ms": "0.2"},
     "ours_px_fp8": {"engine": "async_c_px", "compile": "true", "quantization": "fp8"},
+    "ours_px_gil": {"engine": "async_c_px", "compile": "true", "switch_ms": "0.2"},
+    "ours_px_ms4": {"engine": "async_c_px_ms4", "compile": "true"},
+    "ours_1off_px_gil_ms4": {"engine": "async_c_px_ms4", "pipeline": "one_step_off", "compile": "true", "switch_ms": "0.2"},
 }
 # The trl* runs: (fp32 master weights, TRL's colocated vLLM generating).
 TRL_RUNS = {
@@ -197,6 +203,8 @@ def engine_overrides(engine: str, quantization: str | None = None) -> list[str]:
          "static_c": "engine.options={decode: static, fused_step: compiled}",
          "async_c": "engine.options={decode: static, fused_step: compiled, async_scheduling: true}",
          "async_c_px": "engine.options={decode: static, fused_step: compiled, async_scheduling: true, sampler: philox}",
+         "async_c_px_ms4": "engine.options={decode: static, fused_step: compiled, async_scheduling: true, "
+                           "sampler: philox, multi_step: 4}",
          }.get(
             engine, f"engine.options={{decode: {engine}}}"),
     ]

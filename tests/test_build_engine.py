@@ -124,3 +124,17 @@ def test_cli_names_a_value_the_engine_refuses_and_leaves_no_output_dir(tmp_path,
     # Regression (CI rehearsal): the failed Trainer left its event loop unclosed, and a later test's
     # check_env caught the ResourceWarning when the garbage collector found it.
     assert [str(w.message) for w in seen if "event loop" in str(w.message)] == []
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ("{multi_step: 0}", "engine.options: multi_step must be an int >= 1, got 0"),
+        ("{decode: dynamic, multi_step: 4}",
+         "engine.options: multi_step 4 needs decode 'static' (this engine decodes 'dynamic')"),
+    ],
+)
+def test_cli_refuses_a_multi_step_the_engine_cannot_run_before_any_model_loads(tmp_path, capsys, options, message):
+    status, err, out = cli_with_engine_options(tmp_path, capsys, options)
+    assert (status, err) == (2, f"chatgym train: {message}")
+    assert not out.exists()

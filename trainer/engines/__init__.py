@@ -138,7 +138,8 @@ def check_engine_options(backend: str, options: Mapping[str, Any], setting: str)
         auto_dynamic = decode == "auto" and not cuda
         values = dict(fp8=is_fp8(options.get("quantization")), fused_step=options.get("fused_step", True),
                       async_scheduling=bool(options.get("async_scheduling", False)),
-                      sampler=options.get("sampler", "generators"), cuda=cuda)
+                      sampler=options.get("sampler", "generators"), cuda=cuda,
+                      multi_step=options.get("multi_step", 1))
         try:  # the environment's overrides first: their message names the variable, not an option
             hf_static.check_overrides(values["fused_step"], cuda)
         except ValueError as exc:

@@ -98,6 +98,11 @@ class TransformersEngine:
             ids ``torch.multinomial`` gives (:mod:`.hf_sampling`); ``"philox"`` (CUDA): one Triton kernel
             a step draws, scores and packs every row (:mod:`.hf_draw`: counter-based Philox keyed by the
             row's seed; other ids, the same distribution; steps with top-k / top-p rows fall back).
+        multi_step: static path: decode steps issued per read-back of the sampled ids (1: every step);
+            with N each step's ids are drawn and fed to the next on the device, and the host waits, checks
+            stops and records once per N steps (as vLLM's multi-step scheduling): fewer waits, each a
+            hand-off of the interpreter lock. A row that stops mid-run rides along to its end (those ids
+            are dropped); seeded rows draw the ids they draw with 1; joiners wait for the run's end.
 
     Padding: prompts joining together are padded with ``pad_token_id``, the generation config's
     ``pad_token_id`` when it is a token of the model, else the smallest EOS id, else the tokenizer's
@@ -137,6 +142,7 @@ class TransformersEngine:
         quantization: str | None = None,
         fp8_lm_head: bool = False,
         sampler: str = "generators",
+        multi_step: int = 1,
     ) -> None:
         import torch
 
@@ -190,7 +196,8 @@ class TransformersEngine:
         self._slots: Any = None  # hf_static.StaticSlots, made by the worker on first use
         self.async_scheduling, self.fused_step, self.sampler = bool(async_scheduling), hf_static.check_options(
             self.decode, fp8=self.fp8, async_scheduling=bool(async_scheduling), fused_step=fused_step,
-            sampler=sampler, cuda=self.device.type == "cuda"), sampler
+            sampler=sampler, cuda=self.device.type == "cuda", multi_step=multi_step), sampler
+        self.multi_step = multi_step
         self._ahead: Any = None  # async_scheduling: logits of the decode step queued for the running rows
         self._plan: tuple[list[Row], Any] = ([], None)  # the running rows' hf_sampling plan
         self.batches_run = self.rows_run = self.decode_steps = 0
@@ -394,38 +401,42 @@ class TransformersEngine:
                     hf_batch.select(batch, keep)
         return rows, (batch if rows else None)
 
-    def _take_tokens(self, rows: list[Row], parts: list[Any], ahead: Any = None) -> tuple[Any, list[int]]:
-        """Sample one id per row from the step's logits (``parts``, row order); record it and its raw
-        logprob; returns the ids ``(rows,)`` (on the device) and the indices of the rows still running.
+    def _take_tokens(
+        self, rows: list[Row], parts: list[Any], ahead: Any = None, steps: int = 1
+    ) -> tuple[Any, list[int]]:
+        """Sample one id per row from the step's logits (``parts``, row order), then ``steps - 1`` more
+        steps on the device, each decoding the ids just drawn (``multi_step``); record the ids and raw
+        logprobs in order; returns the last ids ``(rows,)`` (on the device) and the rows still running.
 
-        The step reads back from the device once (ids, logprobs and the sampler's validity flags in one
-        copy, :func:`.hf_sampling.to_host`); nothing else in the step waits for the device.
-        ``ahead(tokens)`` (``async_scheduling``) runs between the draw and the wait for it.
+        The steps read back from the device once (ids, logprobs and the sampler's validity flags in one
+        copy, :func:`.hf_sampling.start_to_host`); nothing else waits for the device.
+        ``ahead(tokens)`` (``async_scheduling``) runs between the last draw and the wait for it.
         """
         import torch
 
         logits = parts[0] if len(parts) == 1 else torch.cat(parts)
         plan = self._plan_for(rows)
-        if plan.philox is not None:  # one kernel draws, takes the logprobs and packs (sampler 'philox')
-            tokens, packed = hf_draw.draw(logits, plan.philox)
-        else:
-            logits = logits.float()
-            tokens, invalid = hf_sampling.sample(logits, plan)
-            logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
-            packed = hf_sampling.pack(tokens, logprobs, invalid)
-        if ahead is None:
-            ids, lps, bad = hf_sampling.packed_to_host(packed, len(rows))
-        else:
-            wait = hf_sampling.start_to_host(packed, len(rows))
+        tokens, packed = _draw(logits, plan)
+        packs = [packed]
+        for _ in range(steps - 1):
+            self._slots.set_tokens(tokens)
+            tokens, packed = _draw(self._slots.decode(), plan)
+            self.decode_steps += 1
+            packs.append(packed)
+        sizes = [p.numel() for p in packs]
+        wait = hf_sampling.start_to_host(packs[0] if steps == 1 else torch.cat(packs), len(rows), sizes)
+        if ahead is not None:
             ahead(tokens)
-            ids, lps, bad = wait()
-        bad = [r for r in (bad if plan.philox is not None else [plan.sampled[i] for i in bad]) if not rows[r].done]
-        if bad:
-            raise RuntimeError(
-                f"sampling: the next-token probabilities of {len(bad)} row(s) are not a distribution "
-                "(nan/inf logits)"
-            )
-        return tokens, self._record(rows, ids, lps)
+        keep: list[int] = []
+        for ids, lps, bad in wait():
+            bad = [r for r in (bad if plan.philox is not None else [plan.sampled[i] for i in bad]) if not rows[r].done]
+            if bad:
+                raise RuntimeError(
+                    f"sampling: the next-token probabilities of {len(bad)} row(s) are not a distribution "
+                    "(nan/inf logits)"
+                )
+            keep = self._record(rows, ids, lps)
+        return tokens, keep
 
     def _plan_for(self, rows: list[Row]) -> hf_sampling.SamplingPlan:
         """The rows' sampling plan, rebuilt only when the running rows changed (joined or left)."""
@@ -507,7 +518,9 @@ class TransformersEngine:
                 rows = rows + [self._new_row(r) for r in joiners]
             running = [r for r, row in enumerate(rows) if not row.done]
             ahead = self._decode_ahead if self.async_scheduling else None
-            tokens, keep = self._take_tokens(rows, parts, ahead)
+            # multi_step: as many steps as fit the cache (the queued step ahead included)
+            steps = max(1, min(self.multi_step, slots.room() + 1 - (ahead is not None)))
+            tokens, keep = self._take_tokens(rows, parts, ahead, steps)
             if ahead is None:
                 slots.set_tokens(tokens)
             if len(keep) < len(running):
@@ -553,6 +566,11 @@ class TransformersEngine:
         return Completion(token_ids=row.token_ids, logprobs=row.logprobs if row.request.params.logprobs else [],
                           finish_reason=finish, text=completion_text(self.tokenizer, row.token_ids, finish, reason),
                           info={"prompt_tokens": len(row.request.prompt_ids)}, stop_reason=reason)
+
+
+def _draw(logits: Any, plan: hf_sampling.SamplingPlan) -> tuple[Any, Any]:
+    """A step's ids and packed read-back: one Triton kernel (sampler 'philox') or the default path."""
+    return hf_draw.draw(logits, plan.philox) if plan.philox is not None else hf_sampling.draw_packed(logits, plan)
 
 
 def eos_token_ids_of(model: Any, tokenizer: Any = None) -> frozenset[int]:

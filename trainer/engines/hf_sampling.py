@@ -159,6 +159,18 @@ def _draw(probs: Any, plan: SamplingPlan) -> tuple[Any, Any]:
     return (probs / q).argmax(dim=-1), invalid
 
 
+def draw_packed(logits: Any, plan: SamplingPlan) -> tuple[Any, Any]:
+    """One id per row of ``logits`` ``(rows, vocab)`` (raw, any float dtype) by ``plan`` (:func:`sample`):
+    the ids ``(rows,)`` int64 on the device and the float64 ``[ids | raw logprobs | invalid flags]`` to
+    read back (:func:`pack`). (A plan with a Philox part is drawn by :func:`.hf_draw.draw` instead.)"""
+    import torch
+
+    logits = logits.float()
+    tokens, invalid = sample(logits, plan)
+    logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
+    return tokens, pack(tokens, logprobs, invalid)
+
+
 def to_host(ids: Any, logprobs: Any, invalid: Any) -> tuple[list[int], list[float], list[int]]:
     """The step's ids, logprobs and invalid sampled rows as Python lists, in ONE device-to-host copy.
 
@@ -168,12 +180,13 @@ def to_host(ids: Any, logprobs: Any, invalid: Any) -> tuple[list[int], list[floa
     return packed_to_host(pack(ids, logprobs, invalid), ids.shape[0])
 
 
-def packed_to_host(packed: Any, n: int) -> tuple[list[int], list[float], list[int]]:
-    """:func:`to_host` of a :func:`pack` of ``n`` rows (or of :func:`.hf_draw.draw`'s buffer)."""
-    return _unpack(packed.cpu().tolist(), n)
+def packed_to_host(packed: Any, n: int, sizes: Sequence[int] | None = None) -> Any:
+    """:func:`to_host` of a :func:`pack` of ``n`` rows (or of :func:`.hf_draw.draw`'s buffer); with
+    ``sizes``, of several steps' packs laid end to end (``sizes``: each one's length), a triple each."""
+    return _unpack_steps(packed.cpu().tolist(), n, sizes)
 
 
-def start_to_host(packed: Any, n: int) -> Callable[[], tuple[list[int], list[float], list[int]]]:
+def start_to_host(packed: Any, n: int, sizes: Sequence[int] | None = None) -> Callable[[], Any]:
     """:func:`packed_to_host` in two halves (``async_scheduling``): the copy is queued now (on CUDA into
     pinned memory, with an event after it) and the returned function waits for that event alone and
     gives the same lists — so work queued after this call (the next decode step) does not delay them."""
@@ -189,7 +202,7 @@ def start_to_host(packed: Any, n: int) -> Callable[[], tuple[list[int], list[flo
     def wait() -> tuple[list[int], list[float], list[int]]:
         if event is not None:
             event.synchronize()
-        return _unpack(host.tolist(), n)
+        return _unpack_steps(host.tolist(), n, sizes)
 
     return wait
 
@@ -202,6 +215,16 @@ def pack(ids: Any, logprobs: Any, invalid: Any) -> Any:
     if invalid is not None:
         parts.append(invalid.to(torch.float64))
     return torch.cat(parts)
+
+
+def _unpack_steps(values: list[float], n: int, sizes: Sequence[int] | None) -> Any:
+    if sizes is None:
+        return _unpack(values, n)
+    out, at = [], 0
+    for size in sizes:
+        out.append(_unpack(values[at : at + size], n))
+        at += size
+    return out
 
 
 def _unpack(values: list[float], n: int) -> tuple[list[int], list[float], list[int]]:

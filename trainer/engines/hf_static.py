@@ -80,7 +80,8 @@ SAMPLERS = ("generators", "philox")
 
 
 def check_options(decode: str, *, fp8: bool = False, async_scheduling: bool = False,
-                  fused_step: Any = True, sampler: str = "generators", cuda: bool = True) -> bool | str:
+                  fused_step: Any = True, sampler: str = "generators", cuda: bool = True,
+                  multi_step: Any = 1) -> bool | str:
     """The transformers engine's options that need this path, checked together; returns
     ``fused_step`` as the engine keeps it (``True``, ``False`` or ``"compiled"``).
 
@@ -90,7 +91,8 @@ def check_options(decode: str, *, fp8: bool = False, async_scheduling: bool = Fa
 
     Raises:
         ValueError: ``fused_step`` not a bool nor ``"compiled"`` (an int too), ``async_scheduling`` or
-            ``fused_step: compiled`` on the dynamic path, FP8 weights off the fused static step, a
+            ``fused_step: compiled`` or ``multi_step`` > 1 on the dynamic path, ``multi_step`` not an int
+            >= 1, FP8 weights off the fused static step, a
             ``sampler`` not in :data:`SAMPLERS`, ``"philox"`` (a Triton kernel) without ``cuda``, with
             a fused step a bad ``CHATGYM_FP8_GEMM`` or ``CHATGYM_DECODE_ATTENTION`` (:func:`check_overrides`).
     """
@@ -102,8 +104,11 @@ def check_options(decode: str, *, fp8: bool = False, async_scheduling: bool = Fa
         raise ValueError(f"fused_step must be true, false or 'compiled', got {fused_step!r}")
     if fp8 and (decode == "dynamic" or not fused_step):
         raise ValueError("quantization 'fp8' runs in the fused static decode step: decode 'static', fused_step")
+    if isinstance(multi_step, bool) or not isinstance(multi_step, int) or multi_step < 1:
+        raise ValueError(f"multi_step must be an int >= 1, got {multi_step!r}")
     check_overrides(fused_step, cuda)
-    for name, on in (("async_scheduling", async_scheduling), ("fused_step 'compiled'", fused_step == "compiled")):
+    for name, on in (("async_scheduling", async_scheduling), ("fused_step 'compiled'", fused_step == "compiled"),
+                     (f"multi_step {multi_step}", multi_step > 1)):
         if on and decode == "dynamic":
             raise ValueError(f"{name} needs decode 'static' (this engine decodes {decode!r})")
     return fused_step
@@ -422,6 +427,10 @@ class StaticSlots:
 
     def clear(self) -> None:
         self.select([])
+
+    def room(self) -> int:
+        """How many more :meth:`decode` calls fit before a running row reaches ``max_len`` columns."""
+        return self.max_len - max(self._pos_host, default=0)
 
     def row_bucket(self, m: int) -> int:
         """The row count of the captured step that runs ``m`` rows."""
