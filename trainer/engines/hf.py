@@ -110,9 +110,10 @@ class TransformersEngine:
     output). ``vocab_size`` is the model's embedding rows (``config.vocab_size`` when smaller).
 
     Raises:
-        ValueError: ``max_batch_size < 1``, ``batch_window_s`` or ``batch_quiet_s`` < 0, ``eos_token_ids`` holding an id
-            outside ``[0, vocab_size)`` (``eos_token_ids=[-1]``, say: the message names the argument
-            and the vocabulary size), ``async_scheduling`` without the static path, a bad ``fused_step``.
+        ValueError: ``max_batch_size < 1``, ``batch_window_s`` or ``batch_quiet_s`` < 0, ``eos_token_ids``
+            holding an id outside ``[0, vocab_size)`` (``eos_token_ids=[-1]``, say: the message names the
+            argument and the vocabulary size), ``async_scheduling`` or ``multi_step`` > 1 without the
+            static path, a bad ``fused_step``, ``multi_step`` not an int >= 1.
         TypeError: ``eos_token_ids`` not ints.
 
     Counters (for tests and benchmarks): ``batches_run`` prefill passes (each admits a group of
