@@ -6,7 +6,9 @@ reset, rendering the prompt, the request, scoring the reply, assembling the traj
 work shares one interpreter lock with the engine's worker thread (and with the learner's under
 ``one_step_off``): every millisecond of it is a millisecond a decode step can wait to be issued.
 Prints the median wall and process CPU milliseconds per collect call over ``--repeats`` calls (after
-one warm-up call), with the load average and the CPU's flags.
+one warm-up call), with the load average and the CPU's flags. One side only: the comparison is
+between versions of the code (``benchmarks/RESULTS.md`` has the figures before and after the changes
+it was written for).
 
     .venv/bin/python benchmarks/collector_math_cpu.py --repeats 30
 """
@@ -35,6 +37,9 @@ async def main() -> None:
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=30)
     args = ap.parse_args()
+    for flag, value in (("--tasks", args.tasks), ("--group-size", args.group_size), ("--repeats", args.repeats)):
+        if value < 1:
+            ap.error(f"{flag} must be >= 1, got {value}")
 
     import chatgym  # noqa: F401  (registers the envs)
     from chatgym.trainer.chat.tokenizer import get_tokenizer

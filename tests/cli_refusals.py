@@ -117,4 +117,4 @@ def assert_engine_value_refusal(prog: str, main: Callable[[Sequence[str]], int],
     """``chatgym {prog} ARGV --engine hf --engine-arg max_batch_size=0``: a value the engine refuses as
     it starts (the hf engine, before it loads the model) is one line naming ``--engine-arg``, status 2."""
     assert main([*argv, "--engine", "hf", "--engine-arg", "max_batch_size=0"]) == 2
-    assert capsys.readouterr().err == f"chatgym {prog}: --engine-arg: max_batch_size must be >= 1, got 0\n"
+    assert capsys.readouterr().err == f"chatgym {prog}: --engine-arg: max_batch_size must be an int >= 1, got 0\n"

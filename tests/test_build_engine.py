@@ -116,10 +116,10 @@ def test_cli_names_a_value_the_engine_refuses_and_leaves_no_output_dir(tmp_path,
 
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always", ResourceWarning)
-        status, err, out = cli_with_engine_options(tmp_path, capsys, "{batch_window_s: -1}")
+        status, err, out = cli_with_engine_options(tmp_path, capsys, "{decode: fast}")
         gc.collect()
     assert status == 2
-    assert err == "chatgym train: engine: batch_window_s must be >= 0, got -1"
+    assert err == "chatgym train: engine: decode must be 'auto', 'static' or 'dynamic', got 'fast'"
     assert not out.exists()
     # Regression (CI rehearsal): the failed Trainer left its event loop unclosed, and a later test's
     # check_env caught the ResourceWarning when the garbage collector found it.
@@ -138,3 +138,29 @@ def test_cli_refuses_a_multi_step_the_engine_cannot_run_before_any_model_loads(t
     status, err, out = cli_with_engine_options(tmp_path, capsys, options)
     assert (status, err) == (2, f"chatgym train: {message}")
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("options", "shown"),
+    [("{batch_window_s: -1}", "batch_window_s must be a finite number of seconds >= 0, got -1"),
+     ("{batch_window_s: abc}", "batch_window_s must be a finite number of seconds >= 0, got 'abc'"),
+     ("{batch_quiet_s: .inf}", "batch_quiet_s must be a finite number of seconds >= 0, got inf"),
+     ("{batch_window_s: .nan}", "batch_window_s must be a finite number of seconds >= 0, got nan"),
+     ("{batch_quiet_s: true}", "batch_quiet_s must be a finite number of seconds >= 0, got True"),
+     ("{max_batch_size: 0}", "max_batch_size must be an int >= 1, got 0")],
+)
+def test_cli_refuses_batching_values_before_any_model_loads(tmp_path, capsys, options, shown):
+    # Regression (fresh-user walk): a string ended in a TypeError traceback, inf killed the worker with
+    # an OverflowError mid-run, nan trained with the wait silently off, and -1 was refused only after
+    # the learner's model had loaded.
+    import chatgym.trainer.train as train_module
+
+    loaded = []
+    real = train_module.Trainer.__init__
+    train_module.Trainer.__init__ = lambda self, *a, **k: (loaded.append(1), real(self, *a, **k))[1]
+    try:
+        status, err, out = cli_with_engine_options(tmp_path, capsys, options)
+    finally:
+        train_module.Trainer.__init__ = real
+    assert (status, err) == (2, f"chatgym train: engine.options: {shown}")
+    assert loaded == [] and not out.exists()

@@ -161,7 +161,7 @@ def test_wait_for_burst_returns_when_the_burst_ends_fills_or_the_window_closes()
 
 
 def test_bad_batching_settings_are_named(model, tokenizer):
-    with pytest.raises(ValueError, match=r"^batch_quiet_s must be >= 0, got -0.1$"):
+    with pytest.raises(ValueError, match=r"^batch_quiet_s must be a finite number of seconds >= 0, got -0.1$"):
         TransformersEngine(model, tokenizer, batch_quiet_s=-0.1)
-    with pytest.raises(ValueError, match=r"^max_batch_size must be >= 1, got 0$"):
+    with pytest.raises(ValueError, match=r"^max_batch_size must be an int >= 1, got 0$"):
         TransformersEngine(model, tokenizer, max_batch_size=0)

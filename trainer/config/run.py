@@ -176,6 +176,9 @@ class EngineConfig:
             than fp32 on an AVX2-only CPU) — see :func:`chatgym.trainer.engines.engine_dtype`.
         options: backend-specific keyword arguments (e.g. ``enforce_eager``, ``kv_cache_gib``; on a GPU, docs/gpu.md:
             ``quantization: fp8`` for FP8 rollout weights, ``sleep_level: 1|2`` for vLLM's sleep mode in the update).
+            The ``hf`` engine's batching: ``max_batch_size`` (64 rows), ``batch_window_s`` (0.05: the longest an
+            idle engine waits for a burst of requests; 0.005 before 2026-12-06) and ``batch_quiet_s`` (0.005: the
+            wait ends once none arrived for that long), ``multi_step`` (1: decode steps per read-back of the ids).
     """
 
     backend: str = "vllm"

@@ -131,6 +131,7 @@ def check_engine_options(backend: str, options: Mapping[str, Any], setting: str)
     if backend == "hf":  # values this machine's decode path cannot take, refused before any model loads
         from chatgym.trainer.engines import hf_static
         from chatgym.trainer.engines.auto import has_cuda
+        from chatgym.trainer.engines.hf_rows import check_batching
         from chatgym.trainer.models.cuda import is_fp8
 
         decode, cuda = str(options.get("decode", "auto")), has_cuda()
@@ -144,6 +145,10 @@ def check_engine_options(backend: str, options: Mapping[str, Any], setting: str)
             hf_static.check_overrides(values["fused_step"], cuda)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+        try:
+            check_batching(**{k: options[k] for k in ("max_batch_size", "batch_window_s", "batch_quiet_s") if k in options})
+        except ValueError as exc:
+            raise ConfigError(f"{setting}: {exc}") from None
         paths = [(decode, "")] + ([("dynamic", ": decode 'auto' is dynamic without CUDA; set decode: static")]
                                   if auto_dynamic else [])
         for path, hint in paths:

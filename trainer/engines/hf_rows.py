@@ -8,6 +8,7 @@ batch. On the static path a row that finishes keeps its slot (``done``) until th
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 from collections.abc import Callable, Sized
@@ -55,13 +56,15 @@ def resolve(future: asyncio.Future[Completion], result: Any) -> None:
         future.set_result(result)
 
 
-def check_batching(max_batch_size: int, batch_window_s: float, batch_quiet_s: float) -> None:
-    """Raises ValueError naming the first bad setting: ``max_batch_size < 1``, a window below 0."""
-    if max_batch_size < 1:
-        raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+def check_batching(max_batch_size: Any = 64, batch_window_s: Any = 0.05, batch_quiet_s: Any = 0.005) -> None:
+    """Raises ValueError naming the first bad setting: ``max_batch_size`` not an int >= 1, a window
+    that is not a finite number of seconds >= 0 (a string, a bool, ``inf`` or ``nan`` included: an
+    infinite wait overflowed the worker's timer, a ``nan`` one silently waited for nothing)."""
+    if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
+        raise ValueError(f"max_batch_size must be an int >= 1, got {max_batch_size!r}")
     for name, value in (("batch_window_s", batch_window_s), ("batch_quiet_s", batch_quiet_s)):
-        if value < 0:
-            raise ValueError(f"{name} must be >= 0, got {value}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
 
 
 def compacts(live: int, slots: int, bucket: Callable[[int], int]) -> bool:
