@@ -171,14 +171,13 @@ class EngineConfig:
             ``hf``: transformers), or ``auto``: the faster of ``hf`` / ``vllm`` for the model on this
             machine, by a measured rule, logged at start (:mod:`chatgym.trainer.engines.auto`).
         dtype: the engine's dtype; ``auto`` is resolved when the engine is built (and logged; the config
-            keeps ``auto``, so ``config.yaml`` is the same on every machine) to ``bfloat16`` on GPUs and
-            CPUs with native bf16 (AVX-512 BF16 / AMX), else ``float32`` (emulated bf16 was 5.7x slower
-            than fp32 on an AVX2-only CPU) — see :func:`chatgym.trainer.engines.engine_dtype`.
+            keeps ``auto``: ``config.yaml`` is the same on every machine) to ``bfloat16`` on GPUs and CPUs
+            with native bf16 (AVX-512 BF16 / AMX), else ``float32`` (emulated bf16 was 5.7x slower than fp32
+            on an AVX2-only CPU; :func:`chatgym.trainer.engines.engine_dtype`).
         options: backend-specific keyword arguments (e.g. ``enforce_eager``, ``kv_cache_gib``; on a GPU, docs/gpu.md:
-            ``quantization: fp8`` for FP8 rollout weights, ``sleep_level: 1|2`` for vLLM's sleep mode in the update).
-            The ``hf`` engine's batching: ``max_batch_size`` (64 rows), ``batch_window_s`` (0.05: the longest an
-            idle engine waits for a burst of requests; 0.005 before 2026-12-06) and ``batch_quiet_s`` (0.005: the
-            wait ends once none arrived for that long), ``multi_step`` (1: decode steps per read-back of the ids).
+            ``quantization: fp8``: FP8 rollout weights, ``sleep_level: 1|2``: vLLM's sleep mode in the update;
+            the ``hf`` engine's ``max_batch_size`` 64, ``batch_window_s`` 0.05 (0.005 before 2026-12-06) and
+            ``batch_quiet_s`` 0.005: an idle engine waits for a burst, ``multi_step`` 1: steps a read-back).
     """
 
     backend: str = "vllm"
@@ -189,9 +188,7 @@ class EngineConfig:
         from chatgym.trainer.engines import ENGINES
 
         if self.backend not in ENGINES and self.backend != "auto":
-            raise ValueError(
-                f"engine.backend: unknown {self.backend!r}; choose auto or one of {sorted(ENGINES)}"
-            )
+            raise ValueError(f"engine.backend: unknown {self.backend!r}; choose auto or one of {sorted(ENGINES)}")
 
 
 # Arguments the trainer passes to an advantage estimator / policy loss itself: not ``*_kwargs`` keys.
