@@ -9,7 +9,7 @@
 # Then the device calls, back to back (the machine goes back 30 s after a call), each from the
 # project root, with the carry named:
 #
-#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan6|plan7|plan8|plan9]   (starts `plan` in the background)
+#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan7|plan8|plan9]   (starts `plan` in the background)
 #   2  [.gpukit/smol/a1]              cp .gpukit/smol/a1/* /tmp/kit/smol/
 #   3  [.gpukit/smol/a2]              cp .gpukit/smol/a2/* /tmp/kit/smol/
 #   4  [.gpukit/smol/b]               bash benchmarks/gpu_lease.sh smol
@@ -19,7 +19,7 @@
 #
 # `plan` runs the new GPU tests, then by priority the SmolLM2 step, ours on SmolLM2 (seed 0), the 7B step, ours
 # (seed 1), the update's profile, TRL + vLLM, the 7B engine, the GPU tests, the SmolLM2 engine, each waiting for
-# its part of the kit (`plan2`, `plan4` .. `plan6`: their own comments); a poll must follow a poll within 30 s, or the
+# its part of the kit (`plan2`, `plan4` .. `plan9`: their own comments); a poll must follow a poll within 30 s, or the
 # machine goes back with the plan unfinished (2026-12-06: lost that way, twice: keep nothing between polls
 # but a short look at what came back); `plan`'s vs-TRL run lists are environment variables (RUNS_SMOL_0,
 # RUNS_SMOL_1, RUNS_TRL). `.whl` (ignored) holds the test plugins the machine lacks, and py-spy (plan4..6,
@@ -246,30 +246,6 @@ plan5() {
   stream_tests 3
   wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
   plan4_rest
-}
-
-# Next (`setup plan6`), what this session's leases left open: the engine's stream test five times (one
-# failure in two runs on an H100, cause not found); py-spy of the rollout in steady state (30 steps, held-
-# out only before and after), sync and one_step_off; the decode step and the engine against vLLM at 7B on
-# whatever card comes (the 1.3x-floor target is an H200's); TRL + vLLM and ours paired, two seeds.
-plan6() {
-  begin "$1"
-  spy_install
-  wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
-  stream_tests 5
-  spy ours_px --eval-every 100
-  spy ours_1off_px_gil --eval-every 100
-  mark "decode step, Qwen2.5-7B shape"
-  timeout 300 python3 benchmarks/decode_step_gpu.py --rows 64 256 --shape qwen2.5-7b --modes fused_c fp8_c --iters 50 \
-    --profile > $O/step_7b.txt 2>&1
-  grep -E "bandwidth|replay" $O/step_7b.txt | cut -c1-200
-  wait_for /tmp/kit/vllm_ok || mark "no vLLM"
-  mark "vs TRL, SmolLM2, paired"
-  python3 benchmarks/vs_trl_gpu.py --run-timeout 420 --shape smollm2 --out $O/vs_smol --runs ours_1off_px_gil:0 \
-    trl_vllm_fp32:0 ours_1off_px_gil:1 trl_vllm_fp32:1 > $O/vs_smol.txt 2>&1
-  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 30 $O/report_smol.txt
-  against_vllm qwen2.5-7b "static all" "static fp8 all"
-  mark "done"
 }
 
 # Lease A of 2026-12-06 (2): the engine's captures without torch.cuda.graph's synchronize and cache

@@ -103,23 +103,28 @@ def place_rewards(
     for i, j in ends_mask.nonzero().tolist():
         ends[i].append(j)
     values = rewards.tolist()
-    turn_at: tuple[list[int], list[int], list[float]] = ([], [], [])
-    last_at: tuple[list[int], list[int], list[float]] = ([], [], [])
+    turn_at: list[tuple[int, int, float]] = []  # (row, position, turn reward): written
+    last_at: list[tuple[int, int, float]] = []  # (row, position, the rest of the row's reward): added
     for i, row_ends in enumerate(ends):
         if not row_ends:  # no generated token: the reward on the last real position
             last = int(lengths[i]) - 1 if lengths is not None else length - 1
-            last_at[0].append(i), last_at[1].append(max(last, 0)), last_at[2].append(values[i])
+            last_at.append((i, max(last, 0), values[i]))
             continue
         placed = 0.0
         turns = turn_rewards[i] if turn_rewards is not None else ()
         if len(row_ends) == len(turns):
             for end, r in zip(row_ends, turns, strict=True):
-                turn_at[0].append(i), turn_at[1].append(end), turn_at[2].append(float(r))
+                turn_at.append((i, end, float(r)))
                 placed += float(r)
-        last_at[0].append(i), last_at[1].append(row_ends[-1]), last_at[2].append(values[i] - placed)
-    if turn_at[0]:
-        out[turn_at[0], turn_at[1]] = torch.tensor(turn_at[2], dtype=out.dtype, device=out.device)
-    out[last_at[0], last_at[1]] += torch.tensor(last_at[2], dtype=out.dtype, device=out.device)
+        last_at.append((i, row_ends[-1], values[i] - placed))
+    for entries, add in ((turn_at, False), (last_at, True)):
+        if entries:
+            rows, cols, vals = zip(*entries, strict=True)
+            given = torch.tensor(vals, dtype=out.dtype, device=out.device)
+            if add:
+                out[list(rows), list(cols)] += given
+            else:
+                out[list(rows), list(cols)] = given
     return out
 
 

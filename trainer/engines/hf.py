@@ -509,11 +509,11 @@ class TransformersEngine:
             parts = []
             if rows:
                 queued, self._ahead = self._ahead, None
-                parts.append((queued if queued is not None else slots.decode()).float())
+                parts.append(queued if queued is not None else slots.decode())
                 self.decode_steps += 1
             if joiners:
                 prompts = [r.prompt_ids for r in joiners]
-                parts.append(slots.admit(prompts, self.pad_token_id, *self._embeds(joiners)).float())
+                parts.append(slots.admit(prompts, self.pad_token_id, *self._embeds(joiners)))
                 self.batches_run += 1
                 self.rows_run += len(joiners)
                 rows = rows + [self._new_row(r) for r in joiners]

@@ -180,16 +180,16 @@ def to_host(ids: Any, logprobs: Any, invalid: Any) -> tuple[list[int], list[floa
     return packed_to_host(pack(ids, logprobs, invalid), ids.shape[0])
 
 
-def packed_to_host(packed: Any, n: int, sizes: Sequence[int] | None = None) -> Any:
-    """:func:`to_host` of a :func:`pack` of ``n`` rows (or of :func:`.hf_draw.draw`'s buffer); with
-    ``sizes``, of several steps' packs laid end to end (``sizes``: each one's length), a triple each."""
-    return _unpack_steps(packed.cpu().tolist(), n, sizes)
+def packed_to_host(packed: Any, n: int) -> tuple[list[int], list[float], list[int]]:
+    """:func:`to_host` of a :func:`pack` of ``n`` rows (or of :func:`.hf_draw.draw`'s buffer)."""
+    return _unpack(packed.cpu().tolist(), n)
 
 
 def start_to_host(packed: Any, n: int, sizes: Sequence[int] | None = None) -> Callable[[], Any]:
-    """:func:`packed_to_host` in two halves (``async_scheduling``): the copy is queued now (on CUDA into
-    pinned memory, with an event after it) and the returned function waits for that event alone and
-    gives the same lists — so work queued after this call (the next decode step) does not delay them."""
+    """:func:`packed_to_host` in two halves: the copy is queued now (on CUDA into pinned memory, with an
+    event after it) and the returned function waits for that event alone and gives the same lists — so
+    work queued after this call (the next decode step) does not delay them. With ``sizes``, ``packed`` is
+    several steps' packs laid end to end (``sizes``: each one's length) and it gives a triple a step."""
     import torch
 
     host, event = packed, None
