@@ -212,3 +212,25 @@ def test_an_engine_whose_package_is_missing_is_one_line_in_rollout_eval_and_gate
         assert main(argv) == 2, name
         assert capsys.readouterr().err == f"chatgym {name}: {missing}"
     assert not out.exists() and not db.exists() and not served.exists()
+
+
+def test_the_engine_context_follows_max_model_len(tmp_path, monkeypatch, capsys):
+    # Regression (fresh-user walk): `chatgym rollout --engine hf --engine-arg decode=static` sized the
+    # static KV cache for SmolLM2's 8,192 positions whatever --max-model-len said (killed at 24 GB);
+    # `chatgym eval` already passed it on. An explicit --engine-arg max_model_len still wins.
+    import chatgym.trainer.engines as engines
+
+    seen = []
+
+    def record(name, model, **kwargs):
+        seen.append(kwargs.get("max_model_len"))
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(engines, "make_engine", record)
+    out = tmp_path / "t.jsonl"
+    base = ["--env", "Math-v0", "--engine", "hf", "--out", str(out), "-n", "1", "--no-progress"]
+    assert rollout_cli.main([*base, "--max-model-len", "512"]) == 2
+    assert rollout_cli.main([*base, "--max-model-len", "512", "--engine-arg", "max_model_len=300"]) == 2
+    assert seen == [512, 300]
+    assert rollout_cli.with_context_limit("openai", {"model": "m"}, 512) == {"model": "m"}
+    capsys.readouterr()

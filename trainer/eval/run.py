@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import inspect
 import math
 import sys
 import time
@@ -164,8 +163,7 @@ class _Backend:
         cfg = self.config
         if cfg.engine == REFERENCE:
             return
-        from chatgym.trainer.engines import engine_class
-        from chatgym.trainer.rollout.cli import make_checked_engine
+        from chatgym.trainer.rollout.cli import make_checked_engine, with_context_limit
 
         flag = "--engine-arg" if cfg.engine_kwargs else "--engine"
         if not self.token_level:
@@ -175,10 +173,7 @@ class _Backend:
 
         rollout = cfg.collector_config()
         kwargs = {k: v for k, v in cfg.engine_kwargs.items() if k != "tokenizer"}
-        # The engine's own context limit follows --max-model-len unless given (vLLM sizes its
-        # KV cache by it).
-        if "max_model_len" in inspect.signature(engine_class(cfg.engine)).parameters:
-            kwargs.setdefault("max_model_len", rollout.max_model_len)
+        kwargs = with_context_limit(cfg.engine, kwargs, rollout.max_model_len)
         self.engine = make_checked_engine(cfg.engine, cfg.model, kwargs, flag)
         self.collector = (
             Collector(self.engine, self.tokenizer, rollout, processor=self.processor)

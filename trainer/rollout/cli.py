@@ -251,6 +251,19 @@ def make_checked_engine(name: str, model: Any, kwargs: dict[str, Any], flag: str
         raise ConfigError(f"{flag}: {exc}") from exc
 
 
+def with_context_limit(name: str, kwargs: dict[str, Any], max_model_len: int) -> dict[str, Any]:
+    """``kwargs`` with the engine's own ``max_model_len`` (tokens) following the collector's
+    ``--max-model-len`` unless given, for engines that take one: vLLM sizes its KV cache by it, the
+    ``hf`` engine's static path its slots (at SmolLM2's 8,192 positions, 64 rows took 24 GB on the CPU)."""
+    import inspect
+
+    from chatgym.trainer.engines import engine_class
+
+    if "max_model_len" in inspect.signature(engine_class(name)).parameters:
+        return {"max_model_len": max_model_len, **kwargs}
+    return kwargs
+
+
 def _start_up_checks(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], RolloutConfig, Any, Any]:
     """The engine and env keywords, the collector's config, the tokenizer and the processor (None for
     a text model), every argument checked before any model loads.
@@ -285,6 +298,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
 
     engine_kwargs, env_kwargs, config, tokenizer, processor = _start_up_checks(args)
     flag = "--engine-arg" if engine_kwargs else "--engine"
+    engine_kwargs = with_context_limit(args.engine, engine_kwargs, config.max_model_len)
     engine = make_checked_engine(args.engine, args.model, engine_kwargs, flag)
     collector = Collector(engine, tokenizer, config, processor=processor)
     writer = TraceWriter(args.out, 1.0, args.seed, tokenizer)
