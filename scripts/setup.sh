@@ -42,6 +42,10 @@ if [ -z "${CHATGYM_FORCE_SETUP:-}" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" =
   exit 0
 fi
 
+# The venv takes ~4.5 GB, and pip needs room for its downloads as it installs: say so before it fails midway.
+FREE_GB=$(df -Pk . | awk 'NR==2 {print int($4 / 1048576)}')
+[ "$FREE_GB" -ge 10 ] || echo "setup: warning: $FREE_GB GB free on this disk; the venv alone takes ~4.5 GB, pip's downloads more while it installs" >&2
+
 $PIP install -q -U pip
 
 # CPU torch: the machine's own wheel where there is one (no multi-GB CUDA download).
