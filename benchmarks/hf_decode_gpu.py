@@ -23,8 +23,8 @@ dynamic path's, and their logprobs match a full forward pass of the same weights
 ``--seeded`` gives every request its own ``seed`` (as the trainer does: one generator per row) instead
 of the engine's shared generator.
 
-FP8 (:mod:`chatgym.trainer.engines.hf_fp8`; needs compute capability >= 8.9): ``--fp8`` adds the mode
-``static fp8`` (the fused static step on e4m3 weights with per-channel scales) and ``static fp8+head``
+FP8 (:mod:`chatgym.trainer.engines.hf_fp8`; needs compute capability >= 8.9): ``--fp8`` without
+``--modes`` adds the mode ``static fp8`` (the fused static step on e4m3 weights with per-channel scales) and ``static fp8+head``
 (the LM head in FP8 too) and prints their tokens/s over ``engine static``'s (bf16) per batch, plus the FP8 engine's greedy agreement with the bf16 one and
 its logprobs against a bf16 forward pass. ``--vllm`` also runs the in-process vLLM engine at the same
 shape (bf16, and ``quantization="fp8"`` with ``--fp8``), each in its own process (random weights:
@@ -268,13 +268,16 @@ def parse_args():
     ap.add_argument("--skip-generate", action="store_true")
     ap.add_argument("--seeded", action="store_true", help="a seed per request (the trainer's way)")
     modes = [m for m in ENGINE_MODES if "fp8" not in m]
-    ap.add_argument("--modes", nargs="+", default=modes, choices=list(ENGINE_MODES))
-    ap.add_argument("--fp8", action="store_true", help="add 'static fp8' (and vLLM fp8 with --vllm); FP8/bf16 ratios")
+    ap.add_argument("--modes", nargs="+", choices=list(ENGINE_MODES),
+                    help=f"default: {', '.join(modes)} (with --fp8 also 'static fp8' and 'static fp8+head')")
+    ap.add_argument("--fp8", action="store_true", help="vLLM fp8 with --vllm, FP8/bf16 ratios; without --modes "
+                    "also 'static fp8' and 'static fp8+head'")
     ap.add_argument("--vllm", action="store_true", help="also the in-process vLLM engine (bf16; fp8 with --fp8)")
     ap.add_argument("--vllm-child", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.fp8:
-        args.modes = list(dict.fromkeys([*args.modes, "static", "static fp8", "static fp8+head"]))
+    if args.modes is None:  # modes given are run as given (--fp8 added three more to them: lease time)
+        args.modes = modes + (["static", "static fp8", "static fp8+head"] if args.fp8 else [])
+        args.modes = list(dict.fromkeys(args.modes))
     return args
 
 

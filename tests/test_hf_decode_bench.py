@@ -1,0 +1,36 @@
+"""``benchmarks/hf_decode_gpu.py``'s modes off the GPU: ``--modes`` runs what it names, ``--fp8`` alone adds
+the FP8 modes to the defaults."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture
+def decode_bench(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    spec = importlib.util.spec_from_file_location("hf_decode_gpu", BENCHMARKS / "hf_decode_gpu.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def modes(bench, monkeypatch, *argv: str) -> list[str]:
+    monkeypatch.setattr(sys, "argv", ["hf_decode_gpu.py", *argv])
+    return bench.parse_args().modes
+
+
+def test_modes_given_are_run_as_given_with_fp8(decode_bench, monkeypatch):
+    # Regression (H100 lease, 2026-12-06): --fp8 added 'static', 'static fp8' and 'static fp8+head' to the
+    # modes asked for, three uncompiled 7B runs the lease had no use for.
+    assert modes(decode_bench, monkeypatch, "--fp8", "--modes", "static all", "static fp8 all") == [
+        "static all", "static fp8 all"]
+    defaults = [m for m in decode_bench.ENGINE_MODES if "fp8" not in m]
+    assert modes(decode_bench, monkeypatch) == defaults
+    assert modes(decode_bench, monkeypatch, "--fp8") == [*defaults, "static fp8", "static fp8+head"]
