@@ -33,6 +33,8 @@ def test_help_lists_the_budgets():
         "--max-model-len",
     ):
         assert flag in text
+    # Regression (fresh-user walk): the description carried the module docstring's reST ``markup``.
+    assert "chatgym rollout: collect trajectories" in " ".join(text.split()) and "``" not in text
 
 
 def rollout_refusal(tmp_path, monkeypatch, capsys, *args: str) -> str:

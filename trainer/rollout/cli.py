@@ -46,7 +46,7 @@ def key_values(items: Sequence[str], flag: str) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="chatgym rollout", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="chatgym rollout", description=__doc__.split("\n\n")[0].replace("``", ""))
     p.add_argument("--env", required=True, help="Gymnasium env id, e.g. CodeSandbox-v0")
     p.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE", help="gym.make keyword")
     p.add_argument(
