@@ -315,26 +315,27 @@ plan8() {
   mark "done"
 }
 
-# The next lease (written 2026-12-06, not run): where lease B's rollout time goes (py-spy of ours_px's
-# steady state), the collector's prompt memo and Math-v0's cheaper scoring (d0ab916, 91db26f), the
-# sync run with a 0.2 ms switch interval, multi_step 4, each paired with TRL + vLLM in the lease.
+# The next lease (written 2026-12-06, not run): where lease B's rollout time goes (py-spy of ours_px_pc's
+# steady state), the collector's prompt memo and Math-v0's cheaper scoring (d0ab916, 91db26f), multi_step
+# 4 and precapture (every graph captured at the first join), each paired with TRL + vLLM in the lease.
 plan9() {
   begin "$1"
   spy_install
   wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
-  mark "GPU tests: multi_step, static slots, rows"
+  mark "GPU tests: multi_step, precapture, static slots, rows"
   (cd /tmp/t && timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engines_hf_multi_step.py \
-    tests/test_engines_hf_static.py tests/test_engines_hf_stream.py > $O/gpu_tests.txt 2>&1)
+    tests/test_engines_hf_precapture.py tests/test_engines_hf_static.py tests/test_engines_hf_stream.py \
+    > $O/gpu_tests.txt 2>&1)
   tail -n 3 $O/gpu_tests.txt
-  spy ours_px --eval-every 100
+  spy ours_px_pc --eval-every 100
   local vs="python3 benchmarks/vs_trl_gpu.py --run-timeout 300 --shape smollm2 --out $O/vs_smol"
   mark "vs TRL, SmolLM2: ours seed 0"
-  $vs --runs ours_px:0 ours_px_gil:0 ours_px_ms4:0 ours_1off_px_gil:0 ours_1off_px_gil_ms4:0 > $O/vs_smol_ours0.txt 2>&1
+  $vs --runs ours_px:0 ours_px_pc:0 ours_px_ms4:0 ours_1off_px_gil_pc:0 ours_1off_px_gil_ms4_pc:0 > $O/vs_smol_ours0.txt 2>&1
   python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 9 $O/report_smol.txt
   wait_for /tmp/kit/vllm_ok || mark "no vLLM"
   mark "vs TRL, SmolLM2: TRL + vLLM seeds 0 and 1, ours seed 1"
   $vs --runs trl_vllm_fp32:0 > $O/vs_smol_trl0.txt 2>&1
-  $vs --runs ours_px_ms4:1 ours_1off_px_gil_ms4:1 ours_1off_px_gil:1 > $O/vs_smol_ours1.txt 2>&1
+  $vs --runs ours_px_pc:1 ours_1off_px_gil_ms4_pc:1 ours_1off_px_gil_pc:1 > $O/vs_smol_ours1.txt 2>&1
   $vs --runs trl_vllm_fp32:1 > $O/vs_smol_trl1.txt 2>&1
   python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 30 $O/report_smol.txt
   mark "engine tokens/s against vLLM, Qwen2.5-7B shape"

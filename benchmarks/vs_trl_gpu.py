@@ -41,7 +41,9 @@ Runs (``--runs``, any subset, each ``NAME:SEED``):
   wall clock against ``ours_px``, with the mismatch figures of both);
 * ``ours_px_gil`` — ``ours_px`` (no ``one_step_off``) with the 0.2 ms thread switch interval;
   ``ours_px_ms4`` / ``ours_1off_px_gil_ms4``: ``ours_px`` / ``ours_1off_px_gil`` with the engine's
-  ``multi_step: 4`` (four decode steps a read-back of the sampled ids);
+  ``multi_step: 4`` (four decode steps a read-back of the sampled ids); a run ending ``_pc``
+  (``ours_px_pc``, ``ours_1off_px_gil_pc``, ``ours_1off_px_gil_ms4_pc``): the same with
+  ``engine.options.precapture: true`` (every graph the rollout can need captured as its requests join);
 * ``ours_1off_compile`` — both: with an update that issues fewer ops, the next rollout's host work and
   the update's contend less for the host (``ours_1off`` alone gained nothing: both phases issue ops);
 * ``trl_bf16``    — TRL with bf16 weights (its fastest configuration in the peers' figures);
@@ -175,6 +177,10 @@ OUR_RUNS: dict[str, dict[str, str]] = {
     "ours_px_gil": {"engine": "async_c_px", "compile": "true", "switch_ms": "0.2"},
     "ours_px_ms4": {"engine": "async_c_px_ms4", "compile": "true"},
     "ours_1off_px_gil_ms4": {"engine": "async_c_px_ms4", "pipeline": "one_step_off", "compile": "true", "switch_ms": "0.2"},
+    "ours_px_pc": {"engine": "async_c_px_pc", "compile": "true"},
+    "ours_1off_px_gil_pc": {"engine": "async_c_px_pc", "pipeline": "one_step_off", "compile": "true", "switch_ms": "0.2"},
+    "ours_1off_px_gil_ms4_pc": {"engine": "async_c_px_ms4_pc", "pipeline": "one_step_off", "compile": "true",
+                                "switch_ms": "0.2"},
 }
 # The trl* runs: (fp32 master weights, TRL's colocated vLLM generating).
 TRL_RUNS = {
@@ -192,6 +198,8 @@ CORRECTION = {"rollout_correction": "token_tis", "rollout_mask_band": (0.5, 2.0)
 
 def engine_overrides(engine: str, quantization: str | None = None) -> list[str]:
     """The ``engine.*`` overrides of an ours* run's ``engine`` (see :data:`OUR_RUNS`)."""
+    precapture = engine.endswith("_pc")  # any hf engine below, with engine.options.precapture
+    engine = engine.removesuffix("_pc")
     if engine == "vllm":
         return ["engine.backend=vllm", "engine.dtype=bfloat16", f"engine.options={{gpu_memory_utilization: {VLLM_SHARE}}}"]
     out = [
@@ -210,6 +218,8 @@ def engine_overrides(engine: str, quantization: str | None = None) -> list[str]:
     ]
     if quantization:  # after engine.options=..., which replaces the whole mapping
         out.append(f"engine.options.quantization={quantization}")
+    if precapture:
+        out.append("engine.options.precapture=true")
     return out
 
 

@@ -105,8 +105,20 @@ def test_cli_refuses_a_static_only_option_under_auto_without_cuda_at_start_up(tm
     name = "fused_step 'compiled'" if name == "fused_step" else name
     status, err, out = cli_with_engine_options(tmp_path, capsys, f"{{{option}}}")
     assert (status, err) == (2, f"chatgym train: engine.options: {name} needs decode 'static' (this engine decodes "
-                                "'dynamic'): decode 'auto' is dynamic without CUDA; set decode: static")
+                                "'dynamic'): decode 'auto' is dynamic without CUDA; set engine.options.decode=static")
     assert not out.exists()
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="decode 'auto' is static on CUDA")
+def test_the_hint_at_decode_is_written_the_way_its_setting_is_given():
+    # Regression (fresh-user walk): the hint said "set decode: static", YAML, to a command-line user.
+    from chatgym.trainer.config.loader import ConfigError
+    from chatgym.trainer.engines import check_engine_options
+
+    with pytest.raises(ConfigError) as raised:
+        check_engine_options("hf", {"async_scheduling": True}, "--engine-arg")
+    assert str(raised.value) == ("--engine-arg: async_scheduling needs decode 'static' (this engine decodes 'dynamic'): "
+                                 "decode 'auto' is dynamic without CUDA; set --engine-arg decode=static")
 
 
 def test_cli_names_a_value_the_engine_refuses_and_leaves_no_output_dir(tmp_path, capsys):

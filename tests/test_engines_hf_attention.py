@@ -16,7 +16,7 @@ from test_engines_hf_fused import ATOL, decode_sequence, full_forward_logits, ti
 from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 from triton_helpers import run_interpreted
 
-from chatgym.trainer.engines import hf_attention, hf_static
+from chatgym.trainer.engines import hf_attention, hf_options
 from chatgym.trainer.engines.hf_static import StaticSlots
 
 INTERPRETED_TESTS = 4  # the tests whose names hold "interpreted" (1 + 3 parametrized)
@@ -101,8 +101,8 @@ def test_the_default_is_the_kernel_only_with_compiled_pieces_on_cuda_for_its_hea
     # worker built the step, failing every episode of a run that then exited 0.
     for fused_step in ("compiled", True):
         with pytest.raises(ValueError, match=r"must be one of \('sdpa', 'triton'\), got 'flash'"):
-            hf_static.check_options("static", fused_step=fused_step, cuda=True)
-    hf_static.check_options("static", fused_step=False, cuda=True)  # no fused step: not read
+            hf_options.check_options("static", fused_step=fused_step, cuda=True)
+    hf_options.check_options("static", fused_step=False, cuda=True)  # no fused step: not read
 
 
 def test_a_head_size_the_kernel_cannot_take_is_refused_when_asked_for():

@@ -19,7 +19,7 @@ from test_engines_hf_fused import full_forward_logits, tiny
 from transformers import LlamaConfig
 from triton_helpers import run_interpreted
 
-from chatgym.trainer.engines import SamplingParams, hf_draw, hf_static
+from chatgym.trainer.engines import SamplingParams, hf_draw, hf_options
 from chatgym.trainer.engines.hf import TransformersEngine
 
 M32 = np.uint64(0xFFFFFFFF)
@@ -135,7 +135,7 @@ def test_the_sampler_is_refused_without_cuda_and_named_when_unknown():
     with pytest.raises(ValueError, match="sampler 'philox' is a Triton kernel: it needs a CUDA GPU"):
         TransformersEngine(tiny(LlamaConfig), device="cpu", sampler="philox")
     with pytest.raises(ValueError, match=r"sampler must be one of \('generators', 'philox'\), got 'fast'"):
-        hf_static.check_options("static", sampler="fast")
+        hf_options.check_options("static", sampler="fast")
 
 
 def test_a_bad_fp8_gemm_override_is_refused_before_any_model_loads(monkeypatch):

@@ -152,7 +152,7 @@ async def test_the_engine_takes_fused_step_compiled_and_refuses_other_strings():
     ],
 )
 def test_check_options_refuses_what_no_path_takes(decode, options, message):
-    from chatgym.trainer.engines.hf_static import check_options
+    from chatgym.trainer.engines.hf_options import check_options
 
     with pytest.raises(ValueError) as err:
         check_options(decode, **options)
@@ -160,7 +160,7 @@ def test_check_options_refuses_what_no_path_takes(decode, options, message):
 
 
 def test_check_options_returns_fused_step_and_leaves_auto_to_the_engine():
-    from chatgym.trainer.engines.hf_static import check_options
+    from chatgym.trainer.engines.hf_options import check_options
 
     assert check_options("static", fused_step="compiled") == "compiled"
     assert check_options("auto", fused_step="compiled", async_scheduling=True, fp8=True) == "compiled"

@@ -124,6 +124,11 @@ def test_ours_vllm_and_ours_1off_configs(bench):
     assert (both.model.compile, both.trainer.pipeline, both.engine.options) == (
         True, "one_step_off", {"decode": "static"}
     )
+    run = {k: v for k, v in bench.OUR_RUNS["ours_1off_px_gil_ms4_pc"].items() if k != "switch_ms"}  # set by the run
+    pc = bench.our_config(0, 30, Path("/tmp/x"), **run)
+    assert (pc.trainer.pipeline, pc.engine.options) == ("one_step_off", {
+        "decode": "static", "fused_step": "compiled", "async_scheduling": True, "sampler": "philox", "multi_step": 4,
+        "precapture": True})
 
 
 @pytest.mark.parametrize(

@@ -177,7 +177,7 @@ class EngineConfig:
         options: backend-specific keyword arguments (e.g. ``enforce_eager``, ``kv_cache_gib``; on a GPU, docs/gpu.md:
             ``quantization: fp8``: FP8 rollout weights, ``sleep_level: 1|2``: vLLM's sleep mode in the update;
             the ``hf`` engine's ``max_batch_size`` 64, ``batch_window_s`` 0.05 and ``batch_quiet_s`` 0.005: an
-            idle engine waits for a burst, ``multi_step`` 1: steps a read-back, >1 with ``decode: static``).
+            idle engine waits for a burst, ``multi_step`` 1: steps a read-back, >1 and ``precapture`` with ``decode: static``).
     """
 
     backend: str = "vllm"

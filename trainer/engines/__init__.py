@@ -96,7 +96,7 @@ def check_engine_options(backend: str, options: Mapping[str, Any], setting: str)
         ModuleNotFoundError: the backend's package is missing.
         ConfigError: (a ValueError) a key the backend does not take (the message starts with
             ``setting`` and names the key, with the closest known name or the allowed ones); for
-            ``hf``, values :func:`.hf_static.check_options` refuses whatever the decode path.
+            ``hf``, values :func:`.hf_options.check_options` refuses whatever the decode path.
     """
     if backend == "auto":  # every engine auto may pick here must take the options
         from chatgym.trainer.engines.auto import candidates
@@ -129,7 +129,7 @@ def check_engine_options(backend: str, options: Mapping[str, Any], setting: str)
             f"({cls.__name__}); {' '.join(hints) or takes}{swap}"
         )
     if backend == "hf":  # values this machine's decode path cannot take, refused before any model loads
-        from chatgym.trainer.engines import hf_static
+        from chatgym.trainer.engines import hf_options
         from chatgym.trainer.engines.auto import has_cuda
         from chatgym.trainer.engines.hf_rows import check_batching
         from chatgym.trainer.models.cuda import is_fp8
@@ -140,20 +140,21 @@ def check_engine_options(backend: str, options: Mapping[str, Any], setting: str)
         values = dict(fp8=is_fp8(options.get("quantization")), fused_step=options.get("fused_step", True),
                       async_scheduling=bool(options.get("async_scheduling", False)),
                       sampler=options.get("sampler", "generators"), cuda=cuda,
-                      multi_step=options.get("multi_step", 1))
+                      multi_step=options.get("multi_step", 1), precapture=options.get("precapture", False))
         try:  # the environment's overrides first: their message names the variable, not an option
-            hf_static.check_overrides(values["fused_step"], cuda)
+            hf_options.check_overrides(values["fused_step"], cuda)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         try:
             check_batching(**{k: options[k] for k in ("max_batch_size", "batch_window_s", "batch_quiet_s") if k in options})
         except ValueError as exc:
             raise ConfigError(f"{setting}: {exc}") from None
-        paths = [(decode, "")] + ([("dynamic", ": decode 'auto' is dynamic without CUDA; set decode: static")]
+        set_static = f"{setting}.decode=static" if setting.endswith("options") else f"{setting} decode=static"
+        paths = [(decode, "")] + ([("dynamic", f": decode 'auto' is dynamic without CUDA; set {set_static}")]
                                   if auto_dynamic else [])
         for path, hint in paths:
             try:
-                hf_static.check_options(path, **values)
+                hf_options.check_options(path, **values)
             except ValueError as exc:
                 raise ConfigError(f"{setting}: {exc}{hint}") from None
 

@@ -30,6 +30,11 @@ def eos_token_ids(generation_config: Any = None, config: Any = None, tokenizer: 
     return frozenset()
 
 
+def eos_token_ids_of(model: Any, tokenizer: Any = None) -> frozenset[int]:
+    """EOS ids of a loaded model (generation config, else config, else tokenizer)."""
+    return eos_token_ids(getattr(model, "generation_config", None), model.config, tokenizer)
+
+
 def check_token_ids(ids: Any, vocab_size: int, name: str, empty: str = "none") -> frozenset[int]:
     """``ids`` (one int or an iterable of ints) as a frozenset, each a token of the model.
 

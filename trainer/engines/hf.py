@@ -19,7 +19,7 @@ Two decode paths (``decode=``): the padded ``DynamicCache`` batch of :mod:`.hf_b
 and on CUDA the per-slot KV cache of :mod:`.hf_static`, whose decode step (:mod:`.hf_fused`) is captured
 once per batch/length bucket as a CUDA graph and replayed. Both give the same ids and logprobs up to
 float rounding. The static KV cache is allocated up front: ``2 x layers x max_batch_size x kv_heads x
-max_model_len x head_dim`` elements (SmolLM2, 64 rows x 512 tokens, bf16: 0.7 GiB).
+max_model_len x head_dim`` elements (SmolLM2, 64 rows, bf16: 0.7 GiB at 512 tokens, 11.3 at its 8,192).
 
 The decode loop is ours rather than ``model.generate`` because ``generate`` applies one sampling
 setting and one seed to a whole batch, and its ``output_scores`` are the processed scores.
@@ -47,10 +47,11 @@ from chatgym.trainer.engines.common import (
     completion_text,
     copy_weights_in_place,
     embedding_rows,
-    eos_token_ids,
+    eos_token_ids_of,
     judge_stop,
     stop_ids,
 )
+from chatgym.trainer.engines.hf_options import check_options
 from chatgym.trainer.engines.hf_rows import Request, Row, check_batching, compacts, resolve, wait_for_burst
 from chatgym.trainer.models.cuda import without_cudnn_attention
 
@@ -103,6 +104,8 @@ class TransformersEngine:
             stops and records once per N steps (as vLLM's multi-step scheduling): fewer waits, each a
             hand-off of the interpreter lock. A row that stops mid-run rides along to its end (those ids
             are dropped); seeded rows draw the ids they draw with 1; joiners wait for the run's end.
+        precapture: static path on CUDA: as requests join, capture every graph their decode can need at
+            once, not each on first use mid-rollout (:meth:`.hf_static.StaticSlots.precapture`).
 
     Padding: prompts joining together are padded with ``pad_token_id``, the generation config's
     ``pad_token_id`` when it is a token of the model, else the smallest EOS id, else the tokenizer's
@@ -113,7 +116,7 @@ class TransformersEngine:
         ValueError: ``max_batch_size < 1``, ``batch_window_s`` or ``batch_quiet_s`` < 0, ``eos_token_ids``
             holding an id outside ``[0, vocab_size)`` (``eos_token_ids=[-1]``, say: the message names the
             argument and the vocabulary size), ``async_scheduling`` or ``multi_step`` > 1 without the
-            static path, a bad ``fused_step``, ``multi_step`` not an int >= 1.
+            static path, a bad ``fused_step``, ``multi_step`` not an int >= 1, ``precapture`` not a bool.
         TypeError: ``eos_token_ids`` not ints.
 
     Counters (for tests and benchmarks): ``batches_run`` prefill passes (each admits a group of
@@ -144,6 +147,7 @@ class TransformersEngine:
         fp8_lm_head: bool = False,
         sampler: str = "generators",
         multi_step: int = 1,
+        precapture: bool = False,
     ) -> None:
         import torch
 
@@ -187,18 +191,17 @@ class TransformersEngine:
         self._model_lock = threading.Lock()
         self._cond = threading.Condition()
         self._inbox: deque[Request] = deque()
-        self._updates_waiting = 0
-        self._stopping = False
+        self._updates_waiting, self._stopping = 0, False
         # One long-lived worker thread: CUDA/cuBLAS and PyTorch keep per-thread state, and a fresh
         # thread per batch paid seconds of set-up on a GPU.
         self._worker: threading.Thread | None = None
         self._can_join: bool | None = None  # known after the first prefill (see hf_batch.can_join)
         self.decode = self._choose_decode(decode)
         self._slots: Any = None  # hf_static.StaticSlots, made by the worker on first use
-        self.async_scheduling, self.fused_step, self.sampler = bool(async_scheduling), hf_static.check_options(
-            self.decode, fp8=self.fp8, async_scheduling=bool(async_scheduling), fused_step=fused_step,
-            sampler=sampler, cuda=self.device.type == "cuda", multi_step=multi_step), sampler
-        self.multi_step = multi_step
+        self.fused_step = check_options(
+            self.decode, fp8=self.fp8, async_scheduling=bool(async_scheduling), fused_step=fused_step, sampler=sampler,
+            cuda=self.device.type == "cuda", multi_step=multi_step, precapture=precapture)
+        self.async_scheduling, self.sampler, self.multi_step, self.precapture = bool(async_scheduling), sampler, multi_step, precapture
         self._ahead: Any = None  # async_scheduling: logits of the decode step queued for the running rows
         self._plan: tuple[list[Row], Any] = ([], None)  # the running rows' hf_sampling plan
         self.batches_run = self.rows_run = self.decode_steps = 0
@@ -223,8 +226,7 @@ class TransformersEngine:
 
         Raises:
             TypeError / ValueError: a malformed prompt (see ``check_prompt``); a stop id outside
-                ``[0, vocab_size)``; ``params.stop`` set on
-                an engine without a tokenizer (stop strings are matched on the decoded text).
+                ``[0, vocab_size)``; ``params.stop`` without a tokenizer (matched on the decoded text).
             ValueError: images for a model without vision, or not matching the prompt's ``<image>`` tokens.
             RuntimeError: the model failed (the exception is chained); every request decoding in
                 that step fails with it, later requests are served normally.
@@ -504,6 +506,8 @@ class TransformersEngine:
             )
         slots = self._slots
         with torch.inference_mode(), without_cudnn_attention(self.device):
+            if joiners and self.precapture:
+                slots.precapture(max(min(len(r.prompt_ids) + r.params.max_tokens, self.max_model_len) for r in joiners))
             if joiners and any(row.done for row in rows):  # joiners take the slots after the live rows
                 rows = self._compact(rows, [r for r, row in enumerate(rows) if not row.done])
             parts = []
@@ -573,7 +577,3 @@ def _draw(logits: Any, plan: hf_sampling.SamplingPlan) -> tuple[Any, Any]:
     """A step's ids and packed read-back: one Triton kernel (sampler 'philox') or the default path."""
     return hf_draw.draw(logits, plan.philox) if plan.philox is not None else hf_sampling.draw_packed(logits, plan)
 
-
-def eos_token_ids_of(model: Any, tokenizer: Any = None) -> frozenset[int]:
-    """EOS ids of a loaded model (generation config, else config, else tokenizer)."""
-    return eos_token_ids(getattr(model, "generation_config", None), model.config, tokenizer)

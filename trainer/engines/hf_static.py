@@ -19,7 +19,7 @@ head_dim)``, and writes each token's keys/values at the column equal to its posi
 
 Graphs are captured lazily, one per (row bucket, column bucket): rows in powers of two up to
 ``max_rows``, columns in powers of two (>= 64) up to ``max_len``, so attention reads only the columns
-in use. A weight update copies into the parameters in place, so captured graphs stay valid (no
+in use; :meth:`StaticSlots.precapture` captures the whole grid a workload needs at once. A weight update copies into the parameters in place, so captured graphs stay valid (no
 recapture, no recompilation; the fused step's concatenated weights are refreshed in place when rows
 join an idle engine). Modules or weight tensors *replaced* (``load_state_dict(assign=True)``, an
 adapter wrapped in) are noticed then too: the graphs are dropped and captured again. Sampling stays
@@ -76,63 +76,22 @@ def supports(model: Any) -> tuple[bool, str]:
     return True, ""
 
 
-SAMPLERS = ("generators", "philox")
-
-
-def check_options(decode: str, *, fp8: bool = False, async_scheduling: bool = False,
-                  fused_step: Any = True, sampler: str = "generators", cuda: bool = True,
-                  multi_step: Any = 1) -> bool | str:
-    """The transformers engine's options that need this path, checked together; returns
-    ``fused_step`` as the engine keeps it (``True``, ``False`` or ``"compiled"``).
-
-    Args:
-        decode: the engine's decode path (``"static"`` / ``"dynamic"``), or ``"auto"`` when checked at
-            config load, before the path is known (then only what no path allows is refused).
-
-    Raises:
-        ValueError: ``fused_step`` not a bool nor ``"compiled"`` (an int too), ``async_scheduling`` or
-            ``fused_step: compiled`` or ``multi_step`` > 1 on the dynamic path, ``multi_step`` not an int
-            >= 1, FP8 weights off the fused static step, a
-            ``sampler`` not in :data:`SAMPLERS`, ``"philox"`` (a Triton kernel) without ``cuda``, with
-            a fused step a bad ``CHATGYM_FP8_GEMM`` or ``CHATGYM_DECODE_ATTENTION`` (:func:`check_overrides`).
-    """
-    if sampler not in SAMPLERS:
-        raise ValueError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
-    if sampler == "philox" and not cuda:
-        raise ValueError("sampler 'philox' is a Triton kernel: it needs a CUDA GPU (this engine has none)")
-    if not (isinstance(fused_step, bool) or fused_step == "compiled"):
-        raise ValueError(f"fused_step must be true, false or 'compiled', got {fused_step!r}")
-    if fp8 and (decode == "dynamic" or not fused_step):
-        raise ValueError("quantization 'fp8' runs in the fused static decode step: decode 'static', fused_step")
-    if isinstance(multi_step, bool) or not isinstance(multi_step, int) or multi_step < 1:
-        raise ValueError(f"multi_step must be an int >= 1, got {multi_step!r}")
-    check_overrides(fused_step, cuda)
-    for name, on in (("async_scheduling", async_scheduling), ("fused_step 'compiled'", fused_step == "compiled"),
-                     (f"multi_step {multi_step}", multi_step > 1)):
-        if on and decode == "dynamic":
-            raise ValueError(f"{name} needs decode 'static' (this engine decodes {decode!r})")
-    return fused_step
-
-
-def check_overrides(fused_step: Any, cuda: bool) -> None:
-    """The environment's overrides a fused step reads as the worker builds it (``CHATGYM_FP8_GEMM``,
-    ``CHATGYM_DECODE_ATTENTION``), checked here, before any model loads; nothing without a fused step.
-
-    Raises:
-        ValueError: naming the variable (:func:`.hf_fp8.default_gemm`, :func:`.hf_attention.default_attention`).
-    """
-    if fused_step:
-        from chatgym.trainer.engines import hf_attention, hf_fp8
-
-        hf_fp8.default_gemm(fused_step == "compiled")
-        hf_attention.default_attention(fused_step == "compiled", cuda)
-
-
 def _bucket(n: int, cap: int, floor: int = 1) -> int:
     size = floor
     while size < n:
         size *= 2
     return min(size, cap)
+
+
+def buckets(cap: int, upto: int, floor: int = 1) -> list[int]:
+    """Every ``_bucket(n, cap, floor)`` for ``1 <= n <= upto``, ascending: the row or column sizes a
+    decode step is captured at (powers of two from ``floor``, the last one cut to ``cap``)."""
+    sizes, size = [], floor
+    while True:
+        sizes.append(min(size, cap))
+        if size >= min(upto, cap):
+            return sizes
+        size *= 2
 
 
 def capture(graph: Any, pool: Any, stream: Any, fn: Any) -> Any:
@@ -443,6 +402,28 @@ class StaticSlots:
         for r in slots:
             self.pos[r] = 0  # one fill each: an index tensor would cost a host-to-device copy
             self._pos_host[r] = 0
+
+    def precapture(self, longest: int) -> int:
+        """Capture now every step a decode of up to ``max_rows`` rows holding up to ``longest`` tokens
+        (prompt + completion) will run: each row bucket by each column bucket up to ``longest``'s, as
+        vLLM captures its batch sizes at start-up. Captured lazily, a new bucket is met mid-run for most
+        of a training run (SmolLM2 at 8 x 8 on an H100: 7-8 graphs after the first step, 17-19 by the
+        30th) and each capture stalls that rollout; here they all land in the first. Graphs already
+        captured, or whose capture failed, are skipped; no-op without graphs. Safe with rows running:
+        a step writes only the keys/values of the column each row decodes next, which that row's real
+        step writes again before reading it. Returns the number of graphs captured.
+        """
+        if not self.use_graphs:
+            return 0
+        before = self.graphs_captured
+        for n, width in self.capture_plan(longest):
+            self._graph(n, width)
+        return self.graphs_captured - before
+
+    def capture_plan(self, longest: int) -> list[tuple[int, int]]:
+        """Every ``(rows, columns)`` step :meth:`decode` runs while rows hold at most ``longest`` tokens."""
+        widths = buckets(self.max_len, min(longest, self.max_len), MIN_COLUMN_BUCKET)
+        return [(n, width) for width in widths for n in buckets(self.max_rows, self.max_rows)]
 
     # ---- the step ----------------------------------------------------------------------------------
 

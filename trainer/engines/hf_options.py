@@ -1,0 +1,60 @@
+"""The transformers engine's options that depend on its decode path, checked together: by the engine as it
+starts and, before any model loads, by :func:`chatgym.trainer.engines.check_options` at config load (with
+``decode: auto`` then, only what no path allows is refused)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+SAMPLERS = ("generators", "philox")
+
+
+def check_options(decode: str, *, fp8: bool = False, async_scheduling: bool = False,
+                  fused_step: Any = True, sampler: str = "generators", cuda: bool = True,
+                  multi_step: Any = 1, precapture: Any = False) -> bool | str:
+    """The transformers engine's options that need this path, checked together; returns
+    ``fused_step`` as the engine keeps it (``True``, ``False`` or ``"compiled"``).
+
+    Args:
+        decode: the engine's decode path (``"static"`` / ``"dynamic"``), or ``"auto"`` when checked at
+            config load, before the path is known (then only what no path allows is refused).
+
+    Raises:
+        ValueError: ``fused_step`` not a bool nor ``"compiled"`` (an int too), ``async_scheduling`` or
+            ``fused_step: compiled`` or ``multi_step`` > 1 or ``precapture`` on the dynamic path,
+            ``multi_step`` not an int >= 1, ``precapture`` not a bool, FP8 weights off the fused static step, a
+            ``sampler`` not in :data:`SAMPLERS`, ``"philox"`` (a Triton kernel) without ``cuda``, with
+            a fused step a bad ``CHATGYM_FP8_GEMM`` or ``CHATGYM_DECODE_ATTENTION`` (:func:`check_overrides`).
+    """
+    if sampler not in SAMPLERS:
+        raise ValueError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
+    if sampler == "philox" and not cuda:
+        raise ValueError("sampler 'philox' is a Triton kernel: it needs a CUDA GPU (this engine has none)")
+    if not (isinstance(fused_step, bool) or fused_step == "compiled"):
+        raise ValueError(f"fused_step must be true, false or 'compiled', got {fused_step!r}")
+    if fp8 and (decode == "dynamic" or not fused_step):
+        raise ValueError("quantization 'fp8' runs in the fused static decode step: decode 'static', fused_step")
+    if isinstance(multi_step, bool) or not isinstance(multi_step, int) or multi_step < 1:
+        raise ValueError(f"multi_step must be an int >= 1, got {multi_step!r}")
+    if not isinstance(precapture, bool):
+        raise ValueError(f"precapture must be true or false, got {precapture!r}")
+    check_overrides(fused_step, cuda)
+    for name, on in (("async_scheduling", async_scheduling), ("fused_step 'compiled'", fused_step == "compiled"),
+                     (f"multi_step {multi_step}", multi_step > 1), ("precapture", precapture)):
+        if on and decode == "dynamic":
+            raise ValueError(f"{name} needs decode 'static' (this engine decodes {decode!r})")
+    return fused_step
+
+
+def check_overrides(fused_step: Any, cuda: bool) -> None:
+    """The environment's overrides a fused step reads as the worker builds it (``CHATGYM_FP8_GEMM``,
+    ``CHATGYM_DECODE_ATTENTION``), checked here, before any model loads; nothing without a fused step.
+
+    Raises:
+        ValueError: naming the variable (:func:`.hf_fp8.default_gemm`, :func:`.hf_attention.default_attention`).
+    """
+    if fused_step:
+        from chatgym.trainer.engines import hf_attention, hf_fp8
+
+        hf_fp8.default_gemm(fused_step == "compiled")
+        hf_attention.default_attention(fused_step == "compiled", cuda)
