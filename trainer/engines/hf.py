@@ -188,8 +188,7 @@ class TransformersEngine:
         # The worker holds the model lock from the moment rows start decoding until the batch is
         # empty, so a weight update never lands in the middle of a sequence; while an update waits,
         # no new rows are admitted (the batch drains, the update runs, admission resumes).
-        self._model_lock = threading.Lock()
-        self._cond = threading.Condition()
+        self._model_lock, self._cond = threading.Lock(), threading.Condition()
         self._inbox: deque[Request] = deque()
         self._updates_waiting, self._stopping = 0, False
         # One long-lived worker thread: CUDA/cuBLAS and PyTorch keep per-thread state, and a fresh
@@ -198,10 +197,11 @@ class TransformersEngine:
         self._can_join: bool | None = None  # known after the first prefill (see hf_batch.can_join)
         self.decode = self._choose_decode(decode)
         self._slots: Any = None  # hf_static.StaticSlots, made by the worker on first use
+        self.async_scheduling, self.sampler, self.multi_step, self.precapture = (
+            bool(async_scheduling), sampler, multi_step, precapture)
         self.fused_step = check_options(
-            self.decode, fp8=self.fp8, async_scheduling=bool(async_scheduling), fused_step=fused_step, sampler=sampler,
-            cuda=self.device.type == "cuda", multi_step=multi_step, precapture=precapture)
-        self.async_scheduling, self.sampler, self.multi_step, self.precapture = bool(async_scheduling), sampler, multi_step, precapture
+            self.decode, fp8=self.fp8, async_scheduling=self.async_scheduling, fused_step=fused_step,
+            sampler=sampler, cuda=self.device.type == "cuda", multi_step=multi_step, precapture=precapture)
         self._ahead: Any = None  # async_scheduling: logits of the decode step queued for the running rows
         self._plan: tuple[list[Row], Any] = ([], None)  # the running rows' hf_sampling plan
         self.batches_run = self.rows_run = self.decode_steps = 0
@@ -506,8 +506,8 @@ class TransformersEngine:
             )
         slots = self._slots
         with torch.inference_mode(), without_cudnn_attention(self.device):
-            if joiners and self.precapture:
-                slots.precapture(max(min(len(r.prompt_ids) + r.params.max_tokens, self.max_model_len) for r in joiners))
+            if joiners and self.precapture:  # the longest prompt + max_tokens joining, within the cache
+                slots.precapture(min(max(len(r.prompt_ids) + r.params.max_tokens for r in joiners), self.max_model_len))
             if joiners and any(row.done for row in rows):  # joiners take the slots after the live rows
                 rows = self._compact(rows, [r for r, row in enumerate(rows) if not row.done])
             parts = []

@@ -19,9 +19,10 @@ head_dim)``, and writes each token's keys/values at the column equal to its posi
 
 Graphs are captured lazily, one per (row bucket, column bucket): rows in powers of two up to
 ``max_rows``, columns in powers of two (>= 64) up to ``max_len``, so attention reads only the columns
-in use; :meth:`StaticSlots.precapture` captures the whole grid a workload needs at once. A weight update copies into the parameters in place, so captured graphs stay valid (no
-recapture, no recompilation; the fused step's concatenated weights are refreshed in place when rows
-join an idle engine). Modules or weight tensors *replaced* (``load_state_dict(assign=True)``, an
+in use; :meth:`StaticSlots.precapture` captures the whole grid a workload needs at once. A weight
+update copies into the parameters in place, so captured graphs stay valid (no recapture, no
+recompilation; the fused step's concatenated weights are refreshed in place when rows join an idle
+engine). Modules or weight tensors *replaced* (``load_state_dict(assign=True)``, an
 adapter wrapped in) are noticed then too: the graphs are dropped and captured again. Sampling stays
 outside the graph (per-row seeds and settings), so the returned ids and raw logprobs mean exactly
 what the engine's other path returns.
