@@ -338,6 +338,9 @@ plan9() {
   $vs --runs ours_px_pc:1 ours_1off_px_gil_ms4_pc:1 ours_1off_px_gil_pc:1 > $O/vs_smol_ours1.txt 2>&1
   $vs --runs trl_vllm_fp32:1 > $O/vs_smol_trl1.txt 2>&1
   python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 30 $O/report_smol.txt
+  mark "the update with each engine in one lease (ours: hf, ours_vllm: vLLM; the same learner)"
+  $vs --runs ours:0 ours_vllm:0 > $O/vs_smol_engines.txt 2>&1
+  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 40 $O/report_smol.txt
   mark "engine tokens/s against vLLM, Qwen2.5-7B shape"
   timeout 480 python3 benchmarks/hf_decode_gpu.py --shape qwen2.5-7b --vllm --batch 64 256 --skip-generate \
     --repeats 3 --modes "static all" "static all ms4" > $O/decode_vllm_qwen2.5-7b.txt 2>&1
