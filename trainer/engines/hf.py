@@ -506,8 +506,6 @@ class TransformersEngine:
             )
         slots = self._slots
         with torch.inference_mode(), without_cudnn_attention(self.device):
-            if joiners and self.precapture:  # the longest prompt + max_tokens joining, within the cache
-                slots.precapture(min(max(len(r.prompt_ids) + r.params.max_tokens for r in joiners), self.max_model_len))
             if joiners and any(row.done for row in rows):  # joiners take the slots after the live rows
                 rows = self._compact(rows, [r for r, row in enumerate(rows) if not row.done])
             parts = []
@@ -521,6 +519,8 @@ class TransformersEngine:
                 self.batches_run += 1
                 self.rows_run += len(joiners)
                 rows = rows + [self._new_row(r) for r in joiners]
+                if self.precapture:  # after admit: it drops graphs of a model whose modules were replaced
+                    slots.precapture(min(max(len(r.prompt_ids) + r.params.max_tokens for r in joiners), self.max_model_len))
             running = [r for r, row in enumerate(rows) if not row.done]
             ahead = self._decode_ahead if self.async_scheduling else None
             # multi_step: as many steps as fit the cache (the queued step ahead included)
