@@ -121,6 +121,25 @@ def test_the_hint_at_decode_is_written_the_way_its_setting_is_given():
                                  "decode 'auto' is dynamic without CUDA; set --engine-arg decode=static")
 
 
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a CUDA device is there")
+@pytest.mark.parametrize(("options", "message"), [
+    ({"device": "cuda"}, "device 'cuda', but this machine has no CUDA GPU; leave device out (the engine takes CUDA "
+                         "where there is one, else the CPU)"),
+    ({"decode": "statik"}, "decode must be 'auto', 'static' or 'dynamic', got 'statik'"),
+    ({"async_scheduling": "maybe"}, "async_scheduling must be true or false, got 'maybe'"),
+])
+def test_hf_values_the_engine_would_refuse_late_are_refused_at_config_load(options, message):
+    # Regression (fresh-user walk): device=cuda on a CPU machine was a torch AssertionError traceback
+    # after the learner loaded; decode=statik was refused only after both models loaded; and
+    # async_scheduling=maybe trained as if true.
+    from chatgym.trainer.config.loader import ConfigError
+    from chatgym.trainer.engines import check_engine_options
+
+    with pytest.raises(ConfigError) as raised:
+        check_engine_options("hf", options, "engine.options")
+    assert str(raised.value) == f"engine.options: {message}"
+
+
 def test_cli_names_a_value_the_engine_refuses_and_leaves_no_output_dir(tmp_path, capsys):
     # A ValueError of the engine's constructor (after the models loaded) is a one-line config error.
     import gc
@@ -128,10 +147,11 @@ def test_cli_names_a_value_the_engine_refuses_and_leaves_no_output_dir(tmp_path,
 
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always", ResourceWarning)
-        status, err, out = cli_with_engine_options(tmp_path, capsys, "{decode: fast}")
+        status, err, out = cli_with_engine_options(tmp_path, capsys, "{eos_token_ids: [-1]}")  # needs the vocabulary
         gc.collect()
     assert status == 2
-    assert err == "chatgym train: engine: decode must be 'auto', 'static' or 'dynamic', got 'fast'"
+    assert err == ("chatgym train: engine.options.eos_token_ids: eos_token_ids has ids outside the model's vocabulary "
+                   "[0, 49152): [-1] (ids the model can never sample; [] means none)")
     assert not out.exists()
     # Regression (CI rehearsal): the failed Trainer left its event loop unclosed, and a later test's
     # check_env caught the ResourceWarning when the garbage collector found it.

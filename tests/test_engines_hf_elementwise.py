@@ -149,6 +149,10 @@ async def test_the_engine_takes_fused_step_compiled_and_refuses_other_strings():
         ("dynamic", {"fused_step": "compiled"}, "fused_step 'compiled' needs decode 'static' (this engine decodes 'dynamic')"),
         ("dynamic", {"async_scheduling": True}, "async_scheduling needs decode 'static' (this engine decodes 'dynamic')"),
         ("static", {"fp8": True, "fused_step": False}, "quantization 'fp8' runs in the fused static decode step"),
+        # Regressions (fresh-user walk): a misspelt decode was refused only after the models loaded, and
+        # async_scheduling: maybe ran as true (bool("maybe")).
+        ("statik", {}, "decode must be 'auto', 'static' or 'dynamic', got 'statik'"),
+        ("static", {"async_scheduling": "maybe"}, "async_scheduling must be true or false, got 'maybe'"),
     ],
 )
 def test_check_options_refuses_what_no_path_takes(decode, options, message):

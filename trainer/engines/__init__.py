@@ -138,7 +138,7 @@ def check_engine_options(backend: str, options: Mapping[str, Any], setting: str)
         # The engine's auto is static only on CUDA (hf.TransformersEngine._choose_decode).
         auto_dynamic = decode == "auto" and not cuda
         values = dict(fp8=is_fp8(options.get("quantization")), fused_step=options.get("fused_step", True),
-                      async_scheduling=bool(options.get("async_scheduling", False)),
+                      async_scheduling=options.get("async_scheduling", False),
                       sampler=options.get("sampler", "generators"), cuda=cuda,
                       multi_step=options.get("multi_step", 1), precapture=options.get("precapture", False))
         try:  # the environment's overrides first: their message names the variable, not an option
@@ -147,6 +147,7 @@ def check_engine_options(backend: str, options: Mapping[str, Any], setting: str)
             raise ConfigError(str(exc)) from None
         try:
             check_batching(**{k: options[k] for k in ("max_batch_size", "batch_window_s", "batch_quiet_s") if k in options})
+            hf_options.check_device(options.get("device"), cuda)
         except ValueError as exc:
             raise ConfigError(f"{setting}: {exc}") from None
         set_static = f"{setting}.decode=static" if setting.endswith("options") else f"{setting} decode=static"

@@ -200,7 +200,7 @@ class TransformersEngine:
         self.async_scheduling, self.sampler, self.multi_step, self.precapture = (
             bool(async_scheduling), sampler, multi_step, precapture)
         self.fused_step = check_options(
-            self.decode, fp8=self.fp8, async_scheduling=self.async_scheduling, fused_step=fused_step,
+            self.decode, fp8=self.fp8, async_scheduling=async_scheduling, fused_step=fused_step,
             sampler=sampler, cuda=self.device.type == "cuda", multi_step=multi_step, precapture=precapture)
         self._ahead: Any = None  # async_scheduling: logits of the decode step queued for the running rows
         self._plan: tuple[list[Row], Any] = ([], None)  # the running rows' hf_sampling plan

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 SAMPLERS = ("generators", "philox")
+DECODES = ("auto", "static", "dynamic")
 
 
 def check_options(decode: str, *, fp8: bool = False, async_scheduling: bool = False,
@@ -20,12 +21,18 @@ def check_options(decode: str, *, fp8: bool = False, async_scheduling: bool = Fa
             config load, before the path is known (then only what no path allows is refused).
 
     Raises:
-        ValueError: ``fused_step`` not a bool nor ``"compiled"`` (an int too), ``async_scheduling`` or
+        ValueError: ``decode`` not in :data:`DECODES`, ``async_scheduling`` or ``precapture`` not a bool,
+            ``fused_step`` not a bool nor ``"compiled"`` (an int too), ``async_scheduling`` or
             ``fused_step: compiled`` or ``multi_step`` > 1 or ``precapture`` on the dynamic path,
-            ``multi_step`` not an int >= 1, ``precapture`` not a bool, FP8 weights off the fused static step, a
+            ``multi_step`` not an int >= 1, FP8 weights off the fused static step, a
             ``sampler`` not in :data:`SAMPLERS`, ``"philox"`` (a Triton kernel) without ``cuda``, with
             a fused step a bad ``CHATGYM_FP8_GEMM`` or ``CHATGYM_DECODE_ATTENTION`` (:func:`check_overrides`).
     """
+    if decode not in DECODES:  # the engine's own check comes after the model loads
+        raise ValueError(f"decode must be 'auto', 'static' or 'dynamic', got {decode!r}")
+    for name, value in (("async_scheduling", async_scheduling), ("precapture", precapture)):
+        if not isinstance(value, bool):  # bool("no") is True: a typo must not turn an option on
+            raise ValueError(f"{name} must be true or false, got {value!r}")
     if sampler not in SAMPLERS:
         raise ValueError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
     if sampler == "philox" and not cuda:
@@ -36,8 +43,6 @@ def check_options(decode: str, *, fp8: bool = False, async_scheduling: bool = Fa
         raise ValueError("quantization 'fp8' runs in the fused static decode step: decode 'static', fused_step")
     if isinstance(multi_step, bool) or not isinstance(multi_step, int) or multi_step < 1:
         raise ValueError(f"multi_step must be an int >= 1, got {multi_step!r}")
-    if not isinstance(precapture, bool):
-        raise ValueError(f"precapture must be true or false, got {precapture!r}")
     check_overrides(fused_step, cuda)
     for name, on in (("async_scheduling", async_scheduling), ("fused_step 'compiled'", fused_step == "compiled"),
                      (f"multi_step {multi_step}", multi_step > 1), ("precapture", precapture)):
@@ -58,3 +63,15 @@ def check_overrides(fused_step: Any, cuda: bool) -> None:
 
         hf_fp8.default_gemm(fused_step == "compiled")
         hf_attention.default_attention(fused_step == "compiled", cuda)
+
+
+def check_device(device: Any, cuda: bool) -> None:
+    """The engine's ``device`` option against the machine: a CUDA device where there is none is refused
+    here, before any model loads (loading one there fails in torch with an assertion).
+
+    Raises:
+        ValueError: ``device`` names CUDA and ``cuda`` is False.
+    """
+    if isinstance(device, str) and device.startswith("cuda") and not cuda:
+        raise ValueError(f"device {device!r}, but this machine has no CUDA GPU; leave device out "
+                         "(the engine takes CUDA where there is one, else the CPU)")
