@@ -182,3 +182,14 @@ def test_all_skips_the_envs_that_cannot_be_built_and_refuses_when_none_can(tmp_p
         assert conn.execute("SELECT env_id, split, COUNT(*) FROM episodes GROUP BY env_id").fetchall() == [
             ("Math-v0", "train", 2)
         ]
+
+
+def test_the_envs_must_be_named(capsys):
+    # Regression (fresh-user walk): a bare `chatgym eval` ran every env on its whole split with vLLM
+    # (Search-v0 alone: 3,802 tasks, "5:08:50" left on its bar); 'all' is now asked for by name.
+    with pytest.raises(SystemExit) as exited:
+        eval_cli.build_parser().parse_args([])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "chatgym eval: error: the following arguments are required: --env")
+    assert eval_cli.build_parser().parse_args(["--env", "all"]).env == ["all"]

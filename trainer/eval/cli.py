@@ -46,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-name", help="display name (default: --model)")
     p.add_argument("--model-hash", help="weights identity for server/API engines (default api:<engine>)")
     p.add_argument(
-        "--env", nargs="+", default=["all"], help="env ids, or 'all' (every registered chatgym env)"
+        "--env", nargs="+", required=True,
+        help="env ids, or 'all' (every registered chatgym env: hours on a CPU without --max-tasks)",
     )
     p.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE", help="gym.make keyword")
     p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE", help="engine keyword")
