@@ -37,6 +37,15 @@ def test_help_lists_the_budgets():
     assert "chatgym rollout: collect trajectories" in " ".join(text.split()) and "``" not in text
 
 
+def test_the_openai_engine_is_not_offered(capsys):
+    # Regression (fresh-user walk): --engine openai was offered, and every episode then failed
+    # (a chat API returns no token ids), the reason only in the trajectories file.
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["--env", "Math-v0", "--out", "x.jsonl", "--engine", "openai"])
+    assert exited.value.code == 2 and "invalid choice: 'openai'" in capsys.readouterr().err
+    assert "chatgym eval" in " ".join(build_parser().format_help().split())
+
+
 def rollout_refusal(tmp_path, monkeypatch, capsys, *args: str) -> str:
     """What ``chatgym rollout --env Math-v0 --engine hf ... ARGS`` prints when it refuses ARGS; no
     trajectory file is made."""
@@ -147,12 +156,12 @@ def test_rollout_and_eval_take_the_same_dotted_overrides_and_defaults():
     # The flag wins over the override of the same field; the rest are RolloutConfig's defaults.
     assert got == RolloutConfig(top_k=20, max_tokens=64, seed=3)
     eval_args = eval_cli.build_parser().parse_intermixed_args(
-        ["--engine", "reference", "rollout.top_k=20", "--max-tokens", "64"]
+        ["--engine", "reference", "rollout.top_k=20", "--max-tokens", "64", "--env", "all"]
     )
     assert rollout_config(eval_args, seed=3) == got
     defaults = rollout_config(build_parser().parse_intermixed_args(["--env", "X", "--out", "t"]))
     assert defaults.max_concurrent_episodes == 256 == RolloutConfig().max_concurrent_episodes
-    assert rollout_config(eval_cli.build_parser().parse_intermixed_args([])) == defaults
+    assert rollout_config(eval_cli.build_parser().parse_intermixed_args(["--env", "all"])) == defaults
     with pytest.raises(ConfigError, match=r"^rollout.max_tokenz: unknown config key; did you mean rollout.max_tokens\? \(valid: "):
         rollout_config(build_parser().parse_intermixed_args(["--env", "X", "--out", "t", "rollout.max_tokenz=3"]))
     with pytest.raises(ConfigError, match=r"^rollout.max_tokens: expected an integer, got 'many'$"):

@@ -50,10 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--env", required=True, help="Gymnasium env id, e.g. CodeSandbox-v0")
     p.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE", help="gym.make keyword")
     p.add_argument(
-        "--engine", default="vllm", choices=sorted(ENGINES), help="inference engine (default vllm)"
+        "--engine", default="vllm", choices=sorted(set(ENGINES) - {"openai"}),  # it returns no token ids
+        help="inference engine (default vllm; an API model through the openai engine: chatgym eval)"
     )
     p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE", help="engine keyword")
-    p.add_argument("--model", default="smollm2", help="packaged model name or local model directory")
+    p.add_argument("--model", default="smollm2", help="packaged model name or local model directory (default smollm2)")
     p.add_argument("--chat-template", default="auto", help="auto | model | chatml_tools | path.jinja")
     p.add_argument("-n", "--num-tasks", type=int, default=16, help="tasks 0..n-1 of the split")
     p.add_argument("-g", "--group-size", type=int, default=1, help="samples per task")
