@@ -8,6 +8,7 @@ subcommand by adding a row to :data:`SUBCOMMANDS`.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -51,7 +52,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 def _usage() -> str:
     width = max(map(len, SUBCOMMANDS))
     rows = "\n".join(f"  {name:<{width}}  {help_}" for name, (_, help_) in sorted(SUBCOMMANDS.items()))
-    return f"usage: chatgym <subcommand> [args...]\n\nsubcommands:\n{rows}\n\n'chatgym <subcommand> --help' for details."
+    return (f"usage: chatgym <subcommand> [args...] | chatgym --version\n\nsubcommands:\n{rows}\n\n"
+            "'chatgym <subcommand> --help' for details.")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -60,6 +62,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help"):
         print(_usage())
         return 0 if args else 2
+    if args[0] in ("-V", "--version"):
+        from chatgym import __version__
+
+        print(f"chatgym {__version__}")
+        return 0
+    # vLLM's INFO lines (a config dump among them) drowned the progress bars, and went to stdout, where
+    # rollout and eval print their JSON summaries; read when vLLM is imported. The caller's settings win.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     name, rest = args[0], args[1:]
     if name not in SUBCOMMANDS:
         print(f"chatgym: unknown subcommand {name!r}\n\n{_usage()}", file=sys.stderr)
