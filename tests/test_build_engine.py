@@ -41,6 +41,24 @@ def test_a_misspelt_vllm_option_is_named_before_the_engine_starts():
     )
 
 
+def test_an_hf_option_under_the_vllm_backend_names_the_hf_backend():
+    # Regression (fresh-user walk): engine.options={decode: static} over the main job's vLLM engine got
+    # "did you mean 'spec_model' for 'decode'?", and a misspelt option was told to see a Python method.
+    pytest.importorskip("vllm")
+    from chatgym.trainer.config.loader import ConfigError
+    from chatgym.trainer.engines import check_engine_options
+
+    with pytest.raises(ConfigError) as err:
+        check_engine_options("vllm", {"decode": "static", "multi_step": 2}, "--engine-arg")
+    assert str(err.value) == ("--engine-arg: 'decode', 'multi_step' not taken by the 'vllm' engine (VLLMEngine); "
+                              "'decode', 'multi_step': the 'hf' engine's (--engine hf)")
+    with pytest.raises(ConfigError) as err:
+        check_engine_options("vllm", {"zzzqqq": 1}, "--engine-arg")
+    assert str(err.value) == ("--engine-arg: 'zzzqqq' not taken by the 'vllm' engine (VLLMEngine); it takes ['dtype', "
+                              "'enforce_eager', 'kv_cache_gib', 'max_model_len', 'seed', 'sleep_level'] and the fields "
+                              "of vllm.EngineArgs (gpu_memory_utilization, ...)")
+
+
 def cli_with_engine_options(tmp_path, capsys, options: str) -> tuple[int, str, Path]:
     """``chatgym train`` of the main job's config on a tiny random policy with the hf engine and
     ``engine.options=<options>``: (exit status, last stderr line, the output dir asked for)."""

@@ -119,9 +119,16 @@ def check_engine_options(backend: str, options: Mapping[str, Any], setting: str)
     unknown = sorted(set(options) - known) if (not takes_any or passed_on) else []
     if unknown:
         allowed = sorted(n for n, p in accepted.items() if p.kind is inspect.Parameter.KEYWORD_ONLY)
-        close = {u: difflib.get_close_matches(u, sorted(known), n=1) for u in unknown}
+        # The hf engine's own options under another backend: difflib's closest vLLM argument misleads
+        # ('decode' -> 'spec_model'); the backend that takes them is the way out.
+        hf_only = [u for u in unknown if backend != "hf" and u in inspect.signature(engine_class("hf")).parameters]
+        close = {u: difflib.get_close_matches(u, sorted(known), n=1) for u in unknown if u not in hf_only}
         hints = [f"did you mean {c[0]!r} for {u!r}?" for u, c in close.items() if c]
-        takes = f"it takes {allowed}" + (f" and {cls.__name__}.option_names()" if takes_any else "")
+        if hf_only:
+            use_hf = "--engine hf" if setting == "--engine-arg" else "engine.backend=hf"
+            hints.append(f"{', '.join(map(repr, hf_only))}: the 'hf' engine's ({use_hf})")
+        takes = f"it takes {allowed}" + (" and the fields of vllm.EngineArgs (gpu_memory_utilization, ...)"
+                                         if takes_any else "")
         # A config written for one backend run with another (engine.backend=hf over a vLLM config).
         swap = " (another backend's options? replace them: 'engine.options={}')" if setting == "engine.options" else ""
         raise ConfigError(
