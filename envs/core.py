@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Coroutine, Iterable, Sequence
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
@@ -252,6 +252,9 @@ class ChatEnv(gym.Env):
     def _pick_task(self, options: dict[str, Any] | None) -> tuple[dict[str, Any], int | None]:
         options = options or {}
         if "task" in options:
+            if not isinstance(options["task"], Mapping):  # dict("what is 1+1") fails with no word of the task
+                raise TypeError(f"{type(self).__name__}: options['task'] must be a task row (a dict of the "
+                                f"env's fields), got {type(options['task']).__name__}: {options['task']!r:.80}")
             return dict(options["task"]), None
         n = len(self.tasks)
         if n == 0:

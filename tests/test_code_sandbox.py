@@ -407,3 +407,15 @@ def test_custom_loop_example_runs():
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip().splitlines()[-1] == "mean reward over 3 episodes: 1.00"
+
+
+@pytest.mark.parametrize(("task", "field"), [({"prompt": "x"}, "entry_point"),
+                                             ({"prompt": "def f():\n", "entry_point": "f", "test": " "}, "test"),
+                                             ({"entry_point": "f", "test": "assert 1"}, "prompt")])
+def test_a_task_row_missing_a_field_is_refused_at_reset_naming_it(task, field):
+    # Regression (fresh-user walk): reset(options={"task": {"prompt": "x"}}) was a bare KeyError: 'entry_point'.
+    env = gym.make("CodeSandbox-v0")
+    with pytest.raises(ValueError, match=rf"^task\['{field}'\] must be a non-empty string \(HumanEval's fields: "
+                                         r"prompt, entry_point, test\), got "):
+        env.reset(options={"task": task})
+    env.close()

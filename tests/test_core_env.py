@@ -368,3 +368,13 @@ def test_text_parsed_malformed_call_is_recorded_and_answered_by_its_id():
         ],
     }
     env.close()
+
+
+def test_a_task_that_is_no_row_is_refused_naming_the_option():
+    # Regression (fresh-user walk): reset(options={"task": "what is 1+1"}) was dict()'s "dictionary
+    # update sequence element #0 has length 1; 2 is required".
+    env = gym.make("Math-v0")
+    with pytest.raises(TypeError) as err:
+        env.reset(options={"task": "what is 1+1"})
+    assert str(err.value) == ("MathEnv: options['task'] must be a task row (a dict of the env's fields), got str: "
+                              "'what is 1+1'")

@@ -205,6 +205,18 @@ class CodeSandboxEnv(ChatEnv):
     def load_tasks(self, split: str) -> Sequence[dict[str, Any]]:
         return load_humaneval(split)
 
+    async def on_reset(self, task: dict[str, Any]) -> None:
+        """Check a task row (``options={"task": row}`` may give any) at reset, not as it is graded.
+
+        Raises:
+            ValueError: naming the field: ``prompt``, ``entry_point`` or ``test`` (HumanEval's fields)
+                missing or not a non-empty string.
+        """
+        for field in ("prompt", "entry_point", "test"):
+            if not isinstance(task.get(field), str) or not task[field].strip():
+                raise ValueError(f"task[{field!r}] must be a non-empty string (HumanEval's fields: prompt, "
+                                 f"entry_point, test), got {task.get(field)!r:.80}")
+
     def initial_messages(self, task: dict[str, Any]) -> list[M.Message]:
         user = self.user_template.format(entry_point=task["entry_point"], prompt=task["prompt"].rstrip())
         return [M.system(self.system_prompt), M.user(user)]
