@@ -32,8 +32,8 @@ class RewardConfig:
         judge: ``policy`` (the policy's own engine, current weights: the judge call joins the
             engine's batch) or a model for a separate engine (a packaged name such as ``smollm2`` or a
             Hugging Face directory).
-        judge_backend: engine backend of a separate judge (None: ``engine.backend``);
-            ``judge_options`` its ``engine.options``.
+        judge_backend: engine backend of a separate judge (None: ``engine.backend``).
+        judge_options: the separate judge's ``engine.options`` (with ``judge_backend``).
         template: path of the judge prompt (placeholders ``{question}``, ``{response}``,
             ``{conversation}``, ``{reference}``); None: the shipped ``genrm_score.txt``.
         verdict: a shipped verdict format: ``score`` (``<score>N</score>``, 0..10), ``rating``
