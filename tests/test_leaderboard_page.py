@@ -69,8 +69,11 @@ def test_leaderboard_cli_prints_tables_and_writes_page(db, tmp_path, capsys):
     # Self-contained: no external resource of any kind.
     for needle in ("http://", "https://", "<link", "src="):
         assert needle not in page
-    assert leaderboard_cli.main(["--db", str(db), "--html", str(out), "--env", "Nope-v0"]) == 1
-    capsys.readouterr()
+    # Regression (fresh-user walk): an env id the store never saw was "holds no episodes (after filters)".
+    assert leaderboard_cli.main(["--db", str(db), "--html", str(out), "--env", "Nope-v0", "--model", "toy"]) == 1
+    assert capsys.readouterr().err == f"chatgym leaderboard: {db} holds no episodes: no episode has --env 'Nope-v0'\n"
+    assert leaderboard_cli.main(["--db", str(db), "--html", str(out), "--env", "Math-v0", "--model", "nobody"]) == 1
+    assert capsys.readouterr().err == f"chatgym leaderboard: {db} holds no episodes: no episode has --model 'nobody'\n"
     # Regression: bad arguments were SystemExit(str), status 1 (every other command's are 2).
     assert leaderboard_cli.main(["--db", str(tmp_path / "missing.sqlite")]) == 2
     assert capsys.readouterr().err == (
