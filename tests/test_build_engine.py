@@ -59,6 +59,21 @@ def test_an_hf_option_under_the_vllm_backend_names_the_hf_backend():
                               "of vllm.EngineArgs (gpu_memory_utilization, ...)")
 
 
+@pytest.mark.parametrize("share", [2, 0, -0.1, "half", True])
+def test_a_gpu_memory_share_outside_0_1_is_refused_at_config_load(share):
+    # Regression (fresh-user walk): gpu_memory_utilization=2 was vLLM's multi-line pydantic error after the
+    # learner had loaded.
+    pytest.importorskip("vllm")
+    from chatgym.trainer.config.loader import ConfigError
+    from chatgym.trainer.engines import check_engine_options
+
+    with pytest.raises(ConfigError) as err:
+        check_engine_options("vllm", {"gpu_memory_utilization": share}, "engine.options")
+    assert str(err.value) == ("engine.options: gpu_memory_utilization is the share of the GPU's memory vLLM may take, "
+                              f"in (0, 1], got {share!r}")
+    check_engine_options("vllm", {"gpu_memory_utilization": 0.3}, "engine.options")  # the GPU config's
+
+
 def cli_with_engine_options(tmp_path, capsys, options: str) -> tuple[int, str, Path]:
     """``chatgym train`` of the main job's config on a tiny random policy with the hf engine and
     ``engine.options=<options>``: (exit status, last stderr line, the output dir asked for)."""

@@ -135,6 +135,10 @@ def check_engine_options(backend: str, options: Mapping[str, Any], setting: str)
             f"{setting}: {', '.join(map(repr, unknown))} not taken by the {backend!r} engine "
             f"({cls.__name__}); {' '.join(hints) or takes}{swap}"
         )
+    share = options.get("gpu_memory_utilization", 0.5)  # vLLM's pydantic refusal came after the learner loaded
+    if backend == "vllm" and (isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1):
+        raise ConfigError(f"{setting}: gpu_memory_utilization is the share of the GPU's memory vLLM may take, "
+                          f"in (0, 1], got {share!r}")
     if backend == "hf":  # values this machine's decode path cannot take, refused before any model loads
         from chatgym.trainer.engines import hf_options
         from chatgym.trainer.engines.auto import has_cuda
