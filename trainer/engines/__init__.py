@@ -135,40 +135,51 @@ def check_engine_options(backend: str, options: Mapping[str, Any], setting: str)
             f"{setting}: {', '.join(map(repr, unknown))} not taken by the {backend!r} engine "
             f"({cls.__name__}); {' '.join(hints) or takes}{swap}"
         )
-    share = options.get("gpu_memory_utilization", 0.5)  # vLLM's pydantic refusal came after the learner loaded
-    if backend == "vllm" and (isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1):
+    if backend == "vllm":
+        _check_vllm_values(options, setting)
+    if backend == "hf":  # values this machine's decode path cannot take, refused before any model loads
+        _check_hf_values(options, setting)
+
+
+def _check_vllm_values(options: Mapping[str, Any], setting: str) -> None:
+    """vLLM's values refused at config load (its pydantic refusal came after the learner loaded)."""
+    share = options.get("gpu_memory_utilization", 0.5)
+    if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:
         raise ConfigError(f"{setting}: gpu_memory_utilization is the share of the GPU's memory vLLM may take, "
                           f"in (0, 1], got {share!r}")
-    if backend == "hf":  # values this machine's decode path cannot take, refused before any model loads
-        from chatgym.trainer.engines import hf_options
-        from chatgym.trainer.engines.auto import has_cuda
-        from chatgym.trainer.engines.hf_rows import check_batching
-        from chatgym.trainer.models.cuda import is_fp8
 
-        decode, cuda = str(options.get("decode", "auto")), has_cuda()
-        # The engine's auto is static only on CUDA (hf.TransformersEngine._choose_decode).
-        auto_dynamic = decode == "auto" and not cuda
-        values = dict(fp8=is_fp8(options.get("quantization")), fused_step=options.get("fused_step", True),
-                      async_scheduling=options.get("async_scheduling", False),
-                      sampler=options.get("sampler", "generators"), cuda=cuda,
-                      multi_step=options.get("multi_step", 1), precapture=options.get("precapture", False))
-        try:  # the environment's overrides first: their message names the variable, not an option
-            hf_options.check_overrides(values["fused_step"], cuda)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+
+def _check_hf_values(options: Mapping[str, Any], setting: str) -> None:
+    """The hf engine's values this machine's decode path cannot take, before any model loads."""
+    from chatgym.trainer.engines import hf_options
+    from chatgym.trainer.engines.auto import has_cuda
+    from chatgym.trainer.engines.hf_rows import check_batching
+    from chatgym.trainer.models.cuda import is_fp8
+
+    decode, cuda = str(options.get("decode", "auto")), has_cuda()
+    # The engine's auto is static only on CUDA (hf.TransformersEngine._choose_decode).
+    auto_dynamic = decode == "auto" and not cuda
+    values = dict(fp8=is_fp8(options.get("quantization")), fused_step=options.get("fused_step", True),
+                  async_scheduling=options.get("async_scheduling", False),
+                  sampler=options.get("sampler", "generators"), cuda=cuda,
+                  multi_step=options.get("multi_step", 1), precapture=options.get("precapture", False))
+    try:  # the environment's overrides first: their message names the variable, not an option
+        hf_options.check_overrides(values["fused_step"], cuda)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        check_batching(**{k: options[k] for k in ("max_batch_size", "batch_window_s", "batch_quiet_s") if k in options})
+        hf_options.check_device(options.get("device"), cuda)
+    except ValueError as exc:
+        raise ConfigError(f"{setting}: {exc}") from None
+    set_static = f"{setting}.decode=static" if setting.endswith("options") else f"{setting} decode=static"
+    paths = [(decode, "")] + ([("dynamic", f": decode 'auto' is dynamic without CUDA; set {set_static}")]
+                              if auto_dynamic else [])
+    for path, hint in paths:
         try:
-            check_batching(**{k: options[k] for k in ("max_batch_size", "batch_window_s", "batch_quiet_s") if k in options})
-            hf_options.check_device(options.get("device"), cuda)
+            hf_options.check_options(path, **values)
         except ValueError as exc:
-            raise ConfigError(f"{setting}: {exc}") from None
-        set_static = f"{setting}.decode=static" if setting.endswith("options") else f"{setting} decode=static"
-        paths = [(decode, "")] + ([("dynamic", f": decode 'auto' is dynamic without CUDA; set {set_static}")]
-                                  if auto_dynamic else [])
-        for path, hint in paths:
-            try:
-                hf_options.check_options(path, **values)
-            except ValueError as exc:
-                raise ConfigError(f"{setting}: {exc}{hint}") from None
+            raise ConfigError(f"{setting}: {exc}{hint}") from None
 
 
 def build_engine(cfg: Any, model_path: Path, tokenizer: Any, seed: int, max_model_len: int) -> Any:
