@@ -117,14 +117,12 @@ def place_rewards(
                 turn_at.append((i, end, float(r)))
                 placed += float(r)
         last_at.append((i, row_ends[-1], values[i] - placed))
-    for entries, add in ((turn_at, False), (last_at, True)):
-        if entries:
-            rows, cols, vals = zip(*entries, strict=True)
-            given = torch.tensor(vals, dtype=out.dtype, device=out.device)
-            if add:
-                out[list(rows), list(cols)] += given
-            else:
-                out[list(rows), list(cols)] = given
+    if turn_at:
+        rows, cols, vals = zip(*turn_at, strict=True)
+        out[list(rows), list(cols)] = torch.tensor(vals, dtype=out.dtype, device=out.device)
+    if last_at:  # every row's; after the turns' (a one-turn row's reward goes to the same position)
+        rows, cols, vals = zip(*last_at, strict=True)
+        out[list(rows), list(cols)] += torch.tensor(vals, dtype=out.dtype, device=out.device)
     return out
 
 

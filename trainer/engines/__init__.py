@@ -121,7 +121,8 @@ def check_engine_options(backend: str, options: Mapping[str, Any], setting: str)
         allowed = sorted(n for n, p in accepted.items() if p.kind is inspect.Parameter.KEYWORD_ONLY)
         # The hf engine's own options under another backend: difflib's closest vLLM argument misleads
         # ('decode' -> 'spec_model'); the backend that takes them is the way out.
-        hf_only = [u for u in unknown if backend != "hf" and u in inspect.signature(engine_class("hf")).parameters]
+        hf_takes = set(inspect.signature(engine_class("hf")).parameters) if backend != "hf" else set()
+        hf_only = [u for u in unknown if u in hf_takes]
         close = {u: difflib.get_close_matches(u, sorted(known), n=1) for u in unknown if u not in hf_only}
         hints = [f"did you mean {c[0]!r} for {u!r}?" for u, c in close.items() if c]
         if hf_only:
@@ -143,7 +144,9 @@ def check_engine_options(backend: str, options: Mapping[str, Any], setting: str)
 
 def _check_vllm_values(options: Mapping[str, Any], setting: str) -> None:
     """vLLM's values refused at config load (its pydantic refusal came after the learner loaded)."""
-    share = options.get("gpu_memory_utilization", 0.5)
+    if "gpu_memory_utilization" not in options:
+        return
+    share = options["gpu_memory_utilization"]
     if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:
         raise ConfigError(f"{setting}: gpu_memory_utilization is the share of the GPU's memory vLLM may take, "
                           f"in (0, 1], got {share!r}")

@@ -518,9 +518,10 @@ class TransformersEngine:
                 parts.append(slots.admit(prompts, self.pad_token_id, *self._embeds(joiners)))
                 self.batches_run += 1
                 self.rows_run += len(joiners)
-                rows = rows + [self._new_row(r) for r in joiners]
+                new = [self._new_row(r) for r in joiners]
+                rows = rows + new
                 if self.precapture:  # after admit: it drops graphs of a model whose modules were replaced
-                    slots.precapture(min(max(len(r.prompt_ids) + r.params.max_tokens for r in joiners), self.max_model_len))
+                    slots.precapture(max(len(row.request.prompt_ids) + row.budget for row in new))
             running = [r for r, row in enumerate(rows) if not row.done]
             ahead = self._decode_ahead if self.async_scheduling else None
             # multi_step: as many steps as fit the cache (the queued step ahead included)

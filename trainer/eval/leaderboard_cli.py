@@ -55,10 +55,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     with store:
         board = build_leaderboard(store, k=args.k, env_ids=args.env, models=args.model)
-        if not board.cells:
-            unknown = [f"{flag} {value!r}" for flag, column, values in (("--env", "env_id", args.env),
-                                                                         ("--model", "model_name", args.model))
-                       for value in values if not store.episodes(f"{column} = ?", [value])]
+        filters = (("--env", "env_id", args.env), ("--model", "model_name", args.model))
+        unknown = [] if board.cells else [f"{flag} {value!r}" for flag, column, values in filters
+                                          for value in sorted(set(values) - store.distinct(column))]
     if not board.cells:  # a filter value the store has never seen is named: a typo, not an empty store
         why = f": no episode has {', '.join(unknown)}" if unknown else " (after filters)" if args.env or args.model else ""
         print(f"chatgym leaderboard: {args.db} holds no episodes{why}", file=sys.stderr)

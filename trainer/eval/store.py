@@ -280,6 +280,11 @@ class ResultsStore:
         ).fetchall()
         return {(int(t), int(s)) for t, s in rows}
 
+    def distinct(self, column: str) -> set[Any]:
+        """Every value ``column`` (a column name of ``episodes``: ``env_id``, ``model_name``, ...) holds."""
+        with closing(self.conn.execute(f"SELECT DISTINCT {column} FROM episodes")) as cur:
+            return {value for (value,) in cur.fetchall()}
+
     def episodes(self, where: str = "", params: Iterable[Any] = ()) -> list[dict[str, Any]]:
         """Episode rows as dicts, optionally filtered by an SQL ``where`` clause with ``?`` params."""
         sql = "SELECT * FROM episodes" + (f" WHERE {where}" if where else "") + " ORDER BY id"
