@@ -51,7 +51,7 @@ def test_an_hf_option_under_the_vllm_backend_names_the_hf_backend():
     with pytest.raises(ConfigError) as err:
         check_engine_options("vllm", {"decode": "static", "multi_step": 2}, "--engine-arg")
     assert str(err.value) == ("--engine-arg: 'decode', 'multi_step' not taken by the 'vllm' engine (VLLMEngine); "
-                              "'decode', 'multi_step': the 'hf' engine's (--engine hf)")
+                              "they are the 'hf' engine's: set --engine hf")
     with pytest.raises(ConfigError) as err:
         check_engine_options("vllm", {"zzzqqq": 1}, "--engine-arg")
     assert str(err.value) == ("--engine-arg: 'zzzqqq' not taken by the 'vllm' engine (VLLMEngine); it takes ['dtype', "
@@ -69,8 +69,8 @@ def test_a_gpu_memory_share_outside_0_1_is_refused_at_config_load(share):
 
     with pytest.raises(ConfigError) as err:
         check_engine_options("vllm", {"gpu_memory_utilization": share}, "engine.options")
-    assert str(err.value) == ("engine.options: gpu_memory_utilization is the share of the GPU's memory vLLM may take, "
-                              f"in (0, 1], got {share!r}")
+    assert str(err.value) == ("engine.options: gpu_memory_utilization is the share of the GPU's memory (on a CPU, of "
+                              f"the NUMA node's) vLLM may take, in (0, 1], got {share!r}")
     check_engine_options("vllm", {"gpu_memory_utilization": 0.3}, "engine.options")  # the GPU config's
 
 

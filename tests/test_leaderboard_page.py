@@ -71,9 +71,11 @@ def test_leaderboard_cli_prints_tables_and_writes_page(db, tmp_path, capsys):
         assert needle not in page
     # Regression (fresh-user walk): an env id the store never saw was "holds no episodes (after filters)".
     assert leaderboard_cli.main(["--db", str(db), "--html", str(out), "--env", "Nope-v0", "--model", "toy"]) == 1
-    assert capsys.readouterr().err == f"chatgym leaderboard: {db} holds no episodes: no episode has --env 'Nope-v0'\n"
+    assert capsys.readouterr().err == (f"chatgym leaderboard: {db}: no episode has --env 'Nope-v0' (it holds "
+                                       "CodeSandbox-v0, Math-v0)\n")
     assert leaderboard_cli.main(["--db", str(db), "--html", str(out), "--env", "Math-v0", "--model", "nobody"]) == 1
-    assert capsys.readouterr().err == f"chatgym leaderboard: {db} holds no episodes: no episode has --model 'nobody'\n"
+    assert capsys.readouterr().err == (f"chatgym leaderboard: {db}: no episode has --model 'nobody' (it holds "
+                                       "reference, toy)\n")
     # Regression: bad arguments were SystemExit(str), status 1 (every other command's are 2).
     assert leaderboard_cli.main(["--db", str(tmp_path / "missing.sqlite")]) == 2
     assert capsys.readouterr().err == (

@@ -127,11 +127,13 @@ def check_engine_options(backend: str, options: Mapping[str, Any], setting: str)
         hints = [f"did you mean {c[0]!r} for {u!r}?" for u, c in close.items() if c]
         if hf_only:
             use_hf = "--engine hf" if setting == "--engine-arg" else "engine.backend=hf"
-            hints.append(f"{', '.join(map(repr, hf_only))}: the 'hf' engine's ({use_hf})")
+            hints.append(f"{'they are' if len(hf_only) > 1 else 'it is'} the 'hf' engine's: set {use_hf}")
         takes = f"it takes {allowed}" + (" and the fields of vllm.EngineArgs (gpu_memory_utilization, ...)"
                                          if takes_any else "")
         # A config written for one backend run with another (engine.backend=hf over a vLLM config).
-        swap = " (another backend's options? replace them: 'engine.options={}')" if setting == "engine.options" else ""
+        # (Not for the hf engine's options: emptying them would drop what the user asked for.)
+        swap = (" (another backend's options? replace them: 'engine.options={}')"
+                if setting == "engine.options" and not hf_only else "")
         raise ConfigError(
             f"{setting}: {', '.join(map(repr, unknown))} not taken by the {backend!r} engine "
             f"({cls.__name__}); {' '.join(hints) or takes}{swap}"
@@ -148,8 +150,8 @@ def _check_vllm_values(options: Mapping[str, Any], setting: str) -> None:
         return
     share = options["gpu_memory_utilization"]
     if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:
-        raise ConfigError(f"{setting}: gpu_memory_utilization is the share of the GPU's memory vLLM may take, "
-                          f"in (0, 1], got {share!r}")
+        raise ConfigError(f"{setting}: gpu_memory_utilization is the share of the GPU's memory (on a CPU, of "
+                          f"the NUMA node's) vLLM may take, in (0, 1], got {share!r}")
 
 
 def _check_hf_values(options: Mapping[str, Any], setting: str) -> None:

@@ -37,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Evaluate a model (or the scripted reference policy) on envs; one SQLite row per "
         "episode; rerunning the same command resumes an interrupted evaluation.",
     )
-    p.add_argument("--engine", default="vllm", choices=[*sorted(ENGINES), REFERENCE])
+    p.add_argument("--engine", default="vllm", choices=[*sorted(ENGINES), REFERENCE],
+                   help="inference engine (default vllm); reference: each env's scripted reference policy")
     p.add_argument(
         "--model",
         help="packaged name / local dir (vllm, hf; default smollm2) or the served model's name (required "
@@ -53,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE", help="engine keyword")
     p.add_argument("--split", default="auto", help="split name; auto: test where the env has one")
     p.add_argument("-n", "--n-samples", type=int, default=1, help="samples per task (n of pass@k)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the episodes and the sampling (default 0)")
     p.add_argument("--max-tasks", type=int, help="first N tasks of the split (default: all)")
     p.add_argument("--db", default=DEFAULT_DB, help=f"SQLite results file (default {DEFAULT_DB})")
     p.add_argument("--traces-dir", help="JSONL traces (default: traces/ next to --db)")
@@ -72,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--agent-reward", choices=["env", "program"], default="env", help="with --agent")
     p.add_argument("--retry-failed", action="store_true", help="run stored failed episodes again")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
 

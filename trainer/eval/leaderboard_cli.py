@@ -56,11 +56,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     with store:
         board = build_leaderboard(store, k=args.k, env_ids=args.env, models=args.model)
         filters = (("--env", "env_id", args.env), ("--model", "model_name", args.model))
-        unknown = [] if board.cells else [f"{flag} {value!r}" for flag, column, values in filters
-                                          for value in sorted(set(values) - store.distinct(column))]
+        unknown = []  # a filter value no episode has, with the values the store does hold
+        for flag, column, values in filters if not board.cells else ():
+            held = store.distinct(column)
+            unknown += [f"{flag} {v!r} (it holds {', '.join(sorted(held))})" for v in values if v not in held]
     if not board.cells:  # a filter value the store has never seen is named: a typo, not an empty store
-        why = f": no episode has {', '.join(unknown)}" if unknown else " (after filters)" if args.env or args.model else ""
-        print(f"chatgym leaderboard: {args.db} holds no episodes{why}", file=sys.stderr)
+        why = f": no episode has {'; '.join(unknown)}" if unknown else (
+            " holds no episodes" + (" (after filters)" if args.env or args.model else ""))
+        print(f"chatgym leaderboard: {args.db}{why}", file=sys.stderr)
         return 1
     from rich.console import Console
 

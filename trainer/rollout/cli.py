@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--num-tasks", type=int, default=16, help="tasks 0..n-1 of the split")
     p.add_argument("-g", "--group-size", type=int, default=1, help="samples per task")
     p.add_argument("--out", required=True, help="JSONL file for the trajectories (appended)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the episodes and the sampling (default 0)")
     add_rollout_flags(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
