@@ -345,6 +345,9 @@ plan9() {
   timeout 480 python3 benchmarks/hf_decode_gpu.py --shape qwen2.5-7b --vllm --batch 64 256 --skip-generate \
     --repeats 3 --modes "static all" "static all ms4" > $O/decode_vllm_qwen2.5-7b.txt 2>&1
   grep -E "tok/s" $O/decode_vllm_qwen2.5-7b.txt | cut -c1-160
+  mark "the update, checkpointing on and off (10 steps each)"
+  timeout 300 python3 benchmarks/update_checkpointing_gpu.py --steps 10 --micro 64 > $O/update_ckpt.txt 2>&1
+  tail -n 4 $O/update_ckpt.txt
   mark "done"
 }
 
