@@ -23,6 +23,7 @@ it into ``Trajectory.success``; training accuracy, eval pass@k and the leaderboa
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import threading
 from collections.abc import Coroutine, Iterable, Mapping, Sequence
@@ -53,9 +54,11 @@ from chatgym.envs.tools import (
 T = TypeVar("T")
 
 
+@functools.cache
 def load_prompt(package: str, name: str) -> str:
     """Text of ``prompts/<name>`` inside the env family's package ``package`` (package data, UTF-8),
-    without surrounding whitespace: the one reader of the envs' prompt files.
+    without surrounding whitespace: the one reader of the envs' prompt files. Read once per process
+    (an env is made per episode; on a GPU its file reads held the engine's interpreter lock).
 
     Args:
         package: the family's package, e.g. ``"chatgym.envs.math"`` (an env module passes its

@@ -378,3 +378,19 @@ def test_a_task_that_is_no_row_is_refused_naming_the_option():
         env.reset(options={"task": "what is 1+1"})
     assert str(err.value) == ("MathEnv: options['task'] must be a task row (a dict of the env's fields), got str: "
                               "'what is 1+1'")
+
+
+def test_load_prompt_reads_a_file_once_and_strips_it():
+    # Envs are made per episode; the prompt text must come from the file once, not per episode.
+    from importlib import resources
+
+    from chatgym.envs.core import load_prompt
+
+    text = resources.files("chatgym.envs.math").joinpath("prompts", "math_system.txt").read_text("utf-8")
+    load_prompt.cache_clear()
+    assert load_prompt("chatgym.envs.math", "math_system.txt") == text.strip() != ""
+    assert load_prompt("chatgym.envs.math", "math_system.txt") == text.strip()
+    assert (load_prompt.cache_info().misses, load_prompt.cache_info().hits) == (1, 1)
+    for _ in range(2):  # a missing file is not remembered: it raises every time
+        with pytest.raises(FileNotFoundError):
+            load_prompt("chatgym.envs.math", "no_such_prompt.txt")
