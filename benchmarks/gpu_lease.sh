@@ -9,7 +9,7 @@
 # Then the device calls, back to back (the machine goes back 30 s after a call), each from the
 # project root, with the carry named:
 #
-#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan7|plan8|plan9]   (starts `plan` in the background)
+#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan7|plan8|plan9|plan10]   (starts `plan` in the background)
 #   2  [.gpukit/smol/a1]              cp .gpukit/smol/a1/* /tmp/kit/smol/
 #   3  [.gpukit/smol/a2]              cp .gpukit/smol/a2/* /tmp/kit/smol/
 #   4  [.gpukit/smol/b]               bash benchmarks/gpu_lease.sh smol
@@ -315,7 +315,7 @@ plan8() {
   mark "done"
 }
 
-# The next lease (written 2026-12-06, not run): where lease B's rollout time goes (py-spy of ours_px_pc's
+# Lease of 2026-12-06 (3), run: benchmarks/results/precapture_h100_2026-12-06/. Where lease B's rollout time goes (py-spy of ours_px_pc's
 # steady state), the collector's prompt memo and Math-v0's cheaper scoring (d0ab916, 91db26f), multi_step
 # 4 and precapture (every graph captured at the first join), each paired with TRL + vLLM in the lease.
 plan9() {
@@ -348,6 +348,37 @@ plan9() {
   mark "the update, checkpointing on and off (10 steps each)"
   timeout 300 python3 benchmarks/update_checkpointing_gpu.py --steps 10 --micro 64 > $O/update_ckpt.txt 2>&1
   tail -n 4 $O/update_ckpt.txt
+  mark "done"
+}
+
+# The next lease (written 2026-12-06 after plan9's, not run): plan9 found the overlapped rollout
+# (one_step_off) at 0.31-0.34 s a step against 0.19-0.22 alone, about the update's GPU work added to
+# it; the _nc runs drop the recomputed forward of gradient checkpointing from that work. Each ours run
+# is paired with TRL + vLLM in the lease; then the update's profile (checkpointing on and off), the
+# GPU tests one file a process (one process for all of them died in plan9's lease; see the results).
+plan10() {
+  begin "$1"
+  wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
+  local vs="python3 benchmarks/vs_trl_gpu.py --run-timeout 300 --shape smollm2 --out $O/vs_smol"
+  mark "vs TRL, SmolLM2: ours seed 0 (without checkpointing, and with it)"
+  $vs --runs ours_1off_px_gil_ms4_pc_nc:0 ours_px_pc_nc:0 ours_1off_px_gil_ms4_pc:0 ours_1off_px_gil_pc_nc:0 \
+    > $O/vs_smol_ours0.txt 2>&1
+  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 8 $O/report_smol.txt
+  wait_for /tmp/kit/vllm_ok || mark "no vLLM"
+  mark "vs TRL, SmolLM2: TRL + vLLM seeds 0 and 1, ours seed 1"
+  $vs --runs trl_vllm_fp32:0 > $O/vs_smol_trl0.txt 2>&1
+  $vs --runs ours_1off_px_gil_ms4_pc_nc:1 ours_px_pc_nc:1 ours_1off_px_gil_ms4_pc:1 > $O/vs_smol_ours1.txt 2>&1
+  $vs --runs trl_vllm_fp32:1 > $O/vs_smol_trl1.txt 2>&1
+  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 30 $O/report_smol.txt
+  mark "the update under the profiler, checkpointing on and off"
+  timeout 300 python3 benchmarks/train_step_gpu.py --only padded --checkpointing both --compile --profile --repeats 5 \
+    --json $O/train_step_profile.json > $O/train_step_profile.txt 2>&1
+  grep -A14 "^padded" $O/train_step_profile.txt | cut -c1-200
+  mark "GPU tests, one file a process"
+  for f in $(cd /tmp/t && grep -l "mark.gpu" tests/*.py); do
+    (cd /tmp/t && timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu "$f" > "$O/gpu_$(basename "$f" .py).txt" 2>&1)
+    echo "$f rc=$? $(tail -n 1 "$O/gpu_$(basename "$f" .py).txt")"
+  done
   mark "done"
 }
 

@@ -44,6 +44,10 @@ Runs (``--runs``, any subset, each ``NAME:SEED``):
   ``multi_step: 4`` (four decode steps a read-back of the sampled ids); a run ending ``_pc``
   (``ours_px_pc``, ``ours_1off_px_gil_pc``, ``ours_1off_px_gil_ms4_pc``): the same with
   ``engine.options.precapture: true`` (every graph the rollout can need captured as its requests join);
+  ending ``_nc`` (``ours_px_pc_nc``, ``ours_1off_px_gil_pc_nc``, ``ours_1off_px_gil_ms4_pc_nc``): the same
+  without gradient checkpointing (and without the shared prompt prefix: one padded forward). The
+  update is host-bound alone, so checkpointing costs it nothing there, but beside the rollout its
+  recomputed forward is GPU work the two share;
 * ``ours_1off_compile`` — both: with an update that issues fewer ops, the next rollout's host work and
   the update's contend less for the host (``ours_1off`` alone gained nothing: both phases issue ops);
 * ``trl_bf16``    — TRL with bf16 weights (its fastest configuration in the peers' figures);
@@ -181,6 +185,11 @@ OUR_RUNS: dict[str, dict[str, str]] = {
     "ours_1off_px_gil_pc": {"engine": "async_c_px_pc", "pipeline": "one_step_off", "compile": "true", "switch_ms": "0.2"},
     "ours_1off_px_gil_ms4_pc": {"engine": "async_c_px_ms4_pc", "pipeline": "one_step_off", "compile": "true",
                                 "switch_ms": "0.2"},
+    "ours_px_pc_nc": {"engine": "async_c_px_pc", "compile": "true", "checkpointing": "false"},
+    "ours_1off_px_gil_pc_nc": {"engine": "async_c_px_pc", "pipeline": "one_step_off", "compile": "true",
+                               "switch_ms": "0.2", "checkpointing": "false"},
+    "ours_1off_px_gil_ms4_pc_nc": {"engine": "async_c_px_ms4_pc", "pipeline": "one_step_off", "compile": "true",
+                                   "switch_ms": "0.2", "checkpointing": "false"},
 }
 # The trl* runs: (fp32 master weights, TRL's colocated vLLM generating).
 TRL_RUNS = {
@@ -232,13 +241,19 @@ def our_config(
     quantization: str | None = None,
     pipeline: str = "sync",
     compile: str = "false",
+    checkpointing: str | None = None,
 ):
-    """ours' run config at the shape of :data:`MODEL`; ``engine``: see :data:`OUR_RUNS`."""
+    """ours' run config at the shape of :data:`MODEL`; ``engine``: see :data:`OUR_RUNS`. ``checkpointing``
+    ``"false"`` (the runs ending ``_nc``): no gradient checkpointing and no shared prompt prefix, one
+    padded forward an update (else ``--checkpointing``'s choice, on by default on CUDA)."""
     from chatgym.trainer.config.run import load_config
 
-    checkpointing = UPDATE["checkpointing"] if UPDATE["checkpointing"] is not None else DEVICE == "cuda"
     extra = [f"model.pack={pack or UPDATE['pack']}", f"algo.rollout_correction={CORRECTION['rollout_correction']}",
              "algo.rollout_mask_band=[{},{}]".format(*CORRECTION["rollout_mask_band"])]
+    if checkpointing == "false":
+        extra.append("train.share_prompt_prefix=false")
+    else:
+        checkpointing = UPDATE["checkpointing"] if UPDATE["checkpointing"] is not None else DEVICE == "cuda"
     if UPDATE["pack_max_tokens"]:
         extra.append(f"model.pack_max_tokens={UPDATE['pack_max_tokens']}")
     return load_config(
@@ -509,9 +524,10 @@ def run_ours(
     pipeline: str = "sync",
     compile: str = "false",
     switch_ms: str | None = None,
+    checkpointing: str | None = None,
 ) -> dict:
-    """One ours* run (``engine``, ``pack``, ``quantization``, ``pipeline``, ``compile``, ``switch_ms``: see
-    :data:`OUR_RUNS`):
+    """One ours* run (``engine``, ``pack``, ``quantization``, ``pipeline``, ``compile``, ``switch_ms``,
+    ``checkpointing``: see :data:`OUR_RUNS` and :func:`our_config`):
     ``steps`` timed steps, held-out accuracy before, every ``eval_every`` steps and after (None at a
     random-weights shape). With ``one_step_off`` the next rollout keeps running during an evaluation
     (as in ``chatgym train``), whose seconds are taken out of the wall clock: the step after one is
@@ -530,7 +546,7 @@ def run_ours(
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    trainer = Trainer(our_config(seed, steps, out, engine, pack, quantization, pipeline, compile))
+    trainer = Trainer(our_config(seed, steps, out, engine, pack, quantization, pipeline, compile, checkpointing))
     if options.get("learner_cudnn"):  # cuDNN attention allowed in the update (its per-shape plans)
         import contextlib
 

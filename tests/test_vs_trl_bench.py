@@ -129,6 +129,18 @@ def test_ours_vllm_and_ours_1off_configs(bench):
     assert (pc.trainer.pipeline, pc.engine.options) == ("one_step_off", {
         "decode": "static", "fused_step": "compiled", "async_scheduling": True, "sampler": "philox", "multi_step": 4,
         "precapture": True})
+    # Checkpointing is on by default for the CUDA runs; an _nc run is without it whatever --checkpointing says.
+    assert (pc.model.gradient_checkpointing, pc.train.share_prompt_prefix) == (True, True)
+    bench.UPDATE["checkpointing"] = True
+    try:
+        on = bench.our_config(0, 30, Path("/tmp/x"), **run)
+        run_nc = {k: v for k, v in bench.OUR_RUNS["ours_1off_px_gil_ms4_pc_nc"].items() if k != "switch_ms"}
+        nc = bench.our_config(0, 30, Path("/tmp/x"), **run_nc)
+    finally:
+        bench.UPDATE["checkpointing"] = None
+    assert (on.model.gradient_checkpointing, on.train.share_prompt_prefix) == (True, True)
+    assert (nc.model.gradient_checkpointing, nc.train.share_prompt_prefix) == (False, False)
+    assert (nc.trainer.pipeline, nc.engine.options) == (pc.trainer.pipeline, pc.engine.options)
 
 
 @pytest.mark.parametrize(
