@@ -378,6 +378,14 @@ def test_the_summary_counts_one_step_in_the_singular(capsys):
         "  held-out before: score=0.25, accuracy=0.25 (21 of 32 episodes failed: counted as misses)",
         "  held-out after:  score=0.25, accuracy=0.25",
     ]
+    # A resume with another env.eval_tasks: the two figures cover different tasks, and the summary says so.
+    after = {"eval/score": 0.5, "eval/accuracy": 0.375, "eval/tasks": 8}
+    _print_summary({**summary, "eval_before": {**evaluation, "eval/failed": 0}, "eval_after": after})
+    assert capsys.readouterr().out.splitlines()[3:6] == [
+        "  held-out before: score=0.25, accuracy=0.25 over 32 tasks",
+        "  held-out after:  score=0.5, accuracy=0.375 over 8 tasks",
+        "  (not comparable: env.eval_tasks changed between the run and its resume)",
+    ]
 
 
 def test_a_missing_config_through_python_m(tmp_path):

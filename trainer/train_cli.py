@@ -322,13 +322,20 @@ def _print_summary(summary: dict[str, Any]) -> None:
     print(f"done: {steps}{resumed}, now at step {summary['steps']}, in {summary['wall_s']:.0f} s")
     print(f"  first step: {pick(summary['first_step'], *keys)}")
     print(f"  last step:  {pick(summary['last_step'], *keys)}")
+    # A resume with another env.eval_tasks scores a different task set after than before: say so.
+    tasks = [(m or {}).get("eval/tasks") for m in (summary["eval_before"], summary["eval_after"])]
+    differ = None not in tasks and tasks[0] != tasks[1]
+
     def held_out(m: dict[str, Any] | None) -> str:
         failed = (m or {}).get("eval/failed")  # counted as misses in both figures: say how many
         extra = f" ({failed} of {m['eval/tasks']} episodes failed: counted as misses)" if failed else ""
+        extra += f" over {m['eval/tasks']} tasks" if differ else ""
         return pick(m, "eval/score", "eval/accuracy") + extra
 
     print(f"  held-out before: {held_out(summary['eval_before'])}")
     print(f"  held-out after:  {held_out(summary['eval_after'])}")
+    if differ:
+        print("  (not comparable: env.eval_tasks changed between the run and its resume)")
     print(f"  learning curve: {summary['learning_curve']}")
     print(f"  checkpoint:     {summary['checkpoint']}")
     print(f"  metrics:        {summary['metrics']}")
