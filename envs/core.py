@@ -109,9 +109,14 @@ class ChatEnv(gym.Env):
         tools_config: a YAML tool configuration (path, or the parsed mapping) whose tools (native
             functions, MCP servers) are added to the env's own; see ``chatgym.envs.tool_config``.
             MCP servers it declares are started here and stopped by ``close()``.
+
+    Attributes:
+        image_observations: True for an env whose observations carry images (a vision-language
+            model's env); ``chatgym eval`` leaves it out of ``--env all`` for a text-only model.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": None}
+    image_observations: ClassVar[bool] = False
 
     def __init__(
         self,

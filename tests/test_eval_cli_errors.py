@@ -193,3 +193,49 @@ def test_the_envs_must_be_named(capsys):
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "chatgym eval: error: the following arguments are required: --env")
     assert eval_cli.build_parser().parse_args(["--env", "all"]).env == ["all"]
+
+
+def test_a_text_only_model_is_refused_an_image_env_it_names_and_skips_those_all_brings(tmp_path, monkeypatch, capsys):
+    # Regression: every VisualGrid-v0 / ChartQA-v0 episode of a text-only model failed at its first
+    # observation, and `--env all` (examples/leaderboard.sh) stored those failures as its scores.
+    import chatgym  # noqa: F401  (registers the env ids)
+    from chatgym.envs.registration import ENV_SPECS
+    from chatgym.trainer.config.loader import ConfigError
+    from chatgym.trainer.eval.config import EvalConfig
+    from chatgym.trainer.eval.envs import leave_out_image_envs
+
+    db = tmp_path / "r.sqlite"
+    argv = ["--engine", "hf", "--model", "smollm2", "--env", "Math-v0", "VisualGrid-v0", "--max-tasks", "1",
+            "--db", str(db), "--no-progress"]  # fmt: skip
+    assert refusal(eval_cli.main, argv, monkeypatch, capsys) == (
+        "chatgym eval: --env: VisualGrid-v0: its observations carry images and --model smollm2 is a text-only "
+        "model (no image processor): give a vision-language model, or leave the env out\n"
+    )
+    assert not db.exists()
+    reason = "its observations carry images and --model smollm2 is a text-only model (no image processor)"
+    built = {env_id: ("identity", {}) for env_id in ENV_SPECS}
+    leave_out_image_envs(EvalConfig(engine="hf", model="smollm2", envs=("all",)), built, text_only=True)
+    assert {e for e, b in built.items() if isinstance(b, str)} == {"VisualGrid-v0", "ChartQA-v0"}
+    assert built["ChartQA-v0"] == reason and built["Math-v0"] == ("identity", {})
+    kept = {env_id: ("identity", {}) for env_id in ENV_SPECS}
+    leave_out_image_envs(EvalConfig(engine="hf", model="smollm2", envs=("all",)), kept, text_only=False)
+    assert all(not isinstance(b, str) for b in kept.values())
+    with pytest.raises(ConfigError, match=r"^envs: ChartQA-v0: its observations carry images"):
+        leave_out_image_envs(EvalConfig(engine="hf", model="smollm2", envs=("ChartQA-v0",)),
+                             {"ChartQA-v0": ("identity", {})}, text_only=True)  # fmt: skip
+
+
+@pytest.mark.parametrize(("env_id", "images"), [("VisualGrid-v0", True), ("ChartQA-v0", True), ("Math-v0", False)])
+def test_image_observations_says_whether_the_first_observation_has_an_image(env_id, images):
+    import gymnasium as gym
+
+    import chatgym  # noqa: F401
+
+    env = gym.make(env_id)
+    try:
+        obs, _ = env.reset(seed=0)
+        parts = [p for m in obs for p in (m["content"] if isinstance(m["content"], list) else [])]
+        assert any("image" in p.get("type", "") for p in parts) is images
+        assert env.unwrapped.image_observations is images
+    finally:
+        env.close()

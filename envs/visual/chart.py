@@ -112,6 +112,8 @@ class ChartQAEnv(ChatEnv):
         ValueError: a setting out of range (named).
     """
 
+    image_observations = True
+
     def __init__(
         self,
         *,

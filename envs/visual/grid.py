@@ -104,6 +104,8 @@ class VisualGridEnv(ChatEnv):
             the argument and what it accepts.
     """
 
+    image_observations = True
+
     def __init__(
         self,
         *,

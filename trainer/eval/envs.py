@@ -102,6 +102,34 @@ def build_envs(config: EvalConfig, env_ids: Sequence[str]) -> dict[str, tuple[En
     return built
 
 
+def leave_out_image_envs(
+    config: EvalConfig, built: dict[str, tuple[EnvId, dict[str, Any]] | str], text_only: bool
+) -> None:
+    """For a text-only model (``text_only``: a token engine whose model has no image processor),
+    the envs whose observations carry images (``ChatEnv.image_observations``): one named in
+    ``config.envs`` refuses the evaluation, since every episode would fail on its first observation;
+    one that only ``all`` brought in gets the reason in ``built`` (skipped), as an env that cannot
+    be built does.
+
+    Raises:
+        ConfigError: ``envs: <env id>: its observations carry images and --model <model> is a
+            text-only model ...``.
+    """
+    if not text_only:
+        return
+    from gymnasium.envs.registration import load_env_creator
+
+    for env_id, entry in built.items():
+        point = gym.spec(env_id).entry_point
+        creator = load_env_creator(point) if isinstance(point, str) else point
+        if isinstance(entry, str) or not getattr(creator, "image_observations", False):
+            continue
+        reason = f"its observations carry images and --model {config.model} is a text-only model (no image processor)"
+        if env_id in config.envs:
+            raise ConfigError(f"envs: {env_id}: {reason}: give a vision-language model, or leave the env out")
+        built[env_id] = reason
+
+
 def _blame(config: EvalConfig, env_id: str) -> str:
     """The config field(s) that make ``env_id`` fail to build: ``split`` and/or ``env_kwargs``,
     whichever fails alone; ``envs`` when the env does not build even with its defaults."""

@@ -31,7 +31,7 @@ import gymnasium as gym
 
 from chatgym.trainer.config.loader import ConfigError
 from chatgym.trainer.eval.config import LOCAL_WEIGHT_ENGINES, REFERENCE, TOKEN_ENGINES, EvalConfig
-from chatgym.trainer.eval.envs import build_envs, resolve_env_ids
+from chatgym.trainer.eval.envs import build_envs, leave_out_image_envs, resolve_env_ids
 from chatgym.trainer.eval.identity import (
     EnvId,
     ModelId,
@@ -312,7 +312,8 @@ class _Evaluation:
 
     Raises:
         ConfigError: the backend's start-up checks (:meth:`_Backend.check`), an env that cannot be
-            built (:func:`~chatgym.trainer.eval.envs.build_envs`) and a ``--db`` that cannot be a store
+            built (:func:`~chatgym.trainer.eval.envs.build_envs`) or whose images a text-only model
+            cannot read (:func:`~chatgym.trainer.eval.envs.leave_out_image_envs`), and a ``--db`` that cannot be a store
             (:func:`~chatgym.trainer.eval.store.checked_store`), before any model loads.
     """
 
@@ -322,6 +323,7 @@ class _Evaluation:
         self.backend = _Backend(config)
         self.backend.check()
         self.built = build_envs(config, env_ids)
+        leave_out_image_envs(config, self.built, self.backend.token_level and self.backend.processor is None)
         self.model = model_identity(config)
         self.sampling = config.sampling()
         self.db = Path(config.db).expanduser()
