@@ -360,8 +360,10 @@ plan10() {
   begin "$1"
   wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
   local vs="python3 benchmarks/vs_trl_gpu.py --run-timeout 300 --shape smollm2 --out $O/vs_smol"
-  mark "vs TRL, SmolLM2: ours seed 0 (without checkpointing, and with it)"
-  $vs --runs ours_1off_px_gil_ms4_pc_nc:0 ours_px_pc_nc:0 ours_1off_px_gil_ms4_pc:0 ours_1off_px_gil_pc_nc:0 \
+  mark "vs TRL, SmolLM2: ours seed 0 (without checkpointing, and with it; the learner's recompiles logged)"
+  # TORCH_LOGS=recompiles: which guard recompiles the learner's layers at a new padded length (on the
+  # CPU, Inductor's C++ codegen guards 65 <= length, so a batch of <= 64 columns compiles again).
+  TORCH_LOGS=recompiles $vs --runs ours_1off_px_gil_ms4_pc_nc:0 ours_px_pc_nc:0 ours_1off_px_gil_ms4_pc:0 ours_1off_px_gil_pc_nc:0 \
     > $O/vs_smol_ours0.txt 2>&1
   python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 8 $O/report_smol.txt
   wait_for /tmp/kit/vllm_ok || mark "no vLLM"
