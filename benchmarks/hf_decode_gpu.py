@@ -28,7 +28,8 @@ FP8 (:mod:`chatgym.trainer.engines.hf_fp8`; needs compute capability >= 8.9): ``
 (the LM head in FP8 too) and prints their tokens/s over ``engine static``'s (bf16) per batch, plus the FP8 engine's greedy agreement with the bf16 one and
 its logprobs against a bf16 forward pass. ``--vllm`` also runs the in-process vLLM engine at the same
 shape (bf16, and ``quantization="fp8"`` with ``--fp8``), each in its own process (random weights:
-vLLM's ``load_format="dummy"`` on the shape's config). ``--shape`` picks the model shape (random
+vLLM's ``load_format="dummy"`` on the shape's config), through chatgym's engine (``vllm bf16``) and
+through vLLM's own ``LLM.generate`` on that engine (``vllm bf16 LLM.gen``), and prints their ratio. ``--shape`` picks the model shape (random
 weights unless ``--real-weights``, SmolLM2 only): ``smollm2`` (135M), ``qwen2.5-1.5b``, ``qwen2.5-7b``
 (Qwen2 configs written here: no download).
 
@@ -209,9 +210,29 @@ class _NoText:
         return ""
 
 
+def raw_generate(eng, prompts: list[list[int]], params: list) -> tuple[float, int]:
+    """(seconds, generated tokens) of vLLM's own ``LLM.generate`` on ``eng``'s engine (a
+    :class:`~chatgym.trainer.engines.vllm_inproc.VLLMEngine`: the same ``vllm.LLM``, engine arguments
+    and request parameters as its ``generate``), run on the engine's thread: vLLM offline, the
+    reference the engine's own path is compared with."""
+    from chatgym.trainer.engines.vllm_inproc import to_vllm_params
+
+    requests = [{"prompt_token_ids": p} for p in prompts]
+    vparams = [to_vllm_params(p) for p in params]
+
+    def run() -> tuple[float, int]:
+        t0 = time.perf_counter()
+        outs = eng.llm.generate(requests, vparams, use_tqdm=False)
+        return time.perf_counter() - t0, sum(len(o.outputs[0].token_ids) for o in outs)
+
+    return eng.call(run)
+
+
 def vllm_child(spec: dict) -> dict:
     """One vLLM engine (in its own process) for every batch size of ``spec["batches"]``: per batch
-    size, tokens/s over ``spec["repeats"]`` rounds after a warm-up round."""
+    size, tokens/s over ``spec["repeats"]`` rounds after a warm-up round, through chatgym's engine
+    (``generate``, the path training takes) and through vLLM's own ``LLM.generate`` on the same engine
+    (:func:`raw_generate`)."""
     from chatgym.trainer.chat.tokenizer import get_tokenizer
     from chatgym.trainer.engines import SamplingParams
     from chatgym.trainer.engines.vllm_inproc import VLLMEngine
@@ -235,12 +256,16 @@ def vllm_child(spec: dict) -> dict:
         first, _ = asyncio.run(run_engine(eng, prompts, params))
         runs = [asyncio.run(run_engine(eng, prompts, params)) for _ in range(spec["repeats"])]
         out[str(batch)] = {"dt": statistics.median(t for t, _ in runs), "tokens": runs[0][1], "first": first}
+        raw_first, _ = raw_generate(eng, prompts, params)
+        raws = [raw_generate(eng, prompts, params) for _ in range(spec["repeats"])]
+        out[f"raw {batch}"] = {"dt": statistics.median(t for t, _ in raws), "tokens": raws[0][1], "first": raw_first}
     asyncio.run(eng.close())
     return out
 
 
 def run_vllm(shape: str, batches: list[int], repeats: int, real_weights: bool, quantization: str | None) -> dict:
-    """``{batch: (seconds, tokens, first round's seconds)}`` from one vLLM process."""
+    """``{batch: (seconds, tokens, first round's seconds)}`` from one vLLM process through chatgym's
+    engine, and ``{"raw <batch>": ...}`` through vLLM's ``LLM.generate`` on the same engine."""
     spec = {"shape": shape, "batches": list(batches), "repeats": repeats, "real_weights": real_weights,
             "quantization": quantization}
     out = subprocess.run([sys.executable, __file__, "--vllm-child", json.dumps(spec)], capture_output=True,
@@ -249,7 +274,7 @@ def run_vllm(shape: str, batches: list[int], repeats: int, real_weights: bool, q
         print(out.stderr[-3000:], file=sys.stderr)
         raise SystemExit(f"vLLM {quantization or 'bf16'} failed (rc {out.returncode})")
     r = json.loads(out.stdout.strip().splitlines()[-1])
-    return {int(b): (v["dt"], v["tokens"], v["first"]) for b, v in r.items()}
+    return {(b if b.startswith("raw") else int(b)): (v["dt"], v["tokens"], v["first"]) for b, v in r.items()}
 
 
 async def _gather(engine, prompts, params):
@@ -326,7 +351,10 @@ def bench_shape(args, shape: str) -> list[str]:
         torch.cuda.empty_cache()
         for q in (None, "fp8") if args.fp8 else (None,):
             for batch, r in run_vllm(shape, args.batch, args.repeats, args.real_weights, q).items():
-                per_batch[batch][f"vllm {q or 'bf16'}"] = r
+                if isinstance(batch, str):  # "raw <batch>": vLLM's own LLM.generate on the same engine
+                    per_batch[int(batch.split()[1])][f"vllm {q or 'bf16'} LLM.gen"] = r
+                else:
+                    per_batch[batch][f"vllm {q or 'bf16'}"] = r
     rows = []
     for batch, results in per_batch.items():
         rows += report(shape, batch, results)
@@ -339,13 +367,18 @@ def report(shape: str, batch: int, results: dict) -> list[str]:
     rows = []
     for name, (dt, toks, first) in results.items():
         rows.append(
-            f"{shape:12s} batch {batch:4d}  {name:15s} {toks / dt:10,.0f} tok/s  {1000 * dt / NEW_TOKENS:7.2f} ms/step"
+            f"{shape:12s} batch {batch:4d}  {name:17s} {toks / dt:10,.0f} tok/s  {1000 * dt / NEW_TOKENS:7.2f} ms/step"
             f"  first {first:6.2f} s  x{(toks / dt) / (base[1] / base[0]):.2f} vs {base_name}"
         )
     pairs = (("engine static fp8", "engine static"), ("engine static fp8+head", "engine static"),
              ("engine static fp8 compiled", "engine static compiled"), ("engine static fp8 all", "engine static all"),
              ("engine static fp8+head all", "engine static all"),
              ("vllm fp8", "vllm bf16"))
+    for q in ("bf16", "fp8"):  # chatgym's vLLM engine (auto's pick above 3 B) against vLLM's own loop
+        ours, raw = f"vllm {q}", f"vllm {q} LLM.gen"
+        if ours in results and raw in results:
+            (d1, t1, _), (d2, t2, _) = results[ours], results[raw]
+            rows.append(f"{shape:12s} batch {batch:4d}  chatgym's vLLM engine / vLLM LLM.generate ({q}) x{(t1 / d1) / (t2 / d2):.3f}")
     for fp8, bf16 in pairs:
         if fp8 in results and bf16 in results:
             (d8, t8, _), (d16, t16, _) = results[fp8], results[bf16]

@@ -34,3 +34,23 @@ def test_modes_given_are_run_as_given_with_fp8(decode_bench, monkeypatch):
     defaults = [m for m in decode_bench.ENGINE_MODES if "fp8" not in m]
     assert modes(decode_bench, monkeypatch) == defaults
     assert modes(decode_bench, monkeypatch, "--fp8") == [*defaults, "static fp8", "static fp8+head"]
+
+
+@pytest.mark.slow
+def test_raw_generate_is_vllms_own_loop_on_the_same_engine(decode_bench):
+    # The benchmark's reference column: vLLM's LLM.generate on chatgym's VLLMEngine's own vllm.LLM
+    # (same engine arguments and request parameters); greedy, so it must give the engine's ids' count.
+    import asyncio
+
+    from chatgym.trainer.engines import SamplingParams
+    from chatgym.trainer.engines.vllm_inproc import VLLMEngine
+
+    eng = VLLMEngine("smollm2", dtype="float32", enforce_eager=True, max_model_len=512, kv_cache_gib=1)
+    try:
+        prompts = decode_bench.make_prompts(3, 49152, 0)
+        params = [SamplingParams(max_tokens=8, temperature=0.0) for _ in prompts]
+        ours = asyncio.run(decode_bench.run_engine(eng, prompts, params))[1]
+        seconds, tokens = decode_bench.raw_generate(eng, prompts, params)
+        assert seconds > 0 and tokens == ours and 3 <= tokens <= 24
+    finally:
+        asyncio.run(eng.close())
