@@ -376,6 +376,10 @@ plan10() {
   timeout 300 python3 benchmarks/train_step_gpu.py --only padded --checkpointing both --compile --profile --repeats 5 \
     --json $O/train_step_profile.json > $O/train_step_profile.txt 2>&1
   grep -A14 "^padded" $O/train_step_profile.txt | cut -c1-200
+  mark "7B tokens/s: the hf engine, chatgym's vLLM engine (auto's pick) and vLLM's own LLM.generate"
+  timeout 420 python3 benchmarks/hf_decode_gpu.py --shape qwen2.5-7b --vllm --batch 64 256 --skip-generate \
+    --repeats 3 --modes "static all" > $O/decode_vllm_qwen2.5-7b.txt 2>&1
+  grep -E "tok/s|LLM.generate" $O/decode_vllm_qwen2.5-7b.txt | cut -c1-160
   mark "GPU tests, one file a process"
   for f in $(cd /tmp/t && grep -l "mark.gpu" tests/*.py); do
     (cd /tmp/t && timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu "$f" > "$O/gpu_$(basename "$f" .py).txt" 2>&1)
