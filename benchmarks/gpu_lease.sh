@@ -358,6 +358,7 @@ plan9() {
 # GPU tests one file a process (one process for all of them died in plan9's lease; see the results).
 plan10() {
   begin "$1"
+  spy_install
   wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
   local vs="python3 benchmarks/vs_trl_gpu.py --run-timeout 300 --shape smollm2 --out $O/vs_smol"
   mark "vs TRL, SmolLM2: ours seed 0 (without checkpointing, and with it; the learner's recompiles logged)"
@@ -376,6 +377,10 @@ plan10() {
   timeout 300 python3 benchmarks/train_step_gpu.py --only padded --checkpointing both --compile --profile --repeats 5 \
     --json $O/train_step_profile.json > $O/train_step_profile.txt 2>&1
   grep -A14 "^padded" $O/train_step_profile.txt | cut -c1-200
+  mark "the update's host work under py-spy (on-CPU samples only: the GPU is idle ~70% of an update)"
+  timeout 300 /tmp/spy/bin/py-spy record -r 1000 --nonblocking -f raw -o $O/pyspy_update.txt -- python3 \
+    benchmarks/train_step_gpu.py --only padded --checkpointing on --compile --repeats 30 > $O/pyspy_update.log 2>&1
+  tail -n 2 $O/pyspy_update.log
   mark "7B tokens/s: the hf engine, chatgym's vLLM engine (auto's pick) and vLLM's own LLM.generate"
   timeout 420 python3 benchmarks/hf_decode_gpu.py --shape qwen2.5-7b --vllm --batch 64 256 --skip-generate \
     --repeats 3 --modes "static all" > $O/decode_vllm_qwen2.5-7b.txt 2>&1
