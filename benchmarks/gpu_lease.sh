@@ -92,6 +92,27 @@ update_profile() {
   grep -A14 "^padded" $O/train_step_profile.txt | cut -c1-200
 }
 
+# ours' runs $1 (seed 0) and $2 (seed 1) against TRL + vLLM fp32 seeds 0 and 1, in one results folder
+# (vs_smol); $3: an environment assignment for ours' seed-0 runs, or nothing.
+vs_trl_pairs() {
+  local vs="python3 benchmarks/vs_trl_gpu.py --run-timeout 300 --shape smollm2 --out $O/vs_smol"
+  mark "vs TRL, SmolLM2: ours seed 0"
+  env ${3:-} $vs --runs $1 > $O/vs_smol_ours0.txt 2>&1
+  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 9 $O/report_smol.txt
+  wait_for /tmp/kit/vllm_ok || mark "no vLLM"
+  mark "vs TRL, SmolLM2: TRL + vLLM seeds 0 and 1, ours seed 1"
+  $vs --runs trl_vllm_fp32:0 > $O/vs_smol_trl0.txt 2>&1
+  $vs --runs $2 > $O/vs_smol_ours1.txt 2>&1
+  $vs --runs trl_vllm_fp32:1 > $O/vs_smol_trl1.txt 2>&1
+  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 30 $O/report_smol.txt
+}
+
+update_ckpt() {  # the update with checkpointing off and on, $1 steps each (hf engine, micro-batches of 64)
+  mark "the update, checkpointing on and off ($1 steps each)"
+  timeout 300 python3 benchmarks/update_checkpointing_gpu.py --steps "$1" --micro 64 > $O/update_ckpt.txt 2>&1
+  tail -n 4 $O/update_ckpt.txt
+}
+
 plan() {
   begin "$1"
   mark "GPU tests: the decode attention kernel, the engine's stream"
@@ -267,9 +288,7 @@ plan7() {
     python3 benchmarks/vs_trl_gpu.py --report $O/$d > $O/report_$d.txt 2>&1; head -n 6 $O/report_$d.txt
   done
   spy ours_1off_px_gil --eval-every 100
-  mark "the update, checkpointing on and off"
-  timeout 300 python3 benchmarks/update_checkpointing_gpu.py --steps 5 --micro 64 > $O/update_ckpt.txt 2>&1
-  tail -n 8 $O/update_ckpt.txt
+  update_ckpt 5
   mark "done"
 }
 
@@ -328,16 +347,9 @@ plan9() {
     > $O/gpu_tests.txt 2>&1)
   tail -n 3 $O/gpu_tests.txt
   spy ours_px_pc --eval-every 100
+  vs_trl_pairs "ours_px:0 ours_px_pc:0 ours_px_ms4:0 ours_1off_px_gil_pc:0 ours_1off_px_gil_ms4_pc:0" \
+    "ours_px_pc:1 ours_1off_px_gil_ms4_pc:1 ours_1off_px_gil_pc:1"
   local vs="python3 benchmarks/vs_trl_gpu.py --run-timeout 300 --shape smollm2 --out $O/vs_smol"
-  mark "vs TRL, SmolLM2: ours seed 0"
-  $vs --runs ours_px:0 ours_px_pc:0 ours_px_ms4:0 ours_1off_px_gil_pc:0 ours_1off_px_gil_ms4_pc:0 > $O/vs_smol_ours0.txt 2>&1
-  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 9 $O/report_smol.txt
-  wait_for /tmp/kit/vllm_ok || mark "no vLLM"
-  mark "vs TRL, SmolLM2: TRL + vLLM seeds 0 and 1, ours seed 1"
-  $vs --runs trl_vllm_fp32:0 > $O/vs_smol_trl0.txt 2>&1
-  $vs --runs ours_px_pc:1 ours_1off_px_gil_ms4_pc:1 ours_1off_px_gil_pc:1 > $O/vs_smol_ours1.txt 2>&1
-  $vs --runs trl_vllm_fp32:1 > $O/vs_smol_trl1.txt 2>&1
-  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 30 $O/report_smol.txt
   mark "the update with each engine in one lease (ours: hf, ours_vllm: vLLM; the same learner)"
   $vs --runs ours:0 ours_vllm:0 > $O/vs_smol_engines.txt 2>&1
   python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 40 $O/report_smol.txt
@@ -345,9 +357,7 @@ plan9() {
   timeout 480 python3 benchmarks/hf_decode_gpu.py --shape qwen2.5-7b --vllm --batch 64 256 --skip-generate \
     --repeats 3 --modes "static all" "static all ms4" > $O/decode_vllm_qwen2.5-7b.txt 2>&1
   grep -E "tok/s" $O/decode_vllm_qwen2.5-7b.txt | cut -c1-160
-  mark "the update, checkpointing on and off (10 steps each)"
-  timeout 300 python3 benchmarks/update_checkpointing_gpu.py --steps 10 --micro 64 > $O/update_ckpt.txt 2>&1
-  tail -n 4 $O/update_ckpt.txt
+  update_ckpt 10
   mark "done"
 }
 
@@ -360,19 +370,10 @@ plan10() {
   begin "$1"
   spy_install
   wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
-  local vs="python3 benchmarks/vs_trl_gpu.py --run-timeout 300 --shape smollm2 --out $O/vs_smol"
-  mark "vs TRL, SmolLM2: ours seed 0 (without checkpointing, and with it; the learner's recompiles logged)"
-  # TORCH_LOGS=recompiles: which guard recompiles the learner's layers at a new padded length (on the
-  # CPU, Inductor's C++ codegen guards 65 <= length, so a batch of <= 64 columns compiles again).
-  TORCH_LOGS=recompiles $vs --runs ours_1off_px_gil_ms4_pc_nc:0 ours_px_pc_nc:0 ours_1off_px_gil_ms4_pc:0 ours_1off_px_gil_pc_nc:0 \
-    > $O/vs_smol_ours0.txt 2>&1
-  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 8 $O/report_smol.txt
-  wait_for /tmp/kit/vllm_ok || mark "no vLLM"
-  mark "vs TRL, SmolLM2: TRL + vLLM seeds 0 and 1, ours seed 1"
-  $vs --runs trl_vllm_fp32:0 > $O/vs_smol_trl0.txt 2>&1
-  $vs --runs ours_1off_px_gil_ms4_pc_nc:1 ours_px_pc_nc:1 ours_1off_px_gil_ms4_pc:1 > $O/vs_smol_ours1.txt 2>&1
-  $vs --runs trl_vllm_fp32:1 > $O/vs_smol_trl1.txt 2>&1
-  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 30 $O/report_smol.txt
+  # Without checkpointing (_nc) and with it; TORCH_LOGS=recompiles: which guard recompiles the learner's
+  # layers at a new padded length (on the CPU, Inductor's C++ codegen guards 65 <= length).
+  vs_trl_pairs "ours_1off_px_gil_ms4_pc_nc:0 ours_px_pc_nc:0 ours_1off_px_gil_ms4_pc:0 ours_1off_px_gil_pc_nc:0" \
+    "ours_1off_px_gil_ms4_pc_nc:1 ours_px_pc_nc:1 ours_1off_px_gil_ms4_pc:1" TORCH_LOGS=recompiles
   mark "the update under the profiler, checkpointing on and off"
   timeout 300 python3 benchmarks/train_step_gpu.py --only padded --checkpointing both --compile --profile --repeats 5 \
     --json $O/train_step_profile.json > $O/train_step_profile.txt 2>&1
