@@ -406,3 +406,28 @@ def test_a_zero_is_normalised_without_its_sign(answer, normalised):
     a negative answer in traces); a nonzero keeps its sign."""
     assert normalise_answer(answer) == normalised
     assert answers_equal(answer, "0") is (normalised != "-0.5")
+
+
+@pytest.mark.parametrize(
+    "answer",
+    ["9" * 4301, "\\boxed{" + "1" * 5000 + "}", "1" + ",000" * 1500, "0." + "3" * 5000, "1/" + "3" * 5000,
+     "\\frac{1}{" + "3" * 5000 + "}", "$" + "9" * 5000 + "$"],
+)
+def test_an_answer_longer_than_pythons_int_digit_limit_is_no_number_not_a_crash(answer):
+    # Regression (fresh-user walk): Fraction() raised "Exceeds the limit (4300 digits) for integer string
+    # conversion", so Math-v0's step raised and the episode failed as an env error instead of scoring 0.
+    assert answer_value(answer) is None
+    assert answers_equal(answer, "5") is False and answers_equal(answer, "1/3") is False
+    assert answer_value("9" * 4300) == int("9" * 4300)  # at the limit it is still read exactly
+
+
+def test_math_env_scores_a_too_long_answer_zero():
+    import gymnasium as gym
+
+    import chatgym  # noqa: F401
+
+    env = gym.make("Math-v0")
+    env.reset(seed=0)
+    _, reward, terminated, truncated, _ = env.step("<answer>" + "9" * 4301 + "</answer>")
+    assert (reward, terminated, truncated) == (0.0, True, False)
+    env.close()

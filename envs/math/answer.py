@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import re
+import sys
 import threading
 from fractions import Fraction
 from typing import Any
@@ -151,7 +152,10 @@ def unwrap(answer: str) -> str:
 
 def _number_text(s: str) -> str | None:
     """The plain text of the number ``s`` is (``-9500``, ``3.5``, ``7/2``), or None when ``s`` is not
-    exactly one number (with optional wrappers, currency, unit, percent sign)."""
+    exactly one number (with optional wrappers, currency, unit, percent sign), or has more digits
+    than Python converts to an int (``sys.get_int_max_str_digits()``: 4,300 by default)."""
+    if _too_many_digits(s):  # int()/Fraction() would raise ValueError on it: no answer of ours
+        return None
     s = unwrap(s.replace("\u2212", "-"))
     m = _UNIT.match(s)
     if m and _number_text(m.group("num")) is not None:
@@ -183,6 +187,11 @@ def _number_text(s: str) -> str | None:
             negative = (sign == "-") ^ num.startswith("-") ^ den.startswith("-")
             return f"{'-' if negative else ''}{num.lstrip('-+')}/{den.lstrip('-+')}"
     return None
+
+
+def _too_many_digits(s: str) -> bool:
+    limit = sys.get_int_max_str_digits()
+    return bool(limit) and sum(c.isdigit() for c in s) > limit
 
 
 def normalise_answer(answer: str) -> str:
