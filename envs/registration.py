@@ -29,3 +29,26 @@ def register_envs() -> None:
             # No TimeLimit wrapper: ChatEnv truncates by assistant turns itself (max_turns). gym.make
             # wraps each env in Gymnasium's PassiveEnvChecker, which checks the first reset/step/render.
             gym.register(id=env_id, entry_point=entry_point, kwargs=kwargs)
+
+
+def observes_images(env_id: str) -> bool:
+    """Whether the registered env ``env_id``'s observations carry images (its class's
+    ``ChatEnv.image_observations``), read from the class without building the env; False for an id
+    whose entry point is a factory function rather than an env class.
+
+    Raises:
+        gymnasium.error.Error: ``env_id`` is not registered.
+    """
+    from gymnasium.envs.registration import load_env_creator
+
+    point = gym.spec(env_id).entry_point
+    creator = load_env_creator(point) if isinstance(point, str) else point
+    return bool(getattr(creator, "image_observations", False))
+
+
+def image_env_refusal(env_id: str, why: str) -> str | None:
+    """Why ``env_id`` cannot run on a policy that reads no images (``why``: what reads none, e.g.
+    ``"--model smollm2 is a text-only model (no image processor)"``), or None when its observations
+    carry no images: every episode would fail at its first observation, so the commands refuse (or,
+    under ``chatgym eval --env all``, skip) with it before the model loads."""
+    return f"its observations carry images and {why}" if observes_images(env_id) else None

@@ -209,20 +209,37 @@ def test_a_text_only_model_is_refused_an_image_env_it_names_and_skips_those_all_
             "--db", str(db), "--no-progress"]  # fmt: skip
     assert refusal(eval_cli.main, argv, monkeypatch, capsys) == (
         "chatgym eval: --env: VisualGrid-v0: its observations carry images and --model smollm2 is a text-only "
-        "model (no image processor): give a vision-language model, or leave the env out\n"
+        "model (no image processor): give a policy that reads images, or leave the env out\n"
     )
     assert not db.exists()
-    reason = "its observations carry images and --model smollm2 is a text-only model (no image processor)"
+    # Both named at once (fresh-user walk: only the first was named, so the fixed command failed again).
+    argv[5:7] = ["ChartQA-v0", "VisualGrid-v0"]
+    assert refusal(eval_cli.main, argv, monkeypatch, capsys).startswith(
+        "chatgym eval: --env: ChartQA-v0, VisualGrid-v0: its observations carry images")
+    blind = "--model smollm2 is a text-only model (no image processor)"
     built = {env_id: ("identity", {}) for env_id in ENV_SPECS}
-    leave_out_image_envs(EvalConfig(engine="hf", model="smollm2", envs=("all",)), built, text_only=True)
+    leave_out_image_envs(EvalConfig(engine="hf", model="smollm2", envs=("all",)), built, blind)
     assert {e for e, b in built.items() if isinstance(b, str)} == {"VisualGrid-v0", "ChartQA-v0"}
-    assert built["ChartQA-v0"] == reason and built["Math-v0"] == ("identity", {})
+    assert built["ChartQA-v0"] == f"its observations carry images and {blind}" and built["Math-v0"] == ("identity", {})
     kept = {env_id: ("identity", {}) for env_id in ENV_SPECS}
-    leave_out_image_envs(EvalConfig(engine="hf", model="smollm2", envs=("all",)), kept, text_only=False)
+    leave_out_image_envs(EvalConfig(engine="hf", model="smollm2", envs=("all",)), kept, None)
     assert all(not isinstance(b, str) for b in kept.values())
     with pytest.raises(ConfigError, match=r"^envs: ChartQA-v0: its observations carry images"):
         leave_out_image_envs(EvalConfig(engine="hf", model="smollm2", envs=("ChartQA-v0",)),
-                             {"ChartQA-v0": ("identity", {})}, text_only=True)  # fmt: skip
+                             {"ChartQA-v0": ("identity", {})}, blind)  # fmt: skip
+
+
+def test_a_server_engine_is_refused_an_image_env_whatever_the_model(tmp_path, monkeypatch, capsys):
+    # Regression (fresh-user walk): vllm-server, even with the VLM, stored one failed episode per task
+    # (its completions API takes token prompts only); the engine is named before the model.
+    db = tmp_path / "r.sqlite"
+    argv = ["--engine", "vllm-server", "--model", "smollm2", "--env", "VisualGrid-v0", "--max-tasks", "1",
+            "--db", str(db), "--no-progress", "--engine-arg", "base_url=http://127.0.0.1:1/v1"]  # fmt: skip
+    assert refusal(eval_cli.main, argv, monkeypatch, capsys) == (
+        "chatgym eval: --env: VisualGrid-v0: its observations carry images and --engine vllm-server sends token "
+        "prompts without images (use vllm or hf): give a policy that reads images, or leave the env out\n"
+    )
+    assert not db.exists()
 
 
 @pytest.mark.parametrize(("env_id", "images"), [("VisualGrid-v0", True), ("ChartQA-v0", True), ("Math-v0", False)])

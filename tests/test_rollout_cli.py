@@ -74,6 +74,15 @@ def test_a_misspelt_env_arg_is_refused_before_the_model_loads(tmp_path, monkeypa
     )
 
 
+def test_an_image_env_with_a_text_only_model_is_refused_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    # Regression (fresh-user walk): the model loaded, every episode failed as image_error and the
+    # failures were written to the trajectory file; chatgym eval refused the same set-up in one line.
+    assert rollout_refusal(tmp_path, monkeypatch, capsys, "--env", "VisualGrid-v0", "--model", "smollm2") == (
+        "chatgym rollout: --env: VisualGrid-v0: its observations carry images and --model smollm2 is a text-only "
+        "model (no image processor)\n"
+    )
+
+
 def test_chat_template_refusals_are_one_line_before_the_model_loads(tmp_path, monkeypatch, capsys):
     # Regression: a missing template file and a template the probe refuses were tracebacks (status 1),
     # the second after the model had loaded.

@@ -87,6 +87,24 @@ def test_the_gpu_config_on_a_machine_without_cuda_is_one_line(tmp_path, capsys):
     assert not out.exists()
 
 
+def test_an_image_env_with_a_text_only_model_or_a_server_engine_is_one_line(tmp_path, capsys):
+    # Regression (fresh-user walk): the run started, every episode failed as image_error, "nothing was
+    # trained" each step, and it ended with status 0 and a checkpoint of the untrained model.
+    out = tmp_path / "run"
+    assert main([CONFIG, "--output-dir", str(out), "env.id=VisualGrid-v0", "engine.backend=hf", "engine.options={}"]) == 2
+    assert capsys.readouterr().err == (
+        "chatgym train: env.id: VisualGrid-v0: its observations carry images and model.path smollm2 is a text-only "
+        "model (no image processor)\n"
+    )
+    assert main([CONFIG, "--output-dir", str(out), "env.id=ChartQA-v0", "engine.backend=vllm-server",
+                 "engine.options={base_url: 'http://127.0.0.1:1/v1'}"]) == 2  # fmt: skip
+    assert capsys.readouterr().err == (
+        "chatgym train: env.id: ChartQA-v0: its observations carry images and engine.backend vllm-server sends "
+        "token prompts without images (use vllm or hf)\n"
+    )
+    assert not out.exists()
+
+
 def test_a_device_torch_cannot_read_is_one_line(tmp_path, capsys):
     # Regression: model.device=bogus printed torch's RuntimeError traceback (rc 1).
     out = tmp_path / "run"

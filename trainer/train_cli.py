@@ -244,6 +244,27 @@ def check_engine(config: Any) -> None:
         model_path, tokenizer, config.rollout, eos, processor,
         setting="rollout.chat_template", eos_setting="engine.options.eos_token_ids",
     )  # fmt: skip
+    _check_images(config, processor)
+
+
+def _check_images(config: Any, processor: Any) -> None:
+    """An env whose observations carry images needs an engine and a model that read them: every
+    episode would fail at its first observation (``chatgym rollout`` / ``eval`` refuse the same)."""
+    import gymnasium as gym
+
+    import chatgym  # noqa: F401  (registers the env ids)
+    from chatgym.envs.registration import image_env_refusal
+    from chatgym.trainer.engines import IMAGELESS_ENGINES
+
+    backend, env_id = config.engine.backend, config.env.id
+    if backend in IMAGELESS_ENGINES:
+        blind = f"engine.backend {backend} sends token prompts without images (use vllm or hf)"
+    elif processor is None:
+        blind = f"model.path {config.model.path} is a text-only model (no image processor)"
+    else:
+        return
+    if env_id in gym.registry and (reason := image_env_refusal(env_id, blind)):  # an unknown id: refused elsewhere
+        raise ConfigError(f"env.id: {env_id}: {reason}")
 
 
 def startup_refusal(exc: BaseException) -> str | None:

@@ -34,6 +34,9 @@ ENGINES: dict[str, tuple[str, str]] = {
 # The engines that return token ids and logprobs (training, the gateway, agent evaluation); ``openai``
 # answers text only.
 TOKEN_ENGINES = ("vllm", "vllm-server", "sglang", "hf")
+# The token engines that place no images, whatever the model: a server's completions API takes token
+# prompts only (``common.refuse_images``).
+IMAGELESS_ENGINES = ("vllm-server", "sglang")
 
 
 def engine_class(name: str) -> type:

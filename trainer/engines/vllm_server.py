@@ -51,7 +51,7 @@ from chatgym.trainer.engines.vllm_inproc import cpu_compile_env
 # call first; neither keeps our ids and pixels as they are.
 NO_IMAGES = (
     "vLLM's /v1/completions takes token prompts without images (its chat API re-tokenizes the "
-    "conversation); use the in-process engine (engine.name: vllm) or hf for a vision-language model"
+    "conversation); use the in-process engine (engine.backend: vllm) or hf for a vision-language model"
 )
 
 

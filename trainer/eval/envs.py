@@ -103,31 +103,27 @@ def build_envs(config: EvalConfig, env_ids: Sequence[str]) -> dict[str, tuple[En
 
 
 def leave_out_image_envs(
-    config: EvalConfig, built: dict[str, tuple[EnvId, dict[str, Any]] | str], text_only: bool
+    config: EvalConfig, built: dict[str, tuple[EnvId, dict[str, Any]] | str], blind: str | None
 ) -> None:
-    """For a text-only model (``text_only``: a token engine whose model has no image processor),
-    the envs whose observations carry images (``ChatEnv.image_observations``): one named in
-    ``config.envs`` refuses the evaluation, since every episode would fail on its first observation;
-    one that only ``all`` brought in gets the reason in ``built`` (skipped), as an env that cannot
-    be built does.
+    """For a policy that reads no images (``blind``: why, e.g. a token engine whose model has no image
+    processor; None: it reads them), the envs whose observations carry images
+    (``ChatEnv.image_observations``): those named in ``config.envs`` refuse the evaluation, since
+    every episode would fail on its first observation; one that only ``all`` brought in gets the
+    reason in ``built`` (skipped), as an env that cannot be built does.
 
     Raises:
-        ConfigError: ``envs: <env id>: its observations carry images and --model <model> is a
-            text-only model ...``.
+        ConfigError: ``envs: <env ids>: its observations carry images and <blind>: ...``.
     """
-    if not text_only:
+    if blind is None:
         return
-    from gymnasium.envs.registration import load_env_creator
+    from chatgym.envs.registration import image_env_refusal
 
-    for env_id, entry in built.items():
-        point = gym.spec(env_id).entry_point
-        creator = load_env_creator(point) if isinstance(point, str) else point
-        if isinstance(entry, str) or not getattr(creator, "image_observations", False):
-            continue
-        reason = f"its observations carry images and --model {config.model} is a text-only model (no image processor)"
-        if env_id in config.envs:
-            raise ConfigError(f"envs: {env_id}: {reason}: give a vision-language model, or leave the env out")
-        built[env_id] = reason
+    reasons = {e: r for e, b in built.items() if not isinstance(b, str) and (r := image_env_refusal(e, blind))}
+    named = [env_id for env_id in reasons if env_id in config.envs]
+    if named:  # every such env named at once: the user fixes the command in one go
+        them = "the env" if len(named) == 1 else "them"
+        raise ConfigError(f"envs: {', '.join(named)}: {reasons[named[0]]}: give a policy that reads images, or leave {them} out")
+    built.update(reasons)
 
 
 def _blame(config: EvalConfig, env_id: str) -> str:

@@ -158,6 +158,12 @@ class _Backend:
             cfg.engine_kwargs.get("tokenizer"),
         )  # fmt: skip
 
+    def blind(self) -> str | None:
+        """Why this backend's policy reads no images (after :meth:`check`), or None when it may."""
+        from chatgym.trainer.rollout.cli import reads_no_images
+
+        return reads_no_images(self.config.engine, self.config.model, self.processor) if self.token_level else None
+
     def start(self) -> None:
         """Load the engine (after :meth:`check`) and its collector."""
         cfg = self.config
@@ -323,7 +329,7 @@ class _Evaluation:
         self.backend = _Backend(config)
         self.backend.check()
         self.built = build_envs(config, env_ids)
-        leave_out_image_envs(config, self.built, self.backend.token_level and self.backend.processor is None)
+        leave_out_image_envs(config, self.built, self.backend.blind())
         self.model = model_identity(config)
         self.sampling = config.sampling()
         self.db = Path(config.db).expanduser()

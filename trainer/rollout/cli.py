@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from chatgym.trainer.config.loader import ConfigError, apply_overrides, from_dict, missing_package
-from chatgym.trainer.engines import ENGINES
+from chatgym.trainer.engines import ENGINES, IMAGELESS_ENGINES
 from chatgym.trainer.rollout.config import RolloutConfig
 
 
@@ -234,6 +234,16 @@ def checked_tokenizer(
     return tokenizer, processor
 
 
+def reads_no_images(engine: str, model: str, processor: Any) -> str | None:
+    """Why token engine ``engine`` on ``model`` (``processor``: its image processor, None for a text
+    model) reads no images, in the flags' words; None when it may."""
+    if engine in IMAGELESS_ENGINES:
+        return f"--engine {engine} sends token prompts without images (use vllm or hf)"
+    if processor is None:
+        return f"--model {model} is a text-only model (no image processor)"
+    return None
+
+
 def make_checked_engine(name: str, model: Any, kwargs: dict[str, Any], flag: str = "--engine-arg") -> Any:
     """``make_engine(name, model, **kwargs)``, a value the engine refuses as it starts (a ValueError,
     such as vLLM's ``sleep_level=1`` on a machine without sleep mode, refused before vLLM starts) raised
@@ -275,6 +285,7 @@ def _start_up_checks(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str
     import gymnasium as gym
 
     import chatgym  # noqa: F401  (registers the env ids)
+    from chatgym.envs.registration import image_env_refusal
     from chatgym.trainer.rollout.env_runner import EnvBuildError, build_env
 
     if args.num_tasks < 1:
@@ -288,6 +299,9 @@ def _start_up_checks(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str
         flag = "--env-arg" if env_kwargs and args.env in gym.registry else "--env"
         raise ConfigError(f"{flag}: {exc}") from None
     tokenizer, processor = checked_tokenizer(args.engine, args.model, engine_kwargs, args.chat_template, config)
+    blind = reads_no_images(args.engine, args.model, processor)
+    if blind is not None and (reason := image_env_refusal(args.env, blind)):
+        raise ConfigError(f"--env: {args.env}: {reason}")
     return engine_kwargs, env_kwargs, config, tokenizer, processor
 
 
