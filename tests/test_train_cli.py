@@ -404,6 +404,10 @@ def test_the_summary_counts_one_step_in_the_singular(capsys):
         "  held-out after:  score=0.5, accuracy=0.375 over 8 tasks",
         "  (not comparable: env.eval_tasks changed between the run and its resume)",
     ]
+    # A resume that turned the evaluation off (fresh-user walk: only "held-out after: -").
+    _print_summary({**summary, "eval_before": evaluation, "eval_after": None, "eval_changes": ["env.eval_tasks"]})
+    assert capsys.readouterr().out.splitlines()[4:6] == [
+        "  held-out after:  -", "  (no held-out evaluation after: env.eval_tasks is 0 in the resumed run)"]
 
 
 def test_a_missing_config_through_python_m(tmp_path):

@@ -517,6 +517,33 @@ def test_a_resumed_run_keeps_the_held_out_score_before_training(tmp_path, tiny_m
     assert before == [f"  held-out before: score={first['eval_before']['eval/score']:.4g}"]
 
 
+def test_a_resume_that_changes_the_held_out_evaluation_says_the_figures_are_not_comparable(tmp_path, tiny_model, capsys):
+    # Regression (fresh-user walk): a resume with env.eval_split=train printed "held-out before" (the
+    # first run's test split) and "held-out after" (the train split) with no word; only a change of
+    # env.eval_tasks was flagged. The first run's config is what "before" was scored with.
+    from chatgym.trainer.train import Trainer
+    from chatgym.trainer.train_cli import _print_summary
+
+    def run(steps, *extra):
+        trainer = Trainer(tiny_config(tmp_path, "train.tensorboard=false", *extra, steps=steps), resume=steps > 1)
+        try:
+            summary = trainer.train()
+        finally:
+            trainer.close()
+        capsys.readouterr()
+        _print_summary(summary)
+        return summary, [line for line in capsys.readouterr().out.splitlines() if "comparable" in line]
+
+    assert run(1)[0]["eval_changes"] == []
+    summary, lines = run(2)  # a resume that changes nothing
+    assert (summary["eval_changes"], lines) == ([], [])
+    summary, lines = run(3, "env.eval_split=train")
+    assert summary["eval_changes"] == ["env.eval_split"]
+    assert lines == ["  (not comparable: env.eval_split changed between the run and its resume)"]
+    summary, lines = run(4)  # back to the first run's split: comparable again, though the last config differed
+    assert (summary["eval_changes"], lines) == ([], [])
+
+
 def test_a_resume_with_a_changed_config_says_so_and_keeps_the_old_config(tmp_path, tiny_model, capsys):
     # Regression (a fresh user, README section 2): the resume command left out the first run's
     # algo.kl_coef=0.01 override, trained on without KL and overwrote config.yaml without a word.

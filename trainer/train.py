@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import gc
 import json
-import shutil
 import sys
 import time
 from collections.abc import Awaitable
@@ -33,10 +32,9 @@ from typing import Any
 
 import numpy as np
 import torch
-import yaml
 
 from chatgym.trainer.config.env import count_tasks
-from chatgym.trainer.config.loader import config_changes
+from chatgym.trainer.config.resume import eval_changes, keep_changed_config
 from chatgym.trainer.config.run import Config, config_to_dict, save_config
 from chatgym.trainer.engines import engine_dtype
 from chatgym.trainer.learner.checkpoint import find_checkpoint, load_pipeline_state
@@ -154,9 +152,13 @@ class Trainer:
             self.sync_weights()
             self.num_train_tasks = self._count_tasks(cfg.env.train_split)
             self._num_eval_tasks: int | None = None
+            # The settings of the held-out evaluation that differ from the first run's (its step-0
+            # evaluation is the summary's "before"): the summary says the two are not comparable.
+            self.eval_changes: list[str] = []
             if ckpt is not None:
                 self.pipeline.load_state_dict(load_pipeline_state(ckpt) or {})
-                _keep_changed_config(self.out / "config.yaml", cfg, self.start_step)
+                self.eval_changes = eval_changes(self.out, cfg)
+                keep_changed_config(self.out / "config.yaml", cfg, self.start_step)
             save_config(cfg, self.out / "config.yaml")
             self.metrics = MetricsLogger(
                 self.out,
@@ -370,6 +372,7 @@ class Trainer:
             "checkpoint": str(checkpoint),
             "learning_curve": str(curve),
             "metrics": str(self.metrics.path),
+            "eval_changes": self.eval_changes,
             **self._summary_extras(),
         }
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -488,27 +491,6 @@ def pipeline_options(cfg: Config) -> PipelineOptions:
         priority=t.buffer_priority,
         buffer_capacity=t.buffer_capacity,
         spill_dir=t.buffer_spill_dir,
-    )
-
-
-def _keep_changed_config(path: Path, cfg: Config, step: int) -> None:
-    """Before a resumed run writes ``path`` (``config.yaml``): when the config it resumes with differs
-    from the one there (beyond ``train.max_steps`` and ``train.output_dir``), say so in one line and
-    keep the old file as ``config.until_step_<step>.yaml``. A resume whose command leaves out an
-    override of the first run (``algo.kl_coef=0.01``) otherwise trains on with the YAML's value and
-    overwrites the record of the first run's, without a word."""
-    if not path.is_file():
-        return
-    old = yaml.safe_load(path.read_text()) or {}
-    changes = config_changes(old, config_to_dict(cfg), ignore=("train.max_steps", "train.output_dir"))
-    if not changes:
-        return
-    kept = path.with_name(f"config.until_step_{step}.yaml")
-    shutil.copyfile(path, kept)
-    print(
-        f"chatgym: resuming at step {step} with a config that differs from {path}: {'; '.join(changes)} "
-        f"(the steps from here use the new values; the old config is kept in {kept})",
-        file=sys.stderr,
     )
 
 

@@ -343,9 +343,11 @@ def _print_summary(summary: dict[str, Any]) -> None:
     print(f"done: {steps}{resumed}, now at step {summary['steps']}, in {summary['wall_s']:.0f} s")
     print(f"  first step: {pick(summary['first_step'], *keys)}")
     print(f"  last step:  {pick(summary['last_step'], *keys)}")
-    # A resume with another env.eval_tasks scores a different task set after than before: say so.
+    # A resume with other evaluation settings (env.eval_tasks, env.eval_split, ...) scores other tasks
+    # after than before: say so.
     tasks = [(m or {}).get("eval/tasks") for m in (summary["eval_before"], summary["eval_after"])]
     differ = None not in tasks and tasks[0] != tasks[1]
+    changed = summary.get("eval_changes") or (["env.eval_tasks"] if differ else [])
 
     def held_out(m: dict[str, Any] | None) -> str:
         failed = (m or {}).get("eval/failed")  # counted as misses in both figures: say how many
@@ -355,8 +357,10 @@ def _print_summary(summary: dict[str, Any]) -> None:
 
     print(f"  held-out before: {held_out(summary['eval_before'])}")
     print(f"  held-out after:  {held_out(summary['eval_after'])}")
-    if differ:
-        print("  (not comparable: env.eval_tasks changed between the run and its resume)")
+    if summary["eval_before"] and summary["eval_after"] is None and summary["steps_run"] < summary["steps"]:
+        print("  (no held-out evaluation after: env.eval_tasks is 0 in the resumed run)")
+    elif changed and summary["eval_before"] and summary["eval_after"]:
+        print(f"  (not comparable: {', '.join(changed)} changed between the run and its resume)")
     print(f"  learning curve: {summary['learning_curve']}")
     print(f"  checkpoint:     {summary['checkpoint']}")
     print(f"  metrics:        {summary['metrics']}")
