@@ -256,3 +256,23 @@ def test_image_observations_says_whether_the_first_observation_has_an_image(env_
         assert env.unwrapped.image_observations is images
     finally:
         env.close()
+
+
+def test_an_evaluation_where_every_env_is_skipped_exits_2_saying_so(tmp_path, monkeypatch, capsys):
+    # Regression (fresh-user walk): every env of `all` skipped, for different reasons (one cannot be
+    # built with --split train, the other's images a text-only model cannot read): exit 1, no last word.
+    from chatgym.envs import registration
+    from chatgym.trainer import engines
+
+    specs = {k: registration.ENV_SPECS[k] for k in ("ToolUse-v0", "VisualGrid-v0")}
+    monkeypatch.setattr(registration, "ENV_SPECS", specs)
+    monkeypatch.setattr(engines, "make_engine", lambda *a, **k: pytest.fail("the model loaded"))
+    db = tmp_path / "r.sqlite"
+    argv = ["--engine", "hf", "--model", "smollm2", "--env", "all", "--split", "train", "--max-tasks", "1",
+            "--db", str(db), "--no-progress"]  # fmt: skip
+    assert eval_cli.main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1] == "chatgym eval: nothing evaluated: every env was skipped (the reasons above)"
+    assert [line.split(", ")[0] for line in err[:-1] if "skipped" in line] == [
+        "chatgym eval: ToolUse-v0: skipped", "chatgym eval: VisualGrid-v0: skipped"]
+    assert not db.exists()

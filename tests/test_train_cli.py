@@ -480,3 +480,16 @@ def test_the_first_held_out_evaluation_is_announced_with_the_progress_bar(tmp_pa
     assert "eval/accuracy" not in first  # this env reports a score only
     result = f"chatgym: held-out before training: score {first['eval/score']:.4f}\n"
     assert err.count(result) == (progress == "true")
+
+
+def test_overrides_given_as_one_string_are_refused_by_name():
+    # Regression (fresh-user walk): load_config(path, "train.max_steps=2") read each character as an
+    # override and said "override 't': expected key.sub=value".
+    import chatgym
+    from chatgym.trainer.config.loader import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        chatgym.load_config(CONFIG, "train.max_steps=2")
+    assert str(err.value) == ("overrides must be a list of 'key.sub=value' strings, got one str: "
+                              "['train.max_steps=2'] is meant")
+    assert chatgym.load_config(CONFIG, ["train.max_steps=2"]).train.max_steps == 2

@@ -146,8 +146,11 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
     """Set ``key.sub=value`` pairs into a nested dict (a copy); values are parsed as YAML.
 
     Raises:
-        ConfigError: an override without ``=`` or with an empty key.
+        ConfigError: an override without ``=`` or with an empty key, or ``overrides`` given as one
+            string (a list of them is meant).
     """
+    if isinstance(overrides, str):  # iterating it would read each character as an override
+        raise ConfigError(f"overrides must be a list of 'key.sub=value' strings, got one str: [{overrides!r}] is meant")
     out = yaml.safe_load(yaml.safe_dump(data)) or {}
     for item in overrides:
         key, sep, raw = item.partition("=")

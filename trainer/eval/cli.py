@@ -149,7 +149,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # with --retry-failed).
         print("chatgym eval: every episode failed (see the traces); rerun with --retry-failed", file=sys.stderr)
         return 1
-    return 0 if ran else 1
+    if not ran:  # each env skipped for its reason (above), before any model loaded: the command's to fix
+        print("chatgym eval: nothing evaluated: every env was skipped (the reasons above)", file=sys.stderr)
+        return 2
+    return 0
 
 
 # EvalConfig's messages name its fields; the command names the flags that set them.
