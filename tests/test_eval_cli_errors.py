@@ -276,3 +276,19 @@ def test_an_evaluation_where_every_env_is_skipped_exits_2_saying_so(tmp_path, mo
     assert [line.split(", ")[0] for line in err[:-1] if "skipped" in line] == [
         "chatgym eval: ToolUse-v0: skipped", "chatgym eval: VisualGrid-v0: skipped"]
     assert not db.exists()
+
+
+def test_help_gives_evals_own_temperature_default_and_what_model_means_for_a_server():
+    # Regression (fresh-user walk): the help said "(default 1.0)" where -n 1 samples greedily, and that
+    # --model is "the served model's name" where vllm-server / sglang read a local model's tokenizer.
+    text = " ".join(eval_cli.build_parser().format_help().split())
+    assert "rollout.temperature (default 0, greedy, with -n 1; else 1.0)" in text
+    assert "or the tokenizer of the model a vllm-server / sglang serves (required;" in text
+    assert rollout_help_default() == "rollout.temperature (default 1.0)"  # rollout's own default is unchanged
+
+
+def rollout_help_default() -> str:
+    from chatgym.trainer.rollout.cli import build_parser
+
+    text = " ".join(build_parser().format_help().split())
+    return text[text.index("rollout.temperature") :].split(")")[0] + ")"

@@ -41,8 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="inference engine (default vllm); reference: each env's scripted reference policy")
     p.add_argument(
         "--model",
-        help="packaged name / local dir (vllm, hf; default smollm2) or the served model's name (required "
-        "for vllm-server, sglang, openai)",
+        help="packaged name / local dir: the weights (vllm, hf; default smollm2), or the tokenizer of the model "
+        "a vllm-server / sglang serves (required; vllm-server asks for the server's first /v1/models id unless "
+        "--engine-arg served_model_name=...); the served model's name for openai (required)",
     )
     p.add_argument("--model-name", help="display name (default: --model)")
     p.add_argument("--model-hash", help="weights identity for server/API engines (default api:<engine>)")
@@ -59,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--db", default=DEFAULT_DB, help=f"SQLite results file (default {DEFAULT_DB})")
     p.add_argument("--traces-dir", help="JSONL traces (default: traces/ next to --db)")
     p.add_argument("--chat-template", default="auto", help="auto | model | chatml_tools | path.jinja")
-    add_rollout_flags(p)  # --temperature (default: 0 with -n 1, else 1.0), --max-tokens, ... and rollout.KEY=VALUE
+    add_rollout_flags(p, temperature="0, greedy, with -n 1; else 1.0")  # --max-tokens, ... and rollout.KEY=VALUE
     p.add_argument(
         "--success-threshold",
         type=float,
@@ -183,7 +184,8 @@ def _model_for(engine: str, model: str | None, engine_kwargs: dict[str, Any]) ->
         ValueError: a missing ``--model`` or, for ``openai``, no base URL and no API key.
     """
     if engine in ("vllm-server", "sglang", "openai") and not model:
-        raise ValueError(f"--engine {engine} needs --model (the served model's name)")
+        what = "the served model's name" if engine == "openai" else "the served model, a packaged name or local dir"
+        raise ValueError(f"--engine {engine} needs --model ({what})")
     if engine == "openai" and not (
         engine_kwargs.get("base_url") or os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_KEY")
     ):

@@ -79,14 +79,14 @@ ROLLOUT_FLAGS: dict[str, tuple[str, type, str]] = {
 }
 
 
-def add_rollout_flags(parser: argparse.ArgumentParser) -> None:
+def add_rollout_flags(parser: argparse.ArgumentParser, **defaults: str) -> None:
     """The collector's flags (:data:`ROLLOUT_FLAGS`) and positional ``rollout.<field>=<value>``
-    overrides, as in ``chatgym train``'s ``rollout`` section."""
-    defaults = RolloutConfig()
+    overrides, as in ``chatgym train``'s ``rollout`` section; ``defaults``: a command's own default of
+    a field, as its help shows it (else RolloutConfig's)."""
+    config = RolloutConfig()
     for flag, (name, kind, text) in ROLLOUT_FLAGS.items():
-        parser.add_argument(
-            flag, type=kind, default=None, help=f"{text}; rollout.{name} (default {getattr(defaults, name)})"
-        )
+        default = defaults.get(name, getattr(config, name))
+        parser.add_argument(flag, type=kind, default=None, help=f"{text}; rollout.{name} (default {default})")
     parser.add_argument(
         "overrides", nargs="*", metavar="rollout.KEY=VALUE", help="collector settings, e.g. rollout.top_k=20"
     )
