@@ -1053,7 +1053,8 @@ def check_runs(runs: list[tuple[str, int]], shape: str) -> None:
 
     fp32 = sorted({name for name, _ in runs if name in TRL_RUNS and TRL_RUNS[name][0]})
     if fp32 and shape in FP32_REFUSED:
-        raise SystemExit(f"--shape {shape}: {', '.join(fp32)} do not fit (fp32 weights + AdamW: 122 GB); run the *_bf16 ones")
+        does = "does" if len(fp32) == 1 else "do"
+        raise SystemExit(f"--shape {shape}: {', '.join(fp32)} {does} not fit (fp32 weights + AdamW: 122 GB); run the *_bf16 ones")
     if any(name in TRL_RUNS for name, _ in runs) and importlib.util.find_spec("trl") is None:
         raise SystemExit("vs_trl_gpu.py: the trl_* runs need TRL: pip install trl==1.16.0 datasets")
     vllm = sorted({name for name, _ in runs if name == "ours_vllm" or (name in TRL_RUNS and TRL_RUNS[name][1])})
@@ -1176,13 +1177,17 @@ def run_isolated(commands: list[tuple[str, list[str]]], timeout: float | None = 
     return failed
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", nargs="*", default=["ours:0", "ours:1", "trl_bf16:0", "trl_bf16:1"], help="NAME:SEED ...")
+def build_parser() -> argparse.ArgumentParser:
+    """The command's flags (the children's among them, hidden)."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    # The default pair: ours' fast synchronous run against TRL as GPU users run it (colocated vLLM).
+    ap.add_argument("--runs", nargs="*", default=["ours_px:0", "ours_px:1", "trl_vllm_fp32:0", "trl_vllm_fp32:1"],
+                    help=f"NAME:SEED ... (names: {', '.join([*OUR_RUNS, *TRL_RUNS])}; the module docstring says "
+                    "what each runs)")
     ap.add_argument("--shape", choices=SHAPES, default="smollm2", help="the model (module docstring)")
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--eval-every", type=int, default=10)
-    ap.add_argument("--out", default="vs_trl_results")
+    ap.add_argument("--steps", type=int, default=30, help="timed training steps a run")
+    ap.add_argument("--eval-every", type=int, default=10, help="steps between held-out evaluations (SmolLM2 shape)")
+    ap.add_argument("--out", default="vs_trl_results", help="folder of the runs' JSONs and the plot")
     ap.add_argument("--report", default=None, help="print the table of the JSONs in this folder and exit")
     ap.add_argument("--pack", choices=("auto", "true", "false"), default="auto", help="ours' model.pack")
     ap.add_argument("--pack-max-tokens", type=int, default=None, help="ours' model.pack_max_tokens")
@@ -1190,7 +1195,7 @@ def main(argv: list[str] | None = None) -> None:
         "--checkpointing",
         choices=("on", "off"),
         default=None,
-        help="ours' gradient checkpointing (default: on)",
+        help="ours' gradient checkpointing (default: on on CUDA; the runs ending _nc: off)",
     )
     ap.add_argument("--no-gc-freeze", action="store_true", help="ours without train.gc_freeze")
     ap.add_argument(
@@ -1212,6 +1217,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--child-run", dest="only", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--child-model-dir", dest="model_dir", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--child-save-model", dest="save_model", default=None, help=argparse.SUPPRESS)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     args = ap.parse_args(argv)
     CORRECTION.update(rollout_correction=args.correction, rollout_mask_band=tuple(args.mask_band))

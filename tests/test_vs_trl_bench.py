@@ -240,8 +240,10 @@ def test_report_at_smollm2_prints_accuracy_and_draws_the_plot(bench, tmp_path, c
 def test_main_checks_runs_before_anything_runs(bench):
     with pytest.raises(SystemExit, match="--runs: 'ours_1off' is not NAME:SEED"):
         bench.main(["--runs", "ours_1off", "--shape", "qwen2.5-1.5b"])
-    with pytest.raises(SystemExit, match="do not fit"):
+    with pytest.raises(SystemExit, match=r"^--shape qwen2.5-7b: trl_vllm_fp32 does not fit \(fp32 weights"):
         bench.main(["--runs", "ours_vllm:0", "trl_vllm_fp32:0", "--shape", "qwen2.5-7b"])
+    # The default runs: ours' fast synchronous run and TRL with its colocated vLLM (the anchors).
+    assert bench.build_parser().get_default("runs") == ["ours_px:0", "ours_px:1", "trl_vllm_fp32:0", "trl_vllm_fp32:1"]
 
 
 def test_out_folder_of_another_shape_refused(bench, tmp_path):
