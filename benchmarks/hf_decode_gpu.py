@@ -1,4 +1,4 @@
-"""Decode throughput of the transformers engine's two paths and of ``model.generate`` (TRL's path).
+"""Decode throughput of the transformers engine's modes, of vLLM and of ``model.generate`` (TRL's path).
 
 SmolLM2-135M (real weights with ``--real-weights``, else its shape with random weights), bf16,
 prompts of 40-120 tokens, 128 new tokens each, sampling at temperature 1 (EOS ignored so every row
@@ -285,21 +285,26 @@ async def _gather(engine, prompts, params):
 
 
 def parse_args():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batch", type=int, nargs="+", default=[64, 256])
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--real-weights", action="store_true")
-    ap.add_argument("--shape", nargs="+", default=["smollm2"], choices=SHAPES)
-    ap.add_argument("--skip-generate", action="store_true")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--batch", type=int, nargs="+", default=[64, 256], help="rows decoded at once, each a run")
+    ap.add_argument("--repeats", type=int, default=3, help="timed rounds a mode (median), after a warm-up round")
+    ap.add_argument("--real-weights", action="store_true", help="SmolLM2's packaged weights (--shape smollm2 only)")
+    ap.add_argument("--shape", nargs="+", default=["smollm2"], choices=SHAPES, help="model shapes (random weights)")
+    ap.add_argument("--skip-generate", action="store_true", help="leave out model.generate (slow at 7B)")
     ap.add_argument("--seeded", action="store_true", help="a seed per request (the trainer's way)")
     modes = [m for m in ENGINE_MODES if "fp8" not in m]
-    ap.add_argument("--modes", nargs="+", choices=list(ENGINE_MODES),
-                    help=f"default: {', '.join(modes)} (with --fp8 also 'static fp8' and 'static fp8+head')")
+    ap.add_argument("--modes", nargs="+", choices=list(ENGINE_MODES), metavar="MODE",
+                    help=f"the engine's modes, each quoted when it has spaces ('static all'): {', '.join(ENGINE_MODES)}; "
+                    f"default: {', '.join(modes)} (with --fp8 also 'static fp8' and 'static fp8+head')")
     ap.add_argument("--fp8", action="store_true", help="vLLM fp8 with --vllm, FP8/bf16 ratios; without --modes "
                     "also 'static fp8' and 'static fp8+head'")
     ap.add_argument("--vllm", action="store_true", help="also the in-process vLLM engine (bf16; fp8 with --fp8)")
     ap.add_argument("--vllm-child", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if min(args.batch) < 1 or args.repeats < 1:
+        ap.error(f"--batch and --repeats must be >= 1, got {args.batch} and {args.repeats}")
+    if args.real_weights and args.shape != ["smollm2"]:
+        ap.error("--real-weights: only SmolLM2's weights are packaged (--shape smollm2)")
     if args.modes is None:  # modes given are run as given (--fp8 added three more to them: lease time)
         args.modes = modes + (["static", "static fp8", "static fp8+head"] if args.fp8 else [])
         args.modes = list(dict.fromkeys(args.modes))
@@ -396,7 +401,7 @@ def main() -> None:
         print(json.dumps(vllm_child(json.loads(args.vllm_child))))
         return
     if not torch.cuda.is_available():
-        raise SystemExit("needs CUDA")
+        raise SystemExit("hf_decode_gpu.py needs CUDA")
     rows = []
     for shape in args.shape:
         rows += bench_shape(args, shape)

@@ -54,3 +54,14 @@ def test_raw_generate_is_vllms_own_loop_on_the_same_engine(decode_bench):
         assert seconds > 0 and tokens == ours and 3 <= tokens <= 24
     finally:
         asyncio.run(eng.close())
+
+
+def test_bad_sizes_and_weights_are_refused_before_cuda_is_asked_for(decode_bench, monkeypatch, capsys):
+    # Regression (fresh-user walk): --batch 0 and --real-weights at a Qwen shape passed the parser;
+    # the second failed only in build_model, mid-run on a GPU.
+    for argv, message in ((["--batch", "0"], "--batch and --repeats must be >= 1, got [0] and 3"),
+                          (["--real-weights", "--shape", "qwen2.5-7b"],
+                           "--real-weights: only SmolLM2's weights are packaged (--shape smollm2)")):  # fmt: skip
+        with pytest.raises(SystemExit):
+            modes(decode_bench, monkeypatch, *argv)
+        assert capsys.readouterr().err.splitlines()[-1] == f"hf_decode_gpu.py: error: {message}"
