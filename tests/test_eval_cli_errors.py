@@ -292,3 +292,17 @@ def rollout_help_default() -> str:
 
     text = " ".join(build_parser().format_help().split())
     return text[text.index("rollout.temperature") :].split(")")[0] + ")"
+
+
+def test_stdout_is_the_json_report_alone(tmp_path, capsys):
+    # Regression (fresh-user walk): the rich tables followed the JSON on stdout, so `| jq` failed
+    # ("Extra data"); they go to stderr.
+    import json
+
+    argv = ["--engine", "reference", "--env", "Math-v0", "--max-tasks", "2", "--db", str(tmp_path / "r.sqlite"),
+            "--no-progress"]  # fmt: skip
+    assert eval_cli.main(argv) == 0
+    out, err = capsys.readouterr()
+    report = json.loads(out)
+    assert [(r["env_id"], r["grid"], r["ran"], r["failed"]) for r in report] == [("Math-v0", 2, 2, 0)]
+    assert "Math-v0" in err and "pass@1" in err  # the table, on stderr

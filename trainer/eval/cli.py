@@ -204,7 +204,8 @@ def _print_board(db: str, **filters: Any) -> Any:
 
     with ResultsStore(db) as store:
         board = build_leaderboard(store, **filters)
-    console = Console(stderr=False, width=200)
+    # On stderr: stdout carries the JSON report alone, for a pipe (`chatgym eval ... | jq`).
+    console = Console(stderr=True, width=200)
     for table in rich_tables(board):
         console.print(table)
     return board
