@@ -254,17 +254,12 @@ def _check_images(config: Any, processor: Any) -> None:
 
     import chatgym  # noqa: F401  (registers the env ids)
     from chatgym.envs.registration import image_env_refusal
-    from chatgym.trainer.engines import IMAGELESS_ENGINES
+    from chatgym.trainer.rollout.cli import reads_no_images
 
-    backend, env_id = config.engine.backend, config.env.id
-    if backend in IMAGELESS_ENGINES:
-        blind = f"engine.backend {backend} sends token prompts without images (use vllm or hf)"
-    elif processor is None:
-        blind = f"model.path {config.model.path} is a text-only model (no image processor)"
-    else:
-        return
-    if env_id in gym.registry and (reason := image_env_refusal(env_id, blind)):  # an unknown id: refused elsewhere
-        raise ConfigError(f"env.id: {env_id}: {reason}")
+    env_id = config.env.id
+    blind = reads_no_images(config.engine.backend, config.model.path, processor, "engine.backend", "model.path")
+    if blind is not None and env_id in gym.registry and (reason := image_env_refusal(env_id, blind)):
+        raise ConfigError(f"env.id: {env_id}: {reason}")  # (an unknown id is refused elsewhere)
 
 
 def startup_refusal(exc: BaseException) -> str | None:

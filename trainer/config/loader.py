@@ -189,6 +189,12 @@ def config_changes(old: Mapping[str, Any], new: Mapping[str, Any], ignore: Seque
     ``config_changes({"algo": {"kl_coef": 0.01}}, {"algo": {"kl_coef": 0.0}})`` ->
     ``["algo.kl_coef: 0.01 -> 0.0"]``.
     """
+    return [f"{key}: {a} -> {b}" for key, (a, b) in changed_values(old, new, ignore).items()]
+
+
+def changed_values(old: Mapping[str, Any], new: Mapping[str, Any], ignore: Sequence[str] = ()) -> dict[str, tuple[Any, Any]]:
+    """``{dotted key: (old value, new value)}`` of :func:`config_changes`, in its order (``"(unset)"``
+    for a key one side lacks)."""
 
     def flat(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -202,8 +208,8 @@ def config_changes(old: Mapping[str, Any], new: Mapping[str, Any], ignore: Seque
 
     a, b = flat(old), flat(new)
     missing = "(unset)"
-    return [
-        f"{key}: {a.get(key, missing)} -> {b.get(key, missing)}"
+    return {
+        key: (a.get(key, missing), b.get(key, missing))
         for key in sorted(a.keys() | b.keys())
         if key not in ignore and a.get(key, missing) != b.get(key, missing)
-    ]
+    }

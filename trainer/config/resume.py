@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from chatgym.trainer.config.loader import config_changes
+from chatgym.trainer.config.loader import changed_values, config_changes
 from chatgym.trainer.config.run import Config, config_to_dict
 
 # The settings that decide what the held-out evaluation scores (train.py's evaluate()).
@@ -24,9 +24,8 @@ def eval_changes(out: Path, cfg: Config) -> list[str]:
     first = kept[0] if kept else out / "config.yaml"
     if not first.is_file():
         return []
-    changes = config_changes(yaml.safe_load(first.read_text()) or {}, config_to_dict(cfg))
-    keys = [change.split(":", 1)[0] for change in changes]
-    return [key for key in keys if key.startswith(EVAL_SETTINGS)]
+    changes = changed_values(yaml.safe_load(first.read_text()) or {}, config_to_dict(cfg))
+    return [key for key in changes if key.startswith(EVAL_SETTINGS)]
 
 
 def keep_changed_config(path: Path, cfg: Config, step: int) -> None:

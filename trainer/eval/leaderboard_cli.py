@@ -10,6 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from chatgym.trainer.eval.cli import DEFAULT_DB
 
@@ -26,6 +27,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", nargs="*", default=[], help="only these model names")
     p.add_argument("--title", default="chatgym leaderboard")
     return p
+
+
+def _why_empty(store: Any, args: argparse.Namespace) -> str:
+    """Why the board is empty: a filter value the store has never seen (a typo, not an empty store),
+    named with the values it does hold; else that it holds no episodes (after the filters)."""
+    unknown = []
+    for flag, column, values in (("--env", "env_id", args.env), ("--model", "model_name", args.model)):
+        held = store.distinct(column)
+        unknown += [f"{flag} {v!r} (it holds {', '.join(sorted(held))})" for v in values if v not in held]
+    if unknown:
+        return f": no episode has {'; '.join(unknown)}"
+    return " holds no episodes" + (" (after filters)" if args.env or args.model else "")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -55,15 +68,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     with store:
         board = build_leaderboard(store, k=args.k, env_ids=args.env, models=args.model)
-        filters = (("--env", "env_id", args.env), ("--model", "model_name", args.model))
-        unknown = []  # a filter value no episode has, with the values the store does hold
-        for flag, column, values in filters if not board.cells else ():
-            held = store.distinct(column)
-            unknown += [f"{flag} {v!r} (it holds {', '.join(sorted(held))})" for v in values if v not in held]
-    if not board.cells:  # a filter value the store has never seen is named: a typo, not an empty store
-        why = f": no episode has {'; '.join(unknown)}" if unknown else (
-            " holds no episodes" + (" (after filters)" if args.env or args.model else ""))
-        print(f"chatgym leaderboard: {args.db}{why}", file=sys.stderr)
+        empty = None if board.cells else _why_empty(store, args)
+    if empty is not None:
+        print(f"chatgym leaderboard: {args.db}{empty}", file=sys.stderr)
         return 1
     from rich.console import Console
 

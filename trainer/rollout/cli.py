@@ -234,13 +234,15 @@ def checked_tokenizer(
     return tokenizer, processor
 
 
-def reads_no_images(engine: str, model: str, processor: Any) -> str | None:
+def reads_no_images(
+    engine: str, model: Any, processor: Any, engine_setting: str = "--engine", model_setting: str = "--model"
+) -> str | None:
     """Why token engine ``engine`` on ``model`` (``processor``: its image processor, None for a text
-    model) reads no images, in the flags' words; None when it may."""
+    model) reads no images, naming the settings that chose them; None when it may."""
     if engine in IMAGELESS_ENGINES:
-        return f"--engine {engine} sends token prompts without images (use vllm or hf)"
+        return f"{engine_setting} {engine} sends token prompts without images (use vllm or hf)"
     if processor is None:
-        return f"--model {model} is a text-only model (no image processor)"
+        return f"{model_setting} {model} is a text-only model (no image processor)"
     return None
 
 
