@@ -250,10 +250,10 @@ def our_config(
 
     extra = [f"model.pack={pack or UPDATE['pack']}", f"algo.rollout_correction={CORRECTION['rollout_correction']}",
              "algo.rollout_mask_band=[{},{}]".format(*CORRECTION["rollout_mask_band"])]
-    if checkpointing == "false":
+    no_checkpointing = checkpointing == "false"
+    if no_checkpointing:
         extra.append("train.share_prompt_prefix=false")
-    else:
-        checkpointing = UPDATE["checkpointing"] if UPDATE["checkpointing"] is not None else DEVICE == "cuda"
+    on = False if no_checkpointing else UPDATE["checkpointing"] if UPDATE["checkpointing"] is not None else DEVICE == "cuda"
     if UPDATE["pack_max_tokens"]:
         extra.append(f"model.pack_max_tokens={UPDATE['pack_max_tokens']}")
     return load_config(
@@ -261,7 +261,7 @@ def our_config(
         [
             f"model.path={MODEL['path']}",
             *SHAPE_OVERRIDES[MODEL["shape"]],
-            f"model.gradient_checkpointing={str(checkpointing).lower()}",
+            f"model.gradient_checkpointing={str(on).lower()}",
             f"model.compile={compile}",
             *extra,
             *engine_overrides(engine, quantization),
