@@ -9,7 +9,7 @@
 # Then the device calls, back to back (the machine goes back 30 s after a call), each from the
 # project root, with the carry named:
 #
-#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan7|plan8|plan9|plan10]   (starts `plan` in the background)
+#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan7|plan8|plan9|plan10|plan11]   (starts `plan` in the background)
 #   2  [.gpukit/smol/a1]              cp .gpukit/smol/a1/* /tmp/kit/smol/
 #   3  [.gpukit/smol/a2]              cp .gpukit/smol/a2/* /tmp/kit/smol/
 #   4  [.gpukit/smol/b]               bash benchmarks/gpu_lease.sh smol
@@ -391,6 +391,34 @@ plan10() {
     (cd /tmp/t && timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu "$f" > "$O/gpu_$(basename "$f" .py).txt" 2>&1)
     echo "$f rc=$? $(tail -n 1 "$O/gpu_$(basename "$f" .py).txt")"
   done
+  mark "done"
+}
+
+# The next lease (2026-12-06, session after plan9): issue 28's tables in one lease, by priority. The
+# precapture GPU test (fixed after plan9's failure); the SmolLM2 pairs against TRL + vLLM with the _nc
+# runs (no checkpointing: less GPU work beside the overlapped rollout); each shape's tokens/s against
+# vLLM (the hf engine, chatgym's vLLM engine and vLLM's own LLM.generate), one process a shape; the
+# update with each engine; the update with checkpointing on and off.
+plan11() {
+  begin "$1"
+  wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
+  mark "GPU test: precapture"
+  (cd /tmp/t && timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engines_hf_precapture.py \
+    > $O/gpu_precapture.txt 2>&1)
+  tail -n 1 $O/gpu_precapture.txt
+  vs_trl_pairs "ours_1off_px_gil_ms4_pc_nc:0 ours_1off_px_gil_pc_nc:0 ours_px_pc_nc:0 ours_px_pc:0" \
+    "ours_1off_px_gil_ms4_pc_nc:1 ours_1off_px_gil_pc_nc:1 ours_px_pc_nc:1 ours_px_pc:1" TORCH_LOGS=recompiles
+  for shape in qwen2.5-7b smollm2 qwen2.5-1.5b; do
+    mark "tokens/s, $shape: the hf engine, chatgym's vLLM engine and vLLM's own LLM.generate"
+    timeout 300 python3 benchmarks/hf_decode_gpu.py --shape $shape --vllm --batch 64 256 --skip-generate \
+      --repeats 3 --modes "static all" > $O/decode_vllm_$shape.txt 2>&1
+    grep -E "tok/s|LLM.generate" $O/decode_vllm_$shape.txt | cut -c1-160
+  done
+  mark "the update with each engine (ours: hf, ours_vllm: vLLM; the same learner)"
+  python3 benchmarks/vs_trl_gpu.py --run-timeout 300 --shape smollm2 --out $O/vs_smol --runs ours:0 ours_vllm:0 \
+    > $O/vs_smol_engines.txt 2>&1
+  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 40 $O/report_smol.txt
+  update_ckpt 10
   mark "done"
 }
 
