@@ -91,6 +91,16 @@ def test_evalconfig_refusals_name_the_flags(tmp_path, monkeypatch, capsys):
     assert refuse("--max-tasks", "0") == "chatgym eval: --max-tasks must be >= 1, got 0\n"
 
 
+def test_a_seed_out_of_range_is_refused_at_start_naming_the_flag(tmp_path, monkeypatch, capsys):
+    # Regression (fresh-user walk): --seed -5 was gymnasium's traceback; --seed 2**70 ran the episode,
+    # then SQLite's OverflowError (a signed 64-bit column) lost it.
+    seeds = "must be an int in [0, 4294967295] (2**32 - 1)"
+    assert eval_refusal(tmp_path, monkeypatch, capsys, "--seed", "-5") == f"chatgym eval: --seed {seeds}, got -5\n"
+    assert eval_refusal(tmp_path, monkeypatch, capsys, "--seed", str(2**70)) == (
+        f"chatgym eval: --seed {seeds}, got {2**70}\n"
+    )
+
+
 def test_token_engine_arguments_are_one_line_before_the_model_loads(tmp_path, monkeypatch, capsys):
     # Regression: `--chat-template model` on a model without one was a 32-line traceback (status 1), as
     # were an --engine-arg the engine does not take and a missing --model (rollout: one line each);

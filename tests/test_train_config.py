@@ -180,3 +180,53 @@ def test_config_changes_lists_the_dotted_keys_that_differ():
     ]
     assert config_changes(old, new, ignore=("train.max_steps",))[-1] == "engine.options.x: (unset) -> 1"
     assert config_changes(old, old) == []
+
+
+SEED_RANGE = "must be an int in [0, 4294967295] (2**32 - 1)"
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("train.seed=-1", f"train.seed {SEED_RANGE}, got -1"),
+        ("train.seed=4294967296", f"train.seed {SEED_RANGE}, got 4294967296"),
+        ("rollout.seed=-1", f"rollout.seed {SEED_RANGE}, got -1"),
+        ("rollout.seed=1180591620717411303424", f"rollout.seed {SEED_RANGE}, got 1180591620717411303424"),
+        ("algo.kl_coef=nan", "algo.kl_coef: expected a number, got nan"),
+        ("algo.kl_coef=.inf", "algo.kl_coef must be >= 0 and finite, got inf"),
+        ("algo.entropy_coef=.inf", "algo.entropy_coef must be >= 0 and finite, got inf"),
+        ("algo.value_loss_coef=-.inf", "algo.value_loss_coef must be >= 0 and finite, got -inf"),
+        ("algo.loss_norm_constant=.inf", "algo.loss_norm_constant must be > 0 and finite, got inf"),
+        ("optim.lr=.inf", "optim.lr must be > 0 and finite, got inf"),
+        ("optim.lr=1e400", "optim.lr must be > 0 and finite, got inf"),
+        ("optim.weight_decay=nan", "optim.weight_decay: expected a number, got nan"),
+        ("optim.weight_decay=.inf", "optim.weight_decay must be >= 0 and finite, got inf"),
+        ("rollout.temperature=.inf",
+         "rollout.temperature: RolloutConfig: SamplingParams.temperature must be >= 0 and finite, got inf"),
+        ("reward.env_weight=nan", "reward.env_weight: expected a number, got nan"),
+    ],
+)
+def test_seeds_out_of_range_and_non_finite_numbers_are_refused_at_load(override, message):
+    # Regression (fresh-user walk): train.seed=-1 loaded, then crashed in seed_everything
+    # (np.random.seed) once the run had started; rollout.seed=-1 and algo.kl_coef=nan loaded (nan
+    # passes every `< 0` check).
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    assert str(err.value) == message
+
+
+def test_the_seed_range_ends_are_accepted_and_direct_construction_is_checked_too():
+    from chatgym.trainer.config.run import AlgoConfig
+
+    assert load_config(None, ["train.seed=4294967295", "rollout.seed=0"]).train.seed == 4294967295
+    assert load_config(None, ["rollout.seed=null"]).rollout.seed is None
+    with pytest.raises(ValueError) as err:  # not through the loader: the dataclass's own check
+        AlgoConfig(kl_coef=float("nan"))
+    assert str(err.value) == "algo.kl_coef must be >= 0 and finite, got nan"
+
+
+def test_cli_refuses_a_negative_seed_in_one_line_before_doing_anything(tmp_path, capsys):
+    out = tmp_path / "never"
+    assert main(["train.seed=-1", "--output-dir", str(out)]) == 2
+    assert capsys.readouterr().err == f"chatgym train: train.seed {SEED_RANGE}, got -1\n"
+    assert not out.exists()

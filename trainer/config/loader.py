@@ -8,8 +8,9 @@ Rules of :func:`from_dict`:
 - a value is checked against the field's annotation: ``int`` (not bool), ``float`` (an int or a
   number written as a string, since YAML 1.1 reads ``1e-6`` as a string), ``bool``, ``str``,
   ``X | None``, ``tuple[X, ...]``, ``Literal[...]``, ``dict[str, Any]`` and nested dataclasses;
+- a ``float`` is never NaN (every range check would pass it: ``nan < 0`` is False);
 - each dataclass's own ``__post_init__`` checks (ranges, registered names) run, and their errors
-  are prefixed with the section's dotted name.
+  are prefixed with the section's dotted name; seeds are checked by :func:`check_seed`.
 
 Override values (:func:`apply_overrides`) are parsed as YAML (``train.max_steps=5`` is an int,
 ``algo.tis_cap=null`` is None, ``lora.target_modules=[q_proj,v_proj]`` a list).
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import types
 import typing
@@ -36,6 +38,21 @@ def missing_package(exc: ModuleNotFoundError) -> str:
     """The one line every CLI prints when an optional package (vLLM, Ray, ...) is missing at start-up:
     the error's own text (ours name the extra to install) and where set-up is explained."""
     return f"{exc} (a missing package: see docs/training.md#set-up)"
+
+
+# NumPy's legacy seeding (np.random.seed, which the learner's seed_everything and vLLM call) takes
+# [0, 2**32 - 1], the narrowest of the seeds' readers: gymnasium's reset refuses a negative seed, and
+# the reset seed of task i, seed + i, goes into SQLite's signed 64-bit INTEGER column.
+SEED_MAX = 2**32 - 1
+
+
+def check_seed(name: str, value: Any, error: type[Exception] = ValueError) -> None:
+    """Raise ``error`` naming ``name`` unless ``value`` is an int in [0, :data:`SEED_MAX`] (None passes:
+    unseeded). ValueError for a dataclass's ``__post_init__`` (:func:`from_dict` prefixes its section)."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= SEED_MAX:
+        raise error(f"{name} must be an int in [0, {SEED_MAX}] (2**32 - 1), got {value!r}")
 
 
 def _type_name(tp: Any) -> str:
@@ -87,14 +104,15 @@ def _convert(value: Any, tp: Any, name: str) -> Any:
             raise ConfigError(f"{name}: expected an integer, got {value!r}")
         return value
     if tp is float:
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                raise ConfigError(f"{name}: expected a number, got {value!r}") from None
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
             raise ConfigError(f"{name}: expected a number, got {value!r}")
-        return float(value)
+        try:
+            number = float(value)
+        except (ValueError, OverflowError):  # OverflowError: an int past float's range
+            raise ConfigError(f"{name}: expected a number, got {value!r}") from None
+        if math.isnan(number):
+            raise ConfigError(f"{name}: expected a number, got nan")
+        return number
     if tp is str:
         if not isinstance(value, str):
             raise ConfigError(f"{name}: expected a string, got {value!r}")

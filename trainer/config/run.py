@@ -28,7 +28,7 @@ from chatgym.trainer.algos import (
 )
 from chatgym.trainer.algos.correction import ROLLOUT_CORRECTIONS
 from chatgym.trainer.config.env import EnvConfig, check_env_id
-from chatgym.trainer.config.loader import ConfigError, apply_overrides, config_to_dict, from_dict
+from chatgym.trainer.config.loader import ConfigError, apply_overrides, check_seed, config_to_dict, from_dict
 from chatgym.trainer.config.reward import RewardConfig
 from chatgym.trainer.config.runner import RayConfig, RunnerConfig
 from chatgym.trainer.rollout.config import RolloutConfig
@@ -55,9 +55,9 @@ __all__ = [
 
 
 def _positive(section: str, **values: float | int | None) -> None:
-    for name, value in values.items():
-        if value is not None and not value > 0:
-            raise ValueError(f"{section}.{name} must be > 0, got {value!r}")
+    for name, value in values.items():  # an inf rate or cap is no setting (null turns a cap off): refused too
+        if value is not None and not 0 < value < float("inf"):
+            raise ValueError(f"{section}.{name} must be > 0{'' if value <= 0 else ' and finite'}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -298,11 +298,10 @@ class AlgoConfig:
         )
         if self.loss_agg == "seq-mean-token-sum-norm" and self.loss_norm_constant is None:
             raise ValueError("algo.loss_norm_constant is required with loss_agg 'seq-mean-token-sum-norm'")
-        for name in ("kl_coef", "entropy_coef", "missing_eos_penalty", "overlong_penalty", "value_loss_coef"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"algo.{name} must be >= 0, got {getattr(self, name)}")
-        if self.overlong_buffer < 0:
-            raise ValueError(f"algo.overlong_buffer must be >= 0, got {self.overlong_buffer}")
+        for name in ("kl_coef", "entropy_coef", "missing_eos_penalty", "overlong_penalty", "value_loss_coef",
+                     "overlong_buffer"):  # weights of the loss or the reward: an inf one makes it inf or nan
+            if not 0 <= getattr(self, name) < float("inf"):  # nan fails it too
+                raise ValueError(f"algo.{name} must be >= 0 and finite, got {getattr(self, name)}")
         _positive("algo", tis_cap=self.tis_cap, ppo_epochs=self.ppo_epochs, mini_batches=self.mini_batches)
         self._check_correction()
         _positive("algo", loss_norm_constant=self.loss_norm_constant, value_clip=self.value_clip)
@@ -354,8 +353,8 @@ class OptimConfig:
 
     def __post_init__(self) -> None:
         _positive("optim", lr=self.lr, value_lr=self.value_lr, eps=self.eps, max_grad_norm=self.max_grad_norm)
-        if self.weight_decay < 0:
-            raise ValueError(f"optim.weight_decay must be >= 0, got {self.weight_decay}")
+        if not 0 <= self.weight_decay < float("inf"):
+            raise ValueError(f"optim.weight_decay must be >= 0 and finite, got {self.weight_decay}")
         if not all(0.0 <= b < 1.0 for b in self.betas):
             raise ValueError(f"optim.betas must be in [0, 1), got {self.betas}")
         if self.warmup_steps < 0:
@@ -419,10 +418,10 @@ class TrainConfig:
             micro_batch_size=self.micro_batch_size,
             keep_checkpoints=self.keep_checkpoints,
         )
-        if self.save_every < 0:
-            raise ValueError(f"train.save_every must be >= 0, got {self.save_every}")
-        if self.max_failed_steps < 0:
-            raise ValueError(f"train.max_failed_steps must be >= 0, got {self.max_failed_steps}")
+        for name in ("save_every", "max_failed_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"train.{name} must be >= 0, got {getattr(self, name)}")
+        check_seed("train.seed", self.seed)  # before seed_everything (np.random.seed) refuses it mid-start
         if not 0.0 <= self.trace_fraction <= 1.0:
             raise ValueError(f"train.trace_fraction must be in [0, 1], got {self.trace_fraction}")
 

@@ -48,6 +48,7 @@ import yaml
 
 from chatgym.trainer.config.cotrain import CoTrainConfig, load_cotrain_config, party_config
 from chatgym.trainer.config.env import count_tasks
+from chatgym.trainer.config.loader import SEED_MAX
 from chatgym.trainer.config.run import Config, ConfigError, config_to_dict
 from chatgym.trainer.cotrain.calibration import calibration_episodes, calibration_order, first_answers
 from chatgym.trainer.cotrain.party import (
@@ -164,7 +165,9 @@ class CoTrainer(Trainer):
             ptok = self.tokenizer if same else get_tokenizer(party_path)
             plearner = build_learner(pcfg, tokenizer=ptok)
             if party_engine is None:
-                party_engine = build_engine(pcfg.engine, party_path, ptok, cfg.train.seed + 1, co.max_model_len)
+                # Wrapped: train.seed may be SEED_MAX, and vLLM seeds NumPy's legacy generator with it.
+                party_seed = (cfg.train.seed + 1) % (SEED_MAX + 1)
+                party_engine = build_engine(pcfg.engine, party_path, ptok, party_seed, co.max_model_len)
             party_engine.weight_version = 0
             train_responder = VersionedResponder(
                 party_engine,

@@ -53,8 +53,8 @@ class SamplingParams:
         object.__setattr__(self, "stop", stop)  # frozen: a list given by the caller becomes a tuple
         if self.max_tokens <= 0:
             raise ValueError(f"SamplingParams.max_tokens must be > 0, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
+        if not 0 <= self.temperature < float("inf"):  # nan fails it too: logits / nan samples nothing
+            raise ValueError(f"SamplingParams.temperature must be >= 0 and finite, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
         bad_ids = [i for i in self.stop_token_ids if isinstance(i, bool) or not isinstance(i, int) or i < 0]

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from chatgym.trainer.config.loader import ConfigError
+from chatgym.trainer.config.loader import ConfigError, check_seed
 from chatgym.trainer.rollout.cli import (
     add_rollout_flags,
     check_chat_template_flag,
@@ -91,6 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.overrides += [e for e in args.env if "=" in e]
     args.env = [e for e in args.env if "=" not in e] or ["all"]
     try:
+        check_seed("--seed", args.seed)  # before rollout_config names it rollout.seed
         engine_kwargs = key_values(args.engine_arg, "--engine-arg")
         args.model = _model_for(args.engine, args.model, engine_kwargs)
         check_chat_template_flag(args.chat_template)

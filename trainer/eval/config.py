@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from chatgym.trainer.config.loader import check_seed
 from chatgym.trainer.engines import TOKEN_ENGINES
 from chatgym.trainer.rollout.config import RolloutConfig
 
@@ -89,6 +90,7 @@ class EvalConfig:
             raise ValueError(f"engine must be one of {[*sorted(ENGINES), REFERENCE]}, got {self.engine!r}")
         if not isinstance(self.n_samples, int) or self.n_samples < 1:
             raise ValueError(f"n_samples must be an int >= 1, got {self.n_samples!r}")
+        check_seed("seed", self.seed)  # else gymnasium's reset, or the store's 64-bit column, refuses it mid-run
         if self.max_tasks is not None and self.max_tasks < 1:
             raise ValueError(f"max_tasks must be >= 1, got {self.max_tasks}")
         if not self.envs:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from chatgym.trainer.config.loader import check_seed
 from chatgym.trainer.engines.base import SamplingParams
 
 
@@ -72,6 +73,7 @@ class RolloutConfig:
             raise ValueError(
                 f"RolloutConfig.episode_timeout_s must be > 0 or None, got {self.episode_timeout_s}"
             )
+        check_seed("RolloutConfig.seed", self.seed)  # the engines' and the envs' readers refuse the rest
         if not 0.0 <= self.trace_fraction <= 1.0:
             raise ValueError(f"RolloutConfig.trace_fraction must be in [0, 1], got {self.trace_fraction}")
         if self.chat_template is not None:
