@@ -64,6 +64,29 @@ def test_bad_arguments_name_the_option(tmp_path, monkeypatch, capsys):
         build_parser().parse_args(["--env", "X", "--engine", "nope", "--out", "t"])
 
 
+def test_group_size_seed_and_out_are_refused_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    # Regression (fresh-user walk): -g 0 was a traceback once the model had loaded, leaving an empty
+    # trajectory file; --seed -3 stored a failed trajectory (gymnasium refuses a negative seed);
+    # --out <a directory> was IsADirectoryError once the model had loaded.
+    def refuse(*args: str) -> str:
+        return rollout_refusal(tmp_path, monkeypatch, capsys, *args)
+
+    seeds = "must be an int in [0, 4294967295] (2**32 - 1)"
+    assert refuse("-g", "0") == "chatgym rollout: -g/--group-size must be >= 1, got 0\n"
+    assert refuse("--seed", "-3") == f"chatgym rollout: --seed {seeds}, got -3\n"
+    assert refuse("--seed", str(2**32)) == f"chatgym rollout: --seed {seeds}, got 4294967296\n"
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    assert refuse("--out", str(folder)) == (
+        f"chatgym rollout: --out: {folder} is a directory; give a file path (the trajectories' JSONL)\n"
+    )
+    assert list(folder.iterdir()) == []
+    (tmp_path / "file").write_text("")
+    assert refuse("--out", str(tmp_path / "file" / "t.jsonl")) == (
+        f"chatgym rollout: --out: {tmp_path / 'file' / 't.jsonl'}: {tmp_path / 'file'} is not a directory\n"
+    )
+
+
 def test_a_misspelt_env_arg_is_refused_before_the_model_loads(tmp_path, monkeypatch, capsys):
     # Regression: the model loaded, then every episode failed with only env_error in the summary
     # (chatgym eval stopped at once with the reason: both now build the env once with build_env).

@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from chatgym.trainer.config.loader import ConfigError, apply_overrides, from_dict, missing_package
+from chatgym.trainer.config.loader import ConfigError, apply_overrides, check_seed, from_dict, missing_package
 from chatgym.trainer.engines import ENGINES, IMAGELESS_ENGINES
 from chatgym.trainer.rollout.config import RolloutConfig
 
@@ -277,6 +277,26 @@ def with_context_limit(name: str, kwargs: dict[str, Any], max_model_len: int) ->
     return kwargs
 
 
+def check_out_file(path: str, flag: str) -> None:
+    """``path`` can be a file to append to: not a directory, and the nearest existing folder above it
+    is a folder we may write in (the trajectory file is opened once the model has loaded).
+
+    Raises:
+        ConfigError: naming ``flag``.
+    """
+    if os.path.isdir(path) or path.endswith(os.sep):
+        raise ConfigError(f"{flag}: {path} is a directory; give a file path (the trajectories' JSONL)")
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise ConfigError(f"{flag}: {path} is not writable")
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.lexists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise ConfigError(f"{flag}: {path}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag}: {path}: {parent} is not writable")
+
+
 def _start_up_checks(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], RolloutConfig, Any, Any]:
     """The engine and env keywords, the collector's config, the tokenizer and the processor (None for
     a text model), every argument checked before any model loads.
@@ -292,6 +312,10 @@ def _start_up_checks(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str
 
     if args.num_tasks < 1:
         raise ConfigError(f"-n/--num-tasks must be >= 1, got {args.num_tasks}")
+    if args.group_size < 1:
+        raise ConfigError(f"-g/--group-size must be >= 1, got {args.group_size}")
+    check_seed("--seed", args.seed, ConfigError)  # before rollout_config names it rollout.seed
+    check_out_file(args.out, "--out")
     engine_kwargs = key_values(args.engine_arg, "--engine-arg")
     env_kwargs = key_values(args.env_arg, "--env-arg")
     config = rollout_config(args, seed=args.seed)
