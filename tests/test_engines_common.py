@@ -168,6 +168,44 @@ def test_json_client_checks_its_url():
     assert JSONClient("http://h:1/").base_url == "http://h:1"
 
 
+def test_check_server_passes_a_server_and_names_one_that_is_not_the_api():
+    # The start-up check of chatgym rollout / eval / train (their tests: no server listening).
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from chatgym.trainer.config.loader import ConfigError
+    from chatgym.trainer.engines.http import check_server
+
+    class Models(BaseHTTPRequestHandler):
+        def do_GET(self):
+            found = self.path == "/v1/models"
+            body = b'{"data": [{"id": "m"}]}' if found else b"not here"
+            self.send_response(200 if found else 404)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Models)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        check_server("vllm-server", {"base_url": url}, "--engine-arg", "--engine")
+        check_server("hf", {"base_url": "http://127.0.0.1:1"}, "--engine-arg", "--engine")  # not a server engine
+        with pytest.raises(ConfigError) as err:
+            check_server("sglang", {"base_url": f"{url}/api"}, "engine.options", "engine.backend")
+        assert str(err.value) == f"engine.options.base_url: GET {url}/api/v1/models answered HTTP 404: not here"
+        with pytest.raises(ConfigError) as err:
+            check_server("vllm-server", {"base_url": "127.0.0.1:8000"}, "--engine-arg", "--engine")
+        assert str(err.value) == (
+            "--engine-arg base_url: base_url must start with http:// or https://, got '127.0.0.1:8000'"
+        )
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_openai_chat_stop_strings_in_client_and_server_mode():
     stop = ("</search>", "</answer>")
     params = SamplingParams(max_tokens=30, temperature=0, stop=stop)

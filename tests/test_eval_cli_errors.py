@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import socket
 import sqlite3
 
@@ -98,6 +100,27 @@ def test_a_seed_out_of_range_is_refused_at_start_naming_the_flag(tmp_path, monke
     assert eval_refusal(tmp_path, monkeypatch, capsys, "--seed", "-5") == f"chatgym eval: --seed {seeds}, got -5\n"
     assert eval_refusal(tmp_path, monkeypatch, capsys, "--seed", str(2**70)) == (
         f"chatgym eval: --seed {seeds}, got {2**70}\n"
+    )
+
+
+def test_a_server_engine_without_its_server_is_refused_at_start_and_stores_nothing(tmp_path, monkeypatch, capsys):
+    # Regression (fresh-user walk): --engine vllm-server with no server stored a failed episode per
+    # task and reported pass@1 0.
+    from chatgym.trainer.engines import http
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    refused = os.strerror(errno.ECONNREFUSED)
+    server = ("--engine", "vllm-server", "--model", "smollm2")
+    assert eval_refusal(tmp_path, monkeypatch, capsys, *server, "--engine-arg", f"base_url={url}") == (
+        f"chatgym eval: --engine-arg base_url: no server answers GET {url}/v1/models ({refused})\n"
+    )
+    monkeypatch.delenv("CHATGYM_VLLM_URL", raising=False)
+    monkeypatch.setitem(http.SERVER_URLS, "vllm-server", ("CHATGYM_VLLM_URL", url))  # the default URL
+    assert eval_refusal(tmp_path, monkeypatch, capsys, *server) == (
+        f"chatgym eval: --engine vllm-server: no server answers GET {url}/v1/models ({refused}) "
+        "(the default; set --engine-arg base_url=... or $CHATGYM_VLLM_URL)\n"
     )
 
 

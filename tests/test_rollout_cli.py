@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -84,6 +86,26 @@ def test_group_size_seed_and_out_are_refused_before_the_model_loads(tmp_path, mo
     (tmp_path / "file").write_text("")
     assert refuse("--out", str(tmp_path / "file" / "t.jsonl")) == (
         f"chatgym rollout: --out: {tmp_path / 'file' / 't.jsonl'}: {tmp_path / 'file'} is not a directory\n"
+    )
+
+
+def free_port() -> int:
+    """A localhost port nobody listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_server_engine_without_its_server_is_refused_before_anything_runs(tmp_path, monkeypatch, capsys):
+    # Regression (fresh-user walk): every episode failed, each one stored, and the summary said so.
+    url = f"http://127.0.0.1:{free_port()}"
+    refused = os.strerror(errno.ECONNREFUSED)
+    assert rollout_refusal(tmp_path, monkeypatch, capsys, "--engine", "vllm-server", "--engine-arg", f"base_url={url}") == (
+        f"chatgym rollout: --engine-arg base_url: no server answers GET {url}/v1/models ({refused})\n"
+    )
+    monkeypatch.setenv("CHATGYM_SGLANG_URL", url)
+    assert rollout_refusal(tmp_path, monkeypatch, capsys, "--engine", "sglang") == (
+        f"chatgym rollout: $CHATGYM_SGLANG_URL: no server answers GET {url}/v1/models ({refused})\n"
     )
 
 

@@ -105,6 +105,23 @@ def test_an_image_env_with_a_text_only_model_or_a_server_engine_is_one_line(tmp_
     assert not out.exists()
 
 
+def test_a_server_engine_without_its_server_is_one_line_before_any_model_loads(tmp_path, monkeypatch, capsys):
+    # Regression (fresh-user walk): the learner loaded, every episode failed and the run stopped after
+    # train.max_failed_steps steps, having made its output dir.
+    import errno
+    import os
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    err = train_refusal(tmp_path, monkeypatch, capsys, "engine.backend=vllm-server", f"engine.options={{base_url: '{url}'}}")
+    assert err == (
+        f"chatgym train: engine.options.base_url: no server answers GET {url}/v1/models "
+        f"({os.strerror(errno.ECONNREFUSED)})\n"
+    )
+
+
 def test_a_device_torch_cannot_read_is_one_line(tmp_path, capsys):
     # Regression: model.device=bogus printed torch's RuntimeError traceback (rc 1).
     out = tmp_path / "run"

@@ -233,6 +233,7 @@ def check_engine(config: Any) -> None:
         raise ConfigError(f"model.path: {exc}{hint}") from exc
     from chatgym.trainer.chat.tokenizer import get_tokenizer
     from chatgym.trainer.engines import check_options
+    from chatgym.trainer.engines.http import check_server
     from chatgym.trainer.models.packaged import processor_for
     from chatgym.trainer.rollout.cli import check_chat_template
 
@@ -245,6 +246,7 @@ def check_engine(config: Any) -> None:
         setting="rollout.chat_template", eos_setting="engine.options.eos_token_ids",
     )  # fmt: skip
     _check_images(config, processor)
+    check_server(config.engine.backend, config.engine.options, "engine.options", "engine.backend")
 
 
 def _check_images(config: Any, processor: Any) -> None:

@@ -8,12 +8,28 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from chatgym.trainer.config.loader import ConfigError
+
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+# Where each server engine finds its server when not given a base_url: (environment variable, default).
+SERVER_URLS = {
+    "vllm-server": ("CHATGYM_VLLM_URL", "http://127.0.0.1:8000"),
+    "sglang": ("CHATGYM_SGLANG_URL", "http://127.0.0.1:30000"),
+}
+
+
+def server_url(engine: str, base_url: str | None = None) -> str:
+    """The root of server engine ``engine``'s server: ``base_url``, else its variable's, else the default."""
+    variable, default = SERVER_URLS[engine]
+    return base_url or os.environ.get(variable, default)
 
 
 class ServerError(RuntimeError):
@@ -106,19 +122,27 @@ class JSONClient:
         Raises:
             ServerError: HTTP error (``status`` set) or no answer (``status`` 0).
         """
-        data = json.dumps(payload).encode()
-        req = urllib.request.Request(
-            f"{self.base_url}{path}", data=data, headers=self._headers(), method="POST"
-        )
+        return self._sync("POST", path, json.dumps(payload).encode(), timeout_s)
+
+    def get_sync(self, path: str, timeout_s: float | None = None) -> Any:
+        """Blocking GET, one attempt (start-up checks, made outside any event loop's requests).
+
+        Raises:
+            ServerError: HTTP error (``status`` set) or no answer (``status`` 0).
+        """
+        return self._sync("GET", path, None, timeout_s)
+
+    def _sync(self, method: str, path: str, data: bytes | None, timeout_s: float | None) -> Any:
+        req = urllib.request.Request(f"{self.base_url}{path}", data=data, headers=self._headers(), method=method)
         try:
             with urllib.request.urlopen(req, timeout=timeout_s or self.timeout_s) as resp:
                 body = resp.read().decode()
         except urllib.error.HTTPError as exc:
             raise ServerError(
-                f"POST {path} -> HTTP {exc.code}: {exc.read().decode()[:2000]}", exc.code
+                f"{method} {path} -> HTTP {exc.code}: {exc.read().decode()[:2000]}", exc.code
             ) from exc
         except (urllib.error.URLError, OSError) as exc:
-            raise ServerError(f"POST {path} failed: {exc!r}") from exc
+            raise ServerError(f"{method} {path} failed: {exc!r}") from exc
         return _decode(body)
 
     async def close(self) -> None:
@@ -129,6 +153,46 @@ class JSONClient:
                     await session.close()
                 except RuntimeError:  # a session of an event loop that has since closed
                     pass
+
+
+def check_server(engine: str, options: Mapping[str, Any], setting: str, engine_setting: str,
+                 timeout_s: float = 5.0) -> None:
+    """Server engine ``engine``'s server answers ``GET /v1/models`` (vLLM's and SGLang's OpenAI API)
+    within ``timeout_s``, one attempt; other engines pass. Without a server every episode would fail,
+    each stored as a failed trajectory or result row, so ``chatgym rollout``, ``eval`` and ``train``
+    ask at start-up.
+
+    Args:
+        options: the engine's keyword arguments (``base_url``, ``api_key`` are read).
+        setting: what set them (``--engine-arg``, ``engine.options``), named with ``base_url`` when it
+            gave the URL; ``engine_setting``: what named the engine (``--engine``, ``engine.backend``).
+
+    Raises:
+        ConfigError: no answer or an HTTP error, naming the setting that gave the URL and the URL.
+    """
+    if engine not in SERVER_URLS:
+        return
+    variable = SERVER_URLS[engine][0]
+    option = f"{setting}{'.' if setting.endswith('options') else ' '}base_url"
+    if options.get("base_url"):
+        where, hint = option, ""
+    elif os.environ.get(variable):
+        where, hint = f"${variable}", ""
+    else:
+        where, hint = f"{engine_setting} {engine}", f" (the default; set {option}=... or ${variable})"
+    try:
+        client = JSONClient(server_url(engine, options.get("base_url")), api_key=options.get("api_key"))
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    url = f"{client.base_url}/v1/models"
+    try:
+        client.get_sync("/v1/models", timeout_s)
+    except ServerError as exc:
+        if exc.status:  # a server, but not one that serves the API (or not with this api_key)
+            raise ConfigError(f"{where}: GET {url} answered {str(exc).split(' -> ', 1)[-1][:300]}") from None
+        cause = getattr(exc.__cause__, "reason", exc.__cause__)  # URLError wraps the socket's error
+        reason = getattr(cause, "strerror", None) or str(cause)
+        raise ConfigError(f"{where}: no server answers GET {url} ({reason}){hint}") from None
 
 
 def _decode(body: str) -> Any:

@@ -48,7 +48,7 @@ from chatgym.trainer.engines.common import (
     server_stop,
     stop_ids,
 )
-from chatgym.trainer.engines.http import JSONClient, ServerError
+from chatgym.trainer.engines.http import JSONClient, ServerError, server_url
 
 
 class SGLangServerEngine:
@@ -74,7 +74,7 @@ class SGLangServerEngine:
     ) -> None:
         self.model_path, self.tokenizer, self.eos_token_ids = local_model_info(model, tokenizer)
         self.client = JSONClient(
-            base_url or os.environ.get("CHATGYM_SGLANG_URL", "http://127.0.0.1:30000"),
+            server_url("sglang", base_url),
             api_key=api_key,
             timeout_s=timeout_s,
             retries=retries,

@@ -42,7 +42,7 @@ from chatgym.trainer.engines.common import (
     server_stop,
     stop_ids,
 )
-from chatgym.trainer.engines.http import JSONClient, ServerError
+from chatgym.trainer.engines.http import JSONClient, ServerError, server_url
 from chatgym.trainer.engines.vllm_inproc import cpu_compile_env
 
 # vLLM 0.32's /v1/completions has no multimodal field: a prompt of token ids cannot carry images. Its
@@ -84,7 +84,7 @@ class VLLMServerEngine:
     ) -> None:
         self.model_path, self.tokenizer, self.eos_token_ids = local_model_info(model, tokenizer)
         self.client = JSONClient(
-            base_url or os.environ.get("CHATGYM_VLLM_URL", "http://127.0.0.1:8000"),
+            server_url("vllm-server", base_url),
             api_key=api_key,
             timeout_s=timeout_s,
             retries=retries,

@@ -30,6 +30,7 @@ from typing import Any
 import gymnasium as gym
 
 from chatgym.trainer.config.loader import ConfigError
+from chatgym.trainer.engines.http import check_server
 from chatgym.trainer.eval.config import LOCAL_WEIGHT_ENGINES, REFERENCE, TOKEN_ENGINES, EvalConfig
 from chatgym.trainer.eval.envs import build_envs, leave_out_image_envs, resolve_env_ids
 from chatgym.trainer.eval.identity import (
@@ -319,8 +320,9 @@ class _Evaluation:
     Raises:
         ConfigError: the backend's start-up checks (:meth:`_Backend.check`), an env that cannot be
             built (:func:`~chatgym.trainer.eval.envs.build_envs`) or whose images a text-only model
-            cannot read (:func:`~chatgym.trainer.eval.envs.leave_out_image_envs`), and a ``--db`` that cannot be a store
-            (:func:`~chatgym.trainer.eval.store.checked_store`), before any model loads.
+            cannot read (:func:`~chatgym.trainer.eval.envs.leave_out_image_envs`), a server engine's server
+            that does not answer (:func:`~chatgym.trainer.engines.http.check_server`), and a ``--db`` that
+            cannot be a store (:func:`~chatgym.trainer.eval.store.checked_store`), before any model loads.
     """
 
     def __init__(self, config: EvalConfig, env_ids: Sequence[str], log: Callable[[str], None]):
@@ -330,6 +332,8 @@ class _Evaluation:
         self.backend.check()
         self.built = build_envs(config, env_ids)
         leave_out_image_envs(config, self.built, self.backend.blind())
+        # Else every episode fails and is stored; before the --db check, which may open the store.
+        check_server(config.engine, config.engine_kwargs, "--engine-arg", "--engine")
         self.model = model_identity(config)
         self.sampling = config.sampling()
         self.db = Path(config.db).expanduser()

@@ -308,6 +308,7 @@ def _start_up_checks(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str
 
     import chatgym  # noqa: F401  (registers the env ids)
     from chatgym.envs.registration import image_env_refusal
+    from chatgym.trainer.engines.http import check_server
     from chatgym.trainer.rollout.env_runner import EnvBuildError, build_env
 
     if args.num_tasks < 1:
@@ -328,6 +329,7 @@ def _start_up_checks(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str
     blind = reads_no_images(args.engine, args.model, processor)
     if blind is not None and (reason := image_env_refusal(args.env, blind)):
         raise ConfigError(f"--env: {args.env}: {reason}")
+    check_server(args.engine, engine_kwargs, "--engine-arg", "--engine")  # last: the one that waits
     return engine_kwargs, env_kwargs, config, tokenizer, processor
 
 
