@@ -9,6 +9,7 @@ import pytest
 from cli_refusals import (
     assert_chat_template_refusals,
     assert_engine_value_refusal,
+    assert_fp8_refusals,
     assert_token_engine_refusals,
     refusal,
 )
@@ -89,6 +90,11 @@ def test_evalconfig_refusals_name_the_flags(tmp_path, monkeypatch, capsys):
 
     assert refuse("-n", "0") == "chatgym eval: -n/--n-samples must be an int >= 1, got 0\n"
     assert refuse("--max-tasks", "0") == "chatgym eval: --max-tasks must be >= 1, got 0\n"
+
+
+def test_fp8_where_it_cannot_run_is_refused_before_the_decode_hint(tmp_path, monkeypatch, capsys):
+    # Regression (fresh-user walk): on a CPU the first answer was "set --engine-arg decode=static".
+    assert_fp8_refusals("eval", lambda *args: eval_refusal(tmp_path, monkeypatch, capsys, *args))
 
 
 def test_token_engine_arguments_are_one_line_before_the_model_loads(tmp_path, monkeypatch, capsys):
