@@ -140,6 +140,26 @@ def env_refusal(tmp_path, capsys, *args: str) -> str:
     return out.err
 
 
+@pytest.mark.parametrize(
+    ("args", "flags"),
+    [
+        (("--model", "smollm2"), "--model would be ignored; leave it out"),
+        (("--engine-arg", "dtype=float32"), "--engine-arg would be ignored; leave it out"),
+        (("--chat-template", "chatml_tools"), "--chat-template would be ignored; leave it out"),
+        (("--model", "m", "--engine-arg", "max_batch_size=2"), "--model and --engine-arg would be ignored; leave them out"),
+        (("--model", "m", "--engine-arg", "a=1", "--chat-template", "model"),
+         "--model, --engine-arg and --chat-template would be ignored; leave them out"),
+    ],
+)
+def test_the_reference_engine_refuses_model_and_engine_flags(tmp_path, capsys, args, flags):
+    # Regression (fresh-user walk): the scripted reference policy runs no model, yet --model and
+    # --engine-arg were accepted and ignored without a word.
+    assert env_refusal(tmp_path, capsys, "--env", "Math-v0", *args) == (
+        "chatgym eval: --engine reference plays each env's scripted reference policy, with no model or engine: "
+        f"{flags}\n"
+    )
+
+
 def test_an_env_that_cannot_be_built_is_refused_at_start_naming_the_flag(tmp_path, capsys):
     # Regression: each was "skipped" with exit status 1 (as if evaluated and found empty); eval and
     # rollout share the check (build_env): the same words for the same mistake.
