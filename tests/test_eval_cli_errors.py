@@ -238,10 +238,13 @@ def test_a_text_only_model_is_refused_an_image_env_it_names_and_skips_those_all_
         "model (no image processor): give a policy that reads images, or leave the env out\n"
     )
     assert not db.exists()
-    # Both named at once (fresh-user walk: only the first was named, so the fixed command failed again).
+    # Both named at once (fresh-user walk: only the first was named, so the fixed command failed again;
+    # then "its observations" of the two).
     argv[5:7] = ["ChartQA-v0", "VisualGrid-v0"]
-    assert refusal(eval_cli.main, argv, monkeypatch, capsys).startswith(
-        "chatgym eval: --env: ChartQA-v0, VisualGrid-v0: its observations carry images")
+    assert refusal(eval_cli.main, argv, monkeypatch, capsys) == (
+        "chatgym eval: --env: ChartQA-v0, VisualGrid-v0: their observations carry images and --model smollm2 is a "
+        "text-only model (no image processor): give a policy that reads images, or leave them out\n"
+    )
     blind = "--model smollm2 is a text-only model (no image processor)"
     built = {env_id: ("identity", {}) for env_id in ENV_SPECS}
     leave_out_image_envs(EvalConfig(engine="hf", model="smollm2", envs=("all",)), built, blind)
@@ -250,9 +253,17 @@ def test_a_text_only_model_is_refused_an_image_env_it_names_and_skips_those_all_
     kept = {env_id: ("identity", {}) for env_id in ENV_SPECS}
     leave_out_image_envs(EvalConfig(engine="hf", model="smollm2", envs=("all",)), kept, None)
     assert all(not isinstance(b, str) for b in kept.values())
-    with pytest.raises(ConfigError, match=r"^envs: ChartQA-v0: its observations carry images"):
+    with pytest.raises(ConfigError) as raised:
         leave_out_image_envs(EvalConfig(engine="hf", model="smollm2", envs=("ChartQA-v0",)),
                              {"ChartQA-v0": ("identity", {})}, blind)  # fmt: skip
+    assert str(raised.value) == (f"envs: ChartQA-v0: its observations carry images and {blind}: give a policy "
+                                 "that reads images, or leave the env out")
+    both = ("ChartQA-v0", "VisualGrid-v0")
+    with pytest.raises(ConfigError) as raised:
+        leave_out_image_envs(EvalConfig(engine="hf", model="smollm2", envs=both),
+                             {env_id: ("identity", {}) for env_id in both}, blind)  # fmt: skip
+    assert str(raised.value) == (f"envs: ChartQA-v0, VisualGrid-v0: their observations carry images and {blind}: "
+                                 "give a policy that reads images, or leave them out")
 
 
 def test_a_server_engine_is_refused_an_image_env_whatever_the_model(tmp_path, monkeypatch, capsys):
