@@ -205,6 +205,12 @@ UPDATE = {"pack": "auto", "pack_max_tokens": None, "checkpointing": None}
 CORRECTION = {"rollout_correction": "token_tis", "rollout_mask_band": (0.5, 2.0)}
 
 
+class UsageError(SystemExit):
+    """A command-line value refused: :func:`main` hands it to the parser (status 2, ``vs_trl_gpu.py:
+    error: ...``, as argparse's own refusals); elsewhere it ends the process as the SystemExit it is
+    (one line, status 1: the report after the runs, when none of them ended)."""
+
+
 def engine_overrides(engine: str, quantization: str | None = None) -> list[str]:
     """The ``engine.*`` overrides of an ours* run's ``engine`` (see :data:`OUR_RUNS`)."""
     precapture = engine.endswith("_pc")  # any hf engine below, with engine.options.precapture
@@ -1003,7 +1009,7 @@ def report(folder: Path) -> None:
     JSON files that are not runs of this script (or runs with no steps) are skipped, each with a line.
 
     Raises:
-        SystemExit: no run in ``folder``, or runs of more than one shape there.
+        UsageError: no run in ``folder``, or runs of more than one shape there.
     """
     results: dict[str, dict] = {}
     for p, result in run_jsons(folder, say=print).items():
@@ -1013,10 +1019,10 @@ def report(folder: Path) -> None:
         results[p.stem] = result
     rows = [summarize(name, result) for name, result in results.items()]
     if not rows:
-        raise SystemExit(f"no results in {folder}")
+        raise UsageError(f"no results in {folder}")
     shapes = sorted({r["shape"] for r in rows})
     if len(shapes) > 1:
-        raise SystemExit(f"--report {folder}: runs of several shapes ({', '.join(shapes)}); one folder per shape")
+        raise UsageError(f"--report {folder}: runs of several shapes ({', '.join(shapes)}); one folder per shape")
     equal = min(r["wall_total_s"] for r in rows)
     print(f"chatgym vs TRL, shape {shapes[0]} ({folder})")
     run_table(rows, equal)
@@ -1035,26 +1041,29 @@ def parse_run(spec: str) -> tuple[str, int]:
     """One ``--runs`` entry, ``NAME:SEED`` -> (name, seed).
 
     Raises:
-        SystemExit: not ``NAME:SEED`` with a whole-number seed, or a name of neither
+        UsageError: not ``NAME:SEED`` with a whole-number seed, or a name of neither
             :data:`OUR_RUNS` nor :data:`TRL_RUNS` (one line naming the entry).
     """
     name, sep, seed = spec.partition(":")
     if not sep or not (seed.isascii() and seed.isdigit()):  # "²" is a digit to str.isdigit, not to int
-        raise SystemExit(f"--runs: {spec!r} is not NAME:SEED (e.g. ours:0)")
+        raise UsageError(f"--runs: {spec!r} is not NAME:SEED (e.g. ours:0)")
     if name not in OUR_RUNS and name not in TRL_RUNS:
-        raise SystemExit(f"--runs: unknown run {name!r} in {spec!r}; choose from {', '.join([*OUR_RUNS, *TRL_RUNS])}")
+        raise UsageError(f"--runs: unknown run {name!r} in {spec!r}; choose from {', '.join([*OUR_RUNS, *TRL_RUNS])}")
     return name, int(seed)
 
 
 def check_runs(runs: list[tuple[str, int]], shape: str) -> None:
-    """Refuse, before any run, what cannot run: fp32 TRL at a shape in :data:`FP32_REFUSED`, a
-    missing TRL or vLLM (the TRL runs come last, after minutes of ours)."""
-    import importlib.util
-
+    """Refuse, before any run, fp32 TRL at a shape in :data:`FP32_REFUSED` (:class:`UsageError`)."""
     fp32 = sorted({name for name, _ in runs if name in TRL_RUNS and TRL_RUNS[name][0]})
     if fp32 and shape in FP32_REFUSED:
         does = "does" if len(fp32) == 1 else "do"
-        raise SystemExit(f"--shape {shape}: {', '.join(fp32)} {does} not fit (fp32 weights + AdamW: 122 GB); run the *_bf16 ones")
+        raise UsageError(f"--shape {shape}: {', '.join(fp32)} {does} not fit (fp32 weights + AdamW: 122 GB); run the *_bf16 ones")
+
+
+def check_installed(runs: list[tuple[str, int]]) -> None:
+    """Refuse, before any run, a missing TRL or vLLM (the TRL runs come last, after minutes of ours)."""
+    import importlib.util
+
     if any(name in TRL_RUNS for name, _ in runs) and importlib.util.find_spec("trl") is None:
         raise SystemExit("vs_trl_gpu.py: the trl_* runs need TRL: pip install trl==1.16.0 datasets")
     vllm = sorted({name for name, _ in runs if name == "ours_vllm" or (name in TRL_RUNS and TRL_RUNS[name][1])})
@@ -1082,10 +1091,11 @@ def run_jsons(folder: Path, say: Any = None) -> dict[Path, dict]:
 
 
 def check_out(out: Path, shape: str) -> None:
-    """Refuse an ``--out`` folder holding runs of another shape (the report takes one shape a folder)."""
+    """Refuse an ``--out`` folder holding runs of another shape (the report takes one shape a folder;
+    :class:`UsageError`)."""
     other = sorted({result.get("shape", "smollm2") for result in run_jsons(out).values()} - {shape})
     if other:
-        raise SystemExit(f"--out {out}: holds runs of shape {', '.join(other)}, not {shape}; one folder per shape")
+        raise UsageError(f"--out {out}: holds runs of shape {', '.join(other)}, not {shape}; one folder per shape")
 
 
 def run_one(name: str, seed: int, args: argparse.Namespace, options: dict, evaluator: Any) -> dict:
@@ -1179,7 +1189,11 @@ def run_isolated(commands: list[tuple[str, list[str]]], timeout: float | None = 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command's flags (the children's among them, hidden)."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    from chatgym.trainer.algos.correction import ROLLOUT_CORRECTIONS
+
+    # prog: the name in "vs_trl_gpu.py: error: ..." whatever ran the script (runpy, a test).
+    ap = argparse.ArgumentParser(prog="vs_trl_gpu.py", description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     # The default pair: ours' fast synchronous run against TRL as GPU users run it (colocated vLLM).
     ap.add_argument("--runs", nargs="*", default=["ours_px:0", "ours_px:1", "trl_vllm_fp32:0", "trl_vllm_fp32:1"],
                     help=f"NAME:SEED ... (names: {', '.join([*OUR_RUNS, *TRL_RUNS])}; the module docstring says "
@@ -1195,7 +1209,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--checkpointing",
         choices=("on", "off"),
         default=None,
-        help="ours' gradient checkpointing (default: on on CUDA; the runs ending _nc: off)",
+        help="ours' gradient checkpointing, the runs ending _nc aside (always off); None: on on CUDA",
     )
     ap.add_argument("--no-gc-freeze", action="store_true", help="ours without train.gc_freeze")
     ap.add_argument(
@@ -1206,12 +1220,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--torch-graph-capture", action="store_true",
                     help="the hf engine's graphs captured with torch.cuda.graph (which first synchronizes and empties "
                     "the allocators' caches), as before hf_static.capture")
-    ap.add_argument("--correction", default="token_tis", help="ours' algo.rollout_correction (every ours* run)")
-    ap.add_argument("--mask-band", type=float, nargs=2, default=(0.5, 2.0), help="ours' algo.rollout_mask_band")
-    ap.add_argument(
-        "--in-process", action="store_true", help="every run in this one process (default: a process a run)"
-    )
-    ap.add_argument("--run-timeout", type=float, default=None, help="seconds a run may take (its process group is ended)")
+    ap.add_argument("--correction", choices=ROLLOUT_CORRECTIONS, default="token_tis",
+                    help="ours' algo.rollout_correction (every ours* run)")
+    ap.add_argument("--mask-band", type=float, nargs=2, default=(0.5, 2.0), metavar=("LO", "HI"),
+                    help="ours' algo.rollout_mask_band, 0 < LO <= 1 <= HI")
+    ap.add_argument("--in-process", action="store_true", help="every run in this one process, not a process a run")
+    ap.add_argument("--run-timeout", type=float, default=None, metavar="S",
+                    help="seconds a run may take, > 0 (its process group is ended); None: no limit")
     # A child's flags (child_command): the one run it does, the Qwen shape's saved weights. Named
     # --child-* so that no abbreviation of a user's flag (--o for --out) can reach them.
     ap.add_argument("--child-run", dest="only", default=None, help=argparse.SUPPRESS)
@@ -1220,24 +1235,46 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def checked_args(ap: argparse.ArgumentParser, argv: list[str]) -> tuple[argparse.Namespace, list[tuple[str, int]]]:
+    """``argv`` parsed, and its runs (none with ``--report``), every value checked before anything loads
+    or runs; a bad one is the parser's error (status 2, ``vs_trl_gpu.py: error: ...``)."""
+    args = ap.parse_args(argv)
+    lo, hi = args.mask_band
+    try:
+        # algo.rollout_mask_band's own rule, checked here: the config would refuse it only in each child.
+        if not 0 < lo <= 1 <= hi:
+            raise UsageError(f"--mask-band must be LO HI with 0 < LO <= 1 <= HI, got {lo:g} {hi:g}")
+        if args.run_timeout is not None and not args.run_timeout > 0:  # "not >": NaN too
+            raise UsageError(f"--run-timeout must be > 0 seconds, got {args.run_timeout:g}")
+        if args.report:
+            return args, []
+        for flag, value in (("--steps", args.steps), ("--eval-every", args.eval_every)):
+            if value < 1:  # 0 steps has no median; an evaluation every 0 steps divides by zero mid-run
+                raise UsageError(f"{flag} must be >= 1, got {value}")
+        runs = [parse_run(spec) for spec in args.runs]
+        if not runs:
+            raise UsageError("--runs: give at least one NAME:SEED (e.g. ours:0)")
+        twice = sorted({f"{name}:{seed}" for name, seed in runs if runs.count((name, seed)) > 1})
+        if twice:  # both would write <name>_<seed>.json, the second over the first
+            raise UsageError(f"--runs: {', '.join(twice)} given more than once")
+        check_runs(runs, args.shape)
+        check_out(Path(args.out), args.shape)
+    except UsageError as exc:
+        ap.error(str(exc))
+    return args, runs
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = ap.parse_args(argv)
+    args, runs = checked_args(ap, argv)
     CORRECTION.update(rollout_correction=args.correction, rollout_mask_band=tuple(args.mask_band))
     if args.report:
-        report(Path(args.report))
+        try:
+            report(Path(args.report))
+        except UsageError as exc:
+            ap.error(str(exc))
         return
-    for flag, value in (("--steps", args.steps), ("--eval-every", args.eval_every)):
-        if value < 1:  # 0 steps has no median; an evaluation every 0 steps divides by zero mid-run
-            raise SystemExit(f"{flag} must be >= 1, got {value}")
-    runs = [parse_run(spec) for spec in args.runs]
-    if not runs:
-        raise SystemExit("--runs: give at least one NAME:SEED (e.g. ours:0)")
-    twice = sorted({f"{name}:{seed}" for name, seed in runs if runs.count((name, seed)) > 1})
-    if twice:  # both would write <name>_<seed>.json, the second over the first
-        raise SystemExit(f"--runs: {', '.join(twice)} given more than once")
-    check_runs(runs, args.shape)
     if args.expandable_segments:  # read when CUDA is first initialised: before importing torch
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     UPDATE.update(
@@ -1255,11 +1292,12 @@ def main(argv: list[str] | None = None) -> None:
     }
     import torch
 
+    # Before TRL and vLLM: on a machine without a GPU, installing them is not what the user needs.
     if not torch.cuda.is_available():
-        sys.exit("vs_trl_gpu.py needs CUDA")
+        raise SystemExit("vs_trl_gpu.py: needs CUDA (torch.cuda.is_available() is False)")
+    check_installed(runs)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    check_out(out, args.shape)
     MODEL["shape"] = args.shape
     if args.save_model is not None:  # a child: the shape's random weights, then exit
         save_random_model(args.shape, Path(args.save_model), device=DEVICE)

@@ -113,6 +113,23 @@ def assert_token_engine_refusals(prog: str, refuse: Callable[..., str], tmp_path
     )
 
 
+def assert_fp8_refusals(prog: str, refuse: Callable[..., str]) -> None:
+    """``chatgym {prog} --engine hf --engine-arg quantization=fp8`` where FP8 cannot run is refused with
+    that reason first, not with the decode path's hint (``decode=static``, after which came this
+    refusal anyway): on a device named ``cpu`` anywhere, and on this machine when it has no CUDA."""
+    import torch
+
+    assert refuse("--engine-arg", "quantization=fp8", "--engine-arg", "device=cpu") == (
+        f"chatgym {prog}: --engine-arg: quantization 'fp8' is refused: the device is 'cpu'; FP8 needs a CUDA GPU "
+        "of compute capability >= 8.9\n"
+    )
+    if not torch.cuda.is_available():  # decode 'auto' is dynamic here: the hint came first
+        assert refuse("--engine-arg", "quantization=FP8") == (
+            f"chatgym {prog}: --engine-arg: quantization 'FP8' is refused: no CUDA GPU here; FP8 needs one of "
+            "compute capability >= 8.9 (Ada, Hopper)\n"
+        )
+
+
 def assert_engine_value_refusal(prog: str, main: Callable[[Sequence[str]], int], argv: Sequence[str], capsys) -> None:
     """``chatgym {prog} ARGV --engine hf --engine-arg max_batch_size=0``: a value the engine refuses as
     it starts (the hf engine, before it loads the model) is one line naming ``--engine-arg``, status 2."""

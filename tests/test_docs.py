@@ -9,6 +9,7 @@ import dataclasses
 import importlib
 import importlib.util
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -182,6 +183,43 @@ def test_relative_links_name_files_that_exist(path):
         if not target.startswith(("http://", "https://", "mailto:")) and not (path.parent / target).exists()
     ]
     assert missing == []
+
+
+# ---- the resume example --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", [README, DOCS / "training.md"], ids=lambda p: p.name)
+def test_resume_example_resumes_with_the_first_runs_config(path, tmp_path, capsys, monkeypatch):
+    # Regression (fresh-user walk): the example's resume left out the first run's algo.kl_coef=0.01, so
+    # it said "resuming ... with a config that differs" and trained on with the YAML's 0.0.
+    from chatgym.trainer.config.resume import keep_changed_config
+    from chatgym.trainer.config.run import load_config, save_config
+    from chatgym.trainer.train_cli import _parse
+
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "WARNING")  # _parse sets it when unset: restored after
+    monkeypatch.chdir(ROOT)  # the examples' config paths
+    commands = [shlex.split(line.strip())[2:] for line in path.read_text(encoding="utf-8").splitlines()
+                if line.strip().startswith(".venv/bin/chatgym train ")]
+    (resume,) = [argv for argv in commands if "--resume" in argv]
+    out = resume[resume.index("--output-dir") + 1]
+    first = next(argv for argv in commands if "--resume" not in argv and out in argv)
+    (first_args, first_overrides), (resume_args, resume_overrides) = _parse(first), _parse(resume)
+    save_config(load_config(first_args.config, first_overrides), tmp_path / "config.yaml")
+    keep_changed_config(tmp_path / "config.yaml", load_config(resume_args.config, resume_overrides), 5)
+    assert capsys.readouterr().err == ""
+    assert not (tmp_path / "config.until_step_5.yaml").exists()
+
+
+def test_training_doc_says_gradient_checkpointing_is_off_on_the_gpu_by_default():
+    # Regression (fresh-user walk): the doc said the GPU path uses gradient checkpointing; it is off by
+    # default and in the GPU example config.
+    from chatgym.trainer.config.run import load_config
+
+    assert load_config(None).model.gradient_checkpointing is False
+    assert load_config(ROOT / "examples" / "configs" / "math_grpo_gpu.yaml").model.gradient_checkpointing is False
+    text = " ".join((DOCS / "training.md").read_text(encoding="utf-8").split())
+    assert "gradient checkpointing stays off unless `model.gradient_checkpointing: true`" in text
+    assert "uses bf16 and gradient checkpointing" not in text
 
 
 # ---- docs/architecture.md ------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import pytest
 from cli_refusals import (
     assert_chat_template_refusals,
     assert_engine_value_refusal,
+    assert_fp8_refusals,
     assert_token_engine_refusals,
     refusal,
 )
@@ -124,6 +125,11 @@ def test_a_server_engine_without_its_server_is_refused_at_start_and_stores_nothi
     )
 
 
+def test_fp8_where_it_cannot_run_is_refused_before_the_decode_hint(tmp_path, monkeypatch, capsys):
+    # Regression (fresh-user walk): on a CPU the first answer was "set --engine-arg decode=static".
+    assert_fp8_refusals("eval", lambda *args: eval_refusal(tmp_path, monkeypatch, capsys, *args))
+
+
 def test_token_engine_arguments_are_one_line_before_the_model_loads(tmp_path, monkeypatch, capsys):
     # Regression: `--chat-template model` on a model without one was a 32-line traceback (status 1), as
     # were an --engine-arg the engine does not take and a missing --model (rollout: one line each);
@@ -165,6 +171,26 @@ def env_refusal(tmp_path, capsys, *args: str) -> str:
     assert out.out == ""
     assert list(tmp_path.iterdir()) == []
     return out.err
+
+
+@pytest.mark.parametrize(
+    ("args", "flags"),
+    [
+        (("--model", "smollm2"), "--model would be ignored; leave it out"),
+        (("--engine-arg", "dtype=float32"), "--engine-arg would be ignored; leave it out"),
+        (("--chat-template", "chatml_tools"), "--chat-template would be ignored; leave it out"),
+        (("--model", "m", "--engine-arg", "max_batch_size=2"), "--model and --engine-arg would be ignored; leave them out"),
+        (("--model", "m", "--engine-arg", "a=1", "--chat-template", "model"),
+         "--model, --engine-arg and --chat-template would be ignored; leave them out"),
+    ],
+)
+def test_the_reference_engine_refuses_model_and_engine_flags(tmp_path, capsys, args, flags):
+    # Regression (fresh-user walk): the scripted reference policy runs no model, yet --model and
+    # --engine-arg were accepted and ignored without a word.
+    assert env_refusal(tmp_path, capsys, "--env", "Math-v0", *args) == (
+        "chatgym eval: --engine reference plays each env's scripted reference policy, with no model or engine: "
+        f"{flags}\n"
+    )
 
 
 def test_an_env_that_cannot_be_built_is_refused_at_start_naming_the_flag(tmp_path, capsys):
@@ -245,10 +271,13 @@ def test_a_text_only_model_is_refused_an_image_env_it_names_and_skips_those_all_
         "model (no image processor): give a policy that reads images, or leave the env out\n"
     )
     assert not db.exists()
-    # Both named at once (fresh-user walk: only the first was named, so the fixed command failed again).
+    # Both named at once (fresh-user walk: only the first was named, so the fixed command failed again;
+    # then "its observations" of the two).
     argv[5:7] = ["ChartQA-v0", "VisualGrid-v0"]
-    assert refusal(eval_cli.main, argv, monkeypatch, capsys).startswith(
-        "chatgym eval: --env: ChartQA-v0, VisualGrid-v0: its observations carry images")
+    assert refusal(eval_cli.main, argv, monkeypatch, capsys) == (
+        "chatgym eval: --env: ChartQA-v0, VisualGrid-v0: their observations carry images and --model smollm2 is a "
+        "text-only model (no image processor): give a policy that reads images, or leave them out\n"
+    )
     blind = "--model smollm2 is a text-only model (no image processor)"
     built = {env_id: ("identity", {}) for env_id in ENV_SPECS}
     leave_out_image_envs(EvalConfig(engine="hf", model="smollm2", envs=("all",)), built, blind)
@@ -257,9 +286,17 @@ def test_a_text_only_model_is_refused_an_image_env_it_names_and_skips_those_all_
     kept = {env_id: ("identity", {}) for env_id in ENV_SPECS}
     leave_out_image_envs(EvalConfig(engine="hf", model="smollm2", envs=("all",)), kept, None)
     assert all(not isinstance(b, str) for b in kept.values())
-    with pytest.raises(ConfigError, match=r"^envs: ChartQA-v0: its observations carry images"):
+    with pytest.raises(ConfigError) as raised:
         leave_out_image_envs(EvalConfig(engine="hf", model="smollm2", envs=("ChartQA-v0",)),
                              {"ChartQA-v0": ("identity", {})}, blind)  # fmt: skip
+    assert str(raised.value) == (f"envs: ChartQA-v0: its observations carry images and {blind}: give a policy "
+                                 "that reads images, or leave the env out")
+    both = ("ChartQA-v0", "VisualGrid-v0")
+    with pytest.raises(ConfigError) as raised:
+        leave_out_image_envs(EvalConfig(engine="hf", model="smollm2", envs=both),
+                             {env_id: ("identity", {}) for env_id in both}, blind)  # fmt: skip
+    assert str(raised.value) == (f"envs: ChartQA-v0, VisualGrid-v0: their observations carry images and {blind}: "
+                                 "give a policy that reads images, or leave them out")
 
 
 def test_a_server_engine_is_refused_an_image_env_whatever_the_model(tmp_path, monkeypatch, capsys):

@@ -69,13 +69,18 @@ def test_leaderboard_cli_prints_tables_and_writes_page(db, tmp_path, capsys):
     # Self-contained: no external resource of any kind.
     for needle in ("http://", "https://", "<link", "src="):
         assert needle not in page
-    # Regression (fresh-user walk): an env id the store never saw was "holds no episodes (after filters)".
-    assert leaderboard_cli.main(["--db", str(db), "--html", str(out), "--env", "Nope-v0", "--model", "toy"]) == 1
-    assert capsys.readouterr().err == (f"chatgym leaderboard: {db}: no episode has --env 'Nope-v0' (it holds "
+    # Regression (fresh-user walk): an env id the store never saw was "holds no episodes (after filters)";
+    # then exit status 1, where every other bad argument of the CLI is 2.
+    assert leaderboard_cli.main(["--db", str(db), "--html", str(out), "--env", "Nope-v0", "--model", "toy"]) == 2
+    assert capsys.readouterr().err == (f"chatgym leaderboard: --env: no episode in {db} has 'Nope-v0' (it holds "
                                        "CodeSandbox-v0, Math-v0)\n")
-    assert leaderboard_cli.main(["--db", str(db), "--html", str(out), "--env", "Math-v0", "--model", "nobody"]) == 1
-    assert capsys.readouterr().err == (f"chatgym leaderboard: {db}: no episode has --model 'nobody' (it holds "
+    assert leaderboard_cli.main(["--db", str(db), "--html", str(out), "--env", "Math-v0", "--model", "nobody"]) == 2
+    assert capsys.readouterr().err == (f"chatgym leaderboard: --model: no episode in {db} has 'nobody' (it holds "
                                        "reference, toy)\n")
+    # One unknown value among known ones is refused too (it was dropped without a word).
+    assert leaderboard_cli.main(["--db", str(db), "--html", str(out), "--env", "Math-v0", "Nope-v0"]) == 2
+    assert capsys.readouterr().err == (f"chatgym leaderboard: --env: no episode in {db} has 'Nope-v0' (it holds "
+                                       "CodeSandbox-v0, Math-v0)\n")
     # Regression: bad arguments were SystemExit(str), status 1 (every other command's are 2).
     assert leaderboard_cli.main(["--db", str(tmp_path / "missing.sqlite")]) == 2
     assert capsys.readouterr().err == (
@@ -94,6 +99,15 @@ def test_leaderboard_cli_prints_tables_and_writes_page(db, tmp_path, capsys):
     assert capsys.readouterr().err == (
         f"chatgym leaderboard: --html: {tmp_path} is a directory (name the page's file)\n"
     )
+
+
+def test_leaderboard_of_an_empty_store_exits_1(tmp_path, capsys):
+    # An empty store is not a usage error (status 1, not 2): nothing to rank yet.
+    path = tmp_path / "empty.sqlite"
+    with ResultsStore(path):
+        pass
+    assert leaderboard_cli.main(["--db", str(path), "--html", str(tmp_path / "page.html")]) == 1
+    assert capsys.readouterr().err == f"chatgym leaderboard: {path} holds no episodes\n"
 
 
 def test_grids_differing_only_in_n_count_each_sample_once(tmp_path):

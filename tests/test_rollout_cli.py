@@ -13,6 +13,7 @@ import pytest
 from cli_refusals import (
     assert_chat_template_refusals,
     assert_engine_value_refusal,
+    assert_fp8_refusals,
     assert_token_engine_refusals,
     refusal,
 )
@@ -145,6 +146,11 @@ def test_a_value_the_engine_refuses_as_it_starts_is_one_line(tmp_path, capsys):
     out = tmp_path / "t.jsonl"
     assert_engine_value_refusal("rollout", rollout_cli.main, ["--env", "Math-v0", "--out", str(out)], capsys)
     assert not out.exists()
+
+
+def test_fp8_where_it_cannot_run_is_refused_before_the_decode_hint(tmp_path, monkeypatch, capsys):
+    # Regression (fresh-user walk): on a CPU the first answer was "set --engine-arg decode=static".
+    assert_fp8_refusals("rollout", lambda *args: rollout_refusal(tmp_path, monkeypatch, capsys, *args))
 
 
 def test_vllm_sleep_level_where_vllm_has_no_sleep_mode_is_one_line(tmp_path, capsys):

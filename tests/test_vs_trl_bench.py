@@ -5,6 +5,7 @@ two steps on the CPU (a tiny model of the Qwen2.5 architecture; SmolLM2's real w
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import math
@@ -237,11 +238,27 @@ def test_report_at_smollm2_prints_accuracy_and_draws_the_plot(bench, tmp_path, c
     assert (tmp_path / "accuracy_vs_wallclock.png").stat().st_size > 0
 
 
-def test_main_checks_runs_before_anything_runs(bench):
-    with pytest.raises(SystemExit, match="--runs: 'ours_1off' is not NAME:SEED"):
-        bench.main(["--runs", "ours_1off", "--shape", "qwen2.5-1.5b"])
-    with pytest.raises(SystemExit, match=r"^--shape qwen2.5-7b: trl_vllm_fp32 does not fit \(fp32 weights"):
-        bench.main(["--runs", "ours_vllm:0", "trl_vllm_fp32:0", "--shape", "qwen2.5-7b"])
+def _usage_error(bench, capsys, argv: list[str]) -> str:
+    """The one-line refusal of ``main(argv)``, after checking that it is the parser's: status 2, the
+    usage, then ``vs_trl_gpu.py: error: ...`` (the message returned without that prefix)."""
+    with pytest.raises(SystemExit) as exc:
+        bench.main(argv)
+    assert exc.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("usage: vs_trl_gpu.py ") and err.endswith("\n")
+    last = err.splitlines()[-1]
+    assert last.startswith("vs_trl_gpu.py: error: ")
+    return last.removeprefix("vs_trl_gpu.py: error: ")
+
+
+def test_main_checks_runs_before_anything_runs(bench, capsys):
+    # Regression (fresh-user walk): these were SystemExit(str), status 1 with no "vs_trl_gpu.py: error:".
+    assert _usage_error(bench, capsys, ["--runs", "ours_1off", "--shape", "qwen2.5-1.5b"]) == (
+        "--runs: 'ours_1off' is not NAME:SEED (e.g. ours:0)"
+    )
+    assert _usage_error(bench, capsys, ["--runs", "ours_vllm:0", "trl_vllm_fp32:0", "--shape", "qwen2.5-7b"]) == (
+        "--shape qwen2.5-7b: trl_vllm_fp32 does not fit (fp32 weights + AdamW: 122 GB); run the *_bf16 ones"
+    )
     # The default runs: ours' fast synchronous run and TRL with its colocated vLLM (the anchors).
     assert bench.build_parser().get_default("runs") == ["ours_px:0", "ours_px:1", "trl_vllm_fp32:0", "trl_vllm_fp32:1"]
 
@@ -259,11 +276,9 @@ def test_speedups_none_without_a_trl_vllm_run(bench):
     assert bench.speedups({"trl_vllm_bf16": [row]}) is None  # no ours* run: nothing to compare
 
 
-def test_main_refuses_zero_steps_and_zero_eval_every(bench):
-    with pytest.raises(SystemExit, match=r"^--steps must be >= 1, got 0$"):
-        bench.main(["--runs", "ours:0", "--steps", "0"])
-    with pytest.raises(SystemExit, match=r"^--eval-every must be >= 1, got 0$"):
-        bench.main(["--runs", "ours:0", "--eval-every", "0"])
+def test_main_refuses_zero_steps_and_zero_eval_every(bench, capsys):
+    assert _usage_error(bench, capsys, ["--runs", "ours:0", "--steps", "0"]) == "--steps must be >= 1, got 0"
+    assert _usage_error(bench, capsys, ["--runs", "ours:0", "--eval-every", "0"]) == "--eval-every must be >= 1, got 0"
 
 
 def test_report_skips_files_that_are_not_runs(bench, tmp_path, capsys):
@@ -360,7 +375,7 @@ def test_main_runs_each_run_in_a_child_and_exits_non_zero_naming_the_failed_ones
     # An earlier invocation's result of the run that fails now: not reported as this one's.
     _write(tmp_path, {"trl_vllm_bf16_0": _result([0.5], "smollm2")})
     argv = ["--runs", "ours:0", "trl_vllm_bf16:0", "--out", str(tmp_path)]
-    monkeypatch.setattr(bench, "check_runs", lambda runs, shape: None)  # TRL / vLLM are not installed here
+    monkeypatch.setattr(bench, "check_installed", lambda runs: None)  # TRL is not installed here
     with pytest.raises(SystemExit) as exc:
         bench.main(argv)
     assert exc.value.code == 1
@@ -395,21 +410,23 @@ def test_main_at_a_qwen_shape_has_a_child_save_the_weights_every_run_loads_then_
     assert not Path(workdir).exists()
 
 
-def test_main_refuses_no_runs_and_a_run_given_twice(bench):
-    with pytest.raises(SystemExit, match=r"^--runs: give at least one NAME:SEED \(e.g. ours:0\)$"):
-        bench.main(["--runs", "--out", "/tmp/never"])
-    with pytest.raises(SystemExit, match=r"^--runs: ours:0 given more than once$"):
-        bench.main(["--runs", "ours:0", "ours_1off:1", "ours:00"])
+def test_main_refuses_no_runs_and_a_run_given_twice(bench, capsys):
+    assert _usage_error(bench, capsys, ["--runs", "--out", "/tmp/never"]) == (
+        "--runs: give at least one NAME:SEED (e.g. ours:0)"
+    )
+    assert _usage_error(bench, capsys, ["--runs", "ours:0", "ours_1off:1", "ours:00"]) == (
+        "--runs: ours:0 given more than once"
+    )
 
 
-def test_a_user_flag_abbreviation_does_not_reach_the_childs_flags(bench):
+def test_a_user_flag_abbreviation_does_not_reach_the_childs_flags(bench, capsys):
     # Regression: the child's --only / --model-dir made --o ambiguous (it had meant --out) and --mo
     # set the model directory of every run.
-    with pytest.raises(SystemExit) as exc:
-        bench.main(["--runs", "ours:0", "--mo", "/x"])
-    assert exc.value.code == 2  # argparse: unrecognized arguments
-    with pytest.raises(SystemExit, match=r"^--steps must be >= 1, got 0$"):
-        bench.main(["--runs", "ours:0", "--o", "/tmp/never", "--steps", "0"])  # --o is --out again
+    assert _usage_error(bench, capsys, ["--runs", "ours:0", "--mo", "/x"]) == "unrecognized arguments: --mo /x"
+    # --o is --out again
+    assert _usage_error(bench, capsys, ["--runs", "ours:0", "--o", "/tmp/never", "--steps", "0"]) == (
+        "--steps must be >= 1, got 0"
+    )
 
 
 def test_parse_run_refuses_a_seed_of_non_ascii_digits(bench):
@@ -475,3 +492,82 @@ def test_ms_per_decode_step_takes_the_reply_lengths_out(bench, tmp_path, capsys)
     at = out.index("generation ms per decode step (generation s / the step's longest reply, median):")
     assert out[at + 1].split() == ["ours_0", "4.000"]
     assert not out[at + 2].startswith("trl_vllm_bf16_0")  # only the run that recorded it
+
+
+def test_main_without_cuda_says_so_before_asking_for_trl(bench, tmp_path):
+    # Regression (fresh-user walk): without CUDA the first refusal was "the trl_* runs need TRL: pip
+    # install ...", which would not have made the script run. Real: this machine has no CUDA, no TRL.
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here: the refusal is of a machine without it")
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--runs", "ours:0", "trl_vllm_bf16:0", "--out", str(tmp_path / "out")])
+    assert exc.value.code == "vs_trl_gpu.py: needs CUDA (torch.cuda.is_available() is False)"
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_trl_and_vllm_are_named(bench, monkeypatch):
+    import importlib.util as util
+
+    real = util.find_spec
+    monkeypatch.setattr(util, "find_spec", lambda name, *a: None if name in ("trl", "vllm") else real(name, *a))
+    with pytest.raises(SystemExit) as exc:
+        bench.check_installed([("ours", 0), ("trl_bf16", 0)])
+    assert exc.value.code == "vs_trl_gpu.py: the trl_* runs need TRL: pip install trl==1.16.0 datasets"
+    with pytest.raises(SystemExit) as exc:
+        bench.check_installed([("ours_vllm", 0), ("ours", 1)])
+    assert exc.value.code == "vs_trl_gpu.py: ours_vllm need vLLM on CUDA: pip install vllm"
+    bench.check_installed([("ours", 0), ("ours_1off", 1)])  # neither needed
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--correction", "tis"], "argument --correction: invalid choice: 'tis' (choose from 'token_tis', "
+                                  "'seq_tis', 'token_mask', 'seq_mask', 'geo_mask')"),
+        (["--mask-band", "2", "0.5"], "--mask-band must be LO HI with 0 < LO <= 1 <= HI, got 2 0.5"),
+        (["--mask-band", "0", "2"], "--mask-band must be LO HI with 0 < LO <= 1 <= HI, got 0 2"),
+        (["--mask-band", "1.5", "2"], "--mask-band must be LO HI with 0 < LO <= 1 <= HI, got 1.5 2"),
+        (["--mask-band", "nan", "2"], "--mask-band must be LO HI with 0 < LO <= 1 <= HI, got nan 2"),
+        (["--mask-band", "0.5"], "argument --mask-band: expected 2 arguments"),
+        (["--run-timeout", "0"], "--run-timeout must be > 0 seconds, got 0"),
+        (["--run-timeout", "-30"], "--run-timeout must be > 0 seconds, got -30"),
+        (["--run-timeout", "nan"], "--run-timeout must be > 0 seconds, got nan"),
+    ],
+)
+def test_correction_mask_band_and_run_timeout_are_checked_by_the_parser(bench, capsys, argv, message):
+    # Regression (fresh-user walk): none was checked; a bad one failed in each run's child, minutes in
+    # (the correction and band in the trainer's config, the timeout as subprocess' own error).
+    assert _usage_error(bench, capsys, ["--runs", "ours:0", *argv]) == message
+
+
+def test_correction_choices_are_the_trainers(bench):
+    from chatgym.trainer.algos.correction import ROLLOUT_CORRECTIONS
+
+    action = next(a for a in bench.build_parser()._actions if a.dest == "correction")
+    assert tuple(action.choices) == ROLLOUT_CORRECTIONS
+
+
+def test_out_of_another_shape_and_an_empty_report_are_usage_errors(bench, capsys, tmp_path):
+    # Checked before CUDA (absent here): a flag's refusal, not "needs CUDA".
+    _write(tmp_path, {"ours_0": _result([1.0], "qwen2.5-7b")})
+    assert _usage_error(bench, capsys, ["--runs", "ours:0", "--out", str(tmp_path)]) == (
+        f"--out {tmp_path}: holds runs of shape qwen2.5-7b, not smollm2; one folder per shape"
+    )
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert _usage_error(bench, capsys, ["--report", str(empty)]) == f"no results in {empty}"
+
+
+def test_help_names_each_default_once(bench, monkeypatch):
+    # Regression (fresh-user walk): --checkpointing and --in-process read "(default: ...) (default: ...)":
+    # their help text said it, and ArgumentDefaultsHelpFormatter added it again.
+    monkeypatch.setenv("COLUMNS", "100")
+    parser = bench.build_parser()
+    text = " ".join(parser.format_help().split())
+    assert ("--checkpointing {on,off} ours' gradient checkpointing, the runs ending _nc aside (always off); "
+            "None: on on CUDA (default: None)") in text
+    assert "--in-process every run in this one process, not a process a run (default: False)" in text
+    shown = [a for a in parser._actions if a.help is not argparse.SUPPRESS and a.default is not argparse.SUPPRESS]
+    assert text.count("(default:") == len(shown)

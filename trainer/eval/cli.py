@@ -93,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         check_seed("--seed", args.seed)  # before rollout_config names it rollout.seed
         engine_kwargs = key_values(args.engine_arg, "--engine-arg")
-        args.model = _model_for(args.engine, args.model, engine_kwargs)
+        args.model = _model_for(args.engine, args.model, engine_kwargs, args.chat_template)
         check_chat_template_flag(args.chat_template)
         config = EvalConfig(
             engine=args.engine,
@@ -177,13 +177,24 @@ def _refuse(exc: Exception) -> int:
     return 2
 
 
-def _model_for(engine: str, model: str | None, engine_kwargs: dict[str, Any]) -> str:
+def _model_for(engine: str, model: str | None, engine_kwargs: dict[str, Any], chat_template: str = "auto") -> str:
     """The model to evaluate; server/API engines must be told which one (and, for the OpenAI API,
     where it is), so that an unreachable default never lands in the store as a model's score.
 
     Raises:
-        ValueError: a missing ``--model`` or, for ``openai``, no base URL and no API key.
+        ValueError: a missing ``--model`` or, for ``openai``, no base URL and no API key; for
+            ``reference`` (the envs' scripted policies: no model, no engine, no chat template) any
+            ``--model``, ``--engine-arg`` or ``--chat-template``, which it would ignore.
     """
+    from chatgym.trainer.eval.config import REFERENCE
+
+    if engine == REFERENCE:
+        given = [flag for flag, value in (("--model", model), ("--engine-arg", engine_kwargs),
+                                          ("--chat-template", chat_template != "auto")) if value]
+        if given:
+            flags, them = (given[0], "it") if len(given) == 1 else (f"{', '.join(given[:-1])} and {given[-1]}", "them")
+            raise ValueError(f"--engine reference plays each env's scripted reference policy, with no model or "
+                             f"engine: {flags} would be ignored; leave {them} out")
     if engine in ("vllm-server", "sglang", "openai") and not model:
         what = "the served model's name" if engine == "openai" else "the served model, a packaged name or local dir"
         raise ValueError(f"--engine {engine} needs --model ({what})")

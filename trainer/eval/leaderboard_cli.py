@@ -29,22 +29,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _why_empty(store: Any, args: argparse.Namespace) -> str:
-    """Why the board is empty: a filter value the store has never seen (a typo, not an empty store),
-    named with the values it does hold; else that it holds no episodes (after the filters)."""
+def _unknown_filters(store: Any, args: argparse.Namespace) -> str | None:
+    """The ``--env`` / ``--model`` values the store has never seen (a typo, not an empty store), each
+    named with the values it does hold; ``None`` when every value is known."""
     unknown = []
     for flag, column, values in (("--env", "env_id", args.env), ("--model", "model_name", args.model)):
         held = store.distinct(column)
-        unknown += [f"{flag} {v!r} (it holds {', '.join(sorted(held))})" for v in values if v not in held]
-    if unknown:
-        return f": no episode has {'; '.join(unknown)}"
-    return " holds no episodes" + (" (after filters)" if args.env or args.model else "")
+        unknown += [f"{flag}: no episode in {args.db} has {v!r} (it holds {', '.join(sorted(held))})"
+                    for v in values if v not in held]
+    return "; ".join(unknown) or None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``chatgym leaderboard``; 1 when the store holds no episodes, 2 a bad argument
-    (one line naming the flag, as every chatgym command: a ``--db`` that is not a results store, an
-    ``--html`` that is a directory or cannot be written)."""
+    """Entry point of ``chatgym leaderboard``; 1 when the store holds no episodes (after the filters),
+    2 a bad argument (one line naming the flag, as every chatgym command: a ``--db`` that is not a
+    results store, an ``--env`` / ``--model`` value it has never seen, an ``--html`` that is a
+    directory or cannot be written)."""
     from chatgym.trainer.eval.leaderboard import build_leaderboard, rich_tables
     from chatgym.trainer.eval.page import render_html
     from chatgym.trainer.eval.store import checked_store
@@ -67,10 +67,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"chatgym leaderboard: {refusal}", file=sys.stderr)
         return 2
     with store:
-        board = build_leaderboard(store, k=args.k, env_ids=args.env, models=args.model)
-        empty = None if board.cells else _why_empty(store, args)
-    if empty is not None:
-        print(f"chatgym leaderboard: {args.db}{empty}", file=sys.stderr)
+        refusal = _unknown_filters(store, args)
+        board = None if refusal else build_leaderboard(store, k=args.k, env_ids=args.env, models=args.model)
+    if board is None:
+        print(f"chatgym leaderboard: {refusal}", file=sys.stderr)
+        return 2
+    if not board.cells:
+        filtered = " (after filters)" if args.env or args.model else ""
+        print(f"chatgym leaderboard: {args.db} holds no episodes{filtered}", file=sys.stderr)
         return 1
     from rich.console import Console
 

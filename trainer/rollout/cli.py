@@ -206,7 +206,7 @@ def checked_tokenizer(
     """The tokenizer and the processor (None for a text model) of ``chatgym rollout``'s and ``chatgym
     eval``'s collector, every argument of the token engine checked before it loads the model: the
     ``--engine-arg`` keys (:func:`~chatgym.trainer.engines.check_engine_options`, as ``chatgym train``
-    checks ``engine.options``), ``--model`` (the tokenizer's source unless ``tokenizer_source``, an
+    checks ``engine.options``; ``quantization fp8`` first, against this machine's GPU), ``--model`` (the tokenizer's source unless ``tokenizer_source``, an
     ``--engine-arg tokenizer``, is), ``--chat-template``, and the collector's template probe with the EOS
     ids of ``--engine-arg eos_token_ids``, else the model's (:func:`check_chat_template`).
 
@@ -215,9 +215,16 @@ def checked_tokenizer(
     """
     from chatgym.trainer.chat.tokenizer import get_tokenizer
     from chatgym.trainer.engines import check_engine_options
+    from chatgym.trainer.models.cuda import fp8_config_refusal
     from chatgym.trainer.models.packaged import processor_for
 
     check_chat_template_flag(chat_template)
+    if engine in ("hf", "vllm"):  # in this process: FP8 needs this machine's GPU
+        # Before the hf options' check, as chatgym train's config load: its hint (decode=static) was given
+        # first without CUDA, and following it only led to this refusal.
+        why = fp8_config_refusal(engine_kwargs, "local", 0)
+        if why is not None:
+            raise ConfigError(f"--engine-arg: quantization {engine_kwargs['quantization']!r} is refused: {why}")
     check_engine_options(engine, engine_kwargs, "--engine-arg")
     source = model if tokenizer_source is None else tokenizer_source
     try:
