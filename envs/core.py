@@ -295,7 +295,10 @@ class ChatEnv(gym.Env):
             parsed = self.parser.parse(action)
             raw = action
         elif isinstance(action, dict) and action.get("role") == "assistant" and not message_errors(action):
-            raw = action.get("content") or ""
+            # Content parts (OpenAI's list form) are read as their text: the parsers and the
+            # scorers read text, and a list reached them as a TypeError out of step().
+            raw = M.content_text(action.get("content") or "")
+            action = {**action, "content": raw}
             # Calls already structured by an OpenAI-compatible server get the same argument checks.
             parsed = parse_openai_message(action) if action.get("tool_calls") else self.parser.parse(raw)
         else:

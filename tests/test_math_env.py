@@ -153,6 +153,26 @@ def test_calculator_env_multi_turn():
     env.close()
 
 
+
+def test_calculator_env_reads_content_parts():
+    # Regression (fresh-user walk): an assistant message whose content is a list of OpenAI content
+    # parts raised TypeError ("text must be a str, got list") out of step(). Test task 0 is
+    # "Calculate 26 - 28." (answer -2); the parts' texts are read joined, as one text.
+    env = gym.make("MathCalculator-v0", split="test")
+    env.reset(options={"task_index": 0})
+    call = '<tool_call>{"name": "calculate", "arguments": {"expression": "26 - 28"}}</tool_call>'
+    obs, reward, terminated, truncated, _ = env.step(
+        {"role": "assistant", "content": [{"type": "text", "text": "Let me compute. "}, {"type": "text", "text": call}]}
+    )
+    assert obs == [{"role": "tool", "content": "-2", "tool_call_id": "call_0", "name": "calculate"}]
+    assert (reward, terminated, truncated) == (0.0, False, False)
+    assert env.unwrapped.messages[-2]["content"] == "Let me compute."
+    _, reward, terminated, _, info = env.step(
+        {"role": "assistant", "content": [{"type": "text", "text": "<answer>-"}, {"type": "text", "text": "2</answer>"}]}
+    )
+    assert (reward, terminated, info["answer"]) == (1.0, True, "-2")
+    env.close()
+
 def test_split_is_generated_once_per_process():
     # Regression: the collector makes an env per episode; regenerating 5,000 tasks each time cost
     # seconds per training step. Two envs with the same settings share one tuple of rows.
