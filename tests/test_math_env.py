@@ -173,6 +173,26 @@ def test_calculator_env_reads_content_parts():
     assert (reward, terminated, info["answer"]) == (1.0, True, "-2")
     env.close()
 
+
+def test_an_empty_tool_call_is_an_error_observation_and_the_episode_goes_on():
+    # Regression (fresh-user walk): "<tool_call></tool_call>" ended the episode (scored as a final
+    # answer with no number: reward 0); like a call with broken JSON it is now an error to read.
+    env = gym.make("MathCalculator-v0", split="test")
+    env.reset(options={"task_index": 0})  # "Calculate 26 - 28.", answer -2
+    obs, reward, terminated, truncated, info = env.step("<tool_call></tool_call>")
+    assert obs == [
+        {
+            "role": "tool",
+            "content": 'Error: could not parse tool call: tool call 1: empty <tool_call> block (expected {"name": ..., '
+            '"arguments": {...}}). Available tools: calculate.',
+            "tool_call_id": "call_0",
+        }
+    ]
+    assert (reward, terminated, truncated, info["tool_errors"]) == (0.0, False, False, 1)
+    _, reward, terminated, _, _ = env.step("<answer>-2</answer>")
+    assert (reward, terminated) == (1.0, True)
+    env.close()
+
 def test_split_is_generated_once_per_process():
     # Regression: the collector makes an env per episode; regenerating 5,000 tasks each time cost
     # seconds per training step. Two envs with the same settings share one tuple of rows.
