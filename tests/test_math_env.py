@@ -38,6 +38,26 @@ def test_calculator_exact_values():
             calculate(bad)
 
 
+
+def test_calculator_errors_echo_at_most_200_characters_of_the_expression():
+    # Regression (fresh-user walk): a 5,000-character expression came back whole in the error.
+    with pytest.raises(ValueError) as err:
+        calculate("1+" * 2500)
+    assert str(err.value) == "cannot parse '" + "1+" * 100 + "'… (5,000 characters): invalid syntax"
+    with pytest.raises(ValueError) as err:
+        calculate("1+" * 100)  # 200 characters: still echoed whole
+    assert str(err.value) == "cannot parse '" + "1+" * 100 + "': invalid syntax"
+    env = gym.make("MathCalculator-v0", split="test")
+    env.reset(options={"task_index": 0})
+    obs, *_ = env.step('<tool_call>{"name": "calculate", "arguments": {"expression": "' + "9" * 5000 + '"}}</tool_call>')
+    with pytest.raises(SyntaxError) as python_says:  # Python's int-digit limit; its wording is Python's
+        __import__("ast").parse("9" * 5000, mode="eval")
+    assert obs[0]["content"] == (
+        "Error: calculate raised ValueError: cannot parse '" + "9" * 200 + "'… (5,000 characters): "
+        + python_says.value.msg
+    )
+    env.close()
+
 def test_math_episode_rewards_by_answer():
     env = gym.make("Math-v0", split="test")
     obs, info = env.reset(options={"task_index": 0})
