@@ -9,6 +9,8 @@ gsm_symbolic's 0.01 for a wrong number) is kept.
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import threading
 from fractions import Fraction
 
@@ -201,6 +203,23 @@ def test_answers_equal_off_the_main_thread():
     thread.join()
     assert results == [(True, True)]
 
+
+
+def test_math_verify_off_the_main_thread_logs_no_timeout_notice():
+    # Regression (fresh-user walk): the first answer math-verify read on an env's thread (there
+    # \frac{1}{0}, which our number rules leave to it) printed "Timeout is disabled as parsing_timeout
+    # is None ...": math-verify's notice that its timeout is off, which it is here on purpose. Once a
+    # process, so in a fresh one; the score is unchanged (1/0 is no number: not 5).
+    code = (
+        "import threading\n"
+        "from chatgym.envs.math.answer import answers_equal, math_verify_equal\n"
+        "out = []\n"
+        "t = threading.Thread(target=lambda: out.append((answers_equal('\\\\frac{1}{0}', '5'),"
+        " math_verify_equal('(x+1)^2', 'x^2+2x+1'))))\n"
+        "t.start(); t.join(); print(out)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert (run.returncode, run.stdout, run.stderr) == (0, "[(False, True)]\n", "")
 
 # ---- through Math-v0 -------------------------------------------------------------------------------
 

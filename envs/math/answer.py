@@ -41,6 +41,7 @@ exponents or factorials, nested powers) are not given to it.
 from __future__ import annotations
 
 import functools
+import logging
 import re
 import sys
 import threading
@@ -314,12 +315,24 @@ _PARTIAL_COMPARE = re.compile(
 _PLUS_MINUS = re.compile(r"\\pm|\\mp|\u00b1|\u2213")
 
 
+class _NoTimeoutNotice(logging.Filter):
+    """Drops math-verify's once-a-process notice that its timeout is off ("Timeout is disabled as
+    parsing_timeout is None ..."), logged at the first call off the main thread: the timeout is off on
+    purpose there (see the module docstring), and the notice, printed at whichever answer first
+    reached math-verify in an env (``\\frac{1}{0}`` in a fresh-user walk), read as that answer's failure."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Timeout is disabled")
+
+
 @functools.lru_cache(maxsize=1)
 def _math_verify() -> Any:
     try:
         import math_verify
     except ImportError as exc:  # pragma: no cover - a declared dependency of the math extra
         raise ImportError("answer checking needs math-verify: pip install 'chatgym[math]'") from exc
+    for name in ("math_verify.parser", "math_verify.grader"):
+        logging.getLogger(name).addFilter(_NoTimeoutNotice())
     return math_verify
 
 
