@@ -23,6 +23,7 @@ it into ``Trajectory.success``; training accuracy, eval pass@k and the leaderboa
 from __future__ import annotations
 
 import asyncio
+import difflib
 import functools
 import os
 import threading
@@ -111,12 +112,16 @@ class ChatEnv(gym.Env):
             MCP servers it declares are started here and stopped by ``close()``.
 
     Attributes:
+        reset_options: the keys ``reset(options=...)`` accepts (``task``, ``task_index``, and a
+            subclass's own, such as the visual envs' ``image_size``); any other key is a ValueError.
         image_observations: True for an env whose observations carry images (a vision-language
             model's env); ``chatgym eval`` leaves it out of ``--env all`` for a text-only model.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": None}
     image_observations: ClassVar[bool] = False
+    # The keys of ``reset(options=...)`` the env reads; a subclass that reads more adds its own.
+    reset_options: ClassVar[frozenset[str]] = frozenset({"task", "task_index"})
 
     def __init__(
         self,
@@ -257,6 +262,17 @@ class ChatEnv(gym.Env):
 
     # ---- the Gymnasium API (async first) ----------------------------------------------------
 
+    def _check_options(self, options: Mapping[str, Any]) -> None:
+        # A misspelt key ("tsk") read as no option at all gave a random task without a word.
+        unknown = sorted(map(str, set(options) - self.reset_options))
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], sorted(self.reset_options), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(
+                f"{type(self).__name__}: unknown reset option {unknown[0]!r}{hint}; the options it reads: "
+                f"{', '.join(map(repr, sorted(self.reset_options)))}"
+            )
+
     def _pick_task(self, options: dict[str, Any] | None) -> tuple[dict[str, Any], int | None]:
         options = options or {}
         if "task" in options:
@@ -278,6 +294,19 @@ class ChatEnv(gym.Env):
     async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[list[Message], dict[str, Any]]:
+        """Start an episode: a task by ``options`` (``{"task_index": i}`` of the split, ``{"task": row}``,
+        or none: one drawn with the seed), and its opening messages.
+
+        Raises:
+            TypeError: ``options`` is not a dict, or ``options["task"]`` is no task row (a dict).
+            ValueError: ``options`` holds a key the env does not read (``reset_options``: a misspelt
+                key is not ignored), or the split has no tasks; a subclass's ``on_reset`` may raise
+                one for a task row it cannot use.
+            IndexError: ``task_index`` is out of the split's range.
+        """
+        if options is not None and not isinstance(options, Mapping):
+            raise TypeError(f"{type(self).__name__}: options must be a dict, got {type(options).__name__}")
+        self._check_options(options or {})
         gym.Env.reset(self, seed=seed)
         self.task, index = self._pick_task(options)
         self.turn = 0
@@ -295,7 +324,10 @@ class ChatEnv(gym.Env):
             parsed = self.parser.parse(action)
             raw = action
         elif isinstance(action, dict) and action.get("role") == "assistant" and not message_errors(action):
-            raw = action.get("content") or ""
+            # Content parts (OpenAI's list form) are read as their text: the parsers and the
+            # scorers read text, and a list reached them as a TypeError out of step().
+            raw = M.content_text(action.get("content") or "")
+            action = {**action, "content": raw}
             # Calls already structured by an OpenAI-compatible server get the same argument checks.
             parsed = parse_openai_message(action) if action.get("tool_calls") else self.parser.parse(raw)
         else:
@@ -340,6 +372,7 @@ class ChatEnv(gym.Env):
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        """:meth:`areset`, run on the env's own loop (the same errors)."""
         return self._run(self.areset(seed=seed, options=options))
 
     def step(self, action: str | Message):

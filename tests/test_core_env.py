@@ -275,6 +275,39 @@ def test_every_registered_env_passes_check_env(env_id):
         env.close()
 
 
+
+_IMAGE_ENVS = {"VisualGrid-v0", "ChartQA-v0"}  # they read options["image_size"] too
+
+
+@pytest.mark.parametrize("env_id", sorted(ENV_SPECS))
+def test_every_registered_env_refuses_an_unknown_reset_option(env_id):
+    # Regression (fresh-user walk): reset(options={"tsk": 1}) was accepted and drew a random task.
+    env = gym.make(env_id)
+    try:
+        with pytest.raises(ValueError) as err:
+            env.reset(options={"tsk": 1})
+        accepted = "'image_size', 'task', 'task_index'" if env_id in _IMAGE_ENVS else "'task', 'task_index'"
+        assert str(err.value) == (
+            f"{type(env.unwrapped).__name__}: unknown reset option 'tsk' (did you mean 'task'?); "
+            f"the options it reads: {accepted}"
+        )
+        assert env.reset(options={"task_index": 0})[1]["task_index"] == 0  # the known keys still work
+    finally:
+        env.close()
+
+
+def test_reset_options_are_a_dict_of_known_keys():
+    env = SumEnv()
+    try:
+        with pytest.raises(ValueError) as err:
+            env.reset(options={"task_index": 0, "seed": 3})  # the seed is reset's own argument
+        assert str(err.value) == "SumEnv: unknown reset option 'seed'; the options it reads: 'task', 'task_index'"
+        with pytest.raises(TypeError) as err:
+            env.reset(options=[("task_index", 0)])
+        assert str(err.value) == "SumEnv: options must be a dict, got list"
+    finally:
+        env.close()
+
 # ---- packaging -----------------------------------------------------------------------------------
 
 

@@ -8,6 +8,9 @@ gsm_symbolic's 0.01 for a wrong number) is kept.
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 import threading
 from fractions import Fraction
 
@@ -17,8 +20,10 @@ from chatgym.envs.math.answer import (
     answer_value,
     answers_equal,
     extract_answer,
+    last_boxed,
     math_verify_equal,
     normalise_answer,
+    unwrap,
     written_answer,
 )
 
@@ -198,6 +203,23 @@ def test_answers_equal_off_the_main_thread():
     thread.join()
     assert results == [(True, True)]
 
+
+
+def test_math_verify_off_the_main_thread_logs_no_timeout_notice():
+    # Regression (fresh-user walk): the first answer math-verify read on an env's thread (there
+    # \frac{1}{0}, which our number rules leave to it) printed "Timeout is disabled as parsing_timeout
+    # is None ...": math-verify's notice that its timeout is off, which it is here on purpose. Once a
+    # process, so in a fresh one; the score is unchanged (1/0 is no number: not 5).
+    code = (
+        "import threading\n"
+        "from chatgym.envs.math.answer import answers_equal, math_verify_equal\n"
+        "out = []\n"
+        "t = threading.Thread(target=lambda: out.append((answers_equal('\\\\frac{1}{0}', '5'),"
+        " math_verify_equal('(x+1)^2', 'x^2+2x+1'))))\n"
+        "t.start(); t.join(); print(out)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert (run.returncode, run.stdout, run.stderr) == (0, "[(False, True)]\n", "")
 
 # ---- through Math-v0 -------------------------------------------------------------------------------
 
@@ -431,3 +453,155 @@ def test_math_env_scores_a_too_long_answer_zero():
     _, reward, terminated, truncated, _ = env.step("<answer>" + "9" * 4301 + "</answer>")
     assert (reward, terminated, truncated) == (0.0, True, False)
     env.close()
+
+
+# ---- brace scans: linear in the reply's length ----------------------------------------------------
+# Regression (fresh-user walk): last_boxed scanned from every ``\boxed{`` to the end of the reply and
+# unwrap rescanned the whole answer for every ``\text{`` layer it stripped, so a 28 KB reply of repeated
+# ``\boxed{`` took 2.6 s to score and a 350 KB one 406 s. The cases below pin the results the
+# per-occurrence scans gave; the oracles are those scans, kept here as they were.
+
+
+def _scan_balanced_end(text, open_brace):
+    depth = 0
+    for i in range(open_brace, len(text)):
+        c = text[i]
+        if c == "{" and text[i - 1 : i] != "\\":
+            depth += 1
+        elif c == "}" and text[i - 1 : i] != "\\":
+            depth -= 1
+            if depth == 0:
+                return i
+    return None
+
+
+def _scan_last_boxed(text):
+    found = None
+    for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text):
+        end = _scan_balanced_end(text, m.end() - 1)
+        if end is not None:
+            found = text[m.end() : end]
+    return found
+
+
+def _scan_unwrap(answer):
+    wrappers = [re.compile(p, re.S) for p in (r"^\$\$(.*)\$\$$", r"^\$(.*)\$$", r"^\\\((.*)\\\)$", r"^\\\[(.*)\\\]$")]
+    commands = (r"\\boxed", r"\\fbox", r"\\(?:text|textbf|textrm|mathrm|mathbf|mbox|operatorname)")
+    s = answer.strip()
+    while True:
+        before = s
+        s = s.strip().rstrip(".").strip()
+        for w in wrappers:
+            m = w.match(s)
+            if m:
+                s = m.group(1).strip()
+        for command in commands:
+            m = re.match(rf"^{command}\s*\{{", s)
+            if m and _scan_balanced_end(s, m.end() - 1) == len(s) - 1:
+                s = s[m.end() : -1].strip()
+        s = re.sub(r"^[A-Za-z](?:_\{?\w+\}?)?\s*=\s*(?!.*=)", "", s, flags=re.S)
+        if s == before:
+            return s
+
+
+@pytest.mark.parametrize(
+    ("text", "boxed"),
+    [
+        ("\\boxed{5}", "5"),
+        ("so \\boxed{\\frac{1}{2}} it is", "\\frac{1}{2}"),
+        ("\\boxed{3} and later \\boxed{4}", "4"),
+        ("\\boxed{3} and later \\boxed{4", "3"),  # the last box never closes: the one before counts
+        ("\\boxed 5", None),  # no brace, no box
+        ("\\boxed {7}", "7"),
+        ("\\fbox{8}", "8"),
+        ("\\boxed{\\boxed{9}}", "9"),  # the inner box is the last one
+        ("\\boxed{a \\{ b}", "a \\{ b"),  # escaped braces do not count
+        ("\\boxed{a \\} b}", "a \\} b"),
+        ("\\boxed{a\\\\}b}", "a\\\\}b"),  # a brace after any backslash reads as escaped
+        ("\\boxed{{1}{2}}", "{1}{2}"),
+        ("}\\boxed{1}}", "1"),
+        ("\\boxed{1} \\boxed{2 \\boxed{3}", "3"),
+        ("\\boxed{x}\\boxed{", "x"),
+        ("\\boxed{\\text{5}}", "\\text{5}"),
+        ("\\boxed{}", ""),
+        ("no box here", None),
+        ("\\boxed{", None),
+    ],
+)
+def test_last_boxed(text, boxed):
+    assert last_boxed(text) == boxed
+
+
+@pytest.mark.parametrize(
+    ("answer", "unwrapped"),
+    [
+        ("\\text{\\text{5}}", "5"),
+        ("\\text{a}\\text{b}", "\\text{a}\\text{b}"),  # two groups: the first brace closes early
+        ("$\\boxed{\\text{ 12 }}$.", "12"),
+        ("\\boxed{x = 3}", "3"),
+        ("\\text {5}", "5"),
+        ("\\textbf{7}", "7"),
+        ("\\(\\frac{1}{2}\\)", "\\frac{1}{2}"),
+        ("\\[ 6 \\]", "6"),
+        ("$$ x $$", "x"),
+        ("$$$", "$"),
+        ("$5$$", "5$"),
+        ("\\text{5}.", "5"),
+        ("5 . .", "5"),
+        ("\\boxed{\\{1\\}}", "\\{1\\}"),
+        ("\\boxed{1}}", "\\boxed{1}}"),
+        ("y = \\text{z = 2}", "y = \\text{z = 2}"),  # a later "=": not a leading "x ="
+        ("\\text{x = \\$5}", "\\$5"),
+        ("  \\boxed{ 3 }  ", "3"),
+        ("\\mathrm{\\boxed{4}}", "4"),
+        ("\\boxed{x_{1} = 4}", "4"),
+        ("\\text{}", ""),
+        ("\\text{5}\n", "5"),
+        ("\u00a05\u2003", "5"),
+        ("\\boxed{\\text{5}} \\text{6}", "\\boxed{\\text{5}} \\text{6}"),
+    ],
+)
+def test_unwrap(answer, unwrapped):
+    assert unwrap(answer) == unwrapped
+
+
+_BOX_TOKENS = ["\\boxed{", "\\fbox{", "\\boxed {", "{", "}", "\\", "\\{", "\\}", "x", " ", "5"]
+_WRAP_TOKENS = ["\\text{", "\\boxed{", "\\mathrm {", "{", "}", "$", "$$", "\\(", "\\)", "\\[", "\\]", "x", "=",
+                " ", ".", "5", "_", "\\", "\u00a0", "\n"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(tokens=st.lists(st.sampled_from(_BOX_TOKENS), max_size=24))
+def test_last_boxed_is_the_per_occurrence_scan(tokens):
+    text = "".join(tokens)
+    assert last_boxed(text) == _scan_last_boxed(text)
+
+
+@settings(max_examples=400, deadline=None)
+@given(tokens=st.lists(st.sampled_from(_WRAP_TOKENS), max_size=24))
+def test_unwrap_is_the_rescanning_unwrap(tokens):
+    answer = "".join(tokens)
+    assert unwrap(answer) == _scan_unwrap(answer)
+
+
+# 350 KB: the scans this replaced took minutes here (406 s measured for the first), past the limit.
+_LONG = 50_000
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("reply", "answer"),
+    [
+        ("\\boxed{" * _LONG, None),  # no box closes, and no number
+        ("\\boxed{" * _LONG + "5" + "}" * _LONG, "5"),
+        ("\\boxed{" + "\\text{" * _LONG + "5" + "}" * _LONG + "}", "5"),
+        ("\\boxed{7} " + "\\boxed{" * _LONG, "7"),
+        ("<answer>" + "\\text{" * _LONG + "5" + "}" * _LONG + "</answer>", "5"),
+        # a unit after every number, a long run of spaces: the unit and percent patterns' worst cases
+        ("\\boxed{" + "1 a" * _LONG + "}", "1 a" * _LONG),
+        ("\\boxed{1" + " " * 7 * _LONG + "a1}", "1" + " " * 7 * _LONG + "a1"),
+        ("\\boxed{1" + " " * 7 * _LONG + "\\%}", "1"),
+    ],
+)
+def test_a_long_adversarial_reply_is_read_in_linear_time(reply, answer):
+    assert extract_answer(reply)[0] == answer

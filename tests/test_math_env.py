@@ -38,6 +38,26 @@ def test_calculator_exact_values():
             calculate(bad)
 
 
+
+def test_calculator_errors_echo_at_most_200_characters_of_the_expression():
+    # Regression (fresh-user walk): a 5,000-character expression came back whole in the error.
+    with pytest.raises(ValueError) as err:
+        calculate("1+" * 2500)
+    assert str(err.value) == "cannot parse '" + "1+" * 100 + "'… (5,000 characters): invalid syntax"
+    with pytest.raises(ValueError) as err:
+        calculate("1+" * 100)  # 200 characters: still echoed whole
+    assert str(err.value) == "cannot parse '" + "1+" * 100 + "': invalid syntax"
+    env = gym.make("MathCalculator-v0", split="test")
+    env.reset(options={"task_index": 0})
+    obs, *_ = env.step('<tool_call>{"name": "calculate", "arguments": {"expression": "' + "9" * 5000 + '"}}</tool_call>')
+    with pytest.raises(SyntaxError) as python_says:  # Python's int-digit limit; its wording is Python's
+        __import__("ast").parse("9" * 5000, mode="eval")
+    assert obs[0]["content"] == (
+        "Error: calculate raised ValueError: cannot parse '" + "9" * 200 + "'… (5,000 characters): "
+        + python_says.value.msg
+    )
+    env.close()
+
 def test_math_episode_rewards_by_answer():
     env = gym.make("Math-v0", split="test")
     obs, info = env.reset(options={"task_index": 0})
@@ -152,6 +172,46 @@ def test_calculator_env_multi_turn():
     assert (reward, terminated) == (1.0, True)
     env.close()
 
+
+
+def test_calculator_env_reads_content_parts():
+    # Regression (fresh-user walk): an assistant message whose content is a list of OpenAI content
+    # parts raised TypeError ("text must be a str, got list") out of step(). Test task 0 is
+    # "Calculate 26 - 28." (answer -2); the parts' texts are read joined, as one text.
+    env = gym.make("MathCalculator-v0", split="test")
+    env.reset(options={"task_index": 0})
+    call = '<tool_call>{"name": "calculate", "arguments": {"expression": "26 - 28"}}</tool_call>'
+    obs, reward, terminated, truncated, _ = env.step(
+        {"role": "assistant", "content": [{"type": "text", "text": "Let me compute. "}, {"type": "text", "text": call}]}
+    )
+    assert obs == [{"role": "tool", "content": "-2", "tool_call_id": "call_0", "name": "calculate"}]
+    assert (reward, terminated, truncated) == (0.0, False, False)
+    assert env.unwrapped.messages[-2]["content"] == "Let me compute."
+    _, reward, terminated, _, info = env.step(
+        {"role": "assistant", "content": [{"type": "text", "text": "<answer>-"}, {"type": "text", "text": "2</answer>"}]}
+    )
+    assert (reward, terminated, info["answer"]) == (1.0, True, "-2")
+    env.close()
+
+
+def test_an_empty_tool_call_is_an_error_observation_and_the_episode_goes_on():
+    # Regression (fresh-user walk): "<tool_call></tool_call>" ended the episode (scored as a final
+    # answer with no number: reward 0); like a call with broken JSON it is now an error to read.
+    env = gym.make("MathCalculator-v0", split="test")
+    env.reset(options={"task_index": 0})  # "Calculate 26 - 28.", answer -2
+    obs, reward, terminated, truncated, info = env.step("<tool_call></tool_call>")
+    assert obs == [
+        {
+            "role": "tool",
+            "content": 'Error: could not parse tool call: tool call 1: empty <tool_call> block (expected {"name": ..., '
+            '"arguments": {...}}). Available tools: calculate.',
+            "tool_call_id": "call_0",
+        }
+    ]
+    assert (reward, terminated, truncated, info["tool_errors"]) == (0.0, False, False, 1)
+    _, reward, terminated, _, _ = env.step("<answer>-2</answer>")
+    assert (reward, terminated) == (1.0, True)
+    env.close()
 
 def test_split_is_generated_once_per_process():
     # Regression: the collector makes an env per episode; regenerating 5,000 tasks each time cost

@@ -41,6 +41,9 @@ PROSE = [
     'The format:\n  ````xml\n<tool_call>{"name": "f", "arguments": {}}</tool_call>\n```\n````\nDone.',
     'The format is "<tool_call>{"name": "f", "arguments": {}}</tool_call>".',
     'It reads \u201c<tool_call>{"name": "f", "arguments": {}}</tool_call>\u201d in the docs.',
+    # an empty block quoted or in code is a mention too (unquoted it is a malformed call)
+    'An empty "<tool_call></tool_call>" is no call.',
+    'An empty `<tool_call></tool_call>` is no call.',
     # a call-shaped JSON example quoted inline or in a fence not tagged json
     'The format is `{"name": "f", "parameters": {"a": 1}}` for Llama.',
     '`{"name": "f", "parameters": {"a": 1}}` is the format.',

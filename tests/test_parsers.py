@@ -150,6 +150,17 @@ def test_hermes_invalid_json_is_an_error_and_later_calls_still_count():
     assert parsed.all_calls() == [parsed.error_calls[0], parsed.calls[0]]
 
 
+
+def test_hermes_empty_block_is_an_error_and_later_calls_still_count():
+    # Regression (fresh-user walk): "<tool_call></tool_call>" read as text, so the turn had no call
+    # and the env scored it as the final answer, ending the episode.
+    text = 'Let me check. <tool_call></tool_call> <tool_call>\n</tool_call><tool_call>{"name": "g", "arguments": {}}</tool_call>'
+    parsed = hermes.parse(text)
+    empty = 'empty <tool_call> block (expected {"name": ..., "arguments": {...}})'
+    assert parsed == ParsedAction("Let me check.", [call(2, "g", "{}")], [f"tool call 1: {empty}", f"tool call 2: {empty}"])
+    assert parsed.error_calls == [call(0, "invalid", ""), call(1, "invalid", "")]
+    assert parsed.all_calls() == [*parsed.error_calls, parsed.calls[0]]
+
 def test_hermes_invalid_backslash_escape_is_repaired():
     # JSON has no "\d" escape; the only sensible reading is a literal backslash (a regex here).
     text = r'<tool_call>{"name": "grep", "arguments": {"pattern": "\d+\.txt", "path": "C:\data"}}</tool_call>'

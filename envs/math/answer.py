@@ -41,6 +41,7 @@ exponents or factorials, nested powers) are not given to it.
 from __future__ import annotations
 
 import functools
+import logging
 import re
 import sys
 import threading
@@ -65,19 +66,22 @@ _FRAC = r"\\[dt]?frac\s*\{\s*[-+]?\d+\s*\}\s*\{\s*[-+]?\d+\s*\}"
 # A number in running text (plain spaces never group digits here: "3 500-page books" is two numbers).
 _NUMBER_IN_TEXT = re.compile(rf"[-\u2212]?(?:{_FRAC}|\d+\s*/\s*\d+(?![\d.])|{_DECIMAL})")
 
-_WRAPPERS = [
-    re.compile(r"^\$\$(.*)\$\$$", re.S),
-    re.compile(r"^\$(.*)\$$", re.S),
-    re.compile(r"^\\\((.*)\\\)$", re.S),
-    re.compile(r"^\\\[(.*)\\\]$", re.S),
-]
+# Math delimiters around a whole answer: (opening, closing).
+_WRAPPER_PAIRS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
 _TEXT_COMMANDS = r"\\(?:text|textbf|textrm|mathrm|mathbf|mbox|operatorname)"
-_LEADING_VARIABLE = re.compile(r"^[A-Za-z](?:_\{?\w+\}?)?\s*=\s*(?!.*=)", re.S)
+# Matched at a position (pattern.match(text, pos, endpos)), so without "^", which matches only at 0.
+_COMMAND_OPENS = tuple(re.compile(rf"{c}\s*\{{") for c in (r"\\boxed", r"\\fbox", _TEXT_COMMANDS))
+_LEADING_VARIABLE = re.compile(r"[A-Za-z](?:_\{?\w+\}?)?\s*=\s*(?!.*=)", re.S)
 _CURRENCY = re.compile(r"^(?:\\\$|\$|US\$|USD\s*|€|£|¥|\\euro\s*|\\pounds\s*)")
-_PERCENT = re.compile(r"\s*(?:\\%|%|\\text\{\s*percent\s*\}|percent)$")
+# "(?<!\s)": a match starts where its spaces start, as the leftmost match did without it; trying it
+# inside a run of spaces too made sub() quadratic in the run (a reply of 20,000 spaces: 1.8 s).
+_PERCENT = re.compile(r"(?<!\s)\s*(?:\\%|%|\\text\{\s*percent\s*\}|percent)$")
 # A trailing unit: a \text{...} unit, or words after a space ("12 apples"; "0xabc" is not 12 + unit).
+# The words' check looks only as far as unit characters go: a unit runs to the end in them, so where
+# the match can succeed it sees what ".*" saw, and it no longer scans the rest of the answer at every
+# digit (quadratic: "1 a" repeated 4,000 times took 0.6 s, "1", 20,000 spaces, "a1" 6 s).
 _UNIT = re.compile(
-    rf"^(?P<num>.*?\d[}}$)]*)(?:\s*{_TEXT_COMMANDS}\s*\{{\s*[A-Za-z][A-Za-z .\-/^0-9]*\}}|\s+(?!.*\b(?:or|and|not|maybe|plus|minus|times)\b)[A-Za-z][A-Za-z .\-/]*)$",
+    rf"^(?P<num>.*?\d[}}$)]*)(?:\s*{_TEXT_COMMANDS}\s*\{{\s*[A-Za-z][A-Za-z .\-/^0-9]*\}}|\s+(?=[A-Za-z])(?![A-Za-z .\-/]*\b(?:or|and|not|maybe|plus|minus|times)\b)[A-Za-z][A-Za-z .\-/]*)$",
     re.S,
 )
 
@@ -90,64 +94,77 @@ _ASKS_FORM = re.compile(
 )
 
 
-def _balanced_end(text: str, open_brace: int) -> int | None:
-    """Index of the ``}`` closing the ``{`` at ``text[open_brace]`` (None when it never closes)."""
-    depth = 0
-    for i in range(open_brace, len(text)):
-        c = text[i]
-        if c == "{" and text[i - 1 : i] != "\\":
-            depth += 1
-        elif c == "}" and text[i - 1 : i] != "\\":
-            depth -= 1
-            if depth == 0:
-                return i
-    return None
+# A brace that counts: one right after a backslash is escaped (``\\{``, and also the ``{`` of ``\\\\{``).
+_BRACE = re.compile(r"(?<!\\)[{}]")
+
+
+def _closing_braces(text: str, start: int = 0) -> dict[int, int]:
+    """``{open: close}``: the ``}`` closing each ``{`` from ``start`` on that closes.
+
+    One pass with a stack. Scanning from each brace to its close instead was quadratic where braces
+    nest or never close (a 350 KB reply of repeated ``\\boxed{`` took 406 s to score). Where a ``{``
+    closes depends only on the text after it, so ``start`` may be any index before the braces asked about.
+    """
+    opened: list[int] = []
+    closes: dict[int, int] = {}
+    for m in _BRACE.finditer(text, start):
+        if m.group() == "{":
+            opened.append(m.start())
+        elif opened:
+            closes[opened.pop()] = m.start()
+    return closes
 
 
 def last_boxed(text: str) -> str | None:
     """The content of the last ``\\boxed{…}`` (or ``\\fbox{…}``) with balanced braces, or None."""
-    found = None
-    for m in _BOXED.finditer(text):
-        end = _balanced_end(text, m.end() - 1)
-        if end is not None:
-            found = text[m.end() : end]
-    return found
-
-
-@functools.cache
-def _command_open(command: str) -> re.Pattern[str]:
-    # Compiled once: re.match with a pattern built per call went through re's cache lookup 54 times a
-    # scored reply (an eighth of Math-v0's scoring time on the CPU box).
-    return re.compile(rf"^{command}\s*\{{")
-
-
-def _strip_command(text: str, command: str) -> str | None:
-    """``inner`` when ``text`` is exactly ``\\command{inner}``, else None."""
-    m = _command_open(command).match(text)
-    if not m:
+    boxes = list(_BOXED.finditer(text))
+    if not boxes:
         return None
-    end = _balanced_end(text, m.end() - 1)
-    return text[m.end() : end] if end == len(text) - 1 else None
+    closes = _closing_braces(text, boxes[0].end() - 1)
+    for m in reversed(boxes):
+        end = closes.get(m.end() - 1)
+        if end is not None:
+            return text[m.end() : end]
+    return None
+
+
+def _strip_spaces(text: str, lo: int, hi: int) -> tuple[int, int]:
+    """The bounds of ``text[lo:hi].strip()``, found without copying the text."""
+    while lo < hi and text[lo].isspace():
+        lo += 1
+    while hi > lo and text[hi - 1].isspace():
+        hi -= 1
+    return lo, hi
 
 
 def unwrap(answer: str) -> str:
     """Strip what surrounds an answer without changing it: math delimiters, ``\\boxed``, ``\\text``,
     a leading ``x =``, a trailing period, surrounding spaces. Applied until nothing changes."""
-    s = answer.strip()
+    # Bounds into the answer, whose brace pairs are found once: copying and rescanning the rest for
+    # each layer stripped was quadratic in the nesting (``\\text{\\text{…}}`` 50,000 deep: minutes).
+    lo, hi = _strip_spaces(answer, 0, len(answer))
+    closes: dict[int, int] | None = None
     while True:
-        before = s
-        s = s.strip().rstrip(".").strip()
-        for w in _WRAPPERS:
-            m = w.match(s)
+        before = lo, hi
+        lo, hi = _strip_spaces(answer, lo, hi)
+        while hi > lo and answer[hi - 1] == ".":
+            hi -= 1
+        lo, hi = _strip_spaces(answer, lo, hi)
+        for opening, closing in _WRAPPER_PAIRS:
+            fits = hi - lo >= len(opening) + len(closing)
+            if fits and answer.startswith(opening, lo, hi) and answer.endswith(closing, lo, hi):
+                lo, hi = _strip_spaces(answer, lo + len(opening), hi - len(closing))
+        for command_open in _COMMAND_OPENS:
+            m = command_open.match(answer, lo, hi)
             if m:
-                s = m.group(1).strip()
-        for command in (r"\\boxed", r"\\fbox", _TEXT_COMMANDS):
-            inner = _strip_command(s, command)
-            if inner is not None:
-                s = inner.strip()
-        s = _LEADING_VARIABLE.sub("", s)
-        if s == before:
-            return s
+                closes = _closing_braces(answer) if closes is None else closes
+                if closes.get(m.end() - 1) == hi - 1:
+                    lo, hi = _strip_spaces(answer, m.end(), hi - 1)
+        m = _LEADING_VARIABLE.match(answer, lo, hi)
+        if m:
+            lo = m.end()
+        if (lo, hi) == before:
+            return answer[lo:hi]
 
 
 def _number_text(s: str) -> str | None:
@@ -298,12 +315,24 @@ _PARTIAL_COMPARE = re.compile(
 _PLUS_MINUS = re.compile(r"\\pm|\\mp|\u00b1|\u2213")
 
 
+class _NoTimeoutNotice(logging.Filter):
+    """Drops math-verify's once-a-process notice that its timeout is off ("Timeout is disabled as
+    parsing_timeout is None ..."), logged at the first call off the main thread: the timeout is off on
+    purpose there (see the module docstring), and the notice, printed at whichever answer first
+    reached math-verify in an env (``\\frac{1}{0}`` in a fresh-user walk), read as that answer's failure."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Timeout is disabled")
+
+
 @functools.lru_cache(maxsize=1)
 def _math_verify() -> Any:
     try:
         import math_verify
     except ImportError as exc:  # pragma: no cover - a declared dependency of the math extra
         raise ImportError("answer checking needs math-verify: pip install 'chatgym[math]'") from exc
+    for name in ("math_verify.parser", "math_verify.grader"):
+        logging.getLogger(name).addFilter(_NoTimeoutNotice())
     return math_verify
 
 
@@ -315,7 +344,7 @@ def _timeout() -> int | None:
 @functools.lru_cache(maxsize=4096)
 def _parse(latex: str) -> list[Any]:
     # Unbalanced braces are no LaTeX math, and garbage is where sympy's parser is slowest.
-    if len(latex) > _MAX_CHARS or _RISKY.search(latex) or _balanced_end(f"{{{latex}}}", 0) != len(latex) + 1:
+    if len(latex) > _MAX_CHARS or _RISKY.search(latex) or _closing_braces(f"{{{latex}}}").get(0) != len(latex) + 1:
         return []
     mv = _math_verify()
     latex = re.sub(r"\\[dt]frac", r"\\frac", latex)

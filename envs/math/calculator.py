@@ -17,6 +17,9 @@ _BINOPS = {
 }
 _MAX_ABS = 10**30  # keeps ``9**9**9``-style inputs from eating the CPU
 _MAX_EXPONENT = 100
+# An error echoes at most this much of the expression: the model reads the error, and a 5,000-digit
+# expression echoed whole filled its context with its own input.
+_ECHO_CHARS = 200
 
 
 def _eval(node: ast.AST) -> Fraction:
@@ -55,6 +58,13 @@ def format_number(x: Fraction) -> str:
     return f"{float(x):.10g}"
 
 
+def _echo(expression: str) -> str:
+    """``expression`` quoted, cut to its first ``_ECHO_CHARS`` characters (then "…" and its length)."""
+    if len(expression) <= _ECHO_CHARS:
+        return repr(expression)
+    return f"{expression[:_ECHO_CHARS]!r}… ({len(expression):,} characters)"
+
+
 def calculate(expression: str) -> str:
     """Evaluate an arithmetic expression with + - * / // % ** and parentheses.
 
@@ -65,5 +75,5 @@ def calculate(expression: str) -> str:
     try:
         tree = ast.parse(expression.strip(), mode="eval")
     except SyntaxError as exc:
-        raise ValueError(f"cannot parse {expression!r}: {exc.msg}") from None
+        raise ValueError(f"cannot parse {_echo(expression)}: {exc.msg}") from None
     return format_number(_eval(tree))

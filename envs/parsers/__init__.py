@@ -6,7 +6,7 @@ Formats, chosen by name with :func:`get_parser`:
   Qwen chat templates): ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks anywhere
   in the text, one JSON object per block — except where the syntax is mentioned rather than used:
   a tag not followed by JSON, a block inside markdown code (`` `...` `` or a closed fence) or in
-  quotes is text (:mod:`.quoting`).
+  quotes is text (:mod:`.quoting`); an empty block, ``<tool_call></tool_call>``, is a malformed call.
 * ``json`` — Llama 3.1 / 3.3 JSON tool calls (Meta's Llama 3 prompt format): the content, after an
   optional ``<|python_tag|>``, is a JSON object ``{"name": ..., "parameters": {...}}`` (``"arguments"``
   is accepted too), a list of them, or several separated by ``;`` or whitespace. Alternatively the

@@ -25,7 +25,8 @@ class HermesParser:
     Tool-call syntax that is mentioned rather than used is content, not a call (nor an error):
 
     * a ``<tool_call>`` tag not followed by JSON (``{`` or ``[``), as in "I will wrap it in
-      <tool_call> tags" — vLLM's hermes parser likewise returns such text as content;
+      <tool_call> tags" — vLLM's hermes parser likewise returns such text as content — except an
+      empty block, ``<tool_call></tool_call>`` (whitespace inside allowed): that is a malformed call;
     * a block inside a closed markdown code span or fenced code block (:mod:`.quoting`), as when
       the model shows a user the format — here we differ from vLLM, which reads calls anywhere;
     * a block set in quotes, ``"<tool_call>{...}</tool_call>"``.
@@ -91,6 +92,11 @@ class HermesParser:
         block, or None when no JSON follows the tag."""
         body = start + len(self.open_tag)
         first = skip_ws(text, body)
+        if text.startswith(self.close_tag, first):
+            # An empty block is a call attempt, not a mention of the syntax: read as no call, it ended
+            # the episode as a final answer where a broken call's error lets the model try again.
+            error = f'tool call {n}: empty <tool_call> block (expected {{"name": ..., "arguments": {{...}}}})'
+            return first + len(self.close_tag), error, None, ""
         if not text.startswith(("{", "["), first):
             return None
         try:

@@ -113,6 +113,7 @@ class ChartQAEnv(ChatEnv):
     """
 
     image_observations = True
+    reset_options = ChatEnv.reset_options | {"image_size"}
 
     def __init__(
         self,

@@ -105,6 +105,7 @@ class VisualGridEnv(ChatEnv):
     """
 
     image_observations = True
+    reset_options = ChatEnv.reset_options | {"image_size"}
 
     def __init__(
         self,
