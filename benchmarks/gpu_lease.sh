@@ -422,6 +422,25 @@ plan11() {
   mark "done"
 }
 
+# plan11's second half, started in the same lease after its 7B decode (plan11 stopped there): TRL + vLLM
+# with bf16 weights (issue 28's anchor is TRL's faster of bf16 / fp32 masters), then the rest of plan11.
+plan11b() {
+  begin "$1"
+  local vs="python3 benchmarks/vs_trl_gpu.py --run-timeout 300 --shape smollm2 --out $O/vs_smol"
+  mark "vs TRL, SmolLM2: TRL + vLLM bf16 seeds 0 and 1"
+  $vs --runs trl_vllm_bf16:0 > $O/vs_smol_trlbf0.txt 2>&1
+  $vs --runs trl_vllm_bf16:1 > $O/vs_smol_trlbf1.txt 2>&1
+  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 40 $O/report_smol.txt
+  for shape in smollm2 qwen2.5-1.5b; do
+    mark "tokens/s, $shape: the hf engine, chatgym's vLLM engine and vLLM's own LLM.generate"
+    timeout 300 python3 benchmarks/hf_decode_gpu.py --shape $shape --vllm --batch 64 256 --skip-generate \
+      --repeats 3 --modes "static all" > $O/decode_vllm_$shape.txt 2>&1
+    grep -E "tok/s|LLM.generate" $O/decode_vllm_$shape.txt | cut -c1-160
+  done
+  update_ckpt 10
+  mark "done"
+}
+
 poll() {
   sleep "${1:-0}"
   tail -n 40 $O/plan.log | cut -c1-200
