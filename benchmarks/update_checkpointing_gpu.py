@@ -6,7 +6,12 @@ The vs-TRL / distributed_gpu.py shape: SmolLM2-135M-Instruct on Math-v0, 8 promp
 Prints the median s/step, rollout, update and weight-sync seconds per setting and the ratio of the
 update times (off / on: the target is <= 1).
 
+On CUDA checkpointing also turns off ``train.share_prompt_prefix`` (the padded layout's shared prompt
+needs the KV cache checkpointing drops), so by default the two settings differ in that too;
+``--share-prefix off`` turns it off in both, so that checkpointing is the only difference.
+
     python benchmarks/update_checkpointing_gpu.py --steps 5 --micro 16
+    python benchmarks/update_checkpointing_gpu.py --steps 10 --micro 64 --share-prefix off
 """
 
 from __future__ import annotations
@@ -25,18 +30,22 @@ from distributed_gpu import shape_overrides  # the same shape
 TIMES = ("step_s", "rollout_s", "update_s", "sync_s")
 
 
-def run(out: Path, steps: int, checkpointing: bool, micro: int) -> dict[str, float]:
+def overrides(out: Path, steps: int, checkpointing: bool, micro: int, share_prefix: str = "default") -> list[str]:
+    """The run's config overrides; ``share_prefix`` ``"off"`` adds ``train.share_prompt_prefix=false``."""
+    extra = ["train.share_prompt_prefix=false"] if share_prefix == "off" else []
+    return [
+        *shape_overrides(out, steps),
+        f"train.micro_batch_size={micro}",
+        f"model.gradient_checkpointing={str(checkpointing).lower()}",
+        *extra,
+    ]
+
+
+def run(out: Path, steps: int, checkpointing: bool, micro: int, share_prefix: str = "default") -> dict[str, float]:
     from chatgym.trainer.config.run import load_config
     from chatgym.trainer.train import Trainer
 
-    cfg = load_config(
-        None,
-        [
-            *shape_overrides(out, steps),
-            f"train.micro_batch_size={micro}",
-            f"model.gradient_checkpointing={str(checkpointing).lower()}",
-        ],
-    )
+    cfg = load_config(None, overrides(out, steps, checkpointing, micro, share_prefix))
     trainer = Trainer(cfg)
     rows = []
     try:
@@ -53,13 +62,17 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--micro", type=int, default=16, help="train.micro_batch_size")
+    parser.add_argument(
+        "--share-prefix", choices=("default", "off"), default="default",
+        help="off: train.share_prompt_prefix=false in both runs (else the default, which checkpointing turns off on CUDA)",
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     results = {}
     for checkpointing in (False, True):
         with tempfile.TemporaryDirectory() as out:
             results["on" if checkpointing else "off"] = r = run(
-                Path(out), args.steps, checkpointing, args.micro
+                Path(out), args.steps, checkpointing, args.micro, args.share_prefix
             )
         print(
             f"checkpointing {'on ' if checkpointing else 'off'}: "

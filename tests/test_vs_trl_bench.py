@@ -571,3 +571,23 @@ def test_help_names_each_default_once(bench, monkeypatch):
     assert "--in-process every run in this one process, not a process a run (default: False)" in text
     shown = [a for a in parser._actions if a.help is not argparse.SUPPRESS and a.default is not argparse.SUPPRESS]
     assert text.count("(default:") == len(shown)
+
+
+@pytest.mark.parametrize(("share_prefix", "shared"), [("default", {False: True, True: False}), ("off", {False: False, True: False})])
+def test_update_checkpointing_share_prefix_off_leaves_checkpointing_the_only_difference(tmp_path, share_prefix, shared):
+    # The learner shares the prompt prefix only without checkpointing (padded layout), so by default the
+    # two runs differ in that too; --share-prefix off turns it off in both (the 2026-12-06 lease's
+    # update_ckpt compared sharing-without-checkpointing against neither).
+    from chatgym.trainer.config.run import load_config
+    from chatgym.trainer.learner.learner import Learner
+
+    bench = _load("update_checkpointing_gpu")
+    got = {}
+    for checkpointing in (False, True):
+        cfg = load_config(None, bench.overrides(tmp_path, 5, checkpointing, 64, share_prefix))
+        assert cfg.model.gradient_checkpointing is checkpointing and cfg.train.micro_batch_size == 64
+        got[checkpointing] = Learner.share_prefix.fget(SimpleNamespace(cfg=cfg, pack=False))
+    assert got == shared
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--share-prefix", "on"])
+    assert exc.value.code == 2
