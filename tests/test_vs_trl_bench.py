@@ -259,8 +259,11 @@ def test_main_checks_runs_before_anything_runs(bench, capsys):
     assert _usage_error(bench, capsys, ["--runs", "ours_vllm:0", "trl_vllm_fp32:0", "--shape", "qwen2.5-7b"]) == (
         "--shape qwen2.5-7b: trl_vllm_fp32 does not fit (fp32 weights + AdamW: 122 GB); run the *_bf16 ones"
     )
-    # The default runs: ours' fast synchronous run and TRL with its colocated vLLM (the anchors).
-    assert bench.build_parser().get_default("runs") == ["ours_px:0", "ours_px:1", "trl_vllm_fp32:0", "trl_vllm_fp32:1"]
+    # The default runs: ours' fastest synchronous run and TRL with its colocated vLLM, bf16 and fp32
+    # masters (the anchor is the faster of the two), two seeds each.
+    assert bench.build_parser().get_default("runs") == [
+        "ours_px_pc_nc:0", "ours_px_pc_nc:1", "trl_vllm_bf16:0", "trl_vllm_bf16:1", "trl_vllm_fp32:0", "trl_vllm_fp32:1",
+    ]
 
 
 def test_out_folder_of_another_shape_refused(bench, tmp_path):
