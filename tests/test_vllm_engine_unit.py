@@ -1,5 +1,5 @@
-"""Parts of the in-process vLLM engine that need no vLLM: the reload-warning log filter and the CPU
-memory defaults (the engine module imports vLLM lazily)."""
+"""Parts of the in-process vLLM engine that start no vLLM engine: the reload-warning log filter, the CPU
+memory defaults (the engine module imports vLLM lazily), the sampling parameters and the logprob reader."""
 
 from __future__ import annotations
 
@@ -120,3 +120,42 @@ def test_only_the_requested_cast_is_silenced(caplog):
         "Attempted to load weight lm_head.weight with dtype torch.float32 into parameter with dtype torch.float16",
         "Attempted to load weight norm.weight with dtype torch.bfloat16 into parameter with dtype torch.bfloat16",
     ]
+
+
+def test_sampled_logprobs_reads_flat_and_per_position_logprobs():
+    # vLLM's own containers (the engine asks for flat_logprobs: a few lists a request, no object a token).
+    import pytest
+
+    vllm_logprobs = pytest.importorskip("vllm.logprobs", reason="needs vLLM")
+    from chatgym.trainer.engines.vllm_params import sampled_logprobs
+
+    Logprob = vllm_logprobs.Logprob
+    ids = [7, 3, 7]
+    flat = vllm_logprobs.FlatLogprobs()
+    for tid, lp in zip(ids, (-0.5, -1.25, -2.0), strict=True):
+        flat.append({tid: Logprob(logprob=lp, rank=1, decoded_token=None)})
+    assert sampled_logprobs(ids, flat) == [-0.5, -1.25, -2.0]
+    per_position = [{tid: Logprob(logprob=lp, rank=1)} for tid, lp in zip(ids, (-0.5, -1.25, -2.0), strict=True)]
+    assert sampled_logprobs(ids, per_position) == [-0.5, -1.25, -2.0]
+    # A position with a second entry (the sampled id not ranked first): read by the sampled id.
+    two = vllm_logprobs.FlatLogprobs()
+    two.append({5: Logprob(logprob=-0.1, rank=1), 7: Logprob(logprob=-3.0, rank=2)})
+    assert sampled_logprobs([7], two) == [-3.0]
+    assert sampled_logprobs(ids, None) == []
+    with pytest.raises(RuntimeError, match="logprobs for 2 positions, 3 ids"):
+        sampled_logprobs(ids, per_position[:2])
+    with pytest.raises(RuntimeError, match="no logprob for a sampled id"):
+        sampled_logprobs([9, 3, 7], per_position)
+
+
+def test_vllm_params_ask_for_flat_logprobs_only_with_logprobs():
+    import pytest
+
+    pytest.importorskip("vllm", reason="needs vLLM")
+    from chatgym.trainer.engines.base import SamplingParams
+    from chatgym.trainer.engines.vllm_params import to_vllm_params
+
+    on = to_vllm_params(SamplingParams(max_tokens=4))
+    assert (on.logprobs, on.flat_logprobs) == (0, True)
+    off = to_vllm_params(SamplingParams(max_tokens=4, logprobs=False))
+    assert (off.logprobs, off.flat_logprobs) == (None, False)

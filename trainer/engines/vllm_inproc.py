@@ -53,6 +53,7 @@ from chatgym.trainer.engines.common import (
     stop_ids,
 )
 from chatgym.trainer.engines.vllm_logs import quiet_vllm_logs
+from chatgym.trainer.engines.vllm_params import sampled_logprobs, to_vllm_params
 from chatgym.trainer.engines.vllm_sleep import SleepState, fall_asleep, sleep_mode_unavailable, wake_vllm
 from chatgym.trainer.engines.vllm_vision import VLLMImages, check_prompt_echo, vllm_prompt
 
@@ -140,36 +141,6 @@ def import_vllm() -> Any:
     except ModuleNotFoundError as exc:
         raise ModuleNotFoundError(_INSTALL_HINT) from exc
     return vllm
-
-
-def to_vllm_params(params: SamplingParams, detokenize: bool = False) -> Any:
-    """Our :class:`SamplingParams` as ``vllm.SamplingParams`` (final output only, raw logprobs).
-
-    Stop strings go to vLLM's ``stop`` with ``include_stop_str_in_output=True``: vLLM matches them on
-    its incremental detokenization and ends the request on the token that completes one; the ids
-    always hold that token (vLLM trims only the text otherwise, and we keep the text too). vLLM needs
-    ``detokenize`` for that, so it is on whenever there are stop strings.
-    """
-    from vllm import SamplingParams as VSamplingParams
-    from vllm.sampling_params import RequestOutputKind
-
-    return VSamplingParams(
-        max_tokens=params.max_tokens,
-        temperature=params.temperature,
-        top_p=params.top_p,
-        top_k=max(params.top_k, 0),  # vLLM: 0 disables top-k (ours: -1)
-        stop_token_ids=list(params.stop_token_ids),
-        stop=list(params.stop) or None,
-        include_stop_str_in_output=True,
-        seed=params.seed,
-        logprobs=0 if params.logprobs else None,  # 0 = the sampled token's logprob only
-        # We decode ourselves (common.completion_text), identically for every engine; vLLM detokenizes
-        # only to match stop strings, with the same settings as our decode.
-        detokenize=detokenize or bool(params.stop),
-        skip_special_tokens=False,
-        spaces_between_special_tokens=False,
-        output_kind=RequestOutputKind.FINAL_ONLY,
-    )
 
 
 class VLLMEngine:
@@ -462,11 +433,7 @@ class VLLMEngine:
             return
         result = output.outputs[0]
         token_ids = list(result.token_ids)
-        logprobs = []
-        if params.logprobs and result.logprobs is not None:
-            logprobs = [
-                float(step[tid].logprob) for tid, step in zip(token_ids, result.logprobs, strict=True)
-            ]
+        logprobs = sampled_logprobs(token_ids, result.logprobs) if params.logprobs else []
         matched = result.stop_reason if isinstance(result.stop_reason, str) else None
         finish, reason = judge_stop(token_ids, stop_ids(self.eos_token_ids, params), matched)
         completion = Completion(
