@@ -9,7 +9,7 @@
 # Then the device calls, back to back (the machine goes back 30 s after a call), each from the
 # project root, with the carry named:
 #
-#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan7|plan8|plan9|plan10|plan11]   (starts `plan` in the background)
+#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan7|plan8|plan9|plan10|plan11|plan12]   (starts `plan` in the background)
 #   2  [.gpukit/smol/a1]              cp .gpukit/smol/a1/* /tmp/kit/smol/
 #   3  [.gpukit/smol/a2]              cp .gpukit/smol/a2/* /tmp/kit/smol/
 #   4  [.gpukit/smol/b]               bash benchmarks/gpu_lease.sh smol
@@ -438,6 +438,37 @@ plan11b() {
     grep -E "tok/s|LLM.generate" $O/decode_vllm_$shape.txt | cut -c1-160
   done
   update_ckpt 10
+  mark "done"
+}
+
+# The next lease (written 2026-12-06 after plan11, not run): the vLLM engine's GPU tests after its logprobs
+# came flat (flat_logprobs), the 7B tokens/s against LLM.generate again (0.993x / 0.985x before), the
+# update with checkpointing the only difference (--share-prefix off), the 1.5B shape's s/step against
+# TRL + vLLM in the same lease as the SmolLM2 pairs (issue 28's "one lease").
+plan12() {
+  begin "$1"
+  wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
+  mark "the update, checkpointing the only difference (prefix not shared in either)"
+  timeout 300 python3 benchmarks/update_checkpointing_gpu.py --steps 20 --micro 64 --share-prefix off \
+    > $O/update_ckpt_noshare.txt 2>&1
+  tail -n 3 $O/update_ckpt_noshare.txt
+  vs_trl_pairs "ours_px_pc_nc:0 ours_1off_px_gil_pc_nc:0" "ours_px_pc_nc:1 ours_1off_px_gil_pc_nc:1"
+  local vs="python3 benchmarks/vs_trl_gpu.py --run-timeout 300 --shape smollm2 --out $O/vs_smol"
+  $vs --runs trl_vllm_bf16:0 trl_vllm_bf16:1 > $O/vs_smol_trlbf.txt 2>&1
+  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 30 $O/report_smol.txt
+  mark "GPU tests: the vLLM engine and FP8"
+  for f in tests/test_engines_vllm_gpu.py tests/test_fp8_gpu.py; do
+    (cd /tmp/t && timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu "$f" > "$O/gpu_$(basename "$f" .py).txt" 2>&1)
+    echo "$f rc=$? $(tail -n 1 "$O/gpu_$(basename "$f" .py).txt")"
+  done
+  mark "tokens/s, qwen2.5-7b"
+  timeout 300 python3 benchmarks/hf_decode_gpu.py --shape qwen2.5-7b --vllm --batch 64 256 --skip-generate \
+    --repeats 3 --modes "static all" > $O/decode_vllm_qwen2.5-7b.txt 2>&1
+  grep -E "tok/s|LLM.generate" $O/decode_vllm_qwen2.5-7b.txt | cut -c1-160
+  mark "vs TRL, Qwen2.5-1.5B shape (10 steps, one seed)"
+  python3 benchmarks/vs_trl_gpu.py --run-timeout 400 --shape qwen2.5-1.5b --steps 10 --out $O/vs_q15 \
+    --runs ours_px_pc_nc:0 trl_vllm_bf16:0 trl_vllm_fp32:0 > $O/vs_q15.txt 2>&1
+  python3 benchmarks/vs_trl_gpu.py --report $O/vs_q15 2>&1 | head -n 12
   mark "done"
 }
 
