@@ -1248,6 +1248,8 @@ def checked_args(ap: argparse.ArgumentParser, argv: list[str]) -> tuple[argparse
             raise UsageError(f"--mask-band must be LO HI with 0 < LO <= 1 <= HI, got {lo:g} {hi:g}")
         if args.run_timeout is not None and not args.run_timeout > 0:  # "not >": NaN too
             raise UsageError(f"--run-timeout must be > 0 seconds, got {args.run_timeout:g}")
+        if args.pack_max_tokens is not None and args.pack_max_tokens < 1:  # model.pack_max_tokens' rule
+            raise UsageError(f"--pack-max-tokens must be >= 1, got {args.pack_max_tokens}")
         if args.report:
             return args, []
         for flag, value in (("--steps", args.steps), ("--eval-every", args.eval_every)):

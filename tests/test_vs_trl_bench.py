@@ -537,6 +537,8 @@ def test_missing_trl_and_vllm_are_named(bench, monkeypatch):
         (["--run-timeout", "0"], "--run-timeout must be > 0 seconds, got 0"),
         (["--run-timeout", "-30"], "--run-timeout must be > 0 seconds, got -30"),
         (["--run-timeout", "nan"], "--run-timeout must be > 0 seconds, got nan"),
+        (["--pack-max-tokens", "0"], "--pack-max-tokens must be >= 1, got 0"),
+        (["--pack-max-tokens", "-4"], "--pack-max-tokens must be >= 1, got -4"),
     ],
 )
 def test_correction_mask_band_and_run_timeout_are_checked_by_the_parser(bench, capsys, argv, message):
