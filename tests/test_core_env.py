@@ -292,6 +292,10 @@ def test_every_registered_env_refuses_an_unknown_reset_option(env_id):
             f"the options it reads: {accepted}"
         )
         assert env.reset(options={"task_index": 0})[1]["task_index"] == 0  # the known keys still work
+        # Regression (fresh-user walk): after that first reset raised, Gymnasium's PassiveEnvChecker made
+        # every step a TypeError ('cannot unpack non-iterable NoneType'); the built-in envs go without it.
+        obs, reward, terminated, truncated, info = env.step("I do not know.")
+        assert isinstance(obs, list) and isinstance(reward, float)
     finally:
         env.close()
 
