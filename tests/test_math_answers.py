@@ -601,7 +601,23 @@ _LONG = 50_000
         ("\\boxed{" + "1 a" * _LONG + "}", "1 a" * _LONG),
         ("\\boxed{1" + " " * 7 * _LONG + "a1}", "1" + " " * 7 * _LONG + "a1"),
         ("\\boxed{1" + " " * 7 * _LONG + "\\%}", "1"),
+        # Regression (fresh-user walk: 283 s): answer tags opened, none closed; then one closed at the end
+        ("<answer>" * _LONG + "42", "42"),
+        ("<Answer>" * _LONG + "42", "42"),
+        ("<answer>7</answer> " + "<answer>" * _LONG + "42", "7"),
+        ("<answer>" * _LONG + "42</answer>", "<answer>" * (_LONG - 1) + "42"),
     ],
 )
 def test_a_long_adversarial_reply_is_read_in_linear_time(reply, answer):
     assert extract_answer(reply)[0] == answer
+
+
+@settings(max_examples=400, deadline=None)
+@given(tokens=st.lists(st.sampled_from(["<answer>", "</answer>", "<ANSWER>", "</Answer>", "7", " ", "\n", "<", ">"]),
+                       max_size=24))
+def test_answer_tags_are_the_full_texts_findall(tokens):
+    # Searching only up to the last closing tag (linear time) finds what findall on the whole text does.
+    from chatgym.envs.math import answer
+
+    text = "".join(tokens)
+    assert answer._answer_tags(text) == answer._ANSWER_TAG.findall(text)

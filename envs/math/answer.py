@@ -49,6 +49,7 @@ from fractions import Fraction
 from typing import Any
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
+_ANSWER_CLOSE = re.compile(r"</answer>", re.I)
 # One marker of that tag, opening or closing (group 1: the slash): what a text must not hold, or must
 # hold escaped, for its own final tag to read as intended.
 ANSWER_MARK = re.compile(r"<(/?)answer>", re.I)
@@ -220,9 +221,20 @@ def normalise_answer(answer: str) -> str:
     return number if number is not None else s
 
 
+def _answer_tags(text: str) -> list[str]:
+    """``_ANSWER_TAG.findall(text)`` in linear time: searched only up to the last closing tag, since
+    past it every opening tag's lazy ``.*?`` scans to the end and fails (quadratic in unclosed tags:
+    50,000 ``<answer>`` without a close took minutes to score). No match can end after that close, so
+    the matches are the same."""
+    last_close = None
+    for last_close in _ANSWER_CLOSE.finditer(text):  # noqa: B007  (the last one is the one kept)
+        pass
+    return [] if last_close is None else _ANSWER_TAG.findall(text, 0, last_close.end())
+
+
 def _final_span(text: str) -> tuple[str | None, bool]:
     """The final answer as written (before normalisation) and whether it was in ``<answer>`` tags."""
-    tags = _ANSWER_TAG.findall(text)
+    tags = _answer_tags(text)
     if tags:
         return tags[-1], True
     boxed = last_boxed(text)
