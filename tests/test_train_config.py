@@ -215,6 +215,26 @@ def test_seeds_out_of_range_and_non_finite_numbers_are_refused_at_load(override,
     assert str(err.value) == message
 
 
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["algo.policy_loss_kwargs.eps_low=nan"], "eps_low must be a number, got 'nan'"),  # YAML: a string
+        (["algo.policy_loss_kwargs.eps_low=.nan"], "eps_low must be in [0, 1), got nan"),
+        (["algo.policy_loss_kwargs.eps_low=1.5"], "eps_low must be in [0, 1), got 1.5"),
+        (["algo.policy_loss_kwargs.eps_high=.nan"], "eps_high must be >= 0, got nan"),
+        (["algo.policy_loss_kwargs.eps_high=true"], "eps_high must be a number, got True"),
+        (["algo.policy_loss=dual_clip", "algo.policy_loss_kwargs={c: .nan}"], "dual_clip must be > 1 (or None), got nan"),
+        (["algo.policy_loss=ppo_clip", "algo.policy_loss_kwargs={eps: -0.1}"], "eps_low must be in [0, 1), got -0.1"),
+    ],
+)
+def test_policy_loss_values_are_checked_at_load(overrides, message):
+    # Regression (fresh-user walk): eps_low=nan loaded, then the first update raised a TypeError after
+    # the model had loaded and the held-out evaluation had run (80 s in).
+    with pytest.raises(ConfigError) as err:
+        load_config("examples/configs/math_grpo.yaml", overrides)
+    assert str(err.value) == f"algo.policy_loss_kwargs: {message}"
+
+
 def test_the_seed_range_ends_are_accepted_and_direct_construction_is_checked_too():
     from chatgym.trainer.config.run import AlgoConfig
 

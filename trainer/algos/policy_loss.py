@@ -9,7 +9,9 @@ advantage −2 gives ``max(min(5·(−2), 1.2·(−2)), 3·(−2)) = max(−10, 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -85,9 +87,9 @@ def clipped_surrogate(
     m = as_bool_mask("mask", mask, logprobs.shape)
     if not 0.0 <= eps_low < 1.0:
         raise ValueError(f"eps_low must be in [0, 1), got {eps_low}")
-    if eps_high < 0.0:
+    if not eps_high >= 0.0:  # "not >=": NaN too
         raise ValueError(f"eps_high must be >= 0, got {eps_high}")
-    if dual_clip is not None and dual_clip <= 1.0:
+    if dual_clip is not None and not dual_clip > 1.0:
         raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
 
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
@@ -112,6 +114,27 @@ def clipped_surrogate(
         clipped=clipped,
         dual_clipped=dual_clipped,
     )
+
+
+def check_policy_loss_kwargs(section: str, fn: Any, kwargs: Mapping[str, Any]) -> None:
+    """``kwargs``' values for the registered policy loss ``fn``, checked at config load: numbers, and
+    for this module's losses their own checks, run on a one-token batch (else a bad ε fails only at
+    the first update, after the model loaded and the first rollout ran).
+
+    Raises:
+        ValueError: prefixed with ``section``: a value that is not a number (or None), or ``fn``'s own
+            message for an out-of-range one.
+    """
+    for key, value in kwargs.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ValueError(f"{section}: {key} must be a number, got {value!r}")
+    if getattr(fn, "__module__", None) != __name__:  # a loss registered elsewhere: its own checks, at its call
+        return
+    one = torch.zeros(1, 1)
+    try:
+        fn(one, one, one, torch.ones(1, 1, dtype=torch.bool), **kwargs)
+    except ValueError as exc:
+        raise ValueError(f"{section}: {exc}") from None
 
 
 @register_policy_loss("ppo_clip")

@@ -27,6 +27,7 @@ from chatgym.trainer.algos import (
     check_turn_params,
 )
 from chatgym.trainer.algos.correction import ROLLOUT_CORRECTIONS
+from chatgym.trainer.algos.policy_loss import check_policy_loss_kwargs
 from chatgym.trainer.config.env import EnvConfig, check_env_id
 from chatgym.trainer.config.loader import ConfigError, apply_overrides, check_seed, config_to_dict, from_dict
 from chatgym.trainer.config.reward import RewardConfig
@@ -290,12 +291,9 @@ class AlgoConfig:
             _ESTIMATOR_INPUTS,
         )
         check_turn_params(self.advantage, self.advantage_kwargs)
-        check_kwargs(
-            "algo.policy_loss_kwargs",
-            POLICY_LOSSES[self.policy_loss],
-            self.policy_loss_kwargs,
-            _POLICY_LOSS_INPUTS,
-        )
+        loss = POLICY_LOSSES[self.policy_loss]
+        check_kwargs("algo.policy_loss_kwargs", loss, self.policy_loss_kwargs, _POLICY_LOSS_INPUTS)
+        check_policy_loss_kwargs("algo.policy_loss_kwargs", loss, self.policy_loss_kwargs)
         if self.loss_agg == "seq-mean-token-sum-norm" and self.loss_norm_constant is None:
             raise ValueError("algo.loss_norm_constant is required with loss_agg 'seq-mean-token-sum-norm'")
         for name in ("kl_coef", "entropy_coef", "missing_eos_penalty", "overlong_penalty", "value_loss_coef",
