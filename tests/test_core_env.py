@@ -295,7 +295,8 @@ def test_every_registered_env_refuses_an_unknown_reset_option(env_id):
         # Regression (fresh-user walk): after that first reset raised, Gymnasium's PassiveEnvChecker made
         # every step a TypeError ('cannot unpack non-iterable NoneType'); the built-in envs go without it.
         obs, reward, terminated, truncated, info = env.step("I do not know.")
-        assert isinstance(obs, list) and isinstance(reward, float)
+        assert isinstance(obs, list) and isinstance(reward, float) and isinstance(info, dict)
+        assert isinstance(terminated, bool) and isinstance(truncated, bool)
     finally:
         env.close()
 

@@ -86,8 +86,11 @@ def test_group_size_seed_and_out_are_refused_before_the_model_loads(tmp_path, mo
     assert list(folder.iterdir()) == []
     (tmp_path / "file").write_text("")
     assert refuse("--out", str(tmp_path / "file" / "t.jsonl")) == (
-        f"chatgym rollout: --out: {tmp_path / 'file' / 't.jsonl'}: {tmp_path / 'file'} is not a directory\n"
+        f"chatgym rollout: --out: cannot create {tmp_path / 'file' / 't.jsonl'} (in {tmp_path / 'file'}: not a directory)\n"
     )
+    # Regression (second walk): as root os.access allowed /proc, and os.makedirs failed once the model had loaded.
+    assert refuse("--out", "/proc/nope/t.jsonl").startswith("chatgym rollout: --out: cannot create /proc/nope/t.jsonl (in /proc: ")
+    assert not os.path.exists("/proc/nope")
 
 
 def free_port() -> int:

@@ -293,6 +293,17 @@ def test_an_output_dir_that_is_a_file_is_a_config_error(tmp_path, capsys):
     assert path.read_text() == "not a directory"
 
 
+def test_an_output_dir_that_cannot_be_created_is_one_line(tmp_path, capsys):
+    # Regression (fresh-user walk): --output-dir /proc/x was pathlib's FileNotFoundError traceback, 8 s in.
+    assert main([CONFIG, "--output-dir", "/proc/x"]) == 2
+    assert capsys.readouterr().err.startswith("chatgym train: train.output_dir: cannot create /proc/x (in /proc: ")
+    (tmp_path / "file").write_text("")
+    assert main([CONFIG, "--output-dir", str(tmp_path / "file" / "run")]) == 2
+    assert capsys.readouterr().err == (
+        f"chatgym train: train.output_dir: cannot create {tmp_path / 'file' / 'run'} (in {tmp_path / 'file'}: not a directory)\n"
+    )
+
+
 def test_resume_with_no_checkpoint_says_it_starts_at_step_0(tmp_path, capsys):
     # Regression: `--resume` into a new (e.g. mistyped) folder restarted from step 0 silently.
     out = tmp_path / "typo"

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from chatgym.trainer.config.loader import missing_package
+from chatgym.trainer.config.loader import check_writable, missing_package
 from chatgym.trainer.config.run import ConfigError, load_config
 from chatgym.trainer.learner.checkpoint import checkpoint_step, find_checkpoint, latest_checkpoint
 from chatgym.trainer.models.packaged import load_model_path
@@ -140,6 +140,10 @@ def _prepare(argv: list[str]) -> tuple[Any, Path | None] | None:
     out = Path(config.train.output_dir)
     if out.exists() and not out.is_dir():
         raise _Refused(f"train.output_dir: {out} exists and is not a directory")
+    try:
+        check_writable(out, "train.output_dir", out)
+    except ValueError as exc:
+        raise _Refused(str(exc)) from None
     if resume is True and ckpt is None:  # a mistyped --output-dir would otherwise restart unnoticed
         print(f"chatgym train: --resume: no checkpoint in {out}; starting at step 0", file=sys.stderr)
     done = checkpoint_step(ckpt) if ckpt is not None else None

@@ -21,10 +21,13 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 import re
+import tempfile
 import types
 import typing
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 import yaml
@@ -53,6 +56,31 @@ def check_seed(name: str, value: Any, error: type[Exception] = ValueError) -> No
         return
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= SEED_MAX:
         raise error(f"{name} must be an int in [0, {SEED_MAX}] (2**32 - 1), got {value!r}")
+
+
+def check_writable(folder: str | os.PathLike, flag: str, path: str | os.PathLike) -> None:
+    """Raise unless files can be made in ``folder`` or, where it does not exist yet, in its nearest
+    existing ancestor: a temporary file is created there and deleted (nothing else is made). The
+    real test, not permission bits: as root ``os.access`` says yes to ``/proc``, where nothing can
+    be created.
+
+    Args:
+        folder: the folder the command will create files in (it may not exist yet).
+        flag: the setting that named ``path`` (``--out``, ``train.output_dir``), for the message.
+        path: the path as given, for the message.
+
+    Raises:
+        ValueError: ``{flag}: cannot create {path} (in {the existing folder}: {the OS's reason})``.
+    """
+    existing = Path(folder).expanduser()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError("not a directory")
+        tempfile.TemporaryFile(dir=existing).close()
+    except OSError as exc:
+        raise ValueError(f"{flag}: cannot create {path} (in {existing}: {exc.strerror or exc})") from None
 
 
 def _type_name(tp: Any) -> str:

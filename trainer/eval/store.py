@@ -24,7 +24,6 @@ import math
 import os
 import random
 import sqlite3
-import tempfile
 import time
 import uuid
 from collections.abc import Iterable, Mapping
@@ -32,6 +31,8 @@ from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from chatgym.trainer.config.loader import check_writable
 
 SCHEMA_VERSION = 2
 
@@ -333,13 +334,5 @@ def checked_store(path: str | os.PathLike, flag: str = "--db") -> ResultsStore |
             return ResultsStore(p)
         except (sqlite3.DatabaseError, RuntimeError, OSError) as exc:
             raise ValueError(f"{flag}: {path} is not a usable results file: {exc}") from None
-    folder = p.parent
-    while not folder.exists():
-        folder = folder.parent
-    try:
-        if not folder.is_dir():
-            raise NotADirectoryError("not a directory")
-        tempfile.TemporaryFile(dir=folder).close()
-    except OSError as exc:
-        raise ValueError(f"{flag}: cannot create {path} (in {folder}: {exc.strerror or exc})") from None
+    check_writable(p.parent, flag, path)
     return None

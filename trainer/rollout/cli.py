@@ -291,17 +291,16 @@ def check_out_file(path: str, flag: str) -> None:
     Raises:
         ConfigError: naming ``flag``.
     """
+    from chatgym.trainer.config.loader import check_writable
+
     if os.path.isdir(path) or path.endswith(os.sep):
         raise ConfigError(f"{flag}: {path} is a directory; give a file path (the trajectories' JSONL)")
     if os.path.exists(path) and not os.access(path, os.W_OK):
         raise ConfigError(f"{flag}: {path} is not writable")
-    parent = os.path.dirname(os.path.abspath(path))
-    while not os.path.lexists(parent):
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-        raise ConfigError(f"{flag}: {path}: {parent} is not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"{flag}: {path}: {parent} is not writable")
+    try:
+        check_writable(os.path.dirname(os.path.abspath(path)), flag, path)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _start_up_checks(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], RolloutConfig, Any, Any]:
