@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import difflib
 import functools
+import numbers
 import os
 import threading
 from collections.abc import Coroutine, Iterable, Mapping, Sequence
@@ -275,6 +276,8 @@ class ChatEnv(gym.Env):
 
     def _pick_task(self, options: dict[str, Any] | None) -> tuple[dict[str, Any], int | None]:
         options = options or {}
+        if "task" in options and "task_index" in options:  # one of them would be ignored without a word
+            raise ValueError(f"{type(self).__name__}: give options['task'] or options['task_index'], not both")
         if "task" in options:
             if not isinstance(options["task"], Mapping):  # dict("what is 1+1") fails with no word of the task
                 raise TypeError(f"{type(self).__name__}: options['task'] must be a task row (a dict of the "
@@ -284,7 +287,10 @@ class ChatEnv(gym.Env):
         if n == 0:
             raise ValueError(f"{type(self).__name__}: split {self.split!r} has no tasks")
         if "task_index" in options:
-            i = int(options["task_index"])
+            i = options["task_index"]
+            if isinstance(i, bool) or not isinstance(i, numbers.Integral):  # "3", 1.5, True played a task
+                raise TypeError(f"{type(self).__name__}: options['task_index'] must be an int, got {i!r}")
+            i = int(i)
             if not 0 <= i < n:
                 raise IndexError(f"task_index {i} out of range for split {self.split!r} ({n} tasks)")
         else:
@@ -298,10 +304,11 @@ class ChatEnv(gym.Env):
         or none: one drawn with the seed), and its opening messages.
 
         Raises:
-            TypeError: ``options`` is not a dict, or ``options["task"]`` is no task row (a dict).
+            TypeError: ``options`` is not a dict, ``options["task"]`` is no task row (a dict), or
+                ``options["task_index"]`` is no int (NumPy's ints are).
             ValueError: ``options`` holds a key the env does not read (``reset_options``: a misspelt
-                key is not ignored), or the split has no tasks; a subclass's ``on_reset`` may raise
-                one for a task row it cannot use.
+                key is not ignored), or both ``task`` and ``task_index``, or the split has no tasks; a
+                subclass's ``on_reset`` may raise one for a task row it cannot use.
             IndexError: ``task_index`` is out of the split's range.
         """
         if options is not None and not isinstance(options, Mapping):

@@ -301,6 +301,25 @@ def test_every_registered_env_refuses_an_unknown_reset_option(env_id):
         env.close()
 
 
+def test_task_index_is_an_int_and_task_and_task_index_are_not_both_given():
+    # Regression (fresh-user walk): task_index "3" played task 3, 1.5 and True task 1; with both keys
+    # the task row won without a word.
+    import numpy as np
+
+    env = SumEnv()
+    try:
+        for bad in ("3", 1.5, True):
+            with pytest.raises(TypeError) as err:
+                env.reset(options={"task_index": bad})
+            assert str(err.value) == f"SumEnv: options['task_index'] must be an int, got {bad!r}"
+        assert env.reset(options={"task_index": np.int64(1)})[1]["task_index"] == 1  # NumPy's ints are ints
+        with pytest.raises(ValueError) as err:
+            env.reset(options={"task_index": 0, "task": {"a": 1, "b": 2}})
+        assert str(err.value) == "SumEnv: give options['task'] or options['task_index'], not both"
+    finally:
+        env.close()
+
+
 def test_reset_options_are_a_dict_of_known_keys():
     env = SumEnv()
     try:
