@@ -285,7 +285,9 @@ async def _gather(engine, prompts, params):
 
 
 def parse_args():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    # allow_abbrev=False: "--seed -1" read as --seeded with a stray "-1" (fresh-user walk).
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                                 allow_abbrev=False)
     ap.add_argument("--batch", type=int, nargs="+", default=[64, 256], help="rows decoded at once, each a run")
     ap.add_argument("--repeats", type=int, default=3, help="timed rounds a mode (median), after a warm-up round")
     ap.add_argument("--real-weights", action="store_true", help="SmolLM2's packaged weights (--shape smollm2 only)")

@@ -61,7 +61,9 @@ def test_bad_sizes_and_weights_are_refused_before_cuda_is_asked_for(decode_bench
     # the second failed only in build_model, mid-run on a GPU.
     for argv, message in ((["--batch", "0"], "--batch and --repeats must be >= 1, got [0] and 3"),
                           (["--real-weights", "--shape", "qwen2.5-7b"],
-                           "--real-weights: only SmolLM2's weights are packaged (--shape smollm2)")):  # fmt: skip
+                           "--real-weights: only SmolLM2's weights are packaged (--shape smollm2)"),
+                          # Regression (second walk): argparse read --seed as --seeded, then "-1" as stray
+                          (["--seed", "-1"], "unrecognized arguments: --seed -1")):  # fmt: skip
         with pytest.raises(SystemExit):
             modes(decode_bench, monkeypatch, *argv)
         assert capsys.readouterr().err.splitlines()[-1] == f"hf_decode_gpu.py: error: {message}"
