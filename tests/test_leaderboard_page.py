@@ -86,6 +86,10 @@ def test_leaderboard_cli_prints_tables_and_writes_page(db, tmp_path, capsys):
     assert capsys.readouterr().err == (
         f"chatgym leaderboard: --db: no results file at {tmp_path / 'missing.sqlite'} (run chatgym eval first)\n"
     )
+    # Regression (second walk): --k 1000 titled the board "pass@1 (k=1000)", its cells pass@1.
+    assert leaderboard_cli.main(["--db", str(db), "--k", "1000"]) == 0
+    titles = [line.strip() for line in capsys.readouterr().out.splitlines() if "chatgym leaderboard:" in line]
+    assert titles == ["chatgym leaderboard: mean reward [95% CI] / pass@1"]
     assert leaderboard_cli.main(["--db", str(db), "--k", "0"]) == 2
     assert capsys.readouterr().err == "chatgym leaderboard: --k must be >= 1, got 0\n"
     # Regression: a file that is not SQLite and an --html that is a directory were tracebacks.

@@ -252,7 +252,8 @@ def rich_tables(board: Leaderboard) -> list[Any]:
     """The console view: models x envs (mean reward [95% CI] and pass@1), then one table per env."""
     from rich.table import Table
 
-    main = Table(title=f"chatgym leaderboard: mean reward [95% CI] / pass@1 (k={board.k})")
+    # No k here: the cells are pass@1; each env table names its pass@k with the k of each cell.
+    main = Table(title="chatgym leaderboard: mean reward [95% CI] / pass@1")
     main.add_column("model")
     for c in board.columns:
         main.add_column(board.column_labels[c], justify="right")
