@@ -59,15 +59,23 @@ def run(out: Path, steps: int, checkpointing: bool, micro: int, share_prefix: st
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=5)
+    parser = argparse.ArgumentParser(prog="update_checkpointing_gpu.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=5, help="timed steps a setting, after one warm-up step")
     parser.add_argument("--micro", type=int, default=16, help="train.micro_batch_size")
     parser.add_argument(
         "--share-prefix", choices=("default", "off"), default="default",
-        help="off: train.share_prompt_prefix=false in both runs (else the default, which checkpointing turns off on CUDA)",
+        help="off: train.share_prompt_prefix=false in both runs; default: the config's (true), which "
+        "checkpointing overrides on CUDA, so the runs differ in it too",
     )
-    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--json", type=Path, default=None, help="also write the medians here")
     args = parser.parse_args(argv)
+    for flag, value in (("--steps", args.steps), ("--micro", args.micro)):
+        if value < 1:  # else a config error (micro) or no median (steps), after the model loaded
+            parser.error(f"{flag} must be >= 1, got {value}")
+    import torch
+
+    if not torch.cuda.is_available():
+        sys.exit("update_checkpointing_gpu.py: needs CUDA (torch.cuda.is_available() is False)")
     results = {}
     for checkpointing in (False, True):
         with tempfile.TemporaryDirectory() as out:

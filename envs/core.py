@@ -263,9 +263,12 @@ class ChatEnv(gym.Env):
 
     # ---- the Gymnasium API (async first) ----------------------------------------------------
 
-    def _check_options(self, options: Mapping[str, Any]) -> None:
+    def _check_options(self, options: Mapping[str, Any] | None) -> None:
+        # Subclasses that read an option before ChatEnv.areset call this first (the visual envs).
+        if options is not None and not isinstance(options, Mapping):
+            raise TypeError(f"{type(self).__name__}: options must be a dict, got {type(options).__name__}")
         # A misspelt key ("tsk") read as no option at all gave a random task without a word.
-        unknown = sorted(map(str, set(options) - self.reset_options))
+        unknown = sorted(map(str, set(options or {}) - self.reset_options))
         if unknown:
             close = difflib.get_close_matches(unknown[0], sorted(self.reset_options), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -311,9 +314,7 @@ class ChatEnv(gym.Env):
                 subclass's ``on_reset`` may raise one for a task row it cannot use.
             IndexError: ``task_index`` is out of the split's range.
         """
-        if options is not None and not isinstance(options, Mapping):
-            raise TypeError(f"{type(self).__name__}: options must be a dict, got {type(options).__name__}")
-        self._check_options(options or {})
+        self._check_options(options)
         gym.Env.reset(self, seed=seed)
         self.task, index = self._pick_task(options)
         self.turn = 0

@@ -291,6 +291,11 @@ def test_every_registered_env_refuses_an_unknown_reset_option(env_id):
             f"{type(env.unwrapped).__name__}: unknown reset option 'tsk' (did you mean 'task'?); "
             f"the options it reads: {accepted}"
         )
+        # Regression (second walk): the visual envs read options["image_size"] first, so a list was an
+        # AttributeError there; every env says what options must be.
+        with pytest.raises(TypeError) as err:
+            env.reset(options=[("task_index", 0)])
+        assert str(err.value) == f"{type(env.unwrapped).__name__}: options must be a dict, got list"
         assert env.reset(options={"task_index": 0})[1]["task_index"] == 0  # the known keys still work
         # Regression (fresh-user walk): after that first reset raised, Gymnasium's PassiveEnvChecker made
         # every step a TypeError ('cannot unpack non-iterable NoneType'); the built-in envs go without it.

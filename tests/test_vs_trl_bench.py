@@ -596,3 +596,19 @@ def test_update_checkpointing_share_prefix_off_leaves_checkpointing_the_only_dif
     with pytest.raises(SystemExit) as exc:
         bench.main(["--share-prefix", "on"])
     assert exc.value.code == 2
+
+
+def test_update_checkpointing_refuses_bad_sizes_and_says_it_needs_cuda(capsys):
+    # Regression (second walk): --micro 0 was the config's traceback and no CUDA a 24-line one.
+    bench = _load("update_checkpointing_gpu")
+    for argv, message in ((["--micro", "0"], "--micro must be >= 1, got 0"), (["--steps", "-1"], "--steps must be >= 1, got -1")):
+        with pytest.raises(SystemExit) as exc:
+            bench.main(argv)
+        assert exc.value.code == 2
+        assert capsys.readouterr().err.splitlines()[-1] == f"update_checkpointing_gpu.py: error: {message}"
+    import torch
+
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit) as exc:
+            bench.main([])
+        assert exc.value.code == "update_checkpointing_gpu.py: needs CUDA (torch.cuda.is_available() is False)"

@@ -156,6 +156,7 @@ class ChartQAEnv(ChatEnv):
         return chart_tasks(split, n, self.seed, json.dumps(self._settings, sort_keys=True))
 
     async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        self._check_options(options)  # before reading one: a list here was an AttributeError
         size = (options or {}).get("image_size", self.image_size)
         _check_image_size(size)
         self._episode_image_size = int(size)

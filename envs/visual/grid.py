@@ -167,6 +167,7 @@ class VisualGridEnv(ChatEnv):
         return grid_tasks(split, n, self.seed, *args)
 
     async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        self._check_options(options)  # before reading one: a list here was an AttributeError
         size = (options or {}).get("image_size", self.image_size)
         _check_image_size(size, self.board_size)
         self._episode_image_size = int(size)
