@@ -48,9 +48,10 @@ def observes_images(env_id: str) -> bool:
     return bool(getattr(creator, "image_observations", False))
 
 
-def image_env_refusal(env_id: str, why: str) -> str | None:
+def image_env_refusal(env_id: str, why: str, whose: str = "its") -> str | None:
     """Why ``env_id`` cannot run on a policy that reads no images (``why``: what reads none, e.g.
     ``"--model smollm2 is a text-only model (no image processor)"``), or None when its observations
     carry no images: every episode would fail at its first observation, so the commands refuse (or,
-    under ``chatgym eval --env all``, skip) with it before the model loads."""
-    return f"its observations carry images and {why}" if observes_images(env_id) else None
+    under ``chatgym eval --env all``, skip) with it before the model loads. ``whose``: ``"their"`` where
+    the message names several envs."""
+    return f"{whose} observations carry images and {why}" if observes_images(env_id) else None

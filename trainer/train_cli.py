@@ -142,7 +142,7 @@ def _prepare(argv: list[str]) -> tuple[Any, Path | None] | None:
         raise _Refused(f"train.output_dir: {out} exists and is not a directory")
     try:
         check_writable(out, "train.output_dir", out)
-    except ValueError as exc:
+    except ConfigError as exc:
         raise _Refused(str(exc)) from None
     if resume is True and ckpt is None:  # a mistyped --output-dir would otherwise restart unnoticed
         print(f"chatgym train: --resume: no checkpoint in {out}; starting at step 0", file=sys.stderr)

@@ -49,7 +49,8 @@ from fractions import Fraction
 from typing import Any
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
-_ANSWER_CLOSE = re.compile(r"</answer>", re.I)
+# Up to the last closing tag: ".*" runs to the end and backs off to it, one pass.
+_UP_TO_LAST_CLOSE = re.compile(r".*</answer>", re.S | re.I)
 # One marker of that tag, opening or closing (group 1: the slash): what a text must not hold, or must
 # hold escaped, for its own final tag to read as intended.
 ANSWER_MARK = re.compile(r"<(/?)answer>", re.I)
@@ -226,9 +227,7 @@ def _answer_tags(text: str) -> list[str]:
     past it every opening tag's lazy ``.*?`` scans to the end and fails (quadratic in unclosed tags:
     50,000 ``<answer>`` without a close took minutes to score). No match can end after that close, so
     the matches are the same."""
-    last_close = None
-    for last_close in _ANSWER_CLOSE.finditer(text):  # noqa: B007  (the last one is the one kept)
-        pass
+    last_close = _UP_TO_LAST_CLOSE.match(text)
     return [] if last_close is None else _ANSWER_TAG.findall(text, 0, last_close.end())
 
 

@@ -70,7 +70,7 @@ def check_writable(folder: str | os.PathLike, flag: str, path: str | os.PathLike
         path: the path as given, for the message.
 
     Raises:
-        ValueError: ``{flag}: cannot create {path} (in {the existing folder}: {the OS's reason})``.
+        ConfigError: ``{flag}: cannot create {path} (in {the existing folder}: {the OS's reason})``.
     """
     existing = Path(folder).expanduser()
     while not existing.exists() and existing != existing.parent:
@@ -80,7 +80,7 @@ def check_writable(folder: str | os.PathLike, flag: str, path: str | os.PathLike
             raise NotADirectoryError("not a directory")
         tempfile.TemporaryFile(dir=existing).close()
     except OSError as exc:
-        raise ValueError(f"{flag}: cannot create {path} (in {existing}: {exc.strerror or exc})") from None
+        raise ConfigError(f"{flag}: cannot create {path} (in {existing}: {exc.strerror or exc})") from None
 
 
 def _type_name(tp: Any) -> str:

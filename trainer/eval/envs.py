@@ -122,8 +122,7 @@ def leave_out_image_envs(
     reasons = {e: r for e, b in built.items() if not isinstance(b, str) and (r := image_env_refusal(e, blind))}
     named = [env_id for env_id in reasons if env_id in config.envs]
     if named:  # every such env named at once: the user fixes the command in one go
-        # Several envs: "their observations", not the one env's reason ("its observations ...").
-        reason = reasons[named[0]] if len(named) == 1 else f"their observations carry images and {blind}"
+        reason = reasons[named[0]] if len(named) == 1 else image_env_refusal(named[0], blind, whose="their")
         them = "the env" if len(named) == 1 else "them"
         raise ConfigError(f"envs: {', '.join(named)}: {reason}: give a policy that reads images, or leave {them} out")
     built.update(reasons)

@@ -297,10 +297,7 @@ def check_out_file(path: str, flag: str) -> None:
         raise ConfigError(f"{flag}: {path} is a directory; give a file path (the trajectories' JSONL)")
     if os.path.exists(path) and not os.access(path, os.W_OK):
         raise ConfigError(f"{flag}: {path} is not writable")
-    try:
-        check_writable(os.path.dirname(os.path.abspath(path)), flag, path)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    check_writable(os.path.dirname(os.path.abspath(path)), flag, path)
 
 
 def _start_up_checks(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], RolloutConfig, Any, Any]:
