@@ -9,7 +9,7 @@
 # Then the device calls, back to back (the machine goes back 30 s after a call), each from the
 # project root, with the carry named:
 #
-#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan7|plan8|plan9|plan10|plan11|plan12]   (starts `plan` in the background)
+#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan7|plan8|plan9|plan10|plan11|plan12|plan13]   (starts `plan` in the background)
 #   2  [.gpukit/smol/a1]              cp .gpukit/smol/a1/* /tmp/kit/smol/
 #   3  [.gpukit/smol/a2]              cp .gpukit/smol/a2/* /tmp/kit/smol/
 #   4  [.gpukit/smol/b]               bash benchmarks/gpu_lease.sh smol
@@ -470,6 +470,53 @@ plan12() {
     --runs ours_px_pc_nc:0 trl_vllm_bf16:0 trl_vllm_fp32:0 > $O/vs_q15.txt 2>&1
   python3 benchmarks/vs_trl_gpu.py --report $O/vs_q15 2>&1 | head -n 12
   mark "done"
+}
+
+# The next lease (2026-12-06, late session): the 7B tokens/s against LLM.generate after the engine's
+# requests were staged per event-loop iteration (0.993x / 0.985x before), with each round's step timeline
+# (ours and LLM.generate alternating); the SmolLM2 pairs against TRL + vLLM bf16 and fp32; the vLLM
+# engine's GPU tests; the 1.5B shape against TRL + vLLM; the other shapes' tokens/s; the update with
+# checkpointing the only difference; the other GPU test files last.
+plan13() {
+  begin "$1"
+  local vs="python3 benchmarks/vs_trl_gpu.py --run-timeout 300 --shape smollm2 --out $O/vs_smol"
+  wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
+  mark "vs TRL, SmolLM2: ours seeds 0 and 1"
+  $vs --runs ours_px_pc_nc:0 ours_px_pc_nc:1 > $O/vs_smol_ours.txt 2>&1
+  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 9 $O/report_smol.txt
+  wait_for /tmp/kit/vllm_ok || mark "no vLLM"
+  decode_shape qwen2.5-7b
+  mark "vs TRL, SmolLM2: TRL + vLLM bf16 and fp32, seeds 0 and 1"
+  $vs --runs trl_vllm_bf16:0 trl_vllm_bf16:1 trl_vllm_fp32:0 trl_vllm_fp32:1 > $O/vs_smol_trl.txt 2>&1
+  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 30 $O/report_smol.txt
+  gpu_test_files tests/test_engines_vllm_gpu.py tests/test_fp8_gpu.py
+  mark "vs TRL, Qwen2.5-1.5B shape (10 steps, one seed)"
+  python3 benchmarks/vs_trl_gpu.py --run-timeout 400 --shape qwen2.5-1.5b --steps 10 --out $O/vs_q15 \
+    --runs ours_px_pc_nc:0 trl_vllm_bf16:0 trl_vllm_fp32:0 > $O/vs_q15.txt 2>&1
+  python3 benchmarks/vs_trl_gpu.py --report $O/vs_q15 > $O/report_q15.txt 2>&1; head -n 12 $O/report_q15.txt
+  decode_shape smollm2
+  decode_shape qwen2.5-1.5b
+  mark "the update, checkpointing the only difference (prefix not shared in either)"
+  timeout 300 python3 benchmarks/update_checkpointing_gpu.py --steps 20 --micro 64 --share-prefix off \
+    > $O/update_ckpt_noshare.txt 2>&1
+  tail -n 3 $O/update_ckpt_noshare.txt
+  gpu_test_files $(cd /tmp/t && grep -l "mark.gpu" tests/*.py | grep -v "test_engines_vllm_gpu\|test_fp8_gpu")
+  mark "done"
+}
+
+decode_shape() {  # tokens/s at $1: the hf engine, chatgym's vLLM engine and vLLM's own LLM.generate
+  mark "tokens/s, $1: the hf engine, chatgym's vLLM engine and vLLM's own LLM.generate"
+  timeout 360 python3 benchmarks/hf_decode_gpu.py --shape "$1" --vllm --batch 64 256 --skip-generate \
+    --repeats 5 --modes "static all" > "$O/decode_vllm_$1.txt" 2>&1
+  grep -E "tok/s|LLM.generate|timeline" "$O/decode_vllm_$1.txt" | cut -c1-170
+}
+
+gpu_test_files() {  # the -m gpu tests of each file named, one process a file
+  mark "GPU tests: $*"
+  for f in "$@"; do
+    (cd /tmp/t && timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu "$f" > "$O/gpu_$(basename "$f" .py).txt" 2>&1)
+    echo "$f rc=$? $(tail -n 1 "$O/gpu_$(basename "$f" .py).txt")"
+  done
 }
 
 poll() {

