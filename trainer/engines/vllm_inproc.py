@@ -236,12 +236,13 @@ class VLLMEngine:
             raise
 
     def _stage(self, loop: asyncio.AbstractEventLoop, command: tuple[Any, ...]) -> None:
-        """Send ``command`` to the engine thread at the end of this event-loop iteration, with every
-        request submitted during it, in one inbox put. Why: the engine thread wakes at the first put and
-        steps on what has arrived, so a batch submitted at once (``asyncio.gather``) that took longer than
-        the interpreter's 5 ms thread switch to submit reached vLLM in parts (a first prefill without the
-        rest, one more decode step at the end); staged, it arrives whole. The flush is the next
-        iteration's first callback: no wait on a clock."""
+        """Send ``command`` to the engine thread once this event-loop iteration's ready callbacks have
+        run, with every request submitted during them, in one inbox put. Why: the engine thread wakes at
+        the first put and steps on what has arrived, so a batch submitted at once (``asyncio.gather``)
+        that took longer than the interpreter's 5 ms thread switch to submit could reach vLLM in parts:
+        a first prefill without the rest, and the rest a step behind to the end (a 2-core CPU, 256
+        requests at 25-40 us each: the engine thread's first look found 69 to 187 of them). Staged, it
+        arrives whole; no wait on a clock."""
         staged = self._staged.get(loop)
         if staged is None:
             staged = self._staged[loop] = []
