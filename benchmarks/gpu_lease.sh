@@ -486,10 +486,12 @@ plan13() {
   python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 9 $O/report_smol.txt
   wait_for /tmp/kit/vllm_ok || mark "no vLLM"
   decode_shape qwen2.5-7b
-  mark "vs TRL, SmolLM2: TRL + vLLM bf16 and fp32, seeds 0 and 1"
-  $vs --runs trl_vllm_bf16:0 trl_vllm_bf16:1 trl_vllm_fp32:0 trl_vllm_fp32:1 > $O/vs_smol_trl.txt 2>&1
-  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 30 $O/report_smol.txt
   gpu_test_files tests/test_engines_vllm_gpu.py tests/test_fp8_gpu.py
+  mark "vs TRL, SmolLM2: TRL + vLLM bf16 and fp32, seeds 0 and 1"
+  $vs --runs trl_vllm_bf16:0 trl_vllm_bf16:1 > $O/vs_smol_trl.txt 2>&1
+  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 30 $O/report_smol.txt
+  $vs --runs trl_vllm_fp32:0 trl_vllm_fp32:1 > $O/vs_smol_trl32.txt 2>&1
+  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 30 $O/report_smol.txt
   mark "vs TRL, Qwen2.5-1.5B shape (10 steps, one seed)"
   python3 benchmarks/vs_trl_gpu.py --run-timeout 400 --shape qwen2.5-1.5b --steps 10 --out $O/vs_q15 \
     --runs ours_px_pc_nc:0 trl_vllm_bf16:0 trl_vllm_fp32:0 > $O/vs_q15.txt 2>&1
