@@ -41,18 +41,73 @@ def test_openai_engine_needs_a_url_or_key(tmp_path, no_openai_env, capsys):
     assert not (tmp_path / "r.sqlite").exists()
 
 
+def _api(chat_status: int, models_status: int = 200):
+    """A real HTTP server on a free port: ``GET /v1/models`` answers ``models_status``, ``POST
+    /v1/chat/completions`` ``chat_status`` (an error not retried). Returns ``(server, base_url)``."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Api(BaseHTTPRequestHandler):
+        def answer(self, status):
+            body = b'{"data": []}' if status == 200 else b'{"error": "no"}'
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            self.answer(models_status if self.path == "/v1/models" else 404)
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.answer(chat_status)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Api)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/v1"
+
+
 def test_a_run_where_every_episode_failed_exits_1(tmp_path, no_openai_env, capsys):
-    with socket.socket() as s:  # a port nobody listens on: every request is refused
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    server, url = _api(chat_status=400)  # the API is up; every chat request is refused
     db = tmp_path / "r.sqlite"
     argv = ["--engine", "openai", "--model", "m", "--env", "Math-v0", "--max-tasks", "2", "--db", str(db),
-            "--no-progress", "--engine-arg", f"base_url=http://127.0.0.1:{port}/v1",
-            "--engine-arg", "retries=0"]  # fmt: skip
-    assert eval_cli.main(argv) == 1
+            "--no-progress", "--engine-arg", f"base_url={url}", "--engine-arg", "retries=0"]  # fmt: skip
+    try:
+        assert eval_cli.main(argv) == 1
+    finally:
+        server.shutdown()
+        server.server_close()
     assert "every episode failed" in capsys.readouterr().err
     with sqlite3.connect(db) as conn:  # stored as failures (visible, re-run with --retry-failed)
         assert conn.execute("SELECT COUNT(*), SUM(failed) FROM episodes").fetchone() == (2, 2)
+
+
+def test_an_openai_api_that_does_not_answer_or_refuses_the_key_is_refused_at_start(tmp_path, no_openai_env, capsys,
+                                                                                    monkeypatch):
+    # Regression (noticed in stop 57): --engine openai with no server stored a failed episode per task.
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        nobody = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    refused = os.strerror(errno.ECONNREFUSED)
+    api = ("--engine", "openai", "--model", "m")
+    assert eval_refusal(tmp_path, monkeypatch, capsys, *api, "--engine-arg", f"base_url={nobody}") == (
+        f"chatgym eval: --engine-arg base_url: no server answers GET {nobody}/models ({refused})\n"
+    )
+    monkeypatch.setenv("OPENAI_BASE_URL", nobody)
+    assert eval_refusal(tmp_path, monkeypatch, capsys, *api) == (
+        f"chatgym eval: $OPENAI_BASE_URL: no server answers GET {nobody}/models ({refused})\n"
+    )
+    server, url = _api(chat_status=400, models_status=401)  # a key the API refuses
+    try:
+        assert eval_refusal(tmp_path, monkeypatch, capsys, *api, "--engine-arg", f"base_url={url}") == (
+            f'chatgym eval: --engine-arg base_url: GET {url}/models answered HTTP 401: {{"error": "no"}}\n'
+        )
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def eval_refusal(tmp_path, monkeypatch, capsys, *args: str) -> str:

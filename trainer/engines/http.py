@@ -158,9 +158,10 @@ class JSONClient:
 def check_server(engine: str, options: Mapping[str, Any], setting: str, engine_setting: str,
                  timeout_s: float = 5.0) -> None:
     """Server engine ``engine``'s server answers ``GET /v1/models`` (vLLM's and SGLang's OpenAI API)
-    within ``timeout_s``, one attempt; other engines pass. Without a server every episode would fail,
-    each stored as a failed trajectory or result row, so ``chatgym rollout``, ``eval`` and ``train``
-    ask at start-up.
+    within ``timeout_s``, one attempt; ``openai`` (any OpenAI-compatible API) answers ``GET
+    <base_url>/models`` at all, and not with 401 / 403 (a key it refuses; a server without the models
+    list passes); other engines pass. Without a server every episode would fail, each stored as a
+    failed trajectory or result row, so ``chatgym rollout``, ``eval`` and ``train`` ask at start-up.
 
     Args:
         options: the engine's keyword arguments (``base_url``, ``api_key`` are read).
@@ -170,9 +171,10 @@ def check_server(engine: str, options: Mapping[str, Any], setting: str, engine_s
     Raises:
         ConfigError: no answer or an HTTP error, naming the setting that gave the URL and the URL.
     """
-    if engine not in SERVER_URLS:
+    if engine not in SERVER_URLS and engine != "openai":
         return
-    variable = SERVER_URLS[engine][0]
+    openai = engine == "openai"
+    variable = "OPENAI_BASE_URL" if openai else SERVER_URLS[engine][0]
     option = f"{setting}{'.' if setting.endswith('options') else ' '}base_url"
     if options.get("base_url"):
         where, hint = option, ""
@@ -180,14 +182,22 @@ def check_server(engine: str, options: Mapping[str, Any], setting: str, engine_s
         where, hint = f"${variable}", ""
     else:
         where, hint = f"{engine_setting} {engine}", f" (the default; set {option}=... or ${variable})"
+    key = options.get("api_key")
+    if openai:
+        base = options.get("base_url") or os.environ.get(variable) or "https://api.openai.com/v1"
+        key, path = (key if key is not None else os.environ.get("OPENAI_API_KEY")), "/models"
+    else:
+        base, path = server_url(engine, options.get("base_url")), "/v1/models"
     try:
-        client = JSONClient(server_url(engine, options.get("base_url")), api_key=options.get("api_key"))
+        client = JSONClient(base, api_key=key)
     except ValueError as exc:
         raise ConfigError(f"{where}: {exc}") from None
-    url = f"{client.base_url}/v1/models"
+    url = f"{client.base_url}{path}"
     try:
-        client.get_sync("/v1/models", timeout_s)
+        client.get_sync(path, timeout_s)
     except ServerError as exc:
+        if exc.status and openai and exc.status not in (401, 403):
+            return  # an API that answers, without a models list (or not to this key's GET)
         if exc.status:  # a server, but not one that serves the API (or not with this api_key)
             raise ConfigError(f"{where}: GET {url} answered {str(exc).split(' -> ', 1)[-1][:300]}") from None
         cause = getattr(exc.__cause__, "reason", exc.__cause__)  # URLError wraps the socket's error
