@@ -225,6 +225,8 @@ def raw_generate_span(eng, prompts: list[list[int]], params: list) -> tuple[floa
 
     requests = [{"prompt_token_ids": p} for p in prompts]
     vparams = [to_vllm_params(p) for p in params]
+    for v in vparams:  # a user's SamplingParams: vLLM deep-copies each at add_request (chatgym's engine skips it)
+        v.skip_clone = False
 
     def run() -> tuple[float, float, int]:
         t0 = time.perf_counter()

@@ -159,6 +159,13 @@ def test_vllm_params_ask_for_flat_logprobs_only_with_logprobs():
     assert (on.logprobs, on.flat_logprobs) == (0, True)
     off = to_vllm_params(SamplingParams(max_tokens=4, logprobs=False))
     assert (off.logprobs, off.flat_logprobs) == (None, False)
+    # vLLM skips its deep copy (skip_clone) and edits the stop ids in place: each call's object and its
+    # containers must be the request's own.
+    p = SamplingParams(max_tokens=4, stop_token_ids=(5,), stop=("</a>",))
+    a, b = to_vllm_params(p), to_vllm_params(p)
+    assert a.skip_clone and b.skip_clone and a is not b
+    assert a.stop_token_ids == b.stop_token_ids == [5] and a.stop_token_ids is not b.stop_token_ids
+    assert a.stop is not b.stop and a._all_stop_token_ids is not b._all_stop_token_ids
 
 
 def _staging_engine():
