@@ -325,19 +325,22 @@ class ChatEnv(gym.Env):
         return [dict(m) for m in self.messages], info
 
     def _to_turn(self, action: str | Message) -> AssistantTurn:
-        if isinstance(action, dict) and action.get("content") is None and action.get("tool_calls"):
-            # OpenAI-compatible servers send `"content": null` next to tool_calls.
+        if isinstance(action, dict) and action.get("role") == "assistant" and action.get("content") is None:
+            # OpenAI-compatible servers send `"content": null` next to tool_calls (or with nothing).
             action = {**action, "content": ""}
         if isinstance(action, str):
             parsed = self.parser.parse(action)
             raw = action
-        elif isinstance(action, dict) and action.get("role") == "assistant" and not message_errors(action):
+        elif (isinstance(action, dict) and action.get("role") == "assistant"
+              and not message_errors({**action, "tool_calls": None})):
             # Content parts (OpenAI's list form) are read as their text: the parsers and the
             # scorers read text, and a list reached them as a TypeError out of step().
             raw = M.content_text(action.get("content") or "")
             action = {**action, "content": raw}
-            # Calls already structured by an OpenAI-compatible server get the same argument checks.
-            parsed = parse_openai_message(action) if action.get("tool_calls") else self.parser.parse(raw)
+            # Calls already structured by an OpenAI-compatible server get the same argument checks; a
+            # malformed list is the model's and is answered with the parse errors, never raised.
+            structured = action.get("tool_calls") not in (None, [])
+            parsed = parse_openai_message(action) if structured else self.parser.parse(raw)
         else:
             raise TypeError(f"action must be a str or an assistant Message, got {action!r:.200}")
         # Ids count on over the episode and step around every id it used: a client may pair

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -56,6 +57,12 @@ def test_check_prompt():
         check_prompt([])
     with pytest.raises(TypeError, match="list of token ids"):
         check_prompt("hello")
+    # Regression (fresh-user walk): int() read 1.7 as 1, '12' as 12 and True as 1.
+    for bad, shown in ((1.7, "float 1.7"), ("12", "str '12'"), (True, "bool True")):
+        with pytest.raises(TypeError) as err:
+            check_prompt([3, bad])
+        assert str(err.value) == f"prompt_ids must hold ints (token ids), got {shown}"
+    assert check_prompt([np.int64(4), 5, np.int32(6)]) == [4, 5, 6]  # NumPy's ints are ints
     with pytest.raises(ValueError, match=r"outside \[0, 10\)"):
         check_prompt([3, 10], vocab_size=10)
     with pytest.raises(ValueError, match="max_model_len is 3"):

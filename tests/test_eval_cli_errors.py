@@ -180,6 +180,16 @@ def test_a_server_engine_without_its_server_is_refused_at_start_and_stores_nothi
     )
 
 
+def test_a_traces_dir_where_no_file_can_be_made_is_refused_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    # Regression (fresh-user walk): vLLM loaded, then os.makedirs raised FileExistsError (a traceback)
+    # and an empty results file was left.
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    assert eval_refusal(tmp_path, monkeypatch, capsys, "--traces-dir", str(afile / "t")) == (
+        f"chatgym eval: --traces-dir: cannot create {afile / 't'} (in {afile}: not a directory)\n"
+    )
+
+
 def test_fp8_where_it_cannot_run_is_refused_before_the_decode_hint(tmp_path, monkeypatch, capsys):
     # Regression (fresh-user walk): on a CPU the first answer was "set --engine-arg decode=static".
     assert_fp8_refusals("eval", lambda *args: eval_refusal(tmp_path, monkeypatch, capsys, *args))

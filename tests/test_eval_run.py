@@ -77,6 +77,28 @@ def test_reference_rows_and_identity(tmp_path):
     assert (more[0].already_done, more[0].ran, more[0].run_key) == (6, 2, reports[0].run_key)
 
 
+def test_another_success_threshold_is_another_grid_and_a_nan_one_is_refused(tmp_path):
+    # Regression (fresh-user walk): --success-threshold 0.5 after 2 found Judge-v0's episodes done and
+    # kept their success (pass@1 0 at mean reward 1.0); nan was taken and scored every episode a fail.
+    db = tmp_path / "r.sqlite"
+    strict = run_eval(envs=("Judge-v0",), max_tasks=2, success_threshold=2.0, db=str(db))
+    loose = run_eval(envs=("Judge-v0",), max_tasks=2, success_threshold=0.5, db=str(db))
+    assert [(r.already_done, r.ran) for r in strict + loose] == [(0, 2), (0, 2)]
+    with ResultsStore(db) as store:
+        rows = store.episodes()
+    by = {json.loads(r["sampling"]).get("success_threshold"): [] for r in rows}
+    for r in rows:
+        by[json.loads(r["sampling"]).get("success_threshold")].append((r["reward"], r["success"]))
+    assert by == {2.0: [(1.0, 0), (1.0, 0)], 0.5: [(1.0, 1), (1.0, 1)]}
+    with ResultsStore(db) as store:  # two leaderboard rows, each named by its threshold
+        board = build_leaderboard(store)
+    assert sorted(board.row_labels.values()) == ["reference (scripted success>=0.5)", "reference (scripted success>=2.0)"]
+    assert "success_threshold" not in EvalConfig(engine="reference").sampling()  # 1.0: the keys stored before
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=r"^success_threshold must be a finite number, got (nan|inf)$"):
+            EvalConfig(engine="reference", success_threshold=bad)
+
+
 class NoReferenceEnv(ChatEnv):
     def load_tasks(self, split):
         return [{"task_id": "only", "q": "hi"}]

@@ -103,6 +103,12 @@ def test_leaderboard_cli_prints_tables_and_writes_page(db, tmp_path, capsys):
     assert capsys.readouterr().err == (
         f"chatgym leaderboard: --html: {tmp_path} is a directory (name the page's file)\n"
     )
+    # Regression (fresh-user walk): a page under a file printed every table, then this as an OSError.
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    assert leaderboard_cli.main(["--db", str(db), "--html", str(afile / "x.html")]) == 2
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", f"chatgym leaderboard: --html: cannot create {afile / 'x.html'} (in {afile}: not a directory)\n")
 
 
 def test_leaderboard_of_an_empty_store_exits_1(tmp_path, capsys):

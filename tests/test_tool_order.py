@@ -432,6 +432,25 @@ def test_structured_malformed_call_without_an_id_is_answered_by_its_position():
         env.close()
 
 
+@pytest.mark.parametrize(
+    ("tool_calls", "error"),
+    [("foo", "tool_calls must be a list, got a string"),
+     ([{"id": "x"}], 'tool call 1: expected {"function": {"name": ..., "arguments": ...}}')],
+)
+def test_a_structured_tool_call_list_that_is_malformed_is_answered_not_raised(tool_calls, error):
+    # Regression (fresh-user walk): these raised "action must be a str or an assistant Message" out of
+    # step(), against docs/envs.md's "a bad tool call ... never raises out of step".
+    env = AddEnv(tools=[add], parser="openai")
+    try:
+        env.reset(seed=0)
+        obs, reward, terminated, _, _ = env.step({"role": "assistant", "content": None, "tool_calls": tool_calls})
+        assert [m["role"] for m in obs] == ["tool"] and not terminated and reward == 0.0
+        assert obs[0]["content"].startswith(f"Error: could not parse tool call: {error}")
+        assert env.messages[-2]["role"] == "assistant" and env.messages[-2]["content"] == ""
+    finally:
+        env.close()
+
+
 def _pairs(text: str) -> list[tuple[str, str]]:
     """The last assistant turn's ``<tool_call>`` blocks zipped, by position, with the
     ``<tool_response>`` blocks after it — the way a model reading the rendering pairs them."""

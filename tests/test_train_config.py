@@ -34,6 +34,15 @@ def test_yaml_then_overrides(tmp_path):
     assert load_config(None, ["algo.tis_cap=null"]).algo.tis_cap is None
 
 
+def test_a_config_that_is_not_utf8_is_one_line_naming_the_file(tmp_path):
+    # Regression (fresh-user walk): chatgym train on such a file was a UnicodeDecodeError traceback.
+    path = tmp_path / "c9.yaml"
+    path.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == f"{path}: not UTF-8 text (byte 0: invalid start byte)"
+
+
 @pytest.mark.parametrize(
     ("override", "message"),
     [

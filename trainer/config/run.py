@@ -491,14 +491,15 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        ConfigError: malformed YAML (file:line:column), bad YAML shape, unknown key, wrong type or value
-            (names the dotted field).
+        ConfigError: a file that is not UTF-8, malformed YAML (file:line:column), bad YAML shape, unknown
+            key, wrong type or value (names the dotted field).
     """
     data: Any = {}
     if path is not None:
-        text = Path(path).read_text()
         try:
-            data = yaml.safe_load(text) or {}
+            data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
         except yaml.MarkedYAMLError as exc:
             mark = exc.problem_mark
             at = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""

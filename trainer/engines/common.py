@@ -7,6 +7,7 @@ Keeping them in one place is what makes engines interchangeable: the same ids gi
 
 from __future__ import annotations
 
+import operator
 from collections.abc import ItemsView, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -232,13 +233,18 @@ def check_prompt(
     """Validate a prompt and return it as ``list[int]``.
 
     Raises:
-        TypeError: ``prompt_ids`` is not a sequence of ints (a string was passed, say).
+        TypeError: ``prompt_ids`` is not a sequence of ints (a string was passed, say), or holds an
+            id that is not an int (a float, a string or a bool: ``int()`` would have read ``1.7`` as 1);
+            NumPy's integers are ints.
         ValueError: empty, an id outside ``[0, vocab_size)``, or not shorter than ``max_model_len``
             (no room for even one new token).
     """
     if isinstance(prompt_ids, (str, bytes)) or not isinstance(prompt_ids, Sequence):
         raise TypeError(f"prompt_ids must be a list of token ids, got {type(prompt_ids).__name__}")
-    ids = [int(i) for i in prompt_ids]
+    bad = next((i for i in prompt_ids if isinstance(i, bool) or not hasattr(type(i), "__index__")), None)
+    if bad is not None:
+        raise TypeError(f"prompt_ids must hold ints (token ids), got {type(bad).__name__} {bad!r}")
+    ids = [operator.index(i) for i in prompt_ids]
     if not ids:
         raise ValueError("prompt_ids is empty")
     if vocab_size is not None:

@@ -165,6 +165,7 @@ FLAGS = {
     "envs": "--env",
     "split": "--split",
     "env_kwargs": "--env-arg",
+    "success_threshold": "--success-threshold",
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -91,6 +92,9 @@ class EvalConfig:
         if not isinstance(self.n_samples, int) or self.n_samples < 1:
             raise ValueError(f"n_samples must be an int >= 1, got {self.n_samples!r}")
         check_seed("seed", self.seed)  # else gymnasium's reset, or the store's 64-bit column, refuses it mid-run
+        if isinstance(self.success_threshold, bool) or not isinstance(self.success_threshold, (int, float)) \
+                or not math.isfinite(self.success_threshold):
+            raise ValueError(f"success_threshold must be a finite number, got {self.success_threshold!r}")
         if self.max_tasks is not None and self.max_tasks < 1:
             raise ValueError(f"max_tasks must be >= 1, got {self.max_tasks}")
         if not self.envs:
@@ -104,14 +108,18 @@ class EvalConfig:
         return dataclasses.replace(self.rollout, seed=self.seed)
 
     def sampling(self) -> dict[str, Any]:
-        """The sampling settings stored with every row (empty for the reference policy)."""
+        """The sampling settings stored with every row (empty for the reference policy), and a
+        ``success_threshold`` other than 1.0: the rows' success depends on it (envs that state none),
+        so another threshold is another grid to run and another leaderboard row."""
+        threshold = {} if self.success_threshold == 1.0 else {"success_threshold": self.success_threshold}
         if self.engine == REFERENCE:
-            return {}
+            return threshold
         rollout = self.collector_config()
         out: dict[str, Any] = {
             "temperature": rollout.temperature,
             "top_p": rollout.top_p,
             "max_tokens": rollout.max_tokens,
+            **threshold,
         }
         if self.engine in TOKEN_ENGINES:
             out.update(

@@ -50,12 +50,16 @@ class Leaderboard:
 
 def _sampling_label(sampling: str) -> str:
     settings = json.loads(sampling or "{}")
+    threshold = settings.pop("success_threshold", None)
     if not settings:
-        return "scripted"
-    parts = [f"T={settings.get('temperature')}"]
-    if settings.get("top_p", 1.0) != 1.0:
-        parts.append(f"top_p={settings['top_p']}")
-    parts.append(f"max_tokens={settings.get('max_tokens')}")
+        parts = ["scripted"]
+    else:
+        parts = [f"T={settings.get('temperature')}"]
+        if settings.get("top_p", 1.0) != 1.0:
+            parts.append(f"top_p={settings['top_p']}")
+        parts.append(f"max_tokens={settings.get('max_tokens')}")
+    if threshold is not None:
+        parts.append(f"success>={threshold}")
     return " ".join(parts)
 
 

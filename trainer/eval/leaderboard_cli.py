@@ -45,6 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     2 a bad argument (one line naming the flag, as every chatgym command: a ``--db`` that is not a
     results store, an ``--env`` / ``--model`` value it has never seen, an ``--html`` that is a
     directory or cannot be written)."""
+    from chatgym.trainer.config.loader import check_writable
     from chatgym.trainer.eval.leaderboard import build_leaderboard, rich_tables
     from chatgym.trainer.eval.page import render_html
     from chatgym.trainer.eval.store import checked_store
@@ -59,9 +60,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif out.is_dir():
         refusal = f"--html: {out} is a directory (name the page's file)"
     else:
-        try:
+        try:  # before the tables print: a page that cannot be written is one line, up front
+            check_writable(out.parent, "--html", args.html or out)
             store = checked_store(args.db, "--db")  # not a SQLite file: one line, not a traceback
-        except ValueError as exc:
+        except ValueError as exc:  # ConfigError is one
             refusal = str(exc)
     if refusal is not None or store is None:
         print(f"chatgym leaderboard: {refusal}", file=sys.stderr)

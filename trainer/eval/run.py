@@ -29,7 +29,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from chatgym.trainer.config.loader import ConfigError
+from chatgym.trainer.config.loader import ConfigError, check_writable
 from chatgym.trainer.engines.http import check_server
 from chatgym.trainer.eval.config import LOCAL_WEIGHT_ENGINES, REFERENCE, TOKEN_ENGINES, EvalConfig
 from chatgym.trainer.eval.envs import build_envs, leave_out_image_envs, resolve_env_ids
@@ -321,8 +321,9 @@ class _Evaluation:
         ConfigError: the backend's start-up checks (:meth:`_Backend.check`), an env that cannot be
             built (:func:`~chatgym.trainer.eval.envs.build_envs`) or whose images a text-only model
             cannot read (:func:`~chatgym.trainer.eval.envs.leave_out_image_envs`), a server engine's server
-            that does not answer (:func:`~chatgym.trainer.engines.http.check_server`), and a ``--db`` that
-            cannot be a store (:func:`~chatgym.trainer.eval.store.checked_store`), before any model loads.
+            that does not answer (:func:`~chatgym.trainer.engines.http.check_server`), a ``--traces-dir``
+            where no file can be made and a ``--db`` that cannot be a store
+            (:func:`~chatgym.trainer.eval.store.checked_store`), before any model loads.
     """
 
     def __init__(self, config: EvalConfig, env_ids: Sequence[str], log: Callable[[str], None]):
@@ -340,6 +341,8 @@ class _Evaluation:
         # Absolute: rows store their trace's path, which a leaderboard run from another directory reads.
         traces_dir = Path(config.traces_dir).expanduser() if config.traces_dir else self.db.parent / "traces"
         self.traces_dir = traces_dir.resolve()
+        if config.traces_dir:  # the default, next to --db, is --db's check's
+            check_writable(self.traces_dir, "--traces-dir", config.traces_dir)
         try:  # before any model loads: a bad --db is one line, not a traceback once the model is up
             self.store: ResultsStore | None = checked_store(self.db, "--db")
         except ValueError as exc:
