@@ -510,6 +510,16 @@ def test_the_first_held_out_evaluation_is_announced_with_the_progress_bar(tmp_pa
     assert err.count(result) == (progress == "true")
 
 
+def test_a_held_out_evaluation_whose_episodes_failed_says_so_before_training(tmp_path, capsys):
+    # Regression (fresh-user walk): with every held-out episode failed (a max_model_len below the
+    # prompts) the line read as a plain score of 0; the summary said why only at the end.
+    run = _tiny_letters_run("env.eval_tasks=2", "train.max_steps=1", "train.progress=true", "rollout.max_model_len=4")
+    main([*run, "--output-dir", str(tmp_path)])
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("chatgym: held-out before training")]
+    assert lines == ["chatgym: held-out before training: score 0.0000, accuracy 0.0000 (2 of 2 episodes failed, "
+                     "counted as misses: 2 of them: prompt_too_long: the prompt has 15 tokens and max_model_len is 4)"]
+
+
 def test_overrides_given_as_one_string_are_refused_by_name():
     # Regression (fresh-user walk): load_config(path, "train.max_steps=2") read each character as an
     # override and said "override 't': expected key.sub=value".

@@ -42,6 +42,7 @@ from chatgym.trainer.learner.learner import Learner, seed_everything
 from chatgym.trainer.logging.ledger import BatchLedger
 from chatgym.trainer.logging.step_metrics import (
     all_failed,
+    failure_counts,
     held_out_scores,
     multiturn_metrics,
     rollout_metrics,
@@ -152,6 +153,7 @@ class Trainer:
             self.sync_weights()
             self.num_train_tasks = self._count_tasks(cfg.env.train_split)
             self._num_eval_tasks: int | None = None
+            self.eval_failures = ""  # the last held-out evaluation's failed episodes, by error (failure_counts)
             # The settings of the held-out evaluation that differ from the first run's (its step-0
             # evaluation is the summary's "before"): the summary says the two are not comparable.
             self.eval_changes: list[str] = []
@@ -278,6 +280,7 @@ class Trainer:
         )
         trajs = await self.rollout.collect(request)
         ok = [t for t in trajs if not t.failed]
+        self.eval_failures = failure_counts(trajs)  # the held-out line's why, when episodes failed
         out = {
             **held_out_scores(trajs),  # a failed episode is a miss, as on the leaderboard
             "eval/failed": len(trajs) - len(ok),
@@ -342,6 +345,9 @@ class Trainer:
             if cfg.train.progress:  # shown now: a run stopped early shows it too
                 keys = ("eval/score", "eval/accuracy")
                 shown = ", ".join(f"{k[5:]} {eval_before[k]:.4f}" for k in keys if k in eval_before)
+                if eval_before.get("eval/failed"):  # else a run whose every episode failed reads as a 0 score
+                    shown += (f" ({eval_before['eval/failed']} of {eval_before['eval/tasks']} episodes failed, "
+                              f"counted as misses: {self.eval_failures})")
                 print(f"chatgym: held-out before training: {shown}", file=sys.stderr)
         elif self.start_step > 0:  # resumed: the first run's evaluation, its step-0 row of metrics.jsonl
             eval_before = self.metrics.logged(0)
