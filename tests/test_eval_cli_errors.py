@@ -41,6 +41,13 @@ def test_openai_engine_needs_a_url_or_key(tmp_path, no_openai_env, capsys):
     assert not (tmp_path / "r.sqlite").exists()
 
 
+def _unanswered() -> tuple[str, str]:
+    """``(http://127.0.0.1:<a port nobody listens on>, the OS's words for a refused connection)``."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}", os.strerror(errno.ECONNREFUSED)
+
+
 def _api(chat_status: int, models_status: int = 200):
     """A real HTTP server on a free port: ``GET /v1/models`` answers ``models_status``, ``POST
     /v1/chat/completions`` ``chat_status`` (an error not retried). Returns ``(server, base_url)``."""
@@ -88,10 +95,8 @@ def test_a_run_where_every_episode_failed_exits_1(tmp_path, no_openai_env, capsy
 def test_an_openai_api_that_does_not_answer_or_refuses_the_key_is_refused_at_start(tmp_path, no_openai_env, capsys,
                                                                                     monkeypatch):
     # Regression (noticed in stop 57): --engine openai with no server stored a failed episode per task.
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        nobody = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
-    refused = os.strerror(errno.ECONNREFUSED)
+    nobody, refused = _unanswered()
+    nobody += "/v1"
     api = ("--engine", "openai", "--model", "m")
     assert eval_refusal(tmp_path, monkeypatch, capsys, *api, "--engine-arg", f"base_url={nobody}") == (
         f"chatgym eval: --engine-arg base_url: no server answers GET {nobody}/models ({refused})\n"
@@ -164,10 +169,7 @@ def test_a_server_engine_without_its_server_is_refused_at_start_and_stores_nothi
     # task and reported pass@1 0.
     from chatgym.trainer.engines import http
 
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{s.getsockname()[1]}"
-    refused = os.strerror(errno.ECONNREFUSED)
+    url, refused = _unanswered()
     server = ("--engine", "vllm-server", "--model", "smollm2")
     assert eval_refusal(tmp_path, monkeypatch, capsys, *server, "--engine-arg", f"base_url={url}") == (
         f"chatgym eval: --engine-arg base_url: no server answers GET {url}/v1/models ({refused})\n"
