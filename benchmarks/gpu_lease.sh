@@ -506,6 +506,25 @@ plan13() {
   mark "done"
 }
 
+# plan13 cut to what a short lease holds (no SmolLM2 kit: calls 2-4 skipped): the 7B tokens/s of
+# chatgym's vLLM engine against LLM.generate with the step timeline (vLLM only: no hf column), then
+# the vLLM engine's GPU tests if the SmolLM2 kit came after all.
+plan13m() {
+  begin "$1"
+  wait_for /tmp/kit/vllm_ok || mark "no vLLM"
+  mark "tokens/s, qwen2.5-7b: chatgym's vLLM engine and vLLM's own LLM.generate (5 rounds each, alternating)"
+  timeout 420 python3 -c "
+import sys; sys.path.insert(0, 'benchmarks'); import hf_decode_gpu as h
+per = {64: {}, 256: {}}
+for b, r in h.run_vllm('qwen2.5-7b', [64, 256], 5, False, None).items():
+    per[int(b.split()[1]) if isinstance(b, str) else b]['vllm bf16 LLM.gen' if isinstance(b, str) else 'vllm bf16'] = r
+for b, res in per.items(): h.report('qwen2.5-7b', b, res)
+" > $O/decode_vllm_qwen2.5-7b.txt 2>&1
+  grep -E "tok/s|LLM.generate|timeline" $O/decode_vllm_qwen2.5-7b.txt | cut -c1-170
+  [ -f /tmp/site/.smol_ok ] && gpu_test_files tests/test_engines_vllm_gpu.py
+  mark "done"
+}
+
 decode_shape() {  # tokens/s at $1: the hf engine, chatgym's vLLM engine and vLLM's own LLM.generate
   mark "tokens/s, $1: the hf engine, chatgym's vLLM engine and vLLM's own LLM.generate"
   timeout 360 python3 benchmarks/hf_decode_gpu.py --shape "$1" --vllm --batch 64 256 --skip-generate \
