@@ -513,13 +513,9 @@ plan13m() {
   begin "$1"
   wait_for /tmp/kit/vllm_ok || mark "no vLLM"
   mark "tokens/s, qwen2.5-7b: chatgym's vLLM engine and vLLM's own LLM.generate (5 rounds each, alternating)"
-  timeout 420 python3 -c "
-import sys; sys.path.insert(0, 'benchmarks'); import hf_decode_gpu as h
-per = {64: {}, 256: {}}
-for b, r in h.run_vllm('qwen2.5-7b', [64, 256], 5, False, None).items():
-    per[int(b.split()[1]) if isinstance(b, str) else b]['vllm bf16 LLM.gen' if isinstance(b, str) else 'vllm bf16'] = r
-for b, res in per.items(): h.report('qwen2.5-7b', b, res)
-" > $O/decode_vllm_qwen2.5-7b.txt 2>&1
+  timeout 420 python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import hf_decode_gpu as h; per = {}
+h.add_vllm_results(per, 'qwen2.5-7b', [64, 256], 5, False, None)
+for b, res in per.items(): h.report('qwen2.5-7b', b, res)" > $O/decode_vllm_qwen2.5-7b.txt 2>&1
   grep -E "tok/s|LLM.generate|timeline" $O/decode_vllm_qwen2.5-7b.txt | cut -c1-170
   [ -f /tmp/site/.smol_ok ] && gpu_test_files tests/test_engines_vllm_gpu.py
   mark "done"

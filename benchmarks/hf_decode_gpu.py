@@ -118,9 +118,8 @@ ENGINE_MODES = {
 
 
 async def run_engine(engine, prompts, params) -> tuple[float, int]:
-    t0 = time.perf_counter()
-    outs = await asyncio.gather(*(engine.generate(p, sp) for p, sp in zip(prompts, params, strict=True)))
-    return time.perf_counter() - t0, sum(len(o.token_ids) for o in outs)
+    t0, t1, tokens = await engine_span(engine, prompts, params)
+    return t1 - t0, tokens
 
 
 def run_generate(model, prompts, pad_id) -> tuple[float, int]:
@@ -413,15 +412,23 @@ def bench_shape(args, shape: str) -> list[str]:
         del model  # vLLM's own copy takes the GPU (one process per dtype, every batch size in it)
         torch.cuda.empty_cache()
         for q in (None, "fp8") if args.fp8 else (None,):
-            for batch, r in run_vllm(shape, args.batch, args.repeats, args.real_weights, q).items():
-                if isinstance(batch, str):  # "raw <batch>": vLLM's own LLM.generate on the same engine
-                    per_batch[int(batch.split()[1])][f"vllm {q or 'bf16'} LLM.gen"] = r
-                else:
-                    per_batch[batch][f"vllm {q or 'bf16'}"] = r
+            add_vllm_results(per_batch, shape, args.batch, args.repeats, args.real_weights, q)
     rows = []
     for batch, results in per_batch.items():
         rows += report(shape, batch, results)
     return rows
+
+
+def add_vllm_results(per_batch: dict, shape: str, batches: list[int], repeats: int, real_weights: bool,
+                     quantization: str | None) -> None:
+    """One vLLM process's results (:func:`run_vllm`) into ``per_batch[batch]``: ``vllm <q>`` (chatgym's
+    engine) and ``vllm <q> LLM.gen`` (vLLM's own ``LLM.generate`` on the same engine)."""
+    q = quantization or "bf16"
+    for batch, r in run_vllm(shape, batches, repeats, real_weights, quantization).items():
+        if isinstance(batch, str):  # "raw <batch>"
+            per_batch.setdefault(int(batch.split()[1]), {})[f"vllm {q} LLM.gen"] = r
+        else:
+            per_batch.setdefault(batch, {})[f"vllm {q}"] = r
 
 
 def report(shape: str, batch: int, results: dict) -> list[str]:

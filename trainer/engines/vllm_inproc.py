@@ -347,6 +347,7 @@ class VLLMEngine:
                     commands.append(self._inbox.get_nowait())
                 except queue.Empty:
                     break
+            commands = _expand(commands)
             for i, command in enumerate(commands):
                 if command[0] == "stop":
                     self._fail_all(RuntimeError("VLLMEngine closed"), commands[i + 1 :])
@@ -365,10 +366,7 @@ class VLLMEngine:
 
     def _handle(self, command: tuple[Any, ...]) -> None:
         kind = command[0]
-        if kind == "adds":
-            for add in command[1]:
-                self._handle(add)
-        elif kind == "add":
+        if kind == "add":
             _, request_id, prompt, params, future, loop, expected = command
             if future.done():  # cancelled before it reached the engine
                 return
@@ -439,11 +437,16 @@ class VLLMEngine:
                 unhandled.append(self._inbox.get_nowait())
             except queue.Empty:
                 break
-        for command in [c for batch in unhandled for c in (batch[1] if batch[0] == "adds" else [batch])]:
+        for command in _expand(unhandled):
             if command[0] == "add":
                 _post(command[5], _set_exception, command[4], error)
             elif command[0] == "call":
                 command[2].set_exception(error)
+
+
+def _expand(commands: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """The inbox's commands with each ``("adds", [...])`` (a loop iteration's staged requests) as its ``add``s."""
+    return [c for command in commands for c in (command[1] if command[0] == "adds" else (command,))]
 
 
 def _post(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:
