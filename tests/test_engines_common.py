@@ -201,7 +201,9 @@ def test_check_server_passes_a_server_and_names_one_that_is_not_the_api():
         check_server("vllm-server", {"base_url": url}, "--engine-arg", "--engine")
         check_server("hf", {"base_url": "http://127.0.0.1:1"}, "--engine-arg", "--engine")  # not a server engine
         check_server("openai", {"base_url": f"{url}/v1"}, "--engine-arg", "--engine")  # GET /v1/models
-        check_server("openai", {"base_url": f"{url}/api"}, "--engine-arg", "--engine")  # 404: no models list, passes
+        with pytest.raises(ConfigError) as err:  # 404: no API there (fresh-user walk: a root without /v1)
+            check_server("openai", {"base_url": f"{url}/api"}, "--engine-arg", "--engine")
+        assert str(err.value) == f"--engine-arg base_url: GET {url}/api/models answered HTTP 404: not here"
         with pytest.raises(ConfigError) as err:
             check_server("sglang", {"base_url": f"{url}/api"}, "engine.options", "engine.backend")
         assert str(err.value) == f"engine.options.base_url: GET {url}/api/v1/models answered HTTP 404: not here"

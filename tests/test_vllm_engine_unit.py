@@ -222,3 +222,19 @@ def test_requests_staged_when_the_engine_closes_fail_with_its_error():
     with pytest.raises(RuntimeError, match="VLLMEngine is closed"):
         future.result()
     assert eng._inbox.empty()
+
+
+def test_a_stop_id_outside_the_vocabulary_is_a_value_error_before_vllm_sees_it():
+    # Regression (fresh-user walk): vLLM refused it with its own VLLMValidationError (no ValueError),
+    # against generate's documented errors; the hf engine's check, shared.
+    import asyncio
+
+    import pytest
+
+    from chatgym.trainer.engines.base import SamplingParams
+
+    eng = _staging_engine()
+    eng.vocab_size, eng.max_model_len, eng.vision = 100, 64, None
+    with pytest.raises(ValueError, match=r"SamplingParams\.stop_token_ids.*100"):
+        asyncio.run(eng.generate([1, 2], SamplingParams(max_tokens=4, stop_token_ids=(10**6,))))
+    assert eng._inbox.empty() and eng._staged == {}

@@ -159,8 +159,8 @@ def check_server(engine: str, options: Mapping[str, Any], setting: str, engine_s
                  timeout_s: float = 5.0) -> None:
     """Server engine ``engine``'s server answers ``GET /v1/models`` (vLLM's and SGLang's OpenAI API)
     within ``timeout_s``, one attempt; ``openai`` (any OpenAI-compatible API) answers ``GET
-    <base_url>/models`` at all, and not with 401 / 403 (a key it refuses; a server without the models
-    list passes); other engines pass. Without a server every episode would fail, each stored as a
+    <base_url>/models`` at all, and not with 401 / 403 (a key it refuses) or 404 (no API there: a
+    server's root without ``/v1``, say); other engines pass. Without a server every episode would fail, each stored as a
     failed trajectory or result row, so ``chatgym rollout``, ``eval`` and ``train`` ask at start-up.
 
     Args:
@@ -196,8 +196,8 @@ def check_server(engine: str, options: Mapping[str, Any], setting: str, engine_s
     try:
         client.get_sync(path, timeout_s)
     except ServerError as exc:
-        if exc.status and openai and exc.status not in (401, 403):
-            return  # an API that answers, without a models list (or not to this key's GET)
+        if exc.status and openai and exc.status not in (401, 403, 404):
+            return  # an API that answers, without a models list for this key's GET (405, ...)
         if exc.status:  # a server, but not one that serves the API (or not with this api_key)
             raise ConfigError(f"{where}: GET {url} answered {str(exc).split(' -> ', 1)[-1][:300]}") from None
         cause = getattr(exc.__cause__, "reason", exc.__cause__)  # URLError wraps the socket's error

@@ -47,6 +47,7 @@ from typing import Any
 from chatgym.trainer.engines.base import Completion, SamplingParams
 from chatgym.trainer.engines.common import (
     check_prompt,
+    check_token_ids,
     checked_weights,
     completion_text,
     eos_token_ids,
@@ -214,7 +215,8 @@ class VLLMEngine:
             completion ids (or vLLM's stop-string match), ``stop_reason``, ``info["prompt_tokens"]``.
 
         Raises:
-            TypeError / ValueError: a malformed prompt, or images the prompt or model cannot place;
+            TypeError / ValueError: a malformed prompt, a stop id outside ``[0, vocab_size)``, or images
+                the prompt or model cannot place;
             RuntimeError: the engine is closed or asleep, vLLM failed, or vLLM's prompt ids differ from ours.
         """
         ids = check_prompt(prompt_ids, self.vocab_size, self.max_model_len)
@@ -222,6 +224,8 @@ class VLLMEngine:
         prompt, expected = vllm_prompt(self.vision, ids, images), (ids if images else None)
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        # as the hf engine: vLLM's own refusal is a VLLMValidationError, no ValueError
+        check_token_ids(params.stop_token_ids, self.vocab_size, "SamplingParams.stop_token_ids")
         if self._closed:
             raise RuntimeError("VLLMEngine is closed")
         self.sleep_state.check_awake()
