@@ -16,7 +16,10 @@ and 1.5B figures from the session that filed the GPU-speed issue, the 7B ones fr
 ``benchmarks/results/fp8_h200/2026-12-02b/``):
 SmolLM2-135M 21,601 / 53,078 vs 11,052 / 16,483; Qwen2.5-1.5B shape 15,339 / 32,793 vs 11,925 / 19,406;
 Qwen2.5-7B shape 8,069 / 14,993 vs 11,443 / 24,096. The crossover between 1.5 B and 7 B was not
-measured; 3 B is close to their geometric mean (3.2 B).
+measured; 3 B is close to their geometric mean (3.2 B). Re-measured on one H100 with every ``hf`` speed
+option (``benchmarks/results/tables_h100_2026-12-07/``, against vLLM's ``LLM.generate``): SmolLM2
+42,284 / 116,257 vs 12,372 / 18,636; 1.5B 23,455 / 55,140 vs 11,639 / 27,037; 7B ``hf`` 8,728 / 19,655,
+chatgym's vLLM engine 9,187 / 19,867 vs 9,166 / 19,562.
 
 Under ``auto``, ``engine.options`` must be taken by every engine it may pick here (checked at start-up
 by :func:`chatgym.trainer.engines.check_options`), so no option is dropped silently whichever it picks.
