@@ -33,8 +33,16 @@ through vLLM's own ``LLM.generate`` on that engine (``vllm bf16 LLM.gen``), and 
 weights unless ``--real-weights``, SmolLM2 only): ``smollm2`` (135M), ``qwen2.5-1.5b``, ``qwen2.5-7b``
 (Qwen2 configs written here: no download).
 
+``--vllm-variants NAME=JSON ...`` runs vLLM alone (no ``hf`` mode, no ``model.generate``), one process
+a variant with the JSON object's engine options (``quantization``, ``kv_cache_dtype``,
+``async_scheduling``, any ``vllm.EngineArgs`` field), each labelled ``vllm NAME``; a variant whose name
+starts with ``fp8`` is divided by the one named the same with ``bf16`` in its place (``FP8/bf16`` rows),
+so options can be compared at equal settings otherwise.
+
     python benchmarks/hf_decode_gpu.py --real-weights --batch 64 256
     python benchmarks/hf_decode_gpu.py --shape qwen2.5-7b --fp8 --vllm --modes static --skip-generate
+    python benchmarks/hf_decode_gpu.py --shape qwen2.5-7b --vllm-variants 'bf16={}' 'fp8={"quantization": "fp8"}' \
+        'bf16_async={"async_scheduling": true}' 'fp8_async={"quantization": "fp8", "async_scheduling": true}'
 """
 
 from __future__ import annotations
@@ -285,14 +293,17 @@ def vllm_child(spec: dict) -> dict:
 
     real = spec["real_weights"]
     extra = {} if spec["quantization"] is None else {"quantization": spec["quantization"]}
+    extra.update(spec.get("options") or {})
     if real:
         path, tokenizer = load_model_path("smollm2"), get_tokenizer("smollm2")
     else:  # the shape's config only; vLLM draws the weights (load_format="dummy")
         path, tokenizer = tempfile.mkdtemp(prefix="vllm-shape-"), _NoText()
         shape_config(spec["shape"]).save_pretrained(path)
         extra.update(load_format="dummy", skip_tokenizer_init=True)
-    eng = VLLMEngine(str(path), tokenizer, dtype="bfloat16", max_model_len=512, gpu_memory_utilization=0.5,
-                     max_num_seqs=max(spec["batches"]), **extra)
+    # the variant's options last: they may replace these defaults too
+    kwargs = {"dtype": "bfloat16", "max_model_len": 512, "gpu_memory_utilization": 0.5,
+              "max_num_seqs": max(spec["batches"]), **extra}
+    eng = VLLMEngine(str(path), tokenizer, **kwargs)
     marks = step_timeline(eng)
     vocab = shape_config(spec["shape"]).vocab_size
     out = {}
@@ -314,19 +325,23 @@ def vllm_child(spec: dict) -> dict:
     return out
 
 
-def run_vllm(shape: str, batches: list[int], repeats: int, real_weights: bool, quantization: str | None) -> dict:
+def run_vllm(shape: str, batches: list[int], repeats: int, real_weights: bool, quantization: str | None,
+             options: dict | None = None, label: str | None = None) -> dict:
     """``{batch: (seconds, tokens, first round's seconds)}`` from one vLLM process through chatgym's
-    engine, and ``{"raw <batch>": ...}`` through vLLM's ``LLM.generate`` on the same engine."""
+    engine, and ``{"raw <batch>": ...}`` through vLLM's ``LLM.generate`` on the same engine.
+    ``options``: more engine options for that process; ``label`` names it in the printed lines
+    (default: the quantization, or ``bf16``)."""
+    label = label or quantization or "bf16"
     spec = {"shape": shape, "batches": list(batches), "repeats": repeats, "real_weights": real_weights,
-            "quantization": quantization}
+            "quantization": quantization, "options": options or {}}
     out = subprocess.run([sys.executable, __file__, "--vllm-child", json.dumps(spec)], capture_output=True,
                          text=True)
     if out.returncode != 0:
         print(out.stderr[-3000:], file=sys.stderr)
-        raise SystemExit(f"vLLM {quantization or 'bf16'} failed (rc {out.returncode})")
+        raise SystemExit(f"vLLM {label} failed (rc {out.returncode})")
     r = json.loads(out.stdout.strip().splitlines()[-1])
     for b, v in r.items():
-        print(f"{shape:12s} batch {b:>8s}  vllm {quantization or 'bf16'} timeline "
+        print(f"{shape:12s} batch {b:>8s}  vllm {label} timeline "
               + "  ".join(f"{k} {x:.1f}" if isinstance(x, float) else f"{k} {x}" for k, x in v["timeline"].items()),
               flush=True)
     return {(b if b.startswith("raw") else int(b)): (v["dt"], v["tokens"], v["first"]) for b, v in r.items()}
@@ -356,8 +371,18 @@ def parse_args():
     ap.add_argument("--fp8", action="store_true", help="vLLM fp8 with --vllm, FP8/bf16 ratios; without --modes "
                     "also 'static fp8' and 'static fp8+head'")
     ap.add_argument("--vllm", action="store_true", help="also the in-process vLLM engine (bf16; fp8 with --fp8)")
+    ap.add_argument("--vllm-variants", nargs="+", metavar="NAME=JSON", type=vllm_variant,
+                    help="vLLM alone, a process a variant: NAME=a JSON object of engine options")
+    ap.add_argument("--vllm-ratios", nargs="+", metavar="A/B", default=[],
+                    help="more tokens/s ratios of two variants (besides each fp8* over its bf16* twin)")
     ap.add_argument("--vllm-child", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    names = [name for name, _ in args.vllm_variants or ()]
+    if len(set(names)) < len(names):
+        ap.error(f"--vllm-variants: a name given twice in {names}")
+    for ratio in args.vllm_ratios:
+        if ratio.count("/") != 1 or not set(ratio.split("/")) <= set(names):
+            ap.error(f"--vllm-ratios: {ratio!r} is not A/B of two --vllm-variants names {names}")
     if min(args.batch) < 1 or args.repeats < 1:
         ap.error(f"--batch and --repeats must be >= 1, got {args.batch} and {args.repeats}")
     if args.real_weights and args.shape != ["smollm2"]:
@@ -366,6 +391,31 @@ def parse_args():
         args.modes = modes + (["static", "static fp8", "static fp8+head"] if args.fp8 else [])
         args.modes = list(dict.fromkeys(args.modes))
     return args
+
+
+def vllm_variant(text: str) -> tuple[str, dict]:
+    """``NAME=JSON`` (``--vllm-variants``) as ``(NAME, options)``; argparse reports the error."""
+    name, sep, raw = text.partition("=")
+    if not sep or not name or not all(c.isalnum() or c in "_.+-" for c in name):
+        raise argparse.ArgumentTypeError(f"{text!r}: NAME=JSON, NAME of letters, digits and _.+-")
+    try:
+        options = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"{name}: not JSON ({exc})") from None
+    if not isinstance(options, dict):
+        raise argparse.ArgumentTypeError(f"{name}: the options must be a JSON object, got {raw!r}")
+    return name, options
+
+
+def bench_vllm_variants(args, shape: str) -> list[str]:
+    """``--vllm-variants``: each variant's vLLM process at every batch size; returns the printed rows."""
+    per_batch: dict = {}
+    for name, options in args.vllm_variants:
+        add_vllm_results(per_batch, shape, args.batch, args.repeats, args.real_weights, None, options, name)
+    rows = []
+    for batch, results in per_batch.items():
+        rows += report(shape, batch, results, [tuple(r.split("/")) for r in args.vllm_ratios])
+    return rows
 
 
 def time_engine(model, tokenizer, mode: str, prompts, params, repeats: int) -> tuple:
@@ -420,18 +470,22 @@ def bench_shape(args, shape: str) -> list[str]:
 
 
 def add_vllm_results(per_batch: dict, shape: str, batches: list[int], repeats: int, real_weights: bool,
-                     quantization: str | None) -> None:
+                     quantization: str | None, options: dict | None = None, label: str | None = None) -> None:
     """One vLLM process's results (:func:`run_vllm`) into ``per_batch[batch]``: ``vllm <q>`` (chatgym's
-    engine) and ``vllm <q> LLM.gen`` (vLLM's own ``LLM.generate`` on the same engine)."""
-    q = quantization or "bf16"
-    for batch, r in run_vllm(shape, batches, repeats, real_weights, quantization).items():
+    engine) and ``vllm <q> LLM.gen`` (vLLM's own ``LLM.generate`` on the same engine); ``q`` is
+    ``label`` when given, else the quantization (``bf16`` for none)."""
+    q = label or quantization or "bf16"
+    for batch, r in run_vllm(shape, batches, repeats, real_weights, quantization, options, q).items():
         if isinstance(batch, str):  # "raw <batch>"
             per_batch.setdefault(int(batch.split()[1]), {})[f"vllm {q} LLM.gen"] = r
         else:
             per_batch.setdefault(batch, {})[f"vllm {q}"] = r
 
 
-def report(shape: str, batch: int, results: dict) -> list[str]:
+def report(shape: str, batch: int, results: dict, ratios: list[tuple[str, str]] = ()) -> list[str]:
+    """Print and return one batch size's rows: each result's tokens/s and ms a decode step against the
+    first (``generate`` when present), chatgym's vLLM engine over ``LLM.generate`` per vLLM process,
+    the FP8/bf16 pairs present, and ``ratios`` (variant names ``(a, b)``: ``vllm a`` over ``vllm b``)."""
     base_name = "generate" if "generate" in results else next(iter(results))
     base = results[base_name]
     rows = []
@@ -444,15 +498,21 @@ def report(shape: str, batch: int, results: dict) -> list[str]:
              ("engine static fp8 compiled", "engine static compiled"), ("engine static fp8 all", "engine static all"),
              ("engine static fp8+head all", "engine static all"),
              ("vllm fp8", "vllm bf16"))
-    for q in ("bf16", "fp8"):  # chatgym's vLLM engine (auto's pick above 3 B) against vLLM's own loop
+    labels = [name[5:] for name in results if name.startswith("vllm ") and not name.endswith(" LLM.gen")]
+    pairs += tuple((f"vllm {q}", f"vllm bf16{q[3:]}") for q in labels if q.startswith("fp8") and q != "fp8")
+    for q in labels:  # chatgym's vLLM engine (auto's pick above 3 B) against vLLM's own loop
         ours, raw = f"vllm {q}", f"vllm {q} LLM.gen"
-        if ours in results and raw in results:
+        if raw in results:
             (d1, t1, _), (d2, t2, _) = results[ours], results[raw]
             rows.append(f"{shape:12s} batch {batch:4d}  chatgym's vLLM engine / vLLM LLM.generate ({q}) x{(t1 / d1) / (t2 / d2):.3f}")
     for fp8, bf16 in pairs:
         if fp8 in results and bf16 in results:
             (d8, t8, _), (d16, t16, _) = results[fp8], results[bf16]
-            rows.append(f"{shape:12s} batch {batch:4d}  FP8/bf16 {fp8:22s} x{(t8 / d8) / (t16 / d16):.2f}")
+            rows.append(f"{shape:12s} batch {batch:4d}  FP8/bf16 {fp8:22s} x{(t8 / d8) / (t16 / d16):.3f}")
+    for a, b in ratios:
+        if f"vllm {a}" in results and f"vllm {b}" in results:
+            (da, ta, _), (db, tb, _) = results[f"vllm {a}"], results[f"vllm {b}"]
+            rows.append(f"{shape:12s} batch {batch:4d}  vllm {a} / vllm {b} x{(ta / da) / (tb / db):.3f}")
     for row in rows:
         print(row, flush=True)
     return rows
@@ -469,7 +529,7 @@ def main() -> None:
         raise SystemExit("hf_decode_gpu.py needs CUDA")
     rows = []
     for shape in args.shape:
-        rows += bench_shape(args, shape)
+        rows += bench_vllm_variants(args, shape) if args.vllm_variants else bench_shape(args, shape)
     print("\n".join(rows))
 
 

@@ -24,6 +24,9 @@ Runs (``--runs``, any subset, each ``NAME:SEED``):
   applied to every ``ours*`` run alike, so ``ours`` and ``ours_fp8`` differ in the engine's weights only;
 * ``ours_vllm``   — ``ours`` generating with the in-process vLLM engine (``engine.backend: vllm``, bf16,
   ``engine.options.gpu_memory_utilization: 0.3``: the share of the card TRL's colocated vLLM gets);
+  ``ours_vllm_fp8``: that engine on FP8 weights (vLLM's online FP8, re-quantized at every sync);
+  ``ours_vllm_fp8kv``: FP8 weights and an FP8 KV cache (``engine.options.kv_cache_dtype: fp8``, vLLM's
+  unit scales): issue 31's accuracy for the configuration that decodes fastest at 7B;
 * ``ours_1off``   — ``ours`` with ``trainer.pipeline: one_step_off``: step k+1's rollout runs while step
   k's update does (each batch one weight version behind: ``steps[i]["staleness"]``); timed per step of
   the pipeline's driver, as ``chatgym train`` runs it (see :func:`run_ours` for its evaluations);
@@ -168,6 +171,8 @@ OUR_RUNS: dict[str, dict[str, str]] = {
     "ours_packed": {"engine": "static", "pack": "true"},
     "ours_fp8": {"engine": "static", "quantization": "fp8"},
     "ours_vllm": {"engine": "vllm"},
+    "ours_vllm_fp8": {"engine": "vllm", "quantization": "fp8"},
+    "ours_vllm_fp8kv": {"engine": "vllm_kv8", "quantization": "fp8"},
     "ours_1off": {"engine": "static", "pipeline": "one_step_off"},
     "ours_compile": {"engine": "static", "compile": "true"},
     "ours_1off_compile": {"engine": "static", "pipeline": "one_step_off", "compile": "true"},
@@ -216,8 +221,10 @@ def engine_overrides(engine: str, quantization: str | None = None) -> list[str]:
     """The ``engine.*`` overrides of an ours* run's ``engine`` (see :data:`OUR_RUNS`)."""
     precapture = engine.endswith("_pc")  # any hf engine below, with engine.options.precapture
     engine = engine.removesuffix("_pc")
-    if engine == "vllm":
-        return ["engine.backend=vllm", "engine.dtype=bfloat16", f"engine.options={{gpu_memory_utilization: {VLLM_SHARE}}}"]
+    if engine in ("vllm", "vllm_kv8"):  # vllm_kv8: the KV cache in FP8 too
+        options = [f"gpu_memory_utilization: {VLLM_SHARE}"] + (["kv_cache_dtype: fp8"] if engine == "vllm_kv8" else [])
+        options += [f"quantization: {quantization}"] if quantization else []
+        return ["engine.backend=vllm", "engine.dtype=bfloat16", f"engine.options={{{', '.join(options)}}}"]
     out = [
         "engine.backend=hf",
         f"engine.dtype={'bfloat16' if DEVICE == 'cuda' else 'float32'}",
@@ -1067,7 +1074,8 @@ def check_installed(runs: list[tuple[str, int]]) -> None:
 
     if any(name in TRL_RUNS for name, _ in runs) and importlib.util.find_spec("trl") is None:
         raise SystemExit("vs_trl_gpu.py: the trl_* runs need TRL: pip install trl==1.16.0 datasets")
-    vllm = sorted({name for name, _ in runs if name == "ours_vllm" or (name in TRL_RUNS and TRL_RUNS[name][1])})
+    vllm = sorted({name for name, _ in runs if OUR_RUNS.get(name, {}).get("engine", "").startswith("vllm")
+                   or (name in TRL_RUNS and TRL_RUNS[name][1])})
     if vllm and importlib.util.find_spec("vllm") is None:
         raise SystemExit(f"vs_trl_gpu.py: {', '.join(vllm)} need vLLM on CUDA: pip install vllm")
 

@@ -133,7 +133,8 @@ def test_hf_fp8_sync_requantizes_to_a_fresh_engines_outputs_with_graphs():
     assert [c.token_ids for c in after] != [c.token_ids for c in before]
 
 
-def test_vllm_fp8_generates_and_update_weights_changes_what_it_samples():
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])  # fp8: the KV cache in FP8 too (vLLM's unit scales)
+def test_vllm_fp8_generates_and_update_weights_changes_what_it_samples(kv_cache_dtype):
     pytest.importorskip("vllm", reason="needs vLLM")
     from chatgym.trainer.chat.tokenizer import get_tokenizer
     from chatgym.trainer.engines import SamplingParams
@@ -142,7 +143,7 @@ def test_vllm_fp8_generates_and_update_weights_changes_what_it_samples():
     model = _smollm2()
     learner = _smollm2("float32")
     engine = VLLMEngine("smollm2", get_tokenizer("smollm2"), dtype="bfloat16", max_model_len=256,
-                        gpu_memory_utilization=0.3, quantization="fp8")
+                        gpu_memory_utilization=0.3, quantization="fp8", kv_cache_dtype=kv_cache_dtype)
     params = SamplingParams(max_tokens=32, temperature=0)
 
     async def greedy():
@@ -150,7 +151,7 @@ def test_vllm_fp8_generates_and_update_weights_changes_what_it_samples():
 
     try:
         first = asyncio.run(greedy())
-        print("vllm fp8 vs learner:", {k: round(v, 5) for k, v in _learner_mismatch(learner, PROMPTS, first).items()})
+        print(f"vllm fp8 (KV cache {kv_cache_dtype}) vs learner:", {k: round(v, 5) for k, v in _learner_mismatch(learner, PROMPTS, first).items()})
         engine.update_weights(_perturbed(model, scale=0.2).state_dict())
         moved = asyncio.run(greedy())
         engine.update_weights(model.state_dict())

@@ -82,3 +82,56 @@ def test_bad_sizes_and_weights_are_refused_before_cuda_is_asked_for(decode_bench
         with pytest.raises(SystemExit):
             modes(decode_bench, monkeypatch, *argv)
         assert capsys.readouterr().err.splitlines()[-1] == f"hf_decode_gpu.py: error: {message}"
+
+
+def test_vllm_variants_parse_to_names_and_options_and_bad_ones_are_refused(decode_bench, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["hf_decode_gpu.py", "--shape", "qwen2.5-7b", "--vllm-variants", "bf16={}",
+                                      'fp8_kv={"quantization": "fp8", "kv_cache_dtype": "fp8"}',
+                                      "--vllm-ratios", "fp8_kv/bf16"])
+    args = decode_bench.parse_args()
+    assert args.vllm_variants == [("bf16", {}), ("fp8_kv", {"quantization": "fp8", "kv_cache_dtype": "fp8"})]
+    assert args.vllm_ratios == ["fp8_kv/bf16"]
+    for argv, message in ((["--vllm-variants", "bf16"], "'bf16': NAME=JSON, NAME of letters, digits and _.+-"),
+                          (["--vllm-variants", "a b={}"], "'a b={}': NAME=JSON, NAME of letters, digits and _.+-"),
+                          (["--vllm-variants", "x={quantization: fp8}"],
+                           "x: not JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1))"),
+                          (["--vllm-variants", "x=[1]"], "x: the options must be a JSON object, got '[1]'"),
+                          (["--vllm-variants", "x={}", "x={}"], "--vllm-variants: a name given twice in ['x', 'x']"),
+                          (["--vllm-variants", "x={}", "--vllm-ratios", "x/y"],
+                           "--vllm-ratios: 'x/y' is not A/B of two --vllm-variants names ['x']")):  # fmt: skip
+        monkeypatch.setattr(sys, "argv", ["hf_decode_gpu.py", *argv])
+        with pytest.raises(SystemExit):
+            decode_bench.parse_args()
+        assert capsys.readouterr().err.splitlines()[-1].endswith(message)
+
+
+def test_report_divides_each_fp8_variant_by_its_bf16_twin_and_the_asked_ratios(decode_bench, capsys):
+    # (seconds, tokens, first round's seconds): tokens/s 1000, 1600, 2000, 1500 and LLM.generate's 1250
+    results = {"vllm bf16_async": (2.0, 2000, 9.0), "vllm fp8_async": (1.25, 2000, 9.0),
+               "vllm fp8_async_kv": (1.0, 2000, 9.0), "vllm bf16": (2.0, 3000, 9.0),
+               "vllm bf16 LLM.gen": (2.0, 2500, 9.0)}  # fmt: skip
+    rows = decode_bench.report("qwen2.5-7b", 64, results, [("fp8_async_kv", "bf16_async"), ("bf16_async", "bf16")])
+    tail = [row.split("batch   64  ", 1)[1] for row in rows[len(results) :]]
+    assert tail == [
+        "chatgym's vLLM engine / vLLM LLM.generate (bf16) x1.200",
+        "FP8/bf16 vllm fp8_async         x1.600",
+        "vllm fp8_async_kv / vllm bf16_async x2.000",
+        "vllm bf16_async / vllm bf16 x0.667",
+    ]
+
+
+@pytest.mark.slow
+def test_a_vllm_variants_options_reach_its_own_vllm_process(decode_bench, capsys):
+    # A variant's options replace the child's defaults and reach vLLM: max_num_seqs 1 runs the two
+    # requests one after the other, 128 steps each (a prefill that samples the first token, then 127),
+    # where both together take 128. Real vLLM on the CPU, the SmolLM2 shape with random weights.
+    cpu = {"dtype": "float32", "enforce_eager": True, "gpu_memory_utilization": 0.25, "kv_cache_gib": 1}
+    per_batch: dict = {}
+    for label, seqs in (("one", 1), ("two", 2)):
+        decode_bench.add_vllm_results(per_batch, "smollm2", [2], 1, False, None, {**cpu, "max_num_seqs": seqs}, label)
+    timelines = [line for line in capsys.readouterr().out.splitlines() if " timeline " in line]
+    steps = {line.split("  vllm ")[1].split(" timeline")[0] + (" raw" if "raw" in line else ""):
+             int(line.split("steps ")[1].split()[0]) for line in timelines}  # fmt: skip
+    assert steps == {"one": 256, "one raw": 256, "two": 128, "two raw": 128}
+    assert set(per_batch[2]) == {"vllm one", "vllm one LLM.gen", "vllm two", "vllm two LLM.gen"}
+    assert all(tokens == 2 * decode_bench.NEW_TOKENS for _, tokens, _ in per_batch[2].values())

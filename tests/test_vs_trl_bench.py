@@ -110,6 +110,13 @@ def test_ours_vllm_and_ours_1off_configs(bench):
     assert (vllm.engine.backend, vllm.engine.dtype) == ("vllm", "bfloat16")
     assert vllm.engine.options == {"gpu_memory_utilization": 0.3}
     assert vllm.trainer.pipeline == "sync"
+    # FP8 is refused at config load without an FP8 GPU: the overrides, as our_config passes them
+    assert bench.engine_overrides("vllm_kv8", "fp8") == [
+        "engine.backend=vllm", "engine.dtype=bfloat16",
+        "engine.options={gpu_memory_utilization: 0.3, kv_cache_dtype: fp8, quantization: fp8}"]  # fmt: skip
+    assert bench.OUR_RUNS["ours_vllm_fp8kv"] == {"engine": "vllm_kv8", "quantization": "fp8"}
+    assert bench.engine_overrides(**bench.OUR_RUNS["ours_vllm_fp8"])[-1] == (
+        "engine.options={gpu_memory_utilization: 0.3, quantization: fp8}")
     off = bench.our_config(0, 30, Path("/tmp/x"), **bench.OUR_RUNS["ours_1off"])
     assert (off.trainer.pipeline, off.engine.backend, off.engine.options) == ("one_step_off", "hf", {"decode": "static"})
     assert not off.model.compile
@@ -521,6 +528,9 @@ def test_missing_trl_and_vllm_are_named(bench, monkeypatch):
     with pytest.raises(SystemExit) as exc:
         bench.check_installed([("ours_vllm", 0), ("ours", 1)])
     assert exc.value.code == "vs_trl_gpu.py: ours_vllm need vLLM on CUDA: pip install vllm"
+    with pytest.raises(SystemExit) as exc:
+        bench.check_installed([("ours_vllm_fp8kv", 0), ("ours_vllm_fp8", 1), ("ours", 0)])
+    assert exc.value.code == "vs_trl_gpu.py: ours_vllm_fp8, ours_vllm_fp8kv need vLLM on CUDA: pip install vllm"
     bench.check_installed([("ours", 0), ("ours_1off", 1)])  # neither needed
 
 
