@@ -33,9 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from chatgym.envs.tools import Tool, register_tool
+from chatgym.yaml_files import YAMLFileError, read_yaml_file
 
 _TOP_KEYS = {"tools", "mcp_servers"}
 _TOOL_KEYS = {"function", "name"}
@@ -156,13 +155,16 @@ def read_tools_config(path: str | os.PathLike[str]) -> ToolConfig:
     """Read and check a YAML tool configuration; relative ``cwd`` values are relative to its folder.
 
     Raises:
-        FileNotFoundError: no such file. ToolConfigError: bad YAML or a bad field (named).
+        FileNotFoundError: no such file. ToolConfigError: one line starting with the file: not UTF-8,
+            bad YAML or a key given twice in one mapping (``tools.yaml:4:3: duplicate key
+            mcp_servers[0].command (first on line 3)``, :func:`chatgym.yaml_files.read_yaml_file`), or
+            a bad field (named).
     """
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ToolConfigError(f"{path}: not valid YAML: {exc}") from None
+        data = read_yaml_file(path)
+    except YAMLFileError as exc:
+        raise ToolConfigError(str(exc)) from None
     return parse_tools_config(data, str(path), path.resolve().parent)
 
 

@@ -1,7 +1,7 @@
 """The package layout's rules, read from the source (docs/architecture.md explains them):
 
 - dependency direction: ``sandboxes`` and ``retrievers`` import nothing of ours but the base layer
-  (``chatgym.package_files``); ``envs`` never imports the trainer;
+  (``chatgym.package_files``, ``chatgym.yaml_files``); ``envs`` never imports the trainer;
 - the learner side (``chatgym.trainer.learner``) never imports the collector, the engines or the envs
   (from the rollout side only its data types and config); the rollout side never imports the learner,
   the run config or the loop;
@@ -29,7 +29,7 @@ PACKAGES = {
     "chatgym.retrievers": "retrievers",
     "chatgym.trainer": "trainer",
 }
-BASE_LAYER = {"chatgym.package_files"}
+BASE_LAYER = {"chatgym.package_files", "chatgym.yaml_files"}
 
 
 def _modules() -> dict[str, Path]:
@@ -110,11 +110,13 @@ def test_learner_side_never_imports_the_collector_engines_or_envs():
 
 
 # The layers, lowest first: a module may import its own layer and the ones below, never one above.
-# ``config.loader`` (the generic YAML -> dataclass loader), ``models`` and ``algos`` are base rooms that
+# ``yaml_files`` (the strict reader of a user's YAML file, which envs and trainer share), ``config.loader``
+# (the generic YAML -> dataclass loader), ``models`` and ``algos`` are base rooms that
 # import nothing of the trainer; the chat layer (tokenizers, templates, deltas) sits below both the
 # engines and the rollout side, which is why it is not inside either.
 LAYERS: list[tuple[str, ...]] = [
-    ("chatgym.package_files", "chatgym.trainer.config.loader", "chatgym.trainer.models", "chatgym.trainer.algos"),
+    ("chatgym.package_files", "chatgym.yaml_files", "chatgym.trainer.config.loader", "chatgym.trainer.models",
+     "chatgym.trainer.algos"),
     ("chatgym.sandboxes", "chatgym.retrievers"),
     ("chatgym.envs",),
     ("chatgym.trainer.chat",),

@@ -67,7 +67,10 @@ def test_server_fields_and_defaults(tmp_path):
         ("mcp_servers:\n  - command: x\n    env: [A]\n", r"tools\.yaml: mcp_servers\[0\]\.env: expected a mapping"),
         ("mcp_servers:\n  - command: x\n    startup_timeout_s: -1\n", r"mcp_servers\[0\]\.startup_timeout_s: expected a positive number"),
         ("mcp_servers:\n  - command: x\n    prefix: ''\n", r"mcp_servers\[0\]\.prefix: expected a non-empty string, got ''"),
-        ("tools: [\n", r"tools\.yaml: not valid YAML"),
+        ("tools: [\n", r"^\S*tools\.yaml:2:1: expected the node content, but found '<stream end>'$"),
+        ("mcp_servers:\n  - command: x\n    command: y\n",
+         r"^\S*tools\.yaml:3:5: duplicate key mcp_servers\[0\]\.command \(first on line 2\)$"),
+        ("tools: []\ntools: []\n", r"^\S*tools\.yaml:2:1: duplicate key tools \(first on line 1\)$"),
         ("- a\n", r"tools\.yaml: expected a mapping, got list"),
     ],
 )

@@ -65,6 +65,15 @@ def test_malformed_yaml_is_one_line_with_file_line_and_column(tmp_path, capsys):
     assert capsys.readouterr().err == f"chatgym train: {path}:3:1: expected ',' or ']', but got '<stream end>'\n"
 
 
+def test_a_key_given_twice_is_one_line_naming_the_key_and_its_line(tmp_path, capsys):
+    # Regression: the second lr won without a word (PyYAML keeps the last of two equal keys).
+    path = tmp_path / "twice.yaml"
+    path.write_text("optim:\n  lr: 1.0e-5\n  lr: 2.0e-5\n")
+    assert main([str(path), "--output-dir", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err == f"chatgym train: {path}:3:3: duplicate key optim.lr (first on line 2)\n"
+    assert not (tmp_path / "run").exists()
+
+
 def test_unknown_model_fails_before_the_output_dir_is_made(tmp_path, capsys):
     # Regression: a traceback (rc 1) from inside the Trainer, after it had created the output dir.
     out = tmp_path / "run"

@@ -44,6 +44,36 @@ def test_a_config_that_is_not_utf8_is_one_line_naming_the_file(tmp_path):
 
 
 @pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ("train:\n  max_steps: 2\ntrain:\n  max_steps: 5\n", "3:1: duplicate key train (first on line 1)"),
+        ("optim:\n  lr: 1.0e-5\n  lr: 2.0e-5\n", "3:3: duplicate key optim.lr (first on line 2)"),
+        ("env:\n  kwargs:\n    size: 5\n    size: 6\n", "4:5: duplicate key env.kwargs.size (first on line 3)"),
+        ("lora:\n  target_modules:\n    - {a: 1, a: 2}\n", "3:14: duplicate key lora.target_modules[0].a (first on line 3)"),
+    ],
+)
+def test_a_key_given_twice_is_refused_naming_the_file_the_key_and_its_line(tmp_path, text, where):
+    # Regression: PyYAML keeps the last of two equal keys, so a second train: section (or lr written
+    # twice) dropped the first without a word. chatgym cotrain's config is read by the same reader.
+    from chatgym.trainer.config.cotrain import load_cotrain_config
+
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    for load in (load_config, load_cotrain_config):
+        with pytest.raises(ConfigError) as err:
+            load(path)
+        assert str(err.value) == f"{path}:{where}"
+
+
+def test_a_merge_key_may_still_be_overridden(tmp_path):
+    # YAML's merge key is made to be overridden: not a duplicate.
+    path = tmp_path / "run.yaml"
+    path.write_text("optim:\n  <<: {lr: 1.0e-5, eps: 1.0e-6}\n  lr: 2.0e-5\n")
+    cfg = load_config(path)
+    assert (cfg.optim.lr, cfg.optim.eps) == (2.0e-5, 1.0e-6)
+
+
+@pytest.mark.parametrize(
     ("override", "message"),
     [
         ("train.max_step=3", r"^train\.max_step: unknown config key; did you mean train\.max_steps\?"),

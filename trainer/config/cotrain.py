@@ -13,11 +13,9 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-import yaml
-
-from chatgym.trainer.config.loader import apply_overrides, from_dict
+from chatgym.trainer.config.loader import apply_overrides, from_dict, read_config_file
 from chatgym.trainer.config.run import Config, ConfigError, check_env_id
 
 
@@ -126,10 +124,7 @@ def load_cotrain_config(
         ConfigError: as :func:`chatgym.trainer.config.run.load_config`, with the dotted field name.
         FileNotFoundError: ``path`` does not exist.
     """
-    data: Any = yaml.safe_load(Path(path).read_text()) if path is not None else {}
-    if not isinstance(data or {}, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of sections")
-    data = apply_overrides(dict(data or {}), overrides)
+    data = apply_overrides(read_config_file(path) if path is not None else {}, overrides)
     section = data.pop("cotrain", None) or {}
     if not isinstance(section, dict):
         raise ConfigError("cotrain: must be a mapping")

@@ -1,6 +1,10 @@
 """Frozen dataclasses from YAML-shaped dicts, checked field by field: the loader behind
 :func:`chatgym.trainer.config.run.load_config` (any config dataclass may use it; it knows none of them).
 
+A config file is read by :func:`read_config_file` (:func:`chatgym.yaml_files.read_yaml_file`): a key
+given twice in one mapping is refused with the file, its dotted name and its line (PyYAML keeps the
+last without a word).
+
 Rules of :func:`from_dict`:
 
 - an unknown key fails with its dotted name and the close matches (``train.max_step`` -> did you mean
@@ -32,6 +36,8 @@ from typing import Any, Literal
 
 import yaml
 
+from chatgym.yaml_files import YAMLFileError, read_yaml_file
+
 
 class ConfigError(ValueError):
     """A bad config key or value; the message starts with the field's dotted name."""
@@ -56,6 +62,27 @@ def check_seed(name: str, value: Any, error: type[Exception] = ValueError) -> No
         return
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= SEED_MAX:
         raise error(f"{name} must be an int in [0, {SEED_MAX}] (2**32 - 1), got {value!r}")
+
+
+def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
+    """The sections of the YAML config file ``path`` (``{}`` for an empty file), read by
+    :func:`chatgym.yaml_files.read_yaml_file` (a key given twice in one mapping is refused).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ConfigError: one line starting with ``path``: not UTF-8, malformed YAML (``path:line:column``),
+            a duplicate key (``path:line:column: duplicate key train.lr (first on line 3)``), or a top
+            level that is not a mapping.
+    """
+    try:
+        data = read_yaml_file(path)
+    except YAMLFileError as exc:
+        raise ConfigError(str(exc)) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(data).__name__}")
+    return data
 
 
 def check_writable(folder: str | os.PathLike, flag: str, path: str | os.PathLike) -> None:

@@ -29,7 +29,14 @@ from chatgym.trainer.algos import (
 from chatgym.trainer.algos.correction import ROLLOUT_CORRECTIONS
 from chatgym.trainer.algos.policy_loss import check_policy_loss_kwargs
 from chatgym.trainer.config.env import EnvConfig, check_env_id
-from chatgym.trainer.config.loader import ConfigError, apply_overrides, check_seed, config_to_dict, from_dict
+from chatgym.trainer.config.loader import (
+    ConfigError,
+    apply_overrides,
+    check_seed,
+    config_to_dict,
+    from_dict,
+    read_config_file,
+)
 from chatgym.trainer.config.reward import RewardConfig
 from chatgym.trainer.config.runner import RayConfig, RunnerConfig
 from chatgym.trainer.rollout.config import RolloutConfig
@@ -491,23 +498,11 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        ConfigError: a file that is not UTF-8, malformed YAML (file:line:column), bad YAML shape, unknown
-            key, wrong type or value (names the dotted field).
+        ConfigError: a file that is not UTF-8, malformed YAML or a key given twice in one mapping
+            (file:line:column, :func:`~chatgym.trainer.config.loader.read_config_file`), bad YAML shape,
+            unknown key, wrong type or value (names the dotted field).
     """
-    data: Any = {}
-    if path is not None:
-        try:
-            data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
-        except yaml.MarkedYAMLError as exc:
-            mark = exc.problem_mark
-            at = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
-            raise ConfigError(f"{path}{at}: {exc.problem or exc}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(
-                f"{path}: the top level must be a mapping of sections, got {type(data).__name__}"
-            )
+    data = read_config_file(path) if path is not None else {}
     config = from_dict(Config, apply_overrides(data, overrides))
     check_env_id(config.env)
     return config
