@@ -94,12 +94,14 @@ def read_yaml_file(path: str | os.PathLike[str]) -> Any:
 
     Raises:
         FileNotFoundError: no such file.
-        YAMLFileError: one line starting with ``path``: a file that is not UTF-8, malformed YAML or a
-            key given twice in one mapping (``<path>:<line>:<column>: duplicate key train.lr (first on
-            line 3)``).
+        YAMLFileError: one line starting with ``path``: a directory (``<path>: is a directory, not a
+            config file``), a file that is not UTF-8, malformed YAML or a key given twice in one
+            mapping (``<path>:<line>:<column>: duplicate key train.lr (first on line 3)``).
     """
     try:
         text = Path(path).read_text(encoding="utf-8")
+    except IsADirectoryError:  # the OS's text, "[Errno 21] Is a directory: '/tmp'", named no setting
+        raise YAMLFileError(f"{path}: is a directory, not a config file") from None
     except UnicodeDecodeError as exc:
         raise YAMLFileError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     try:

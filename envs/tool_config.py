@@ -155,8 +155,8 @@ def read_tools_config(path: str | os.PathLike[str]) -> ToolConfig:
     """Read and check a YAML tool configuration; relative ``cwd`` values are relative to its folder.
 
     Raises:
-        FileNotFoundError: no such file. ToolConfigError: one line starting with the file: not UTF-8,
-            bad YAML or a key given twice in one mapping (``tools.yaml:4:3: duplicate key
+        FileNotFoundError: no such file. ToolConfigError: one line starting with the file: a directory,
+            not UTF-8, bad YAML or a key given twice in one mapping (``tools.yaml:4:3: duplicate key
             mcp_servers[0].command (first on line 3)``, :func:`chatgym.yaml_files.read_yaml_file`), or
             a bad field (named).
     """

@@ -79,6 +79,13 @@ def test_bad_config_names_the_field(tmp_path, text, message):
         read_tools_config(write(tmp_path, text))
 
 
+def test_a_directory_as_the_file_is_one_line(tmp_path):
+    # Regression: IsADirectoryError's "[Errno 21] Is a directory" (gym.make, chatgym eval --env-arg).
+    with pytest.raises(ToolConfigError) as err:
+        read_tools_config(tmp_path)
+    assert str(err.value) == f"{tmp_path}: is a directory, not a config file"
+
+
 @pytest.mark.parametrize(
     ("function", "message"),
     [

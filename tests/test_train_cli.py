@@ -280,16 +280,33 @@ def test_fresh_run_drops_metrics_of_an_interrupted_run(tmp_path):
     assert [r["step"] for r in resumed.history] == [0, 1, 2]
 
 
-@pytest.mark.parametrize("kind", ["malformed", "directory"])
-def test_unreadable_config_is_a_clean_error(tmp_path, capsys, kind):
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        ("malformed", "{path}:3:1: expected ',' or ']', but got '<stream end>'"),
+        # Regression: the OS's text, "[Errno 21] Is a directory: '...'", which named no setting.
+        ("directory", "{path}: is a directory, not a config file"),
+    ],
+)
+def test_unreadable_config_is_a_clean_error(tmp_path, capsys, kind, message):
     path = tmp_path / "c.yaml"
     if kind == "malformed":
         path.write_text("train:\n  max_steps: [1\n")
     else:
         path.mkdir()
     assert main([str(path), "--output-dir", str(tmp_path / "run")]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("chatgym train: ") and "Traceback" not in err
+    assert capsys.readouterr().err == f"chatgym train: {message.format(path=path)}\n"
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("command", ["cotrain", "gateway"])
+def test_a_directory_as_the_config_is_the_same_line_in_cotrain_and_gateway(tmp_path, capsys, command):
+    # Regression: both printed "[Errno 21] Is a directory: '...'" (status 2).
+    from chatgym.cli import main as chatgym
+
+    assert chatgym([command, str(tmp_path), "--output-dir" if command == "cotrain" else "--out",
+                    str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err == f"chatgym {command}: {tmp_path}: is a directory, not a config file\n"
     assert not (tmp_path / "run").exists()
 
 

@@ -70,7 +70,8 @@ def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        ConfigError: one line starting with ``path``: not UTF-8, malformed YAML (``path:line:column``),
+        ConfigError: one line starting with ``path``: a directory (``path: is a directory, not a config
+            file``), not UTF-8, malformed YAML (``path:line:column``),
             a duplicate key (``path:line:column: duplicate key train.lr (first on line 3)``), or a top
             level that is not a mapping.
     """

@@ -498,7 +498,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        ConfigError: a file that is not UTF-8, malformed YAML or a key given twice in one mapping
+        ConfigError: a directory, a file that is not UTF-8, malformed YAML or a key given twice in one mapping
             (file:line:column, :func:`~chatgym.trainer.config.loader.read_config_file`), bad YAML shape,
             unknown key, wrong type or value (names the dotted field).
     """
