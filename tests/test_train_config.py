@@ -230,6 +230,11 @@ SEED_RANGE = "must be an int in [0, 4294967295] (2**32 - 1)"
         ("train.seed=-1", f"train.seed {SEED_RANGE}, got -1"),
         ("train.seed=4294967296", f"train.seed {SEED_RANGE}, got 4294967296"),
         ("rollout.seed=-1", f"rollout.seed {SEED_RANGE}, got -1"),
+        # Regression: env.kwargs.seed=-1 loaded and built (Math-v0 seeds by its absolute value).
+        ("env.kwargs.seed=-1", f"env.kwargs.seed {SEED_RANGE}, got -1"),
+        ("env.kwargs.seed=1.5", f"env.kwargs.seed {SEED_RANGE}, got 1.5"),
+        ("env.kwargs.seed=true", f"env.kwargs.seed {SEED_RANGE}, got True"),
+        ("env.kwargs.seed=4294967296", f"env.kwargs.seed {SEED_RANGE}, got 4294967296"),
         ("rollout.seed=1180591620717411303424", f"rollout.seed {SEED_RANGE}, got 1180591620717411303424"),
         ("algo.kl_coef=nan", "algo.kl_coef: expected a number, got nan"),
         ("algo.kl_coef=.inf", "algo.kl_coef must be >= 0 and finite, got inf"),
@@ -279,13 +284,16 @@ def test_the_seed_range_ends_are_accepted_and_direct_construction_is_checked_too
 
     assert load_config(None, ["train.seed=4294967295", "rollout.seed=0"]).train.seed == 4294967295
     assert load_config(None, ["rollout.seed=null"]).rollout.seed is None
+    assert load_config(None, ["env.kwargs.seed=4294967295"]).env.kwargs == {"seed": 4294967295}
+    assert load_config(None, ["env.kwargs.seed=0"]).env.kwargs == {"seed": 0}
     with pytest.raises(ValueError) as err:  # not through the loader: the dataclass's own check
         AlgoConfig(kl_coef=float("nan"))
     assert str(err.value) == "algo.kl_coef must be >= 0 and finite, got nan"
 
 
-def test_cli_refuses_a_negative_seed_in_one_line_before_doing_anything(tmp_path, capsys):
+@pytest.mark.parametrize("field", ["train.seed", "env.kwargs.seed"])
+def test_cli_refuses_a_negative_seed_in_one_line_before_doing_anything(tmp_path, capsys, field):
     out = tmp_path / "never"
-    assert main(["train.seed=-1", "--output-dir", str(out)]) == 2
-    assert capsys.readouterr().err == f"chatgym train: train.seed {SEED_RANGE}, got -1\n"
+    assert main([f"{field}=-1", "--output-dir", str(out)]) == 2
+    assert capsys.readouterr().err == f"chatgym train: {field} {SEED_RANGE}, got -1\n"
     assert not out.exists()

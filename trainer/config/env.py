@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from chatgym.trainer.config.loader import ConfigError
+from chatgym.trainer.config.loader import ConfigError, check_seed
 
 
 @dataclass(frozen=True)
@@ -20,7 +20,10 @@ class EnvConfig:
 
     Attributes:
         id: a registered Gymnasium env id (``Math-v0``, ``CodeSandbox-v0``, ...).
-        kwargs: keyword arguments of ``gym.make`` (both splits).
+        kwargs: keyword arguments of ``gym.make`` (both splits). A ``seed`` among them (the task
+            generator's: Math-v0, Search-v0, the visual envs) must be an int in [0, 2**32 - 1], as
+            ``train.seed``, checked at load (a negative one would repeat other seeds' tasks in Math-v0,
+            whose generator seeds by its absolute value, and fail in Search-v0 as its tasks are read).
         train_split, eval_split: the env's split names for training and held-out evaluation.
         eval_tasks: held-out tasks evaluated before and after training (0: no evaluation).
         eval_every: also evaluate every N steps (0: only before and after).
@@ -41,6 +44,8 @@ class EnvConfig:
                 raise ValueError(f"env.{name} must be >= 0, got {getattr(self, name)}")
         if "split" in self.kwargs:
             raise ValueError("env.kwargs must not set 'split'; use env.train_split / env.eval_split")
+        if "seed" in self.kwargs:
+            check_seed("env.kwargs.seed", self.kwargs["seed"])
 
     def make_kwargs(self, *, eval: bool) -> dict[str, Any]:
         """The ``gym.make`` keywords of the training (``eval``: held-out) episodes: the split and ``kwargs``."""
