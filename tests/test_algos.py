@@ -468,8 +468,17 @@ def test_errors_name_the_field():
         get_advantage_estimator("ppo")
     with pytest.raises(ValueError, match="eps_low"):
         get_policy_loss("clip_higher")(t([[0.0]]), t([[0.0]]), t([[1.0]]), torch.ones(1, 1), eps_low=1.5)
-    with pytest.raises(ValueError, match="dual_clip must be > 1"):
+    with pytest.raises(ValueError, match=r"^dual_clip must be > 1 and finite \(or None\), got 0\.5$"):
         clipped_surrogate(t([[0.0]]), t([[0.0]]), t([[1.0]]), torch.ones(1, 1), dual_clip=0.5)
+    # A non-finite bound, called directly (not through the config): each named as the loss takes it.
+    with pytest.raises(ValueError, match=r"^dual_clip must be > 1 and finite \(or None\), got inf$"):
+        clipped_surrogate(t([[0.0]]), t([[0.0]]), t([[1.0]]), torch.ones(1, 1), dual_clip=float("inf"))
+    with pytest.raises(ValueError, match=r"^eps_high must be >= 0 and finite, got inf$"):
+        get_policy_loss("clip_higher")(t([[0.0]]), t([[0.0]]), t([[1.0]]), torch.ones(1, 1), eps_high=float("inf"))
+    with pytest.raises(ValueError, match=r"^c must be > 1 and finite \(or None\), got inf$"):
+        get_policy_loss("dual_clip")(t([[0.0]]), t([[0.0]]), t([[1.0]]), torch.ones(1, 1), c=float("inf"))
+    with pytest.raises(ValueError, match=r"^eps must be in \[0, 1\), got inf$"):
+        get_policy_loss("ppo_clip")(t([[0.0]]), t([[0.0]]), t([[1.0]]), torch.ones(1, 1), eps=float("inf"))
     with pytest.raises(ValueError, match=r"advantages must have shape \(1, 1\)"):
         get_policy_loss("ppo_clip")(t([[0.0]]), t([[0.0]]), t([1.0]), torch.ones(1, 1))
 

@@ -265,10 +265,18 @@ def test_seeds_out_of_range_and_non_finite_numbers_are_refused_at_load(override,
         (["algo.policy_loss_kwargs.eps_low=nan"], "eps_low must be a number, got 'nan'"),  # YAML: a string
         (["algo.policy_loss_kwargs.eps_low=.nan"], "eps_low must be in [0, 1), got nan"),
         (["algo.policy_loss_kwargs.eps_low=1.5"], "eps_low must be in [0, 1), got 1.5"),
-        (["algo.policy_loss_kwargs.eps_high=.nan"], "eps_high must be >= 0, got nan"),
+        (["algo.policy_loss_kwargs.eps_high=.nan"], "eps_high must be >= 0 and finite, got nan"),
         (["algo.policy_loss_kwargs.eps_high=true"], "eps_high must be a number, got True"),
-        (["algo.policy_loss=dual_clip", "algo.policy_loss_kwargs={c: .nan}"], "dual_clip must be > 1 (or None), got nan"),
-        (["algo.policy_loss=ppo_clip", "algo.policy_loss_kwargs={eps: -0.1}"], "eps_low must be in [0, 1), got -0.1"),
+        (["algo.policy_loss=dual_clip", "algo.policy_loss_kwargs={c: .nan}"], "c must be > 1 and finite (or None), got nan"),
+        (["algo.policy_loss=ppo_clip", "algo.policy_loss_kwargs={eps: -0.1}"], "eps must be in [0, 1), got -0.1"),
+        # Regression: an infinite bound loaded (it turns that clip off, which None / another loss says).
+        (["algo.policy_loss=dual_clip", "algo.policy_loss_kwargs={c: .inf}"], "c must be > 1 and finite (or None), got inf"),
+        (["algo.policy_loss=dual_clip", "algo.policy_loss_kwargs={c: 1.0}"], "c must be > 1 and finite (or None), got 1.0"),
+        (["algo.policy_loss=dual_clip", "algo.policy_loss_kwargs={eps: .inf}"], "eps must be in [0, 1), got inf"),
+        (["algo.policy_loss=ppo_clip", "algo.policy_loss_kwargs={eps: .nan}"], "eps must be in [0, 1), got nan"),
+        (["algo.policy_loss_kwargs.eps_high=.inf"], "eps_high must be >= 0 and finite, got inf"),
+        (["algo.policy_loss_kwargs.dual_clip=.inf"], "dual_clip must be > 1 and finite (or None), got inf"),
+        (["algo.policy_loss_kwargs.dual_clip=-.inf"], "dual_clip must be > 1 and finite (or None), got -inf"),
     ],
 )
 def test_policy_loss_values_are_checked_at_load(overrides, message):
@@ -277,6 +285,15 @@ def test_policy_loss_values_are_checked_at_load(overrides, message):
     with pytest.raises(ConfigError) as err:
         load_config("examples/configs/math_grpo.yaml", overrides)
     assert str(err.value) == f"algo.policy_loss_kwargs: {message}"
+
+
+def test_a_dual_clip_c_of_none_or_finite_above_1_loads(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("algo:\n  policy_loss: dual_clip\n  policy_loss_kwargs: {c: 1.5, eps: 0.1}\n")
+    assert load_config(path).algo.policy_loss_kwargs == {"c": 1.5, "eps": 0.1}
+    assert load_config(None, ["algo.policy_loss=dual_clip", "algo.policy_loss_kwargs.c=null"]).algo.policy_loss_kwargs == {
+        "c": None
+    }
 
 
 def test_the_seed_range_ends_are_accepted_and_direct_construction_is_checked_too():
@@ -296,4 +313,13 @@ def test_cli_refuses_a_negative_seed_in_one_line_before_doing_anything(tmp_path,
     out = tmp_path / "never"
     assert main([f"{field}=-1", "--output-dir", str(out)]) == 2
     assert capsys.readouterr().err == f"chatgym train: {field} {SEED_RANGE}, got -1\n"
+    assert not out.exists()
+
+
+def test_cli_refuses_an_infinite_dual_clip_c_in_one_line_before_doing_anything(tmp_path, capsys):
+    out = tmp_path / "never"
+    assert main(["algo.policy_loss=dual_clip", "algo.policy_loss_kwargs.c=.inf", "--output-dir", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        "chatgym train: algo.policy_loss_kwargs: c must be > 1 and finite (or None), got inf\n"
+    )
     assert not out.exists()

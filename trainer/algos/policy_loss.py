@@ -9,6 +9,7 @@ advantage −2 gives ``max(min(5·(−2), 1.2·(−2)), 3·(−2)) = max(−10, 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +46,24 @@ class PolicyLossOutput:
         return -self.objective
 
 
+# The range checks of ε and c, each naming the argument as its caller takes it (``eps``, ``c``). A
+# non-finite bound is no setting: ε_high = inf or c = inf would turn that clip off, which ``None``
+# (dual clip) or another loss does explicitly; nan fails every comparison and is refused by each.
+def _check_eps_low(name: str, value: float) -> None:
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {value}")
+
+
+def _check_eps_high(name: str, value: float) -> None:
+    if not 0.0 <= value < math.inf:
+        raise ValueError(f"{name} must be >= 0 and finite, got {value}")
+
+
+def _check_dual_clip(name: str, value: float | None) -> None:
+    if value is not None and not 1.0 < value < math.inf:
+        raise ValueError(f"{name} must be > 1 and finite (or None), got {value}")
+
+
 def clipped_surrogate(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -69,8 +88,8 @@ def clipped_surrogate(
         old_logprobs: (B, T) float, the behaviour policy's logprobs (detached here).
         advantages: (B, T) float (detached here).
         mask: (B, T) loss mask; masked positions may hold any value, including ±inf.
-        eps_low, eps_high: clip range below / above 1; eps_low in [0, 1), eps_high >= 0.
-        dual_clip: ``c > 1`` or None.
+        eps_low, eps_high: clip range below / above 1; eps_low in [0, 1), eps_high >= 0 and finite.
+        dual_clip: ``c > 1`` and finite, or None (no dual clip).
         is_weights: (B, T) float per-token importance weights, or None.
 
     Raises:
@@ -85,12 +104,9 @@ def clipped_surrogate(
     check_shape("old_logprobs", old_logprobs, logprobs.shape)
     check_shape("advantages", advantages, logprobs.shape)
     m = as_bool_mask("mask", mask, logprobs.shape)
-    if not 0.0 <= eps_low < 1.0:
-        raise ValueError(f"eps_low must be in [0, 1), got {eps_low}")
-    if not eps_high >= 0.0:  # "not >=": NaN too
-        raise ValueError(f"eps_high must be >= 0, got {eps_high}")
-    if dual_clip is not None and not dual_clip > 1.0:
-        raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
+    _check_eps_low("eps_low", eps_low)
+    _check_eps_high("eps_high", eps_high)
+    _check_dual_clip("dual_clip", dual_clip)
 
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
     ratio = torch.exp(safe_log_ratio(logprobs, old_logprobs.detach(), m))
@@ -149,8 +165,12 @@ def ppo_clip_loss(
 ) -> PolicyLossOutput:
     """PPO clip with one ε (default 0.2): :func:`clipped_surrogate` with ``eps_low = eps_high = eps``.
 
+    Raises:
+        ValueError: ``eps`` outside [0, 1) (named ``eps``), or as :func:`clipped_surrogate`.
+
     Source: Schulman et al. 2017 (arXiv:1707.06347), eq. 7; peer: verl ``vanilla`` policy loss.
     """
+    _check_eps_low("eps", eps)
     return clipped_surrogate(
         logprobs, old_logprobs, advantages, mask, eps_low=eps, eps_high=eps, is_weights=is_weights
     )
@@ -170,6 +190,9 @@ def clip_higher_loss(
 ) -> PolicyLossOutput:
     """DAPO's clip-higher: a wider upper bound (default ε_low 0.2, ε_high 0.28, DAPO's values) lets
     low-probability tokens grow, against entropy collapse. Optionally combined with ``dual_clip``.
+
+    Raises:
+        ValueError: as :func:`clipped_surrogate` (``eps_low``, ``eps_high``, ``dual_clip`` named).
 
     Source: Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement Learning System at Scale"
     (arXiv:2503.14476), §3.1 eq. 10; peer: verl ``clip_ratio_low``/``clip_ratio_high``.
@@ -200,9 +223,15 @@ def dual_clip_loss(
     """Dual-clip PPO: PPO clip (ε, default 0.2) plus the lower bound ``c·A`` (default c = 3) for
     negative advantages only. Ratio 5, ε 0.2, c 3: A = +2 → objective 2.4; A = −2 → −6.0.
 
+    Raises:
+        ValueError: ``eps`` outside [0, 1) or ``c`` not > 1 and finite (None: plain PPO clip), named as
+            given, or as :func:`clipped_surrogate`.
+
     Source: Ye et al. 2020, "Mastering Complex Control in MOBA Games with Deep Reinforcement
     Learning" (AAAI, arXiv:1912.09729), eq. 5; peer: verl ``clip_ratio_c`` (default 3.0).
     """
+    _check_eps_low("eps", eps)
+    _check_dual_clip("c", c)
     return clipped_surrogate(
         logprobs,
         old_logprobs,

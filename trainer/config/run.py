@@ -234,7 +234,8 @@ class AlgoConfig:
         advantage: advantage estimator (``grpo``, ``dr_grpo``, ``rloo``, ``reinforce_plus_plus``,
             ``reinforce_plus_plus_baseline``, ``gae``, ``tppo``; per turn: ``turn_grpo``, ``gigpo``,
             ``turn_rloo``); ``advantage_kwargs`` its parameters (``gamma`` in [0, 1], ``omega`` >= 0).
-        policy_loss: ``ppo_clip``, ``clip_higher`` or ``dual_clip``; ``policy_loss_kwargs`` its ε/c.
+        policy_loss: ``ppo_clip``, ``clip_higher`` or ``dual_clip``; ``policy_loss_kwargs`` its ε/c, finite
+            and checked at load (``eps``/``eps_low`` in [0, 1), ``eps_high`` >= 0, ``c``/``dual_clip`` > 1).
         loss_agg: loss aggregation mode; ``loss_norm_constant`` its C (``seq-mean-token-sum-norm``).
         kl_coef: β of the KL to the reference model (0: no reference model is loaded).
         kl_estimator: ``k1``, ``k2`` or ``k3``; ``kl_in_reward``: subtract β·KL from the token
