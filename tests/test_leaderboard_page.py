@@ -244,3 +244,31 @@ def test_row_labels_are_unique_across_engines_and_unshown_sampling_settings():
         rows[1]: "m [hf] (T=1.0 max_tokens=32)",
         rows[2]: f"m [vllm] (T=1.0 max_tokens=32) {{{short[top_k]}}}",
     }
+
+
+def test_a_k_above_a_cells_samples_is_capped_there_with_a_note_naming_it(tmp_path, capsys):
+    # Regression: `--k 5` over cells of 4 and 1 samples per task printed pass@4 / pass@1 without a
+    # word (the page's footer alone said "capped"). The unbiased estimator takes k <= n, so the cell is
+    # still computed at its samples, as with the default k, and a note on stderr names it.
+    db = tmp_path / "r.sqlite"
+    with ResultsStore(db) as store:
+        for model, engine, n in (("m", "vllm", 4), ("reference", "reference", 1)):
+            for t in range(2):
+                for s in range(n):
+                    store.add_episode(store_row(run_key=model, model_name=model, engine=engine, task_index=t,
+                                                task_id=f"t{t}", sample_index=s, success=int(s == 0)))
+    page = str(tmp_path / "page.html")
+    expected = {
+        "5": "2 cells (pass@k takes k <= samples): m on Math-v0@d/test at k=4; reference on Math-v0@d/test at k=1",
+        "4": "1 cell (pass@k takes k <= samples): reference on Math-v0@d/test at k=1",
+    }
+    for k, cells in expected.items():
+        assert leaderboard_cli.main(["--db", str(db), "--html", page, "--k", k]) == 0
+        out, err = capsys.readouterr()
+        assert err == f"chatgym leaderboard: note: --k {k} is capped at the samples per task of {cells}\n"
+        assert "(k=1)" in out  # the table names each row's own k too
+    # --k 1 caps nothing; without --k the default k is the most samples of any cell (documented, and the
+    # table names each row's k): no note.
+    for args in (["--k", "1"], []):
+        assert leaderboard_cli.main(["--db", str(db), "--html", page, *args]) == 0
+        assert capsys.readouterr().err == ""

@@ -40,11 +40,28 @@ def _unknown_filters(store: Any, args: argparse.Namespace) -> str | None:
     return "; ".join(unknown) or None
 
 
+def _capped_note(board: Any, k: int) -> str | None:
+    """The note for a ``--k`` above some cells' samples per task, whose pass@k is computed at those
+    samples (the unbiased estimator takes k <= n): each such cell, as ``row on column at k=N``, in the
+    board's order; None when no cell was capped."""
+    capped = [
+        f"{board.row_labels[r]} on {board.column_labels[c]} at k={cell.metrics.k}"
+        for r in board.rows
+        for c in board.columns
+        if (cell := board.cell(r, c)) is not None and cell.metrics.k < k
+    ]
+    if not capped:
+        return None
+    cells = f"{len(capped)} cell{'s' if len(capped) > 1 else ''}"
+    return f"note: --k {k} is capped at the samples per task of {cells} (pass@k takes k <= samples): {'; '.join(capped)}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``chatgym leaderboard``; 1 when the store holds no episodes (after the filters),
     2 a bad argument (one line naming the flag, as every chatgym command: a ``--db`` that is not a
     results store, an ``--env`` / ``--model`` value it has never seen, an ``--html`` that is a
-    directory or cannot be written)."""
+    directory or cannot be written). A ``--k`` above a cell's samples per task is capped there, as
+    the default k is, and said in one note line on stderr naming each capped cell and its k."""
     from chatgym.trainer.config.loader import check_writable
     from chatgym.trainer.eval.leaderboard import build_leaderboard, rich_tables
     from chatgym.trainer.eval.page import render_html
@@ -83,6 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console(width=200)
     for table in rich_tables(board):
         console.print(table)
+    if args.k is not None and (note := _capped_note(board, args.k)) is not None:
+        print(f"chatgym leaderboard: {note}", file=sys.stderr)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(render_html(board, title=args.title, source=str(args.db)), encoding="utf-8")
