@@ -1049,7 +1049,7 @@ def parse_run(spec: str) -> tuple[str, int]:
     """One ``--runs`` entry, ``NAME:SEED`` -> (name, seed).
 
     Raises:
-        UsageError: not ``NAME:SEED`` with a whole-number seed, or a name of neither
+        UsageError: not ``NAME:SEED`` with a whole-number seed in [0, 2**32 - 1], or a name of neither
             :data:`OUR_RUNS` nor :data:`TRL_RUNS` (one line naming the entry).
     """
     name, sep, seed = spec.partition(":")
@@ -1057,6 +1057,8 @@ def parse_run(spec: str) -> tuple[str, int]:
         raise UsageError(f"--runs: {spec!r} is not NAME:SEED (e.g. ours:0)")
     if name not in OUR_RUNS and name not in TRL_RUNS:
         raise UsageError(f"--runs: unknown run {name!r} in {spec!r}; choose from {', '.join([*OUR_RUNS, *TRL_RUNS])}")
+    if int(seed) > 2**32 - 1:  # train.seed's range: refused there only once the run's config loads
+        raise UsageError(f"--runs: the seed of {spec!r} must be in [0, 4294967295] (2**32 - 1)")
     return name, int(seed)
 
 

@@ -95,8 +95,9 @@ def read_yaml_file(path: str | os.PathLike[str]) -> Any:
     Raises:
         FileNotFoundError: no such file.
         YAMLFileError: one line starting with ``path``: a directory (``<path>: is a directory, not a
-            config file``), a file that is not UTF-8, malformed YAML or a key given twice in one
-            mapping (``<path>:<line>:<column>: duplicate key train.lr (first on line 3)``).
+            config file``), a file that is not UTF-8, malformed YAML, a control character, nesting
+            too deep for PyYAML, or a key given twice in one mapping (``<path>:<line>:<column>:
+            duplicate key train.lr (first on line 3)``).
     """
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -110,3 +111,10 @@ def read_yaml_file(path: str | os.PathLike[str]) -> Any:
         mark = exc.problem_mark
         at = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
         raise YAMLFileError(f"{path}{at}: {exc.problem or exc}") from None
+    except yaml.reader.ReaderError as exc:  # a control character: no MarkedYAMLError, two lines of its own
+        line = text.count("\n", 0, exc.position) + 1
+        column = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
+        code = exc.character if isinstance(exc.character, int) else ord(exc.character)  # PyYAML gives ord()
+        raise YAMLFileError(f"{path}:{line}:{column}: character #x{code:04x}: {exc.reason}") from None
+    except RecursionError:  # PyYAML's composer recurses once a level: thousands of nested brackets
+        raise YAMLFileError(f"{path}: nested too deeply to read (a few thousand levels)") from None

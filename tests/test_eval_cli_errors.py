@@ -260,6 +260,15 @@ def test_the_reference_engine_refuses_model_and_engine_flags(tmp_path, capsys, a
     )
 
 
+@pytest.mark.parametrize(("value", "shown"), [("-1", "-1"), ("4294967296", "4294967296"), ("1.5", "1.5")])
+def test_an_env_arg_seed_takes_the_trainers_seed_rule(tmp_path, capsys, value, shown):
+    # Regression (fresh-user walk): --env-arg seed=-1 ran and was stored as its own leaderboard column,
+    # with Math-v0's tasks of seed 1 (chatgym train refuses env.kwargs.seed=-1 at load).
+    assert env_refusal(tmp_path, capsys, "--env", "Math-v0", "--env-arg", f"seed={value}") == (
+        f"chatgym eval: --env-arg seed must be an int in [0, 4294967295] (2**32 - 1), got {shown}\n"
+    )
+
+
 def test_an_env_that_cannot_be_built_is_refused_at_start_naming_the_flag(tmp_path, capsys):
     # Regression: each was "skipped" with exit status 1 (as if evaluated and found empty); eval and
     # rollout share the check (build_env): the same words for the same mistake.

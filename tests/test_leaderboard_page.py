@@ -103,6 +103,18 @@ def test_leaderboard_cli_prints_tables_and_writes_page(db, tmp_path, capsys):
     assert capsys.readouterr().err == (
         f"chatgym leaderboard: --html: {tmp_path} is a directory (name the page's file)\n"
     )
+    # Regression (fresh-user walk): --html "" wrote the default page and "new/dir/" a file named "dir";
+    # a directory as --db read as a missing file.
+    for page in ("", " ", str(tmp_path / "new" / "dir") + "/"):
+        assert leaderboard_cli.main(["--db", str(db), "--html", page]) == 2
+        assert capsys.readouterr().err == (
+            f"chatgym leaderboard: --html: {page!r} names no file (give the page's file, e.g. results/leaderboard.html)\n"
+        )
+    assert not (tmp_path / "new").exists()
+    assert leaderboard_cli.main(["--db", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (
+        f"chatgym leaderboard: --db: {tmp_path} is a directory (name the results file, e.g. results/eval.sqlite)\n"
+    )
     # Regression (fresh-user walk): a page under a file printed every table, then this as an OSError.
     afile = tmp_path / "afile"
     afile.write_text("")

@@ -113,6 +113,13 @@ def test_a_server_engine_without_its_server_is_refused_before_anything_runs(tmp_
     )
 
 
+def test_an_env_arg_seed_takes_the_trainers_seed_rule(tmp_path, monkeypatch, capsys):
+    # As chatgym eval's (fresh-user walk: --env-arg seed=-1 ran there, on Math-v0's tasks of seed 1).
+    assert rollout_refusal(tmp_path, monkeypatch, capsys, "--env-arg", "seed=-1") == (
+        "chatgym rollout: --env-arg seed must be an int in [0, 4294967295] (2**32 - 1), got -1\n"
+    )
+
+
 def test_a_misspelt_env_arg_is_refused_before_the_model_loads(tmp_path, monkeypatch, capsys):
     # Regression: the model loaded, then every episode failed with only env_error in the summary
     # (chatgym eval stopped at once with the reason: both now build the env once with build_env).

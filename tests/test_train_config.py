@@ -65,6 +65,24 @@ def test_a_key_given_twice_is_refused_naming_the_file_the_key_and_its_line(tmp_p
         assert str(err.value) == f"{path}:{where}"
 
 
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        # position 21 of the text: line 2, column 15 (PyYAML's ReaderError carries only the position)
+        ("train:\n  max_steps: 3\x01\n", "2:15: character #x0001: special characters are not allowed"),
+        ("a: " + "[" * 5000 + "]" * 5000 + "\n", " nested too deeply to read (a few thousand levels)"),
+    ],
+)
+def test_a_control_character_or_deep_nesting_is_one_line_naming_the_file(tmp_path, text, where):
+    # Regression (fresh-user walk): a control character gave PyYAML's two lines without the file's name
+    # (its ReaderError is no MarkedYAMLError); 5,000 nested brackets a RecursionError's traceback.
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == f"{path}:{where}"
+
+
 def test_a_merge_key_may_still_be_overridden(tmp_path):
     # YAML's merge key is made to be overridden: not a duplicate.
     path = tmp_path / "run.yaml"
@@ -277,6 +295,16 @@ def test_seeds_out_of_range_and_non_finite_numbers_are_refused_at_load(override,
         (["algo.policy_loss_kwargs.eps_high=.inf"], "eps_high must be >= 0 and finite, got inf"),
         (["algo.policy_loss_kwargs.dual_clip=.inf"], "dual_clip must be > 1 and finite (or None), got inf"),
         (["algo.policy_loss_kwargs.dual_clip=-.inf"], "dual_clip must be > 1 and finite (or None), got -inf"),
+        # Regression (fresh-user walk): an int past float's range passed `1 < c < inf` and overflowed in
+        # the first product (a traceback); a null eps raised a TypeError named only "algo".
+        (["algo.policy_loss=dual_clip", f"algo.policy_loss_kwargs={{c: {10**400}}}"],
+         "c must be > 1 and finite (or None), got an int of 401 digits"),
+        ([f"algo.policy_loss_kwargs.eps_high={10**400}"], "eps_high must be >= 0 and finite, got an int of 401 digits"),
+        ([f"algo.policy_loss_kwargs.dual_clip={10**400}"],
+         "dual_clip must be > 1 and finite (or None), got an int of 401 digits"),
+        (["algo.policy_loss=dual_clip", "algo.policy_loss_kwargs={eps: null}"], "eps must be a number in [0, 1), got None"),
+        (["algo.policy_loss_kwargs.eps_low=null"], "eps_low must be a number in [0, 1), got None"),
+        (["algo.policy_loss_kwargs.eps_high=null"], "eps_high must be a number >= 0 and finite, got None"),
     ],
 )
 def test_policy_loss_values_are_checked_at_load(overrides, message):
@@ -285,6 +313,24 @@ def test_policy_loss_values_are_checked_at_load(overrides, message):
     with pytest.raises(ConfigError) as err:
         load_config("examples/configs/math_grpo.yaml", overrides)
     assert str(err.value) == f"algo.policy_loss_kwargs: {message}"
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("-1", "env.eval_temperature must be >= 0 and finite, got -1.0"),
+        (".inf", "env.eval_temperature must be >= 0 and finite, got inf"),
+        ("-.inf", "env.eval_temperature must be >= 0 and finite, got -inf"),
+        (".nan", "env.eval_temperature: expected a number, got nan"),  # the loader's own refusal of nan
+    ],
+)
+def test_a_negative_or_non_finite_eval_temperature_is_refused_at_load(value, message):
+    # Regression (fresh-user walk): env.eval_temperature=-1 loaded; the run died at the first held-out
+    # evaluation, 44 s in, after the models had loaded.
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [f"env.eval_temperature={value}"])
+    assert str(err.value) == message
+    assert load_config(None, ["env.eval_temperature=0.7"]).env.eval_temperature == 0.7
 
 
 def test_a_dual_clip_c_of_none_or_finite_above_1_loads(tmp_path):

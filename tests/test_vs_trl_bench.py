@@ -153,7 +153,7 @@ def test_ours_vllm_and_ours_1off_configs(bench):
 
 @pytest.mark.parametrize(
     ("spec", "parsed"), [("ours_vllm:1", ("ours_vllm", 1)), ("ours_1off:0", ("ours_1off", 0)),
-                         ("trl_vllm_fp32:12", ("trl_vllm_fp32", 12))]
+                         ("trl_vllm_fp32:12", ("trl_vllm_fp32", 12)), ("ours:4294967295", ("ours", 4294967295))]
 )
 def test_parse_run(bench, spec, parsed):
     assert bench.parse_run(spec) == parsed
@@ -165,6 +165,8 @@ def test_parse_run(bench, spec, parsed):
         ("ours_1off", "--runs: 'ours_1off' is not NAME:SEED"),
         ("ours_vllm:x", "--runs: 'ours_vllm:x' is not NAME:SEED"),
         ("ours_2off:0", "--runs: unknown run 'ours_2off' in 'ours_2off:0'; choose from ours, "),
+        # Regression (fresh-user walk): passed the parser, refused by train.seed only as the run's config loaded
+        ("ours:4294967296", "--runs: the seed of 'ours:4294967296' must be in [0, 4294967295] (2**32 - 1)"),
     ],
 )
 def test_parse_run_refuses(bench, spec, message):

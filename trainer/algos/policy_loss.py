@@ -49,18 +49,29 @@ class PolicyLossOutput:
 # The range checks of ε and c, each naming the argument as its caller takes it (``eps``, ``c``). A
 # non-finite bound is no setting: ε_high = inf or c = inf would turn that clip off, which ``None``
 # (dual clip) or another loss does explicitly; nan fails every comparison and is refused by each.
+# Compared as floats: an int past float's range (10**400) passed ``1 < c < inf`` and overflowed in the
+# loss's first product.
+def _as_float(name: str, value: Any, rule: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number {rule}, got {value!r}")
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError(f"{name} must be {rule}, got an int of {len(str(abs(value)))} digits") from None
+
+
 def _check_eps_low(name: str, value: float) -> None:
-    if not 0.0 <= value < 1.0:
+    if not 0.0 <= _as_float(name, value, "in [0, 1)") < 1.0:
         raise ValueError(f"{name} must be in [0, 1), got {value}")
 
 
 def _check_eps_high(name: str, value: float) -> None:
-    if not 0.0 <= value < math.inf:
+    if not 0.0 <= _as_float(name, value, ">= 0 and finite") < math.inf:
         raise ValueError(f"{name} must be >= 0 and finite, got {value}")
 
 
 def _check_dual_clip(name: str, value: float | None) -> None:
-    if value is not None and not 1.0 < value < math.inf:
+    if value is not None and not 1.0 < _as_float(name, value, "> 1 and finite (or None)") < math.inf:
         raise ValueError(f"{name} must be > 1 and finite (or None), got {value}")
 
 

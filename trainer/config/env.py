@@ -8,6 +8,7 @@ Split from :mod:`chatgym.trainer.config.run` to keep that module small; ``Config
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +28,7 @@ class EnvConfig:
         train_split, eval_split: the env's split names for training and held-out evaluation.
         eval_tasks: held-out tasks evaluated before and after training (0: no evaluation).
         eval_every: also evaluate every N steps (0: only before and after).
-        eval_temperature: sampling temperature of evaluation (0: greedy).
+        eval_temperature: sampling temperature of evaluation (0: greedy; >= 0 and finite, checked at load).
     """
 
     id: str = "Math-v0"
@@ -46,6 +47,10 @@ class EnvConfig:
             raise ValueError("env.kwargs must not set 'split'; use env.train_split / env.eval_split")
         if "seed" in self.kwargs:
             check_seed("env.kwargs.seed", self.kwargs["seed"])
+        # as rollout.temperature is checked at load (a bad one failed at the first evaluation, after
+        # the models loaded)
+        if not 0.0 <= self.eval_temperature < math.inf:
+            raise ValueError(f"env.eval_temperature must be >= 0 and finite, got {self.eval_temperature}")
 
     def make_kwargs(self, *, eval: bool) -> dict[str, Any]:
         """The ``gym.make`` keywords of the training (``eval``: held-out) episodes: the split and ``kwargs``."""

@@ -93,6 +93,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         check_seed("--seed", args.seed)  # before rollout_config names it rollout.seed
         engine_kwargs = key_values(args.engine_arg, "--engine-arg")
+        env_kwargs = key_values(args.env_arg, "--env-arg")
+        if "seed" in env_kwargs:  # env.kwargs.seed's rule in chatgym train (Math-v0 read -1 as 1)
+            check_seed("--env-arg seed", env_kwargs["seed"])
         args.model = _model_for(args.engine, args.model, engine_kwargs, args.chat_template)
         check_chat_template_flag(args.chat_template)
         config = EvalConfig(
@@ -112,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             chat_template=args.chat_template,
             success_threshold=args.success_threshold,
             retry_failed=args.retry_failed,
-            env_kwargs=key_values(args.env_arg, "--env-arg"),
+            env_kwargs=env_kwargs,
             engine_kwargs=engine_kwargs,
             agent=args.agent,
             agent_reward=args.agent_reward,

@@ -7,6 +7,7 @@ chatgym leaderboard --db results/eval.sqlite --html results/leaderboard.html
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -68,9 +69,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from chatgym.trainer.eval.store import checked_store
 
     args = build_parser().parse_args(argv)
-    out = Path(args.html) if args.html else Path(args.db).expanduser().parent / "leaderboard.html"
+    out = Path(args.html) if args.html is not None else Path(args.db).expanduser().parent / "leaderboard.html"
     refusal = store = None
-    if not Path(args.db).expanduser().is_file():
+    if args.html is not None and (not args.html.strip() or args.html.endswith(("/", os.sep))):
+        # "" wrote the default page; "new/dir/" a file named "dir": neither names a page's file
+        refusal = f"--html: {args.html!r} names no file (give the page's file, e.g. results/leaderboard.html)"
+    elif Path(args.db).expanduser().is_dir():
+        refusal = f"--db: {args.db} is a directory (name the results file, e.g. results/eval.sqlite)"
+    elif not Path(args.db).expanduser().is_file():
         refusal = f"--db: no results file at {args.db} (run chatgym eval first)"
     elif args.k is not None and args.k < 1:
         refusal = f"--k must be >= 1, got {args.k}"
