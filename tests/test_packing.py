@@ -241,6 +241,39 @@ def test_compute_dtype_choice_follows_the_flags(device, flags, expected):
     assert resolve_compute_dtype("auto", "bfloat16", torch.device(device), frozenset(flags))[0] == "bfloat16"
 
 
+@pytest.mark.parametrize(
+    ("flags", "ratio", "expected"),
+    [
+        ({"avx512_bf16"}, 0.71, "bfloat16"),  # the AMD EPYC of benchmarks/results/main_job_cpu_epyc_bf16/
+        ({"avx512_bf16", "amx_tile"}, 1.69, "float32"),  # this project's Intel Xeon VM (AMX not usable)
+        ({"avx512_bf16"}, 1.0, "float32"),  # not faster: fp32 keeps the exact numerics
+        ({"avx2"}, 0.5, "float32"),  # no native flag: never measured, emulated bf16
+        ({"amx_bf16"}, None, "bfloat16"),  # not measured: the flags alone
+    ],
+)
+def test_a_native_bf16_cpu_whose_bf16_matmul_measured_slower_computes_in_fp32(flags, ratio, expected):
+    # Regression: on the Intel Xeon VM this project runs on (avx512_bf16 and amx_tile listed) the main
+    # job's update ran in bf16 autocast at 29.86 s against fp32's 19.45 s (benchmarks/train_step_cpu.py).
+    dtype, reason = choose_compute_dtype("cpu", frozenset(flags), ratio)
+    assert dtype == expected
+    if ratio is not None and ratio >= 1 and flags & {"avx512_bf16", "amx_bf16"}:
+        assert reason == (
+            "CPU with native bf16 flags (avx512_bf16), but a bf16 matmul measured "
+            f"{ratio:.2f}x the fp32 one's time here"
+        )
+
+
+def test_this_machines_auto_choice_agrees_with_its_measured_matmuls():
+    from chatgym.trainer.models.dtype import NATIVE_BF16_FLAGS, cpu_bf16_time_ratio
+
+    flags = cpu_flags()
+    native = any(f in flags for f in NATIVE_BF16_FLAGS)
+    dtype, _ = resolve_compute_dtype("auto", "float32", CPU)
+    ratio = cpu_bf16_time_ratio() if native else None
+    assert dtype == ("bfloat16" if native and ratio < 1.0 else "float32")
+    assert cpu_bf16_time_ratio() == ratio or not native  # measured once a process: every choice agrees
+
+
 def test_cpu_threads_honours_omp_num_threads(monkeypatch):
     import os
 
@@ -268,7 +301,7 @@ def test_trainer_logs_the_compute_choice_once_and_keeps_auto_in_the_config(capsy
     trainer.cfg, trainer.device = cfg, CPU
     trainer._set_up_compute()
     err = capsys.readouterr().err
-    expected, reason = choose_compute_dtype("cpu", cpu_flags())
+    expected, reason = resolve_compute_dtype("auto", "float32", CPU)  # this machine's flags and matmuls
     mixed = " autocast" if expected == "bfloat16" else ""
     assert err == (
         f"chatgym: training compute {expected}{mixed} over float32 weights on cpu ({reason}), "

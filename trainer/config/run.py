@@ -83,7 +83,8 @@ class ModelConfig:
         compute_dtype: dtype of the matrix products in forward/backward (``torch.autocast``) of the
             update and of the reference / old-logprob passes, the weights staying in ``dtype``.
             ``auto``: with float32 weights, bfloat16 (mixed precision) on CUDA and on a CPU with native
-            bf16 (AVX-512 BF16 / AMX), float32 elsewhere (emulated bf16 is several times slower);
+            bf16 (AVX-512 BF16 / AMX) whose bf16 matmul measures faster than fp32 at start, float32
+            elsewhere (emulated bf16 is several times slower);
             otherwise the weights' dtype. ``auto`` is resolved when the trainer is built and logged,
             never written back into the saved config (it depends on the machine) — see
             :func:`chatgym.trainer.learner.policy.resolve_compute_dtype`.

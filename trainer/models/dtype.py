@@ -4,6 +4,7 @@ compute-dtype rule (bf16 autocast on CUDA and on CPUs with native bf16, fp32 els
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -57,13 +58,19 @@ def _torch_bf16_flags() -> frozenset[str]:
     return frozenset(found)
 
 
-def choose_compute_dtype(device_type: str, flags: frozenset[str] | set[str]) -> tuple[str, str]:
-    """The faster matmul dtype for a device, and why: a pure function of the device type and the CPU
-    flags (see :func:`cpu_flags`), so each case can be tested with a given flag set.
+def choose_compute_dtype(
+    device_type: str, flags: frozenset[str] | set[str], bf16_time_ratio: float | None = None
+) -> tuple[str, str]:
+    """The faster matmul dtype for a device, and why: a pure function of the device type, the CPU
+    flags (see :func:`cpu_flags`) and, where measured, the bf16 / fp32 time of one matmul (see
+    :func:`cpu_bf16_time_ratio`), so each case can be tested with given values.
 
     ``("bfloat16", ...)`` on CUDA or a CPU with a flag of :data:`NATIVE_BF16_FLAGS` (AVX-512 BF16,
-    AMX); ``("float32", ...)`` elsewhere: without native support PyTorch and vLLM emulate bf16, and on
-    this project's AVX2-only AMD EPYC a bf16 576x1536 matmul took 5.7x longer than the fp32 one.
+    AMX) whose bf16 matmul was not measured slower (``bf16_time_ratio`` None or < 1); ``("float32",
+    ...)`` elsewhere: without native support PyTorch and vLLM emulate bf16 (on this project's AVX2-only
+    AMD EPYC a bf16 576x1536 matmul took 5.7x longer than the fp32 one), and the flags do not promise
+    speed: on an Intel Xeon VM listing avx512_bf16 and amx_tile (AMX not usable by torch there) a bf16
+    matmul took 1.73x the fp32 one's time and the main job's update 1.54x (29.86 s against 19.45 s).
 
     Returns:
         ``(dtype name, reason)``; the reason is a short phrase for the log line.
@@ -71,6 +78,11 @@ def choose_compute_dtype(device_type: str, flags: frozenset[str] | set[str]) -> 
     if device_type == "cuda":
         return "bfloat16", "CUDA device"
     native = [f for f in NATIVE_BF16_FLAGS if f in flags]
+    if native and bf16_time_ratio is not None and not bf16_time_ratio < 1.0:
+        return "float32", (
+            f"CPU with native bf16 flags ({', '.join(native)}), but a bf16 matmul measured "
+            f"{bf16_time_ratio:.2f}x the fp32 one's time here"
+        )
     if native:
         return "bfloat16", f"CPU with native bf16 ({', '.join(native)})"
     return (
@@ -86,3 +98,29 @@ def fast_dtype() -> str:
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     return choose_compute_dtype(device, cpu_flags() if device == "cpu" else frozenset())[0]
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_bf16_time_ratio() -> float:
+    """bf16 / fp32 time of a (1024 x 576) @ (576 x 1536) matmul on this CPU with torch's threads (the
+    main job's hidden x MLP shape), each the median of 5 after 2 warm-ups: < 1 means bf16 is faster.
+    Measured once a process (~0.1 s), so every choice of a process agrees."""
+    import statistics
+    import time
+
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(1024, 576, generator=gen), torch.randn(576, 1536, generator=gen)
+
+    def seconds(dtype: torch.dtype) -> float:
+        x, y = a.to(dtype), b.to(dtype)
+        times = []
+        for i in range(7):
+            t = time.perf_counter()
+            x @ y
+            if i >= 2:
+                times.append(time.perf_counter() - t)
+        return statistics.median(times)
+
+    return seconds(torch.bfloat16) / seconds(torch.float32)
