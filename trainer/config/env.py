@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from chatgym.trainer.config.loader import ConfigError, check_seed
+from chatgym.trainer.config.loader import ConfigError, check_env_seed
 
 
 @dataclass(frozen=True)
@@ -45,8 +45,7 @@ class EnvConfig:
                 raise ValueError(f"env.{name} must be >= 0, got {getattr(self, name)}")
         if "split" in self.kwargs:
             raise ValueError("env.kwargs must not set 'split'; use env.train_split / env.eval_split")
-        if "seed" in self.kwargs:
-            check_seed("env.kwargs.seed", self.kwargs["seed"])
+        check_env_seed(self.kwargs, "env.kwargs.seed")
         # as rollout.temperature is checked at load (a bad one failed at the first evaluation, after
         # the models loaded)
         if not 0.0 <= self.eval_temperature < math.inf:

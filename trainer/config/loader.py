@@ -64,6 +64,14 @@ def check_seed(name: str, value: Any, error: type[Exception] = ValueError) -> No
         raise error(f"{name} must be an int in [0, {SEED_MAX}] (2**32 - 1), got {value!r}")
 
 
+def check_env_seed(kwargs: Mapping[str, Any], name: str, error: type[Exception] = ValueError) -> None:
+    """An env's ``gym.make`` keywords (``env.kwargs``, ``--env-arg``): a ``seed`` among them follows
+    :func:`check_seed`, named ``name`` (a negative one repeated other seeds' tasks in Math-v0, whose
+    generator seeds by its absolute value, and failed Search-v0 as its tasks were read)."""
+    if "seed" in kwargs:
+        check_seed(name, kwargs["seed"], error)
+
+
 def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
     """The sections of the YAML config file ``path`` (``{}`` for an empty file), read by
     :func:`chatgym.yaml_files.read_yaml_file` (a key given twice in one mapping is refused).

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from chatgym.trainer.config.loader import ConfigError, check_seed
+from chatgym.trainer.config.loader import ConfigError, check_env_seed, check_seed
 from chatgym.trainer.rollout.cli import (
     add_rollout_flags,
     check_chat_template_flag,
@@ -94,8 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_seed("--seed", args.seed)  # before rollout_config names it rollout.seed
         engine_kwargs = key_values(args.engine_arg, "--engine-arg")
         env_kwargs = key_values(args.env_arg, "--env-arg")
-        if "seed" in env_kwargs:  # env.kwargs.seed's rule in chatgym train (Math-v0 read -1 as 1)
-            check_seed("--env-arg seed", env_kwargs["seed"])
+        check_env_seed(env_kwargs, "--env-arg seed")  # env.kwargs.seed's rule in chatgym train
         args.model = _model_for(args.engine, args.model, engine_kwargs, args.chat_template)
         check_chat_template_flag(args.chat_template)
         config = EvalConfig(

@@ -25,7 +25,14 @@ from typing import Any
 
 import yaml
 
-from chatgym.trainer.config.loader import ConfigError, apply_overrides, check_seed, from_dict, missing_package
+from chatgym.trainer.config.loader import (
+    ConfigError,
+    apply_overrides,
+    check_env_seed,
+    check_seed,
+    from_dict,
+    missing_package,
+)
 from chatgym.trainer.engines import ENGINES, IMAGELESS_ENGINES
 from chatgym.trainer.rollout.config import RolloutConfig
 
@@ -322,8 +329,7 @@ def _start_up_checks(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str
     check_out_file(args.out, "--out")
     engine_kwargs = key_values(args.engine_arg, "--engine-arg")
     env_kwargs = key_values(args.env_arg, "--env-arg")
-    if "seed" in env_kwargs:  # env.kwargs.seed's rule in chatgym train (Math-v0 read -1 as 1)
-        check_seed("--env-arg seed", env_kwargs["seed"], ConfigError)
+    check_env_seed(env_kwargs, "--env-arg seed", ConfigError)  # env.kwargs.seed's rule in chatgym train
     config = rollout_config(args, seed=args.seed)
     try:  # as chatgym eval builds each env once: a misspelt --env-arg would fail every episode
         build_env(args.env, env_kwargs).close()
