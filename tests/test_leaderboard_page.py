@@ -113,7 +113,7 @@ def test_leaderboard_cli_prints_tables_and_writes_page(db, tmp_path, capsys):
     assert not (tmp_path / "new").exists()
     assert leaderboard_cli.main(["--db", str(tmp_path)]) == 2
     assert capsys.readouterr().err == (
-        f"chatgym leaderboard: --db: {tmp_path} is a directory (name the results file, e.g. results/eval.sqlite)\n"
+        f"chatgym leaderboard: --db: {tmp_path} is a directory (name the results file, e.g. runs/eval/results.sqlite)\n"
     )
     # Regression (fresh-user walk): a page under a file printed every table, then this as an OSError.
     afile = tmp_path / "afile"

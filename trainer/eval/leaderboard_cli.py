@@ -75,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # "" wrote the default page; "new/dir/" a file named "dir": neither names a page's file
         refusal = f"--html: {args.html!r} names no file (give the page's file, e.g. results/leaderboard.html)"
     elif Path(args.db).expanduser().is_dir():
-        refusal = f"--db: {args.db} is a directory (name the results file, e.g. results/eval.sqlite)"
+        refusal = f"--db: {args.db} is a directory (name the results file, e.g. {DEFAULT_DB})"
     elif not Path(args.db).expanduser().is_file():
         refusal = f"--db: no results file at {args.db} (run chatgym eval first)"
     elif args.k is not None and args.k < 1:
