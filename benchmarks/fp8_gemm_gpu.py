@@ -12,6 +12,7 @@ that time, for:
   step's default);
 * ``unit``: a tensor-wise FP8 GEMM with unit scales (the scales applied after it, in the compiled
   piece that follows it in the step), and ``unit+scale`` with that scaling as a kernel of its own;
+* ``cutlass``: vLLM's CUTLASS FP8 kernel with the same scales in its epilogue (where vLLM is installed);
 * ``autotune`` (``--autotune``): the row-wise product through ``torch.compile(mode="max-autotune-no-cudagraphs")``,
   Inductor's GEMM templates benchmarked against cuBLASLt for each size (slow to tune).
 
@@ -21,6 +22,7 @@ that time, for:
 from __future__ import annotations
 
 import argparse
+import importlib.util
 
 from decode_step_gpu import replay_ms
 
@@ -62,6 +64,8 @@ def variants(m: int, n: int, k: int, layers: int, autotune: bool) -> dict:
     out = {"bf16": (lambda: [F.linear(x, w) for w in w16], 2 * n * k * layers)}
     fp8_bytes = (n * k + 4 * n) * layers
     for gemm in hf_fp8.GEMMS:
+        if gemm == "cutlass" and importlib.util.find_spec("vllm") is None:
+            continue
         out[gemm] = (lambda g=gemm: [hf_fp8.scaled_mm(xq, a, q, s, torch.bfloat16, g) for q, s in fp8], fp8_bytes)
     out["unit+scale"] = (lambda: [hf_fp8.dequantize_out(hf_fp8.scaled_mm(xq, a, q, s, torch.bfloat16, "unit"), a, s)
                                   for q, s in fp8], fp8_bytes)

@@ -9,7 +9,7 @@
 # Then the device calls, back to back (the machine goes back 30 s after a call), each from the
 # project root, with the carry named:
 #
-#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan7|plan8|plan9|plan10|plan11|plan12|plan13|plan14]   (starts `plan` in the background)
+#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan7|plan8|plan9|plan10|plan11|plan12|plan13|plan14|plan15]   (starts `plan` in the background)
 #   2  [.gpukit/smol/a1]              cp .gpukit/smol/a1/* /tmp/kit/smol/
 #   3  [.gpukit/smol/a2]              cp .gpukit/smol/a2/* /tmp/kit/smol/
 #   4  [.gpukit/smol/b]               bash benchmarks/gpu_lease.sh smol
@@ -542,6 +542,43 @@ plan14() {
   $vs --runs ours_vllm:0 ours_vllm_fp8kv:0 ours_vllm:1 ours_vllm_fp8kv:1 ours:0 > $O/vs_smol_vllm.txt 2>&1
   python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 40 $O/report_smol.txt
   gpu_test_files $(cd /tmp/t && grep -l "mark.gpu" tests/*.py | grep -v "test_engines_vllm_gpu\|test_fp8_gpu\|test_engines_hf_attention\|test_engines_hf_continuous")
+  mark "done"
+}
+
+plan15() {  # issue 31: the FP8 step's GEMM (cuBLASLt unit / vLLM's CUTLASS), LM head, decode-only tokens/s, accuracy
+  begin "$1"
+  local vs="python3 benchmarks/vs_trl_gpu.py --run-timeout 300 --shape smollm2 --out $O/vs_smol"
+  local modes=(--modes "static all" "static fp8 all" "static fp8+head all")
+  wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
+  mark "decode step, qwen2.5-7b: bf16, FP8 (unit GEMM), FP8 + LM head"
+  timeout 300 python3 benchmarks/decode_step_gpu.py --shape qwen2.5-7b --rows 64 256 --iters 50 --profile \
+    --modes fused_c fp8_c fp8_c_head > $O/step_7b.txt 2>&1
+  grep -E "replay|kernels|gemm |fp8 quant|element|attention|norm " $O/step_7b.txt | cut -c1-170
+  mark "engine tokens/s (and decode only), qwen2.5-7b: bf16, FP8, FP8 + LM head"
+  timeout 600 python3 benchmarks/hf_decode_gpu.py --shape qwen2.5-7b --batch 64 256 --skip-generate --repeats 3 \
+    --decode-only "${modes[@]}" > $O/decode_7b.txt 2>&1
+  grep -E "tok/s|x[0-9]" $O/decode_7b.txt | cut -c1-190
+  wait_for /tmp/kit/vllm_ok || mark "no vLLM"
+  mark "FP8 GEMMs alone with vLLM's CUTLASS kernel; the step and the engine on it"
+  timeout 200 python3 benchmarks/fp8_gemm_gpu.py --shape qwen2.5-7b --rows 64 256 > $O/gemm_7b.txt 2>&1
+  grep "all projections" $O/gemm_7b.txt | cut -c1-220
+  timeout 300 python3 benchmarks/decode_step_gpu.py --shape qwen2.5-7b --rows 64 256 --iters 50 --profile \
+    --modes fused_c fp8_c_cutlass fp8_c_cutlass_head > $O/step_7b_cutlass.txt 2>&1
+  grep -E "replay|kernels|gemm |fp8 quant" $O/step_7b_cutlass.txt | cut -c1-170
+  timeout 600 python3 benchmarks/hf_decode_gpu.py --shape qwen2.5-7b --batch 64 256 --skip-generate --repeats 3 \
+    --decode-only --modes "static all" "static fp8 all cutlass" "static fp8+head all cutlass" > $O/decode_7b_cutlass.txt 2>&1
+  grep -E "tok/s|x[0-9]" $O/decode_7b_cutlass.txt | cut -c1-190
+  gpu_test_files tests/test_fp8_gpu.py
+  mark "FP8 / bf16 tokens/s (and decode only), qwen2.5-7b, chatgym's vLLM engine: weights, weights + KV cache"
+  timeout 600 python3 benchmarks/hf_decode_gpu.py --shape qwen2.5-7b --batch 64 256 --repeats 3 --decode-only \
+    --vllm-variants 'bf16={}' 'fp8={"quantization": "fp8"}' 'fp8kv={"quantization": "fp8", "kv_cache_dtype": "fp8"}' \
+    --vllm-ratios fp8kv/bf16 > $O/fp8_vllm_qwen2.5-7b.txt 2>&1
+  grep -E "tok/s|x[0-9]" $O/fp8_vllm_qwen2.5-7b.txt | grep -v timeline | cut -c1-190
+  mark "SmolLM2: ours bf16 and FP8 rollout (token_tis), seeds 0 and 1"
+  $vs --runs ours_px_pc_nc:0 ours_px_pc_nc_fp8:0 ours_px_pc_nc:1 ours_px_pc_nc_fp8:1 > $O/vs_smol_fp8.txt 2>&1
+  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 40 $O/report_smol.txt
+  gpu_test_files tests/test_engines_hf_fused.py tests/test_engines_hf_elementwise.py tests/test_engines_hf_silu_quant.py \
+    tests/test_engines_hf_static.py tests/test_engines_vllm_gpu.py
   mark "done"
 }
 

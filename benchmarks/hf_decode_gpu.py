@@ -12,7 +12,7 @@ runs the full 128 tokens: the figure is decode speed, not the model's reply leng
 * ``engine dynamic`` — ``TransformersEngine(decode="dynamic")``: padded ``DynamicCache`` batch;
 * ``engine static all`` / ``static fp8 all`` — every speed option of the static path (``fused_step:
   compiled``, ``async_scheduling``, ``sampler: philox``), bf16 / FP8 weights (``static fp8+head all``:
-  the LM head in FP8 too);
+  the LM head in FP8 too; ``... cutlass``: on vLLM's CUTLASS FP8 GEMM, ``CHATGYM_FP8_GEMM=cutlass``);
 * ``generate``       — ``model.generate`` with the dynamic cache (what TRL's GRPOTrainer calls).
 
 Each path runs the same prompts ``--repeats`` times after one warm-up round (which pays graph capture
@@ -33,6 +33,11 @@ through vLLM's own ``LLM.generate`` on that engine (``vllm bf16 LLM.gen``), and 
 weights unless ``--real-weights``, SmolLM2 only): ``smollm2`` (135M), ``qwen2.5-1.5b``, ``qwen2.5-7b``
 (Qwen2 configs written here: no download).
 
+``--decode-only`` adds decode tokens/s without the prefill: each round also runs the same requests cut to
+64 new tokens, and ``rows x 64`` over the median of the rounds' time differences (128 tokens less 64) is
+the tokens/s of decode steps 65-128 alone (prefill, admission and hand-back cancel), for the engine
+modes and chatgym's vLLM engine alike; FP8/bf16 rows then give the decode ratio too (``decode x``).
+
 ``--vllm-variants NAME=JSON ...`` runs vLLM alone (no ``hf`` mode, no ``model.generate``), one process
 a variant with the JSON object's engine options (``quantization``, ``kv_cache_dtype``,
 ``async_scheduling``, any ``vllm.EngineArgs`` field), each labelled ``vllm NAME``; a variant whose name
@@ -50,6 +55,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -57,6 +63,7 @@ import tempfile
 import time
 
 NEW_TOKENS = 128
+SHORT_TOKENS = NEW_TOKENS // 2  # --decode-only: the same requests cut here; the difference is decode alone
 
 
 def make_prompts(n: int, vocab: int, seed: int) -> list[list[int]]:
@@ -114,6 +121,11 @@ ENGINE_MODES = {
                        "sampler": "philox"},
     "static fp8+head all": {"decode": "static", "quantization": "fp8", "fp8_lm_head": True, "fused_step": "compiled",
                             "async_scheduling": True, "sampler": "philox"},
+    # the FP8 modes on vLLM's CUTLASS FP8 GEMM (CHATGYM_FP8_GEMM=cutlass: MODE_ENV)
+    "static fp8 all cutlass": {"decode": "static", "quantization": "fp8", "fused_step": "compiled",
+                               "async_scheduling": True, "sampler": "philox"},
+    "static fp8+head all cutlass": {"decode": "static", "quantization": "fp8", "fp8_lm_head": True,
+                                    "fused_step": "compiled", "async_scheduling": True, "sampler": "philox"},
     # with four decode steps a read-back of the sampled ids (engine.options.multi_step)
     "static all ms4": {"decode": "static", "fused_step": "compiled", "async_scheduling": True, "sampler": "philox",
                        "multi_step": 4},
@@ -123,6 +135,11 @@ ENGINE_MODES = {
     "layers": {"decode": "static", "fused_step": False},
     "dynamic": {"decode": "dynamic"},
 }
+
+
+# The environment a mode's engine runs in (the fused step reads CHATGYM_FP8_GEMM as it is built).
+MODE_ENV = {"static fp8 all cutlass": {"CHATGYM_FP8_GEMM": "cutlass"},
+            "static fp8+head all cutlass": {"CHATGYM_FP8_GEMM": "cutlass"}}
 
 
 async def run_engine(engine, prompts, params) -> tuple[float, int]:
@@ -310,30 +327,38 @@ def vllm_child(spec: dict) -> dict:
     for batch in spec["batches"]:
         prompts = make_prompts(batch, vocab, batch)
         params = [SamplingParams(max_tokens=NEW_TOKENS, temperature=1.0, seed=i) for i in range(batch)]
-        paths = {str(batch): lambda p, s: asyncio.run(engine_span(eng, p, s)),
-                 f"raw {batch}": lambda p, s: raw_generate_span(eng, p, s)}
+        short = [SamplingParams(max_tokens=SHORT_TOKENS, temperature=1.0, seed=i) for i in range(batch)]
+        paths = {str(batch): (lambda p, s: asyncio.run(engine_span(eng, p, s)), params),
+                 f"raw {batch}": (lambda p, s: raw_generate_span(eng, p, s), params)}
+        if spec.get("decode_only"):
+            paths[f"short {batch}"] = (lambda p, s: asyncio.run(engine_span(eng, p, s)), short)
         rounds: dict[str, list] = {key: [] for key in paths}
         for _ in range(1 + spec["repeats"]):  # round 0: warm-up
-            for key, run in paths.items():
+            for key, (run, sp) in paths.items():
                 marks.clear()
-                t0, t1, tokens = run(prompts, params)
+                t0, t1, tokens = run(prompts, sp)
                 rounds[key].append((t1 - t0, tokens, span_breakdown(t0, t1, marks)))
         for key, (first, *timed) in rounds.items():
+            if key.startswith("short"):
+                continue
             median = sorted(timed, key=lambda r: r[0])[len(timed) // 2]
             out[key] = {"dt": median[0], "tokens": median[1], "first": first[0], "timeline": median[2]}
+        if spec.get("decode_only"):  # round by round, the full requests' time less the cut ones'
+            diffs = [a[0] - b[0] for a, b in zip(rounds[str(batch)][1:], rounds[f"short {batch}"][1:], strict=True)]
+            out[str(batch)]["decode_dt"] = statistics.median(diffs)
     asyncio.run(eng.close())
     return out
 
 
 def run_vllm(shape: str, batches: list[int], repeats: int, real_weights: bool, quantization: str | None,
-             options: dict | None = None, label: str | None = None) -> dict:
+             options: dict | None = None, label: str | None = None, decode_only: bool = False) -> dict:
     """``{batch: (seconds, tokens, first round's seconds)}`` from one vLLM process through chatgym's
     engine, and ``{"raw <batch>": ...}`` through vLLM's ``LLM.generate`` on the same engine.
     ``options``: more engine options for that process; ``label`` names it in the printed lines
     (default: the quantization, or ``bf16``)."""
     label = label or quantization or "bf16"
     spec = {"shape": shape, "batches": list(batches), "repeats": repeats, "real_weights": real_weights,
-            "quantization": quantization, "options": options or {}}
+            "quantization": quantization, "options": options or {}, "decode_only": decode_only}
     out = subprocess.run([sys.executable, __file__, "--vllm-child", json.dumps(spec)], capture_output=True,
                          text=True)
     if out.returncode != 0:
@@ -344,7 +369,8 @@ def run_vllm(shape: str, batches: list[int], repeats: int, real_weights: bool, q
         print(f"{shape:12s} batch {b:>8s}  vllm {label} timeline "
               + "  ".join(f"{k} {x:.1f}" if isinstance(x, float) else f"{k} {x}" for k, x in v["timeline"].items()),
               flush=True)
-    return {(b if b.startswith("raw") else int(b)): (v["dt"], v["tokens"], v["first"]) for b, v in r.items()}
+    return {(b if b.startswith("raw") else int(b)): (v["dt"], v["tokens"], v["first"], v.get("decode_dt"))
+            for b, v in r.items()}
 
 
 async def _gather(engine, prompts, params):
@@ -371,6 +397,8 @@ def parse_args():
     ap.add_argument("--fp8", action="store_true", help="vLLM fp8 with --vllm, FP8/bf16 ratios; without --modes "
                     "also 'static fp8' and 'static fp8+head'")
     ap.add_argument("--vllm", action="store_true", help="also the in-process vLLM engine (bf16; fp8 with --fp8)")
+    ap.add_argument("--decode-only", action="store_true", help=f"also decode tokens/s: every round runs the requests "
+                    f"cut to {SHORT_TOKENS} new tokens too, and the difference is decode alone (no prefill)")
     ap.add_argument("--vllm-variants", nargs="+", metavar="NAME=JSON", type=vllm_variant,
                     help="vLLM alone, a process a variant: NAME=a JSON object of engine options")
     ap.add_argument("--vllm-ratios", nargs="+", metavar="A/B", default=[],
@@ -411,27 +439,49 @@ def bench_vllm_variants(args, shape: str) -> list[str]:
     """``--vllm-variants``: each variant's vLLM process at every batch size; returns the printed rows."""
     per_batch: dict = {}
     for name, options in args.vllm_variants:
-        add_vllm_results(per_batch, shape, args.batch, args.repeats, args.real_weights, None, options, name)
+        add_vllm_results(per_batch, shape, args.batch, args.repeats, args.real_weights, None, options, name,
+                         args.decode_only)
     rows = []
     for batch, results in per_batch.items():
         rows += report(shape, batch, results, [tuple(r.split("/")) for r in args.vllm_ratios])
     return rows
 
 
-def time_engine(model, tokenizer, mode: str, prompts, params, repeats: int) -> tuple:
+def time_engine(model, tokenizer, mode: str, prompts, params, repeats: int, decode_only: bool = False) -> tuple:
+    """``(median seconds, tokens, first round's seconds, decode seconds)`` of ``mode``'s engine; decode
+    seconds (``decode_only``: each round also runs the requests cut to :data:`SHORT_TOKENS`) the median
+    over rounds of the full requests' time less the cut ones', else None."""
+    import dataclasses
+
     import torch
 
     from chatgym.trainer.engines.hf import TransformersEngine
 
-    eng = TransformersEngine(
-        model, tokenizer, max_batch_size=len(prompts), eos_token_ids=[], max_model_len=512, **ENGINE_MODES[mode]
-    )
-    first, _ = asyncio.run(run_engine(eng, prompts, params))
-    runs = [asyncio.run(run_engine(eng, prompts, params)) for _ in range(repeats)]
-    asyncio.run(eng.close())
+    saved = {k: os.environ.get(k) for k in MODE_ENV.get(mode, {})}
+    os.environ.update(MODE_ENV.get(mode, {}))
+    try:
+        eng = TransformersEngine(
+            model, tokenizer, max_batch_size=len(prompts), eos_token_ids=[], max_model_len=512, **ENGINE_MODES[mode]
+        )
+        short = [dataclasses.replace(p, max_tokens=SHORT_TOKENS) for p in params]
+        first, _ = asyncio.run(run_engine(eng, prompts, params))
+        if decode_only:
+            asyncio.run(run_engine(eng, prompts, short))  # its warm-up
+        runs, diffs = [], []
+        for _ in range(repeats):
+            runs.append(asyncio.run(run_engine(eng, prompts, params)))
+            if decode_only:
+                diffs.append(runs[-1][0] - asyncio.run(run_engine(eng, prompts, short))[0])
+        asyncio.run(eng.close())
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     del eng
     torch.cuda.empty_cache()
-    return statistics.median(t for t, _ in runs), runs[-1][1], first
+    return statistics.median(t for t, _ in runs), runs[-1][1], first, (statistics.median(diffs) if diffs else None)
 
 
 def bench_shape(args, shape: str) -> list[str]:
@@ -452,17 +502,19 @@ def bench_shape(args, shape: str) -> list[str]:
         prompts = make_prompts(batch, model.config.vocab_size, batch)
         params = [SamplingParams(max_tokens=NEW_TOKENS, temperature=1.0, seed=i if args.seeded else None)
                   for i in range(batch)]
-        results = {f"engine {m}": time_engine(model, tokenizer, m, prompts, params, args.repeats) for m in args.modes}
+        results = {f"engine {m}": time_engine(model, tokenizer, m, prompts, params, args.repeats, args.decode_only)
+                   for m in args.modes}
         if not args.skip_generate:
             first, _ = run_generate(model, prompts, 0)
             times = [run_generate(model, prompts, 0) for _ in range(args.repeats)]
-            results["generate"] = (statistics.median(t for t, _ in times), times[0][1], first)
+            results["generate"] = (statistics.median(t for t, _ in times), times[0][1], first, None)
         per_batch[batch] = results
     if args.vllm:
         del model  # vLLM's own copy takes the GPU (one process per dtype, every batch size in it)
         torch.cuda.empty_cache()
         for q in (None, "fp8") if args.fp8 else (None,):
-            add_vllm_results(per_batch, shape, args.batch, args.repeats, args.real_weights, q)
+            add_vllm_results(per_batch, shape, args.batch, args.repeats, args.real_weights, q,
+                             decode_only=args.decode_only)
     rows = []
     for batch, results in per_batch.items():
         rows += report(shape, batch, results)
@@ -470,12 +522,13 @@ def bench_shape(args, shape: str) -> list[str]:
 
 
 def add_vllm_results(per_batch: dict, shape: str, batches: list[int], repeats: int, real_weights: bool,
-                     quantization: str | None, options: dict | None = None, label: str | None = None) -> None:
+                     quantization: str | None, options: dict | None = None, label: str | None = None,
+                     decode_only: bool = False) -> None:
     """One vLLM process's results (:func:`run_vllm`) into ``per_batch[batch]``: ``vllm <q>`` (chatgym's
     engine) and ``vllm <q> LLM.gen`` (vLLM's own ``LLM.generate`` on the same engine); ``q`` is
     ``label`` when given, else the quantization (``bf16`` for none)."""
     q = label or quantization or "bf16"
-    for batch, r in run_vllm(shape, batches, repeats, real_weights, quantization, options, q).items():
+    for batch, r in run_vllm(shape, batches, repeats, real_weights, quantization, options, q, decode_only).items():
         if isinstance(batch, str):  # "raw <batch>"
             per_batch.setdefault(int(batch.split()[1]), {})[f"vllm {q} LLM.gen"] = r
         else:
@@ -489,30 +542,34 @@ def report(shape: str, batch: int, results: dict, ratios: list[tuple[str, str]] 
     base_name = "generate" if "generate" in results else next(iter(results))
     base = results[base_name]
     rows = []
-    for name, (dt, toks, first) in results.items():
+    for name, (dt, toks, first, decode_dt) in results.items():
+        decode = "" if decode_dt is None else f"  decode {batch * (NEW_TOKENS - SHORT_TOKENS) / decode_dt:10,.0f} tok/s"
         rows.append(
             f"{shape:12s} batch {batch:4d}  {name:17s} {toks / dt:10,.0f} tok/s  {1000 * dt / NEW_TOKENS:7.2f} ms/step"
-            f"  first {first:6.2f} s  x{(toks / dt) / (base[1] / base[0]):.2f} vs {base_name}"
+            f"  first {first:6.2f} s  x{(toks / dt) / (base[1] / base[0]):.2f} vs {base_name}{decode}"
         )
     pairs = (("engine static fp8", "engine static"), ("engine static fp8+head", "engine static"),
              ("engine static fp8 compiled", "engine static compiled"), ("engine static fp8 all", "engine static all"),
-             ("engine static fp8+head all", "engine static all"),
+             ("engine static fp8+head all", "engine static all"), ("engine static fp8 all cutlass", "engine static all"),
+             ("engine static fp8+head all cutlass", "engine static all"),
              ("vllm fp8", "vllm bf16"))
     labels = [name[5:] for name in results if name.startswith("vllm ") and not name.endswith(" LLM.gen")]
     pairs += tuple((f"vllm {q}", f"vllm bf16{q[3:]}") for q in labels if q.startswith("fp8") and q != "fp8")
     for q in labels:  # chatgym's vLLM engine (auto's pick above 3 B) against vLLM's own loop
         ours, raw = f"vllm {q}", f"vllm {q} LLM.gen"
         if raw in results:
-            (d1, t1, _), (d2, t2, _) = results[ours], results[raw]
+            (d1, t1, *_), (d2, t2, *_) = results[ours], results[raw]
             rows.append(f"{shape:12s} batch {batch:4d}  chatgym's vLLM engine / vLLM LLM.generate ({q}) x{(t1 / d1) / (t2 / d2):.3f}")
     for fp8, bf16 in pairs:
         if fp8 in results and bf16 in results:
-            (d8, t8, _), (d16, t16, _) = results[fp8], results[bf16]
-            rows.append(f"{shape:12s} batch {batch:4d}  FP8/bf16 {fp8:22s} x{(t8 / d8) / (t16 / d16):.3f}")
+            (d8, t8, _, dd8), (d16, t16, _, dd16) = results[fp8], results[bf16]
+            decode = "" if dd8 is None or dd16 is None else f"  decode x{dd16 / dd8:.3f}"
+            rows.append(f"{shape:12s} batch {batch:4d}  FP8/bf16 {fp8:22s} x{(t8 / d8) / (t16 / d16):.3f}{decode}")
     for a, b in ratios:
         if f"vllm {a}" in results and f"vllm {b}" in results:
-            (da, ta, _), (db, tb, _) = results[f"vllm {a}"], results[f"vllm {b}"]
-            rows.append(f"{shape:12s} batch {batch:4d}  vllm {a} / vllm {b} x{(ta / da) / (tb / db):.3f}")
+            (da, ta, _, dda), (db, tb, _, ddb) = results[f"vllm {a}"], results[f"vllm {b}"]
+            decode = "" if dda is None or ddb is None else f"  decode x{ddb / dda:.3f}"
+            rows.append(f"{shape:12s} batch {batch:4d}  vllm {a} / vllm {b} x{(ta / da) / (tb / db):.3f}{decode}")
     for row in rows:
         print(row, flush=True)
     return rows

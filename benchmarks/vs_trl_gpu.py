@@ -50,7 +50,8 @@ Runs (``--runs``, any subset, each ``NAME:SEED``):
   ending ``_nc`` (``ours_px_pc_nc``, ``ours_1off_px_gil_pc_nc``, ``ours_1off_px_gil_ms4_pc_nc``): the same
   without gradient checkpointing (and without the shared prompt prefix: one padded forward). The
   update is host-bound alone, so checkpointing costs it nothing there, but beside the rollout its
-  recomputed forward is GPU work the two share;
+  recomputed forward is GPU work the two share; ``ours_px_pc_nc_fp8``: ``ours_px_pc_nc`` sampling from FP8
+  weights (issue 31's accuracy at equal wall clock against ``ours_px_pc_nc``, with the mismatch figures);
 * ``ours_1off_compile`` — both: with an update that issues fewer ops, the next rollout's host work and
   the update's contend less for the host (``ours_1off`` alone gained nothing: both phases issue ops);
 * ``trl_bf16``    — TRL with bf16 weights (its fastest configuration in the peers' figures);
@@ -191,6 +192,7 @@ OUR_RUNS: dict[str, dict[str, str]] = {
     "ours_1off_px_gil_ms4_pc": {"engine": "async_c_px_ms4_pc", "pipeline": "one_step_off", "compile": "true",
                                 "switch_ms": "0.2"},
     "ours_px_pc_nc": {"engine": "async_c_px_pc", "compile": "true", "checkpointing": "false"},
+    "ours_px_pc_nc_fp8": {"engine": "async_c_px_pc", "compile": "true", "checkpointing": "false", "quantization": "fp8"},
     "ours_1off_px_gil_pc_nc": {"engine": "async_c_px_pc", "pipeline": "one_step_off", "compile": "true",
                                "switch_ms": "0.2", "checkpointing": "false"},
     "ours_1off_px_gil_ms4_pc_nc": {"engine": "async_c_px_ms4_pc", "pipeline": "one_step_off", "compile": "true",

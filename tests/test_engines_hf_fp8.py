@@ -104,7 +104,10 @@ def test_fp8_matmul_is_the_dequantized_product():
     torch.testing.assert_close(fp8_matmul(x, q, s, torch.float32), expected, atol=1e-4, rtol=1e-5)
 
 
-@pytest.mark.parametrize("gemm", GEMMS)
+CPU_GEMMS = tuple(g for g in GEMMS if g != "cutlass")  # vLLM's CUTLASS kernel: CUDA only (tests/test_fp8_gpu.py)
+
+
+@pytest.mark.parametrize("gemm", CPU_GEMMS)
 def test_each_fp8_gemm_is_the_dequantized_product(gemm):
     """rowwise and unit (unscaled, scales applied after) compute one product."""
     gen = torch.Generator().manual_seed(1)
@@ -120,8 +123,60 @@ def test_each_fp8_gemm_is_the_dequantized_product(gemm):
 
 
 def test_an_unknown_fp8_gemm_is_refused():
-    with pytest.raises(ValueError, match=r"fp8 gemm must be one of \('rowwise', 'unit'\), got 'fast'"):
+    with pytest.raises(ValueError, match=r"fp8 gemm must be one of \('rowwise', 'unit', 'cutlass'\), got 'fast'"):
         Fp8Linear([torch.randn(16, 16)], "fast")
+
+
+@pytest.mark.parametrize("gemm", CPU_GEMMS)
+def test_a_bias_is_refused_by_a_gemm_that_cannot_add_it(gemm):
+    """Only the cutlass GEMM adds the q/k/v bias in its epilogue; the others would drop it silently."""
+    linear = Fp8Linear([torch.randn(16, 16)], gemm)
+    assert not linear.takes_bias and Fp8Linear([torch.randn(16, 16)], "cutlass").takes_bias
+    xq, a = quantize_rows(torch.randn(2, 16))
+    with pytest.raises(ValueError, match=rf"^fp8 gemm '{gemm}' takes no bias \(only 'cutlass' adds it in the GEMM\)$"):
+        linear.project(xq, a, torch.float32, torch.zeros(16))
+
+
+def test_the_cutlass_gemm_is_refused_where_vllm_is_not_installed(monkeypatch):
+    import importlib.util
+
+    from chatgym.trainer.engines import hf_fp8
+
+    monkeypatch.setenv("CHATGYM_FP8_GEMM", "cutlass")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    with pytest.raises(ValueError, match=r"^CHATGYM_FP8_GEMM=cutlass runs vLLM's CUTLASS kernel, and vllm is not installed here$"):
+        hf_fp8.default_gemm(True)
+    monkeypatch.setattr(importlib.util, "find_spec", real)
+    assert hf_fp8.default_gemm(True) == "cutlass"  # vllm (the CPU build) is installed in this suite's venv
+
+
+def test_the_fp8_step_adds_the_down_projection_in_the_next_norms_kernel(monkeypatch):
+    """On FP8 weights the residual add after each down projection is folded into the next layer's
+    add_norm_quant (and the last one added before the final norm): per layer one add_norm_quant after o,
+    one before q/k/v from the second layer on, and a single add a pass (the last layer's)."""
+    import dataclasses
+
+    from chatgym.trainer.engines import hf_elementwise
+
+    model = tiny(LlamaConfig)
+    slots = StaticSlots(model, 4, 96, use_graphs=False, fp8=True, fp8_gemm="rowwise")
+    calls = {"add": 0, "add_norm_quant": 0, "norm_quant": 0}
+
+    def counted(name):
+        fn = getattr(hf_elementwise.EAGER, name)
+
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    slots.fused.ops = dataclasses.replace(slots.fused.ops, **{n: counted(n) for n in calls})
+    slots.fused._prefill_ops = slots.fused.ops
+    layers = len(model.model.layers)
+    with torch.inference_mode():
+        slots.admit([[1, 5, 9, 200, 3], [7, 8]], 0)
+    assert calls == {"add": 1, "add_norm_quant": 2 * layers - 1, "norm_quant": 1}
 
 
 @pytest.mark.parametrize("gemm", ["rowwise", "unit"])

@@ -161,3 +161,31 @@ def test_vllm_fp8_generates_and_update_weights_changes_what_it_samples(kv_cache_
     assert all(c.token_ids and len(c.logprobs) == len(c.token_ids) for c in first)
     assert [c.token_ids for c in moved] != [c.token_ids for c in first]  # re-quantized from the new weights
     assert [c.token_ids for c in back] == [c.token_ids for c in first]  # and back: the same FP8 weights
+
+
+def test_the_cutlass_fp8_gemm_gives_the_unit_gemms_step_with_the_bias_in_its_epilogue(monkeypatch):
+    """``CHATGYM_FP8_GEMM=cutlass`` (vLLM's CUTLASS kernel: scales and the q/k/v bias in the epilogue)
+    against the default ``unit`` GEMM, both with compiled pieces and captured graphs, on a Qwen2 shape
+    (q/k/v bias) in bf16: the prefill's and a decode step's logits agree up to bf16 rounding (the two
+    round the product and add the bias in another order), relative to the logits' size."""
+    pytest.importorskip("vllm", reason="needs vLLM")
+    from test_engines_hf_fused import tiny
+    from transformers import Qwen2Config
+
+    from chatgym.trainer.engines.hf_static import StaticSlots
+
+    model = tiny(Qwen2Config, device="cuda", tie_word_embeddings=False).to(torch.bfloat16)
+    prompts = [[1, 5, 9, 200, 3], [7, 8], list(range(11, 40))]
+    out = {}
+    for gemm in ("unit", "cutlass"):
+        monkeypatch.setenv("CHATGYM_FP8_GEMM", gemm)
+        slots = StaticSlots(model, 4, 96, fp8=True, fused="compiled")
+        assert {layer.fp8[0].gemm for layer in slots.fused.layers} == {gemm} and slots.use_graphs
+        with torch.inference_mode():
+            prefill = slots.admit(prompts, 0).float()
+            slots.set_tokens(torch.tensor([3, 4, 5], device="cuda"))
+            steps = [slots.decode().float() for _ in range(3)]  # the first: eager warm-up; then the graph
+        out[gemm] = [prefill, *steps]
+    for ref, got in zip(out["unit"], out["cutlass"], strict=True):
+        scale = ref.abs().max().item()
+        assert (got - ref).abs().max().item() < 2e-2 * scale, ((got - ref).abs().max().item(), scale)

@@ -106,10 +106,11 @@ def test_vllm_variants_parse_to_names_and_options_and_bad_ones_are_refused(decod
 
 
 def test_report_divides_each_fp8_variant_by_its_bf16_twin_and_the_asked_ratios(decode_bench, capsys):
-    # (seconds, tokens, first round's seconds): tokens/s 1000, 1600, 2000, 1500 and LLM.generate's 1250
-    results = {"vllm bf16_async": (2.0, 2000, 9.0), "vllm fp8_async": (1.25, 2000, 9.0),
-               "vllm fp8_async_kv": (1.0, 2000, 9.0), "vllm bf16": (2.0, 3000, 9.0),
-               "vllm bf16 LLM.gen": (2.0, 2500, 9.0)}  # fmt: skip
+    # (seconds, tokens, first round's seconds, decode seconds): tokens/s 1000, 1600, 2000, 1500 and
+    # LLM.generate's 1250; no decode-only figures
+    results = {"vllm bf16_async": (2.0, 2000, 9.0, None), "vllm fp8_async": (1.25, 2000, 9.0, None),
+               "vllm fp8_async_kv": (1.0, 2000, 9.0, None), "vllm bf16": (2.0, 3000, 9.0, None),
+               "vllm bf16 LLM.gen": (2.0, 2500, 9.0, None)}  # fmt: skip
     rows = decode_bench.report("qwen2.5-7b", 64, results, [("fp8_async_kv", "bf16_async"), ("bf16_async", "bf16")])
     tail = [row.split("batch   64  ", 1)[1] for row in rows[len(results) :]]
     assert tail == [
@@ -118,6 +119,43 @@ def test_report_divides_each_fp8_variant_by_its_bf16_twin_and_the_asked_ratios(d
         "vllm fp8_async_kv / vllm bf16_async x2.000",
         "vllm bf16_async / vllm bf16 x0.667",
     ]
+
+
+def test_report_gives_decode_tokens_per_second_and_their_fp8_ratio_with_decode_only(decode_bench):
+    # --decode-only: 64 rows x 64 tokens (steps 65-128) over the median difference of the rounds: bf16
+    # 4096 / 1.0 s = 4,096 tok/s, FP8 4096 / 0.625 s = 6,554; their ratio 1.6 where the whole runs' is 1.333
+    results = {"engine static all": (2.0, 8192, 5.0, 1.0), "engine static fp8 all": (1.5, 8192, 5.0, 0.625)}
+    rows = decode_bench.report("qwen2.5-7b", 64, results)
+    assert rows[0].endswith("x1.00 vs engine static all  decode      4,096 tok/s")
+    assert rows[1].endswith("x1.33 vs engine static all  decode      6,554 tok/s")
+    assert rows[2].split("batch   64  ", 1)[1] == "FP8/bf16 engine static fp8 all  x1.333  decode x1.600"
+
+
+def test_decode_only_times_the_cut_requests_each_round(decode_bench, monkeypatch):
+    # time_engine's decode seconds: the median over rounds of (128-token round - 64-token round), here
+    # by a stand-in engine whose rounds take 0.01 s a token (so 1.28 - 0.64 s each round).
+    from types import SimpleNamespace
+
+    seen = []
+
+    class Engine:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        async def close(self):
+            pass
+
+    async def run_engine(engine, prompts, params):
+        seen.append(params[0].max_tokens)
+        return 0.01 * params[0].max_tokens, len(prompts) * params[0].max_tokens
+
+    monkeypatch.setattr(decode_bench, "run_engine", run_engine)
+    monkeypatch.setitem(sys.modules, "chatgym.trainer.engines.hf", SimpleNamespace(TransformersEngine=Engine))
+    from chatgym.trainer.engines import SamplingParams
+
+    got = decode_bench.time_engine(None, None, "static all", [[1, 2]], [SamplingParams(max_tokens=128)], 3, True)
+    assert seen == [128, 64, 128, 64, 128, 64, 128, 64]  # warm-ups, then three rounds of both
+    assert got[1:3] == (128, 1.28) and got[0] == pytest.approx(1.28) and got[3] == pytest.approx(0.64)
 
 
 @pytest.mark.slow
@@ -134,4 +172,4 @@ def test_a_vllm_variants_options_reach_its_own_vllm_process(decode_bench, capsys
              int(line.split("steps ")[1].split()[0]) for line in timelines}  # fmt: skip
     assert steps == {"one": 256, "one raw": 256, "two": 128, "two raw": 128}
     assert set(per_batch[2]) == {"vllm one", "vllm one LLM.gen", "vllm two", "vllm two LLM.gen"}
-    assert all(tokens == 2 * decode_bench.NEW_TOKENS for _, tokens, _ in per_batch[2].values())
+    assert all(tokens == 2 * decode_bench.NEW_TOKENS for _, tokens, *_ in per_batch[2].values())

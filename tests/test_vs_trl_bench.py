@@ -115,6 +115,9 @@ def test_ours_vllm_and_ours_1off_configs(bench):
         "engine.backend=vllm", "engine.dtype=bfloat16",
         "engine.options={gpu_memory_utilization: 0.3, kv_cache_dtype: fp8, quantization: fp8}"]  # fmt: skip
     assert bench.OUR_RUNS["ours_vllm_fp8kv"] == {"engine": "vllm_kv8", "quantization": "fp8"}
+    # issue 31's accuracy pair: the same run as ours_px_pc_nc, sampling from FP8 weights
+    assert bench.OUR_RUNS["ours_px_pc_nc_fp8"] == {**bench.OUR_RUNS["ours_px_pc_nc"], "quantization": "fp8"}
+    assert "engine.options.quantization=fp8" in bench.engine_overrides("async_c_px_pc", "fp8")
     assert bench.engine_overrides(**bench.OUR_RUNS["ours_vllm_fp8"])[-1] == (
         "engine.options={gpu_memory_utilization: 0.3, quantization: fp8}")
     off = bench.our_config(0, 30, Path("/tmp/x"), **bench.OUR_RUNS["ours_1off"])

@@ -31,6 +31,7 @@ directly.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -40,24 +41,28 @@ FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
 _MIN_SCALE = 1e-12
 
 # How the fused step's projections multiply (scaled_mm): "rowwise" (row-wise scales in the GEMM: cuBLASLt's
-# outer-vector-scaled kernels) or "unit" (a tensor-wise GEMM with unit scales, the row and channel scales
-# applied by the compiled piece after it). On an H100 at the 7B shape the unit GEMMs took 2.700 / 3.467
-# ms a step against rowwise's 3.696 / 4.274 at 64 / 256 rows, but applying the scales in a kernel of
-# their own cost more than that (docs/gpu.md): so "unit" with compiled pieces, "rowwise" without
-# (default_gemm). CHATGYM_FP8_GEMM overrides it for a process (benchmarks).
-GEMMS = ("rowwise", "unit")
+# outer-vector-scaled kernels), "unit" (a tensor-wise GEMM with unit scales, the row and channel scales
+# applied by the compiled piece after it) or "cutlass" (vLLM's CUTLASS kernels, vllm._custom_ops.cutlass_scaled_mm:
+# the row and channel scales and the q/k/v bias in the GEMM's epilogue, the kernels vLLM's own FP8 layers run;
+# CUDA with vLLM installed). On an H100 at the 7B shape the unit GEMMs took 2.700 / 3.467 ms a step against
+# rowwise's 3.696 / 4.274 at 64 / 256 rows, but applying the scales in a kernel of their own cost more than
+# that (docs/gpu.md): so "unit" with compiled pieces, "rowwise" without (default_gemm). CHATGYM_FP8_GEMM
+# overrides it for a process (benchmarks).
+GEMMS = ("rowwise", "unit", "cutlass")
 
 
 def default_gemm(compiled: bool) -> str:
     """The FP8 GEMM of a fused step with (``compiled``) or without compiled element-wise pieces.
 
     Raises:
-        ValueError: ``CHATGYM_FP8_GEMM`` set to a value not in :data:`GEMMS` (the engine's option check
-            calls this before any model loads).
+        ValueError: ``CHATGYM_FP8_GEMM`` set to a value not in :data:`GEMMS`, or to ``"cutlass"`` where vLLM
+            is not installed (the engine's option check calls this before any model loads).
     """
     gemm = os.environ.get("CHATGYM_FP8_GEMM") or ("unit" if compiled else "rowwise")
     if gemm not in GEMMS:
         raise ValueError(f"CHATGYM_FP8_GEMM must be one of {GEMMS}, got {gemm!r}")
+    if gemm == "cutlass" and importlib.util.find_spec("vllm") is None:
+        raise ValueError("CHATGYM_FP8_GEMM=cutlass runs vLLM's CUTLASS kernel, and vllm is not installed here")
     return gemm
 
 
@@ -105,22 +110,39 @@ def fp8_matmul(x: Any, q: Any, s: Any, out_dtype: Any) -> Any:
     return scaled_mm(*quantize_rows(x), q, s, out_dtype)
 
 
-def scaled_mm(xq: Any, a: Any, q: Any, s: Any, out_dtype: Any, gemm: str = "rowwise") -> Any:
+def scaled_mm(xq: Any, a: Any, q: Any, s: Any, out_dtype: Any, gemm: str = "rowwise", bias: Any = None) -> Any:
     """:func:`fp8_matmul` of activations already quantized by :func:`quantize_rows` (``xq`` ``(M, K)``
     float8_e4m3fn, ``a`` ``(M, 1)`` float32), as the GEMM ``gemm`` of :data:`GEMMS` computes it.
 
     ``"unit"`` returns the product *unscaled* (``X · Q^T``, rounded to ``out_dtype``): the caller
     multiplies by ``a · s`` (:func:`dequantize_out`), which :mod:`.hf_elementwise`'s compiled pieces
-    fold into the kernel after the GEMM.
+    fold into the kernel after the GEMM. ``bias`` (``(N,)`` in ``out_dtype``, bf16 or fp16) is added in
+    ``"cutlass"``'s epilogue; the other GEMMs take none (:attr:`Fp8Linear.takes_bias`).
+
+    Raises:
+        ValueError: an unknown ``gemm``, or ``bias`` with a GEMM that takes none.
     """
     import torch
 
+    if bias is not None and gemm != "cutlass":
+        raise ValueError(f"fp8 gemm {gemm!r} takes no bias (only 'cutlass' adds it in the GEMM)")
     if gemm == "rowwise":
         return torch._scaled_mm(xq, q.t(), scale_a=a, scale_b=s, out_dtype=out_dtype)
     if gemm == "unit":
         one = _unit_scale(xq.device)
         return torch._scaled_mm(xq, q.t(), scale_a=one, scale_b=one, out_dtype=out_dtype)
+    if gemm == "cutlass":
+        return _cutlass_scaled_mm()(xq, q.t(), a, s, out_dtype, bias)
     raise ValueError(f"fp8 gemm must be one of {GEMMS}, got {gemm!r}")
+
+
+@functools.cache
+def _cutlass_scaled_mm() -> Any:
+    """vLLM's ``cutlass_scaled_mm(a, b, scale_a, scale_b, out_dtype, bias)``, imported at first use (vLLM
+    registers its CUDA ops then)."""
+    from vllm import _custom_ops
+
+    return _custom_ops.cutlass_scaled_mm
 
 
 def dequantize_out(raw: Any, a: Any, s: Any) -> Any:
@@ -174,11 +196,17 @@ class Fp8Linear:
         out, a, s = self.project(xq, a, out_dtype)
         return out if a is None else dequantize_out(out, a, s)
 
-    def project(self, xq: Any, a: Any, out_dtype: Any) -> tuple[Any, Any, Any]:
-        """``(out, None, None)`` with ``out`` = :meth:`mm`, or for the ``"unit"`` GEMM ``(raw, a, s)``:
-        the unscaled product and the scales still to apply (:func:`dequantize_out`), so that a compiled
-        piece after it applies them in its own kernel."""
-        out = scaled_mm(xq, a, self.weight, self.scale, out_dtype, self.gemm)
+    @property
+    def takes_bias(self) -> bool:
+        """Whether :meth:`project` adds a bias inside the GEMM (``"cutlass"``)."""
+        return self.gemm == "cutlass"
+
+    def project(self, xq: Any, a: Any, out_dtype: Any, bias: Any = None) -> tuple[Any, Any, Any]:
+        """``(out, None, None)`` with ``out`` = :meth:`mm` (plus ``bias`` ``(N,)`` where
+        :attr:`takes_bias`), or for the ``"unit"`` GEMM ``(raw, a, s)``: the unscaled product and the
+        scales still to apply (:func:`dequantize_out`), so that a compiled piece after it applies them in
+        its own kernel."""
+        out = scaled_mm(xq, a, self.weight, self.scale, out_dtype, self.gemm, bias)
         return (out, a, self.scale) if self.gemm == "unit" else (out, None, None)
 
 

@@ -257,8 +257,9 @@ class FusedDecoder:
         if not kernel:
             mask = torch.zeros((n, 1, 1, width), dtype=hidden.dtype, device=hidden.device)
             mask.masked_fill_((columns[:width] > positions[:, None])[:, None, None, :], float("-inf"))
+        pending = None  # FP8: the last down projection's output, added to the residual in the next norm's kernel
         for layer, k_cache, v_cache in zip(self.layers, keys, values, strict=True):
-            qk, v = self._qkv(layer, hidden, cos, sin)  # (n, heads + kv_heads, d), (n, kv_heads, d)
+            hidden, qk, v = self._qkv(layer, hidden, cos, sin, pending=pending)  # qk (n, heads + kv_heads, d), v (n, kv_heads, d)
             if kernel:
                 attended = hf_attention.decode(qk[:, :heads], qk[:, heads:], v, k_cache, v_cache, positions,
                                                layer.scaling)
@@ -269,8 +270,8 @@ class FusedDecoder:
                     qk[:, :heads].view(n, kv_heads, heads // kv_heads, d), k_cache[:n, :, :width],
                     v_cache[:n, :, :width], attn_mask=mask, scale=layer.scaling,
                 )  # (n, kv_heads, group, d): query head kv * group + g, the model's own head order
-            hidden = self._after_attention(layer, hidden, attended.reshape(n, heads * d))
-        return self._logits(hidden)
+            hidden, pending = self._after_attention(layer, hidden, attended.reshape(n, heads * d))
+        return self._logits(hidden, pending=pending)
 
     def prefill(self, ids: Any, lengths: Any, keys: list[Any], values: list[Any], start: int,
                 embeds: Any = None, real: Any = None) -> Any:
@@ -307,9 +308,9 @@ class FusedDecoder:
         packed = None if embeds is None else embeds.reshape(j * width, -1)[real][None]
         hidden, cos, sin = self._embed(flat[None], (real % width)[None], packed)  # (1, t, hidden), (1, t, d)
         hidden, cos, sin = hidden.view(t, -1), cos.reshape(t, 1, d), sin.reshape(t, 1, d)
-        group, ops = heads // kv_heads, self._prefill_ops
+        group, ops, pending = heads // kv_heads, self._prefill_ops, None
         for layer, k_cache, v_cache in zip(self.layers, keys, values, strict=True):
-            qk, v = self._qkv(layer, hidden, cos, sin, ops)  # (t, heads + kv_heads, d), (t, kv_heads, d)
+            hidden, qk, v = self._qkv(layer, hidden, cos, sin, ops, pending)  # (t, heads + kv_heads, d), (t, kv_heads, d)
             grid = qk.new_zeros((j * width, heads + 2 * kv_heads, d))
             grid[real] = torch.cat((qk, v), dim=1)
             grid = grid.view(j, width, heads + 2 * kv_heads, d).transpose(1, 2)  # (j, all heads, width, d)
@@ -321,7 +322,9 @@ class FusedDecoder:
                 scale=layer.scaling,
             )  # (j, heads, width, d)
             attended = attended.transpose(1, 2).reshape(j * width, heads * d)[real]
-            hidden = self._after_attention(layer, hidden, attended, ops)
+            hidden, pending = self._after_attention(layer, hidden, attended, ops)
+        if pending is not None:
+            hidden = ops.add(hidden, *pending)
         return self._logits(hidden[ends], ops)
 
     # ---- the pieces both passes share (rows are tokens: (t, hidden)) -------------------------------
@@ -337,18 +340,27 @@ class FusedDecoder:
         half = self.head_dim // 2
         return hidden, cos, torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 
-    def _qkv(self, layer: _Layer, hidden: Any, cos: Any, sin: Any, ops: Any = None) -> tuple[Any, Any]:
+    def _qkv(self, layer: _Layer, hidden: Any, cos: Any, sin: Any, ops: Any = None,
+             pending: Any = None) -> tuple[Any, Any, Any]:
         """Pre-norm, the fused q/k/v projection, q/k norms (Qwen3), RoPE on q and k together:
-        ``(t, heads + kv_heads, d)`` roped q and k, and ``(t, kv_heads, d)`` v."""
+        ``(hidden, qk, v)``: the residual stream (``pending``, the FP8 down projection's ``(out, a, s)``
+        of the layer before, added to it in the norm's kernel), ``(t, heads + kv_heads, d)`` roped q and
+        k, and ``(t, kv_heads, d)`` v."""
         import torch
         import torch.nn.functional as F
 
         t, heads, kv_heads, d = hidden.shape[0], self.heads, self.kv_heads, self.head_dim
         norm, ops = layer.norm_in, ops or self.ops
         if layer.fp8 is not None:
-            qkv, a, s = layer.fp8[0].project(*ops.norm_quant(hidden, norm.weight, norm.variance_epsilon),
-                                             hidden.dtype)
-            if a is not None or layer.qkv_bias is not None:
+            if pending is None:
+                xq, xa = ops.norm_quant(hidden, norm.weight, norm.variance_epsilon)
+            else:
+                hidden, xq, xa = ops.add_norm_quant(hidden, pending[0], norm.weight, norm.variance_epsilon,
+                                                    *pending[1:])
+            linear = layer.fp8[0]
+            bias = layer.qkv_bias if linear.takes_bias else None  # in the GEMM's epilogue
+            qkv, a, s = linear.project(xq, xa, hidden.dtype, bias)
+            if a is not None or (layer.qkv_bias is not None and bias is None):
                 qkv = ops.dequant(qkv, a, s, layer.qkv_bias)
         else:
             qkv = F.linear(ops.norm(hidden, norm.weight, norm.variance_epsilon), layer.qkv, layer.qkv_bias)
@@ -359,10 +371,12 @@ class FusedDecoder:
                 ops.norm(qk[:, :heads], layer.q_norm.weight, layer.q_norm.variance_epsilon),
                 ops.norm(qk[:, heads:], layer.k_norm.weight, layer.k_norm.variance_epsilon),
             ), dim=1)
-        return ops.rope(qk, cos, sin), qkv[:, split:].view(t, kv_heads, d)
+        return hidden, ops.rope(qk, cos, sin), qkv[:, split:].view(t, kv_heads, d)
 
-    def _after_attention(self, layer: _Layer, hidden: Any, attended: Any, ops: Any = None) -> Any:
-        """The output projection and the MLP, each added to the residual stream in its matmul."""
+    def _after_attention(self, layer: _Layer, hidden: Any, attended: Any, ops: Any = None) -> tuple[Any, Any]:
+        """The output projection and the MLP, each added to the residual stream in its matmul:
+        ``(hidden, None)``; on FP8 weights ``(hidden, (out, a, s))``, the down projection's output not
+        yet added (the next layer's norm adds it in its own kernel: one kernel a layer fewer)."""
         import torch.nn.functional as F
 
         ops, norm, dtype = ops or self.ops, layer.norm_post, hidden.dtype
@@ -370,15 +384,17 @@ class FusedDecoder:
             _, o, gate_up, down = layer.fp8
             out, a, s = o.project(*ops.quant(attended), dtype)
             hidden, xq, xa = ops.add_norm_quant(hidden, out, norm.weight, norm.variance_epsilon, a, s)
-            return ops.add(hidden, *down.project(*ops.silu_mul_quant(*gate_up.project(xq, xa, dtype)), dtype))
+            return hidden, down.project(*ops.silu_mul_quant(*gate_up.project(xq, xa, dtype)), dtype)
         # In place: out of place, addmm first copies the residual into its output (a kernel each).
         hidden = hidden.addmm_(attended, layer.o.weight.t())
         x = ops.norm(hidden, norm.weight, norm.variance_epsilon)
-        return hidden.addmm_(ops.silu_mul(F.linear(x, layer.gate_up)), layer.down.weight.t())
+        return hidden.addmm_(ops.silu_mul(F.linear(x, layer.gate_up)), layer.down.weight.t()), None
 
-    def _logits(self, hidden: Any, ops: Any = None) -> Any:
-        norm = self.model.model.norm
-        x = (ops or self.ops).norm(hidden, norm.weight, norm.variance_epsilon)
+    def _logits(self, hidden: Any, ops: Any = None, pending: Any = None) -> Any:
+        norm, ops = self.model.model.norm, ops or self.ops
+        if pending is not None:  # the last layer's FP8 down projection (_after_attention)
+            hidden = ops.add(hidden, *pending)
+        x = ops.norm(hidden, norm.weight, norm.variance_epsilon)
         return self.lm_head_fp8(x) if self.lm_head_fp8 is not None else self.model.lm_head(x)
 
 
