@@ -9,7 +9,7 @@ those two with its element-wise pieces compiled (``fused_c``, ``fp8_c``: the eng
 times the GEMMs alone), ``fused_c_sdpa`` / ``fp8_c_sdpa``: ``fused_c`` / ``fp8_c`` with the cache writes
 and ``scaled_dot_product_attention`` instead of their default one Triton kernel (:mod:`.hf_attention`),
 ``fp8_c_cutlass``: ``fp8_c`` on vLLM's CUTLASS FP8 GEMM (scales and bias in its epilogue), ``*_head``: the
-LM head in FP8 too, ``fp8_c_inductor``: ``fp8_c`` with the MLP's quantization compiled by Inductor (the step before
+LM head in FP8 too, ``*_kv8``: the KV cache in e4m3 (``kv_cache_dtype: fp8``), ``fp8_c_inductor``: ``fp8_c`` with the MLP's quantization compiled by Inductor (the step before
 :mod:`.hf_silu_quant`), ``fused_c_aten``: ``fused_c`` with aten's RMSNorm kernel instead of Inductor's
 (the step before :func:`.hf_elementwise.norm` was compiled),
 and ``compiled`` (the layers' step compiled by ``torch.compile``, Inductor, row and column counts
@@ -52,7 +52,8 @@ import time
 
 BUCKETS = ((64, 256), (32, 256), (8, 256), (64, 512))
 MODES = ("layers", "fused", "fused_c", "fused_c_sdpa", "fused_c_aten", "fp8", "fp8_c", "fp8_c_sdpa", "fp8_c_inductor",
-         "fp8_unit", "fp8_c_rowwise", "fp8_c_cutlass", "fp8_c_head", "fp8_c_cutlass_head", "compiled")
+         "fp8_unit", "fp8_c_rowwise", "fp8_c_cutlass", "fp8_c_head", "fp8_c_cutlass_head", "fp8_c_head_kv8",
+         "fp8_c_cutlass_head_kv8", "fused_c_kv8", "compiled")
 SLOTS, MAX_LEN = 256, 512
 KINDS = (  # (kind, substrings of a kernel's name), first match wins (cutlass attention before GEMMs)
     ("attention", ("fmha", "flash", "attention", "attn")),
@@ -81,14 +82,15 @@ def make_slots(model, mode: str, prompts, pad_id: int, tokens=None):
     # fp8_c_rowwise / fp8_unit / fp8_c_cutlass: fp8_c / fp8 with that hf_fp8 GEMM instead of their default;
     # *_head: the LM head in FP8 too; *_sdpa: the compiled step with the default attention instead of the
     # Triton kernel
-    head = mode.endswith("_head")
-    base = mode.removesuffix("_head")
+    kv8 = mode.endswith("_kv8")
+    head = mode.removesuffix("_kv8").endswith("_head")
+    base = mode.removesuffix("_kv8").removesuffix("_head")
     kind, variant = (base.rsplit("_", 1) if base.endswith(("_rowwise", "_unit", "_cutlass", "_sdpa", "_inductor", "_aten"))
                      else (base, ""))
     fused = "compiled" if kind.endswith("_c") else kind in ("fused", "fp8")
     gemm = variant if variant in ("rowwise", "unit", "cutlass") else None
     slots = StaticSlots(model, SLOTS, MAX_LEN, fused=fused, fp8=kind.startswith("fp8"), fp8_gemm=gemm,
-                        fp8_lm_head=head)
+                        fp8_lm_head=head, kv_cache_dtype="fp8" if kv8 else "auto")
     if variant == "sdpa":  # before the first capture: the graphs take the attention the step has then
         slots.fused.attention = "sdpa"
     if variant in ("inductor", "aten"):  # the step before hf_silu_quant's kernels / Inductor's RMSNorms
@@ -175,9 +177,9 @@ def step_bytes(model, mode: str, n: int, width: int) -> tuple[int, int]:
         attn, mlp = layer.self_attn, layer.mlp
         for lin in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
             weights += lin.weight.numel() * per + (lin.weight.shape[0] * 4 if fp8 else 0)
-    weights += model.lm_head.weight.numel() * (1 if mode.endswith("_head") else 2)
+    weights += model.lm_head.weight.numel() * (1 if mode.removesuffix("_kv8").endswith("_head") else 2)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    kv = 2 * len(model.model.layers) * n * config.num_key_value_heads * width * head_dim * 2
+    kv = 2 * len(model.model.layers) * n * config.num_key_value_heads * width * head_dim * (1 if mode.endswith("_kv8") else 2)
     return weights, kv
 
 

@@ -548,13 +548,13 @@ plan14() {
 plan15() {  # issue 31: the FP8 step's GEMM (cuBLASLt unit / vLLM's CUTLASS), LM head, decode-only tokens/s, accuracy
   begin "$1"
   local vs="python3 benchmarks/vs_trl_gpu.py --run-timeout 300 --shape smollm2 --out $O/vs_smol"
-  local modes=(--modes "static all" "static fp8 all" "static fp8+head all")
+  local modes=(--modes "static all" "static fp8 all" "static fp8+head all" "static fp8+head all kv8")
   wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
-  mark "decode step, qwen2.5-7b: bf16, FP8 (unit GEMM), FP8 + LM head"
+  mark "decode step, qwen2.5-7b: bf16, FP8 (unit GEMM), FP8 + LM head, + e4m3 KV cache; bf16 + e4m3 KV cache"
   timeout 300 python3 benchmarks/decode_step_gpu.py --shape qwen2.5-7b --rows 64 256 --iters 50 --profile \
-    --modes fused_c fp8_c fp8_c_head > $O/step_7b.txt 2>&1
+    --modes fused_c fp8_c fp8_c_head fp8_c_head_kv8 fused_c_kv8 > $O/step_7b.txt 2>&1
   grep -E "replay|kernels|gemm |fp8 quant|element|attention|norm " $O/step_7b.txt | cut -c1-170
-  mark "engine tokens/s (and decode only), qwen2.5-7b: bf16, FP8, FP8 + LM head"
+  mark "engine tokens/s (and decode only), qwen2.5-7b: bf16, FP8, FP8 + LM head, + e4m3 KV cache"
   timeout 600 python3 benchmarks/hf_decode_gpu.py --shape qwen2.5-7b --batch 64 256 --skip-generate --repeats 3 \
     --decode-only "${modes[@]}" > $O/decode_7b.txt 2>&1
   grep -E "tok/s|x[0-9]" $O/decode_7b.txt | cut -c1-190
@@ -563,10 +563,11 @@ plan15() {  # issue 31: the FP8 step's GEMM (cuBLASLt unit / vLLM's CUTLASS), LM
   timeout 200 python3 benchmarks/fp8_gemm_gpu.py --shape qwen2.5-7b --rows 64 256 > $O/gemm_7b.txt 2>&1
   grep "all projections" $O/gemm_7b.txt | cut -c1-220
   timeout 300 python3 benchmarks/decode_step_gpu.py --shape qwen2.5-7b --rows 64 256 --iters 50 --profile \
-    --modes fused_c fp8_c_cutlass fp8_c_cutlass_head > $O/step_7b_cutlass.txt 2>&1
+    --modes fused_c fp8_c_cutlass fp8_c_cutlass_head fp8_c_cutlass_head_kv8 > $O/step_7b_cutlass.txt 2>&1
   grep -E "replay|kernels|gemm |fp8 quant" $O/step_7b_cutlass.txt | cut -c1-170
   timeout 600 python3 benchmarks/hf_decode_gpu.py --shape qwen2.5-7b --batch 64 256 --skip-generate --repeats 3 \
-    --decode-only --modes "static all" "static fp8 all cutlass" "static fp8+head all cutlass" > $O/decode_7b_cutlass.txt 2>&1
+    --decode-only --modes "static all" "static fp8+head all cutlass" "static fp8+head all cutlass kv8" \
+    > $O/decode_7b_cutlass.txt 2>&1
   grep -E "tok/s|x[0-9]" $O/decode_7b_cutlass.txt | cut -c1-190
   gpu_test_files tests/test_fp8_gpu.py
   mark "FP8 / bf16 tokens/s (and decode only), qwen2.5-7b, chatgym's vLLM engine: weights, weights + KV cache"
@@ -578,7 +579,7 @@ plan15() {  # issue 31: the FP8 step's GEMM (cuBLASLt unit / vLLM's CUTLASS), LM
   $vs --runs ours_px_pc_nc:0 ours_px_pc_nc_fp8:0 ours_px_pc_nc:1 ours_px_pc_nc_fp8:1 > $O/vs_smol_fp8.txt 2>&1
   python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 40 $O/report_smol.txt
   gpu_test_files tests/test_engines_hf_fused.py tests/test_engines_hf_elementwise.py tests/test_engines_hf_silu_quant.py \
-    tests/test_engines_hf_static.py tests/test_engines_vllm_gpu.py
+    tests/test_engines_hf_static.py tests/test_engines_hf_attention.py tests/test_engines_vllm_gpu.py
   mark "done"
 }
 

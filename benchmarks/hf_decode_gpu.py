@@ -12,7 +12,8 @@ runs the full 128 tokens: the figure is decode speed, not the model's reply leng
 * ``engine dynamic`` — ``TransformersEngine(decode="dynamic")``: padded ``DynamicCache`` batch;
 * ``engine static all`` / ``static fp8 all`` — every speed option of the static path (``fused_step:
   compiled``, ``async_scheduling``, ``sampler: philox``), bf16 / FP8 weights (``static fp8+head all``:
-  the LM head in FP8 too; ``... cutlass``: on vLLM's CUTLASS FP8 GEMM, ``CHATGYM_FP8_GEMM=cutlass``);
+  the LM head in FP8 too; ``... cutlass``: on vLLM's CUTLASS FP8 GEMM, ``CHATGYM_FP8_GEMM=cutlass``;
+  ``... kv8``: the KV cache in e4m3, ``kv_cache_dtype: fp8``);
 * ``generate``       — ``model.generate`` with the dynamic cache (what TRL's GRPOTrainer calls).
 
 Each path runs the same prompts ``--repeats`` times after one warm-up round (which pays graph capture
@@ -126,6 +127,12 @@ ENGINE_MODES = {
                                "async_scheduling": True, "sampler": "philox"},
     "static fp8+head all cutlass": {"decode": "static", "quantization": "fp8", "fp8_lm_head": True,
                                     "fused_step": "compiled", "async_scheduling": True, "sampler": "philox"},
+    # and with the KV cache in e4m3 (engine.options.kv_cache_dtype: fp8)
+    "static fp8+head all kv8": {"decode": "static", "quantization": "fp8", "fp8_lm_head": True, "kv_cache_dtype": "fp8",
+                                "fused_step": "compiled", "async_scheduling": True, "sampler": "philox"},
+    "static fp8+head all cutlass kv8": {"decode": "static", "quantization": "fp8", "fp8_lm_head": True,
+                                        "kv_cache_dtype": "fp8", "fused_step": "compiled", "async_scheduling": True,
+                                        "sampler": "philox"},
     # with four decode steps a read-back of the sampled ids (engine.options.multi_step)
     "static all ms4": {"decode": "static", "fused_step": "compiled", "async_scheduling": True, "sampler": "philox",
                        "multi_step": 4},
@@ -139,7 +146,8 @@ ENGINE_MODES = {
 
 # The environment a mode's engine runs in (the fused step reads CHATGYM_FP8_GEMM as it is built).
 MODE_ENV = {"static fp8 all cutlass": {"CHATGYM_FP8_GEMM": "cutlass"},
-            "static fp8+head all cutlass": {"CHATGYM_FP8_GEMM": "cutlass"}}
+            "static fp8+head all cutlass": {"CHATGYM_FP8_GEMM": "cutlass"},
+            "static fp8+head all cutlass kv8": {"CHATGYM_FP8_GEMM": "cutlass"}}
 
 
 async def run_engine(engine, prompts, params) -> tuple[float, int]:
@@ -551,7 +559,8 @@ def report(shape: str, batch: int, results: dict, ratios: list[tuple[str, str]] 
     pairs = (("engine static fp8", "engine static"), ("engine static fp8+head", "engine static"),
              ("engine static fp8 compiled", "engine static compiled"), ("engine static fp8 all", "engine static all"),
              ("engine static fp8+head all", "engine static all"), ("engine static fp8 all cutlass", "engine static all"),
-             ("engine static fp8+head all cutlass", "engine static all"),
+             ("engine static fp8+head all cutlass", "engine static all"), ("engine static fp8+head all kv8", "engine static all"),
+             ("engine static fp8+head all cutlass kv8", "engine static all"),
              ("vllm fp8", "vllm bf16"))
     labels = [name[5:] for name in results if name.startswith("vllm ") and not name.endswith(" LLM.gen")]
     pairs += tuple((f"vllm {q}", f"vllm bf16{q[3:]}") for q in labels if q.startswith("fp8") and q != "fp8")

@@ -19,7 +19,7 @@ from triton_helpers import run_interpreted
 from chatgym.trainer.engines import hf_attention, hf_options
 from chatgym.trainer.engines.hf_static import StaticSlots
 
-INTERPRETED_TESTS = 4  # the tests whose names hold "interpreted" (1 + 3 parametrized)
+INTERPRETED_TESTS = 6  # the tests whose names hold "interpreted" (1 + 3 parametrized + 2 of the FP8 KV cache)
 
 
 def test_the_kernel_tests_pass_in_tritons_interpreter():
@@ -63,6 +63,107 @@ def test_interpreted_kernel_gives_sdpa_over_each_rows_columns_and_writes_the_cac
     compare(9, 3, 64, edges)  # SmolLM2's heads: groups of 3, padded to 16 query rows
     compare(28, 4, 128, [5, 70])  # Qwen2.5-7B's: groups of 7
     compare(4, 4, 16, [3, 40])  # no grouping
+
+
+def e4m3_values(shape, g):
+    """float32 values e4m3 holds exactly, none subnormal (Triton's interpreter flushes those to 0 where a
+    GPU keeps them), signs and sizes of randn's."""
+    x = torch.randn(shape, generator=g)
+    x = torch.sign(x) * x.abs().clamp_min(2**-6)
+    return x.to(torch.float8_e4m3fn).float()
+
+
+def compare_fp8_cache(heads, kv_heads, d, positions):
+    """The kernel on an e4m3 cache, float32 queries: the new key/value saturated at +-448 and stored in
+    e4m3 (exactly, as these values are e4m3's), attention over the stored columns: SDPA in float32 over
+    the cache widened to float32, with the saturated new column written first."""
+    g = torch.Generator().manual_seed(heads * 10 + d)
+    n, max_len = len(positions), max(positions) + 9
+    qk = torch.randn(n, heads + kv_heads, d, generator=g)
+    k_new, v = e4m3_values((n, kv_heads, d), g), e4m3_values((n, kv_heads, d), g)
+    k_new[0, 0, :3] = torch.tensor([1000.0, -600.0, 448.0])  # beyond e4m3's range: saturated
+    v[-1, -1, -2:] = torch.tensor([-1e4, 500.0])
+    qk[:, heads:] = k_new
+    k_cache = e4m3_values((n + 2, kv_heads, max_len, d), g).to(torch.float8_e4m3fn)
+    v_cache = e4m3_values((n + 2, kv_heads, max_len, d), g).to(torch.float8_e4m3fn)
+    pos = torch.tensor(positions)
+    k_ref, v_ref = k_cache.float(), v_cache.float()
+    saturated = qk.clone()
+    saturated[:, heads:] = saturated[:, heads:].clamp(-448, 448)
+    want = reference(saturated, v.clamp(-448, 448), k_ref, v_ref, pos, heads, d**-0.5)
+    got = hf_attention.decode(qk[:, :heads], qk[:, heads:], v, k_cache, v_cache, pos, d**-0.5)
+    torch.testing.assert_close(got, want, atol=2e-6, rtol=2e-6)  # float32 sums; values up to 448 in the mix
+    assert torch.equal(k_cache.float(), k_ref) and torch.equal(v_cache.float(), v_ref)
+    assert k_cache[0, 0, positions[0], :3].float().tolist() == [448.0, -448.0, 448.0]
+    assert v_cache[n - 1, kv_heads - 1, positions[-1], -2:].float().tolist() == [-448.0, 448.0]
+
+
+def test_interpreted_kernel_on_an_fp8_cache_stores_saturated_e4m3_and_attends_to_it(interpreted):
+    compare_fp8_cache(9, 3, 64, [0, 1, hf_attention.BLOCK, 2 * hf_attention.BLOCK + 7])
+    compare_fp8_cache(28, 4, 128, [5, 70])
+
+
+def test_interpreted_fused_step_on_an_fp8_cache_writes_e4m3_of_the_full_cache_and_moves_rows(interpreted,
+                                                                                            monkeypatch):
+    """The engine's FP8 KV cache through the fused step, rows leaving included: after the prefill the
+    cache holds exactly e4m3 of what the model-dtype cache holds (saturated at 448); every decode
+    step's logits stay near the full-precision step's (e4m3's 2^-4 rounding of keys and values), and a
+    row moved to another slot carries its bytes (a wrong move would read another row's columns)."""
+    model = tiny(Qwen2Config)
+    monkeypatch.setattr(hf_attention, "default_attention", lambda *a, **k: "triton")  # the CPU's is sdpa
+    prompts = [[1, 5, 9, 200, 3], [7, 8], list(range(11, 81))]
+    full = StaticSlots(model, max_rows=4, max_len=96, use_graphs=False)
+    fp8 = StaticSlots(model, max_rows=4, max_len=96, use_graphs=False, kv_cache_dtype="fp8")
+    assert fp8.kv.dtype == torch.float8_e4m3fn and fp8.fused.attention == full.fused.attention == "triton"
+    with torch.inference_mode():
+        full.admit(prompts, 0)
+        fp8.admit(prompts, 0)
+    assert torch.equal(fp8.kv.view(torch.uint8), full.kv.clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8))
+    before = fp8.kv[:, :, 2, :, :70].clone()
+    with torch.inference_mode():
+        fp8.select([0, 2])  # row 2 moves to slot 1
+    assert torch.equal(fp8.kv[:, :, 1, :, :70].view(torch.uint8), before.view(torch.uint8))
+    seen_full = decode_sequence(StaticSlots(model, 4, 96, use_graphs=False), prompts, steps=6)
+    seen_fp8 = decode_sequence(StaticSlots(model, 4, 96, use_graphs=False, kv_cache_dtype="fp8"), prompts, steps=6)
+    for i in seen_full:
+        for (ids_a, a), (ids_b, b) in zip(seen_full[i], seen_fp8[i], strict=True):
+            assert ids_a == ids_b or ids_a[:-1] == ids_b[:-1]  # a near-tie may pick another last id
+            if ids_a == ids_b:
+                assert (a - b).abs().max().item() < 0.1 * a.abs().max().item()
+
+
+def test_an_fp8_cache_is_refused_without_the_kernel_and_off_the_compiled_step_on_cuda(monkeypatch):
+    monkeypatch.delenv("CHATGYM_DECODE_ATTENTION", raising=False)
+    with pytest.raises(ValueError, match=r"^kv_cache_dtype 'fp8' is read by the fused step's Triton attention "
+                                         r"kernel, which this step does not run \(attention 'sdpa'\)$"):
+        StaticSlots(tiny(LlamaConfig), 2, 32, use_graphs=False, kv_cache_dtype="fp8")
+    with pytest.raises(ValueError, match=r"\(fused=False\)$"):
+        StaticSlots(tiny(LlamaConfig), 2, 32, use_graphs=False, fused=False, kv_cache_dtype="fp8")
+    needs = ("kv_cache_dtype 'fp8' is read by the fused step's Triton attention kernel: it needs decode 'static' "
+             "and fused_step 'compiled' on a CUDA GPU")
+    for kwargs in ({"fused_step": True, "cuda": True}, {"fused_step": "compiled", "cuda": False},
+                   {"fused_step": False, "cuda": True}):
+        with pytest.raises(ValueError, match=f"^{needs}$".replace("(", r"\(").replace(")", r"\)")):
+            hf_options.check_options("static", kv_cache_dtype="fp8", **kwargs)
+    with pytest.raises(ValueError, match=f"^{needs}$"):
+        hf_options.check_options("dynamic", kv_cache_dtype="fp8", fused_step="compiled", cuda=True)
+    with pytest.raises(ValueError, match=r"^kv_cache_dtype must be one of \('auto', 'fp8'\), got 'fp8_e5m2'$"):
+        hf_options.check_options("static", kv_cache_dtype="fp8_e5m2")
+    assert hf_options.check_options("static", kv_cache_dtype="fp8", fused_step="compiled", cuda=True) == "compiled"
+    with pytest.raises(ValueError, match=r"^kv_cache_dtype 'fp8' is refused: the device is 'cpu'; FP8 needs"):
+        hf_options.check_kv_cache("fp8", "cpu")
+    assert hf_options.check_kv_cache("auto", "cpu") == "auto"
+
+
+def test_config_load_refuses_an_fp8_kv_cache_on_this_cpu_naming_the_field():
+    from chatgym.trainer.config.loader import ConfigError
+    from chatgym.trainer.engines import check_engine_options
+
+    with pytest.raises(ConfigError, match=r"^engine.options: kv_cache_dtype 'fp8' is read by the fused step's "
+                                          r"Triton attention kernel: it needs decode 'static' and fused_step "
+                                          r"'compiled' on a CUDA GPU"):
+        check_engine_options("hf", {"decode": "static", "fused_step": "compiled", "kv_cache_dtype": "fp8"},
+                             "engine.options")
 
 
 @pytest.mark.parametrize("config_class", [LlamaConfig, Qwen2Config, Qwen3Config], ids=["llama", "qwen2", "qwen3"])

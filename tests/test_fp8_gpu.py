@@ -189,3 +189,29 @@ def test_the_cutlass_fp8_gemm_gives_the_unit_gemms_step_with_the_bias_in_its_epi
     for ref, got in zip(out["unit"], out["cutlass"], strict=True):
         scale = ref.abs().max().item()
         assert (got - ref).abs().max().item() < 2e-2 * scale, ((got - ref).abs().max().item(), scale)
+
+
+def test_hf_fp8_kv_cache_engine_logprobs_against_the_learner():
+    """``kv_cache_dtype: fp8`` (e4m3 keys and values, :mod:`.hf_attention`) on the compiled fused step,
+    alone and with FP8 weights: the engine runs with captured graphs and its logprobs stay within
+    nats of the learner's (a cache read wrongly would put them nats off); the figures are printed
+    (``-s``) next to the bf16 cache's."""
+    from chatgym.trainer.chat.tokenizer import get_tokenizer
+    from chatgym.trainer.engines.hf import TransformersEngine
+
+    tokenizer = get_tokenizer("smollm2")
+    model = _smollm2()
+    learner = _smollm2("float32")
+    prompts = PROMPTS * 6
+    figures = {}
+    for name, extra in (("bf16", {}), ("kv8", {"kv_cache_dtype": "fp8"}),
+                        ("fp8+kv8", {"kv_cache_dtype": "fp8", "quantization": "fp8"})):
+        engine = TransformersEngine(model, tokenizer, decode="static", max_model_len=256, fused_step="compiled",
+                                    **extra)
+        completions = asyncio.run(_generate(engine, prompts, temperature=1.0))
+        assert engine._slots.use_graphs and engine._slots.kv.element_size() == (1 if "kv" in name else 2)
+        figures[name] = _learner_mismatch(learner, prompts, completions)
+        print(f"hf {name:8s} vs learner:", {k: round(v, 5) for k, v in figures[name].items()})
+    assert figures["bf16"]["mean_abs"] < 0.15
+    assert figures["kv8"]["mean_abs"] < 0.5 and figures["fp8+kv8"]["mean_abs"] < 1.0
+    assert figures["fp8+kv8"]["k3_kl"] < 0.5

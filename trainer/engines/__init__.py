@@ -126,7 +126,10 @@ def check_engine_options(backend: str, options: Mapping[str, Any], setting: str)
         # ('decode' -> 'spec_model'); the backend that takes them is the way out.
         hf_takes = set(inspect.signature(engine_class("hf")).parameters) if backend != "hf" else set()
         hf_only = [u for u in unknown if u in hf_takes]
-        close = {u: difflib.get_close_matches(u, sorted(known), n=1) for u in unknown if u not in hf_only}
+        # And the vLLM engine's own arguments under hf: 'kv_cache_gib' is not a typo of 'kv_cache_dtype'.
+        vllm_takes = set(inspect.signature(engine_class("vllm")).parameters) if backend == "hf" else set()
+        close = {u: difflib.get_close_matches(u, sorted(known), n=1) for u in unknown
+                 if u not in hf_only and u not in vllm_takes}
         hints = [f"did you mean {c[0]!r} for {u!r}?" for u, c in close.items() if c]
         if hf_only:
             use_hf = "--engine hf" if setting == "--engine-arg" else "engine.backend=hf"
@@ -170,7 +173,8 @@ def _check_hf_values(options: Mapping[str, Any], setting: str) -> None:
     values = dict(fp8=is_fp8(options.get("quantization")), fused_step=options.get("fused_step", True),
                   async_scheduling=options.get("async_scheduling", False),
                   sampler=options.get("sampler", "generators"), cuda=cuda,
-                  multi_step=options.get("multi_step", 1), precapture=options.get("precapture", False))
+                  multi_step=options.get("multi_step", 1), precapture=options.get("precapture", False),
+                  kv_cache_dtype=options.get("kv_cache_dtype", "auto"))
     try:  # the environment's overrides first: their message names the variable, not an option
         hf_options.check_overrides(values["fused_step"], cuda)
     except ValueError as exc:

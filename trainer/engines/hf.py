@@ -51,7 +51,7 @@ from chatgym.trainer.engines.common import (
     judge_stop,
     stop_ids,
 )
-from chatgym.trainer.engines.hf_options import check_options
+from chatgym.trainer.engines.hf_options import check_kv_cache, check_options
 from chatgym.trainer.engines.hf_rows import Request, Row, check_batching, compacts, resolve, wait_for_burst
 from chatgym.trainer.models.cuda import without_cudnn_attention
 
@@ -95,6 +95,8 @@ class TransformersEngine:
         quantization: ``"fp8"``: the fused static step on FP8 weights (:mod:`.hf_fp8`; needs a CUDA GPU
             of compute capability >= 8.9, refused elsewhere); ``fp8_lm_head``: the LM head in FP8 too.
             ``update_weights`` re-quantizes (scales recomputed) into the same buffers. None: the dtype's.
+        kv_cache_dtype: ``"fp8"``: the KV cache in e4m3 (:mod:`.hf_attention`: compiled fused step, CUDA
+            of compute capability >= 8.9); ``"auto"`` (default): the model's dtype.
         sampler: ``"generators"`` (default): each seeded row draws from its own ``torch.Generator``, the
             ids ``torch.multinomial`` gives (:mod:`.hf_sampling`); ``"philox"`` (CUDA): one Triton kernel
             a step draws, scores and packs every row (:mod:`.hf_draw`: counter-based Philox keyed by the
@@ -148,6 +150,7 @@ class TransformersEngine:
         sampler: str = "generators",
         multi_step: int = 1,
         precapture: bool = False,
+        kv_cache_dtype: str = "auto",
     ) -> None:
         import torch
 
@@ -159,7 +162,7 @@ class TransformersEngine:
         source = model if isinstance(model, (str, os.PathLike)) else None
         device = (device or ("cuda" if torch.cuda.is_available() else "cpu")) if source else model.device
         self.fp8 = hf_fp8.check_quantization(quantization, device)  # before the model loads: refuse early
-        self.fp8_lm_head = self.fp8 and bool(fp8_lm_head)
+        self.fp8_lm_head, self.kv_cache_dtype = self.fp8 and bool(fp8_lm_head), check_kv_cache(kv_cache_dtype, device)
         if source is not None:
             if tokenizer is None:
                 from chatgym.trainer.chat.tokenizer import get_tokenizer
@@ -167,9 +170,7 @@ class TransformersEngine:
                 tokenizer = get_tokenizer(model)
             model = load_model(model, dtype=dtype, device=device)  # in eval mode
         # A model passed in is used as is (train/eval mode included): it may be the trainer's own.
-        self.model = model
-        self.tokenizer = tokenizer
-        self.device = next(model.parameters()).device
+        self.model, self.tokenizer, self.device = model, tokenizer, next(model.parameters()).device
         self.vision = hf_vision.EngineVision.of(model, image_processor, source)
         self._decoder = hf_vision.text_decoder(model)  # the model itself unless it is a VLM
         config = self._decoder.config
@@ -201,7 +202,8 @@ class TransformersEngine:
             bool(async_scheduling), sampler, multi_step, precapture)
         self.fused_step = check_options(
             self.decode, fp8=self.fp8, async_scheduling=async_scheduling, fused_step=fused_step,
-            sampler=sampler, cuda=self.device.type == "cuda", multi_step=multi_step, precapture=precapture)
+            sampler=sampler, cuda=self.device.type == "cuda", multi_step=multi_step, precapture=precapture,
+            kv_cache_dtype=kv_cache_dtype)
         self._ahead: Any = None  # async_scheduling: logits of the decode step queued for the running rows
         self._plan: tuple[list[Row], Any] = ([], None)  # the running rows' hf_sampling plan
         self.batches_run = self.rows_run = self.decode_steps = 0
@@ -279,8 +281,7 @@ class TransformersEngine:
         """Stop the worker (pending and running requests are cancelled; one sent after the worker's last
         look at its inbox starts the next worker); the engine can be used again."""
         with self._cond:
-            worker = self._worker
-            self._stopping = True
+            worker, self._stopping = self._worker, True
             self._cond.notify_all()
         if worker is not None:
             await asyncio.to_thread(worker.join)
@@ -299,10 +300,8 @@ class TransformersEngine:
             self._worker.start()
 
     def _take_joiners(self, running: int) -> list[Request] | None:
-        """Requests to admit before the next step; None when the worker should stop.
-
-        Blocks while there is nothing to do. Called without any lock held.
-        """
+        """Requests to admit before the next step (None: the worker should stop); blocks while there is
+        nothing to do. Called without any lock held."""
         with self._cond:
             while True:
                 if self._stopping:
@@ -346,8 +345,7 @@ class TransformersEngine:
                     error.__cause__ = exc
                     for request in [r.request for r in rows] + joiners:
                         self._answer(request, error)
-                    rows, batch = [], None
-                    self._ahead = None
+                    rows, batch, self._ahead = [], None, None
                     if self._slots is not None:
                         self._slots.clear()
                 if not rows:
@@ -502,7 +500,7 @@ class TransformersEngine:
         if self._slots is None:
             self._slots = hf_static.StaticSlots(
                 self._decoder, self.max_batch_size, self.max_model_len, fused=self.fused_step,
-                fp8=self.fp8, fp8_lm_head=self.fp8_lm_head,
+                fp8=self.fp8, fp8_lm_head=self.fp8_lm_head, kv_cache_dtype=self.kv_cache_dtype,
             )
         slots = self._slots
         with torch.inference_mode(), without_cudnn_attention(self.device):

@@ -298,6 +298,8 @@ class FusedDecoder:
         import torch
         import torch.nn.functional as F
 
+        from chatgym.trainer.engines import hf_attention
+
         j, width = ids.shape
         heads, kv_heads, d = self.heads, self.kv_heads, self.head_dim
         if real is None:
@@ -315,8 +317,12 @@ class FusedDecoder:
             grid[real] = torch.cat((qk, v), dim=1)
             grid = grid.view(j, width, heads + 2 * kv_heads, d).transpose(1, 2)  # (j, all heads, width, d)
             q, k, v = grid.split((heads, kv_heads, kv_heads), dim=1)
-            k_cache[start : start + j, :, :width] = k
-            v_cache[start : start + j, :, :width] = v
+            if k_cache.dtype == torch.float8_e4m3fn:  # saturated, as the decode kernel writes (hf_attention)
+                k_cache[start : start + j, :, :width] = k.clamp(-hf_attention.FP8_MAX, hf_attention.FP8_MAX)
+                v_cache[start : start + j, :, :width] = v.clamp(-hf_attention.FP8_MAX, hf_attention.FP8_MAX)
+            else:
+                k_cache[start : start + j, :, :width] = k
+                v_cache[start : start + j, :, :width] = v
             attended = F.scaled_dot_product_attention(  # query head h reads key/value head h // group
                 q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1), is_causal=True,
                 scale=layer.scaling,

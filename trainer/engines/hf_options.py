@@ -7,12 +7,13 @@ from __future__ import annotations
 from typing import Any
 
 SAMPLERS = ("generators", "philox")
+KV_CACHE_DTYPES = ("auto", "fp8")  # vLLM's names: the model's dtype, or float8_e4m3fn (hf_attention)
 DECODES = ("auto", "static", "dynamic")
 
 
 def check_options(decode: str, *, fp8: bool = False, async_scheduling: bool = False,
                   fused_step: Any = True, sampler: str = "generators", cuda: bool = True,
-                  multi_step: Any = 1, precapture: Any = False) -> bool | str:
+                  multi_step: Any = 1, precapture: Any = False, kv_cache_dtype: Any = "auto") -> bool | str:
     """The transformers engine's options that need this path, checked together; returns
     ``fused_step`` as the engine keeps it (``True``, ``False`` or ``"compiled"``).
 
@@ -24,7 +25,9 @@ def check_options(decode: str, *, fp8: bool = False, async_scheduling: bool = Fa
         ValueError: ``decode`` not in :data:`DECODES`, ``async_scheduling`` or ``precapture`` not a bool,
             ``fused_step`` not a bool nor ``"compiled"`` (an int too), ``async_scheduling`` or
             ``fused_step: compiled`` or ``multi_step`` > 1 or ``precapture`` on the dynamic path,
-            ``multi_step`` not an int >= 1, FP8 weights off the fused static step, a
+            ``multi_step`` not an int >= 1, FP8 weights off the fused static step, ``kv_cache_dtype`` not
+            in :data:`KV_CACHE_DTYPES` or ``"fp8"`` off the compiled fused step on CUDA (its reader is
+            :mod:`.hf_attention`'s kernel), a
             ``sampler`` not in :data:`SAMPLERS`, ``"philox"`` (a Triton kernel) without ``cuda``, with
             a fused step a bad ``CHATGYM_FP8_GEMM`` or ``CHATGYM_DECODE_ATTENTION`` (:func:`check_overrides`).
     """
@@ -41,6 +44,11 @@ def check_options(decode: str, *, fp8: bool = False, async_scheduling: bool = Fa
         raise ValueError(f"fused_step must be true, false or 'compiled', got {fused_step!r}")
     if fp8 and (decode == "dynamic" or not fused_step):
         raise ValueError("quantization 'fp8' runs in the fused static decode step: decode 'static', fused_step")
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {kv_cache_dtype!r}")
+    if kv_cache_dtype == "fp8" and (decode == "dynamic" or fused_step != "compiled" or not cuda):
+        raise ValueError("kv_cache_dtype 'fp8' is read by the fused step's Triton attention kernel: it needs "
+                         "decode 'static' and fused_step 'compiled' on a CUDA GPU")
     if isinstance(multi_step, bool) or not isinstance(multi_step, int) or multi_step < 1:
         raise ValueError(f"multi_step must be an int >= 1, got {multi_step!r}")
     check_overrides(fused_step, cuda)
@@ -49,6 +57,22 @@ def check_options(decode: str, *, fp8: bool = False, async_scheduling: bool = Fa
         if on and decode == "dynamic":
             raise ValueError(f"{name} needs decode 'static' (this engine decodes {decode!r})")
     return fused_step
+
+
+def check_kv_cache(kv_cache_dtype: Any, device: Any) -> Any:
+    """``kv_cache_dtype`` ``"fp8"`` against the engine's device, before the model loads (Triton's e4m3
+    conversions need compute capability >= 8.9, as FP8 weights do); returns ``kv_cache_dtype``.
+
+    Raises:
+        ValueError: ``"fp8"`` where :func:`chatgym.trainer.models.cuda.fp8_unsupported` gives a reason.
+    """
+    if kv_cache_dtype == "fp8":
+        from chatgym.trainer.models.cuda import fp8_unsupported
+
+        why = fp8_unsupported(device)
+        if why is not None:
+            raise ValueError(f"kv_cache_dtype 'fp8' is refused: {why}")
+    return kv_cache_dtype
 
 
 def check_overrides(fused_step: Any, cuda: bool) -> None:

@@ -162,15 +162,17 @@ class StaticSlots:
         fp8: the fused step on FP8 weights (:mod:`.hf_fp8`; ``fp8_lm_head``: the LM head too); needs the
             fused step. The caller checks the device has FP8 (the engine does). ``fp8_gemm``: one of
             :data:`.hf_fp8.GEMMS` (default :func:`.hf_fp8.default_gemm`).
+        kv_cache_dtype: ``"auto"`` (the model's dtype) or ``"fp8"``: the KV cache in float8_e4m3fn, read
+            by the fused step's Triton attention (:mod:`.hf_attention`; half the bytes a step reads there).
 
     Raises:
-        ValueError: the model is not supported (the reason is in the message), or ``fp8`` without a
-            fused step for it.
+        ValueError: the model is not supported (the reason is in the message), ``fp8`` without a
+            fused step for it, ``kv_cache_dtype`` ``"fp8"`` without the fused step's Triton attention.
     """
 
     def __init__(self, model: Any, max_rows: int, max_len: int, *, use_graphs: bool = True,
                  fused: bool | str = True, fp8: bool = False, fp8_lm_head: bool = False,
-                 fp8_gemm: str | None = None) -> None:
+                 fp8_gemm: str | None = None, kv_cache_dtype: str = "auto") -> None:
         import torch
 
         ok, why = supports(model)
@@ -188,7 +190,8 @@ class StaticSlots:
         # Every layer's keys and values are views of ONE tensor (k/v, layer, slot, head, column, dim),
         # so moving rows between slots is one gather and one write for the whole cache, not two per
         # layer; each view has the layout a per-layer tensor would have.
-        self.kv = torch.zeros((2, layers, *shape), dtype=self.dtype, device=self.device)
+        kv_dtype = torch.float8_e4m3fn if kv_cache_dtype == "fp8" else self.dtype
+        self.kv = torch.zeros((2, layers, *shape), dtype=kv_dtype, device=self.device)
         keys = [self.kv[0, i] for i in range(layers)]
         values = [self.kv[1, i] for i in range(layers)]
         long = dict(dtype=torch.long, device=self.device)
@@ -219,6 +222,9 @@ class StaticSlots:
         if self._fp8["fp8"] and not ok:
             raise ValueError(f"FP8 weights run in the fused decode step, which cannot run here: {why}")
         self.fused = hf_fused.FusedDecoder(self.model, **self._fp8) if ok else None
+        if self.kv.element_size() == 1 and (self.fused is None or self.fused.attention != "triton"):
+            raise ValueError("kv_cache_dtype 'fp8' is read by the fused step's Triton attention kernel, which "
+                             f"this step does not run ({why or 'attention ' + repr(self.fused.attention)})")
         self.unfused_reason = why
 
     def follow_the_model(self) -> None:
@@ -369,6 +375,8 @@ class StaticSlots:
         position ``p`` has keys/values in columns ``0 .. p-1``; the rest of its new slot is masked
         until it writes there), in one gather over every layer's keys and values.
         """
+        import torch
+
         from chatgym.trainer.engines.hf_sampling import device_tensor
 
         m = len(keep)
@@ -377,7 +385,8 @@ class StaticSlots:
             dst = device_tensor([d for d, _ in moved], self.device)
             src = device_tensor([s for _, s in moved], self.device)
             top = max(self._pos_host[s] for _, s in moved)
-            self.kv[:, :, dst, :, :top] = self.kv[:, :, src, :, :top]
+            kv = self.kv.view(torch.uint8) if self.kv.element_size() == 1 else self.kv  # e4m3: moved as bytes
+            kv[:, :, dst, :, :top] = kv[:, :, src, :, :top]
             self.tokens[dst] = self.tokens[src]
             self.pos[dst] = self.pos[src]
         self._pos_host = [self._pos_host[r] for r in keep]
