@@ -569,17 +569,17 @@ plan15() {  # issue 31: the FP8 step's GEMM (cuBLASLt unit / vLLM's CUTLASS), LM
     --decode-only --modes "static all" "static fp8+head all cutlass" "static fp8+head all cutlass kv8" \
     > $O/decode_7b_cutlass.txt 2>&1
   grep -E "tok/s|x[0-9]" $O/decode_7b_cutlass.txt | cut -c1-190
-  gpu_test_files tests/test_fp8_gpu.py
+  gpu_test_files tests/test_fp8_gpu.py tests/test_engines_hf_attention.py tests/test_engines_hf_fused.py \
+    tests/test_engines_hf_elementwise.py tests/test_engines_hf_silu_quant.py tests/test_engines_hf_static.py
+  mark "SmolLM2: ours bf16 and FP8 rollout (token_tis), seeds 0 and 1"
+  $vs --runs ours_px_pc_nc:0 ours_px_pc_nc_fp8:0 ours_px_pc_nc:1 ours_px_pc_nc_fp8:1 > $O/vs_smol_fp8.txt 2>&1
+  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 40 $O/report_smol.txt
   mark "FP8 / bf16 tokens/s (and decode only), qwen2.5-7b, chatgym's vLLM engine: weights, weights + KV cache"
   timeout 600 python3 benchmarks/hf_decode_gpu.py --shape qwen2.5-7b --batch 64 256 --repeats 3 --decode-only \
     --vllm-variants 'bf16={}' 'fp8={"quantization": "fp8"}' 'fp8kv={"quantization": "fp8", "kv_cache_dtype": "fp8"}' \
     --vllm-ratios fp8kv/bf16 > $O/fp8_vllm_qwen2.5-7b.txt 2>&1
   grep -E "tok/s|x[0-9]" $O/fp8_vllm_qwen2.5-7b.txt | grep -v timeline | cut -c1-190
-  mark "SmolLM2: ours bf16 and FP8 rollout (token_tis), seeds 0 and 1"
-  $vs --runs ours_px_pc_nc:0 ours_px_pc_nc_fp8:0 ours_px_pc_nc:1 ours_px_pc_nc_fp8:1 > $O/vs_smol_fp8.txt 2>&1
-  python3 benchmarks/vs_trl_gpu.py --report $O/vs_smol > $O/report_smol.txt 2>&1; head -n 40 $O/report_smol.txt
-  gpu_test_files tests/test_engines_hf_fused.py tests/test_engines_hf_elementwise.py tests/test_engines_hf_silu_quant.py \
-    tests/test_engines_hf_static.py tests/test_engines_hf_attention.py tests/test_engines_vllm_gpu.py
+  gpu_test_files tests/test_engines_vllm_gpu.py
   mark "done"
 }
 
