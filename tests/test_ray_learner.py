@@ -198,23 +198,31 @@ def _assert_same_metrics(got, want):
         assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), key
 
 
-def test_one_ray_learner_updates_as_the_local_one(reference, cluster, tmp_path):
-    """One learner actor builds its learner with the local trainer's own function (seed, then the
-    compute set-up): the same initial weights, the same update and the same metrics."""
+@pytest.fixture(scope="module")
+def one_learner(cluster, tmp_path_factory):
+    """One learner actor (``trainer.backend: ray``, one learner), shared by the two tests that each
+    built one: first ``test_one_ray_learner_updates_as_the_local_one`` (it needs the weights untrained
+    and checks them), then the checkpoint test (it ends the group)."""
     from chatgym.trainer.distributed.learner import RayLearnerGroup
 
+    out = tmp_path_factory.mktemp("ray1")
+    group = RayLearnerGroup(tiny_config(out, "trainer.backend=ray"), out_dir=out)
+    yield group
+    group.close()
+
+
+def test_one_ray_learner_updates_as_the_local_one(reference, one_learner):
+    """One learner actor builds its learner with the local trainer's own function (seed, then the
+    compute set-up): the same initial weights, the same update and the same metrics."""
     trajs, before, after, metrics = reference
-    group = RayLearnerGroup(tiny_config(tmp_path, "trainer.backend=ray"), out_dir=tmp_path)
-    try:
-        assert group.info["sharding"] == "none" and group.info["torch_threads"] == THREADS
-        start = group.state_dict()
-        assert all(torch.equal(start[n], w) for n, w in before.items())
-        got_metrics = group.train_on(trajs)
-        _assert_same_update(group.state_dict(), before, after)
-        _assert_same_metrics(got_metrics, metrics)
-        assert "learner/prepared_rows" not in got_metrics  # one learner: nothing is split
-    finally:
-        group.close()
+    group = one_learner
+    assert group.info["sharding"] == "none" and group.info["torch_threads"] == THREADS
+    start = group.state_dict()
+    assert all(torch.equal(start[n], w) for n, w in before.items())
+    got_metrics = group.train_on(trajs)
+    _assert_same_update(group.state_dict(), before, after)
+    _assert_same_metrics(got_metrics, metrics)
+    assert "learner/prepared_rows" not in got_metrics  # one learner: nothing is split
 
 
 @pytest.mark.slow  # two more learner processes (~70 s on a loaded 2-core box)
@@ -381,16 +389,15 @@ def file_size_limit_in(actor, limit: int):
             ray.get(actor.__ray_call__.remote(set_limit, old))
 
 
-def test_a_checkpoint_the_disk_refuses_in_a_ray_learner_is_one_line_and_keeps_the_older_one(cluster, tmp_path):
+def test_a_checkpoint_the_disk_refuses_in_a_ray_learner_is_one_line_and_keeps_the_older_one(one_learner, tmp_path):
     """Regression: a Ray learner's refused checkpoint write reached the driver as Ray's
     RayTaskError(CheckpointNotWritten), whose text is the actor's traceback: `chatgym train` printed
     that after its one line. A real refused write: a 1 MB file size limit in the learner's process
     against the ~12 MB weights. Now the group raises a local run's one-line CheckpointNotWritten
     (train_cli prints it and returns 1); other errors keep their type."""
-    from chatgym.trainer.distributed.learner import RayLearnerGroup
     from chatgym.trainer.learner.checkpoint import CheckpointNotWritten, list_checkpoints
 
-    group = RayLearnerGroup(tiny_config(tmp_path, "trainer.backend=ray"), out_dir=tmp_path)
+    group = one_learner
     ckpts = tmp_path / "checkpoints"
     try:
         first = group.save(tmp_path, 1, {})

@@ -493,49 +493,61 @@ def test_resume_continues_with_the_same_batch_and_weights(tmp_path, tiny_model):
     assert steps == [1, 2, 3]
 
 
-def test_a_resumed_run_keeps_the_held_out_score_before_training(tmp_path, tiny_model, capsys):
+def _held_out_run(out, steps, *extra):
+    """A tiny run with the held-out evaluation (``env.eval_tasks`` 3), to ``steps``; a resume past step 1."""
+    from chatgym.trainer.train import Trainer
+
+    trainer = Trainer(tiny_config(out, "train.tensorboard=false", *extra, steps=steps), resume=steps > 1)
+    try:
+        return trainer.train()
+    finally:
+        trainer.close()
+
+
+@pytest.fixture(scope="module")
+def resumed_once(tmp_path_factory, tiny_model):
+    """One held-out run of 1 step, then resumed to 2 with nothing changed: the summaries of both,
+    ``summary.json`` as the resume left it, and the run's directory (a test may resume it further).
+    The two tests below share these two runs (each ran the same two itself before)."""
+    out = tmp_path_factory.mktemp("resumed_once")
+    first = _held_out_run(out, 1)
+    resumed = _held_out_run(out, 2)
+    return first, resumed, (out / "summary.json").read_text(), out
+
+
+def test_a_resumed_run_keeps_the_held_out_score_before_training(resumed_once, capsys):
     # Regression: the resumed run's summary.json had eval_before None ("held-out before: -"), though
     # the first run had logged it at step 0 of metrics.jsonl.
-    from chatgym.trainer.train import Trainer
     from chatgym.trainer.train_cli import _print_summary
 
-    def run(steps, resume):
-        trainer = Trainer(tiny_config(tmp_path, "train.tensorboard=false", steps=steps), resume=resume)
-        try:
-            return trainer.train()
-        finally:
-            trainer.close()
-
-    first = run(1, False)
+    first, resumed, summary_json, _ = resumed_once
     assert first["eval_before"]["eval/tasks"] == 3
-    resumed = run(2, True)
     assert resumed["steps_run"] == 1 and resumed["eval_before"] == first["eval_before"]
-    assert json.loads((tmp_path / "summary.json").read_text())["eval_before"] == first["eval_before"]
+    assert json.loads(summary_json)["eval_before"] == first["eval_before"]
     capsys.readouterr()
     _print_summary(resumed)
     before = [line for line in capsys.readouterr().out.splitlines() if "held-out before" in line]
     assert before == [f"  held-out before: score={first['eval_before']['eval/score']:.4g}"]
 
 
-def test_a_resume_that_changes_the_held_out_evaluation_says_the_figures_are_not_comparable(tmp_path, tiny_model, capsys):
+def test_a_resume_that_changes_the_held_out_evaluation_says_the_figures_are_not_comparable(resumed_once, capsys):
     # Regression (fresh-user walk): a resume with env.eval_split=train printed "held-out before" (the
     # first run's test split) and "held-out after" (the train split) with no word; only a change of
     # env.eval_tasks was flagged. The first run's config is what "before" was scored with.
-    from chatgym.trainer.train import Trainer
     from chatgym.trainer.train_cli import _print_summary
 
-    def run(steps, *extra):
-        trainer = Trainer(tiny_config(tmp_path, "train.tensorboard=false", *extra, steps=steps), resume=steps > 1)
-        try:
-            summary = trainer.train()
-        finally:
-            trainer.close()
+    def printed(summary):
         capsys.readouterr()
         _print_summary(summary)
         return summary, [line for line in capsys.readouterr().out.splitlines() if "comparable" in line]
 
-    assert run(1)[0]["eval_changes"] == []
-    summary, lines = run(2)  # a resume that changes nothing
+    first, resumed, _, out = resumed_once  # run(1), then run(2): a resume that changes nothing
+
+    def run(steps, *extra):
+        return printed(_held_out_run(out, steps, *extra))
+
+    assert first["eval_changes"] == []
+    summary, lines = printed(resumed)
     assert (summary["eval_changes"], lines) == ([], [])
     summary, lines = run(3, "env.eval_split=train")
     assert summary["eval_changes"] == ["env.eval_split"]
