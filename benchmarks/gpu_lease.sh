@@ -9,7 +9,7 @@
 # Then the device calls, back to back (the machine goes back 30 s after a call), each from the
 # project root, with the carry named:
 #
-#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan7|plan8|plan9|plan10|plan11|plan12|plan13|plan14|plan15|plan16]   (starts `plan` in the background)
+#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan7|plan8|plan9|plan10|plan11|plan12|plan13|plan14|plan15|plan16|plan17]   (starts `plan` in the background)
 #   2  [.gpukit/smol/a1]              cp .gpukit/smol/a1/* /tmp/kit/smol/
 #   3  [.gpukit/smol/a2]              cp .gpukit/smol/a2/* /tmp/kit/smol/
 #   4  [.gpukit/smol/b]               bash benchmarks/gpu_lease.sh smol
@@ -595,6 +595,20 @@ plan16() {  # plan15 without vLLM (a short lease: no vLLM kit carried): the hf e
     --decode-only --modes "static all" "static fp8+head all" "static fp8+head all kv8" > $O/decode_7b.txt 2>&1
   grep -E "tok/s|x[0-9]" $O/decode_7b.txt | cut -c1-190
   gpu_test_files tests/test_fp8_gpu.py tests/test_engines_hf_attention.py tests/test_engines_hf_static.py
+  mark "done"
+}
+
+plan17() {  # the shortest lease: the 7B FP8 step and two engine modes, nothing else
+  begin "$1"
+  wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
+  mark "decode step, qwen2.5-7b: bf16, FP8 + LM head + e4m3 KV cache, FP8, FP8 + LM head"
+  timeout 240 python3 benchmarks/decode_step_gpu.py --shape qwen2.5-7b --rows 64 256 --iters 50 \
+    --modes fused_c fp8_c_head_kv8 fp8_c fp8_c_head > $O/step_7b.txt 2>&1
+  grep -E "replay" $O/step_7b.txt | cut -c1-170
+  mark "engine tokens/s (and decode only), qwen2.5-7b: bf16, FP8 + LM head + e4m3 KV cache"
+  timeout 300 python3 benchmarks/hf_decode_gpu.py --shape qwen2.5-7b --batch 64 256 --skip-generate --repeats 3 \
+    --decode-only --modes "static all" "static fp8+head all kv8" > $O/decode_7b.txt 2>&1
+  grep -E "tok/s|x[0-9]" $O/decode_7b.txt | cut -c1-190
   mark "done"
 }
 
