@@ -545,30 +545,34 @@ plan14() {
   mark "done"
 }
 
-plan15() {  # issue 31: the FP8 step's GEMM (cuBLASLt unit / vLLM's CUTLASS), LM head, decode-only tokens/s, accuracy
+step_7b() {  # the 7B decode step of each mode given (decode_step_gpu.py, profiled), into $O/$1.txt
+  local out=$1; shift
+  mark "decode step, qwen2.5-7b: $*"
+  timeout 300 python3 benchmarks/decode_step_gpu.py --shape qwen2.5-7b --rows 64 256 --iters 50 --profile \
+    --modes "$@" > "$O/$out.txt" 2>&1
+  grep -E "replay|kernels|gemm |fp8 quant|element|attention|norm " "$O/$out.txt" | cut -c1-170
+}
+
+engine_7b() {  # the hf engine's tokens/s and decode-only tokens/s at 7B, each mode given, into $O/$1.txt
+  local out=$1; shift
+  mark "engine tokens/s (and decode only), qwen2.5-7b: $*"
+  timeout 600 python3 benchmarks/hf_decode_gpu.py --shape qwen2.5-7b --batch 64 256 --skip-generate --repeats 3 \
+    --decode-only --modes "$@" > "$O/$out.txt" 2>&1
+  grep -E "tok/s|x[0-9]" "$O/$out.txt" | cut -c1-190
+}
+
+plan15() {  # issue 31: the FP8 step's GEMM (cuBLASLt unit / vLLM's CUTLASS), LM head, e4m3 KV cache, decode-only tokens/s
   begin "$1"
   local vs="python3 benchmarks/vs_trl_gpu.py --run-timeout 300 --shape smollm2 --out $O/vs_smol"
-  local modes=(--modes "static all" "static fp8 all" "static fp8+head all" "static fp8+head all kv8")
   wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
-  mark "decode step, qwen2.5-7b: bf16, FP8 (unit GEMM), FP8 + LM head, + e4m3 KV cache; bf16 + e4m3 KV cache"
-  timeout 300 python3 benchmarks/decode_step_gpu.py --shape qwen2.5-7b --rows 64 256 --iters 50 --profile \
-    --modes fused_c fp8_c fp8_c_head fp8_c_head_kv8 fused_c_kv8 > $O/step_7b.txt 2>&1
-  grep -E "replay|kernels|gemm |fp8 quant|element|attention|norm " $O/step_7b.txt | cut -c1-170
-  mark "engine tokens/s (and decode only), qwen2.5-7b: bf16, FP8, FP8 + LM head, + e4m3 KV cache"
-  timeout 600 python3 benchmarks/hf_decode_gpu.py --shape qwen2.5-7b --batch 64 256 --skip-generate --repeats 3 \
-    --decode-only "${modes[@]}" > $O/decode_7b.txt 2>&1
-  grep -E "tok/s|x[0-9]" $O/decode_7b.txt | cut -c1-190
+  step_7b step_7b fused_c fp8_c fp8_c_head fp8_c_head_kv8 fused_c_kv8
+  engine_7b decode_7b "static all" "static fp8 all" "static fp8+head all" "static fp8+head all kv8"
   wait_for /tmp/kit/vllm_ok || mark "no vLLM"
   mark "FP8 GEMMs alone with vLLM's CUTLASS kernel; the step and the engine on it"
   timeout 200 python3 benchmarks/fp8_gemm_gpu.py --shape qwen2.5-7b --rows 64 256 > $O/gemm_7b.txt 2>&1
   grep "all projections" $O/gemm_7b.txt | cut -c1-220
-  timeout 300 python3 benchmarks/decode_step_gpu.py --shape qwen2.5-7b --rows 64 256 --iters 50 --profile \
-    --modes fused_c fp8_c_cutlass fp8_c_cutlass_head fp8_c_cutlass_head_kv8 > $O/step_7b_cutlass.txt 2>&1
-  grep -E "replay|kernels|gemm |fp8 quant" $O/step_7b_cutlass.txt | cut -c1-170
-  timeout 600 python3 benchmarks/hf_decode_gpu.py --shape qwen2.5-7b --batch 64 256 --skip-generate --repeats 3 \
-    --decode-only --modes "static all" "static fp8+head all cutlass" "static fp8+head all cutlass kv8" \
-    > $O/decode_7b_cutlass.txt 2>&1
-  grep -E "tok/s|x[0-9]" $O/decode_7b_cutlass.txt | cut -c1-190
+  step_7b step_7b_cutlass fused_c fp8_c_cutlass fp8_c_cutlass_head fp8_c_cutlass_head_kv8
+  engine_7b decode_7b_cutlass "static all" "static fp8+head all cutlass" "static fp8+head all cutlass kv8"
   gpu_test_files tests/test_fp8_gpu.py tests/test_engines_hf_attention.py tests/test_engines_hf_fused.py \
     tests/test_engines_hf_elementwise.py tests/test_engines_hf_silu_quant.py tests/test_engines_hf_static.py
   mark "SmolLM2: ours bf16 and FP8 rollout (token_tis), seeds 0 and 1"
@@ -586,14 +590,8 @@ plan15() {  # issue 31: the FP8 step's GEMM (cuBLASLt unit / vLLM's CUTLASS), LM
 plan16() {  # plan15 without vLLM (a short lease: no vLLM kit carried): the hf engine's FP8 step and tokens/s, its tests
   begin "$1"
   wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
-  mark "decode step, qwen2.5-7b: bf16, FP8 (unit GEMM), FP8 + LM head, + e4m3 KV cache; bf16 + e4m3 KV cache"
-  timeout 300 python3 benchmarks/decode_step_gpu.py --shape qwen2.5-7b --rows 64 256 --iters 50 --profile \
-    --modes fused_c fp8_c fp8_c_head fp8_c_head_kv8 fused_c_kv8 > $O/step_7b.txt 2>&1
-  grep -E "replay|kernels|gemm |fp8 quant|element|attention|norm " $O/step_7b.txt | cut -c1-170
-  mark "engine tokens/s (and decode only), qwen2.5-7b: bf16, FP8 + LM head, + e4m3 KV cache"
-  timeout 600 python3 benchmarks/hf_decode_gpu.py --shape qwen2.5-7b --batch 64 256 --skip-generate --repeats 3 \
-    --decode-only --modes "static all" "static fp8+head all" "static fp8+head all kv8" > $O/decode_7b.txt 2>&1
-  grep -E "tok/s|x[0-9]" $O/decode_7b.txt | cut -c1-190
+  step_7b step_7b fused_c fp8_c fp8_c_head fp8_c_head_kv8 fused_c_kv8
+  engine_7b decode_7b "static all" "static fp8+head all" "static fp8+head all kv8"
   gpu_test_files tests/test_fp8_gpu.py tests/test_engines_hf_attention.py tests/test_engines_hf_static.py
   mark "done"
 }
@@ -601,14 +599,8 @@ plan16() {  # plan15 without vLLM (a short lease: no vLLM kit carried): the hf e
 plan17() {  # the shortest lease: the 7B FP8 step and two engine modes, nothing else
   begin "$1"
   wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
-  mark "decode step, qwen2.5-7b: bf16, FP8 + LM head + e4m3 KV cache, FP8, FP8 + LM head"
-  timeout 240 python3 benchmarks/decode_step_gpu.py --shape qwen2.5-7b --rows 64 256 --iters 50 \
-    --modes fused_c fp8_c_head_kv8 fp8_c fp8_c_head > $O/step_7b.txt 2>&1
-  grep -E "replay" $O/step_7b.txt | cut -c1-170
-  mark "engine tokens/s (and decode only), qwen2.5-7b: bf16, FP8 + LM head + e4m3 KV cache"
-  timeout 300 python3 benchmarks/hf_decode_gpu.py --shape qwen2.5-7b --batch 64 256 --skip-generate --repeats 3 \
-    --decode-only --modes "static all" "static fp8+head all kv8" > $O/decode_7b.txt 2>&1
-  grep -E "tok/s|x[0-9]" $O/decode_7b.txt | cut -c1-190
+  step_7b step_7b fused_c fp8_c_head_kv8 fp8_c fp8_c_head
+  engine_7b decode_7b "static all" "static fp8+head all kv8"
   mark "done"
 }
 

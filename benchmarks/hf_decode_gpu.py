@@ -62,6 +62,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from unittest import mock
 
 NEW_TOKENS = 128
 SHORT_TOKENS = NEW_TOKENS // 2  # --decode-only: the same requests cut here; the difference is decode alone
@@ -465,9 +466,7 @@ def time_engine(model, tokenizer, mode: str, prompts, params, repeats: int, deco
 
     from chatgym.trainer.engines.hf import TransformersEngine
 
-    saved = {k: os.environ.get(k) for k in MODE_ENV.get(mode, {})}
-    os.environ.update(MODE_ENV.get(mode, {}))
-    try:
+    with mock.patch.dict(os.environ, MODE_ENV.get(mode, {})):  # restored after the mode's engine
         eng = TransformersEngine(
             model, tokenizer, max_batch_size=len(prompts), eos_token_ids=[], max_model_len=512, **ENGINE_MODES[mode]
         )
@@ -481,12 +480,6 @@ def time_engine(model, tokenizer, mode: str, prompts, params, repeats: int, deco
             if decode_only:
                 diffs.append(runs[-1][0] - asyncio.run(run_engine(eng, prompts, short))[0])
         asyncio.run(eng.close())
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     del eng
     torch.cuda.empty_cache()
     return statistics.median(t for t, _ in runs), runs[-1][1], first, (statistics.median(diffs) if diffs else None)

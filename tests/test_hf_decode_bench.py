@@ -4,6 +4,7 @@ the FP8 modes to the defaults."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -136,11 +137,11 @@ def test_decode_only_times_the_cut_requests_each_round(decode_bench, monkeypatch
     # by a stand-in engine whose rounds take 0.01 s a token (so 1.28 - 0.64 s each round).
     from types import SimpleNamespace
 
-    seen = []
+    seen, gemm_seen = [], []
 
     class Engine:
         def __init__(self, *args, **kwargs):
-            pass
+            gemm_seen.append(os.environ.get("CHATGYM_FP8_GEMM"))
 
         async def close(self):
             pass
@@ -153,9 +154,13 @@ def test_decode_only_times_the_cut_requests_each_round(decode_bench, monkeypatch
     monkeypatch.setitem(sys.modules, "chatgym.trainer.engines.hf", SimpleNamespace(TransformersEngine=Engine))
     from chatgym.trainer.engines import SamplingParams
 
+    monkeypatch.delenv("CHATGYM_FP8_GEMM", raising=False)
     got = decode_bench.time_engine(None, None, "static all", [[1, 2]], [SamplingParams(max_tokens=128)], 3, True)
     assert seen == [128, 64, 128, 64, 128, 64, 128, 64]  # warm-ups, then three rounds of both
     assert got[1:3] == (128, 1.28) and got[0] == pytest.approx(1.28) and got[3] == pytest.approx(0.64)
+    # A mode's environment (MODE_ENV) holds while its engine is built, and is gone after it.
+    decode_bench.time_engine(None, None, "static fp8+head all cutlass", [[1, 2]], [SamplingParams(max_tokens=8)], 1)
+    assert gemm_seen == [None, "cutlass"] and "CHATGYM_FP8_GEMM" not in os.environ
 
 
 @pytest.mark.slow
