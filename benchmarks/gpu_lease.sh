@@ -566,7 +566,7 @@ plan15() {  # issue 31: the FP8 step's GEMM (cuBLASLt unit / vLLM's CUTLASS), LM
   local vs="python3 benchmarks/vs_trl_gpu.py --run-timeout 300 --shape smollm2 --out $O/vs_smol"
   wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
   step_7b step_7b fused_c fp8_c fp8_c_head fp8_c_head_kv8 fused_c_kv8
-  engine_7b decode_7b "static all" "static fp8 all" "static fp8+head all" "static fp8+head all kv8"
+  engine_7b decode_7b "static all" "static fp8 all" "static fp8+head all" "static fp8+head all kv8" "static all kv8"
   wait_for /tmp/kit/vllm_ok || mark "no vLLM"
   mark "FP8 GEMMs alone with vLLM's CUTLASS kernel; the step and the engine on it"
   timeout 200 python3 benchmarks/fp8_gemm_gpu.py --shape qwen2.5-7b --rows 64 256 > $O/gemm_7b.txt 2>&1

@@ -13,7 +13,8 @@ runs the full 128 tokens: the figure is decode speed, not the model's reply leng
 * ``engine static all`` / ``static fp8 all`` — every speed option of the static path (``fused_step:
   compiled``, ``async_scheduling``, ``sampler: philox``), bf16 / FP8 weights (``static fp8+head all``:
   the LM head in FP8 too; ``... cutlass``: on vLLM's CUTLASS FP8 GEMM, ``CHATGYM_FP8_GEMM=cutlass``;
-  ``... kv8``: the KV cache in e4m3, ``kv_cache_dtype: fp8``);
+  ``... kv8``: the KV cache in e4m3, ``kv_cache_dtype: fp8``; ``static all kv8``: that alone, bf16 weights;
+  each FP8/bf16 row divides by ``static all``, bf16 weights and cache);
 * ``generate``       — ``model.generate`` with the dynamic cache (what TRL's GRPOTrainer calls).
 
 Each path runs the same prompts ``--repeats`` times after one warm-up round (which pays graph capture
@@ -128,7 +129,9 @@ ENGINE_MODES = {
                                "async_scheduling": True, "sampler": "philox"},
     "static fp8+head all cutlass": {"decode": "static", "quantization": "fp8", "fp8_lm_head": True,
                                     "fused_step": "compiled", "async_scheduling": True, "sampler": "philox"},
-    # and with the KV cache in e4m3 (engine.options.kv_cache_dtype: fp8)
+    # and with the KV cache in e4m3 (engine.options.kv_cache_dtype: fp8): bf16 weights, FP8 weights
+    "static all kv8": {"decode": "static", "fused_step": "compiled", "async_scheduling": True, "sampler": "philox",
+                       "kv_cache_dtype": "fp8"},
     "static fp8+head all kv8": {"decode": "static", "quantization": "fp8", "fp8_lm_head": True, "kv_cache_dtype": "fp8",
                                 "fused_step": "compiled", "async_scheduling": True, "sampler": "philox"},
     "static fp8+head all cutlass kv8": {"decode": "static", "quantization": "fp8", "fp8_lm_head": True,
@@ -406,8 +409,11 @@ def parse_args():
     ap.add_argument("--fp8", action="store_true", help="vLLM fp8 with --vllm, FP8/bf16 ratios; without --modes "
                     "also 'static fp8' and 'static fp8+head'")
     ap.add_argument("--vllm", action="store_true", help="also the in-process vLLM engine (bf16; fp8 with --fp8)")
-    ap.add_argument("--decode-only", action="store_true", help=f"also decode tokens/s: every round runs the requests "
-                    f"cut to {SHORT_TOKENS} new tokens too, and the difference is decode alone (no prefill)")
+    ap.add_argument("--decode-only", action="store_true", help=f"also decode tokens/s, beside the whole runs': every "
+                    f"round also runs the requests cut to {SHORT_TOKENS} new tokens (about twice the time), and "
+                    f"rows x {NEW_TOKENS - SHORT_TOKENS} over the difference is the rate of decode steps "
+                    f"{SHORT_TOKENS + 1}-{NEW_TOKENS} alone (no prefill); for the engine modes and chatgym's vLLM "
+                    "engine, not model.generate or LLM.generate")
     ap.add_argument("--vllm-variants", nargs="+", metavar="NAME=JSON", type=vllm_variant,
                     help="vLLM alone, a process a variant: NAME=a JSON object of engine options")
     ap.add_argument("--vllm-ratios", nargs="+", metavar="A/B", default=[],
@@ -553,7 +559,7 @@ def report(shape: str, batch: int, results: dict, ratios: list[tuple[str, str]] 
              ("engine static fp8 compiled", "engine static compiled"), ("engine static fp8 all", "engine static all"),
              ("engine static fp8+head all", "engine static all"), ("engine static fp8 all cutlass", "engine static all"),
              ("engine static fp8+head all cutlass", "engine static all"), ("engine static fp8+head all kv8", "engine static all"),
-             ("engine static fp8+head all cutlass kv8", "engine static all"),
+             ("engine static fp8+head all cutlass kv8", "engine static all"), ("engine static all kv8", "engine static all"),
              ("vllm fp8", "vllm bf16"))
     labels = [name[5:] for name in results if name.startswith("vllm ") and not name.endswith(" LLM.gen")]
     pairs += tuple((f"vllm {q}", f"vllm bf16{q[3:]}") for q in labels if q.startswith("fp8") and q != "fp8")

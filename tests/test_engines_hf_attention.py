@@ -140,13 +140,16 @@ def test_an_fp8_cache_is_refused_without_the_kernel_and_off_the_compiled_step_on
     with pytest.raises(ValueError, match=r"\(fused=False\)$"):
         StaticSlots(tiny(LlamaConfig), 2, 32, use_graphs=False, fused=False, kv_cache_dtype="fp8")
     needs = ("kv_cache_dtype 'fp8' is read by the fused step's Triton attention kernel: it needs decode 'static' "
-             "and fused_step 'compiled' on a CUDA GPU")
-    for kwargs in ({"fused_step": True, "cuda": True}, {"fused_step": "compiled", "cuda": False},
-                   {"fused_step": False, "cuda": True}):
-        with pytest.raises(ValueError, match=f"^{needs}$".replace("(", r"\(").replace(")", r"\)")):
+             "and fused_step 'compiled'")
+    for kwargs in ({"fused_step": True, "cuda": True}, {"fused_step": False, "cuda": True}):
+        with pytest.raises(ValueError, match=f"^{needs}$"):
             hf_options.check_options("static", kv_cache_dtype="fp8", **kwargs)
     with pytest.raises(ValueError, match=f"^{needs}$"):
         hf_options.check_options("dynamic", kv_cache_dtype="fp8", fused_step="compiled", cuda=True)
+    # Fresh-user walk: without CUDA it said to set what was set already; now it says what to do there.
+    with pytest.raises(ValueError, match=r"^kv_cache_dtype 'fp8' is read by a Triton kernel on a CUDA GPU, and this "
+                                         r"engine has none: leave it out \(or 'auto'\)$"):
+        hf_options.check_options("static", kv_cache_dtype="fp8", fused_step="compiled", cuda=False)
     with pytest.raises(ValueError, match=r"^kv_cache_dtype must be one of \('auto', 'fp8'\), got 'fp8_e5m2'$"):
         hf_options.check_options("static", kv_cache_dtype="fp8_e5m2")
     assert hf_options.check_options("static", kv_cache_dtype="fp8", fused_step="compiled", cuda=True) == "compiled"
@@ -155,15 +158,47 @@ def test_an_fp8_cache_is_refused_without_the_kernel_and_off_the_compiled_step_on
     assert hf_options.check_kv_cache("auto", "cpu") == "auto"
 
 
-def test_config_load_refuses_an_fp8_kv_cache_on_this_cpu_naming_the_field():
+def test_config_load_refuses_an_fp8_kv_cache_on_this_cpu_naming_the_field(monkeypatch):
+    from chatgym.trainer.config.loader import ConfigError
+    from chatgym.trainer.config.run import load_config
+    from chatgym.trainer.engines import check_engine_options
+    from chatgym.trainer.models import cuda
+
+    with pytest.raises(ConfigError, match=r"^engine.options: kv_cache_dtype 'fp8' is read by a Triton kernel on a "
+                                          r"CUDA GPU, and this engine has none: leave it out \(or 'auto'\)$"):
+        check_engine_options("hf", {"decode": "static", "fused_step": "compiled", "kv_cache_dtype": "fp8"},
+                             "engine.options")
+    # Fresh-user walk: on a GPU without FP8 (compute capability < 8.9) the hardware refusal came only as
+    # the engine was built, after the learner loaded; load_config says it first, as for FP8 weights.
+    fp8_kv = ["engine.backend=hf", "engine.options={kv_cache_dtype: fp8, decode: static, fused_step: compiled}"]
+    with pytest.raises(ConfigError, match=r"^engine.options.kv_cache_dtype: 'fp8' is refused: no CUDA GPU here; "
+                                          r"FP8 needs one of compute capability >= 8.9 \(Ada, Hopper\)$"):
+        load_config(None, fp8_kv)
+    monkeypatch.setattr(cuda, "fp8_unsupported", lambda device=None: "NVIDIA A100 has compute capability 8.0; FP8 "
+                        "needs >= 8.9 (Ada, Hopper)")
+    with pytest.raises(ConfigError, match=r"^engine.options.kv_cache_dtype: 'fp8' is refused: NVIDIA A100 has "):
+        load_config(None, fp8_kv)
+    monkeypatch.setattr(cuda, "fp8_unsupported", lambda device=None: None)  # an H100: nothing refused here
+    assert load_config(None, fp8_kv).engine.options["kv_cache_dtype"] == "fp8"
+
+
+def test_config_load_refuses_a_kv_cache_dtype_vllm_does_not_take_naming_its_values():
+    # Fresh-user walk: 'FP8', 1 and true reached vLLM's pydantic error after the learner had loaded.
+    import typing
+
+    from vllm.config.cache import CacheDType
+
     from chatgym.trainer.config.loader import ConfigError
     from chatgym.trainer.engines import check_engine_options
 
-    with pytest.raises(ConfigError, match=r"^engine.options: kv_cache_dtype 'fp8' is read by the fused step's "
-                                          r"Triton attention kernel: it needs decode 'static' and fused_step "
-                                          r"'compiled' on a CUDA GPU"):
-        check_engine_options("hf", {"decode": "static", "fused_step": "compiled", "kv_cache_dtype": "fp8"},
-                             "engine.options")
+    values = list(typing.get_args(CacheDType))
+    assert "fp8" in values and "fp8_e5m2" in values
+    for bad in ("FP8", 1, True):
+        with pytest.raises(ConfigError) as err:
+            check_engine_options("vllm", {"kv_cache_dtype": bad}, "engine.options")
+        assert str(err.value) == f"engine.options: kv_cache_dtype must be one of vLLM's {values}, got {bad!r}"
+    for good in ("fp8", "fp8_e5m2", "auto"):
+        check_engine_options("vllm", {"kv_cache_dtype": good}, "engine.options")
 
 
 @pytest.mark.parametrize("config_class", [LlamaConfig, Qwen2Config, Qwen3Config], ids=["llama", "qwen2", "qwen3"])

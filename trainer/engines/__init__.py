@@ -152,6 +152,17 @@ def check_engine_options(backend: str, options: Mapping[str, Any], setting: str)
 
 def _check_vllm_values(options: Mapping[str, Any], setting: str) -> None:
     """vLLM's values refused at config load (its pydantic refusal came after the learner loaded)."""
+    if "kv_cache_dtype" in options:  # vLLM is imported already: its option names were read
+        import typing
+
+        try:
+            from vllm.config.cache import CacheDType
+        except ImportError:  # another vLLM layout: vLLM's own check, later
+            CacheDType = Any
+        values = typing.get_args(CacheDType)
+        if values and options["kv_cache_dtype"] not in values:
+            raise ConfigError(f"{setting}: kv_cache_dtype must be one of vLLM's {list(values)}, "
+                              f"got {options['kv_cache_dtype']!r}")
     if "gpu_memory_utilization" not in options:
         return
     share = options["gpu_memory_utilization"]

@@ -46,9 +46,12 @@ def check_options(decode: str, *, fp8: bool = False, async_scheduling: bool = Fa
         raise ValueError("quantization 'fp8' runs in the fused static decode step: decode 'static', fused_step")
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {kv_cache_dtype!r}")
-    if kv_cache_dtype == "fp8" and (decode == "dynamic" or fused_step != "compiled" or not cuda):
+    if kv_cache_dtype == "fp8" and not cuda:
+        raise ValueError("kv_cache_dtype 'fp8' is read by a Triton kernel on a CUDA GPU, and this engine has none: "
+                         "leave it out (or 'auto')")
+    if kv_cache_dtype == "fp8" and (decode == "dynamic" or fused_step != "compiled"):
         raise ValueError("kv_cache_dtype 'fp8' is read by the fused step's Triton attention kernel: it needs "
-                         "decode 'static' and fused_step 'compiled' on a CUDA GPU")
+                         "decode 'static' and fused_step 'compiled'")
     if isinstance(multi_step, bool) or not isinstance(multi_step, int) or multi_step < 1:
         raise ValueError(f"multi_step must be an int >= 1, got {multi_step!r}")
     check_overrides(fused_step, cuda)
