@@ -124,19 +124,6 @@ ENGINE_MODES = {
                        "sampler": "philox"},
     "static fp8+head all": {"decode": "static", "quantization": "fp8", "fp8_lm_head": True, "fused_step": "compiled",
                             "async_scheduling": True, "sampler": "philox"},
-    # the FP8 modes on vLLM's CUTLASS FP8 GEMM (CHATGYM_FP8_GEMM=cutlass: MODE_ENV)
-    "static fp8 all cutlass": {"decode": "static", "quantization": "fp8", "fused_step": "compiled",
-                               "async_scheduling": True, "sampler": "philox"},
-    "static fp8+head all cutlass": {"decode": "static", "quantization": "fp8", "fp8_lm_head": True,
-                                    "fused_step": "compiled", "async_scheduling": True, "sampler": "philox"},
-    # and with the KV cache in e4m3 (engine.options.kv_cache_dtype: fp8): bf16 weights, FP8 weights
-    "static all kv8": {"decode": "static", "fused_step": "compiled", "async_scheduling": True, "sampler": "philox",
-                       "kv_cache_dtype": "fp8"},
-    "static fp8+head all kv8": {"decode": "static", "quantization": "fp8", "fp8_lm_head": True, "kv_cache_dtype": "fp8",
-                                "fused_step": "compiled", "async_scheduling": True, "sampler": "philox"},
-    "static fp8+head all cutlass kv8": {"decode": "static", "quantization": "fp8", "fp8_lm_head": True,
-                                        "kv_cache_dtype": "fp8", "fused_step": "compiled", "async_scheduling": True,
-                                        "sampler": "philox"},
     # with four decode steps a read-back of the sampled ids (engine.options.multi_step)
     "static all ms4": {"decode": "static", "fused_step": "compiled", "async_scheduling": True, "sampler": "philox",
                        "multi_step": 4},
@@ -148,10 +135,16 @@ ENGINE_MODES = {
 }
 
 
-# The environment a mode's engine runs in (the fused step reads CHATGYM_FP8_GEMM as it is built).
-MODE_ENV = {"static fp8 all cutlass": {"CHATGYM_FP8_GEMM": "cutlass"},
-            "static fp8+head all cutlass": {"CHATGYM_FP8_GEMM": "cutlass"},
-            "static fp8+head all cutlass kv8": {"CHATGYM_FP8_GEMM": "cutlass"}}
+# The FP8 modes on vLLM's CUTLASS FP8 GEMM (CHATGYM_FP8_GEMM=cutlass: mode_env), and modes with the KV cache
+# in e4m3 (engine.options.kv_cache_dtype: fp8): bf16 weights, FP8 weights.
+ENGINE_MODES.update({f"{m} cutlass": ENGINE_MODES[m] for m in ("static fp8 all", "static fp8+head all")})
+ENGINE_MODES.update({f"{m} kv8": {**ENGINE_MODES[m], "kv_cache_dtype": "fp8"}
+                     for m in ("static fp8+head all", "static fp8+head all cutlass", "static all")})
+
+
+def mode_env(mode: str) -> dict[str, str]:
+    """The environment a mode's engine runs in (the fused step reads CHATGYM_FP8_GEMM as it is built)."""
+    return {"CHATGYM_FP8_GEMM": "cutlass"} if "cutlass" in mode.split() else {}
 
 
 async def run_engine(engine, prompts, params) -> tuple[float, int]:
@@ -472,7 +465,7 @@ def time_engine(model, tokenizer, mode: str, prompts, params, repeats: int, deco
 
     from chatgym.trainer.engines.hf import TransformersEngine
 
-    with mock.patch.dict(os.environ, MODE_ENV.get(mode, {})):  # restored after the mode's engine
+    with mock.patch.dict(os.environ, mode_env(mode)):  # restored after the mode's engine
         eng = TransformersEngine(
             model, tokenizer, max_batch_size=len(prompts), eos_token_ids=[], max_model_len=512, **ENGINE_MODES[mode]
         )

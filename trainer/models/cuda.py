@@ -108,6 +108,12 @@ def fp8_config_refusal(options: Any, backend: str, worker_num_gpus: float) -> st
     with a GPU checks its own when its engine is built."""
     if not is_fp8(options.get("quantization")):
         return None
+    return fp8_hardware_refusal(options.get("device"), backend, worker_num_gpus)
+
+
+def fp8_hardware_refusal(device: Any, backend: str, worker_num_gpus: float) -> str | None:
+    """Why an engine on ``device`` cannot run anything in FP8 (weights, the hf engine's e4m3 KV cache),
+    as :func:`fp8_config_refusal` judges it at config load; None when it can or cannot be known here."""
     if backend != "local":
         if worker_num_gpus <= 0:
             return (
@@ -115,4 +121,4 @@ def fp8_config_refusal(options: Any, backend: str, worker_num_gpus: float) -> st
                 "of compute capability >= 8.9"
             )
         return None
-    return fp8_unsupported(options.get("device"))
+    return fp8_unsupported(device)
