@@ -395,7 +395,7 @@ def parse_args():
     ap.add_argument("--shape", nargs="+", default=["smollm2"], choices=SHAPES, help="model shapes (random weights)")
     ap.add_argument("--skip-generate", action="store_true", help="leave out model.generate (slow at 7B)")
     ap.add_argument("--seeded", action="store_true", help="a seed per request (the trainer's way)")
-    modes = [m for m in ENGINE_MODES if "fp8" not in m]
+    modes = [m for m in ENGINE_MODES if "fp8" not in m and "kv8" not in m]  # FP8 of any kind: asked for by name
     ap.add_argument("--modes", nargs="+", choices=list(ENGINE_MODES), metavar="MODE",
                     help=f"the engine's modes, each quoted when it has spaces ('static all'): {', '.join(ENGINE_MODES)}; "
                     f"default: {', '.join(modes)} (with --fp8 also 'static fp8' and 'static fp8+head')")
