@@ -404,3 +404,53 @@ def test_bad_arguments():
         DockerSandbox(client=FakeDockerClient(), pool_size=-1)
     with pytest.raises(ValueError, match="tmpfs_mb"):
         DockerSandbox(client=FakeDockerClient(), tmpfs_mb=0)
+
+
+def test_two_writers_of_the_image_tar_at_once_leave_the_whole_tar(tmp_path, monkeypatch):
+    """Regression: two processes building the image for the first time on a host (two runs, two pytest
+    workers) both write its tar; they shared one part file, so the second truncated the first's, the
+    first then wrote on into the renamed tar and failed to rename a part file that was gone."""
+    import tarfile
+    import threading
+
+    fs = de._RootFS()
+    for i in range(3):
+        src = tmp_path / "src" / f"f{i}"
+        src.parent.mkdir(exist_ok=True)
+        src.write_bytes(bytes([65 + i]) * (1000 + i))
+        fs.add(str(src))
+    (tmp_path / "alone").mkdir()
+    de._write_tar(fs, sys.executable, tmp_path / "alone" / "x.tar")  # what one writer makes
+    out = tmp_path / "images" / "x.tar"
+    out.parent.mkdir()
+    paused, resume, errors = threading.Event(), threading.Event(), []
+    addfile = tarfile.TarFile.addfile
+
+    def slow_addfile(self, info, fileobj=None):
+        if threading.current_thread().name == "first" and info.name.endswith("/f1"):
+            paused.set()
+            resume.wait(30)
+        return addfile(self, info, fileobj)
+
+    def first():
+        try:
+            de._write_tar(fs, sys.executable, out)
+        except Exception as e:  # reported below, in the test's thread
+            errors.append(e)
+
+    monkeypatch.setattr(tarfile.TarFile, "addfile", slow_addfile)
+    writer = threading.Thread(target=first, name="first")
+    writer.start()
+    assert paused.wait(30)
+    de._write_tar(fs, sys.executable, out)  # the second writer, start to end, while the first waits
+    resume.set()
+    writer.join(30)
+    assert errors == []
+
+    def members(path):
+        with tarfile.open(path) as tar:
+            return [(m.name, m.type, tar.extractfile(m).read() if m.isfile() else m.linkname) for m in tar]
+
+    assert members(out) == members(tmp_path / "alone" / "x.tar")
+    assert [m[2] for m in members(out) if m[0].endswith("/f2")] == [b"C" * 1002]
+    assert sorted(p.name for p in out.parent.iterdir()) == ["x.tar"]  # no part file left behind

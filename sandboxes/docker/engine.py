@@ -47,6 +47,7 @@ import socket
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -410,7 +411,19 @@ ETC_FILES = {
 
 
 def _write_tar(fs: _RootFS, exe: str, out: Path) -> None:
-    tmp = out.with_suffix(".part")
+    # A part file of this writer's own, renamed into place: two processes building the image at once
+    # (two runs, two test workers) would otherwise truncate and interleave one shared part file.
+    fd, part = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".part", dir=out.parent)
+    os.close(fd)
+    tmp = Path(part)
+    try:
+        _write_tar_to(fs, exe, tmp)
+        tmp.replace(out)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _write_tar_to(fs: _RootFS, exe: str, tmp: Path) -> None:
     written: set[str] = set()  # the engine refuses a tar that names a path twice
     with tarfile.open(tmp, "w") as tar:
 
@@ -452,7 +465,6 @@ def _write_tar(fs: _RootFS, exe: str, out: Path) -> None:
             info = tarfile.TarInfo(name)
             info.type, info.linkname = tarfile.SYMTYPE, target
             tar.addfile(info)
-    tmp.replace(out)
 
 
 def image_rootfs(python: str | None = None) -> tuple[_RootFS, dict]:
