@@ -1,4 +1,5 @@
-# Fill /tmp with 16 MiB files until something stops it. Expected: ENOSPC (the private /tmp is full).
+# Fill /tmp with 16 MiB files until something stops it. Expected: ENOSPC (the private /tmp is full),
+# then the size of that /tmp in MiB (the sandbox's tmpfs, not the host's /tmp).
 import errno
 import os
 
@@ -10,4 +11,5 @@ try:
             f.write(chunk)
         n += 1
 except OSError as e:
-    print(errno.errorcode[e.errno])
+    st = os.statvfs("/tmp")
+    print(errno.errorcode[e.errno], st.f_blocks * st.f_frsize >> 20)
