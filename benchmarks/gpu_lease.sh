@@ -9,7 +9,7 @@
 # Then the device calls, back to back (the machine goes back 30 s after a call), each from the
 # project root, with the carry named:
 #
-#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan7|plan8|plan9|plan10|plan11|plan12|plan13|plan14|plan15|plan16|plan17|plan18|plan19]   (starts `plan` in the background)
+#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan7|plan8|plan9|plan10|plan11|plan12|plan13|plan14|plan15|plan18|plan19]   (starts `plan` in the background)
 #   2  [.gpukit/smol/a1]              cp .gpukit/smol/a1/* /tmp/kit/smol/
 #   3  [.gpukit/smol/a2]              cp .gpukit/smol/a2/* /tmp/kit/smol/
 #   4  [.gpukit/smol/b]               bash benchmarks/gpu_lease.sh smol
@@ -587,24 +587,7 @@ plan15() {  # issue 31: the FP8 step's GEMM (cuBLASLt unit / vLLM's CUTLASS), LM
   mark "done"
 }
 
-plan16() {  # plan15 without vLLM (a short lease: no vLLM kit carried): the hf engine's FP8 step and tokens/s, its tests
-  begin "$1"
-  wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
-  step_7b step_7b fused_c fp8_c fp8_c_head fp8_c_head_kv8 fused_c_kv8
-  engine_7b decode_7b "static all" "static fp8+head all" "static fp8+head all kv8"
-  gpu_test_files tests/test_fp8_gpu.py tests/test_engines_hf_attention.py tests/test_engines_hf_static.py
-  mark "done"
-}
-
-plan17() {  # the shortest lease: the 7B FP8 step and two engine modes, nothing else
-  begin "$1"
-  wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
-  step_7b step_7b fused_c fp8_c_head_kv8 fp8_c fp8_c_head
-  engine_7b decode_7b "static all" "static fp8+head all kv8"
-  mark "done"
-}
-
-plan18() {  # a short lease, the target first: the hf engine's FP8 tokens/s at 7B, then its step, then its tests
+plan18() {  # plan15 without vLLM (a short lease: no vLLM kit carried), the target first: the hf engine's FP8 tokens/s at 7B, then its step, then its tests
   begin "$1"
   wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
   engine_7b decode_7b "static all" "static fp8+head all" "static fp8+head all kv8"

@@ -160,7 +160,7 @@ def test_decode_only_times_the_cut_requests_each_round(decode_bench, monkeypatch
     got = decode_bench.time_engine(None, None, "static all", [[1, 2]], [SamplingParams(max_tokens=128)], 3, True)
     assert seen == [128, 64, 128, 64, 128, 64, 128, 64]  # warm-ups, then three rounds of both
     assert got[1:3] == (128, 1.28) and got[0] == pytest.approx(1.28) and got[3] == pytest.approx(0.64)
-    # A mode's environment (MODE_ENV) holds while its engine is built, and is gone after it.
+    # A mode's environment (mode_env) holds while its engine is built, and is gone after it.
     decode_bench.time_engine(None, None, "static fp8+head all cutlass", [[1, 2]], [SamplingParams(max_tokens=8)], 1)
     assert gemm_seen == [None, "cutlass"] and "CHATGYM_FP8_GEMM" not in os.environ
 

@@ -157,9 +157,10 @@ def _check_vllm_values(options: Mapping[str, Any], setting: str) -> None:
 
         try:
             from vllm.config.cache import CacheDType
+
+            values = typing.get_args(CacheDType)
         except ImportError:  # another vLLM layout: vLLM's own check, later
-            CacheDType = Any
-        values = typing.get_args(CacheDType)
+            values = ()
         if values and options["kv_cache_dtype"] not in values:
             raise ConfigError(f"{setting}: kv_cache_dtype must be one of vLLM's {list(values)}, "
                               f"got {options['kv_cache_dtype']!r}")
