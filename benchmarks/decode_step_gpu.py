@@ -34,8 +34,8 @@ GEMMs' achieved bandwidth (weight bytes over GEMM time), and the ten costliest k
 time less the kernels' sum is what the graph spends between kernels.
 
 Then the sampling that follows each step in the engine (``hf_sampling.sample`` at temperature 1 with a
-generator per row, ``log_softmax`` + gather, one read back; and ``sampler: philox``'s one kernel,
-:mod:`.hf_draw`, with its read back): ms per step.
+generator per row, ``log_softmax`` + gather, one read back, at the first bucket's rows; and at each
+bucket's rows ``sampler: philox``'s two kernels, :mod:`.hf_draw`, with their read back): ms per step.
 
     python benchmarks/decode_step_gpu.py             # layers vs fused, SmolLM2
     python benchmarks/decode_step_gpu.py --compile   # and the compiled layers (minutes of compilation)
@@ -264,7 +264,8 @@ def time_modes(model, modes: list[str], buckets, prompts, bandwidth: float, args
 
 
 def sampling(results: dict, modes: list[str], buckets, iters: int) -> None:
-    """The engine's sampling after a step, timed on the first bucket's logits (module doc)."""
+    """The engine's sampling after a step: the default on the first bucket's logits, the philox sampler
+    on each bucket's (module doc)."""
     import torch
 
     from chatgym.trainer.engines import hf_draw, hf_sampling
@@ -284,11 +285,14 @@ def sampling(results: dict, modes: list[str], buckets, iters: int) -> None:
         lps = torch.log_softmax(logits, dim=-1).gather(1, ids[:, None])[:, 0]
         hf_sampling.to_host(ids, lps, invalid)
 
-    philox = hf_draw.build_plan(range(n), [0] * n, [1.0] * n, "cuda")
-    bf16 = logits.to(torch.bfloat16)  # the step's own output dtype, which the kernel reads
     print(f"sampling {n} rows (own generators) + logprobs + read back: {host_ms(default, iters):.3f} ms per step")
-    print(f"sampler philox, {n} rows (one kernel: draw + logprobs + packing) + read back: "
-          f"{host_ms(lambda: hf_sampling.packed_to_host(hf_draw.draw(bf16, philox)[1], n), iters):.3f} ms per step")
+    for n, width in dict.fromkeys(buckets):  # the philox sampler at each row count timed
+        bf16 = results[(modes[-1] if "fused" not in modes else "fused", n, width)].to(torch.bfloat16)  # the step's dtype
+        philox = hf_draw.build_plan(range(n), [0] * n, [1.0] * n, "cuda")
+        print(f"sampler philox, {n} rows (draw + logprobs + packing: {-(-bf16.shape[-1] // hf_draw.CHUNK)} chunks a row, "
+              f"then the join) + read back: "
+              f"{host_ms(lambda b=bf16, p=philox, k=n: hf_sampling.packed_to_host(hf_draw.draw(b, p)[1], k), iters):.3f} "
+              "ms per step")
 
 
 def host_ms(fn, iters: int, warm: int = 10) -> float:

@@ -23,7 +23,7 @@ from chatgym.trainer.engines import SamplingParams, hf_draw, hf_options
 from chatgym.trainer.engines.hf import TransformersEngine
 
 M32 = np.uint64(0xFFFFFFFF)
-INTERPRETED_TESTS = 5  # the tests whose names hold "interpreted" (2 + 1 + 2 parametrized)
+INTERPRETED_TESTS = 8  # the tests whose names hold "interpreted" (4 + 2 + 2 parametrized)
 
 
 def philox(key: int, ctr: list, rounds: int = 10) -> list[np.ndarray]:
@@ -49,7 +49,9 @@ def reference_id(logits: np.ndarray, seed: int, count: int, temperature: float) 
     x = np.asarray(logits, dtype=np.float32)
     if temperature == 0:
         return int(np.argmax(x))
-    u = uniform(philox(seed % (1 << 63), [np.arange(x.size), count & 0xFFFFFFFF, count >> 32, 0])[0])
+    v = np.arange(x.size)
+    words = philox(seed % (1 << 63), [v // 4, count & 0xFFFFFFFF, count >> 32, 0])  # entry v: word v % 4
+    u = uniform(np.choose(v % 4, words))
     with np.errstate(divide="ignore"):
         score = x * np.float32(1.0 / temperature) - np.log(-np.log(u))
     return int(np.argmax(score))
@@ -67,13 +69,17 @@ def test_the_numpy_philox_gives_random123s_known_answers():
     assert [int(v) for v in pi] == [0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_interpreted_kernel_draws_the_reference_ids_and_raw_logprobs(interpreted, dtype):
+@pytest.mark.parametrize(("dtype", "chunk"), [(torch.float32, hf_draw.CHUNK), (torch.bfloat16, hf_draw.CHUNK),
+                                               (torch.float32, 1024), (torch.bfloat16, 1024)])
+def test_interpreted_kernel_draws_the_reference_ids_and_raw_logprobs(interpreted, dtype, chunk):
+    """4,999 entries: a last Philox call's four words only partly used; with ``chunk`` 1024, five chunks
+    (the last of 903), one row's first chunk all -inf (its part of the log-sum-exp is 0, not nan)."""
     gen = torch.Generator().manual_seed(0)
-    logits = (3 * torch.randn(5, 5000, generator=gen)).to(dtype)  # 5000: a last block of 904
+    logits = (3 * torch.randn(5, 4999, generator=gen)).to(dtype)
+    logits[1, :1024] = float("-inf")
     seeds, counts, temps = [7, 2**40 + 5, 123, -3, 2**63 + 9], [0, 5, 2**33, 1, 40], [1.0, 0.7, 0.0, 1.3, 1.0]
     plan = hf_draw.build_plan(seeds, counts, temps, "cpu")
-    ids, packed = hf_draw.draw(logits, plan)
+    ids, packed = hf_draw.draw(logits, plan, chunk)
     want = [reference_id(logits[r].float().numpy(), seeds[r], counts[r], temps[r]) for r in range(5)]
     assert ids.tolist() == want and packed[:5].tolist() == want
     lp = torch.log_softmax(logits.float(), -1)[torch.arange(5), ids]
@@ -83,22 +89,31 @@ def test_interpreted_kernel_draws_the_reference_ids_and_raw_logprobs(interpreted
     assert plan.seeds.tolist()[3:] == [2**63 - 3, 9]  # seeds modulo 2**63
 
 
-def test_interpreted_invalid_rows_are_flagged_only_where_they_sample(interpreted):
+@pytest.mark.parametrize("chunk", [hf_draw.CHUNK, 64])
+def test_interpreted_invalid_rows_are_flagged_only_where_they_sample(interpreted, chunk):
     logits = torch.zeros(4, 300)
     logits[0, 17] = float("nan")
-    logits[1, 3] = float("inf")
+    logits[1, 293] = float("inf")  # in the last of five chunks of 64
     logits[2, 5] = float("nan")  # greedy: not flagged, as the default sampler flags sampled rows only
     logits[3] = float("-inf")  # no distribution at all
-    _, packed = hf_draw.draw(logits, hf_draw.build_plan([1, 2, 3, 4], [0] * 4, [1.0, 1.0, 0.0, 1.0], "cpu"))
+    _, packed = hf_draw.draw(logits, hf_draw.build_plan([1, 2, 3, 4], [0] * 4, [1.0, 1.0, 0.0, 1.0], "cpu"), chunk)
     assert packed[8:].tolist() == [1.0, 1.0, 0.0, 1.0]
+
+
+def test_a_chunk_that_is_not_a_power_of_two_is_refused():
+    plan = hf_draw.build_plan([1], [0], [1.0], "cpu")
+    with pytest.raises(ValueError, match=r"^chunk must be a power of two >= 64, got 1000$"):
+        hf_draw.draw(torch.zeros(1, 8), plan, 1000)
+    with pytest.raises(ValueError, match=r"^chunk must be a power of two >= 64, got 32$"):
+        hf_draw.draw(torch.zeros(1, 8), plan, 32)
 
 
 def test_the_reference_draws_follow_the_tempered_distribution():
     """20,000 rows (seeds 0..19,999) of one 4-token distribution, one draw each, by the reference (which
-    the kernel equals, above): the frequencies are within 4 standard errors of softmax(x / T) (p = 0.1
+    the kernel equals, above: the four tokens' uniforms are one Philox call's four words): the frequencies are within 4 standard errors of softmax(x / T) (p = 0.1
     .. 0.4 at T = 1; p^2 renormalised at T = 0.5)."""
     p, n = np.array([0.1, 0.2, 0.3, 0.4]), 20000
-    u = uniform(philox(np.arange(n, dtype=np.uint64)[:, None], [np.arange(4)[None, :], 0, 0, 0])[0])
+    u = uniform(np.stack(philox(np.arange(n, dtype=np.uint64), [0, 0, 0, 0]), axis=1))  # one call's four words
     for temperature, want in ((1.0, p), (0.5, p**2 / (p**2).sum())):
         with np.errstate(divide="ignore"):
             ids = np.argmax(np.log(p).astype(np.float32) / np.float32(temperature) - np.log(-np.log(u)), axis=1)

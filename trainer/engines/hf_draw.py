@@ -1,27 +1,36 @@
-"""The transformers engine's ``sampler: philox``: one Triton kernel draws every row's token of a step.
+"""The transformers engine's ``sampler: philox``: two Triton kernels draw every row's token of a step.
 
 The default sampler (:mod:`.hf_sampling`) reproduces ``torch.multinomial`` with each row's own
 ``torch.Generator``: one ``exponential_`` launch a seeded row, then a division, an argmax, a
 log-softmax, a gather and the packing for the read-back — at 64 rows 0.7-1.3 ms a decode step on an
-H100 (``benchmarks/decode_step_gpu.py``; this kernel: 0.11-0.24 ms), against SmolLM2's whole captured
-step of 1.7-1.9 ms. Here
-one kernel, one program a row, reads the row's logits once in blocks and computes:
+H100 (``benchmarks/decode_step_gpu.py``), against SmolLM2's whole captured step of 1.7-1.9 ms. Here the
+vocabulary is cut in chunks of :data:`CHUNK` entries, and a program per (row, chunk) reads its logits
+once in blocks and computes:
 
 * the draw, by the Gumbel-max trick in its exponential form (as ``torch.multinomial``'s one-sample
   path): ``argmax_v (x_v / T - log q_v)`` with ``q_v = -log u_v``, ``u_v`` uniform in [0, 1);
   ``T = 0`` (greedy rows) takes ``argmax_v x_v``, the first one on ties, as ``torch.argmax``;
 * ``u_v`` from counter-based Philox-4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2,
-  3", SC 2011; as ``triton.language.philox``): key = the row's seed modulo 2**63, counter = (vocabulary index,
-  the row's token index as two 32-bit words, 0), first output word as a float in [0, 1) (Triton's
-  ``uint_to_uniform_float``). So a row's draws depend on its seed and on how many tokens it drew
-  before, never on the rows beside it or on the order of steps;
-* the raw logprob of the drawn id (``x_id - logsumexp(x)``, an online log-sum-exp over the blocks),
-  which is what the default path reports;
-* a validity flag (a nan or +inf logit, or every logit -inf, in a sampled row), as the default path.
+  3", SC 2011; as ``triton.language.philox``): key = the row's seed modulo 2**63, counter = (``v // 4``,
+  the row's token index as two 32-bit words, 0), output word ``v % 4`` as a float in [0, 1) (Triton's
+  ``uint_to_uniform_float``): one Philox call gives four entries' uniforms, as cuRAND's and
+  ``tl.rand4x`` do. So a row's draws depend on its seed and on how many tokens it drew before, never on
+  the rows beside it, the order of steps or the chunking;
+* the chunk's part of the raw logprob of the drawn id (its max logit and ``sum exp(x - max)``, an online
+  log-sum-exp over the blocks) and of a validity flag (a nan or +inf logit).
 
-It writes the ids twice: as int64 (the next step's inputs) and into the float64 ``[ids | logprobs |
-flags]`` buffer the engine reads back in one copy (:func:`.hf_sampling.packed_to_host`), and advances
-each row's token counter on the device, so a step launches this kernel and the copy, nothing else.
+A second kernel, a program a row, joins the chunks (the best score, the first chunk on ties, so the
+first id on ties as before; the log-sum-exp), flags a sampled row whose logits hold a nan or +inf or
+are all -inf, as the default path does, and writes the ids twice: as int64 (the next step's inputs) and
+into the float64 ``[ids | logprobs | flags]`` buffer the engine reads back in one copy
+(:func:`.hf_sampling.packed_to_host`); it advances each row's token counter on the device. So a step
+launches these two kernels and the copy, nothing else.
+
+Why two kernels and four words a call: a program a row (this sampler's first form, one Philox call an
+entry) took 0.261 ms a step at 64 rows of Qwen2.5-7B's 152,064 logits on an H100 — 64 of the card's
+132 multiprocessors busy, each computing ten Philox rounds an entry — and about three times that at
+256 rows; the engine's decode step outside its captured graph was mostly that
+(``benchmarks/results/fp8_kv8_h100_2026-12-07``).
 
 The ids differ from the default sampler's (another random stream) but follow the same distribution;
 rows with top-k / top-p filters are drawn by the default path (the engine falls back for such a step).
@@ -36,7 +45,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-BLOCK = 4096  # vocabulary entries a program reads at a time
+CHUNK = 8192  # vocabulary entries a program of the first kernel takes (Qwen2.5's 152,064: 19 chunks)
+BLOCK = 2048  # of which it reads at a time (512 Philox calls)
 
 
 @dataclass
@@ -65,67 +75,88 @@ def build_plan(seeds: Sequence[int], counts: Sequence[int], temperatures: Sequen
     )
 
 
-def draw(logits: Any, plan: PhiloxPlan) -> tuple[Any, Any]:
+def draw(logits: Any, plan: PhiloxPlan, chunk: int = CHUNK) -> tuple[Any, Any]:
     """One id per row from ``logits`` ``(rows, vocab)`` (any float dtype, raw): ``(ids, packed)``, ``ids``
     ``(rows,)`` int64 and ``packed`` ``(3 * rows,)`` float64 ``[ids | raw logprobs | invalid flags]``
-    (module doc). Advances ``plan.counts``. Nothing is read back to the host."""
+    (module doc). Advances ``plan.counts``. Nothing is read back to the host. ``chunk`` (a power of two
+    >= 64, entries a program takes) changes the work's split only, never the draw (the tests split
+    small vocabularies with it).
+
+    Raises:
+        ValueError: ``chunk`` not a power of two >= 64.
+    """
     import torch
 
+    if chunk < 64 or chunk & (chunk - 1):
+        raise ValueError(f"chunk must be a power of two >= 64, got {chunk}")
     n, vocab = logits.shape
     if logits.stride(1) != 1:
         logits = logits.contiguous()
-    ids = torch.empty(n, dtype=torch.int64, device=logits.device)
-    packed = torch.empty(3 * n, dtype=torch.float64, device=logits.device)
-    _kernel()[(n,)](logits, logits.stride(0), plan.seeds, plan.counts, plan.inv_temps, ids, packed, n, vocab,
-                    BLOCK=BLOCK, num_warps=8)
+    chunks = -(-vocab // chunk)
+    device = logits.device
+    # Each chunk's best score, its id and raw logit, max logit, sum of exp(x - max), count of nan / +inf.
+    parts = torch.empty((6, n, chunks), dtype=torch.float32, device=device)
+    ids = torch.empty(n, dtype=torch.int64, device=device)
+    packed = torch.empty(3 * n, dtype=torch.float64, device=device)
+    first, join = _kernels()
+    first[(n, chunks)](logits, logits.stride(0), plan.seeds, plan.counts, plan.inv_temps, parts, n, vocab, chunks,
+                       CHUNK=chunk, BLOCK=min(BLOCK, chunk), num_warps=4)
+    join[(n,)](parts, plan.counts, plan.inv_temps, ids, packed, n, chunks,
+               CHUNKS=max(16, 1 << (chunks - 1).bit_length()), num_warps=1)
     return ids, packed
 
 
 @functools.cache
-def _kernel() -> Any:
-    """The Triton kernel, defined at first use (Triton reads its interpreter switch then)."""
+def _kernels() -> tuple[Any, Any]:
+    """The two Triton kernels, defined at first use (Triton reads its interpreter switch then)."""
     import triton
     import triton.language as tl
 
     @triton.jit
-    def philox_draw(logits, stride, seeds, counts, inv_temps, ids, packed, n, vocab, BLOCK: tl.constexpr):
+    def philox_chunk(logits, stride, seeds, counts, inv_temps, parts, n, vocab, chunks, CHUNK: tl.constexpr,
+                     BLOCK: tl.constexpr):
         r = tl.program_id(0)
+        c = tl.program_id(1)
         seed = tl.load(seeds + r)
         count = tl.load(counts + r)
         inv_t = tl.load(inv_temps + r)
         scale = tl.where(inv_t > 0, inv_t, 1.0)  # greedy rows: no 0 * -inf (nan) in masked lanes
         row = logits + r.to(tl.int64) * stride
         lane = tl.arange(0, BLOCK)
-        zero = lane.to(tl.uint32) * 0
+        calls = tl.arange(0, BLOCK // 4)  # a Philox call gives the uniforms of four entries
+        zero = calls.to(tl.uint32) * 0
         count_lo = zero + (count & 0xFFFFFFFF).to(tl.uint32)
         count_hi = zero + ((count >> 32) & 0xFFFFFFFF).to(tl.uint32)
         key_lo = zero + (seed & 0xFFFFFFFF).to(tl.uint32)
         key_hi = zero + ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
-        round_a, round_b = tl.full([BLOCK], 0xD2511F53, tl.uint32), tl.full([BLOCK], 0xCD9E8D57, tl.uint32)
-        bump_a, bump_b = tl.full([BLOCK], 0x9E3779B9, tl.uint32), tl.full([BLOCK], 0xBB67AE85, tl.uint32)
+        round_a, round_b = tl.full([BLOCK // 4], 0xD2511F53, tl.uint32), tl.full([BLOCK // 4], 0xCD9E8D57, tl.uint32)
+        bump_a, bump_b = tl.full([BLOCK // 4], 0x9E3779B9, tl.uint32), tl.full([BLOCK // 4], 0xBB67AE85, tl.uint32)
         none = tl.full([BLOCK], float("-inf"), tl.float32)
         best, m = tl.max(none, 0), tl.max(none, 0)  # best score, running max of the raw logits
         total = tl.sum(tl.zeros([BLOCK], tl.float32), 0)  # sum of exp(x - m)
         best_x = total  # the raw logit of the best
         best_i = tl.sum(lane * 0, 0)
         bad = tl.sum(lane * 0, 0)
-        for start in range(0, vocab, BLOCK):
+        for start in range(c * CHUNK, c * CHUNK + CHUNK, BLOCK):
             offs = start + lane
             inside = offs < vocab
             x = tl.load(row + offs, mask=inside, other=float("-inf")).to(tl.float32)
             bad += tl.sum(((x != x) | (x == float("inf"))).to(tl.int32), 0)
             top = tl.maximum(m, tl.max(x, 0))
-            total = total * tl.exp(m - top) + tl.sum(tl.exp(x - top), 0)
+            ref = tl.where(top == float("-inf"), 0.0, top)  # a chunk of -inf so far: total stays 0, not nan
+            total = total * tl.exp(m - ref) + tl.sum(tl.exp(x - ref), 0)
             m = top
             # Philox-4x32-10, written out (Triton's tl.philox computes the same; a nested jit function
             # would not run in the interpreter the tests use): key (k0, k1), counter (c0, c1, c2, c3).
-            c0, c1, c2, c3, k0, k1 = offs.to(tl.uint32), count_lo, count_hi, zero, key_lo, key_hi
+            c0, c1, c2, c3, k0, k1 = (start // 4 + calls).to(tl.uint32), count_lo, count_hi, zero, key_lo, key_hi
             for _ in tl.static_range(10):
                 hi0, lo0 = tl.umulhi(round_a, c0), round_a * c0
                 hi1, lo1 = tl.umulhi(round_b, c2), round_b * c2
                 c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
                 k0, k1 = k0 + bump_a, k1 + bump_b
-            signed = c0.to(tl.int32, bitcast=True)  # uniform in [0, 1): Triton's uint_to_uniform_float
+            # entry 4i + j takes word j of call i: interleaved back into the entries' order
+            word = tl.interleave(tl.interleave(c0, c2), tl.interleave(c1, c3))
+            signed = word.to(tl.int32, bitcast=True)  # uniform in [0, 1): Triton's uint_to_uniform_float
             u = tl.where(signed < 0, -signed - 1, signed).to(tl.float32) * 4.6566127342e-10
             score = tl.where(inv_t > 0, x * scale - tl.log(-tl.log(u)), x)
             score = tl.where(inside, score, float("-inf"))
@@ -135,11 +166,37 @@ def _kernel() -> Any:
             best_x = tl.where(take, tl.sum(tl.where(lane == at, x, 0.0), 0), best_x)
             best_i = tl.where(take, start + at, best_i)
             best = tl.where(take, block_best, best)
-        invalid = ((bad > 0) | (m == float("-inf"))) & (inv_t > 0)
+        at = parts + r * chunks + c
+        plane = n * chunks
+        tl.store(at, best)
+        tl.store(at + plane, best_i.to(tl.float32))  # exact: ids < 2**24
+        tl.store(at + 2 * plane, best_x)
+        tl.store(at + 3 * plane, m)
+        tl.store(at + 4 * plane, total)
+        tl.store(at + 5 * plane, bad.to(tl.float32))
+
+    @triton.jit
+    def philox_join(parts, counts, inv_temps, ids, packed, n, chunks, CHUNKS: tl.constexpr):
+        r = tl.program_id(0)
+        each = tl.arange(0, CHUNKS)
+        real = each < chunks
+        at = parts + r * chunks + each
+        plane = n * chunks
+        best = tl.load(at, mask=real, other=float("-inf"))
+        m = tl.load(at + 3 * plane, mask=real, other=float("-inf"))
+        top = tl.max(m, 0)
+        shift = tl.where(m == float("-inf"), float("-inf"), m - top)  # no -inf - -inf (nan)
+        total = tl.sum(tl.load(at + 4 * plane, mask=real, other=0.0) * tl.exp(shift), 0)
+        bad = tl.sum(tl.load(at + 5 * plane, mask=real, other=0.0), 0)
+        win = tl.argmax(best, 0)  # the first chunk on ties: the first id, as one pass over the row
+        best_i = tl.sum(tl.where(each == win, tl.load(at + plane, mask=real, other=0.0), 0.0), 0)
+        best_x = tl.sum(tl.where(each == win, tl.load(at + 2 * plane, mask=real, other=0.0), 0.0), 0)
+        inv_t = tl.load(inv_temps + r)
+        invalid = ((bad > 0) | (top == float("-inf"))) & (inv_t > 0)
         tl.store(ids + r, best_i.to(tl.int64))
         tl.store(packed + r, best_i.to(tl.float64))
-        tl.store(packed + n + r, (best_x - (m + tl.log(total))).to(tl.float64))
+        tl.store(packed + n + r, (best_x - (top + tl.log(total))).to(tl.float64))
         tl.store(packed + 2 * n + r, invalid.to(tl.float64))
-        tl.store(counts + r, count + 1)
+        tl.store(counts + r, tl.load(counts + r) + 1)
 
-    return philox_draw
+    return philox_chunk, philox_join
