@@ -19,7 +19,8 @@ from triton_helpers import run_interpreted
 from chatgym.trainer.engines import hf_attention, hf_options
 from chatgym.trainer.engines.hf_static import StaticSlots
 
-INTERPRETED_TESTS = 6  # the tests whose names hold "interpreted" (1 + 3 parametrized + 2 of the FP8 KV cache)
+INTERPRETED_TESTS = 13  # the tests whose names hold "interpreted" (1 + 3 parametrized + 2 of the FP8 KV cache
+# + 4 parametrized + 1 from the raw q/k/v + 2 parametrized on FP8 weights)
 
 
 def test_the_kernel_tests_pass_in_tritons_interpreter():
@@ -63,6 +64,62 @@ def test_interpreted_kernel_gives_sdpa_over_each_rows_columns_and_writes_the_cac
     compare(9, 3, 64, edges)  # SmolLM2's heads: groups of 3, padded to 16 query rows
     compare(28, 4, 128, [5, 70])  # Qwen2.5-7B's: groups of 7
     compare(4, 4, 16, [3, 40])  # no grouping
+
+
+def compare_from_qkv(heads, kv_heads, d, positions, scaled, bias, fp8_cache=False):
+    """:func:`hf_attention.decode_qkv` against its pieces run apart (float32): the unit GEMM's scales
+    (``hf_fp8.dequantize_out``), the bias, RoPE (``hf_elementwise.rope``), then :func:`reference`."""
+    from chatgym.trainer.engines import hf_elementwise, hf_fp8
+
+    g = torch.Generator().manual_seed(heads + d)
+    n, max_len, width = len(positions), max(positions) + 9, (heads + 2 * kv_heads) * d
+    qkv = torch.randn(n, width, generator=g)
+    a = torch.rand(n, 1, generator=g) + 0.5 if scaled else None
+    s = torch.rand(1, width, generator=g) + 0.5 if scaled else None
+    b = torch.randn(width, generator=g) if bias else None
+    angle = torch.rand(n, 1, d // 2, generator=g) * 6
+    cos = torch.cat((angle.cos(), angle.cos()), dim=-1)
+    sin = torch.cat((-angle.sin(), angle.sin()), dim=-1)  # the signed sin' of hf_fused
+    k_cache = torch.randn(n + 1, kv_heads, max_len, d, generator=g)
+    v_cache = torch.randn(n + 1, kv_heads, max_len, d, generator=g)
+    if fp8_cache:
+        k_cache, v_cache = k_cache.to(torch.float8_e4m3fn), v_cache.to(torch.float8_e4m3fn)
+    pos = torch.tensor(positions)
+    x = hf_fp8.dequantize_out(qkv, a, s) if scaled else qkv
+    x = x + b if bias else x
+    split = (heads + kv_heads) * d
+    qk = hf_elementwise.rope(x[:, :split].view(n, heads + kv_heads, d), cos, sin)
+    v = x[:, split:].view(n, kv_heads, d)
+    if fp8_cache:  # against decode() of the pieces' q/k/v on the same e4m3 cache: the same e4m3 casts (the
+        # interpreter's truncate where a GPU rounds, so the SDPA reference of float32 casts would not match)
+        k_ref, v_ref = k_cache.clone(), v_cache.clone()
+        want = hf_attention.decode(qk[:, :heads], qk[:, heads:], v, k_ref, v_ref, pos, d**-0.5)
+    else:
+        k_ref, v_ref = k_cache.clone(), v_cache.clone()
+        want = reference(qk, v, k_ref, v_ref, pos, heads, d**-0.5)
+    got = hf_attention.decode_qkv(qkv, heads, k_cache, v_cache, pos, d**-0.5, cos, sin, a, s, b)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=0)
+    torch.testing.assert_close(k_cache.float(), k_ref.float(), atol=2e-5, rtol=0)
+    torch.testing.assert_close(v_cache.float(), v_ref.float(), atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize(("scaled", "bias"), [(False, False), (True, False), (False, True), (True, True)])
+def test_interpreted_kernel_from_the_raw_qkv_gives_its_pieces_run_apart(interpreted, scaled, bias):
+    compare_from_qkv(9, 3, 64, [0, 1, hf_attention.BLOCK, 2 * hf_attention.BLOCK + 7], scaled, bias)
+    compare_from_qkv(28, 4, 128, [5, 70], scaled, bias)
+
+
+def test_interpreted_kernel_from_the_raw_qkv_on_an_fp8_cache(interpreted):
+    compare_from_qkv(28, 4, 128, [5, 70], True, True, fp8_cache=True)
+
+
+def test_decode_qkv_refuses_half_the_scales_and_a_wrong_width():
+    k_cache = torch.zeros(2, 2, 8, 16)
+    qkv, pos, cos = torch.zeros(2, 6 * 16), torch.zeros(2, dtype=torch.long), torch.ones(2, 16)
+    with pytest.raises(ValueError, match=r"^decode_qkv: the unit GEMM's scales come together \(a and s\)$"):
+        hf_attention.decode_qkv(qkv, 2, k_cache, k_cache, pos, 0.25, cos, cos, a=torch.ones(2, 1))
+    with pytest.raises(ValueError, match=r"^decode_qkv: qkv must be \(n, 96\), got \(2, 80\)$"):
+        hf_attention.decode_qkv(torch.zeros(2, 80), 2, k_cache, k_cache, pos, 0.25, cos, cos)
 
 
 def e4m3_values(shape, g):
@@ -130,6 +187,22 @@ def test_interpreted_fused_step_on_an_fp8_cache_writes_e4m3_of_the_full_cache_an
             assert ids_a == ids_b or ids_a[:-1] == ids_b[:-1]  # a near-tie may pick another last id
             if ids_a == ids_b:
                 assert (a - b).abs().max().item() < 0.1 * a.abs().max().item()
+
+
+@pytest.mark.parametrize("gemm", ["rowwise", "unit"])
+def test_interpreted_fp8_fused_step_with_the_kernel_computes_the_dequantized_model(interpreted, gemm):
+    """FP8 weights, Qwen2 (a q/k/v bias), the kernel taking the raw q/k/v product: with ``"unit"`` it
+    applies the GEMM's scales, then the bias and RoPE; with ``"rowwise"`` the bias and RoPE. The logits
+    are the fake-quantized model's full forward passes' (tests/test_engines_hf_fp8.py)."""
+    from test_engines_hf_fp8 import fake_quant_reference
+
+    model = tiny(Qwen2Config, tie_word_embeddings=False)
+    slots = StaticSlots(model, 4, 96, use_graphs=False, fp8=True, fp8_gemm=gemm)
+    slots.fused.attention = "triton"
+    reference = fake_quant_reference(model)
+    for rows in decode_sequence(slots, [[1, 5, 9, 200, 3], [7, 8], list(range(11, 81))], steps=5).values():
+        for ids, logits in rows:
+            assert (logits - full_forward_logits(reference, ids)).abs().max().item() < 1e-4
 
 
 def test_an_fp8_cache_is_refused_without_the_kernel_and_off_the_compiled_step_on_cuda(monkeypatch):

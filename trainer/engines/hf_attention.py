@@ -26,6 +26,13 @@ The kernel runs a program per (row, key/value head):
 It computes what the default computes up to float rounding (tests/test_engines_hf_attention.py, in
 Triton's interpreter on the CPU, and ``-m gpu``).
 
+:func:`decode_qkv` takes the q/k/v projection's output as the GEMM left it and does in the same kernel
+what ran before it as kernels of their own: the ``"unit"`` FP8 GEMM's row and channel scales, the q/k/v
+bias and RoPE on q and k (each program loads its heads' halves a second time, rotated). At the
+Qwen2.5-7B shape on an H100 those were 11.0 us (RoPE) + 4.8 us (scales and bias) a layer at 256 rows,
+3.9 + ~2.5 at 64 (``benchmarks/results/fp8_kv8_h100_2026-12-07/step_7b.txt``); the kernel reads the
+same bytes either way.
+
 An FP8 KV cache (``engine.options.kv_cache_dtype: fp8``, float8_e4m3fn with a unit scale, as vLLM's
 ``kv_cache_dtype="fp8"`` without calibrated scales) is read by this kernel alone: it saturates the new
 key and value at +-448 (e4m3fn's largest), stores them in e4m3 and attends to them as stored; earlier
@@ -85,7 +92,55 @@ def decode(q: Any, k: Any, v: Any, k_cache: Any, v_cache: Any, positions: Any, s
 
     Returns:
         ``(n, heads, d)`` in ``q``'s dtype, contiguous: each query head's attention output.
+
+    Raises:
+        ValueError: caches of other strides, or a last dimension that is not dense.
     """
+    return _launch(q, k, v, k_cache, v_cache, positions, scale)
+
+
+def decode_qkv(qkv: Any, heads: int, k_cache: Any, v_cache: Any, positions: Any, scale: float, cos: Any,
+               sin: Any, a: Any = None, s: Any = None, bias: Any = None) -> Any:
+    """:func:`decode` from the q/k/v projection's raw output: scales, bias and RoPE applied in the kernel.
+
+    Element by element, in float32 and rounded to ``qkv``'s dtype after each step as the pieces it
+    replaces round (:func:`.hf_fp8.dequantize_out`, the bias add, :func:`.hf_elementwise.rope`):
+    ``x = qkv · a · s`` (with ``a``), ``x = x + bias`` (with ``bias``), then for q and k
+    ``x · cos + roll(x, d/2) · sin``.
+
+    Args:
+        qkv: ``(n, (heads + 2 kv_heads) d)`` q, k then v (last stride 1), bf16 / fp16 / fp32.
+        heads: query heads (``kv_heads`` and ``d`` are the caches').
+        k_cache, v_cache, positions, scale: as :func:`decode`.
+        cos, sin: ``(n, 1, d)`` or ``(n, d)`` RoPE's cosines and signed sines at each row's position
+            (:mod:`.hf_fused`'s ``sin'``: the first half negated), last stride 1.
+        a: ``(n, 1)`` float32 row scales of a ``"unit"`` FP8 GEMM, with ``s`` ``(1, (heads + 2 kv_heads) d)``
+            float32 channel scales; None: ``qkv`` is already scaled.
+        bias: ``((heads + 2 kv_heads) d,)`` in ``qkv``'s dtype, or None (none, or added already).
+
+    Returns:
+        ``(n, heads, d)`` as :func:`decode`.
+
+    Raises:
+        ValueError: ``a`` without ``s``, ``qkv``'s width not ``(heads + 2 kv_heads) d``, or what
+            :func:`decode` refuses.
+    """
+    n, kv_heads, d = qkv.shape[0], k_cache.shape[1], k_cache.shape[-1]
+    if (a is None) != (s is None):
+        raise ValueError("decode_qkv: the unit GEMM's scales come together (a and s)")
+    if qkv.dim() != 2 or qkv.shape[1] != (heads + 2 * kv_heads) * d:
+        raise ValueError(f"decode_qkv: qkv must be (n, {(heads + 2 * kv_heads) * d}), got {tuple(qkv.shape)}")
+    cuts = (heads * d, kv_heads * d, kv_heads * d)
+    q, k, v = (part.view(n, -1, d) for part in qkv.split(cuts, dim=1))
+    scales = None if s is None else [a, *s.reshape(-1).split(cuts)]
+    biases = None if bias is None else bias.split(cuts)
+    return _launch(q, k, v, k_cache, v_cache, positions, scale, scales, biases, (cos.reshape(n, d), sin.reshape(n, d)))
+
+
+def _launch(q: Any, k: Any, v: Any, k_cache: Any, v_cache: Any, positions: Any, scale: float, scales: Any = None,
+            biases: Any = None, rope: Any = None) -> Any:
+    """The kernel over ``q``, ``k``, ``v`` (views, last stride 1); ``scales`` ``[a, s_q, s_k, s_v]``,
+    ``biases`` ``(b_q, b_k, b_v)``, ``rope`` ``(cos, sin)`` as :func:`decode_qkv` applies them."""
     import torch
 
     n, heads, d = q.shape
@@ -93,15 +148,23 @@ def decode(q: Any, k: Any, v: Any, k_cache: Any, v_cache: Any, positions: Any, s
     group = heads // kv_heads
     if k_cache.stride() != v_cache.stride() or any(t.stride(-1) != 1 for t in (q, k, v, k_cache)):
         raise ValueError("decode attention: the caches must share strides, and every last dimension be dense")
+    if rope is not None and any(t.stride(-1) != 1 or t.stride(0) != rope[0].stride(0) for t in rope):
+        raise ValueError("decode attention: cos and sin must share strides, their last dimension dense")
     out = torch.empty((n, heads, d), dtype=q.dtype, device=q.device)
     group_rows = max(MIN_DOT, 1 << (group - 1).bit_length())
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    unused = q  # a pointer a disabled part never reads
+    a, s_q, s_k, s_v = scales if scales is not None else (unused,) * 4
+    b_q, b_k, b_v = biases if biases is not None else (unused,) * 3
+    cos, sin = rope if rope is not None else (unused, unused)
     _kernel()[(n, kv_heads)](
         q, k, v, k_cache, v_cache, positions, out, float(scale),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), out.stride(0), out.stride(1),
+        a, s_q, s_k, s_v, b_q, b_k, b_v, cos, sin, cos.stride(0),
         GROUP=group, GROUP_ROWS=group_rows, D=d, BLOCK=BLOCK, PRECISION=precision,
-        FP8=k_cache.dtype == torch.float8_e4m3fn, FP8_MAX=FP8_MAX, num_warps=4,
+        FP8=k_cache.dtype == torch.float8_e4m3fn, FP8_MAX=FP8_MAX, SCALED=scales is not None,
+        BIAS=biases is not None, ROPE=rope is not None, num_warps=4,
     )
     return out
 
@@ -115,8 +178,10 @@ def _kernel() -> Any:
     @triton.jit
     def decode_attention(q, k, v, k_cache, v_cache, positions, out, scale,
                          q_row, q_head, k_row, k_head, v_row, v_head, c_slot, c_head, c_col, o_row, o_head,
+                         a, s_q, s_k, s_v, b_q, b_k, b_v, cos, sin, cs_row,
                          GROUP: tl.constexpr, GROUP_ROWS: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
-                         PRECISION: tl.constexpr, FP8: tl.constexpr, FP8_MAX: tl.constexpr):
+                         PRECISION: tl.constexpr, FP8: tl.constexpr, FP8_MAX: tl.constexpr, SCALED: tl.constexpr,
+                         BIAS: tl.constexpr, ROPE: tl.constexpr):
         r = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1)
         pos = tl.load(positions + r)
@@ -124,9 +189,36 @@ def _kernel() -> Any:
         dim = tl.arange(0, D)
         real = g < GROUP
         heads = h * GROUP + g
+        q_cols = heads[:, None] * D + dim[None, :]  # the query heads' columns in q's scales and bias
         qs = tl.load(q + r * q_row + heads[:, None] * q_head + dim[None, :], mask=real[:, None], other=0.0)
         k_new = tl.load(k + r * k_row + h * k_head + dim)
         v_new = tl.load(v + r * v_row + h * v_head + dim)
+        dtype = qs.dtype
+        if ROPE:  # the rotated halves: roll(x, D/2)[j] = x[(j + D/2) % D]
+            turned = (dim + D // 2) % D
+            q_turned = heads[:, None] * D + turned[None, :]
+            qt = tl.load(q + r * q_row + heads[:, None] * q_head + turned[None, :], mask=real[:, None], other=0.0)
+            kt = tl.load(k + r * k_row + h * k_head + turned)
+        if SCALED:  # the unit GEMM's row and channel scales: (raw.float() * a * s) rounded to the dtype
+            row_scale = tl.load(a + r)
+            qs = (qs.to(tl.float32) * row_scale * tl.load(s_q + q_cols, mask=real[:, None], other=0.0)).to(dtype)
+            k_new = (k_new.to(tl.float32) * row_scale * tl.load(s_k + h * D + dim)).to(dtype)
+            v_new = (v_new.to(tl.float32) * row_scale * tl.load(s_v + h * D + dim)).to(dtype)
+            if ROPE:
+                qt = (qt.to(tl.float32) * row_scale * tl.load(s_q + q_turned, mask=real[:, None], other=0.0)).to(dtype)
+                kt = (kt.to(tl.float32) * row_scale * tl.load(s_k + h * D + turned)).to(dtype)
+        if BIAS:
+            qs = (qs.to(tl.float32) + tl.load(b_q + q_cols, mask=real[:, None], other=0.0).to(tl.float32)).to(dtype)
+            k_new = (k_new.to(tl.float32) + tl.load(b_k + h * D + dim).to(tl.float32)).to(dtype)
+            v_new = (v_new.to(tl.float32) + tl.load(b_v + h * D + dim).to(tl.float32)).to(dtype)
+            if ROPE:
+                qt = (qt.to(tl.float32) + tl.load(b_q + q_turned, mask=real[:, None], other=0.0).to(tl.float32)).to(dtype)
+                kt = (kt.to(tl.float32) + tl.load(b_k + h * D + turned).to(tl.float32)).to(dtype)
+        if ROPE:  # x * cos + roll(x) * sin', in float32, rounded once (as the compiled piece)
+            c = tl.load(cos + r * cs_row + dim).to(tl.float32)
+            sn = tl.load(sin + r * cs_row + dim).to(tl.float32)
+            qs = (qs.to(tl.float32) * c[None, :] + qt.to(tl.float32) * sn[None, :]).to(dtype)
+            k_new = (k_new.to(tl.float32) * c + kt.to(tl.float32) * sn).to(dtype)
         if FP8:  # saturated and stored in e4m3; the new column is attended to as stored
             k_new = tl.clamp(k_new.to(tl.float32), -FP8_MAX, FP8_MAX).to(k_cache.dtype.element_ty)
             v_new = tl.clamp(v_new.to(tl.float32), -FP8_MAX, FP8_MAX).to(v_cache.dtype.element_ty)

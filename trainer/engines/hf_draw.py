@@ -106,9 +106,13 @@ def draw(logits: Any, plan: PhiloxPlan, chunk: int = CHUNK) -> tuple[Any, Any]:
     return ids, packed
 
 
-@functools.cache
 def _kernels() -> tuple[Any, Any]:
     """The two Triton kernels, defined at first use (Triton reads its interpreter switch then)."""
+    return _chunk_kernel(), _join_kernel()
+
+
+@functools.cache
+def _chunk_kernel() -> Any:
     import triton
     import triton.language as tl
 
@@ -175,6 +179,14 @@ def _kernels() -> tuple[Any, Any]:
         tl.store(at + 4 * plane, total)
         tl.store(at + 5 * plane, bad.to(tl.float32))
 
+    return philox_chunk
+
+
+@functools.cache
+def _join_kernel() -> Any:
+    import triton
+    import triton.language as tl
+
     @triton.jit
     def philox_join(parts, counts, inv_temps, ids, packed, n, chunks, CHUNKS: tl.constexpr):
         r = tl.program_id(0)
@@ -199,4 +211,4 @@ def _kernels() -> tuple[Any, Any]:
         tl.store(packed + 2 * n + r, invalid.to(tl.float64))
         tl.store(counts + r, tl.load(counts + r) + 1)
 
-    return philox_chunk, philox_join
+    return philox_join

@@ -22,7 +22,9 @@ layer), with no compiler: 2.04 ms at 64 rows, 1.77 ms at 8 (``benchmarks/decode_
   group, d)`` against the cache's ``(rows, kv_heads, columns, d)``): grouped-query attention without
   repeating the cache, in one ``scaled_dot_product_attention`` call, and the mask built once per step;
   with compiled pieces on CUDA, one Triton kernel a layer that also writes the step's keys and values
-  and reads each row's columns only up to its position (:mod:`.hf_attention`).
+  and reads each row's columns only up to its position (:mod:`.hf_attention`), and that takes the q/k/v
+  product as the GEMM left it: it applies the FP8 GEMM's scales, the bias and RoPE itself
+  (:func:`.hf_attention.decode_qkv`; not for Qwen3, whose q/k norms come between).
 
 The prompts' prefill (:meth:`FusedDecoder.prefill`, eager: prompts have every length) runs the same
 layers over the prompts' real tokens, packed (padding only inside attention), and writes keys/values
@@ -259,6 +261,12 @@ class FusedDecoder:
             mask.masked_fill_((columns[:width] > positions[:, None])[:, None, None, :], float("-inf"))
         pending = None  # FP8: the last down projection's output, added to the residual in the next norm's kernel
         for layer, k_cache, v_cache in zip(self.layers, keys, values, strict=True):
+            if kernel and layer.q_norm is None:  # the kernel scales, adds the bias and ropes q and k too
+                hidden, qkv, a, s, bias = self._project_qkv(layer, hidden, self.ops, pending)
+                attended = hf_attention.decode_qkv(qkv, heads, k_cache, v_cache, positions, layer.scaling, cos, sin,
+                                                   a, s, bias)
+                hidden, pending = self._after_attention(layer, hidden, attended.reshape(n, heads * d))
+                continue
             hidden, qk, v = self._qkv(layer, hidden, cos, sin, pending=pending)  # qk (n, heads + kv_heads, d), v (n, kv_heads, d)
             if kernel:
                 attended = hf_attention.decode(qk[:, :heads], qk[:, heads:], v, k_cache, v_cache, positions,
@@ -346,30 +354,38 @@ class FusedDecoder:
         half = self.head_dim // 2
         return hidden, cos, torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 
-    def _qkv(self, layer: _Layer, hidden: Any, cos: Any, sin: Any, ops: Any = None,
-             pending: Any = None) -> tuple[Any, Any, Any]:
-        """Pre-norm, the fused q/k/v projection, q/k norms (Qwen3), RoPE on q and k together:
-        ``(hidden, qk, v)``: the residual stream (``pending``, the FP8 down projection's ``(out, a, s)``
-        of the layer before, added to it in the norm's kernel), ``(t, heads + kv_heads, d)`` roped q and
-        k, and ``(t, kv_heads, d)`` v."""
-        import torch
+    def _project_qkv(self, layer: _Layer, hidden: Any, ops: Any, pending: Any) -> tuple[Any, Any, Any, Any, Any]:
+        """Pre-norm and the fused q/k/v projection: ``(hidden, qkv, a, s, bias)``: the residual stream
+        (``pending``, the FP8 down projection's ``(out, a, s)`` of the layer before, added to it in the
+        norm's kernel), the ``(t, (heads + 2 kv_heads) d)`` product, the ``"unit"`` FP8 GEMM's scales
+        still to apply to it (else None) and the bias still to add (else None)."""
         import torch.nn.functional as F
 
-        t, heads, kv_heads, d = hidden.shape[0], self.heads, self.kv_heads, self.head_dim
-        norm, ops = layer.norm_in, ops or self.ops
-        if layer.fp8 is not None:
-            if pending is None:
-                xq, xa = ops.norm_quant(hidden, norm.weight, norm.variance_epsilon)
-            else:
-                hidden, xq, xa = ops.add_norm_quant(hidden, pending[0], norm.weight, norm.variance_epsilon,
-                                                    *pending[1:])
-            linear = layer.fp8[0]
-            bias = layer.qkv_bias if linear.takes_bias else None  # in the GEMM's epilogue
-            qkv, a, s = linear.project(xq, xa, hidden.dtype, bias)
-            if a is not None or (layer.qkv_bias is not None and bias is None):
-                qkv = ops.dequant(qkv, a, s, layer.qkv_bias)
+        norm = layer.norm_in
+        if layer.fp8 is None:
+            x = ops.norm(hidden, norm.weight, norm.variance_epsilon)
+            return hidden, F.linear(x, layer.qkv, layer.qkv_bias), None, None, None
+        if pending is None:
+            xq, xa = ops.norm_quant(hidden, norm.weight, norm.variance_epsilon)
         else:
-            qkv = F.linear(ops.norm(hidden, norm.weight, norm.variance_epsilon), layer.qkv, layer.qkv_bias)
+            hidden, xq, xa = ops.add_norm_quant(hidden, pending[0], norm.weight, norm.variance_epsilon, *pending[1:])
+        linear = layer.fp8[0]
+        bias = layer.qkv_bias if linear.takes_bias else None  # in the GEMM's epilogue
+        qkv, a, s = linear.project(xq, xa, hidden.dtype, bias)
+        return hidden, qkv, a, s, (layer.qkv_bias if bias is None else None)
+
+    def _qkv(self, layer: _Layer, hidden: Any, cos: Any, sin: Any, ops: Any = None,
+             pending: Any = None) -> tuple[Any, Any, Any]:
+        """:meth:`_project_qkv`, then the scales and bias applied, q/k norms (Qwen3), RoPE on q and k
+        together: ``(hidden, qk, v)``: the residual stream, ``(t, heads + kv_heads, d)`` roped q and k,
+        and ``(t, kv_heads, d)`` v."""
+        import torch
+
+        t, heads, kv_heads, d = hidden.shape[0], self.heads, self.kv_heads, self.head_dim
+        ops = ops or self.ops
+        hidden, qkv, a, s, bias = self._project_qkv(layer, hidden, ops, pending)
+        if a is not None or bias is not None:
+            qkv = ops.dequant(qkv, a, s, bias)
         split = (heads + kv_heads) * d
         qk = qkv[:, :split].view(t, heads + kv_heads, d)
         if layer.q_norm is not None:
