@@ -9,7 +9,7 @@
 # Then the device calls, back to back (the machine goes back 30 s after a call), each from the
 # project root, with the carry named:
 #
-#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan7|plan8|plan9|plan10|plan11|plan12|plan13|plan14|plan15|plan18|plan19]   (starts `plan` in the background)
+#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan7|plan8|plan9|plan10|plan11|plan12|plan13|plan14|plan15|plan18|plan19|plan20]   (starts `plan` in the background)
 #   2  [.gpukit/smol/a1]              cp .gpukit/smol/a1/* /tmp/kit/smol/
 #   3  [.gpukit/smol/a2]              cp .gpukit/smol/a2/* /tmp/kit/smol/
 #   4  [.gpukit/smol/b]               bash benchmarks/gpu_lease.sh smol
@@ -605,6 +605,20 @@ plan19() {  # the shortest lease, the target first: bf16 / FP8 + e4m3 cache toke
   step_7b step_7b fused_c fp8_c_head_kv8 fp8_c_head
   gpu_test_files tests/test_fp8_gpu.py tests/test_engines_hf_attention.py
   engine_7b decode_7b_more "static fp8+head all" "static all kv8"
+  mark "done"
+}
+
+plan20() {  # the shortest lease after the sampler's split and the attention kernel's RoPE/scales: the target, the step, the changed kernels' tests, the GEMMs autotuned
+  begin "$1"
+  wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
+  engine_7b decode_7b "static all" "static fp8+head all kv8"
+  step_7b step_7b fused_c fp8_c_head_kv8
+  gpu_test_files tests/test_engines_hf_attention.py tests/test_engines_hf_draw.py tests/test_fp8_gpu.py \
+    tests/test_engines_hf_fused.py tests/test_engines_hf_static.py
+  engine_7b decode_7b_more "static fp8+head all" "static all kv8"
+  mark "FP8 GEMMs alone: cuBLASLt, and Inductor's max-autotune templates for the row-wise product"
+  timeout 420 python3 benchmarks/fp8_gemm_gpu.py --shape qwen2.5-7b --rows 64 256 --autotune > $O/gemm_7b.txt 2>&1
+  grep "rows" $O/gemm_7b.txt | cut -c1-220
   mark "done"
 }
 
