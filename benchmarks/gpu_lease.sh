@@ -9,7 +9,7 @@
 # Then the device calls, back to back (the machine goes back 30 s after a call), each from the
 # project root, with the carry named:
 #
-#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan7|plan8|plan9|plan10|plan11|plan12|plan13|plan14|plan15|plan18|plan19|plan20]   (starts `plan` in the background)
+#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan7|plan8|plan9|plan10|plan11|plan12|plan13|plan14|plan15|plan18|plan19|plan20|plan21]   (starts `plan` in the background)
 #   2  [.gpukit/smol/a1]              cp .gpukit/smol/a1/* /tmp/kit/smol/
 #   3  [.gpukit/smol/a2]              cp .gpukit/smol/a2/* /tmp/kit/smol/
 #   4  [.gpukit/smol/b]               bash benchmarks/gpu_lease.sh smol
@@ -619,6 +619,22 @@ plan20() {  # the shortest lease after the sampler's split and the attention ker
   mark "FP8 GEMMs alone: cuBLASLt, and Inductor's max-autotune templates for the row-wise product"
   timeout 420 python3 benchmarks/fp8_gemm_gpu.py --shape qwen2.5-7b --rows 64 256 --autotune > $O/gemm_7b.txt 2>&1
   grep "rows" $O/gemm_7b.txt | cut -c1-220
+  mark "done"
+}
+
+plan21() {  # the attention kernel's launches measured, the target with the best of them and with the default, the step, the changed kernels' GPU tests
+  begin "$1"
+  wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
+  mark "the decode attention kernel's launches, qwen2.5-7b, positions 145-248"
+  timeout 300 python3 benchmarks/attention_gpu.py --shape qwen2.5-7b --rows 64 256 --write $O/attention_config \
+    > $O/attention_7b.txt 2>&1
+  grep -a "best\|CHATGYM\|Error" $O/attention_7b.txt | cut -c1-200
+  export CHATGYM_DECODE_ATTENTION_CONFIG; CHATGYM_DECODE_ATTENTION_CONFIG=$(cat $O/attention_config 2>/dev/null)
+  engine_7b decode_7b_tuned "static all" "static fp8+head all kv8"
+  step_7b step_7b_tuned fused_c fp8_c_head_kv8
+  unset CHATGYM_DECODE_ATTENTION_CONFIG
+  engine_7b decode_7b "static all" "static fp8+head all kv8"
+  gpu_test_files tests/test_engines_hf_silu_quant.py tests/test_engines_hf_attention.py tests/test_fp8_gpu.py
   mark "done"
 }
 

@@ -19,8 +19,8 @@ from triton_helpers import run_interpreted
 from chatgym.trainer.engines import hf_attention, hf_options
 from chatgym.trainer.engines.hf_static import StaticSlots
 
-INTERPRETED_TESTS = 13  # the tests whose names hold "interpreted" (1 + 3 parametrized + 2 of the FP8 KV cache
-# + 4 parametrized + 1 from the raw q/k/v + 2 parametrized on FP8 weights)
+INTERPRETED_TESTS = 16  # the tests whose names hold "interpreted" (1 + 3 parametrized + 2 of the FP8 KV cache
+# + 4 parametrized + 1 from the raw q/k/v + 2 parametrized on FP8 weights + 3 parametrized launches)
 
 
 def test_the_kernel_tests_pass_in_tritons_interpreter():
@@ -120,6 +120,45 @@ def test_decode_qkv_refuses_half_the_scales_and_a_wrong_width():
         hf_attention.decode_qkv(qkv, 2, k_cache, k_cache, pos, 0.25, cos, cos, a=torch.ones(2, 1))
     with pytest.raises(ValueError, match=r"^decode_qkv: qkv must be \(n, 96\), got \(2, 80\)$"):
         hf_attention.decode_qkv(torch.zeros(2, 80), 2, k_cache, k_cache, pos, 0.25, cos, cos)
+
+
+@pytest.fixture
+def launch_override(monkeypatch):
+    """Set CHATGYM_DECODE_ATTENTION_CONFIG for a test (read once a process: the cache is cleared around it)."""
+    def set_config(value):
+        monkeypatch.setenv("CHATGYM_DECODE_ATTENTION_CONFIG", value)
+        hf_attention._launch_configs.cache_clear()
+    yield set_config
+    monkeypatch.delenv("CHATGYM_DECODE_ATTENTION_CONFIG", raising=False)
+    hf_attention._launch_configs.cache_clear()
+
+
+@pytest.mark.parametrize("config", ["16,4,2", "128,8,1", "model=32,2,1;fp8=16,1,3"])
+def test_interpreted_kernel_gives_the_same_attention_with_other_launches(interpreted, launch_override, config):
+    launch_override(config)
+    compare(28, 4, 128, [5, 70, 200])  # positions inside, at and past blocks of 16, 32 and 128
+    compare_from_qkv(9, 3, 64, [0, 33, 130], True, True, fp8_cache=True)
+
+
+def test_the_launch_config_reads_the_override_and_refuses_bad_values(launch_override):
+    launch_override("")
+    assert (hf_attention.launch_config(False), hf_attention.launch_config(True)) == (hf_attention.LAUNCH["model"],
+                                                                                      hf_attention.LAUNCH["fp8"])
+    launch_override("32,2,2")
+    assert (hf_attention.launch_config(False), hf_attention.launch_config(True)) == ((32, 2, 2), (32, 2, 2))
+    launch_override("model=128,8,1;fp8=16,4,2")
+    assert (hf_attention.launch_config(False), hf_attention.launch_config(True)) == ((128, 8, 1), (16, 4, 2))
+    launch_override("fp8=16,4,2")  # the other keeps its default
+    assert (hf_attention.launch_config(False), hf_attention.launch_config(True)) == (hf_attention.LAUNCH["model"],
+                                                                                      (16, 4, 2))
+    for bad, message in (("32,4", "'32,4' is not BLOCK,WARPS,STAGES"), ("30,4,2", "'30,4,2': BLOCK a power of two"),
+                         ("64,3,2", "WARPS 1, 2, 4 or 8"), ("64,4,0", "STAGES 1 to 5"),
+                         ("bf16=64,4,2", "must be 'BLOCK,WARPS,STAGES' or"), ("64,4,2;fp8=64,4,2", "must be")):
+        launch_override(bad)
+        with pytest.raises(ValueError, match=r"^CHATGYM_DECODE_ATTENTION_CONFIG"):
+            hf_attention.launch_config(False)
+        with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            hf_attention.launch_config(False)
 
 
 def e4m3_values(shape, g):

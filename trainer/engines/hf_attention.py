@@ -51,6 +51,11 @@ ATTENTIONS = ("sdpa", "triton")
 FP8_MAX = 448.0  # float8_e4m3fn's largest finite value
 BLOCK = 64  # cache columns a program reads at a time
 MIN_DOT = 16  # tl.dot's least size along each dimension
+# The launch (cache columns a program reads at a time, warps, software-pipelining stages) by the cache's
+# dtype: "model" (the model's dtype) or "fp8". CHATGYM_DECODE_ATTENTION_CONFIG overrides it for a process
+# (benchmarks/attention_gpu.py measures the choices): "BLOCK,WARPS,STAGES" for both, or
+# "model=BLOCK,WARPS,STAGES;fp8=BLOCK,WARPS,STAGES".
+LAUNCH = {"model": (BLOCK, 4, 3), "fp8": (BLOCK, 4, 3)}
 
 
 def supports(head_dim: int) -> bool:
@@ -77,6 +82,40 @@ def default_attention(compiled: bool, cuda: bool, head_dim: int | None = None) -
     if chosen == "triton" and head_dim is not None and not supports(head_dim):
         raise ValueError(f"CHATGYM_DECODE_ATTENTION=triton: head size {head_dim} is not a power of two >= 16")
     return chosen
+
+
+def launch_config(fp8: bool) -> tuple[int, int, int]:
+    """``(block, warps, stages)`` of the kernel's launch on a cache in e4m3 (``fp8``) or the model's dtype:
+    :data:`LAUNCH`, or ``CHATGYM_DECODE_ATTENTION_CONFIG`` (read once a process).
+
+    Raises:
+        ValueError: the variable malformed, a block that is not a power of two >= 16, warps not 1, 2, 4
+            or 8, stages not 1 to 5.
+    """
+    return _launch_configs()["fp8" if fp8 else "model"]
+
+
+@functools.cache
+def _launch_configs() -> dict[str, tuple[int, int, int]]:
+    text = os.environ.get("CHATGYM_DECODE_ATTENTION_CONFIG", "").strip()
+    if not text:
+        return dict(LAUNCH)
+    parts = dict(p.split("=", 1) if "=" in p else ("both", p) for p in text.split(";") if p.strip())
+    if set(parts) - {"both", "model", "fp8"} or ("both" in parts and len(parts) > 1):
+        raise ValueError(f"CHATGYM_DECODE_ATTENTION_CONFIG must be 'BLOCK,WARPS,STAGES' or "
+                         f"'model=BLOCK,WARPS,STAGES;fp8=BLOCK,WARPS,STAGES', got {text!r}")
+    out = dict(LAUNCH)
+    for key, value in parts.items():
+        try:
+            block, warps, stages = (int(v) for v in value.split(","))
+        except ValueError:
+            raise ValueError(f"CHATGYM_DECODE_ATTENTION_CONFIG: {value!r} is not BLOCK,WARPS,STAGES (three integers)") from None
+        if block < MIN_DOT or block & (block - 1) or warps not in (1, 2, 4, 8) or not 1 <= stages <= 5:
+            raise ValueError(f"CHATGYM_DECODE_ATTENTION_CONFIG: {value!r}: BLOCK a power of two >= {MIN_DOT}, "
+                             "WARPS 1, 2, 4 or 8, STAGES 1 to 5")
+        for name in (("model", "fp8") if key == "both" else (key,)):
+            out[name] = (block, warps, stages)
+    return out
 
 
 def decode(q: Any, k: Any, v: Any, k_cache: Any, v_cache: Any, positions: Any, scale: float) -> Any:
@@ -157,14 +196,16 @@ def _launch(q: Any, k: Any, v: Any, k_cache: Any, v_cache: Any, positions: Any, 
     a, s_q, s_k, s_v = scales if scales is not None else (unused,) * 4
     b_q, b_k, b_v = biases if biases is not None else (unused,) * 3
     cos, sin = rope if rope is not None else (unused, unused)
+    fp8 = k_cache.dtype == torch.float8_e4m3fn
+    block, warps, stages = launch_config(fp8)
     _kernel()[(n, kv_heads)](
         q, k, v, k_cache, v_cache, positions, out, float(scale),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), out.stride(0), out.stride(1),
         a, s_q, s_k, s_v, b_q, b_k, b_v, cos, sin, cos.stride(0),
-        GROUP=group, GROUP_ROWS=group_rows, D=d, BLOCK=BLOCK, PRECISION=precision,
-        FP8=k_cache.dtype == torch.float8_e4m3fn, FP8_MAX=FP8_MAX, SCALED=scales is not None,
-        BIAS=biases is not None, ROPE=rope is not None, num_warps=4,
+        GROUP=group, GROUP_ROWS=group_rows, D=d, BLOCK=block, PRECISION=precision,
+        FP8=fp8, FP8_MAX=FP8_MAX, SCALED=scales is not None,
+        BIAS=biases is not None, ROPE=rope is not None, num_warps=warps, num_stages=stages,
     )
     return out
 
