@@ -59,7 +59,7 @@ KINDS = (  # (kind, substrings of a kernel's name), first match wins (cutlass at
     ("attention", ("fmha", "flash", "attention", "attn")),
     ("gemm", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "splitk", "scaled_mm", "sm90_", "matmul")),
     ("norm", ("rms", "norm")),
-    ("fp8 quant", ("float8", "e4m3", "fp8", "amax", "abs_max", "max_all", "reduce_kernel", "quantize", "silu_mul_partial", "silu_mul_quant")),
+    ("fp8 quant", ("float8", "e4m3", "fp8", "amax", "abs_max", "max_all", "reduce_kernel", "quantize", "silu_mul_partial")),
     ("cache write", ("index_put", "indexing_backward", "scatter", "index_elementwise", "put_kernel")),
 )
 

@@ -1,4 +1,4 @@
-"""The FP8 step's ``silu(gate) * up`` quantized per row, in two Triton launches spread over the row.
+"""The FP8 step's ``silu(gate) * up`` quantized per row, in two Triton kernels spread over the row.
 
 On FP8 weights the fused step's MLP feeds the down projection ``e4m3(y / a)`` with ``y = silu(gate) * up``
 and ``a`` the row's ``max |y| / 448`` (:func:`.hf_elementwise.silu_mul_quant`). Compiled by Inductor that
@@ -8,25 +8,22 @@ card's 132 multiprocessors busy and each waiting on one load at a time
 (``benchmarks/results/attention_stream_2026-12-06/lease1_h200/step_7b.txt``). Here each row is cut in
 blocks of :data:`BLOCK` columns and a program runs per (row, block):
 
-1. ``y`` of the block (rounded to the input's dtype, as the eager pieces round it) gives the block's
-   ``max |y|``, written to ``(rows, blocks)`` partial maxima;
-2. (the same kernel again, its second pass) each program reads its row's partial maxima, takes ``a``, computes its block's ``y`` again from the
-   same inputs (the same operations: the same values) and writes it quantized (the first block's
-   program writes ``a``).
+1. ``y`` of the block (rounded to the input's dtype, as the eager pieces round it) is written to a
+   scratch tensor, and the block's ``max |y|`` to ``(rows, blocks)`` partial maxima;
+2. each program reads its row's partial maxima, takes ``a`` and writes the block quantized (the first
+   block's program writes ``a``).
 
-Both passes read every row at once from all the blocks' programs (64 rows x 10 blocks = 640 at the 7B
-shape). The second reads the inputs again rather than a scratch copy of ``y`` the first wrote: the
-inputs were just read, so mostly from the L2 cache, and no scratch is written (the scratch version,
-on an H100 at 256 rows: 15.0 + 7.5 us a layer, ``benchmarks/results/fp8_sampler_rope_h100_2026-12-07``).
-With the ``"unit"`` FP8 GEMM (:data:`.hf_fp8.GEMMS`) both passes also apply the GEMM's row and channel
-scales, rounding to the input's dtype as :func:`.hf_fp8.dequantize_out` does.
+Both kernels read every row at once from all the blocks' programs (64 rows x 10 blocks = 640 at the 7B
+shape), the scratch's write and read adding 2 x 2 bytes an element. With the ``"unit"`` FP8 GEMM
+(:data:`.hf_fp8.GEMMS`) the first kernel also applies the GEMM's row and channel scales, rounding to the
+input's dtype as :func:`.hf_fp8.dequantize_out` does.
 
 The result is the eager function's up to float rounding (``exp`` may differ in the last bits of
 float32, and then rounding to bf16 by one step): on float32 inputs the tests take the scales within 2e-7
 and the values within 2e-6 relative of the eager ones (``tests/test_engines_hf_silu_quant.py``, Triton's
 interpreter on the CPU, whose casts to bf16 and e4m3 truncate where CUDA rounds to nearest); bf16 inputs
-and e4m3 outputs ``-m gpu`` (passed on an H100, 2026-12-06). On that H100 the scratch version took 6.0 +
-4.2 us a layer at the 7B shape and 64 rows (13.5 + 7.4 at 256), and the FP8 step 4.463 -> 4.254 ms
+and e4m3 outputs ``-m gpu`` (passed on an H100, 2026-12-06). On that H100 it took 6.0 + 4.2 us a layer at
+the 7B shape and 64 rows (13.5 + 7.4 at 256), and the FP8 step 4.463 -> 4.254 ms
 (``benchmarks/results/packed_prefill_2026-12-06/``).
 """
 
@@ -41,7 +38,7 @@ BLOCK = 2048  # columns of a row a program takes (16 a thread at 4 warps)
 
 
 def silu_mul_quant(gate_up: Any, a: Any = None, s: Any = None, out_dtype: Any = None) -> tuple[Any, Any]:
-    """:func:`.hf_elementwise.silu_mul_quant` in two Triton launches (module doc).
+    """:func:`.hf_elementwise.silu_mul_quant` in two Triton kernels (module doc).
 
     Args:
         gate_up: ``(M, 2 * I)`` float (bf16 / fp16 / fp32), the gate/up projection's output (last stride 1):
@@ -73,35 +70,32 @@ def silu_mul_quant(gate_up: Any, a: Any = None, s: Any = None, out_dtype: Any = 
     inner = width // 2
     blocks = -(-inner // BLOCK)
     device = gate_up.device
+    y = torch.empty((m, inner), dtype=gate_up.dtype, device=device)
     partial = torch.empty((m, blocks), dtype=torch.float32, device=device)
     out = torch.empty((m, inner), dtype=out_dtype or torch.float8_e4m3fn, device=device)
     scales = torch.empty((m, 1), dtype=torch.float32, device=device)
     scaled = a is not None
-    a, s = (a, s) if scaled else (gate_up, gate_up)  # pointers the kernel never reads
-    kernel, grid = _kernel(), (m, blocks)
-    chunks = max(16, 1 << (blocks - 1).bit_length())
-    for quantize in (False, True):  # 1. the blocks' maxima; 2. y again, quantized by its row's scale
-        kernel[grid](gate_up, a, s, partial, out, scales, gate_up.stride(0), inner, blocks, FP8_MAX, _MIN_SCALE,
-                     SCALED=scaled, QUANTIZE=quantize, BLOCK=BLOCK, BLOCKS=chunks, num_warps=4)
+    first, second = _kernels()
+    first[(m, blocks)](gate_up, a if scaled else gate_up, s if scaled else gate_up, y, partial, gate_up.stride(0),
+                       inner, blocks, SCALED=scaled, BLOCK=BLOCK, num_warps=4)
+    second[(m, blocks)](y, partial, out, scales, inner, blocks, FP8_MAX, _MIN_SCALE, BLOCK=BLOCK,
+                        BLOCKS=max(16, 1 << (blocks - 1).bit_length()), num_warps=4)
     return out, scales
 
 
 @functools.cache
-def _kernel() -> Any:
-    """The Triton kernel of both passes, defined at first use (Triton reads its interpreter switch then)."""
+def _kernels() -> tuple[Any, Any]:
+    """The two Triton kernels, defined at first use (Triton reads its interpreter switch then)."""
     import triton
     import triton.language as tl
 
     @triton.jit
-    def silu_mul_quant_pass(gate_up, a, s, partial, out, scales, row_stride, inner, blocks, fp8_max, min_scale,
-                            SCALED: tl.constexpr, QUANTIZE: tl.constexpr, BLOCK: tl.constexpr,
-                            BLOCKS: tl.constexpr):
+    def silu_mul_partial(gate_up, a, s, y, partial, row_stride, inner, blocks, SCALED: tl.constexpr,
+                         BLOCK: tl.constexpr):
         r = tl.program_id(0).to(tl.int64)
         b = tl.program_id(1)
         cols = b * BLOCK + tl.arange(0, BLOCK)
         inside = cols < inner
-        # silu(gate) * up of the block, rounded as the eager pieces round: the same operations in both
-        # passes, so the same values
         gate = tl.load(gate_up + r * row_stride + cols, mask=inside, other=0.0)
         up = tl.load(gate_up + r * row_stride + inner + cols, mask=inside, other=0.0)
         dtype = gate.dtype
@@ -111,16 +105,24 @@ def _kernel() -> Any:
             up = (up.to(tl.float32) * row_scale * tl.load(s + inner + cols, mask=inside, other=0.0)).to(dtype)
         g = gate.to(tl.float32)
         silu = tl.div_rn(g, 1.0 + tl.exp(-g)).to(dtype)  # F.silu: in float32, rounded to the dtype
-        prod = (silu.to(tl.float32) * up.to(tl.float32)).to(dtype).to(tl.float32)  # silu * up, rounded again
-        if QUANTIZE:
-            each = tl.arange(0, BLOCKS)
-            amax = tl.max(tl.load(partial + r * blocks + each, mask=each < blocks, other=0.0), 0)
-            scale = tl.maximum(tl.div_rn(amax, fp8_max), min_scale)  # hf_fp8.quantize_rows' clamp_min
-            q = tl.clamp(tl.div_rn(prod, scale), -fp8_max, fp8_max, propagate_nan=tl.PropagateNan.ALL)  # NaN stays NaN
-            tl.store(out + r * inner + cols, q.to(out.dtype.element_ty), mask=inside)
-            if b == 0:
-                tl.store(scales + r, scale)
-        else:
-            tl.store(partial + r * blocks + b, tl.max(tl.abs(prod), 0))
+        prod = (silu.to(tl.float32) * up.to(tl.float32)).to(dtype)  # silu * up, rounded again
+        tl.store(y + r * inner + cols, prod, mask=inside)
+        tl.store(partial + r * blocks + b, tl.max(tl.abs(prod.to(tl.float32)), 0))
 
-    return silu_mul_quant_pass
+    @triton.jit
+    def quantize_blocks(y, partial, out, scales, inner, blocks, fp8_max, min_scale, BLOCK: tl.constexpr,
+                        BLOCKS: tl.constexpr):
+        r = tl.program_id(0).to(tl.int64)
+        b = tl.program_id(1)
+        each = tl.arange(0, BLOCKS)
+        amax = tl.max(tl.load(partial + r * blocks + each, mask=each < blocks, other=0.0), 0)
+        scale = tl.maximum(tl.div_rn(amax, fp8_max), min_scale)  # hf_fp8.quantize_rows' clamp_min
+        cols = b * BLOCK + tl.arange(0, BLOCK)
+        inside = cols < inner
+        x = tl.load(y + r * inner + cols, mask=inside, other=0.0).to(tl.float32)
+        q = tl.clamp(tl.div_rn(x, scale), -fp8_max, fp8_max, propagate_nan=tl.PropagateNan.ALL)  # NaN stays NaN
+        tl.store(out + r * inner + cols, q.to(out.dtype.element_ty), mask=inside)
+        if b == 0:
+            tl.store(scales + r, scale)
+
+    return silu_mul_partial, quantize_blocks
