@@ -19,7 +19,7 @@ from triton_helpers import run_interpreted
 from chatgym.trainer.engines import hf_attention, hf_options
 from chatgym.trainer.engines.hf_static import StaticSlots
 
-INTERPRETED_TESTS = 16  # the tests whose names hold "interpreted" (1 + 3 parametrized + 2 of the FP8 KV cache
+INTERPRETED_TESTS = 17  # the tests whose names hold "interpreted" (1 + 3 parametrized + 3 of the FP8 KV cache
 # + 4 parametrized + 1 from the raw q/k/v + 2 parametrized on FP8 weights + 3 parametrized launches)
 
 
@@ -169,13 +169,14 @@ def e4m3_values(shape, g):
     return x.to(torch.float8_e4m3fn).float()
 
 
-def compare_fp8_cache(heads, kv_heads, d, positions):
-    """The kernel on an e4m3 cache, float32 queries: the new key/value saturated at +-448 and stored in
-    e4m3 (exactly, as these values are e4m3's), attention over the stored columns: SDPA in float32 over
-    the cache widened to float32, with the saturated new column written first."""
+def compare_fp8_cache(heads, kv_heads, d, positions, dtype=torch.float32):
+    """The kernel on an e4m3 cache: the new key/value saturated at +-448 and stored in e4m3 (exactly, as
+    these values are e4m3's), attention over the stored columns: SDPA in float32 over the cache widened to
+    float32, with the saturated new column written first. float32 queries: float32 products, to 2e-6;
+    bf16 queries (e4m3's values are bf16's too): the kernel's fp16 products and bf16 output, to 1e-2."""
     g = torch.Generator().manual_seed(heads * 10 + d)
     n, max_len = len(positions), max(positions) + 9
-    qk = torch.randn(n, heads + kv_heads, d, generator=g)
+    qk = torch.randn(n, heads + kv_heads, d, generator=g).to(dtype).float()
     k_new, v = e4m3_values((n, kv_heads, d), g), e4m3_values((n, kv_heads, d), g)
     k_new[0, 0, :3] = torch.tensor([1000.0, -600.0, 448.0])  # beyond e4m3's range: saturated
     v[-1, -1, -2:] = torch.tensor([-1e4, 500.0])
@@ -187,16 +188,20 @@ def compare_fp8_cache(heads, kv_heads, d, positions):
     saturated = qk.clone()
     saturated[:, heads:] = saturated[:, heads:].clamp(-448, 448)
     want = reference(saturated, v.clamp(-448, 448), k_ref, v_ref, pos, heads, d**-0.5)
+    qk, v = qk.to(dtype), v.to(dtype)
     got = hf_attention.decode(qk[:, :heads], qk[:, heads:], v, k_cache, v_cache, pos, d**-0.5)
-    torch.testing.assert_close(got, want, atol=2e-6, rtol=2e-6)  # float32 sums; values up to 448 in the mix
+    assert got.dtype == dtype
+    tolerance = 2e-6 if dtype == torch.float32 else 1e-2  # float32 sums; values up to 448 in the mix
+    torch.testing.assert_close(got.float(), want, atol=tolerance, rtol=tolerance)
     assert torch.equal(k_cache.float(), k_ref) and torch.equal(v_cache.float(), v_ref)
     assert k_cache[0, 0, positions[0], :3].float().tolist() == [448.0, -448.0, 448.0]
     assert v_cache[n - 1, kv_heads - 1, positions[-1], -2:].float().tolist() == [-448.0, 448.0]
 
 
-def test_interpreted_kernel_on_an_fp8_cache_stores_saturated_e4m3_and_attends_to_it(interpreted):
-    compare_fp8_cache(9, 3, 64, [0, 1, hf_attention.BLOCK, 2 * hf_attention.BLOCK + 7])
-    compare_fp8_cache(28, 4, 128, [5, 70])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_interpreted_kernel_on_an_fp8_cache_stores_saturated_e4m3_and_attends_to_it(interpreted, dtype):
+    compare_fp8_cache(9, 3, 64, [0, 1, hf_attention.BLOCK, 2 * hf_attention.BLOCK + 7], dtype)
+    compare_fp8_cache(28, 4, 128, [5, 70], dtype)
 
 
 def test_interpreted_fused_step_on_an_fp8_cache_writes_e4m3_of_the_full_cache_and_moves_rows(interpreted,

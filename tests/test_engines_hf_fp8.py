@@ -109,7 +109,8 @@ CPU_GEMMS = tuple(g for g in GEMMS if g != "cutlass")  # vLLM's CUTLASS kernel: 
 
 @pytest.mark.parametrize("gemm", CPU_GEMMS)
 def test_each_fp8_gemm_is_the_dequantized_product(gemm):
-    """rowwise and unit (unscaled, scales applied after) compute one product."""
+    """rowwise, unit and unit_fast (unscaled, scales applied after) compute one product (on the CPU the
+    fast accumulation is the same float32 one; on a GPU: tests/test_fp8_gpu.py)."""
     gen = torch.Generator().manual_seed(1)
     x, w = torch.randn(6, 64, generator=gen), torch.randn(48, 64, generator=gen)
     linear = Fp8Linear([w[:16], w[16:]], gemm)
@@ -117,13 +118,13 @@ def test_each_fp8_gemm_is_the_dequantized_product(gemm):
     expected = (xq.float() * a) @ dequantize(*quantize_rowwise(w)).t()
     torch.testing.assert_close(linear.mm(xq, a, torch.float32), expected, atol=1e-4, rtol=1e-5)
     out, pa, ps = linear.project(xq, a, torch.float32)
-    assert (pa is None, ps is None) == ((gemm != "unit"),) * 2
-    if gemm == "unit":  # the raw product of the e4m3 codes, by hand: no scale in it yet
+    assert (pa is None, ps is None) == ((gemm not in ("unit", "unit_fast")),) * 2
+    if gemm in ("unit", "unit_fast"):  # the raw product of the e4m3 codes, by hand: no scale in it yet
         torch.testing.assert_close(out, xq.float() @ linear.weight.float().t(), atol=1e-3, rtol=1e-5)
 
 
 def test_an_unknown_fp8_gemm_is_refused():
-    with pytest.raises(ValueError, match=r"fp8 gemm must be one of \('rowwise', 'unit', 'cutlass'\), got 'fast'"):
+    with pytest.raises(ValueError, match=r"fp8 gemm must be one of \('rowwise', 'unit', 'cutlass', 'unit_fast'\), got 'fast'"):
         Fp8Linear([torch.randn(16, 16)], "fast")
 
 

@@ -47,8 +47,14 @@ _MIN_SCALE = 1e-12
 # CUDA with vLLM installed). On an H100 at the 7B shape the unit GEMMs took 2.700 / 3.467 ms a step against
 # rowwise's 3.696 / 4.274 at 64 / 256 rows, but applying the scales in a kernel of their own cost more than
 # that (docs/gpu.md): so "unit" with compiled pieces, "rowwise" without (default_gemm). CHATGYM_FP8_GEMM
-# overrides it for a process (benchmarks).
-GEMMS = ("rowwise", "unit", "cutlass")
+# overrides it for a process (benchmarks). "unit_fast": "unit" with the FP8 tensor cores' own accumulation
+# (torch._scaled_mm's use_fast_accum): Hopper's FP8 MMA keeps a running sum of limited precision (DeepSeek-V3,
+# arXiv 2412.19437 section 3.3.2: about 14 bits, a maximum relative error near 2% at K = 4096), and the
+# exact path adds each few k-steps' partial sum into float32 registers in extra instructions; the fast
+# one is what vLLM's CUTLASS FP8 kernels on Hopper run (their "FP8FastAccum" schedules). Its error is one
+# more part of rollout/mismatch/*.
+GEMMS = ("rowwise", "unit", "cutlass", "unit_fast")
+UNSCALED = ("unit", "unit_fast")  # the GEMMs whose output the caller still scales (dequantize_out)
 
 
 def default_gemm(compiled: bool) -> str:
@@ -114,7 +120,7 @@ def scaled_mm(xq: Any, a: Any, q: Any, s: Any, out_dtype: Any, gemm: str = "roww
     """:func:`fp8_matmul` of activations already quantized by :func:`quantize_rows` (``xq`` ``(M, K)``
     float8_e4m3fn, ``a`` ``(M, 1)`` float32), as the GEMM ``gemm`` of :data:`GEMMS` computes it.
 
-    ``"unit"`` returns the product *unscaled* (``X · Q^T``, rounded to ``out_dtype``): the caller
+    ``"unit"`` (and ``"unit_fast"``) returns the product *unscaled* (``X · Q^T``, rounded to ``out_dtype``): the caller
     multiplies by ``a · s`` (:func:`dequantize_out`), which :mod:`.hf_elementwise`'s compiled pieces
     fold into the kernel after the GEMM. ``bias`` (``(N,)`` in ``out_dtype``, bf16 or fp16) is added in
     ``"cutlass"``'s epilogue; the other GEMMs take none (:attr:`Fp8Linear.takes_bias`).
@@ -128,9 +134,10 @@ def scaled_mm(xq: Any, a: Any, q: Any, s: Any, out_dtype: Any, gemm: str = "roww
         raise ValueError(f"fp8 gemm {gemm!r} takes no bias (only 'cutlass' adds it in the GEMM)")
     if gemm == "rowwise":
         return torch._scaled_mm(xq, q.t(), scale_a=a, scale_b=s, out_dtype=out_dtype)
-    if gemm == "unit":
+    if gemm in UNSCALED:
         one = _unit_scale(xq.device)
-        return torch._scaled_mm(xq, q.t(), scale_a=one, scale_b=one, out_dtype=out_dtype)
+        return torch._scaled_mm(xq, q.t(), scale_a=one, scale_b=one, out_dtype=out_dtype,
+                                use_fast_accum=gemm == "unit_fast")
     if gemm == "cutlass":
         return _cutlass_scaled_mm()(xq, q.t(), a, s, out_dtype, bias)
     raise ValueError(f"fp8 gemm must be one of {GEMMS}, got {gemm!r}")
@@ -207,7 +214,7 @@ class Fp8Linear:
         scales still to apply (:func:`dequantize_out`), so that a compiled piece after it applies them in
         its own kernel."""
         out = scaled_mm(xq, a, self.weight, self.scale, out_dtype, self.gemm, bias)
-        return (out, a, self.scale) if self.gemm == "unit" else (out, None, None)
+        return (out, a, self.scale) if self.gemm in UNSCALED else (out, None, None)
 
 
 QUANTIZATIONS = (None, "fp8")
