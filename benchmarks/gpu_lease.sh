@@ -9,7 +9,7 @@
 # Then the device calls, back to back (the machine goes back 30 s after a call), each from the
 # project root, with the carry named:
 #
-#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan7|plan8|plan9|plan10|plan11|plan12|plan13|plan14|plan15|plan18|plan19|plan20|plan21|plan22]   (starts `plan` in the background)
+#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan7|plan8|plan9|plan10|plan11|plan12|plan13|plan14|plan15|plan18|plan19|plan20|plan21|plan22|plan23]   (starts `plan` in the background)
 #   2  [.gpukit/smol/a1]              cp .gpukit/smol/a1/* /tmp/kit/smol/
 #   3  [.gpukit/smol/a2]              cp .gpukit/smol/a2/* /tmp/kit/smol/
 #   4  [.gpukit/smol/b]               bash benchmarks/gpu_lease.sh smol
@@ -650,6 +650,15 @@ plan22() {  # e4m3 cache attended in fp16 products; the unit GEMM with fast accu
   gpu_test_files tests/test_fp8_gpu.py tests/test_engines_hf_attention.py
   (cd /tmp/t && timeout 120 python3 -m pytest -q -s -p no:cacheprovider -m gpu tests/test_fp8_gpu.py -k "fast_accumulation" \
     2>&1 | grep -a "error\|passed\|failed")
+  mark "done"
+}
+
+plan23() {  # the MLP's quantization with approximate divisions: the target, the step, its GPU tests
+  begin "$1"
+  wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
+  engine_7b decode_7b "static all" "static fp8+head all kv8"
+  step_7b step_7b fused_c fp8_c_head_kv8
+  gpu_test_files tests/test_engines_hf_silu_quant.py
   mark "done"
 }
 

@@ -104,7 +104,7 @@ def _kernels() -> tuple[Any, Any]:
             gate = (gate.to(tl.float32) * row_scale * tl.load(s + cols, mask=inside, other=0.0)).to(dtype)
             up = (up.to(tl.float32) * row_scale * tl.load(s + inner + cols, mask=inside, other=0.0)).to(dtype)
         g = gate.to(tl.float32)
-        silu = tl.div_rn(g, 1.0 + tl.exp(-g)).to(dtype)  # F.silu: in float32, rounded to the dtype
+        silu = tl.fdiv(g, 1.0 + tl.exp(-g)).to(dtype)  # F.silu in float32 (the division to ~2 ulp), rounded
         prod = (silu.to(tl.float32) * up.to(tl.float32)).to(dtype)  # silu * up, rounded again
         tl.store(y + r * inner + cols, prod, mask=inside)
         tl.store(partial + r * blocks + b, tl.max(tl.abs(prod.to(tl.float32)), 0))
@@ -120,7 +120,7 @@ def _kernels() -> tuple[Any, Any]:
         cols = b * BLOCK + tl.arange(0, BLOCK)
         inside = cols < inner
         x = tl.load(y + r * inner + cols, mask=inside, other=0.0).to(tl.float32)
-        q = tl.clamp(tl.div_rn(x, scale), -fp8_max, fp8_max, propagate_nan=tl.PropagateNan.ALL)  # NaN stays NaN
+        q = tl.clamp(tl.fdiv(x, scale), -fp8_max, fp8_max, propagate_nan=tl.PropagateNan.ALL)  # NaN stays NaN
         tl.store(out + r * inner + cols, q.to(out.dtype.element_ty), mask=inside)
         if b == 0:
             tl.store(scales + r, scale)
