@@ -161,6 +161,20 @@ def test_the_launch_config_reads_the_override_and_refuses_bad_values(launch_over
             hf_attention.launch_config(False)
 
 
+def test_config_load_refuses_a_malformed_launch_override_before_any_model_loads(launch_override):
+    """Read at the first decode step's launch, inside the engine's worker: without this check a bad value
+    would fail every episode of a run (as CHATGYM_FP8_GEMM once did: tests/test_engines_hf_draw.py)."""
+    from chatgym.trainer.config.loader import ConfigError
+    from chatgym.trainer.engines import check_engine_options
+
+    launch_override("64,4")
+    with pytest.raises(ConfigError, match=r"^CHATGYM_DECODE_ATTENTION_CONFIG: '64,4' is not BLOCK,WARPS,STAGES"):
+        check_engine_options("hf", {"decode": "static"}, "engine.options")
+    check_engine_options("hf", {"decode": "static", "fused_step": False}, "engine.options")  # no fused step
+    launch_override("64,4,2")
+    check_engine_options("hf", {"decode": "static"}, "engine.options")
+
+
 def e4m3_values(shape, g):
     """float32 values e4m3 holds exactly, none subnormal (Triton's interpreter flushes those to 0 where a
     GPU keeps them), signs and sizes of randn's."""

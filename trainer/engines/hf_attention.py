@@ -36,10 +36,10 @@ same bytes either way.
 An FP8 KV cache (``engine.options.kv_cache_dtype: fp8``, float8_e4m3fn with a unit scale, as vLLM's
 ``kv_cache_dtype="fp8"`` without calibrated scales) is read by this kernel alone: it saturates the new
 key and value at +-448 (e4m3fn's largest), stores them in e4m3 and attends to them as stored; earlier
-columns are read in e4m3 and widened before the products: to fp16 with bf16 / fp16 queries (e4m3 holds
-only fp16 values; the queries, times the score's factor, rounded to fp16, which keeps 3 more bits than
-bf16: on Hopper e4m3 -> fp16 is one instruction a pair, -> bf16 several), to float32 with float32
-queries. It halves the bytes a
+columns are read in e4m3 and widened before the products: to fp16 with bf16 / fp16 queries (every e4m3
+value is an fp16 one; the queries, times the score's factor, rounded to fp16, which keeps 3 more bits
+than bf16; widened to bf16 the 7B step's attention took 0.632 ms at 256 rows on an H100, to fp16 0.599
+on another), to float32 with float32 queries. It halves the bytes a
 step's attention reads (57,344 -> 28,672 a token at the Qwen2.5-7B shape); keys and values carry e4m3's
 rounding (2^-4 relative), one more source of the engine/learner mismatch (``rollout/mismatch/*``).
 """

@@ -28,9 +28,10 @@ launches these two kernels and the copy, nothing else.
 
 Why two kernels and four words a call: a program a row (this sampler's first form, one Philox call an
 entry) took 0.261 ms a step at 64 rows of Qwen2.5-7B's 152,064 logits on an H100 — 64 of the card's
-132 multiprocessors busy, each computing ten Philox rounds an entry — and about three times that at
-256 rows; the engine's decode step outside its captured graph was mostly that
-(``benchmarks/results/fp8_kv8_h100_2026-12-07``).
+132 multiprocessors busy, each computing ten Philox rounds an entry (read-back included; 256 rows were
+not timed), most of the engine's decode step outside its captured graph there
+(``benchmarks/results/fp8_kv8_h100_2026-12-07``). Split: 0.112 ms at 64 rows, 0.258 at 256, read-back
+included (``benchmarks/results/fp8_sampler_rope_h100_2026-12-07``).
 
 The ids differ from the default sampler's (another random stream) but follow the same distribution;
 rows with top-k / top-p filters are drawn by the default path (the engine falls back for such a step).

@@ -80,16 +80,19 @@ def check_kv_cache(kv_cache_dtype: Any, device: Any) -> Any:
 
 def check_overrides(fused_step: Any, cuda: bool) -> None:
     """The environment's overrides a fused step reads as the worker builds it (``CHATGYM_FP8_GEMM``,
-    ``CHATGYM_DECODE_ATTENTION``), checked here, before any model loads; nothing without a fused step.
+    ``CHATGYM_DECODE_ATTENTION``, ``CHATGYM_DECODE_ATTENTION_CONFIG``), checked here, before any model
+    loads; nothing without a fused step.
 
     Raises:
-        ValueError: naming the variable (:func:`.hf_fp8.default_gemm`, :func:`.hf_attention.default_attention`).
+        ValueError: naming the variable (:func:`.hf_fp8.default_gemm`, :func:`.hf_attention.default_attention`,
+            :func:`.hf_attention.launch_config`).
     """
     if fused_step:
         from chatgym.trainer.engines import hf_attention, hf_fp8
 
         hf_fp8.default_gemm(fused_step == "compiled")
         hf_attention.default_attention(fused_step == "compiled", cuda)
+        hf_attention.launch_config(False)
 
 
 def check_device(device: Any, cuda: bool) -> None:

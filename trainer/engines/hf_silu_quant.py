@@ -24,7 +24,10 @@ and the values within 2e-6 relative of the eager ones (``tests/test_engines_hf_s
 interpreter on the CPU, whose casts to bf16 and e4m3 truncate where CUDA rounds to nearest); bf16 inputs
 and e4m3 outputs ``-m gpu`` (passed on an H100, 2026-12-06). On that H100 it took 6.0 + 4.2 us a layer at
 the 7B shape and 64 rows (13.5 + 7.4 at 256), and the FP8 step 4.463 -> 4.254 ms
-(``benchmarks/results/packed_prefill_2026-12-06/``).
+(``benchmarks/results/packed_prefill_2026-12-06/``). Both kernels are bound by their arithmetic, not
+their bytes (a first pass without the scratch's store took as long), so their divisions are
+``tl.fdiv`` (to ~2 ulp of float32) rather than IEEE ones: 15.0 + 7.5 -> 12.1 + 4.2 us a layer at 256
+rows on an H100 (``benchmarks/results/fp8_sampler_rope_h100_2026-12-07/lease4``).
 """
 
 from __future__ import annotations
