@@ -54,6 +54,9 @@ ATTENTIONS = ("sdpa", "triton")
 FP8_MAX = 448.0  # float8_e4m3fn's largest finite value
 BLOCK = 64  # cache columns a program reads at a time
 MIN_DOT = 16  # tl.dot's least size along each dimension
+# The override's bounds: the launches benchmarks/attention_gpu.py measures (all compiled on an H100). More
+# columns or stages than these outgrow a multiprocessor's shared memory at head size 128 in bf16.
+MAX_BLOCK, MAX_STAGES = 128, 3
 # The launch (cache columns a program reads at a time, warps, software-pipelining stages) by the cache's
 # dtype: "model" (the model's dtype) or "fp8". CHATGYM_DECODE_ATTENTION_CONFIG overrides it for a process
 # (benchmarks/attention_gpu.py measures the choices): "BLOCK,WARPS,STAGES" for both, or
@@ -92,8 +95,8 @@ def launch_config(fp8: bool) -> tuple[int, int, int]:
     :data:`LAUNCH`, or ``CHATGYM_DECODE_ATTENTION_CONFIG`` (read once a process).
 
     Raises:
-        ValueError: the variable malformed, a block that is not a power of two >= 16, warps not 1, 2, 4
-            or 8, stages not 1 to 5.
+        ValueError: the variable malformed or naming a cache twice, a block that is not a power of two
+            from 16 to 128, warps not 1, 2, 4 or 8, stages not 1 to 3.
     """
     return _launch_configs()["fp8" if fp8 else "model"]
 
@@ -103,8 +106,9 @@ def _launch_configs() -> dict[str, tuple[int, int, int]]:
     text = os.environ.get("CHATGYM_DECODE_ATTENTION_CONFIG", "").strip()
     if not text:
         return dict(LAUNCH)
-    parts = dict(p.split("=", 1) if "=" in p else ("both", p) for p in text.split(";") if p.strip())
-    if set(parts) - {"both", "model", "fp8"} or ("both" in parts and len(parts) > 1):
+    pairs = [p.split("=", 1) if "=" in p else ("both", p) for p in text.split(";") if p.strip()]
+    parts = dict(pairs)
+    if set(parts) - {"both", "model", "fp8"} or ("both" in parts and len(pairs) > 1) or len(parts) < len(pairs):
         raise ValueError(f"CHATGYM_DECODE_ATTENTION_CONFIG must be 'BLOCK,WARPS,STAGES' or "
                          f"'model=BLOCK,WARPS,STAGES;fp8=BLOCK,WARPS,STAGES', got {text!r}")
     out = dict(LAUNCH)
@@ -113,9 +117,9 @@ def _launch_configs() -> dict[str, tuple[int, int, int]]:
             block, warps, stages = (int(v) for v in value.split(","))
         except ValueError:
             raise ValueError(f"CHATGYM_DECODE_ATTENTION_CONFIG: {value!r} is not BLOCK,WARPS,STAGES (three integers)") from None
-        if block < MIN_DOT or block & (block - 1) or warps not in (1, 2, 4, 8) or not 1 <= stages <= 5:
-            raise ValueError(f"CHATGYM_DECODE_ATTENTION_CONFIG: {value!r}: BLOCK a power of two >= {MIN_DOT}, "
-                             "WARPS 1, 2, 4 or 8, STAGES 1 to 5")
+        if not MIN_DOT <= block <= MAX_BLOCK or block & (block - 1) or warps not in (1, 2, 4, 8) or not 1 <= stages <= MAX_STAGES:
+            raise ValueError(f"CHATGYM_DECODE_ATTENTION_CONFIG: {value!r}: BLOCK a power of two from {MIN_DOT} to "
+                             f"{MAX_BLOCK}, WARPS 1, 2, 4 or 8, STAGES 1 to {MAX_STAGES}")
         for name in (("model", "fp8") if key == "both" else (key,)):
             out[name] = (block, warps, stages)
     return out

@@ -29,7 +29,8 @@ def check_options(decode: str, *, fp8: bool = False, async_scheduling: bool = Fa
             in :data:`KV_CACHE_DTYPES` or ``"fp8"`` off the compiled fused step on CUDA (its reader is
             :mod:`.hf_attention`'s kernel), a
             ``sampler`` not in :data:`SAMPLERS`, ``"philox"`` (a Triton kernel) without ``cuda``, with
-            a fused step a bad ``CHATGYM_FP8_GEMM`` or ``CHATGYM_DECODE_ATTENTION`` (:func:`check_overrides`).
+            a fused step a bad ``CHATGYM_FP8_GEMM``, ``CHATGYM_DECODE_ATTENTION`` or
+            ``CHATGYM_DECODE_ATTENTION_CONFIG`` (:func:`check_overrides`).
     """
     if decode not in DECODES:  # the engine's own check comes after the model loads
         raise ValueError(f"decode must be 'auto', 'static' or 'dynamic', got {decode!r}")
