@@ -3,9 +3,9 @@
 The kernel runs a program per (row, key/value head) over the row's cache columns in blocks; how many
 columns a block holds, the warps a program has and the software-pipelining stages of its loop set how
 many programs fit a multiprocessor at once and how long each waits on its loads. At the Qwen2.5-7B
-shape on an H100 the kernel took 22.6 us a layer at 256 rows with an e4m3 cache, 23.8 with a bf16 one
-(``benchmarks/results/fp8_sampler_rope_h100_2026-12-07/step_7b.txt``): far from the bytes it reads
-(0.2 / 0.4 GB a step there), and no faster on the cache of half the bytes.
+shape on an H100 the kernel took 22.6 us a layer at 256 rows with an e4m3 cache, 23.7 with a bf16 one
+(``benchmarks/results/fp8_sampler_rope_h100_2026-12-07/step_7b.txt``, rows of 40-120 tokens: about
+0.6 / 1.2 GB of cache read a step): hardly faster on the cache of half the bytes.
 
 This times, for each cache dtype (the model's bf16, e4m3), each row count and each launch (``BLOCK,
 WARPS, STAGES``), ``--layers`` distinct layers' caches one after another in one CUDA graph, each call
