@@ -176,17 +176,16 @@ def decode_qkv(qkv: Any, heads: int, k_cache: Any, v_cache: Any, positions: Any,
         raise ValueError("decode_qkv: the unit GEMM's scales come together (a and s)")
     if qkv.dim() != 2 or qkv.shape[1] != (heads + 2 * kv_heads) * d:
         raise ValueError(f"decode_qkv: qkv must be (n, {(heads + 2 * kv_heads) * d}), got {tuple(qkv.shape)}")
-    cuts = (heads * d, kv_heads * d, kv_heads * d)
-    q, k, v = (part.view(n, -1, d) for part in qkv.split(cuts, dim=1))
-    scales = None if s is None else [a, *s.reshape(-1).split(cuts)]
-    biases = None if bias is None else bias.split(cuts)
-    return _launch(q, k, v, k_cache, v_cache, positions, scale, scales, biases, (cos.reshape(n, d), sin.reshape(n, d)))
+    q, k, v = (part.view(n, -1, d) for part in qkv.split((heads * d, kv_heads * d, kv_heads * d), dim=1))
+    return _launch(q, k, v, k_cache, v_cache, positions, scale, None if s is None else (a, s), bias,
+                   (cos.reshape(n, d), sin.reshape(n, d)))
 
 
 def _launch(q: Any, k: Any, v: Any, k_cache: Any, v_cache: Any, positions: Any, scale: float, scales: Any = None,
-            biases: Any = None, rope: Any = None) -> Any:
-    """The kernel over ``q``, ``k``, ``v`` (views, last stride 1); ``scales`` ``[a, s_q, s_k, s_v]``,
-    ``biases`` ``(b_q, b_k, b_v)``, ``rope`` ``(cos, sin)`` as :func:`decode_qkv` applies them."""
+            bias: Any = None, rope: Any = None) -> Any:
+    """The kernel over ``q``, ``k``, ``v`` (views, last stride 1); ``scales`` ``(a, s)`` and ``bias`` over
+    the columns of the q/k/v product q, k and v are views of, ``rope`` ``(cos, sin)``, as
+    :func:`decode_qkv` applies them."""
     import torch
 
     n, heads, d = q.shape
@@ -200,8 +199,7 @@ def _launch(q: Any, k: Any, v: Any, k_cache: Any, v_cache: Any, positions: Any, 
     group_rows = max(MIN_DOT, 1 << (group - 1).bit_length())
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     unused = q  # a pointer a disabled part never reads
-    a, s_q, s_k, s_v = scales if scales is not None else (unused,) * 4
-    b_q, b_k, b_v = biases if biases is not None else (unused,) * 3
+    a, s = scales if scales is not None else (unused, unused)
     cos, sin = rope if rope is not None else (unused, unused)
     fp8 = k_cache.dtype == torch.float8_e4m3fn
     block, warps, stages = launch_config(fp8)
@@ -209,9 +207,9 @@ def _launch(q: Any, k: Any, v: Any, k_cache: Any, v_cache: Any, positions: Any, 
         q, k, v, k_cache, v_cache, positions, out, float(scale),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), out.stride(0), out.stride(1),
-        a, s_q, s_k, s_v, b_q, b_k, b_v, cos, sin, cos.stride(0),
+        a, s, unused if bias is None else bias, heads * d, (heads + kv_heads) * d, cos, sin, cos.stride(0),
         GROUP=group, GROUP_ROWS=group_rows, D=d, BLOCK=block, PRECISION=precision,
-        FP8=fp8, FP8_MAX=FP8_MAX, SCALED=scales is not None, BIAS=biases is not None, ROPE=rope is not None,
+        FP8=fp8, FP8_MAX=FP8_MAX, SCALED=scales is not None, BIAS=bias is not None, ROPE=rope is not None,
         HALF=q.dtype != torch.float32, num_warps=warps, num_stages=stages,
     )
     return out
@@ -226,7 +224,7 @@ def _kernel() -> Any:
     @triton.jit
     def decode_attention(q, k, v, k_cache, v_cache, positions, out, scale,
                          q_row, q_head, k_row, k_head, v_row, v_head, c_slot, c_head, c_col, o_row, o_head,
-                         a, s_q, s_k, s_v, b_q, b_k, b_v, cos, sin, cs_row,
+                         a, s, b, k_col, v_col, cos, sin, cs_row,
                          GROUP: tl.constexpr, GROUP_ROWS: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
                          PRECISION: tl.constexpr, FP8: tl.constexpr, FP8_MAX: tl.constexpr, SCALED: tl.constexpr,
                          BIAS: tl.constexpr, ROPE: tl.constexpr, HALF: tl.constexpr):
@@ -236,7 +234,7 @@ def _kernel() -> Any:
         dim = tl.arange(0, D)
         heads = h * GROUP + tl.arange(0, GROUP_ROWS)
         real = heads < h * GROUP + GROUP
-        q_cols = heads[:, None] * D + dim[None, :]  # the query heads' columns in q's scales and bias
+        q_cols = heads[:, None] * D + dim[None, :]  # in the scales and bias (k's from k_col, v's from v_col)
         qs = tl.load(q + r * q_row + heads[:, None] * q_head + dim[None, :], mask=real[:, None], other=0.0)
         k_new = tl.load(k + r * k_row + h * k_head + dim)
         v_new = tl.load(v + r * v_row + h * v_head + dim)
@@ -248,19 +246,19 @@ def _kernel() -> Any:
             kt = tl.load(k + r * k_row + h * k_head + turned)
         if SCALED:  # the unit GEMM's row and channel scales: (raw.float() * a * s) rounded to the dtype
             row_scale = tl.load(a + r)
-            qs = (qs.to(tl.float32) * row_scale * tl.load(s_q + q_cols, mask=real[:, None], other=0.0)).to(dtype)
-            k_new = (k_new.to(tl.float32) * row_scale * tl.load(s_k + h * D + dim)).to(dtype)
-            v_new = (v_new.to(tl.float32) * row_scale * tl.load(s_v + h * D + dim)).to(dtype)
+            qs = (qs.to(tl.float32) * row_scale * tl.load(s + q_cols, mask=real[:, None], other=0.0)).to(dtype)
+            k_new = (k_new.to(tl.float32) * row_scale * tl.load(s + k_col + h * D + dim)).to(dtype)
+            v_new = (v_new.to(tl.float32) * row_scale * tl.load(s + v_col + h * D + dim)).to(dtype)
             if ROPE:
-                qt = (qt.to(tl.float32) * row_scale * tl.load(s_q + q_turned, mask=real[:, None], other=0.0)).to(dtype)
-                kt = (kt.to(tl.float32) * row_scale * tl.load(s_k + h * D + turned)).to(dtype)
+                qt = (qt.to(tl.float32) * row_scale * tl.load(s + q_turned, mask=real[:, None], other=0.0)).to(dtype)
+                kt = (kt.to(tl.float32) * row_scale * tl.load(s + k_col + h * D + turned)).to(dtype)
         if BIAS:
-            qs = (qs.to(tl.float32) + tl.load(b_q + q_cols, mask=real[:, None], other=0.0).to(tl.float32)).to(dtype)
-            k_new = (k_new.to(tl.float32) + tl.load(b_k + h * D + dim).to(tl.float32)).to(dtype)
-            v_new = (v_new.to(tl.float32) + tl.load(b_v + h * D + dim).to(tl.float32)).to(dtype)
+            qs = (qs.to(tl.float32) + tl.load(b + q_cols, mask=real[:, None], other=0.0).to(tl.float32)).to(dtype)
+            k_new = (k_new.to(tl.float32) + tl.load(b + k_col + h * D + dim).to(tl.float32)).to(dtype)
+            v_new = (v_new.to(tl.float32) + tl.load(b + v_col + h * D + dim).to(tl.float32)).to(dtype)
             if ROPE:
-                qt = (qt.to(tl.float32) + tl.load(b_q + q_turned, mask=real[:, None], other=0.0).to(tl.float32)).to(dtype)
-                kt = (kt.to(tl.float32) + tl.load(b_k + h * D + turned).to(tl.float32)).to(dtype)
+                qt = (qt.to(tl.float32) + tl.load(b + q_turned, mask=real[:, None], other=0.0).to(tl.float32)).to(dtype)
+                kt = (kt.to(tl.float32) + tl.load(b + k_col + h * D + turned).to(tl.float32)).to(dtype)
         if ROPE:  # x * cos + roll(x) * sin', in float32, rounded once (as the compiled piece)
             c = tl.load(cos + r * cs_row + dim).to(tl.float32)
             sn = tl.load(sin + r * cs_row + dim).to(tl.float32)

@@ -99,21 +99,16 @@ def draw(logits: Any, plan: PhiloxPlan, chunk: int = CHUNK) -> tuple[Any, Any]:
     parts = torch.empty((6, n, chunks), dtype=torch.float32, device=device)
     ids = torch.empty(n, dtype=torch.int64, device=device)
     packed = torch.empty(3 * n, dtype=torch.float64, device=device)
-    first, join = _kernels()
-    first[(n, chunks)](logits, logits.stride(0), plan.seeds, plan.counts, plan.inv_temps, parts, n, vocab, chunks,
-                       CHUNK=chunk, BLOCK=min(BLOCK, chunk), num_warps=4)
-    join[(n,)](parts, plan.counts, plan.inv_temps, ids, packed, n, chunks,
-               CHUNKS=max(16, 1 << (chunks - 1).bit_length()), num_warps=1)
+    _chunk_kernel()[(n, chunks)](logits, logits.stride(0), plan.seeds, plan.counts, plan.inv_temps, parts, n, vocab,
+                                 chunks, CHUNK=chunk, BLOCK=min(BLOCK, chunk), num_warps=4)
+    _join_kernel()[(n,)](parts, plan.counts, plan.inv_temps, ids, packed, n, chunks,
+                         CHUNKS=max(16, 1 << (chunks - 1).bit_length()), num_warps=1)
     return ids, packed
-
-
-def _kernels() -> tuple[Any, Any]:
-    """The two Triton kernels, defined at first use (Triton reads its interpreter switch then)."""
-    return _chunk_kernel(), _join_kernel()
 
 
 @functools.cache
 def _chunk_kernel() -> Any:
+    """The first Triton kernel, defined at first use (Triton reads its interpreter switch then)."""
     import triton
     import triton.language as tl
 
