@@ -148,6 +148,8 @@ def test_the_launch_config_reads_the_override_and_refuses_bad_values(launch_over
     assert (hf_attention.launch_config(False), hf_attention.launch_config(True)) == ((32, 2, 2), (32, 2, 2))
     launch_override("model=128,8,1;fp8=16,4,2")
     assert (hf_attention.launch_config(False), hf_attention.launch_config(True)) == ((128, 8, 1), (16, 4, 2))
+    launch_override("model = 32,4,3; fp8=16,4,2")  # second walk: spaces around keys were refused
+    assert (hf_attention.launch_config(False), hf_attention.launch_config(True)) == ((32, 4, 3), (16, 4, 2))
     launch_override("fp8=16,4,2")  # the other keeps its default
     assert (hf_attention.launch_config(False), hf_attention.launch_config(True)) == (hf_attention.LAUNCH["model"],
                                                                                       (16, 4, 2))
@@ -155,7 +157,7 @@ def test_the_launch_config_reads_the_override_and_refuses_bad_values(launch_over
     for bad, message in (("32,4", "'32,4' is not BLOCK,WARPS,STAGES"), ("30,4,2", "'30,4,2': BLOCK a power of two"),
                          ("64,3,2", "WARPS 1, 2, 4 or 8"), ("64,4,0", "STAGES 1 to 3"), ("64,4,4", "STAGES 1 to 3"),
                          ("bf16=64,4,2", "must be 'BLOCK,WARPS,STAGES' or"), ("64,4,2;fp8=64,4,2", "must be"),
-                         ("model=32,4,3;model=64,4,2", "must be"), ("256,4,2", "from 16 to 128"),
+                         ("model=32,4,3;model=64,4,2", "a cache named twice"), ("256,4,2", "from 16 to 128"),
                          ("1048576,8,3", "from 16 to 128")):
         launch_override(bad)
         with pytest.raises(ValueError, match=r"^CHATGYM_DECODE_ATTENTION_CONFIG"):

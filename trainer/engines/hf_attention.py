@@ -15,7 +15,7 @@ The kernel runs a program per (row, key/value head):
 * it writes the row's new key and value at the row's position (the columns later steps read);
 * it attends the head's group of query heads (grouped-query attention: query heads ``h * group .. (h
   + 1) * group - 1`` read key/value head ``h``, the model's own order) over the row's columns ``0 ..
-  position`` only: the earlier columns from the cache in blocks of :data:`BLOCK`, the new one from
+  position`` only: the earlier columns from the cache in blocks (:func:`launch_config`), the new one from
   registers (nothing is read back after the write), with FlashAttention's online softmax (Dao et al.,
   NeurIPS 2022) in one pass a row, as the decode kernels of vLLM and SGLang do (without their split of
   long rows over several programs: rollout batches have many rows);
@@ -54,8 +54,8 @@ ATTENTIONS = ("sdpa", "triton")
 FP8_MAX = 448.0  # float8_e4m3fn's largest finite value
 BLOCK = 64  # cache columns a program reads at a time
 MIN_DOT = 16  # tl.dot's least size along each dimension
-# The override's bounds: the launches benchmarks/attention_gpu.py measures (all compiled on an H100). More
-# columns or stages than these outgrow a multiprocessor's shared memory at head size 128 in bf16.
+# The override's bounds: more columns or stages than these outgrow a multiprocessor's shared memory at head
+# size 128 in bf16. benchmarks/attention_gpu.py measures 27 launches within them (BLOCK 32-128, WARPS 2-8).
 MAX_BLOCK, MAX_STAGES = 128, 3
 # The launch (cache columns a program reads at a time, warps, software-pipelining stages) by the cache's
 # dtype: "model" (the model's dtype) or "fp8". CHATGYM_DECODE_ATTENTION_CONFIG overrides it for a process
@@ -106,11 +106,12 @@ def _launch_configs() -> dict[str, tuple[int, int, int]]:
     text = os.environ.get("CHATGYM_DECODE_ATTENTION_CONFIG", "").strip()
     if not text:
         return dict(LAUNCH)
-    pairs = [p.split("=", 1) if "=" in p else ("both", p) for p in text.split(";") if p.strip()]
+    pairs = [[w.strip() for w in p.split("=", 1)] if "=" in p else ("both", p) for p in text.split(";") if p.strip()]
     parts = dict(pairs)
     if set(parts) - {"both", "model", "fp8"} or ("both" in parts and len(pairs) > 1) or len(parts) < len(pairs):
+        twice = " (a cache named twice)" if len(parts) < len(pairs) else ""
         raise ValueError(f"CHATGYM_DECODE_ATTENTION_CONFIG must be 'BLOCK,WARPS,STAGES' or "
-                         f"'model=BLOCK,WARPS,STAGES;fp8=BLOCK,WARPS,STAGES', got {text!r}")
+                         f"'model=BLOCK,WARPS,STAGES;fp8=BLOCK,WARPS,STAGES', got {text!r}{twice}")
     out = dict(LAUNCH)
     for key, value in parts.items():
         try:
@@ -284,10 +285,10 @@ def _kernel() -> Any:
             at = base + cols[:, None] * c_col + dim[None, :]
             ks = tl.load(k_cache + at, mask=earlier[:, None], other=0.0).to(qd.dtype)  # (BLOCK, D)
             vs = tl.load(v_cache + at, mask=earlier[:, None], other=0.0).to(qd.dtype)
-            s = tl.dot(qd, tl.trans(ks), input_precision=PRECISION) * factor  # (GROUP_ROWS, BLOCK) float32
-            s = tl.where(earlier[None, :], s, float("-inf"))
-            top = tl.maximum(m, tl.max(s, 1))
-            p = tl.exp(s - top[:, None])
+            score = tl.dot(qd, tl.trans(ks), input_precision=PRECISION) * factor  # (GROUP_ROWS, BLOCK) float32
+            score = tl.where(earlier[None, :], score, float("-inf"))
+            top = tl.maximum(m, tl.max(score, 1))
+            p = tl.exp(score - top[:, None])
             alpha = tl.exp(m - top)
             total = total * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None] + tl.dot(p.to(qd.dtype), vs, input_precision=PRECISION)

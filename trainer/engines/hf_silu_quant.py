@@ -26,8 +26,9 @@ and e4m3 outputs ``-m gpu`` (passed on an H100, 2026-12-06). On that H100 it too
 the 7B shape and 64 rows (13.5 + 7.4 at 256), and the FP8 step 4.463 -> 4.254 ms
 (``benchmarks/results/packed_prefill_2026-12-06/``). Both kernels are bound by their arithmetic, not
 their bytes (a first pass without the scratch's store took as long), so their divisions are
-``tl.fdiv`` (to ~2 ulp of float32) rather than IEEE ones: 15.0 + 7.5 -> 12.1 + 4.2 us a layer at 256
-rows on an H100 (``benchmarks/results/fp8_sampler_rope_h100_2026-12-07/lease4``).
+``tl.fdiv`` (to ~2 ulp of float32) rather than IEEE ones: at 256 rows on an H100 the first kernel took
+12.4-15.0 us a layer in three runs with IEEE division, 12.1 with ``tl.fdiv``, the second 7.4-7.5 -> 4.2
+(64 rows: 5.9-6.1 -> 3.9, 4.1-4.2 -> 2.1; ``benchmarks/results/fp8_sampler_rope_h100_2026-12-07``).
 """
 
 from __future__ import annotations
