@@ -122,8 +122,8 @@ def _chunk_kernel() -> Any:
         inv_t = tl.load(inv_temps + r)
         scale = tl.where(inv_t > 0, inv_t, 1.0)  # greedy rows: no 0 * -inf (nan) in masked lanes
         row = logits + r.to(tl.int64) * stride
-        lane = tl.arange(0, BLOCK)
-        calls = tl.arange(0, BLOCK // 4)  # a Philox call gives the uniforms of four entries
+        calls = tl.arange(0, BLOCK // 4)  # lane i: a block's entries 4i .. 4i + 3, one Philox call's words
+        word = tl.arange(0, 4)[:, None]  # (4, 1): entries as (word, lane), the words contiguous in memory
         zero = calls.to(tl.uint32) * 0
         count_lo = zero + (count & 0xFFFFFFFF).to(tl.uint32)
         count_hi = zero + ((count >> 32) & 0xFFFFFFFF).to(tl.uint32)
@@ -131,21 +131,16 @@ def _chunk_kernel() -> Any:
         key_hi = zero + ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
         round_a, round_b = tl.full([BLOCK // 4], 0xD2511F53, tl.uint32), tl.full([BLOCK // 4], 0xCD9E8D57, tl.uint32)
         bump_a, bump_b = tl.full([BLOCK // 4], 0x9E3779B9, tl.uint32), tl.full([BLOCK // 4], 0xBB67AE85, tl.uint32)
-        none = tl.full([BLOCK], float("-inf"), tl.float32)
-        best, m = tl.max(none, 0), tl.max(none, 0)  # best score, running max of the raw logits
-        total = tl.sum(tl.zeros([BLOCK], tl.float32), 0)  # sum of exp(x - m)
-        best_x = total  # the raw logit of the best
-        best_i = tl.sum(lane * 0, 0)
-        bad = tl.sum(lane * 0, 0)
+        # Each lane keeps its own best (score, id, raw logit), running max and sum of exp(x - max) and
+        # count of nan / +inf; the lanes meet once, after the loop (a reduction across the program's warps
+        # a block, five of them, was most of this kernel's time).
+        best = tl.full([BLOCK // 4], float("-inf"), tl.float32)
+        m = best
+        total = tl.zeros([BLOCK // 4], tl.float32)
+        best_x = total
+        best_i = calls * 0
+        bad = calls * 0
         for start in range(c * CHUNK, c * CHUNK + CHUNK, BLOCK):
-            offs = start + lane
-            inside = offs < vocab
-            x = tl.load(row + offs, mask=inside, other=float("-inf")).to(tl.float32)
-            bad += tl.sum(((x != x) | (x == float("inf"))).to(tl.int32), 0)
-            top = tl.maximum(m, tl.max(x, 0))
-            ref = tl.where(top == float("-inf"), 0.0, top)  # a chunk of -inf so far: total stays 0, not nan
-            total = total * tl.exp(m - ref) + tl.sum(tl.exp(x - ref), 0)
-            m = top
             # Philox-4x32-10, written out (Triton's tl.philox computes the same; a nested jit function
             # would not run in the interpreter the tests use): key (k0, k1), counter (c0, c1, c2, c3).
             c0, c1, c2, c3, k0, k1 = (start // 4 + calls).to(tl.uint32), count_lo, count_hi, zero, key_lo, key_hi
@@ -154,26 +149,37 @@ def _chunk_kernel() -> Any:
                 hi1, lo1 = tl.umulhi(round_b, c2), round_b * c2
                 c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
                 k0, k1 = k0 + bump_a, k1 + bump_b
-            # entry 4i + j takes word j of call i: interleaved back into the entries' order
-            word = tl.interleave(tl.interleave(c0, c2), tl.interleave(c1, c3))
-            signed = word.to(tl.int32, bitcast=True)  # uniform in [0, 1): Triton's uint_to_uniform_float
+            ids = start + 4 * calls[None, :] + word  # (4, lanes); entry 4i + j takes word j of call i
+            inside = ids < vocab
+            x = tl.load(row + ids, mask=inside, other=float("-inf")).to(tl.float32)
+            bad += tl.sum(((x != x) | (x == float("inf"))).to(tl.int32), 0)
+            top = tl.maximum(m, tl.max(x, 0))
+            ref = tl.where(top == float("-inf"), 0.0, top)  # a lane of -inf so far: total stays 0, not nan
+            total = total * tl.exp(m - ref) + tl.sum(tl.exp(x - ref[None, :]), 0)
+            m = top
+            bits = tl.where(word == 0, c0[None, :], tl.where(word == 1, c1[None, :], tl.where(word == 2, c2[None, :],
+                                                                                               c3[None, :])))
+            signed = bits.to(tl.int32, bitcast=True)  # uniform in [0, 1): Triton's uint_to_uniform_float
             u = tl.where(signed < 0, -signed - 1, signed).to(tl.float32) * 4.6566127342e-10
-            score = tl.where(inv_t > 0, x * scale - tl.log(-tl.log(u)), x)
-            score = tl.where(inside, score, float("-inf"))
-            block_best = tl.max(score, 0)
-            at = tl.argmax(score, 0)
-            take = block_best > best
-            best_x = tl.where(take, tl.sum(tl.where(lane == at, x, 0.0), 0), best_x)
-            best_i = tl.where(take, start + at, best_i)
-            best = tl.where(take, block_best, best)
+            score = tl.where(inside, tl.where(inv_t > 0, x * scale - tl.log(-tl.log(u)), x), float("-inf"))
+            lane_best = tl.max(score, 0)
+            j = tl.min(tl.where(score == lane_best[None, :], word, 4), 0)  # the lane's first word on ties
+            take = lane_best > best  # a lane's blocks come in id order: the first id wins a tie
+            best = tl.where(take, lane_best, best)
+            best_i = tl.where(take, start + 4 * calls + j, best_i)
+            best_x = tl.where(take, tl.sum(tl.where(word == j[None, :], x, 0.0), 0), best_x)
+        chunk_best = tl.max(best, 0)
+        first = tl.min(tl.where(best == chunk_best, best_i, 2147483647), 0)  # the first id on ties across lanes
+        chunk_m = tl.max(m, 0)
+        shift = tl.where(m == float("-inf"), float("-inf"), m - tl.where(chunk_m == float("-inf"), 0.0, chunk_m))
         at = parts + r * chunks + c
         plane = n * chunks
-        tl.store(at, best)
-        tl.store(at + plane, best_i.to(tl.float32))  # exact: ids < 2**24
-        tl.store(at + 2 * plane, best_x)
-        tl.store(at + 3 * plane, m)
-        tl.store(at + 4 * plane, total)
-        tl.store(at + 5 * plane, bad.to(tl.float32))
+        tl.store(at, chunk_best)
+        tl.store(at + plane, first.to(tl.float32))  # exact: ids < 2**24
+        tl.store(at + 2 * plane, tl.sum(tl.where(best_i == first, best_x, 0.0), 0))  # lanes that never took: 0
+        tl.store(at + 3 * plane, chunk_m)
+        tl.store(at + 4 * plane, tl.sum(total * tl.exp(shift), 0))
+        tl.store(at + 5 * plane, tl.sum(bad, 0).to(tl.float32))
 
     return philox_chunk
 
