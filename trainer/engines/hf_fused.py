@@ -128,7 +128,8 @@ class FusedDecoder:
         compile_elementwise: the element-wise pieces between the matmuls (RoPE, the gated MLP's
             activation, FP8 activation quantization with the norm before it) through ``torch.compile``
             (:mod:`.hf_elementwise`: fewer kernels a step; compiled on the first call); on CUDA with
-            ``fp8`` the MLP's quantization is :mod:`.hf_silu_quant`'s two Triton kernels instead.
+            ``fp8`` the MLP's quantization is :mod:`.hf_silu_quant`'s two Triton kernels instead, and
+            the other quantizations (with their residual add and norm) :mod:`.hf_norm_quant`'s kernel.
         fp8_gemm: with ``fp8``, how the projections multiply (:data:`.hf_fp8.GEMMS`; default
             :func:`.hf_fp8.default_gemm`: ``"unit"`` with compiled pieces, else ``"rowwise"``).
         attention: the decode step's attention (:data:`.hf_attention.ATTENTIONS`; default
@@ -144,7 +145,7 @@ class FusedDecoder:
     def __init__(self, model: Any, *, fp8: bool = False, fp8_lm_head: bool = False,
                  compile_elementwise: bool = False, fp8_gemm: str | None = None,
                  attention: str | None = None) -> None:
-        from chatgym.trainer.engines import hf_attention, hf_elementwise, hf_fp8, hf_silu_quant
+        from chatgym.trainer.engines import hf_attention, hf_elementwise, hf_fp8, hf_norm_quant, hf_silu_quant
 
         ok, why = fusable(model)
         if not ok:
@@ -159,6 +160,9 @@ class FusedDecoder:
         cuda = next(model.parameters()).device.type == "cuda"
         if compile_elementwise and cuda and self.fp8:  # Inductor's one program a row left most of the GPU idle
             self.ops = dataclasses.replace(self.ops, silu_mul_quant=hf_silu_quant.silu_mul_quant)
+            if hf_norm_quant.fits(int(config.hidden_size)) and hf_norm_quant.fits(self.heads * self.head_dim):
+                self.ops = dataclasses.replace(self.ops, norm_quant=hf_norm_quant.norm_quant, quant=hf_norm_quant.quant,
+                                               add_norm_quant=hf_norm_quant.add_norm_quant)
         # The prefill runs eagerly: a compiled RMSNorm there is one kernel as aten's is, plus a guard check
         # and a launch from Python on the host, 61 times a prefill at SmolLM2's depth.
         self._prefill_ops = dataclasses.replace(self.ops, norm=hf_elementwise.EAGER.norm)
@@ -413,11 +417,18 @@ class FusedDecoder:
         return hidden.addmm_(ops.silu_mul(F.linear(x, layer.gate_up)), layer.down.weight.t()), None
 
     def _logits(self, hidden: Any, ops: Any = None, pending: Any = None) -> Any:
-        norm, ops = self.model.model.norm, ops or self.ops
-        if pending is not None:  # the last layer's FP8 down projection (_after_attention)
+        from chatgym.trainer.engines import hf_fp8
+
+        norm, ops, head = self.model.model.norm, ops or self.ops, self.lm_head_fp8
+        if head is not None:  # the norm quantized for the head in the norm's kernel, the row-wise GEMM scaling
+            if pending is not None:  # the last layer's FP8 down projection (_after_attention), added there too
+                _, xq, xa = ops.add_norm_quant(hidden, pending[0], norm.weight, norm.variance_epsilon, *pending[1:])
+            else:
+                xq, xa = ops.norm_quant(hidden, norm.weight, norm.variance_epsilon)
+            return hf_fp8.scaled_mm(xq, xa, head.weight, head.scale, hidden.dtype)
+        if pending is not None:
             hidden = ops.add(hidden, *pending)
-        x = ops.norm(hidden, norm.weight, norm.variance_epsilon)
-        return self.lm_head_fp8(x) if self.lm_head_fp8 is not None else self.model.lm_head(x)
+        return self.model.lm_head(ops.norm(hidden, norm.weight, norm.variance_epsilon))
 
 
 def _version(tensor: Any) -> int | None:
