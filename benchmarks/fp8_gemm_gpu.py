@@ -13,7 +13,9 @@ that time, for:
 * ``unit``: a tensor-wise FP8 GEMM with unit scales (the scales applied after it, in the compiled
   piece that follows it in the step), and ``unit+scale`` with that scaling as a kernel of its own;
 * ``cutlass``: vLLM's CUTLASS FP8 kernel with the same scales in its epilogue (where vLLM is installed);
-* ``autotune`` (``--autotune``): the row-wise product through ``torch.compile(mode="max-autotune-no-cudagraphs")``,
+* ``unit_t`` / ``unit_fast_t``: the unit product transposed, ``Q · X^T`` (cuBLASLt picks its kernel for
+  the swapped sizes; a consumer would read the ``(N, M)`` output by its strides), exact and fast accumulation;
+* ``autotune`` (``--autotune``): the unit product through ``torch.compile(mode="max-autotune-no-cudagraphs")``,
   Inductor's GEMM templates benchmarked against cuBLASLt for each size (slow to tune).
 
     python benchmarks/fp8_gemm_gpu.py --shape qwen2.5-7b --rows 64 256
@@ -69,11 +71,15 @@ def variants(m: int, n: int, k: int, layers: int, autotune: bool) -> dict:
         out[gemm] = (lambda g=gemm: [hf_fp8.scaled_mm(xq, a, q, s, torch.bfloat16, g) for q, s in fp8], fp8_bytes)
     out["unit+scale"] = (lambda: [hf_fp8.dequantize_out(hf_fp8.scaled_mm(xq, a, q, s, torch.bfloat16, "unit"), a, s)
                                   for q, s in fp8], fp8_bytes)
+    one = torch.ones((), device="cuda")
+    for name, fast in (("unit_t", False), ("unit_fast_t", True)):  # the product transposed: (N, M) = Q · X^T
+        out[name] = (lambda f=fast: [torch._scaled_mm(q, xq.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16,
+                                                      use_fast_accum=f) for q, _ in fp8], fp8_bytes)
     if autotune:
-        mm = torch.compile(lambda xq, a, q, s: torch._scaled_mm(xq, q.t(), scale_a=a, scale_b=s, out_dtype=torch.bfloat16),
+        mm = torch.compile(lambda xq, q: torch._scaled_mm(xq, q.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16),
                            mode="max-autotune-no-cudagraphs", dynamic=False)
-        mm(xq, a, *fp8[0])  # the tuning, outside the capture
-        out["autotune"] = (lambda: [mm(xq, a, q, s) for q, s in fp8], fp8_bytes)
+        mm(xq, fp8[0][0])  # the tuning, outside the capture
+        out["autotune"] = (lambda: [mm(xq, q) for q, _ in fp8], fp8_bytes)
     return out
 
 
@@ -86,7 +92,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="+", default=[64, 256])
     ap.add_argument("--layers", type=int, default=None, help="distinct weights a projection (default: the shape's layers)")
     ap.add_argument("--iters", type=int, default=50)
-    ap.add_argument("--autotune", action="store_true", help="add Inductor's max-autotune row-wise GEMM")
+    ap.add_argument("--autotune", action="store_true", help="add Inductor's max-autotune unit GEMM")
     args = ap.parse_args()
     config = shape_config(args.shape)
     layers = args.layers or config.num_hidden_layers
