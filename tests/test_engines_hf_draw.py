@@ -23,6 +23,7 @@ from chatgym.trainer.engines import SamplingParams, hf_draw, hf_options
 from chatgym.trainer.engines.hf import TransformersEngine
 
 M32 = np.uint64(0xFFFFFFFF)
+LOG2E = 1.4426950408889634
 INTERPRETED_TESTS = 8  # the tests whose names hold "interpreted" (4 + 2 + 2 parametrized)
 
 
@@ -52,8 +53,8 @@ def reference_id(logits: np.ndarray, seed: int, count: int, temperature: float) 
     v = np.arange(x.size)
     words = philox(seed % (1 << 63), [v // 4, count & 0xFFFFFFFF, count >> 32, 0])  # entry v: word v % 4
     u = uniform(np.choose(v % 4, words))
-    with np.errstate(divide="ignore"):
-        score = x * np.float32(1.0 / temperature) - np.log(-np.log(u))
+    with np.errstate(divide="ignore"):  # in base 2, as the kernel: the same argmax up to rounding
+        score = x * (np.float32(1.0 / temperature) * np.float32(LOG2E)) - np.log2(-np.log2(u))
     return int(np.argmax(score))
 
 
@@ -115,8 +116,8 @@ def test_the_reference_draws_follow_the_tempered_distribution():
     p, n = np.array([0.1, 0.2, 0.3, 0.4]), 20000
     u = uniform(np.stack(philox(np.arange(n, dtype=np.uint64), [0, 0, 0, 0]), axis=1))  # one call's four words
     for temperature, want in ((1.0, p), (0.5, p**2 / (p**2).sum())):
-        with np.errstate(divide="ignore"):
-            ids = np.argmax(np.log(p).astype(np.float32) / np.float32(temperature) - np.log(-np.log(u)), axis=1)
+        with np.errstate(divide="ignore"):  # the kernel's score, in base 2
+            ids = np.argmax(np.log(p).astype(np.float32) * np.float32(LOG2E / temperature) - np.log2(-np.log2(u)), axis=1)
         freq = np.bincount(ids, minlength=4) / n
         assert (np.abs(freq - want) <= 4 * np.sqrt(want * (1 - want) / n)).all(), (temperature, freq)
 

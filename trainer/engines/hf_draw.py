@@ -42,6 +42,7 @@ checked on Random123's known-answer vectors.
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -100,7 +101,8 @@ def draw(logits: Any, plan: PhiloxPlan, chunk: int = CHUNK) -> tuple[Any, Any]:
     ids = torch.empty(n, dtype=torch.int64, device=device)
     packed = torch.empty(3 * n, dtype=torch.float64, device=device)
     _chunk_kernel()[(n, chunks)](logits, logits.stride(0), plan.seeds, plan.counts, plan.inv_temps, parts, n, vocab,
-                                 chunks, CHUNK=chunk, BLOCK=min(BLOCK, chunk), num_warps=4)
+                                 chunks, CHUNK=chunk, BLOCK=min(BLOCK, chunk),
+                                 FAST_LOG=os.environ.get("TRITON_INTERPRET") != "1", num_warps=4)
     _join_kernel()[(n,)](parts, plan.counts, plan.inv_temps, ids, packed, n, chunks,
                          CHUNKS=max(16, 1 << (chunks - 1).bit_length()), num_warps=1)
     return ids, packed
@@ -111,19 +113,22 @@ def _chunk_kernel() -> Any:
     """The first Triton kernel, defined at first use (Triton reads its interpreter switch then)."""
     import triton
     import triton.language as tl
+    from triton.language.extra import libdevice
 
     @triton.jit
     def philox_chunk(logits, stride, seeds, counts, inv_temps, parts, n, vocab, chunks, CHUNK: tl.constexpr,
-                     BLOCK: tl.constexpr):
+                     BLOCK: tl.constexpr, FAST_LOG: tl.constexpr):
         r = tl.program_id(0)
         c = tl.program_id(1)
         seed = tl.load(seeds + r)
         count = tl.load(counts + r)
         inv_t = tl.load(inv_temps + r)
-        scale = tl.where(inv_t > 0, inv_t, 1.0)  # greedy rows: no 0 * -inf (nan) in masked lanes
+        # The score in base 2: x / T * log2(e) - log2(-log2(u)) is (x / T - log(-log(u))) * log2(e) less a
+        # constant, the same argmax. Greedy rows (scale 1 then, no 0 * -inf = nan in masked lanes) take x.
+        scale = tl.where(inv_t > 0, inv_t, 1.0) * 1.4426950408889634
         row = logits + r.to(tl.int64) * stride
         calls = tl.arange(0, BLOCK // 4)  # lane i: a block's entries 4i .. 4i + 3, one Philox call's words
-        word = tl.arange(0, 4)[:, None]  # (4, 1): entries as (word, lane), the words contiguous in memory
+        word = tl.arange(0, 4)[None, :]  # (1, 4): entries as (lane, word), each lane's four in one thread
         zero = calls.to(tl.uint32) * 0
         count_lo = zero + (count & 0xFFFFFFFF).to(tl.uint32)
         count_hi = zero + ((count >> 32) & 0xFFFFFFFF).to(tl.uint32)
@@ -149,25 +154,28 @@ def _chunk_kernel() -> Any:
                 hi1, lo1 = tl.umulhi(round_b, c2), round_b * c2
                 c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
                 k0, k1 = k0 + bump_a, k1 + bump_b
-            ids = start + 4 * calls[None, :] + word  # (4, lanes); entry 4i + j takes word j of call i
+            ids = start + 4 * calls[:, None] + word  # (lanes, 4); entry 4i + j takes word j of call i
             inside = ids < vocab
             x = tl.load(row + ids, mask=inside, other=float("-inf")).to(tl.float32)
-            bad += tl.sum(((x != x) | (x == float("inf"))).to(tl.int32), 0)
-            top = tl.maximum(m, tl.max(x, 0))
+            bad += tl.sum(((x != x) | (x == float("inf"))).to(tl.int32), 1)
+            top = tl.maximum(m, tl.max(x, 1))
             ref = tl.where(top == float("-inf"), 0.0, top)  # a lane of -inf so far: total stays 0, not nan
-            total = total * tl.exp(m - ref) + tl.sum(tl.exp(x - ref[None, :]), 0)
+            total = total * tl.exp(m - ref) + tl.sum(tl.exp(x - ref[:, None]), 1)
             m = top
-            bits = tl.where(word == 0, c0[None, :], tl.where(word == 1, c1[None, :], tl.where(word == 2, c2[None, :],
-                                                                                               c3[None, :])))
+            bits = tl.where(word == 0, c0[:, None], tl.where(word == 1, c1[:, None], tl.where(word == 2, c2[:, None],
+                                                                                               c3[:, None])))
             signed = bits.to(tl.int32, bitcast=True)  # uniform in [0, 1): Triton's uint_to_uniform_float
             u = tl.where(signed < 0, -signed - 1, signed).to(tl.float32) * 4.6566127342e-10
-            score = tl.where(inside, tl.where(inv_t > 0, x * scale - tl.log(-tl.log(u)), x), float("-inf"))
-            lane_best = tl.max(score, 0)
-            j = tl.min(tl.where(score == lane_best[None, :], word, 4), 0)  # the lane's first word on ties
+            # On the GPU lg2.approx, one instruction (log and log2 are a ~35-instruction polynomial); in
+            # Triton's interpreter NumPy's log2.
+            gumbel = libdevice.fast_log2f(-libdevice.fast_log2f(u)) if FAST_LOG else tl.log2(-tl.log2(u))
+            score = tl.where(inside, tl.where(inv_t > 0, x * scale - gumbel, x), float("-inf"))
+            lane_best = tl.max(score, 1)
+            j = tl.min(tl.where(score == lane_best[:, None], word, 4), 1)  # the lane's first word on ties
             take = lane_best > best  # a lane's blocks come in id order: the first id wins a tie
             best = tl.where(take, lane_best, best)
             best_i = tl.where(take, start + 4 * calls + j, best_i)
-            best_x = tl.where(take, tl.sum(tl.where(word == j[None, :], x, 0.0), 0), best_x)
+            best_x = tl.where(take, tl.sum(tl.where(word == j[:, None], x, 0.0), 1), best_x)
         chunk_best = tl.max(best, 0)
         first = tl.min(tl.where(best == chunk_best, best_i, 2147483647), 0)  # the first id on ties across lanes
         chunk_m = tl.max(m, 0)
