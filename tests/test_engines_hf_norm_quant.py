@@ -103,6 +103,7 @@ def test_the_e4m3_outputs_on_cuda_are_the_eager_pieces(rows, width):
     assert diff.max().item() <= 2.0**-3 and (diff > 0).float().mean().item() < 0.01
     want_q, want_a = hf_fp8.quantize_rows(got_hidden)
     got_q, got_a = hf_norm_quant.quant(got_hidden)
-    assert torch.equal(got_a, want_a)
+    # CUDA's eager amax / 448 multiplies by the reciprocal (an H100, 2026-12-07: not equal): one ulp
+    torch.testing.assert_close(got_a, want_a, rtol=2.0**-23, atol=0)
     diff = (got_q.float() - want_q.float()).abs() / want_q.float().abs().clamp_min(2.0**-6)
     assert diff.max().item() <= 2.0**-3 and (diff > 0).float().mean().item() < 0.01
