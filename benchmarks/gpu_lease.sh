@@ -9,7 +9,7 @@
 # Then the device calls, back to back (the machine goes back 30 s after a call), each from the
 # project root, with the carry named:
 #
-#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan7|plan8|plan9|plan10|plan11|plan12|plan13|plan14|plan15|plan18|plan19|plan20|plan21|plan22|plan23|plan24]   (starts `plan` in the background)
+#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan7|plan8|plan9|plan10|plan11|plan12|plan13|plan14|plan15|plan18|plan19|plan20|plan21|plan22|plan23|plan24|plan25]   (starts `plan` in the background)
 #   2  [.gpukit/smol/a1]              cp .gpukit/smol/a1/* /tmp/kit/smol/
 #   3  [.gpukit/smol/a2]              cp .gpukit/smol/a2/* /tmp/kit/smol/
 #   4  [.gpukit/smol/b]               bash benchmarks/gpu_lease.sh smol
@@ -676,6 +676,20 @@ plan24() {  # one kernel for the row quantization with its add and norm, the sam
   mark "FP8 GEMMs: Inductor's max-autotune unit product"
   timeout 400 python3 benchmarks/fp8_gemm_gpu.py --shape qwen2.5-7b --rows 256 --autotune > $O/gemm_7b_autotune.txt 2>&1
   grep "^rows" $O/gemm_7b_autotune.txt | cut -c1-260
+  mark "done"
+}
+
+plan25() {  # the MLP's quantization in one pass, the sampler's fast log2: tests, the target twice, with unit_fast, the step
+  begin "$1"
+  wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
+  gpu_test_files tests/test_engines_hf_silu_quant.py tests/test_engines_hf_norm_quant.py tests/test_engines_hf_draw.py
+  engine_7b decode_7b "static all" "static fp8+head all kv8"
+  step_7b step_7b fused_c fp8_c_head_kv8
+  export CHATGYM_FP8_GEMM=unit_fast
+  engine_7b decode_7b_fast "static all" "static fp8+head all kv8"
+  unset CHATGYM_FP8_GEMM
+  gpu_test_files tests/test_fp8_gpu.py tests/test_engines_hf_fused.py tests/test_engines_hf_static.py
+  engine_7b decode_7b_again "static all" "static fp8+head all kv8"
   mark "done"
 }
 

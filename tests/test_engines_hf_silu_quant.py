@@ -14,7 +14,7 @@ from triton_helpers import run_interpreted
 
 from chatgym.trainer.engines import hf_elementwise, hf_fp8, hf_silu_quant
 
-INTERPRETED_TESTS = 7  # the tests whose names hold "interpreted" (6 parametrized + 1)
+INTERPRETED_TESTS = 14  # the tests whose names hold "interpreted" (12 + 2 parametrized)
 
 
 def test_the_kernel_tests_pass_in_tritons_interpreter():
@@ -38,13 +38,15 @@ def inputs(rows, inner, dtype, scaled, device="cpu"):
     return gate_up, a, s
 
 
+@pytest.mark.parametrize("one_pass", [True, False])
 @pytest.mark.parametrize("inner,scaled", [(96, False), (96, True), (2500, False), (2500, True), (4096, True),
                                           (4097, False)])
-def test_interpreted_kernels_give_the_eager_scales_and_values(interpreted, inner, scaled):
+def test_interpreted_kernels_give_the_eager_scales_and_values(interpreted, inner, scaled, one_pass):
+    """One pass: 96 = 64 + a tail of 32, 2500 = 2048 + 452 of 512, 4096 with no tail, 4097 = 4096 + 1 of 1."""
     gate_up, a, s = inputs(3, inner, torch.float32, scaled)
     gate_up[1] = 0  # an all-zero row: the floor scale, zeros out
     want, want_scale = eager(gate_up, a, s)
-    got, got_scale = hf_silu_quant.silu_mul_quant(gate_up, a, s, out_dtype=torch.float32)
+    got, got_scale = hf_silu_quant.silu_mul_quant(gate_up, a, s, out_dtype=torch.float32, one_pass=one_pass)
     assert got.shape == (3, inner) and got_scale.shape == (3, 1)
     assert got_scale[1].item() == torch.tensor(1e-12).item() and not got[1].any()  # float32's 1e-12
     # exp may differ from the CPU's in float32's last bits; values reach 448
@@ -52,14 +54,15 @@ def test_interpreted_kernels_give_the_eager_scales_and_values(interpreted, inner
     torch.testing.assert_close(got, want, rtol=2e-6, atol=2e-4)
 
 
-def test_interpreted_kernels_keep_nan_where_the_eager_piece_has_it(interpreted):
+@pytest.mark.parametrize("one_pass", [True, False])
+def test_interpreted_kernels_keep_nan_where_the_eager_piece_has_it(interpreted, one_pass):
     """Regression (fresh-user walk): an infinite gate gave -448 where the eager piece gives NaN (the
     clamp dropped the NaN of inf / inf), hiding it from the sampler's nan/inf check."""
     gate_up = torch.ones(2, 8)
     gate_up[0, 1] = float("inf")
     gate_up[1, 2] = float("nan")
     want, _ = eager(gate_up)
-    got, _ = hf_silu_quant.silu_mul_quant(gate_up, out_dtype=torch.float32)
+    got, _ = hf_silu_quant.silu_mul_quant(gate_up, out_dtype=torch.float32, one_pass=one_pass)
     assert torch.isnan(want[0, 1]) and torch.isnan(got[0, 1]) and torch.isnan(got[1, 2])
 
 
@@ -72,16 +75,20 @@ def test_unpaired_scales_and_bad_shapes_are_refused():
     for bad in (torch.zeros(2, 7), torch.zeros(8)):  # an odd size would drop its last column
         with pytest.raises(ValueError, match=r"must be \(M, 2 \* I\)"):
             hf_silu_quant.silu_mul_quant(bad)
+    with pytest.raises(ValueError, match=r"^silu_mul_quant: one pass takes rows of at most 32768 outputs, got 32769$"):
+        hf_silu_quant.silu_mul_quant(torch.zeros(1, 2 * 32769), one_pass=True)
+    assert hf_silu_quant.one_pass_fits(32768) and not hf_silu_quant.one_pass_fits(32769)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("one_pass", [True, False])
 @pytest.mark.parametrize("rows,inner,scaled", [(64, 18944, True), (256, 18944, True), (7, 1536, False)])
-def test_the_e4m3_outputs_on_cuda_are_the_eager_pieces(rows, inner, scaled):
+def test_the_e4m3_outputs_on_cuda_are_the_eager_pieces(rows, inner, scaled, one_pass):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     gate_up, a, s = inputs(rows, inner, torch.bfloat16, scaled, device="cuda")
     want_x, want_a = hf_elementwise.silu_mul_quant(gate_up, a, s)
-    got_x, got_a = hf_silu_quant.silu_mul_quant(gate_up, a, s)
+    got_x, got_a = hf_silu_quant.silu_mul_quant(gate_up, a, s, one_pass=one_pass)
     assert got_x.dtype == torch.float8_e4m3fn and got_x.shape == want_x.shape
     torch.testing.assert_close(got_a, want_a, rtol=2**-7, atol=0)
     assert (got_x.view(torch.uint8) == want_x.view(torch.uint8)).float().mean().item() > 0.99

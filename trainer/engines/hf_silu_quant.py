@@ -39,9 +39,11 @@ from typing import Any
 from chatgym.trainer.engines.hf_fp8 import _MIN_SCALE, FP8_MAX
 
 BLOCK = 2048  # columns of a row a program takes (16 a thread at 4 warps)
+ONE_PASS_MAX = 32768  # outputs a row may have for the one-pass kernel (its two parts at 16 warps: 64 + 64 a thread)
 
 
-def silu_mul_quant(gate_up: Any, a: Any = None, s: Any = None, out_dtype: Any = None) -> tuple[Any, Any]:
+def silu_mul_quant(gate_up: Any, a: Any = None, s: Any = None, out_dtype: Any = None,
+                   one_pass: bool | None = None) -> tuple[Any, Any]:
     """:func:`.hf_elementwise.silu_mul_quant` in two Triton kernels (module doc).
 
     Args:
@@ -51,6 +53,8 @@ def silu_mul_quant(gate_up: Any, a: Any = None, s: Any = None, out_dtype: Any = 
         s: ``(1, 2 * I)`` float32 weight scales of that GEMM (with ``a``).
         out_dtype: the quantized output's dtype, default float8_e4m3fn (float32 keeps the unrounded
             ``y / a``: the tests' view of it).
+        one_pass: a program a row holding the whole row (:func:`one_pass_fits`) instead of the two
+            kernels; None: where it fits.
 
     Returns:
         ``(X, a_out)``: ``X`` ``(M, I)`` in ``out_dtype``, ``a_out`` ``(M, 1)`` float32 row scales.
@@ -72,8 +76,12 @@ def silu_mul_quant(gate_up: Any, a: Any = None, s: Any = None, out_dtype: Any = 
         raise ValueError("silu_mul_quant: the last dimension must be dense")
     m, width = gate_up.shape
     inner = width // 2
-    blocks = -(-inner // BLOCK)
     device = gate_up.device
+    if one_pass is None:
+        one_pass = one_pass_fits(inner)
+    if one_pass:
+        return _one_pass(gate_up, a, s, out_dtype)
+    blocks = -(-inner // BLOCK)
     y = torch.empty((m, inner), dtype=gate_up.dtype, device=device)
     partial = torch.empty((m, blocks), dtype=torch.float32, device=device)
     out = torch.empty((m, inner), dtype=out_dtype or torch.float8_e4m3fn, device=device)
@@ -85,6 +93,73 @@ def silu_mul_quant(gate_up: Any, a: Any = None, s: Any = None, out_dtype: Any = 
     second[(m, blocks)](y, partial, out, scales, inner, blocks, FP8_MAX, _MIN_SCALE, BLOCK=BLOCK,
                         BLOCKS=max(16, 1 << (blocks - 1).bit_length()), num_warps=4)
     return out, scales
+
+
+def one_pass_fits(inner: int) -> bool:
+    """Whether a row of ``inner`` outputs fits one program (:data:`ONE_PASS_MAX`)."""
+    return 0 < inner <= ONE_PASS_MAX
+
+
+def _one_pass(gate_up: Any, a: Any, s: Any, out_dtype: Any) -> tuple[Any, Any]:
+    import torch
+    import triton
+
+    m, inner = gate_up.shape[0], gate_up.shape[1] // 2
+    if not one_pass_fits(inner):
+        raise ValueError(f"silu_mul_quant: one pass takes rows of at most {ONE_PASS_MAX} outputs, got {inner}")
+    head = 1 << (inner.bit_length() - 1)  # the largest power of two <= inner; the rest in a second part
+    tail = triton.next_power_of_2(inner - head) if inner > head else 0
+    out = torch.empty((m, inner), dtype=out_dtype or torch.float8_e4m3fn, device=gate_up.device)
+    scales = torch.empty((m, 1), dtype=torch.float32, device=gate_up.device)
+    scaled = a is not None
+    _row_kernel()[(m,)](gate_up, a if scaled else gate_up, s if scaled else gate_up, out, scales, gate_up.stride(0),
+                        inner, FP8_MAX, _MIN_SCALE, SCALED=scaled, HEAD=head, TAIL=tail,
+                        num_warps=max(4, min(16, head // 1024)))
+    return out, scales
+
+
+@functools.cache
+def _row_kernel() -> Any:
+    """The one-pass kernel, defined at first use (Triton reads its interpreter switch then)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def silu_mul_row(gate_up, a, s, out, scales, row_stride, inner, fp8_max, min_scale, SCALED: tl.constexpr,
+                     HEAD: tl.constexpr, TAIL: tl.constexpr):
+        r = tl.program_id(0).to(tl.int64)
+        row = gate_up + r * row_stride
+        cols = tl.arange(0, HEAD)  # every column < inner
+        gate = tl.load(row + cols)
+        up = tl.load(row + inner + cols)
+        dtype = gate.dtype
+        if SCALED:  # dequantize_out: (raw.float() * a * s) rounded to raw's dtype
+            row_scale = tl.load(a + r)
+            gate = (gate.to(tl.float32) * row_scale * tl.load(s + cols)).to(dtype)
+            up = (up.to(tl.float32) * row_scale * tl.load(s + inner + cols)).to(dtype)
+        g = gate.to(tl.float32)
+        y = ((tl.fdiv(g, 1.0 + tl.exp(-g)).to(dtype).to(tl.float32)) * up.to(tl.float32)).to(dtype)
+        amax = tl.max(tl.abs(y.to(tl.float32)), 0)
+        if TAIL > 0:  # columns HEAD .. inner - 1
+            cols_t = HEAD + tl.arange(0, TAIL)
+            inside = cols_t < inner
+            gate_t = tl.load(row + cols_t, mask=inside, other=0.0)
+            up_t = tl.load(row + inner + cols_t, mask=inside, other=0.0)
+            if SCALED:
+                gate_t = (gate_t.to(tl.float32) * row_scale * tl.load(s + cols_t, mask=inside, other=0.0)).to(dtype)
+                up_t = (up_t.to(tl.float32) * row_scale * tl.load(s + inner + cols_t, mask=inside, other=0.0)).to(dtype)
+            g_t = gate_t.to(tl.float32)
+            y_t = ((tl.fdiv(g_t, 1.0 + tl.exp(-g_t)).to(dtype).to(tl.float32)) * up_t.to(tl.float32)).to(dtype)
+            amax = tl.maximum(amax, tl.max(tl.abs(y_t.to(tl.float32)), 0))
+        scale = tl.maximum(tl.div_rn(amax, fp8_max), min_scale)  # hf_fp8.quantize_rows' clamp_min
+        q = tl.clamp(tl.fdiv(y.to(tl.float32), scale), -fp8_max, fp8_max, propagate_nan=tl.PropagateNan.ALL)
+        tl.store(out + r * inner + cols, q.to(out.dtype.element_ty))
+        if TAIL > 0:
+            q_t = tl.clamp(tl.fdiv(y_t.to(tl.float32), scale), -fp8_max, fp8_max, propagate_nan=tl.PropagateNan.ALL)
+            tl.store(out + r * inner + cols_t, q_t.to(out.dtype.element_ty), mask=inside)
+        tl.store(scales + r, scale)
+
+    return silu_mul_row
 
 
 @functools.cache
