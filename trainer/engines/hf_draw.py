@@ -118,8 +118,7 @@ def _chunk_kernel() -> Any:
     @triton.jit
     def philox_chunk(logits, stride, seeds, counts, inv_temps, parts, n, vocab, chunks, CHUNK: tl.constexpr,
                      BLOCK: tl.constexpr, FAST_LOG: tl.constexpr):
-        r = tl.program_id(0)
-        c = tl.program_id(1)
+        r, c = tl.program_id(0), tl.program_id(1)
         seed = tl.load(seeds + r)
         count = tl.load(counts + r)
         inv_t = tl.load(inv_temps + r)
@@ -140,11 +139,8 @@ def _chunk_kernel() -> Any:
         # count of nan / +inf; the lanes meet once, after the loop (a reduction across the program's warps
         # a block, five of them, was most of this kernel's time).
         best = tl.full([BLOCK // 4], float("-inf"), tl.float32)
-        m = best
-        total = tl.zeros([BLOCK // 4], tl.float32)
-        best_x = total
-        best_i = calls * 0
-        bad = calls * 0
+        m, total, best_i = best, tl.zeros([BLOCK // 4], tl.float32), calls * 0
+        best_x, bad = total, best_i
         for start in range(c * CHUNK, c * CHUNK + CHUNK, BLOCK):
             # Philox-4x32-10, written out (Triton's tl.philox computes the same; a nested jit function
             # would not run in the interpreter the tests use): key (k0, k1), counter (c0, c1, c2, c3).
