@@ -59,7 +59,8 @@ KINDS = (  # (kind, substrings of a kernel's name), first match wins (cutlass at
     ("attention", ("fmha", "flash", "attention", "attn")),
     ("gemm", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "splitk", "scaled_mm", "sm90_", "matmul")),
     ("norm", ("rms", "norm")),
-    ("fp8 quant", ("float8", "e4m3", "fp8", "amax", "abs_max", "max_all", "reduce_kernel", "quantize", "silu_mul_partial")),
+    ("fp8 quant", ("float8", "e4m3", "fp8", "amax", "abs_max", "max_all", "reduce_kernel", "quantize", "silu_mul_partial",
+                   "silu_mul_row", "row_quant")),
     ("cache write", ("index_put", "indexing_backward", "scatter", "index_elementwise", "put_kernel")),
 )
 
