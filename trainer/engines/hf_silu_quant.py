@@ -1,34 +1,43 @@
-"""The FP8 step's ``silu(gate) * up`` quantized per row, in two Triton kernels spread over the row.
+"""The FP8 step's ``silu(gate) * up`` quantized per row: one Triton kernel a row, or two spread over the row.
 
 On FP8 weights the fused step's MLP feeds the down projection ``e4m3(y / a)`` with ``y = silu(gate) * up``
 and ``a`` the row's ``max |y| / 448`` (:func:`.hf_elementwise.silu_mul_quant`). Compiled by Inductor that
 is one kernel a row, whose program walks the row's 2 x 18,944 inputs (the Qwen2.5-7B shape) in
 dependent chunks twice: 16.8 us a layer at 64 rows on an H200, 0.47 of the 3.69 ms step, with 64 of the
 card's 132 multiprocessors busy and each waiting on one load at a time
-(``benchmarks/results/attention_stream_2026-12-06/lease1_h200/step_7b.txt``). Here each row is cut in
-blocks of :data:`BLOCK` columns and a program runs per (row, block):
+(``benchmarks/results/attention_stream_2026-12-06/lease1_h200/step_7b.txt``).
+
+By default (rows of at most :data:`ONE_PASS_MAX` outputs) a program a row holds the whole row in
+registers: its largest power of two of columns and the rest as a second, masked part (18,944 = 16,384 +
+2,560 of 4,096), 16 warps (64 registers a thread, no spills, in ptxas for sm_90a): every load of the row is
+issued at once, ``y`` is kept rounded to the input's dtype, and the row is read once and written once
+quantized (4 + 1 bytes an output at bf16), nothing in between.
+
+The two kernels (``one_pass=False``, and wider rows) cut each row in blocks of :data:`BLOCK` columns, a
+program per (row, block):
 
 1. ``y`` of the block (rounded to the input's dtype, as the eager pieces round it) is written to a
    scratch tensor, and the block's ``max |y|`` to ``(rows, blocks)`` partial maxima;
 2. each program reads its row's partial maxima, takes ``a`` and writes the block quantized (the first
    block's program writes ``a``).
 
-Both kernels read every row at once from all the blocks' programs (64 rows x 10 blocks = 640 at the 7B
-shape), the scratch's write and read adding 2 x 2 bytes an element. With the ``"unit"`` FP8 GEMM
-(:data:`.hf_fp8.GEMMS`) the first kernel also applies the GEMM's row and channel scales, rounding to the
+Both read every row at once from all the blocks' programs (64 rows x 10 blocks = 640 at the 7B shape),
+the scratch's write and read adding 2 x 2 bytes an element. On an H100 they took 6.0 + 4.2 us a layer at
+the 7B shape and 64 rows (13.5 + 7.4 at 256), and the FP8 step 4.463 -> 4.254 ms against Inductor's
+(``benchmarks/results/packed_prefill_2026-12-06/``); with ``tl.fdiv`` (below) 3.8 + 2.1 and 12.3 + 4.9
+(``benchmarks/results/fp8_row_quant_h100_2026-12-07/lease1``). With the ``"unit"`` FP8 GEMM
+(:data:`.hf_fp8.GEMMS`) either form also applies the GEMM's row and channel scales, rounding to the
 input's dtype as :func:`.hf_fp8.dequantize_out` does.
 
 The result is the eager function's up to float rounding (``exp`` may differ in the last bits of
 float32, and then rounding to bf16 by one step): on float32 inputs the tests take the scales within 2e-7
 and the values within 2e-6 relative of the eager ones (``tests/test_engines_hf_silu_quant.py``, Triton's
 interpreter on the CPU, whose casts to bf16 and e4m3 truncate where CUDA rounds to nearest); bf16 inputs
-and e4m3 outputs ``-m gpu`` (passed on an H100, 2026-12-06). On that H100 it took 6.0 + 4.2 us a layer at
-the 7B shape and 64 rows (13.5 + 7.4 at 256), and the FP8 step 4.463 -> 4.254 ms
-(``benchmarks/results/packed_prefill_2026-12-06/``). Both kernels are bound by their arithmetic, not
-their bytes (a first pass without the scratch's store took as long), so their divisions are
-``tl.fdiv`` (to ~2 ulp of float32) rather than IEEE ones: at 256 rows on an H100 the first kernel took
-12.4-15.0 us a layer in three runs with IEEE division, 12.1 with ``tl.fdiv``, the second 7.4-7.5 -> 4.2
-(64 rows: 5.9-6.1 -> 3.9, 4.1-4.2 -> 2.1; ``benchmarks/results/fp8_sampler_rope_h100_2026-12-07``).
+and e4m3 outputs ``-m gpu``. The two kernels were bound by their arithmetic, not their bytes (a first
+pass without the scratch's store took as long), so the divisions are ``tl.fdiv`` (to ~2 ulp of float32)
+rather than IEEE ones: at 256 rows on an H100 the first kernel took 12.4-15.0 us a layer in three runs
+with IEEE division, 12.1 with ``tl.fdiv``, the second 7.4-7.5 -> 4.2 (64 rows: 5.9-6.1 -> 3.9, 4.1-4.2 ->
+2.1; ``benchmarks/results/fp8_sampler_rope_h100_2026-12-07``).
 """
 
 from __future__ import annotations
@@ -39,7 +48,7 @@ from typing import Any
 from chatgym.trainer.engines.hf_fp8 import _MIN_SCALE, FP8_MAX
 
 BLOCK = 2048  # columns of a row a program takes (16 a thread at 4 warps)
-ONE_PASS_MAX = 32768  # outputs a row may have for the one-pass kernel (its two parts at 16 warps: 64 + 64 a thread)
+ONE_PASS_MAX = 32768  # outputs a row may have in one pass (ptxas for sm_90a: at most 128 registers, no spills)
 
 
 def silu_mul_quant(gate_up: Any, a: Any = None, s: Any = None, out_dtype: Any = None,
