@@ -78,6 +78,16 @@ def test_unpaired_scales_and_bad_shapes_are_refused():
     with pytest.raises(ValueError, match=r"^silu_mul_quant: one pass takes rows of at most 32768 outputs, got 32769$"):
         hf_silu_quant.silu_mul_quant(torch.zeros(1, 2 * 32769), one_pass=True)
     assert hf_silu_quant.one_pass_fits(32768) and not hf_silu_quant.one_pass_fits(32769)
+    assert not hf_silu_quant.one_pass_pays(4096, 18944, "cpu")  # off CUDA: the two kernels
+
+
+@pytest.mark.gpu
+def test_one_pass_pays_from_as_many_rows_as_multiprocessors():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert hf_silu_quant.one_pass_pays(sms, 18944, "cuda") and not hf_silu_quant.one_pass_pays(sms - 1, 18944, "cuda")
+    assert not hf_silu_quant.one_pass_pays(sms, 32769, "cuda:0")
 
 
 @pytest.mark.gpu

@@ -7,14 +7,16 @@ dependent chunks twice: 16.8 us a layer at 64 rows on an H200, 0.47 of the 3.69 
 card's 132 multiprocessors busy and each waiting on one load at a time
 (``benchmarks/results/attention_stream_2026-12-06/lease1_h200/step_7b.txt``).
 
-By default (rows of at most :data:`ONE_PASS_MAX` outputs) a program a row holds the whole row in
-registers: its largest power of two of columns and the rest as a second, masked part (18,944 = 16,384 +
-2,560 of 4,096), 16 warps (64 registers a thread, no spills, in ptxas for sm_90a): every load of the row is
-issued at once, ``y`` is kept rounded to the input's dtype, and the row is read once and written once
-quantized (4 + 1 bytes an output at bf16), nothing in between.
+With at least as many rows as the GPU has multiprocessors (rows of at most :data:`ONE_PASS_MAX`
+outputs; :func:`one_pass_pays`) a program a row holds the whole row in registers: its largest power of
+two of columns and the rest as a second, masked part (18,944 = 16,384 + 2,560 of 4,096), 16 warps (64
+registers a thread, no spills, in ptxas for sm_90a): every load of the row is issued at once, ``y`` is kept rounded to the input's dtype, and the row is read once and written once
+quantized (4 + 1 bytes an output at bf16), nothing in between. On an H100 at the 7B shape: 13.9 us a
+layer at 256 rows against the two kernels' 12.3 + 4.9, but 7.4 at 64 rows against 3.8 + 2.1, most
+multiprocessors idle (``benchmarks/results/fp8_row_quant_h100_2026-12-07``).
 
-The two kernels (``one_pass=False``, and wider rows) cut each row in blocks of :data:`BLOCK` columns, a
-program per (row, block):
+Fewer rows (and wider ones, or ``one_pass=False``) take two kernels that cut each row in blocks of
+:data:`BLOCK` columns, a program per (row, block):
 
 1. ``y`` of the block (rounded to the input's dtype, as the eager pieces round it) is written to a
    scratch tensor, and the block's ``max |y|`` to ``(rows, blocks)`` partial maxima;
@@ -63,7 +65,7 @@ def silu_mul_quant(gate_up: Any, a: Any = None, s: Any = None, out_dtype: Any = 
         out_dtype: the quantized output's dtype, default float8_e4m3fn (float32 keeps the unrounded
             ``y / a``: the tests' view of it).
         one_pass: a program a row holding the whole row (:func:`one_pass_fits`) instead of the two
-            kernels; None: where it fits.
+            kernels; None: :func:`one_pass_pays`.
 
     Returns:
         ``(X, a_out)``: ``X`` ``(M, I)`` in ``out_dtype``, ``a_out`` ``(M, 1)`` float32 row scales.
@@ -87,7 +89,7 @@ def silu_mul_quant(gate_up: Any, a: Any = None, s: Any = None, out_dtype: Any = 
     inner = width // 2
     device = gate_up.device
     if one_pass is None:
-        one_pass = one_pass_fits(inner)
+        one_pass = one_pass_pays(m, inner, device)
     if one_pass:
         return _one_pass(gate_up, a, s, out_dtype)
     blocks = -(-inner // BLOCK)
@@ -107,6 +109,26 @@ def silu_mul_quant(gate_up: Any, a: Any = None, s: Any = None, out_dtype: Any = 
 def one_pass_fits(inner: int) -> bool:
     """Whether a row of ``inner`` outputs fits one program (:data:`ONE_PASS_MAX`)."""
     return 0 < inner <= ONE_PASS_MAX
+
+
+def one_pass_pays(rows: int, inner: int, device: Any) -> bool:
+    """The default of :func:`silu_mul_quant`'s ``one_pass``: where the row fits and there are at least as many
+    rows as the CUDA device has multiprocessors (a program a row leaves the others idle: on an H100 at the
+    7B shape it took 7.4 us at 64 rows against the two kernels' 3.8 + 2.1, 13.9 at 256 against 12.3 + 4.9).
+    Off CUDA: False (the two kernels)."""
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda" or not one_pass_fits(inner):
+        return False
+    return rows >= _multiprocessors(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _multiprocessors(index: int) -> int:
+    import torch
+
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def _one_pass(gate_up: Any, a: Any, s: Any, out_dtype: Any) -> tuple[Any, Any]:
