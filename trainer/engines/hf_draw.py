@@ -8,7 +8,9 @@ vocabulary is cut in chunks of :data:`CHUNK` entries, and a program per (row, ch
 once in blocks and computes:
 
 * the draw, by the Gumbel-max trick in its exponential form (as ``torch.multinomial``'s one-sample
-  path): ``argmax_v (x_v / T - log q_v)`` with ``q_v = -log u_v``, ``u_v`` uniform in [0, 1);
+  path): ``argmax_v (x_v / T - log q_v)`` with ``q_v = -log u_v``, ``u_v`` uniform in [0, 1),
+  computed in base 2 as ``argmax_v (x_v log2(e) / T - log2(-log2 u_v))`` (the same argmax: the
+  score times ``log2(e)`` less a constant), where the GPU's ``lg2.approx`` is one instruction;
   ``T = 0`` (greedy rows) takes ``argmax_v x_v``, the first one on ties, as ``torch.argmax``;
 * ``u_v`` from counter-based Philox-4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2,
   3", SC 2011; as ``triton.language.philox``): key = the row's seed modulo 2**63, counter = (``v // 4``,
@@ -18,6 +20,9 @@ once in blocks and computes:
   the rows beside it, the order of steps or the chunking;
 * the chunk's part of the raw logprob of the drawn id (its max logit and ``sum exp(x - max)``, an online
   log-sum-exp over the blocks) and of a validity flag (a nan or +inf logit).
+
+Each of the program's lanes (a Philox call's four entries, in one thread) keeps its own best, max, sum
+and flag count over the blocks; the lanes meet once, after the loop.
 
 A second kernel, a program a row, joins the chunks (the best score, the first chunk on ties, so the
 first id on ties as before; the log-sum-exp), flags a sampled row whose logits hold a nan or +inf or
@@ -31,7 +36,12 @@ entry) took 0.261 ms a step at 64 rows of Qwen2.5-7B's 152,064 logits on an H100
 132 multiprocessors busy, each computing ten Philox rounds an entry (read-back included; 256 rows were
 not timed), most of the engine's decode step outside its captured graph there
 (``benchmarks/results/fp8_kv8_h100_2026-12-07``). Split: 0.112 ms at 64 rows, 0.258 at 256, read-back
-included (``benchmarks/results/fp8_sampler_rope_h100_2026-12-07``).
+included (``benchmarks/results/fp8_sampler_rope_h100_2026-12-07``). Then the lanes apart (they met in
+five reductions across the warps a block) and base 2 with ``lg2.approx`` (``tl.log`` is a polynomial of
+~35 instructions; the kernel's PTX went from 2,854 instructions to 1,057): the three forms one after
+another on one H100, draws queued without a read-back / with one a step, 64 and 256 rows: 0.066 /
+0.118 and 0.172 / 0.287 ms (split), 0.052 / 0.112 and 0.165 / 0.258 (lanes apart), **0.051 / 0.094 and
+0.092 / 0.226** (now; ``benchmarks/results/fp8_row_quant_h100_2026-12-07/lease2/sampler_ab.txt``).
 
 The ids differ from the default sampler's (another random stream) but follow the same distribution;
 rows with top-k / top-p filters are drawn by the default path (the engine falls back for such a step).

@@ -128,7 +128,7 @@ class FusedDecoder:
         compile_elementwise: the element-wise pieces between the matmuls (RoPE, the gated MLP's
             activation, FP8 activation quantization with the norm before it) through ``torch.compile``
             (:mod:`.hf_elementwise`: fewer kernels a step; compiled on the first call); on CUDA with
-            ``fp8`` the MLP's quantization is :mod:`.hf_silu_quant`'s two Triton kernels instead, and
+            ``fp8`` the MLP's quantization is :mod:`.hf_silu_quant`'s Triton kernels instead, and
             the other quantizations (with their residual add and norm) :mod:`.hf_norm_quant`'s kernel.
         fp8_gemm: with ``fp8``, how the projections multiply (:data:`.hf_fp8.GEMMS`; default
             :func:`.hf_fp8.default_gemm`: ``"unit"`` with compiled pieces, else ``"rowwise"``).
