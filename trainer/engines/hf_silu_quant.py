@@ -10,8 +10,9 @@ card's 132 multiprocessors busy and each waiting on one load at a time
 With at least as many rows as the GPU has multiprocessors (rows of at most :data:`ONE_PASS_MAX`
 outputs; :func:`one_pass_pays`) a program a row holds the whole row in registers: its largest power of
 two of columns and the rest as a second, masked part (18,944 = 16,384 + 2,560 of 4,096), 16 warps (64
-registers a thread, no spills, in ptxas for sm_90a): every load of the row is issued at once, ``y`` is kept rounded to the input's dtype, and the row is read once and written once
-quantized (4 + 1 bytes an output at bf16), nothing in between. On an H100 at the 7B shape: 13.9 us a
+registers a thread, no spills, in ptxas for sm_90a): every load of the row is issued at once, ``y`` is
+kept rounded to the input's dtype, and the row is read once and written once quantized (4 + 1 bytes an
+output at bf16), nothing in between. On an H100 at the 7B shape: 13.9 us a
 layer at 256 rows against the two kernels' 12.3 + 4.9, but 7.4 at 64 rows against 3.8 + 2.1, most
 multiprocessors idle (``benchmarks/results/fp8_row_quant_h100_2026-12-07``).
 
