@@ -112,10 +112,16 @@ def draw(logits: Any, plan: PhiloxPlan, chunk: int = CHUNK) -> tuple[Any, Any]:
     packed = torch.empty(3 * n, dtype=torch.float64, device=device)
     _chunk_kernel()[(n, chunks)](logits, logits.stride(0), plan.seeds, plan.counts, plan.inv_temps, parts, n, vocab,
                                  chunks, CHUNK=chunk, BLOCK=min(BLOCK, chunk),
-                                 FAST_LOG=os.environ.get("TRITON_INTERPRET") != "1", num_warps=4)
+                                 FAST_LOG=fast_log(), num_warps=4)
     _join_kernel()[(n,)](parts, plan.counts, plan.inv_temps, ids, packed, n, chunks,
                          CHUNKS=max(16, 1 << (chunks - 1).bit_length()), num_warps=1)
     return ids, packed
+
+
+def fast_log() -> bool:
+    """Whether the chunk kernel takes its logs with libdevice's ``fast_log2f`` (``lg2.approx``): on the GPU,
+    not in Triton's interpreter (``TRITON_INTERPRET=1``), which has no libdevice (NumPy's log2 there)."""
+    return os.environ.get("TRITON_INTERPRET") != "1"
 
 
 @functools.cache

@@ -42,6 +42,13 @@ def fits(width: int) -> bool:
     return 0 < width <= MAX_WIDTH
 
 
+def launch(width: int) -> tuple[int, int]:
+    """The kernel's ``(BLOCK, warps)`` for rows of ``width`` columns: the power of two that covers the row,
+    one warp a 512 columns (4 to 16)."""
+    block = 1 << (width - 1).bit_length()
+    return block, max(4, min(16, block // 512))
+
+
 def quant(x: Any, out_dtype: Any = None) -> tuple[Any, Any]:
     """:func:`.hf_fp8.quantize_rows` of ``x`` ``(M, K)`` (bf16 / fp16 / fp32, last stride 1): ``(X, a)``,
     ``X`` ``(M, K)`` in ``out_dtype`` (default float8_e4m3fn; float32 keeps the unrounded ``y / a``, the
@@ -89,14 +96,13 @@ def add_norm_quant(hidden: Any, out: Any, weight: Any, eps: float, a: Any = None
 
 def _run(x: Any, out: Any, weight: Any, scales: Any, eps: float, out_dtype: Any) -> tuple[Any, Any, Any]:
     import torch
-    import triton
 
     if x.dim() != 2 or x.stride(-1) != 1 or (out is not None and out.stride(-1) != 1):
         raise ValueError(f"row quantization: rows must be 2-D with a dense last dimension, got {tuple(x.shape)}")
     m, width = x.shape
     if not fits(width):
         raise ValueError(f"row quantization: {width} columns, more than the kernel's {MAX_WIDTH}")
-    block = triton.next_power_of_2(width)
+    block, warps = launch(width)
     device = x.device
     q = torch.empty((m, width), dtype=out_dtype or torch.float8_e4m3fn, device=device)
     row_scales = torch.empty((m, 1), dtype=torch.float32, device=device)
@@ -105,7 +111,7 @@ def _run(x: Any, out: Any, weight: Any, scales: Any, eps: float, out_dtype: Any)
     _kernel()[(m,)](x, x.stride(0), x if out is None else out, 0 if out is None else out.stride(0), a, s,
                     x if weight is None else weight, hidden, hidden.stride(0), q, row_scales, width, float(eps),
                     FP8_MAX, _MIN_SCALE, ADD=out is not None, SCALED=scales is not None, NORM=weight is not None,
-                    BLOCK=block, num_warps=max(4, min(16, block // 512)))
+                    BLOCK=block, num_warps=warps)
     return hidden, q, row_scales
 
 

@@ -134,20 +134,25 @@ def _multiprocessors(index: int) -> int:
 
 def _one_pass(gate_up: Any, a: Any, s: Any, out_dtype: Any) -> tuple[Any, Any]:
     import torch
-    import triton
 
     m, inner = gate_up.shape[0], gate_up.shape[1] // 2
     if not one_pass_fits(inner):
         raise ValueError(f"silu_mul_quant: one pass takes rows of at most {ONE_PASS_MAX} outputs, got {inner}")
-    head = 1 << (inner.bit_length() - 1)  # the largest power of two <= inner; the rest in a second part
-    tail = triton.next_power_of_2(inner - head) if inner > head else 0
+    head, tail, warps = one_pass_launch(inner)
     out = torch.empty((m, inner), dtype=out_dtype or torch.float8_e4m3fn, device=gate_up.device)
     scales = torch.empty((m, 1), dtype=torch.float32, device=gate_up.device)
     scaled = a is not None
     _row_kernel()[(m,)](gate_up, a if scaled else gate_up, s if scaled else gate_up, out, scales, gate_up.stride(0),
-                        inner, FP8_MAX, _MIN_SCALE, SCALED=scaled, HEAD=head, TAIL=tail,
-                        num_warps=max(4, min(16, head // 1024)))
+                        inner, FP8_MAX, _MIN_SCALE, SCALED=scaled, HEAD=head, TAIL=tail, num_warps=warps)
     return out, scales
+
+
+def one_pass_launch(inner: int) -> tuple[int, int, int]:
+    """The one-pass kernel's ``(HEAD, TAIL, warps)`` for rows of ``inner`` outputs: the largest power of two
+    <= ``inner``, the power of two that covers the rest (0 for none), 4-16 warps by the first."""
+    head = 1 << (inner.bit_length() - 1)
+    tail = 1 << (inner - head - 1).bit_length() if inner > head else 0
+    return head, tail, max(4, min(16, head // 1024))
 
 
 @functools.cache
