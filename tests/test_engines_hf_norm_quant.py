@@ -83,8 +83,10 @@ def test_bad_inputs_are_refused():
         hf_norm_quant.add_norm_quant(x, torch.zeros(2, 4), torch.ones(8), 1e-6)
     with pytest.raises(ValueError, match=r"dense last dimension, got \(8, 2\)$"):
         hf_norm_quant.quant(x.t())
-    with pytest.raises(ValueError, match=r"^row quantization: 16385 columns, more than the kernel's 16384$"):
+    with pytest.raises(ValueError, match=r"^row quantization: rows of 16385 columns; the kernel takes 1 to 16384$"):
         hf_norm_quant.quant(torch.zeros(1, 16385))
+    with pytest.raises(ValueError, match=r"^row quantization: rows of 0 columns; the kernel takes 1 to 16384$"):
+        hf_norm_quant.quant(torch.zeros(2, 0))
     assert hf_norm_quant.fits(16384) and not hf_norm_quant.fits(16385) and not hf_norm_quant.fits(0)
 
 

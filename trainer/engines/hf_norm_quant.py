@@ -56,7 +56,8 @@ def quant(x: Any, out_dtype: Any = None) -> tuple[Any, Any]:
     other values may differ from the eager piece's, NaN there too when NaN is the row's max).
 
     Raises:
-        ValueError: ``x`` not 2-D with a dense last dimension, or wider than :data:`MAX_WIDTH`.
+        ValueError: ``x`` not 2-D with a dense last dimension, or rows of no column or wider than
+            :data:`MAX_WIDTH`.
     """
     _, q, a = _run(x, None, None, None, 0.0, out_dtype)
     return q, a
@@ -101,7 +102,7 @@ def _run(x: Any, out: Any, weight: Any, scales: Any, eps: float, out_dtype: Any)
         raise ValueError(f"row quantization: rows must be 2-D with a dense last dimension, got {tuple(x.shape)}")
     m, width = x.shape
     if not fits(width):
-        raise ValueError(f"row quantization: {width} columns, more than the kernel's {MAX_WIDTH}")
+        raise ValueError(f"row quantization: rows of {width} columns; the kernel takes 1 to {MAX_WIDTH}")
     block, warps = launch(width)
     device = x.device
     q = torch.empty((m, width), dtype=out_dtype or torch.float8_e4m3fn, device=device)
