@@ -101,6 +101,18 @@ def test_interpreted_invalid_rows_are_flagged_only_where_they_sample(interpreted
     assert packed[8:].tolist() == [1.0, 1.0, 0.0, 1.0]
 
 
+def test_a_plan_of_other_rows_and_logits_not_2d_are_refused():
+    """Regression (fresh-user walk): 3 rows of logits with a 1-row plan ran, reading seeds, counts and
+    temperatures past the plan's end and writing its counts past it."""
+    plan = hf_draw.build_plan([1], [0], [1.0], "cpu")
+    with pytest.raises(ValueError, match=r"^draw: the plan has 1 rows, the logits 3$"):
+        hf_draw.draw(torch.zeros(3, 8), plan)
+    with pytest.raises(ValueError, match=r"^draw: logits must be \(rows, vocab >= 1\), got \(8,\)$"):
+        hf_draw.draw(torch.zeros(8), plan)
+    with pytest.raises(ValueError, match=r"^draw: logits must be \(rows, vocab >= 1\), got \(1, 0\)$"):
+        hf_draw.draw(torch.zeros(1, 0), plan)
+
+
 def test_a_chunk_that_is_not_a_power_of_two_is_refused():
     plan = hf_draw.build_plan([1], [0], [1.0], "cpu")
     with pytest.raises(ValueError, match=r"^chunk must be a power of two >= 64, got 1000$"):

@@ -90,6 +90,25 @@ def test_bad_inputs_are_refused():
     assert hf_norm_quant.fits(16384) and not hf_norm_quant.fits(16385) and not hf_norm_quant.fits(0)
 
 
+def test_scales_weights_and_outputs_the_kernel_would_misread_are_refused():
+    """Regression (fresh-user walk): a non-dense ``a`` or ``s`` (the kernel indexes ``a + r``, ``s + c``)
+    gave silently wrong residuals, and scales or a weight of other sizes read out of bounds."""
+    x, w = torch.zeros(4, 8), torch.ones(8)
+    a, s = torch.ones(4, 1), torch.ones(1, 8)
+    with pytest.raises(ValueError, match=r"^add_norm_quant: a must be dense \(4, 1\), got \(4, 1\) with strides \(2, 1\)$"):
+        hf_norm_quant.add_norm_quant(x, x, w, 1e-6, torch.rand(4, 2)[:, :1], s)
+    with pytest.raises(ValueError, match=r"^add_norm_quant: a must be dense \(4, 1\), got \(1, 1\)"):
+        hf_norm_quant.add_norm_quant(x, x, w, 1e-6, torch.ones(1, 1), s)
+    with pytest.raises(ValueError, match=r"^add_norm_quant: s must be dense \(1, 8\), got \(1, 8\) with strides \(1, 2\)$"):
+        hf_norm_quant.add_norm_quant(x, x, w, 1e-6, a, torch.rand(8, 2)[:, :1].t())
+    with pytest.raises(ValueError, match=r"^add_norm_quant: s must be dense \(1, 8\), got \(1, 4\)"):
+        hf_norm_quant.add_norm_quant(x, x, w, 1e-6, a, torch.ones(1, 4))
+    with pytest.raises(ValueError, match=r"^row quantization: the norm's weight must be dense \(8,\), got \(4,\)$"):
+        hf_norm_quant.norm_quant(x, torch.ones(4), 1e-6)
+    with pytest.raises(ValueError, match=r"^add_norm_quant: out's last dimension must be dense, got strides \(1, 2\)$"):
+        hf_norm_quant.add_norm_quant(torch.zeros(2, 8), torch.randn(8, 2).t(), torch.ones(8), 1e-6)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows,width", [(64, 3584), (256, 3584), (3, 576)])
 def test_the_e4m3_outputs_on_cuda_are_the_eager_pieces(rows, width):

@@ -79,6 +79,14 @@ def test_unpaired_scales_and_bad_shapes_are_refused():
         hf_silu_quant.silu_mul_quant(torch.zeros(1, 2 * 32769), one_pass=True)
     assert hf_silu_quant.one_pass_fits(32768) and not hf_silu_quant.one_pass_fits(32769)
     assert not hf_silu_quant.one_pass_pays(4096, 18944, "cpu")  # off CUDA: the two kernels
+    # Regression (fresh-user walk): no outputs returned uninitialised scales; scales the kernels would
+    # misread (they index a + r, s + c) gave silently wrong values
+    with pytest.raises(ValueError, match=r"^silu_mul_quant: gate_up must be \(M, 2 \* I\) with I >= 1, got shape \(2, 0\)$"):
+        hf_silu_quant.silu_mul_quant(torch.zeros(2, 0))
+    with pytest.raises(ValueError, match=r"^silu_mul_quant: a must be dense \(4, 1\), got \(4, 1\) with strides \(2, 1\)$"):
+        hf_silu_quant.silu_mul_quant(torch.zeros(4, 8), torch.rand(4, 2)[:, :1], torch.ones(1, 8))
+    with pytest.raises(ValueError, match=r"^silu_mul_quant: s must be dense \(1, 8\), got \(1, 4\)"):
+        hf_silu_quant.silu_mul_quant(torch.zeros(4, 8), torch.ones(4, 1), torch.ones(1, 4))
 
 
 @pytest.mark.gpu

@@ -10,7 +10,8 @@ once in blocks and computes:
 * the draw, by the Gumbel-max trick in its exponential form (as ``torch.multinomial``'s one-sample
   path): ``argmax_v (x_v / T - log q_v)`` with ``q_v = -log u_v``, ``u_v`` uniform in [0, 1),
   computed in base 2 as ``argmax_v (x_v log2(e) / T - log2(-log2 u_v))`` (the same argmax: the
-  score times ``log2(e)`` less a constant), where the GPU's ``lg2.approx`` is one instruction;
+  score times ``log2(e)`` less a constant): ``-log2 u_v`` in full precision (near ``u = 1``, where the
+  likely winners are, it is tiny), its log with the GPU's one-instruction ``lg2.approx``;
   ``T = 0`` (greedy rows) takes ``argmax_v x_v``, the first one on ties, as ``torch.argmax``;
 * ``u_v`` from counter-based Philox-4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2,
   3", SC 2011; as ``triton.language.philox``): key = the row's seed modulo 2**63, counter = (``v // 4``,
@@ -37,11 +38,14 @@ entry) took 0.261 ms a step at 64 rows of Qwen2.5-7B's 152,064 logits on an H100
 not timed), most of the engine's decode step outside its captured graph there
 (``benchmarks/results/fp8_kv8_h100_2026-12-07``). Split: 0.112 ms at 64 rows, 0.258 at 256, read-back
 included (``benchmarks/results/fp8_sampler_rope_h100_2026-12-07``). Then the lanes apart (they met in
-five reductions across the warps a block) and base 2 with ``lg2.approx`` (``tl.log`` is a polynomial of
-~35 instructions; the kernel's PTX went from 2,854 instructions to 1,057): the three forms one after
-another on one H100, draws queued without a read-back / with one a step, 64 and 256 rows: 0.066 /
-0.118 and 0.172 / 0.287 ms (split), 0.052 / 0.112 and 0.165 / 0.258 (lanes apart), **0.051 / 0.094 and
-0.092 / 0.226** (now; ``benchmarks/results/fp8_row_quant_h100_2026-12-07/lease2/sampler_ab.txt``).
+five reductions across the warps a block) and base 2 (``tl.log`` is a polynomial of ~35 instructions,
+``lg2.approx`` one): on one H100, draws queued without a read-back / with one a step, 64 and 256 rows:
+0.066 / 0.118 and 0.172 / 0.287 ms (split), 0.052 / 0.112 and 0.165 / 0.258 (lanes apart), 0.051 / 0.094
+and 0.092 / 0.226 with both logs ``lg2.approx`` (``benchmarks/results/fp8_row_quant_h100_2026-12-07/lease2/
+sampler_ab.txt``). That last form was not kept: near ``u = 1`` ``-lg2.approx(u)`` (absolute error
+~2^-22) is off by up to most of its value, and those entries are the likely winners. The kept form, the
+inner log in full precision, compiles to 1,606 PTX instructions for sm_90a (2,854 with two ``tl.log``,
+1,068 with two ``lg2.approx``: ``benchmarks/kernels_sm90.py``) and has not run on a GPU.
 
 The ids differ from the default sampler's (another random stream) but follow the same distribution;
 rows with top-k / top-p filters are drawn by the default path (the engine falls back for such a step).
@@ -88,20 +92,26 @@ def build_plan(seeds: Sequence[int], counts: Sequence[int], temperatures: Sequen
 
 
 def draw(logits: Any, plan: PhiloxPlan, chunk: int = CHUNK) -> tuple[Any, Any]:
-    """One id per row from ``logits`` ``(rows, vocab)`` (any float dtype, raw): ``(ids, packed)``, ``ids``
-    ``(rows,)`` int64 and ``packed`` ``(3 * rows,)`` float64 ``[ids | raw logprobs | invalid flags]``
-    (module doc). Advances ``plan.counts``. Nothing is read back to the host. ``chunk`` (a power of two
-    >= 64, entries a program takes) changes the work's split only, never the draw (the tests split
-    small vocabularies with it).
+    """One id per row from ``logits`` ``(rows, vocab)`` (float16 / bfloat16 / float32, raw; read as float32):
+    ``(ids, packed)``, ``ids`` ``(rows,)`` int64 and ``packed`` ``(3 * rows,)`` float64 ``[ids | raw
+    logprobs | invalid flags]`` (module doc). Advances ``plan.counts``. Nothing is read back to the host.
+    ``chunk`` (a power of two >= 64, entries a program takes) changes the work's split only, never the draw
+    (the tests split small vocabularies with it). A NaN logit never wins (``torch.argmax`` would take it; a
+    sampled row holding one is flagged invalid).
 
     Raises:
-        ValueError: ``chunk`` not a power of two >= 64.
+        ValueError: ``chunk`` not a power of two >= 64, ``logits`` not 2-D with at least one entry a row, or
+            a plan of another number of rows.
     """
     import torch
 
     if chunk < 64 or chunk & (chunk - 1):
         raise ValueError(f"chunk must be a power of two >= 64, got {chunk}")
+    if logits.dim() != 2 or logits.shape[1] == 0:
+        raise ValueError(f"draw: logits must be (rows, vocab >= 1), got {tuple(logits.shape)}")
     n, vocab = logits.shape
+    if any(t.numel() != n for t in (plan.seeds, plan.counts, plan.inv_temps)):
+        raise ValueError(f"draw: the plan has {plan.seeds.numel()} rows, the logits {n}")
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     chunks = -(-vocab // chunk)
@@ -119,7 +129,7 @@ def draw(logits: Any, plan: PhiloxPlan, chunk: int = CHUNK) -> tuple[Any, Any]:
 
 
 def fast_log() -> bool:
-    """Whether the chunk kernel takes its logs with libdevice's ``fast_log2f`` (``lg2.approx``): on the GPU,
+    """Whether the chunk kernel takes its outer log with libdevice's ``fast_log2f`` (``lg2.approx``): on the GPU,
     not in Triton's interpreter (``TRITON_INTERPRET=1``), which has no libdevice (NumPy's log2 there)."""
     return os.environ.get("TRITON_INTERPRET") != "1"
 
@@ -153,7 +163,7 @@ def _chunk_kernel() -> Any:
         bump_a, bump_b = tl.full([BLOCK // 4], 0x9E3779B9, tl.uint32), tl.full([BLOCK // 4], 0xBB67AE85, tl.uint32)
         # Each lane keeps its own best (score, id, raw logit), running max and sum of exp(x - max) and
         # count of nan / +inf; the lanes meet once, after the loop (not in five reductions across the
-        # program's warps a block: 0.172 -> 0.165 ms of draws at 256 rows; the log2 below took it to 0.092).
+        # program's warps a block: 0.172 -> 0.165 ms of draws at 256 rows on an H100).
         best = tl.full([BLOCK // 4], float("-inf"), tl.float32)
         m, total, best_i = best, tl.zeros([BLOCK // 4], tl.float32), calls * 0
         best_x, bad = total, best_i
@@ -178,9 +188,12 @@ def _chunk_kernel() -> Any:
                                                                                                c3[:, None])))
             signed = bits.to(tl.int32, bitcast=True)  # uniform in [0, 1): Triton's uint_to_uniform_float
             u = tl.where(signed < 0, -signed - 1, signed).to(tl.float32) * 4.6566127342e-10
-            # On the GPU lg2.approx, one instruction (log and log2 are a ~35-instruction polynomial); in
-            # Triton's interpreter NumPy's log2.
-            gumbel = libdevice.fast_log2f(-libdevice.fast_log2f(u)) if FAST_LOG else tl.log2(-tl.log2(u))
+            # -log2(u) in full precision: near u = 1 it is tiny (the likely winners), where lg2.approx's
+            # absolute error (~2^-22) would be most of it. Its log on the GPU with lg2.approx, one
+            # instruction (log2 is a ~35-instruction polynomial): an error of ~2^-22 of a score of at most
+            # ~60, float32's own rounding there. In Triton's interpreter NumPy's log2.
+            spent = -tl.log2(u)
+            gumbel = libdevice.fast_log2f(spent) if FAST_LOG else tl.log2(spent)
             score = tl.where(inside, tl.where(inv_t > 0, x * scale - gumbel, x), float("-inf"))
             lane_best = tl.max(score, 1)
             j = tl.min(tl.where(score == lane_best[:, None], word, 4), 1)  # the lane's first word on ties

@@ -32,6 +32,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from chatgym.trainer.engines import hf_fp8
 from chatgym.trainer.engines.hf_fp8 import _MIN_SCALE, FP8_MAX
 
 MAX_WIDTH = 16384  # columns a row may have (32 a thread at 16 warps); wider rows keep the compiled pieces
@@ -52,8 +53,9 @@ def launch(width: int) -> tuple[int, int]:
 def quant(x: Any, out_dtype: Any = None) -> tuple[Any, Any]:
     """:func:`.hf_fp8.quantize_rows` of ``x`` ``(M, K)`` (bf16 / fp16 / fp32, last stride 1): ``(X, a)``,
     ``X`` ``(M, K)`` in ``out_dtype`` (default float8_e4m3fn; float32 keeps the unrounded ``y / a``, the
-    tests' view), ``a`` ``(M, 1)`` float32. A NaN gives NaN where the eager piece has it (the row's
-    other values may differ from the eager piece's, NaN there too when NaN is the row's max).
+    tests' view), ``a`` ``(M, 1)`` float32. A NaN gives NaN where the eager piece has it; the row's
+    scale and other values come from its other entries, where the eager piece's are NaN (an infinite
+    entry in a normed row: the eager row all NaN, here the entry NaN and the rest 0).
 
     Raises:
         ValueError: ``x`` not 2-D with a dense last dimension, or rows of no column or wider than
@@ -65,7 +67,8 @@ def quant(x: Any, out_dtype: Any = None) -> tuple[Any, Any]:
 
 def norm_quant(x: Any, weight: Any, eps: float, out_dtype: Any = None) -> tuple[Any, Any]:
     """:func:`.hf_elementwise.norm_quant`: the RMSNorm of ``x`` ``(M, K)`` with ``weight`` ``(K,)``
-    quantized per row, ``(X, a)`` as :func:`quant`. Raises as :func:`quant`."""
+    quantized per row, ``(X, a)`` as :func:`quant`. Raises as :func:`quant`, and for a weight of another
+    shape or not dense."""
     _, q, a = _run(x, None, weight, None, eps, out_dtype)
     return q, a
 
@@ -86,7 +89,9 @@ def add_norm_quant(hidden: Any, out: Any, weight: Any, eps: float, a: Any = None
         float32 row scales (``X`` in ``out_dtype`` when given, as :func:`quant`).
 
     Raises:
-        ValueError: ``a`` without ``s``, shapes that differ, or what :func:`quant` refuses.
+        ValueError: ``a`` without ``s``, shapes that differ, ``out`` not dense in its last dimension, a
+            weight or scales of other shapes or not dense (:func:`.hf_fp8.check_unit_scales`), or what
+            :func:`quant` refuses.
     """
     if (a is None) != (s is None):
         raise ValueError("add_norm_quant: the unit GEMM's scales come together (a and s)")
@@ -98,11 +103,17 @@ def add_norm_quant(hidden: Any, out: Any, weight: Any, eps: float, a: Any = None
 def _run(x: Any, out: Any, weight: Any, scales: Any, eps: float, out_dtype: Any) -> tuple[Any, Any, Any]:
     import torch
 
-    if x.dim() != 2 or x.stride(-1) != 1 or (out is not None and out.stride(-1) != 1):
+    if x.dim() != 2 or x.stride(-1) != 1:
         raise ValueError(f"row quantization: rows must be 2-D with a dense last dimension, got {tuple(x.shape)}")
+    if out is not None and out.stride(-1) != 1:
+        raise ValueError(f"add_norm_quant: out's last dimension must be dense, got strides {out.stride()}")
     m, width = x.shape
     if not fits(width):
         raise ValueError(f"row quantization: rows of {width} columns; the kernel takes 1 to {MAX_WIDTH}")
+    if weight is not None and (tuple(weight.shape) != (width,) or weight.stride(0) != 1):
+        raise ValueError(f"row quantization: the norm's weight must be dense ({width},), got {tuple(weight.shape)}")
+    if scales is not None:
+        hf_fp8.check_unit_scales(*scales, m, width, "add_norm_quant")
     block, warps = launch(width)
     device = x.device
     q = torch.empty((m, width), dtype=out_dtype or torch.float8_e4m3fn, device=device)

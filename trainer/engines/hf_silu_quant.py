@@ -48,6 +48,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from chatgym.trainer.engines import hf_fp8
 from chatgym.trainer.engines.hf_fp8 import _MIN_SCALE, FP8_MAX
 
 BLOCK = 2048  # columns of a row a program takes (16 a thread at 4 warps)
@@ -56,7 +57,7 @@ ONE_PASS_MAX = 32768  # outputs a row may have in one pass (ptxas for sm_90a: at
 
 def silu_mul_quant(gate_up: Any, a: Any = None, s: Any = None, out_dtype: Any = None,
                    one_pass: bool | None = None) -> tuple[Any, Any]:
-    """:func:`.hf_elementwise.silu_mul_quant` in two Triton kernels (module doc).
+    """:func:`.hf_elementwise.silu_mul_quant` in Triton: one kernel a row, or two (module doc).
 
     Args:
         gate_up: ``(M, 2 * I)`` float (bf16 / fp16 / fp32), the gate/up projection's output (last stride 1):
@@ -71,24 +72,26 @@ def silu_mul_quant(gate_up: Any, a: Any = None, s: Any = None, out_dtype: Any = 
     Returns:
         ``(X, a_out)``: ``X`` ``(M, I)`` in ``out_dtype``, ``a_out`` ``(M, 1)`` float32 row scales.
 
-    A NaN or infinite input gives NaN where the eager piece gives NaN (the clamp keeps NaN; the row's
-    other values may differ from the eager piece's, which are NaN too when the row's max is).
+    A NaN or infinite input gives NaN where the eager piece gives NaN (the clamp keeps NaN); the row's
+    scale and other values come from its other entries, where the eager piece's are NaN.
 
     Raises:
-        ValueError: ``a`` without ``s``, ``gate_up`` not 2-D with an even last size, or a last dimension
-            that is not dense.
+        ValueError: ``a`` without ``s``, ``gate_up`` not 2-D with an even last size of at least 2, a last
+            dimension that is not dense, scales of other shapes or not dense (:func:`.hf_fp8.check_unit_scales`).
     """
     import torch
 
     if (a is None) != (s is None):
         raise ValueError("silu_mul_quant: the unit GEMM's scales come together (a and s)")
-    if gate_up.dim() != 2 or gate_up.shape[1] % 2:
-        raise ValueError(f"silu_mul_quant: gate_up must be (M, 2 * I), got shape {tuple(gate_up.shape)}")
+    if gate_up.dim() != 2 or gate_up.shape[1] % 2 or gate_up.shape[1] == 0:
+        raise ValueError(f"silu_mul_quant: gate_up must be (M, 2 * I) with I >= 1, got shape {tuple(gate_up.shape)}")
     if gate_up.stride(-1) != 1:
         raise ValueError("silu_mul_quant: the last dimension must be dense")
     m, width = gate_up.shape
     inner = width // 2
     device = gate_up.device
+    if a is not None:
+        hf_fp8.check_unit_scales(a, s, m, width, "silu_mul_quant")
     if one_pass is None:
         one_pass = one_pass_pays(m, inner, device)
     if one_pass:
