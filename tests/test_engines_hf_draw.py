@@ -105,12 +105,17 @@ def test_a_plan_of_other_rows_and_logits_not_2d_are_refused():
     """Regression (fresh-user walk): 3 rows of logits with a 1-row plan ran, reading seeds, counts and
     temperatures past the plan's end and writing its counts past it."""
     plan = hf_draw.build_plan([1], [0], [1.0], "cpu")
-    with pytest.raises(ValueError, match=r"^draw: the plan has 1 rows, the logits 3$"):
+    with pytest.raises(ValueError, match=r"^draw: the plan's seeds has 1 rows, the logits 3$"):
         hf_draw.draw(torch.zeros(3, 8), plan)
-    with pytest.raises(ValueError, match=r"^draw: logits must be \(rows, vocab >= 1\), got \(8,\)$"):
+    short = hf_draw.PhiloxPlan(plan.seeds, torch.zeros(2, dtype=torch.int64), plan.inv_temps)
+    with pytest.raises(ValueError, match=r"^draw: the plan's counts has 2 rows, the logits 1$"):
+        hf_draw.draw(torch.zeros(1, 8), short)
+    with pytest.raises(ValueError, match=r"^draw: logits must be floats \(rows, vocab >= 1\), got \(8,\) torch.float32$"):
         hf_draw.draw(torch.zeros(8), plan)
-    with pytest.raises(ValueError, match=r"^draw: logits must be \(rows, vocab >= 1\), got \(1, 0\)$"):
+    with pytest.raises(ValueError, match=r"^draw: logits must be floats \(rows, vocab >= 1\), got \(1, 0\)"):
         hf_draw.draw(torch.zeros(1, 0), plan)
+    with pytest.raises(ValueError, match=r"^draw: logits must be floats \(rows, vocab >= 1\), got \(1, 8\) torch.int32$"):
+        hf_draw.draw(torch.zeros(1, 8, dtype=torch.int32), plan)
 
 
 def test_a_chunk_that_is_not_a_power_of_two_is_refused():

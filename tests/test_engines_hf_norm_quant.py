@@ -79,8 +79,13 @@ def test_bad_inputs_are_refused():
     x = torch.zeros(2, 8)
     with pytest.raises(ValueError, match=r"^add_norm_quant: the unit GEMM's scales come together \(a and s\)$"):
         hf_norm_quant.add_norm_quant(x, x, torch.ones(8), 1e-6, a=torch.ones(2, 1))
-    with pytest.raises(ValueError, match=r"^add_norm_quant: out \(2, 4\) and hidden \(2, 8\) differ$"):
+    with pytest.raises(ValueError, match=r"^add_norm_quant: out \(2, 4\) torch.float32 and hidden \(2, 8\) torch.float32 differ$"):
         hf_norm_quant.add_norm_quant(x, torch.zeros(2, 4), torch.ones(8), 1e-6)
+    # Regression (second walk): an out of another dtype gave a residual in hidden's dtype, eager's in out's
+    with pytest.raises(ValueError, match=r"^add_norm_quant: out \(2, 8\) torch.bfloat16 and hidden \(2, 8\) torch.float32 differ$"):
+        hf_norm_quant.add_norm_quant(x, torch.zeros(2, 8, dtype=torch.bfloat16), torch.ones(8), 1e-6)
+    with pytest.raises(ValueError, match=r"^add_norm_quant: the scales must be float32, got a torch.bfloat16 and s torch.float32$"):
+        hf_norm_quant.add_norm_quant(x, x, torch.ones(8), 1e-6, torch.ones(2, 1, dtype=torch.bfloat16), torch.ones(1, 8))
     with pytest.raises(ValueError, match=r"dense last dimension, got \(8, 2\)$"):
         hf_norm_quant.quant(x.t())
     with pytest.raises(ValueError, match=r"^row quantization: rows of 16385 columns; the kernel takes 1 to 16384$"):

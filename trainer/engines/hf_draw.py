@@ -100,18 +100,19 @@ def draw(logits: Any, plan: PhiloxPlan, chunk: int = CHUNK) -> tuple[Any, Any]:
     sampled row holding one is flagged invalid).
 
     Raises:
-        ValueError: ``chunk`` not a power of two >= 64, ``logits`` not 2-D with at least one entry a row, or
-            a plan of another number of rows.
+        ValueError: ``chunk`` not a power of two >= 64, ``logits`` not floats, 2-D with at least one entry
+            a row, or a plan of another number of rows.
     """
     import torch
 
     if chunk < 64 or chunk & (chunk - 1):
         raise ValueError(f"chunk must be a power of two >= 64, got {chunk}")
-    if logits.dim() != 2 or logits.shape[1] == 0:
-        raise ValueError(f"draw: logits must be (rows, vocab >= 1), got {tuple(logits.shape)}")
+    if logits.dim() != 2 or logits.shape[1] == 0 or not logits.is_floating_point():
+        raise ValueError(f"draw: logits must be floats (rows, vocab >= 1), got {tuple(logits.shape)} {logits.dtype}")
     n, vocab = logits.shape
-    if any(t.numel() != n for t in (plan.seeds, plan.counts, plan.inv_temps)):
-        raise ValueError(f"draw: the plan has {plan.seeds.numel()} rows, the logits {n}")
+    for name in ("seeds", "counts", "inv_temps"):
+        if getattr(plan, name).numel() != n:
+            raise ValueError(f"draw: the plan's {name} has {getattr(plan, name).numel()} rows, the logits {n}")
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     chunks = -(-vocab // chunk)

@@ -163,11 +163,16 @@ def dequantize_out(raw: Any, a: Any, s: Any) -> Any:
 
 def check_unit_scales(a: Any, s: Any, rows: int, cols: int, who: str) -> None:
     """Check a ``"unit"`` GEMM's scales as a kernel reads them: ``a`` ``(rows, 1)`` and ``s`` ``(1, cols)``,
-    each dense (a kernel indexes ``a + r`` and ``s + c``; the eager pieces would broadcast any strides).
+    float32, each dense (a kernel indexes ``a + r`` and ``s + c``; the eager pieces would broadcast any
+    strides).
 
     Raises:
-        ValueError: other shapes or strides, naming ``who``.
+        ValueError: other shapes, strides or dtypes, naming ``who``.
     """
+    import torch
+
+    if a.dtype != torch.float32 or s.dtype != torch.float32:
+        raise ValueError(f"{who}: the scales must be float32, got a {a.dtype} and s {s.dtype}")
     if tuple(a.shape) != (rows, 1) or (rows > 1 and a.stride(0) != 1):
         raise ValueError(f"{who}: a must be dense ({rows}, 1), got {tuple(a.shape)} with strides {a.stride()}")
     if tuple(s.shape) != (1, cols) or (cols > 1 and s.stride(1) != 1):

@@ -95,8 +95,9 @@ def add_norm_quant(hidden: Any, out: Any, weight: Any, eps: float, a: Any = None
     """
     if (a is None) != (s is None):
         raise ValueError("add_norm_quant: the unit GEMM's scales come together (a and s)")
-    if out.shape != hidden.shape:
-        raise ValueError(f"add_norm_quant: out {tuple(out.shape)} and hidden {tuple(hidden.shape)} differ")
+    if out.shape != hidden.shape or out.dtype != hidden.dtype:
+        raise ValueError(f"add_norm_quant: out {tuple(out.shape)} {out.dtype} and hidden {tuple(hidden.shape)} "
+                         f"{hidden.dtype} differ")
     return _run(hidden, out, weight, None if a is None else (a, s), eps, out_dtype)
 
 
