@@ -129,9 +129,11 @@ def draw(logits: Any, plan: PhiloxPlan, chunk: int = CHUNK) -> tuple[Any, Any]:
     return ids, packed
 
 
+@functools.cache
 def fast_log() -> bool:
     """Whether the chunk kernel takes its outer log with libdevice's ``fast_log2f`` (``lg2.approx``): on the GPU,
-    not in Triton's interpreter (``TRITON_INTERPRET=1``), which has no libdevice (NumPy's log2 there)."""
+    not in Triton's interpreter (``TRITON_INTERPRET=1``), which has no libdevice (NumPy's log2 there). Read
+    once a process, as Triton reads its interpreter switch."""
     return os.environ.get("TRITON_INTERPRET") != "1"
 
 

@@ -214,10 +214,6 @@ class Fp8Linear:
 
         quantize_into(torch.cat([w.detach() for w in sources]), self.weight, self.scale)
 
-    def __call__(self, x: Any, out_dtype: Any = None) -> Any:
-        """``(M, N)`` = ``x (M, K)`` times the weight, in ``out_dtype`` (default ``x``'s dtype)."""
-        return fp8_matmul(x, self.weight, self.scale, out_dtype or x.dtype)
-
     def mm(self, xq: Any, a: Any, out_dtype: Any) -> Any:
         """``(M, N)`` in ``out_dtype`` from activations already quantized (:func:`scaled_mm`)."""
         out, a, s = self.project(xq, a, out_dtype)

@@ -193,7 +193,9 @@ class FusedDecoder:
                 layer.post_attention_layernorm, getattr(attn, "q_norm", None), getattr(attn, "k_norm", None),
                 float(getattr(attn, "scaling", self.head_dim**-0.5)), fp8_parts,
             ))
-        self.lm_head_fp8 = self._fp8([model.lm_head.weight]) if self.fp8 and fp8_lm_head else None
+        # The head's GEMM applies its scales itself (row-wise): a unit product would need a pass of its own
+        # over the (rows, vocab) logits.
+        self.lm_head_fp8 = self._fp8([model.lm_head.weight], "rowwise") if self.fp8 and fp8_lm_head else None
         self._seen = self._stamps()
         self.refreshes = 0
 
@@ -205,14 +207,15 @@ class FusedDecoder:
         self._copies.append((lambda srcs, out=copy: torch.cat([w.detach() for w in srcs], out=out), sources))
         return copy
 
-    def _fp8(self, sources: list[Any]) -> Any:
-        """An :class:`~.hf_fp8.Fp8Linear` of ``sources``, registered for :meth:`refresh`."""
+    def _fp8(self, sources: list[Any], gemm: str | None = None) -> Any:
+        """An :class:`~.hf_fp8.Fp8Linear` of ``sources`` (``gemm``, default the step's), registered for
+        :meth:`refresh`."""
         from chatgym.trainer.engines import hf_fp8
 
         for w in sources:
             if not hf_fp8.fp8_shape_ok(w):
                 raise ValueError(f"fp8: a weight of shape {tuple(w.shape)} is not a multiple of 16 (torch._scaled_mm)")
-        linear = hf_fp8.Fp8Linear(sources, self.fp8_gemm)
+        linear = hf_fp8.Fp8Linear(sources, gemm or self.fp8_gemm)
         self._copies.append((linear.requantize, sources))
         return linear
 
@@ -417,15 +420,13 @@ class FusedDecoder:
         return hidden.addmm_(ops.silu_mul(F.linear(x, layer.gate_up)), layer.down.weight.t()), None
 
     def _logits(self, hidden: Any, ops: Any = None, pending: Any = None) -> Any:
-        from chatgym.trainer.engines import hf_fp8
-
         norm, ops, head = self.model.model.norm, ops or self.ops, self.lm_head_fp8
-        if head is not None:  # the norm quantized for the head in the norm's kernel, the row-wise GEMM scaling
+        if head is not None:  # the norm quantized for the head in the norm's kernel
             if pending is not None:  # the last layer's FP8 down projection (_after_attention), added there too
                 _, xq, xa = ops.add_norm_quant(hidden, pending[0], norm.weight, norm.variance_epsilon, *pending[1:])
             else:
                 xq, xa = ops.norm_quant(hidden, norm.weight, norm.variance_epsilon)
-            return hf_fp8.scaled_mm(xq, xa, head.weight, head.scale, hidden.dtype)
+            return head.mm(xq, xa, hidden.dtype)
         if pending is not None:
             hidden = ops.add(hidden, *pending)
         return self.model.lm_head(ops.norm(hidden, norm.weight, norm.variance_epsilon))
