@@ -121,6 +121,8 @@ def engine_kernels() -> list[Compiled]:
 
 
 def main() -> None:
+    print("the decode step's Triton kernels at the Qwen2.5-7B shape, 256 rows, compiled for sm_90a; programs a "
+          "multiprocessor: how many its registers and shared memory let run at once", flush=True)
     for k in engine_kernels():
         slow = sorted(set(re.findall(r"__nv_[a-z0-9_]+", k.ptx)))
         print(f"{k.name:46} {k.instructions:5d} PTX instructions, {k.registers:3d} registers x {k.warps * 32:4d} "

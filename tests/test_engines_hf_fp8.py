@@ -347,6 +347,11 @@ def test_config_load_refuses_fp8_naming_the_field():
     # Regression: "FP8" (vLLM takes it) got past the refusal and crashed inside vLLM's kernels.
     with pytest.raises(ConfigError, match=r"engine.options.quantization: 'FP8' is refused: .*8\.9"):
         load_config(None, ["engine.backend=vllm", "engine.options.quantization=FP8"])
+    # Regression (fresh-user walk): vLLM's FP8 methods not starting with "fp8" got past the refusal and
+    # failed after the model loaded (mxfp8: an empty "Reasons:", fbgemm_fp8: a multi-line error).
+    for method in ("mxfp8", "fbgemm_fp8"):
+        with pytest.raises(ConfigError, match=rf"engine.options.quantization: '{method}' is refused: .*8\.9"):
+            load_config(None, ["engine.backend=vllm", f"engine.options.quantization={method}"])
     # Ray: the engine is built (and refuses) on the worker, whose GPU the driver may not have; a
     # worker given no GPU is refused here.
     ray = ["engine.backend=hf", "engine.options.quantization=fp8", "trainer.backend=ray"]

@@ -68,8 +68,9 @@ FP8_MIN_CAPABILITY = (8, 9)
 
 def is_fp8(quantization: Any) -> bool:
     """Whether an engine's ``quantization`` option asks for FP8 weights (the hf engine's ``fp8``; vLLM's
-    ``fp8``, ``fp8_per_tensor``, ``fp8_per_channel``, ``fp8_per_block``), in any case (vLLM takes ``FP8``)."""
-    return isinstance(quantization, str) and quantization.lower().startswith("fp8")
+    methods naming fp8 anywhere: ``fp8``, ``fp8_per_tensor``, ``fp8_per_channel``, ``fp8_per_block``,
+    ``mxfp8``, ``fbgemm_fp8``, ``modelopt_mxfp8``, ...), in any case (vLLM takes ``FP8``)."""
+    return isinstance(quantization, str) and "fp8" in quantization.lower()
 
 
 def fp8_unsupported(device: Any = None) -> str | None:
