@@ -9,7 +9,7 @@
 # Then the device calls, back to back (the machine goes back 30 s after a call), each from the
 # project root, with the carry named:
 #
-#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan7|plan8|plan9|plan10|plan11|plan12|plan13|plan14|plan15|plan18|plan19|plan20|plan21|plan22|plan23|plan24|plan25]   (starts `plan` in the background)
+#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan7|plan8|plan9|plan10|plan11|plan12|plan13|plan14|plan15|plan18|plan19|plan20|plan21|plan22|plan23|plan24|plan25|plan26]   (starts `plan` in the background)
 #   2  [.gpukit/smol/a1]              cp .gpukit/smol/a1/* /tmp/kit/smol/
 #   3  [.gpukit/smol/a2]              cp .gpukit/smol/a2/* /tmp/kit/smol/
 #   4  [.gpukit/smol/b]               bash benchmarks/gpu_lease.sh smol
@@ -690,6 +690,26 @@ plan25() {  # the MLP's quantization in one pass, the sampler's fast log2: tests
   unset CHATGYM_FP8_GEMM
   gpu_test_files tests/test_fp8_gpu.py tests/test_engines_hf_fused.py tests/test_engines_hf_static.py
   engine_7b decode_7b_again "static all" "static fp8+head all kv8"
+  mark "done"
+}
+
+plan26() {  # the e4m3 cache's values read a block ahead: the kernel's GPU tests, both forms' launches, the target (default, tuned), the step; plan25's untested changes
+  begin "$1"
+  wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
+  gpu_test_files tests/test_engines_hf_attention.py
+  mark "the decode attention kernel on an e4m3 cache, both forms, every launch, qwen2.5-7b, positions 145-248"
+  timeout 300 python3 benchmarks/attention_gpu.py --shape qwen2.5-7b --rows 64 256 --caches fp8 \
+    --write $O/attention_config > $O/attention_7b.txt 2>&1
+  grep -a "best\|CHATGYM\|Error" $O/attention_7b.txt | cut -c1-200
+  engine_7b decode_7b "static all" "static fp8+head all kv8"
+  export CHATGYM_DECODE_ATTENTION_CONFIG; CHATGYM_DECODE_ATTENTION_CONFIG=$(cat $O/attention_config 2>/dev/null)
+  engine_7b decode_7b_tuned "static all" "static fp8+head all kv8"
+  step_7b step_7b_tuned fused_c fp8_c_head_kv8
+  unset CHATGYM_DECODE_ATTENTION_CONFIG
+  step_7b step_7b fused_c fp8_c_head_kv8
+  gpu_test_files tests/test_engines_hf_silu_quant.py tests/test_engines_hf_norm_quant.py tests/test_engines_hf_draw.py
+  engine_7b decode_7b_again "static all" "static fp8+head all kv8"
+  gpu_test_files tests/test_fp8_gpu.py tests/test_engines_hf_fused.py tests/test_engines_hf_static.py
   mark "done"
 }
 

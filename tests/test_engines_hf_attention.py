@@ -19,7 +19,7 @@ from triton_helpers import run_interpreted
 from chatgym.trainer.engines import hf_attention, hf_options
 from chatgym.trainer.engines.hf_static import StaticSlots
 
-INTERPRETED_TESTS = 17  # the tests whose names hold "interpreted" (1 + 3 parametrized + 3 of the FP8 KV cache
+INTERPRETED_TESTS = 19  # the tests whose names hold "interpreted" (1 + 3 parametrized + 5 of the FP8 KV cache
 # + 4 parametrized + 1 from the raw q/k/v + 2 parametrized on FP8 weights + 3 parametrized launches)
 
 
@@ -188,7 +188,7 @@ def e4m3_values(shape, g):
     return x.to(torch.float8_e4m3fn).float()
 
 
-def compare_fp8_cache(heads, kv_heads, d, positions, dtype=torch.float32):
+def compare_fp8_cache(heads, kv_heads, d, positions, dtype=torch.float32, device="cpu"):
     """The kernel on an e4m3 cache: the new key/value saturated at +-448 and stored in e4m3 (exactly, as
     these values are e4m3's), attention over the stored columns: SDPA in float32 over the cache widened to
     float32, with the saturated new column written first. float32 queries: float32 products, to 2e-6;
@@ -207,18 +207,24 @@ def compare_fp8_cache(heads, kv_heads, d, positions, dtype=torch.float32):
     saturated = qk.clone()
     saturated[:, heads:] = saturated[:, heads:].clamp(-448, 448)
     want = reference(saturated, v.clamp(-448, 448), k_ref, v_ref, pos, heads, d**-0.5)
-    qk, v = qk.to(dtype), v.to(dtype)
+    qk, v, pos = qk.to(dtype).to(device), v.to(dtype).to(device), pos.to(device)
+    k_cache, v_cache = k_cache.to(device), v_cache.to(device)
     got = hf_attention.decode(qk[:, :heads], qk[:, heads:], v, k_cache, v_cache, pos, d**-0.5)
     assert got.dtype == dtype
     tolerance = 2e-6 if dtype == torch.float32 else 1e-2  # float32 sums; values up to 448 in the mix
-    torch.testing.assert_close(got.float(), want, atol=tolerance, rtol=tolerance)
+    torch.testing.assert_close(got.float().cpu(), want, atol=tolerance, rtol=tolerance)
+    k_cache, v_cache = k_cache.cpu(), v_cache.cpu()
     assert torch.equal(k_cache.float(), k_ref) and torch.equal(v_cache.float(), v_ref)
     assert k_cache[0, 0, positions[0], :3].float().tolist() == [448.0, -448.0, 448.0]
     assert v_cache[n - 1, kv_heads - 1, positions[-1], -2:].float().tolist() == [-448.0, 448.0]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_interpreted_kernel_on_an_fp8_cache_stores_saturated_e4m3_and_attends_to_it(interpreted, dtype):
+@pytest.mark.parametrize("values_ahead", [True, False])
+def test_interpreted_kernel_on_an_fp8_cache_stores_saturated_e4m3_and_attends_to_it(interpreted, monkeypatch, dtype,
+                                                                                     values_ahead):
+    # Either way the values reach p @ v (read a block ahead into registers, or Triton's pipeline): the same.
+    monkeypatch.setattr(hf_attention, "FP8_VALUES_AHEAD", values_ahead)
     compare_fp8_cache(9, 3, 64, [0, 1, hf_attention.BLOCK, 2 * hf_attention.BLOCK + 7], dtype)
     compare_fp8_cache(28, 4, 128, [5, 70], dtype)
 
@@ -396,6 +402,17 @@ def test_the_kernel_on_cuda_gives_sdpa_in_bf16():
     compare(9, 3, 64, [0, 1, 63, 64, 65, 200] * 11, dtype=torch.bfloat16, device="cuda", atol=2e-2)
     compare(28, 4, 128, [5, 70, 255, 300], dtype=torch.bfloat16, device="cuda", atol=2e-2)
     compare(9, 3, 64, [0, 64, 130], device="cuda")  # float32: full precision, no TF32
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("values_ahead", [True, False])
+def test_the_kernel_on_cuda_on_an_fp8_cache(monkeypatch, values_ahead):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    monkeypatch.setattr(hf_attention, "FP8_VALUES_AHEAD", values_ahead)
+    for dtype in (torch.float32, torch.bfloat16):
+        compare_fp8_cache(9, 3, 64, [0, 1, 63, 64, 65, 200] * 11, dtype, device="cuda")
+        compare_fp8_cache(28, 4, 128, [5, 70, 255, 300] * 40, dtype, device="cuda")
 
 
 @pytest.mark.gpu
