@@ -9,7 +9,7 @@
 # Then the device calls, back to back (the machine goes back 30 s after a call), each from the
 # project root, with the carry named:
 #
-#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan7|plan8|plan9|plan10|plan11|plan12|plan13|plan14|plan15|plan18|plan19|plan20|plan21|plan22|plan23|plan24|plan25|plan26]   (starts `plan` in the background)
+#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan7|plan8|plan9|plan10|plan11|plan12|plan13|plan14|plan15|plan18|plan19|plan20|plan21|plan22|plan23|plan24|plan25|plan26|plan27]   (starts `plan` in the background)
 #   2  [.gpukit/smol/a1]              cp .gpukit/smol/a1/* /tmp/kit/smol/
 #   3  [.gpukit/smol/a2]              cp .gpukit/smol/a2/* /tmp/kit/smol/
 #   4  [.gpukit/smol/b]               bash benchmarks/gpu_lease.sh smol
@@ -710,6 +710,22 @@ plan26() {  # the e4m3 cache's values read a block ahead: the kernel's GPU tests
   gpu_test_files tests/test_engines_hf_silu_quant.py tests/test_engines_hf_norm_quant.py tests/test_engines_hf_draw.py
   engine_7b decode_7b_again "static all" "static fp8+head all kv8"
   gpu_test_files tests/test_fp8_gpu.py tests/test_engines_hf_fused.py tests/test_engines_hf_static.py
+  mark "done"
+}
+
+plan27() {  # where the engine's decode time goes at 256 rows (device idle, kernels outside the step), multi_step 4
+  begin "$1"
+  wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
+  mark "the engine's decode on the device, qwen2.5-7b, 256 rows: bf16, FP8 + e4m3 cache"
+  timeout 400 python3 benchmarks/engine_gaps_gpu.py --shape qwen2.5-7b --rows 256 \
+    --modes "static all" "static fp8+head all kv8" > $O/gaps_7b.txt 2>&1
+  grep -a "rows\|window\|Error" $O/gaps_7b.txt | cut -c1-220
+  engine_7b decode_7b_ms4 "static all ms4" "static fp8+head all ms4 kv8"
+  engine_7b decode_7b "static all" "static fp8+head all kv8"
+  mark "the same, FP8, with the host's ops"
+  timeout 300 python3 benchmarks/engine_gaps_gpu.py --shape qwen2.5-7b --rows 256 --host \
+    --modes "static fp8+head all kv8" > $O/gaps_7b_host.txt 2>&1
+  grep -a "rows\|window\|Error" $O/gaps_7b_host.txt | cut -c1-220
   mark "done"
 }
 

@@ -129,6 +129,9 @@ ENGINE_MODES = {
                        "multi_step": 4},
     "static fp8 all ms4": {"decode": "static", "quantization": "fp8", "fused_step": "compiled",
                            "async_scheduling": True, "sampler": "philox", "multi_step": 4},
+    "static fp8+head all ms4": {"decode": "static", "quantization": "fp8", "fp8_lm_head": True,
+                                "fused_step": "compiled", "async_scheduling": True, "sampler": "philox",
+                                "multi_step": 4},
     "async": {"decode": "static", "async_scheduling": True},
     "layers": {"decode": "static", "fused_step": False},
     "dynamic": {"decode": "dynamic"},
@@ -139,7 +142,8 @@ ENGINE_MODES = {
 # in e4m3 (engine.options.kv_cache_dtype: fp8): bf16 weights, FP8 weights.
 ENGINE_MODES.update({f"{m} cutlass": ENGINE_MODES[m] for m in ("static fp8 all", "static fp8+head all")})
 ENGINE_MODES.update({f"{m} kv8": {**ENGINE_MODES[m], "kv_cache_dtype": "fp8"}
-                     for m in ("static fp8+head all", "static fp8+head all cutlass", "static all")})
+                     for m in ("static fp8+head all", "static fp8+head all cutlass", "static all",
+                               "static fp8+head all ms4")})
 
 
 def mode_env(mode: str) -> dict[str, str]:
@@ -553,7 +557,8 @@ def report(shape: str, batch: int, results: dict, ratios: list[tuple[str, str]] 
              ("engine static fp8+head all", "engine static all"), ("engine static fp8 all cutlass", "engine static all"),
              ("engine static fp8+head all cutlass", "engine static all"), ("engine static fp8+head all kv8", "engine static all"),
              ("engine static fp8+head all cutlass kv8", "engine static all"), ("engine static all kv8", "engine static all"),
-             ("vllm fp8", "vllm bf16"))
+             ("engine static fp8 all ms4", "engine static all ms4"),
+             ("engine static fp8+head all ms4 kv8", "engine static all ms4"), ("vllm fp8", "vllm bf16"))
     labels = [name[5:] for name in results if name.startswith("vllm ") and not name.endswith(" LLM.gen")]
     pairs += tuple((f"vllm {q}", f"vllm bf16{q[3:]}") for q in labels if q.startswith("fp8") and q != "fp8")
     for q in labels:  # chatgym's vLLM engine (auto's pick above 3 B) against vLLM's own loop
