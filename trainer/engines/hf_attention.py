@@ -72,7 +72,7 @@ MAX_BLOCK, MAX_STAGES = 128, 3
 LAUNCH = {"model": (BLOCK, 4, 3), "fp8": (BLOCK, 4, 3)}
 # How an e4m3 cache's values reach ``p @ v`` (module doc): read a block ahead into registers and widened there
 # (True), or Triton's software pipeline of the loads through shared memory in e4m3 (False: benchmarks compare).
-FP8_VALUES_AHEAD = True
+FP8_VALUES_AHEAD = False
 
 
 def supports(head_dim: int) -> bool:
