@@ -69,10 +69,8 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=None, help="distinct caches a step (default: the shape's layers)")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--write", help="write the best launches here, as CHATGYM_DECODE_ATTENTION_CONFIG takes them")
-    ap.add_argument("--caches", nargs="+", choices=("model", "fp8"), default=["model", "fp8"])
-    ap.add_argument("--fp8-values", nargs="+", choices=("ahead", "pipelined"), default=["ahead", "pipelined"],
-                    help="how the e4m3 cache's values reach p @ v (hf_attention.FP8_VALUES_AHEAD); the best launch "
-                         "is taken from the module's default")
+    ap.add_argument("--caches", nargs="+", choices=("model", "fp8"), default=["model", "fp8"],
+                    help="the caches' dtypes to time: the model's (bf16) and e4m3")
     args = ap.parse_args()
     config = shape_config(args.shape)
     layers = args.layers or config.num_hidden_layers
@@ -80,11 +78,9 @@ def main() -> None:
           f"{args.positions[0]}-{args.positions[1]}; us a layer (TB/s of cache read); default launch "
           f"{hf_attention.LAUNCH}", flush=True)
     best = {}
-    default_form = "ahead" if hf_attention.FP8_VALUES_AHEAD else "pipelined"
-    forms = [("model", None)] * ("model" in args.caches) + [("fp8", f) for f in args.fp8_values if "fp8" in args.caches]
-    for key, form in forms:
-        label = key if form is None else f"fp8 {form}"
-        hf_attention.FP8_VALUES_AHEAD = form == "ahead"
+    for key in ("model", "fp8"):
+        if key not in args.caches:
+            continue
         totals: dict[tuple[int, int, int], float] = {}
         timed: dict[tuple[int, int, int], int] = {}  # row counts each launch ran
         for rows in args.rows:
@@ -96,21 +92,18 @@ def main() -> None:
                 try:
                     ms = time_graph(run, args.iters)
                 except Exception as exc:  # a launch the card cannot take (shared memory): left out
-                    print(f"{label} rows {rows} launch {launch}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+                    print(f"{key} rows {rows} launch {launch}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
                     continue
                 totals[launch] = totals.get(launch, 0.0) + ms
                 timed[launch] = timed.get(launch, 0) + 1
                 cells.append(f"{launch}: {ms * 1e3 / layers:5.1f} ({nbytes / ms / 1e9:4.2f})")
-            print(f"{label:13} rows {rows:3d}: " + " | ".join(cells), flush=True)
+            print(f"{key:5} rows {rows:3d}: " + " | ".join(cells), flush=True)
             torch.cuda.empty_cache()
-        top = min((k for k in totals if timed[k] == len(args.rows)), key=totals.get)
-        if form in (None, default_form):
-            best[key] = top
+        best[key] = min((k for k in totals if timed[k] == len(args.rows)), key=totals.get)
         default = totals.get(hf_attention.LAUNCH[key])
-        print(f"{label:13} best launch {top}: {totals[top] * 1e3 / layers:.1f} us a layer summed over rows "
+        print(f"{key:5} best launch {best[key]}: {totals[best[key]] * 1e3 / layers:.1f} us a layer summed over rows "
               f"{args.rows}; default {hf_attention.LAUNCH[key]}: "
               f"{'n/a' if default is None else f'{default * 1e3 / layers:.1f}'}", flush=True)
-    hf_attention.FP8_VALUES_AHEAD = default_form == "ahead"
     os.environ.pop("CHATGYM_DECODE_ATTENTION_CONFIG", None)
     chosen = ";".join(f"{key}={','.join(map(str, launch))}" for key, launch in best.items())
     print(f"CHATGYM_DECODE_ATTENTION_CONFIG={chosen}")

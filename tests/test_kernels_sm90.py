@@ -7,9 +7,6 @@ FP8 step's quantizations; the sampler's lanes and base-2 log").
   polynomial: the kernel's PTX 2,145 instructions with both logs in full precision, 1,606 so);
 * the one-pass MLP quantization at the Qwen2.5-7B shape keeps the row in registers without spilling, in
   at most 64 registers a thread (2 programs of 16 warps a multiprocessor, the measured configuration);
-* the decode attention on an e4m3 cache reads its values a block ahead and widens them in registers: a
-  handful of byte loads from shared memory (72 when Triton's pipeline staged them in e4m3) and at most 128
-  registers a thread (4 programs a multiprocessor, 3 with 137);
 * no kernel of the step spills.
 """
 
@@ -54,9 +51,3 @@ def test_the_one_pass_mlp_quantization_holds_the_row_in_64_registers(kernels):
 def test_no_kernel_of_the_step_spills(kernels):
     assert set(kernels) == {"decode_attention e4m3", "decode_attention", "philox_chunk", "silu_mul_row", "row_quant"}
     assert {name: k.spill_bytes for name, k in kernels.items()} == dict.fromkeys(kernels, 0)
-
-
-def test_the_e4m3_cache_attention_widens_its_values_in_registers(kernels):
-    k = kernels["decode_attention e4m3"]
-    byte_loads = k.ptx.count("ld.shared.b8")
-    assert byte_loads <= 8 and k.registers <= 128 and k.resident == 4, (byte_loads, k.registers)

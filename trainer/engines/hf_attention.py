@@ -42,14 +42,6 @@ than bf16; widened to bf16 the 7B step's attention took 0.632 ms at 256 rows on 
 on another), to float32 with float32 queries. It halves the bytes a
 step's attention reads (57,344 -> 28,672 a token at the Qwen2.5-7B shape); keys and values carry e4m3's
 rounding (2^-4 relative), one more source of the engine/learner mismatch (``rollout/mismatch/*``).
-
-On that cache the values are read a block ahead into registers, widened to fp16 there and go to the tensor
-cores through shared memory in fp16 (:data:`FP8_VALUES_AHEAD`). ``p @ v`` sums over cache columns, the
-values' strided dimension, and Hopper's ``ldmatrix`` transposes only 16-bit elements: left to Triton's
-software pipeline the e4m3 values were staged in shared memory as they are and read back a byte at a time
-(72 ``ld.shared.b8`` a thread in the sm_90a PTX, 137 registers: 3 programs a multiprocessor); read ahead,
-8 byte loads and 128 registers (4 programs), ``benchmarks/kernels_sm90.py``. The keys, the other operand's
-contiguous dimension, stay in the pipeline.
 """
 
 from __future__ import annotations
@@ -63,16 +55,15 @@ FP8_MAX = 448.0  # float8_e4m3fn's largest finite value
 BLOCK = 64  # cache columns a program reads at a time
 MIN_DOT = 16  # tl.dot's least size along each dimension
 # The override's bounds: more columns or stages than these outgrow a multiprocessor's shared memory at head
-# size 128 in bf16. benchmarks/attention_gpu.py measures 27 launches within them (BLOCK 32-128, WARPS 2-8).
+# size 128 in bf16. benchmarks/attention_gpu.py measures 36 launches within them (BLOCK 16-128, WARPS 2-8).
 MAX_BLOCK, MAX_STAGES = 128, 3
 # The launch (cache columns a program reads at a time, warps, software-pipelining stages) by the cache's
 # dtype: "model" (the model's dtype) or "fp8". CHATGYM_DECODE_ATTENTION_CONFIG overrides it for a process
 # (benchmarks/attention_gpu.py measures the choices): "BLOCK,WARPS,STAGES" for both, or
-# "model=BLOCK,WARPS,STAGES;fp8=BLOCK,WARPS,STAGES".
-LAUNCH = {"model": (BLOCK, 4, 3), "fp8": (BLOCK, 4, 3)}
-# How an e4m3 cache's values reach ``p @ v`` (module doc): read a block ahead into registers and widened there
-# (True), or Triton's software pipeline of the loads through shared memory in e4m3 (False: benchmarks compare).
-FP8_VALUES_AHEAD = False
+# "model=BLOCK,WARPS,STAGES;fp8=BLOCK,WARPS,STAGES". On an e4m3 cache 32 columns a block: the least time
+# summed over 64 and 256 rows at the Qwen2.5-7B shape in both H100 sweeps (45.2 / 41.6 us a layer against
+# (64, 4, 3)'s 46.0 / 43.4; 103 registers a thread against 137, 4 programs a multiprocessor against 3).
+LAUNCH = {"model": (BLOCK, 4, 3), "fp8": (32, 4, 3)}
 
 
 def supports(head_dim: int) -> bool:
@@ -222,7 +213,7 @@ def _launch(q: Any, k: Any, v: Any, k_cache: Any, v_cache: Any, positions: Any, 
         a, s, unused if bias is None else bias, heads * d, (heads + kv_heads) * d, cos, sin, cos.stride(0),
         GROUP=group, GROUP_ROWS=group_rows, D=d, BLOCK=block, PRECISION=precision,
         FP8=fp8, FP8_MAX=FP8_MAX, SCALED=scales is not None, BIAS=bias is not None, ROPE=rope is not None,
-        HALF=q.dtype != torch.float32, V_AHEAD=fp8 and FP8_VALUES_AHEAD, num_warps=warps, num_stages=stages,
+        HALF=q.dtype != torch.float32, num_warps=warps, num_stages=stages,
     )
     return out
 
@@ -239,7 +230,7 @@ def _kernel() -> Any:
                          a, s, b, k_col, v_col, cos, sin, cs_row,
                          GROUP: tl.constexpr, GROUP_ROWS: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
                          PRECISION: tl.constexpr, FP8: tl.constexpr, FP8_MAX: tl.constexpr, SCALED: tl.constexpr,
-                         BIAS: tl.constexpr, ROPE: tl.constexpr, HALF: tl.constexpr, V_AHEAD: tl.constexpr):
+                         BIAS: tl.constexpr, ROPE: tl.constexpr, HALF: tl.constexpr):
         r = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1)
         pos = tl.load(positions + r)
@@ -290,21 +281,12 @@ def _kernel() -> Any:
         if FP8 and HALF:  # e4m3 widens to fp16 exactly; q times the factor in fp16 too (|q| < 65504 / factor)
             qd, factor = (qs.to(tl.float32) * scale).to(tl.float16), 1.0
         offs = tl.arange(0, BLOCK)
-        if V_AHEAD:
-            v_ahead = tl.load(v_cache + base + offs[:, None] * c_col + dim[None, :], mask=(offs < pos)[:, None], other=0.0)
         for start in range(0, pos, BLOCK):
             cols = start + offs
             earlier = cols < pos
             at = base + cols[:, None] * c_col + dim[None, :]
             ks = tl.load(k_cache + at, mask=earlier[:, None], other=0.0).to(qd.dtype)  # (BLOCK, D)
-            if V_AHEAD:  # this block's values came in the last iteration; the next block's are asked for now
-                v_now = v_ahead
-                ahead = cols + BLOCK
-                v_ahead = tl.load(v_cache + base + ahead[:, None] * c_col + dim[None, :], mask=(ahead < pos)[:, None],
-                                  other=0.0)
-                vs = v_now.to(qd.dtype)
-            else:
-                vs = tl.load(v_cache + at, mask=earlier[:, None], other=0.0).to(qd.dtype)
+            vs = tl.load(v_cache + at, mask=earlier[:, None], other=0.0).to(qd.dtype)
             score = tl.dot(qd, tl.trans(ks), input_precision=PRECISION) * factor  # (GROUP_ROWS, BLOCK) float32
             score = tl.where(earlier[None, :], score, float("-inf"))
             top = tl.maximum(m, tl.max(score, 1))
