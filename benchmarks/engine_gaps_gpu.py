@@ -67,6 +67,8 @@ def summarize(intervals, starts, host, first: int, last: int) -> list[str]:
         elif e > end:
             busy += e - end
         end = max(end, e)
+    if t1 - end > 20:  # idle up to the window's last step
+        gaps.append((t1 - end, end))
     wall = t1 - t0
     lines = [f"window: decode steps {first + 1}-{last + 1}, {steps} steps: {wall / steps / 1e3:.3f} ms a step, "
              f"some kernel running {busy / steps / 1e3:.3f} ms, device idle {(wall - busy) / steps / 1e3:.3f} ms "

@@ -1,0 +1,65 @@
+"""``benchmarks/engine_gaps_gpu.py`` off the GPU: decode steps found by their first attention kernel, and the
+window's busy time, idle time, kernels by name and gaps, against a timeline laid out by hand."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture
+def gaps(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    spec = importlib.util.spec_from_file_location("engine_gaps_gpu", BENCHMARKS / "engine_gaps_gpu.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def timeline():
+    """Five decode steps of two layers, 100 us apart: per layer attention 10 us then a GEMM 30 us (the
+    second layer's GEMM overlapped by a 5 us copy), then the sampler 5 us and an idle gap of 15 us; a
+    prefill attention kernel (another name) before them."""
+    out = [(-50.0, -40.0, "prefill_attention")]
+    for step in range(5):
+        t = 100.0 * step
+        out += [(t, t + 10, "decode_attention"), (t + 10, t + 40, "gemm"),
+                (t + 40, t + 50, "decode_attention"), (t + 50, t + 80, "gemm"), (t + 60, t + 65, "Memcpy DtoD"),
+                (t + 80, t + 85, "sampler")]
+    return sorted(out)
+
+
+def test_steps_start_at_their_first_decode_attention_kernel(gaps):
+    assert gaps.step_starts(timeline(), layers=2) == [0.0, 100.0, 200.0, 300.0, 400.0]
+
+
+def test_the_window_splits_into_busy_idle_kernels_and_gaps(gaps):
+    lines = gaps.summarize(timeline(), [0.0, 100.0, 200.0, 300.0, 400.0], [], 1, 4)
+    # steps 2-5: 3 steps of 100 us, 85 us busy each (the copy inside a GEMM counts once), 15 us idle
+    assert lines[0] == ("window: decode steps 2-5, 3 steps: 0.100 ms a step, some kernel running 0.085 ms, "
+                        "device idle 0.015 ms (15.0%)")
+    assert [line.split() for line in lines[1:3]] == [["60.0", "us", "a", "step", "gemm"],
+                                                    ["20.0", "us", "a", "step", "decode_attention"]]
+    assert sorted(line.split()[0] + " " + line.split()[-1] for line in lines[3:5]) == ["5.0 DtoD", "5.0 sampler"]
+    assert lines[5:] == []  # 15 us gaps: under the 20 us listed
+
+
+def test_gaps_over_20_us_are_listed_largest_first_with_the_host_calls_then(gaps):
+    intervals = [(0.0, 10.0, "decode_attention"), (40.0, 50.0, "gemm"), (100.0, 110.0, "decode_attention"),
+                 (200.0, 210.0, "decode_attention")]
+    host = [(5.0, 45.0, "cudaEventSynchronize"), (120.0, 130.0, "aten::copy_")]
+    lines = gaps.summarize(intervals, [0.0, 100.0, 200.0], host, 0, 2)
+    assert lines[0].startswith("window: decode steps 1-3, 2 steps: 0.100 ms a step, some kernel running 0.015 ms")
+    assert [line for line in lines if "gap" in line] == [
+        "    gap    90.0 us at +   0.110 ms; host in: ",
+        "    gap    50.0 us at +   0.050 ms; host in: ",
+        "    gap    30.0 us at +   0.010 ms; host in: cudaEventSynchronize",
+    ]
+
+
+def test_too_few_steps_say_so(gaps):
+    assert gaps.summarize([], [0.0, 1.0], [], 0, 5) == ["only 2 decode steps seen (wanted 6)"]
