@@ -9,12 +9,14 @@
 # Then the device calls, back to back (the machine goes back 30 s after a call), each from the
 # project root, with the carry named:
 #
-#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan7|plan8|plan9|plan10|plan11|plan12|plan13|plan14|plan15|plan18|plan19|plan20|plan21|plan22|plan23|plan24|plan25|plan26|plan27]   (starts `plan` in the background)
+#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan7|plan8|plan9|plan10|plan11|plan12|plan13|plan14|plan15|plan18|plan19|plan20|plan21|plan22|plan23|plan24|plan25|plan26|plan27|plan28]   (starts `plan` in the background)
 #   2  [.gpukit/smol/a1]              cp .gpukit/smol/a1/* /tmp/kit/smol/
 #   3  [.gpukit/smol/a2]              cp .gpukit/smol/a2/* /tmp/kit/smol/
 #   4  [.gpukit/smol/b]               bash benchmarks/gpu_lease.sh smol
-#   5.. [.gpukit/vllm2/pNN]           mkdir -p /tmp/kit/vllm_parts && cp .gpukit/vllm2/pNN/* /tmp/kit/vllm_parts/
-#   last [.gpukit/vllm2/p10, .gpukit/vllm2/meta]  the same, then: bash benchmarks/gpu_lease.sh vllm
+#   5.. [.gpukit/vllm3/pNN]           mkdir -p /tmp/kit/vllm_parts && cp .gpukit/vllm3/pNN/* /tmp/kit/vllm_parts/
+#   last [.gpukit/vllm3/p12, .gpukit/vllm3/meta]  bash benchmarks/gpu_lease.sh vllm   (copies the last part itself)
+#   (13 parts of 38 MB: a call carries the working tree, ~23 MB, too, within 64 MiB; `VLLM_KIT=vllm2` takes
+#   an older kit of 11 parts of 44 MB)
 #   then polls: bash benchmarks/gpu_lease.sh poll 500   (log tail; /tmp/runs packed into $OUT/runs.tgz)
 #
 # `plan` runs the new GPU tests, then by priority the SmolLM2 step, ours on SmolLM2 (seed 0), the 7B step, ours
@@ -32,18 +34,18 @@ O=/tmp/runs
 split() {
   set -e
   cd .gpukit
-  mkdir -p smol/a1 smol/a2 vllm2
+  mkdir -p smol/a1 smol/a2 vllm3
   if [ -f smol/a/smol.part0 ]; then
     head -c 28000000 smol/a/smol.part0 > smol/a1/p0piece0
     tail -c +28000001 smol/a/smol.part0 > smol/a2/p0piece1
     rm -rf smol/a
   fi
   if [ -d vllm ]; then
-    cat vllm/p*/vllm_kit.tar.part* | (cd vllm2 && command split -b 44000000 -d -a 2 - vllm_kit.tar.part)
-    for f in vllm2/vllm_kit.tar.part*; do mkdir -p "vllm2/p${f##*part}" && mv "$f" "vllm2/p${f##*part}/"; done
-    cp -r vllm/meta vllm2/meta && ls vllm2/p*/vllm_kit.tar.part* | wc -l > vllm2/meta/nparts && rm -rf vllm
+    cat vllm/p*/vllm_kit.tar.part* | (cd vllm3 && command split -b 38000000 -d -a 2 - vllm_kit.tar.part)
+    for f in vllm3/vllm_kit.tar.part*; do mkdir -p "vllm3/p${f##*part}" && mv "$f" "vllm3/p${f##*part}/"; done
+    cp -r vllm/meta vllm3/meta && ls vllm3/p*/vllm_kit.tar.part* | wc -l > vllm3/meta/nparts && rm -rf vllm
   fi
-  ls smol/* vllm2
+  ls smol/* vllm3
 }
 
 setup() {
@@ -67,8 +69,10 @@ smol() {
 }
 
 vllm() {
-  cp .gpukit/vllm2/p10/* /tmp/kit/vllm_parts/ 2>/dev/null
-  rm -rf /tmp/kit/vllm_meta && cp -r .gpukit/vllm2/meta /tmp/kit/vllm_meta
+  local kit=.gpukit/${VLLM_KIT:-vllm3} last
+  last=$(ls -d "$kit"/p* | tail -n 1)
+  mkdir -p /tmp/kit/vllm_parts && cp "$last"/* /tmp/kit/vllm_parts/ 2>/dev/null
+  rm -rf /tmp/kit/vllm_meta && cp -r "$kit"/meta /tmp/kit/vllm_meta
   (cd /tmp && bash /tmp/kit/vllm_meta/join_install.sh > $O/vllm_install.log 2>&1 && touch /tmp/kit/vllm_ok)
   tail -n 3 $O/vllm_install.log
 }
@@ -726,6 +730,19 @@ plan27() {  # where the engine's decode time goes at 256 rows (device idle, kern
   timeout 300 python3 benchmarks/engine_gaps_gpu.py --shape qwen2.5-7b --rows 256 --host \
     --modes "static fp8+head all kv8" > $O/gaps_7b_host.txt 2>&1
   grep -a "rows\|window\|Error" $O/gaps_7b_host.txt | cut -c1-220
+  mark "done"
+}
+
+plan28() {  # vLLM's CUTLASS FP8 GEMM (its GPU tests, the GEMMs alone, the step, the engine) beside cuBLASLt's unit GEMM
+  begin "$1"
+  wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
+  wait_for /tmp/kit/vllm_ok || wait_for /tmp/kit/vllm_ok || mark "no vLLM"
+  gpu_test_files tests/test_fp8_gpu.py
+  mark "FP8 GEMMs alone: cuBLASLt unit and vLLM's CUTLASS"
+  timeout 200 python3 benchmarks/fp8_gemm_gpu.py --shape qwen2.5-7b --rows 256 64 > $O/gemm_7b.txt 2>&1
+  grep "rows" $O/gemm_7b.txt | cut -c1-260
+  engine_7b decode_7b_cutlass "static all" "static fp8+head all cutlass kv8" "static fp8+head all kv8"
+  step_7b step_7b_cutlass fused_c fp8_c_cutlass_head_kv8 fp8_c_head_kv8
   mark "done"
 }
 
