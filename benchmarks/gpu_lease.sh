@@ -4,7 +4,7 @@
 # (17 MB with the committed results), so the kit's larger parts are re-split first, here:
 #
 #   bash ../shared/gpu-kit/build.sh .gpukit all
-#   bash benchmarks/gpu_lease.sh split             # .gpukit/smol/a -> a1 + a2, .gpukit/vllm -> vllm2 (44 MB parts)
+#   bash benchmarks/gpu_lease.sh split             # .gpukit/smol/a -> a1 + a2, .gpukit/vllm -> vllm3 (38 MB parts)
 #
 # Then the device calls, back to back (the machine goes back 30 s after a call), each from the
 # project root, with the carry named:
