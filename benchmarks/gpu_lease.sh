@@ -743,6 +743,7 @@ plan28() {  # vLLM's CUTLASS FP8 GEMM (its GPU tests, the GEMMs alone, the step,
   grep "rows" $O/gemm_7b.txt | cut -c1-260
   engine_7b decode_7b_cutlass "static all" "static fp8+head all cutlass kv8" "static fp8+head all kv8"
   step_7b step_7b_cutlass fused_c fp8_c_cutlass_head_kv8 fp8_c_head_kv8
+  gpu_test_files tests/test_engines_hf_attention.py
   mark "done"
 }
 
