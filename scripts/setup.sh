@@ -33,11 +33,14 @@ fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 
 # Re-runs skip the pip steps while this script and pyproject.toml are unchanged (chatgym is installed
-# editable, so code changes need no reinstall). CHATGYM_FORCE_SETUP=1 reinstalls anyway.
+# editable, so code changes need no reinstall) and the venv's chatgym is this checkout's: an editable
+# install made from another clone maps chatgym.trainer there, and that clone's code would run instead
+# (a fresh-user walk's finding). CHATGYM_FORCE_SETUP=1 reinstalls anyway.
 STAMP=.venv/.chatgym-setup-stamp
 WANT="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1) ${CHATGYM_SKIP_VLLM:-}"
 if [ -z "${CHATGYM_FORCE_SETUP:-}" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] \
-  && .venv/bin/python -c "import chatgym" 2>/dev/null; then
+  && .venv/bin/python -c "import os, sys, chatgym.trainer as t
+sys.exit(not os.path.realpath(t.__file__).startswith(os.path.realpath('trainer') + os.sep))" 2>/dev/null; then
   echo "setup: up to date (CHATGYM_FORCE_SETUP=1 to reinstall)"
   exit 0
 fi

@@ -54,7 +54,8 @@ def interpreted():
     from triton_helpers import INTERPRETED
 
     if not INTERPRETED:
-        pytest.skip("runs in its own process: test_the_kernel_tests_pass_in_tritons_interpreter")
+        pytest.skip("not skipped, moved: run in Triton's interpreter by this file's "
+                    "test_the_kernel_tests_pass_in_tritons_interpreter (one process of its own)")
 
 
 @pytest.fixture(scope="session")
