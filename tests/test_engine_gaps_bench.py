@@ -3,21 +3,16 @@ window's busy time, idle time, kernels by name and gaps, against a timeline laid
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
+import importlib
 
 import pytest
-
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+from test_hf_decode_bench import BENCHMARKS
 
 
 @pytest.fixture
 def gaps(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    spec = importlib.util.spec_from_file_location("engine_gaps_gpu", BENCHMARKS / "engine_gaps_gpu.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # it imports hf_decode_gpu from there
+    return importlib.import_module("engine_gaps_gpu")
 
 
 def timeline():
