@@ -6,9 +6,11 @@ decode step against a captured step of 5.31 ms (``decode_step_gpu.py``), bf16 8.
 step's. This runs one mode's engine as that benchmark does (random weights, prompts of 40-120 tokens,
 128 new tokens a row, no EOS; the mode's options from its ``ENGINE_MODES``), a warm-up run, then one run
 under ``torch.profiler`` (the device's activity; ``--host``: the host's ops too), and over the window
-from the 65th to the 128th decode step (each found by its first ``decode_attention`` kernel) it prints: the window's wall time a step, the time some kernel ran (the union of kernel intervals) and the
-device idle (the rest), the kernels by name (summed; graph replays' kernels included), and the idle gaps
-of more than 20 us, largest first (with ``--host``, the host calls running at each gap's start).
+from the 65th to the 128th decode step (each found by its first ``decode_attention`` kernel: modes with
+the compiled step's Triton attention, ``... all``) it prints: the window's wall time a step, the time
+some kernel ran (the union of kernel intervals) and the device idle (the rest), the kernels by name
+(summed; graph replays' kernels included), and the idle gaps of more than 20 us, largest first (with
+``--host``, the host calls running at each gap's start). Needs CUDA.
 
     python benchmarks/engine_gaps_gpu.py --shape qwen2.5-7b --rows 256 --modes "static all" "static fp8+head all kv8"
 """
