@@ -121,6 +121,8 @@ def main() -> None:
     ap.add_argument("--host", action="store_true", help="profile the host's ops too (names what ran at each gap; "
                                                          "slows the host)")
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("engine_gaps_gpu.py needs CUDA")
     model = build_model(args.shape, False)
     tokenizer = get_tokenizer("smollm2")
     print(f"{args.shape}: {torch.cuda.get_device_name()} torch {torch.__version__}", flush=True)
