@@ -70,8 +70,10 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--write", help="write the best launches here, as CHATGYM_DECODE_ATTENTION_CONFIG takes them")
     ap.add_argument("--caches", nargs="+", choices=("model", "fp8"), default=["model", "fp8"],
-                    help="the caches' dtypes to time: the model's (bf16) and e4m3")
+                    help="the caches to time: 'model' (the model's dtype, bf16) and 'fp8' (e4m3)")
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("attention_gpu.py needs CUDA")
     config = shape_config(args.shape)
     layers = args.layers or config.num_hidden_layers
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}, {args.shape}, {layers} layers, positions "

@@ -6,8 +6,8 @@ decode step against a captured step of 5.31 ms (``decode_step_gpu.py``), bf16 8.
 step's. This runs one mode's engine as that benchmark does (random weights, prompts of 40-120 tokens,
 128 new tokens a row, no EOS; the mode's options from its ``ENGINE_MODES``), a warm-up run, then one run
 under ``torch.profiler`` (the device's activity; ``--host``: the host's ops too), and over the window
-from the 65th to the 128th decode step (each found by its first ``decode_attention`` kernel: modes with
-the compiled step's Triton attention, ``... all``) it prints: the window's wall time a step, the time
+from the 65th decode step's start to the 128th's (steps 65-127; each step found by its first
+``decode_attention`` kernel: modes with the compiled step's Triton attention, ``... all``) it prints: the window's wall time a step, the time
 some kernel ran (the union of kernel intervals) and the device idle (the rest), the kernels by name
 (summed; graph replays' kernels included), and the idle gaps of more than 20 us, largest first (with
 ``--host``, the host calls running at each gap's start). Needs CUDA.
@@ -50,14 +50,16 @@ def step_starts(intervals, layers: int) -> list[float]:
 
 
 def summarize(intervals, starts, host, first: int, last: int) -> list[str]:
-    """The window from decode step ``first`` to ``last`` (0-based starts): busy, idle, kernels, gaps."""
-    if len(starts) <= last:
-        return [f"only {len(starts)} decode steps seen (wanted {last + 1})"]
+    """The window from decode step ``first``'s start to step ``last``'s (0-based; steps ``first .. last -
+    1`` measured): busy, idle, kernels by name, gaps. ``intervals`` in any order."""
+    if len(starts) <= last or last <= first or starts[last] <= starts[first]:
+        return [f"only {len(starts)} decode steps seen (a window from step {first + 1} to step {last + 1} "
+                f"needs {max(last, first + 1) + 1})"]
     t0, t1 = starts[first], starts[last]
     steps = last - first
     busy, by_name, gaps = 0.0, defaultdict(float), []
     end = t0
-    for s, e, name in intervals:
+    for s, e, name in sorted(intervals):
         if e <= t0 or s >= t1:
             continue
         s, e = max(s, t0), min(e, t1)
@@ -72,7 +74,7 @@ def summarize(intervals, starts, host, first: int, last: int) -> list[str]:
     if t1 - end > 20:  # idle up to the window's last step
         gaps.append((t1 - end, end))
     wall = t1 - t0
-    lines = [f"window: decode steps {first + 1}-{last + 1}, {steps} steps: {wall / steps / 1e3:.3f} ms a step, "
+    lines = [f"window: decode steps {first + 1}-{last}, {steps} steps: {wall / steps / 1e3:.3f} ms a step, "
              f"some kernel running {busy / steps / 1e3:.3f} ms, device idle {(wall - busy) / steps / 1e3:.3f} ms "
              f"({100 * (wall - busy) / wall:.1f}%)"]
     for name, us in sorted(by_name.items(), key=lambda kv: -kv[1])[:14]:
@@ -106,7 +108,7 @@ def profile_mode(model, tokenizer, mode: str, rows: int, with_host: bool) -> lis
     starts = step_starts(intervals, model.config.num_hidden_layers)
     host = host_ranges(prof, ("cudaGraphLaunch", "cudaEventSynchronize", "cudaStreamSynchronize", "aten::"))
     lines = [f"{mode} rows {rows}: run {seconds:.3f} s under the profiler, {tokens} tokens, {len(starts)} decode steps"]
-    return lines + summarize(intervals, starts, host, 64, min(len(starts) - 1, 127))
+    return lines + summarize(intervals, starts, host, 64, min(len(starts) - 1, 127))  # 65-127, or fewer
 
 
 def main() -> None:
@@ -117,7 +119,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=SHAPES, default="qwen2.5-7b")
     ap.add_argument("--rows", type=int, nargs="+", default=[256])
-    ap.add_argument("--modes", nargs="+", choices=list(ENGINE_MODES), default=["static all", "static fp8+head all kv8"])
+    ap.add_argument("--modes", nargs="+", choices=list(ENGINE_MODES), metavar="MODE",
+                    default=["static all", "static fp8+head all kv8"],
+                    help="hf_decode_gpu.py's ENGINE_MODES with the compiled step (names ending in 'all', "
+                         "'all kv8', ...)")
     ap.add_argument("--host", action="store_true", help="profile the host's ops too (names what ran at each gap; "
                                                          "slows the host)")
     args = ap.parse_args()

@@ -1,7 +1,7 @@
 #!/bin/bash
 # The GPU benchmarks of issues 28 / 31 in one lease of the device machine (no network there), from a
 # kit built by ../shared/gpu-kit/build.sh. Every `run` carries at most 64 MiB with the working tree
-# (17 MB with the committed results), so the kit's larger parts are re-split first, here:
+# (~23 MB with the committed results), so the kit's larger parts are re-split first, here:
 #
 #   bash ../shared/gpu-kit/build.sh .gpukit all
 #   bash benchmarks/gpu_lease.sh split             # .gpukit/smol/a -> a1 + a2, .gpukit/vllm -> vllm3 (38 MB parts)
@@ -21,7 +21,7 @@
 #
 # `plan` runs the new GPU tests, then by priority the SmolLM2 step, ours on SmolLM2 (seed 0), the 7B step, ours
 # (seed 1), the update's profile, TRL + vLLM, the 7B engine, the GPU tests, the SmolLM2 engine, each waiting for
-# its part of the kit (the other plans, `plan2` to `plan23`: their own comments); a poll must follow a poll within 30 s, or the
+# its part of the kit (the other plans, `plan2` to `plan28`: their own comments); a poll must follow a poll within 30 s, or the
 # machine goes back with the plan unfinished (2026-12-06: lost that way, twice: keep nothing between polls
 # but a short look at what came back); `plan`'s vs-TRL run lists are environment variables (RUNS_SMOL_0,
 # RUNS_SMOL_1, RUNS_TRL). `.whl` (ignored) holds the test plugins the machine lacks, and py-spy (plan4, plan5, plan7, plan9, plan10,
@@ -41,6 +41,7 @@ split() {
     rm -rf smol/a
   fi
   if [ -d vllm ]; then
+    rm -rf vllm3 && mkdir vllm3  # a kit split before leaves no stale part or meta behind
     cat vllm/p*/vllm_kit.tar.part* | (cd vllm3 && command split -b 38000000 -d -a 2 - vllm_kit.tar.part)
     for f in vllm3/vllm_kit.tar.part*; do mkdir -p "vllm3/p${f##*part}" && mv "$f" "vllm3/p${f##*part}/"; done
     cp -r vllm/meta vllm3/meta && ls vllm3/p*/vllm_kit.tar.part* | wc -l > vllm3/meta/nparts && rm -rf vllm
@@ -70,7 +71,8 @@ smol() {
 
 vllm() {
   local kit=.gpukit/${VLLM_KIT:-vllm3} last
-  last=$(ls -d "$kit"/p* | tail -n 1)
+  last=$(ls -d "$kit"/p[0-9]* 2>/dev/null | tail -n 1)
+  [ -n "$last" ] || { echo "vllm: no parts in $kit (carry its last part and meta)"; return 2; }
   mkdir -p /tmp/kit/vllm_parts && cp "$last"/* /tmp/kit/vllm_parts/ 2>/dev/null
   rm -rf /tmp/kit/vllm_meta && cp -r "$kit"/meta /tmp/kit/vllm_meta
   (cd /tmp && bash /tmp/kit/vllm_meta/join_install.sh > $O/vllm_install.log 2>&1 && touch /tmp/kit/vllm_ok)

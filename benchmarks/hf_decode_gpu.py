@@ -557,7 +557,7 @@ def report(shape: str, batch: int, results: dict, ratios: list[tuple[str, str]] 
              ("engine static fp8+head all", "engine static all"), ("engine static fp8 all cutlass", "engine static all"),
              ("engine static fp8+head all cutlass", "engine static all"), ("engine static fp8+head all kv8", "engine static all"),
              ("engine static fp8+head all cutlass kv8", "engine static all"), ("engine static all kv8", "engine static all"),
-             ("engine static fp8 all ms4", "engine static all ms4"),
+             ("engine static fp8 all ms4", "engine static all ms4"), ("engine static fp8+head all ms4", "engine static all ms4"),
              ("engine static fp8+head all ms4 kv8", "engine static all ms4"), ("vllm fp8", "vllm bf16"))
     labels = [name[5:] for name in results if name.startswith("vllm ") and not name.endswith(" LLM.gen")]
     pairs += tuple((f"vllm {q}", f"vllm bf16{q[3:]}") for q in labels if q.startswith("fp8") and q != "fp8")

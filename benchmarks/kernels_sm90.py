@@ -88,7 +88,7 @@ def engine_kernels() -> list[Compiled]:
     out = []
     qkv_row = (heads + 2 * kv_heads) * d
     for cache in ("*fp8e4nv", "*bf16"):
-        block, warps, stages = hf_attention.LAUNCH["fp8" if cache == "*fp8e4nv" else "model"]
+        block, warps, stages = hf_attention.launch_config(cache == "*fp8e4nv")  # CHATGYM_DECODE_ATTENTION_CONFIG too
         out.append(compile_sm90(
             f"decode_attention ({'e4m3' if cache == '*fp8e4nv' else 'bf16'} cache)", hf_attention._kernel(),
             dict(q="*bf16", k="*bf16", v="*bf16", k_cache=cache, v_cache=cache, positions="*i64", out="*bf16",

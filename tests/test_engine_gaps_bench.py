@@ -34,8 +34,8 @@ def test_steps_start_at_their_first_decode_attention_kernel(gaps):
 
 def test_the_window_splits_into_busy_idle_kernels_and_gaps(gaps):
     lines = gaps.summarize(timeline(), [0.0, 100.0, 200.0, 300.0, 400.0], [], 1, 4)
-    # steps 2-5: 3 steps of 100 us, 85 us busy each (the copy inside a GEMM counts once), 15 us idle
-    assert lines[0] == ("window: decode steps 2-5, 3 steps: 0.100 ms a step, some kernel running 0.085 ms, "
+    # steps 2-4 (from step 2's start to step 5's): 3 steps of 100 us, 85 us busy each (the copy inside a GEMM counts once), 15 us idle
+    assert lines[0] == ("window: decode steps 2-4, 3 steps: 0.100 ms a step, some kernel running 0.085 ms, "
                         "device idle 0.015 ms (15.0%)")
     assert [line.split() for line in lines[1:3]] == [["60.0", "us", "a", "step", "gemm"],
                                                     ["20.0", "us", "a", "step", "decode_attention"]]
@@ -48,7 +48,7 @@ def test_gaps_over_20_us_are_listed_largest_first_with_the_host_calls_then(gaps)
                  (200.0, 210.0, "decode_attention")]
     host = [(5.0, 45.0, "cudaEventSynchronize"), (120.0, 130.0, "aten::copy_")]
     lines = gaps.summarize(intervals, [0.0, 100.0, 200.0], host, 0, 2)
-    assert lines[0].startswith("window: decode steps 1-3, 2 steps: 0.100 ms a step, some kernel running 0.015 ms")
+    assert lines[0].startswith("window: decode steps 1-2, 2 steps: 0.100 ms a step, some kernel running 0.015 ms")
     assert [line for line in lines if "gap" in line] == [
         "    gap    90.0 us at +   0.110 ms; host in: ",
         "    gap    50.0 us at +   0.050 ms; host in: ",
@@ -57,4 +57,16 @@ def test_gaps_over_20_us_are_listed_largest_first_with_the_host_calls_then(gaps)
 
 
 def test_too_few_steps_say_so(gaps):
-    assert gaps.summarize([], [0.0, 1.0], [], 0, 5) == ["only 2 decode steps seen (wanted 6)"]
+    """The walk's findings: 65 steps (a window of none) divided by zero, fewer indexed past the starts."""
+    assert gaps.summarize([], [0.0, 1.0], [], 0, 5) == [
+        "only 2 decode steps seen (a window from step 1 to step 6 needs 6)"]
+    starts = [float(t) for t in range(65)]
+    assert gaps.summarize([], starts, [], 64, min(len(starts) - 1, 127)) == [
+        "only 65 decode steps seen (a window from step 65 to step 65 needs 66)"]
+    assert gaps.summarize([], [0.0, 0.0], [], 0, 1)[0].startswith("only 2 decode steps seen")
+
+
+def test_intervals_in_any_order_give_the_same_window(gaps):
+    shuffled = timeline()[::-1]
+    assert gaps.summarize(shuffled, [0.0, 100.0, 200.0, 300.0, 400.0], [], 1, 4) == \
+        gaps.summarize(timeline(), [0.0, 100.0, 200.0, 300.0, 400.0], [], 1, 4)
