@@ -361,6 +361,27 @@ def test_config_load_refuses_fp8_naming_the_field():
         load_config(None, ray)
 
 
+def test_config_load_refuses_a_quantization_the_backend_does_not_have():
+    """Regression (fresh-user walk): 'int4' was taken at config load and refused by vLLM (or the hf engine)
+    only after the model had loaded."""
+    from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
+
+    from chatgym.trainer.config.loader import ConfigError
+    from chatgym.trainer.engines import check_engine_options
+
+    with pytest.raises(ConfigError) as err:
+        check_engine_options("vllm", {"quantization": "int4"}, "engine.options")
+    assert str(err.value) == (f"engine.options: quantization must be one of vLLM's methods {list(QUANTIZATION_METHODS)}, "
+                              "got 'int4'")
+    for bad in ("int4", "awq"):
+        with pytest.raises(ConfigError) as err:
+            check_engine_options("hf", {"quantization": bad}, "engine.options")
+        assert str(err.value) == f"engine.options: quantization must be None or 'fp8' on the hf engine, got {bad!r}"
+    for good in ("awq", "fp8_per_channel", None):  # vLLM's method names (its own check then rules on case)
+        check_engine_options("vllm", {"quantization": good}, "engine.options")
+    check_engine_options("hf", {"quantization": None}, "engine.options")
+
+
 def test_train_cli_refuses_fp8_in_one_line(tmp_path, capsys):
     from chatgym.trainer.train_cli import main
 

@@ -152,6 +152,14 @@ def check_engine_options(backend: str, options: Mapping[str, Any], setting: str)
 
 def _check_vllm_values(options: Mapping[str, Any], setting: str) -> None:
     """vLLM's values refused at config load (its pydantic refusal came after the learner loaded)."""
+    if options.get("quantization") is not None:  # e.g. 'int4', refused by vLLM once the model had loaded
+        try:
+            from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS as methods
+        except ImportError:  # another vLLM layout: vLLM's own check, later
+            methods = ()
+        if methods and str(options["quantization"]).lower() not in methods:  # case: vLLM's own check rules
+            raise ConfigError(f"{setting}: quantization must be one of vLLM's methods {list(methods)}, "
+                              f"got {options['quantization']!r}")
     if "kv_cache_dtype" in options:  # vLLM is imported already: its option names were read
         import typing
 
@@ -179,6 +187,9 @@ def _check_hf_values(options: Mapping[str, Any], setting: str) -> None:
     from chatgym.trainer.engines.hf_rows import check_batching
     from chatgym.trainer.models.cuda import is_fp8
 
+    quantization = options.get("quantization")  # the engine's own refusal came after the learner loaded
+    if quantization is not None and str(quantization).lower() != "fp8":
+        raise ConfigError(f"{setting}: quantization must be None or 'fp8' on the hf engine, got {quantization!r}")
     decode, cuda = str(options.get("decode", "auto")), has_cuda()
     # The engine's auto is static only on CUDA (hf.TransformersEngine._choose_decode).
     auto_dynamic = decode == "auto" and not cuda
