@@ -45,16 +45,18 @@ def host_ranges(prof, names: tuple[str, ...]) -> list[tuple[float, float, str]]:
 def step_starts(intervals, layers: int) -> list[float]:
     """Each decode step's start on the device: its first ``decode_attention`` kernel (``layers`` a step;
     the prefill attends otherwise)."""
-    attention = [s for s, _, name in intervals if "decode_attention" in name]
+    attention = sorted(s for s, _, name in intervals if "decode_attention" in name)
     return attention[::layers]
 
 
 def summarize(intervals, starts, host, first: int, last: int) -> list[str]:
     """The window from decode step ``first``'s start to step ``last``'s (0-based; steps ``first .. last -
     1`` measured): busy, idle, kernels by name, gaps. ``intervals`` in any order."""
-    if len(starts) <= last or last <= first or starts[last] <= starts[first]:
-        return [f"only {len(starts)} decode steps seen (a window from step {first + 1} to step {last + 1} "
-                f"needs {max(last, first + 1) + 1})"]
+    if last <= first or len(starts) <= last:
+        return [f"no window: {len(starts)} decode steps seen, and one from step {first + 1}'s start to a later "
+                f"step's needs at least {first + 2}"]
+    if starts[last] <= starts[first]:
+        return [f"no window: decode steps {first + 1} and {last + 1} start at the same time"]
     t0, t1 = starts[first], starts[last]
     steps = last - first
     busy, by_name, gaps = 0.0, defaultdict(float), []

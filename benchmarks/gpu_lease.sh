@@ -72,7 +72,7 @@ smol() {
 vllm() {
   local kit=.gpukit/${VLLM_KIT:-vllm3} last
   last=$(ls -d "$kit"/p[0-9]* 2>/dev/null | tail -n 1)
-  [ -n "$last" ] || { echo "vllm: no parts in $kit (carry its last part and meta)"; return 2; }
+  [ -n "$last" ] && [ -d "$kit/meta" ] || { echo "vllm: no parts or no meta in $kit (carry its last part and meta)"; return 2; }
   mkdir -p /tmp/kit/vllm_parts && cp "$last"/* /tmp/kit/vllm_parts/ 2>/dev/null
   rm -rf /tmp/kit/vllm_meta && cp -r "$kit"/meta /tmp/kit/vllm_meta
   (cd /tmp && bash /tmp/kit/vllm_meta/join_install.sh > $O/vllm_install.log 2>&1 && touch /tmp/kit/vllm_ok)

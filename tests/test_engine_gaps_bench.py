@@ -59,14 +59,16 @@ def test_gaps_over_20_us_are_listed_largest_first_with_the_host_calls_then(gaps)
 def test_too_few_steps_say_so(gaps):
     """The walk's findings: 65 steps (a window of none) divided by zero, fewer indexed past the starts."""
     assert gaps.summarize([], [0.0, 1.0], [], 0, 5) == [
-        "only 2 decode steps seen (a window from step 1 to step 6 needs 6)"]
-    starts = [float(t) for t in range(65)]
-    assert gaps.summarize([], starts, [], 64, min(len(starts) - 1, 127)) == [
-        "only 65 decode steps seen (a window from step 65 to step 65 needs 66)"]
-    assert gaps.summarize([], [0.0, 0.0], [], 0, 1)[0].startswith("only 2 decode steps seen")
+        "no window: 2 decode steps seen, and one from step 1's start to a later step's needs at least 2"]
+    for n in (0, 64, 65):  # as profile_mode asks: steps 65 .. min(n, 128)
+        starts = [float(t) for t in range(n)]
+        assert gaps.summarize([], starts, [], 64, min(len(starts) - 1, 127)) == [
+            f"no window: {n} decode steps seen, and one from step 65's start to a later step's needs at least 66"]
+    assert gaps.summarize([], [0.0, 0.0], [], 0, 1) == ["no window: decode steps 1 and 2 start at the same time"]
 
 
 def test_intervals_in_any_order_give_the_same_window(gaps):
     shuffled = timeline()[::-1]
+    assert gaps.step_starts(shuffled, layers=2) == [0.0, 100.0, 200.0, 300.0, 400.0]
     assert gaps.summarize(shuffled, [0.0, 100.0, 200.0, 300.0, 400.0], [], 1, 4) == \
         gaps.summarize(timeline(), [0.0, 100.0, 200.0, 300.0, 400.0], [], 1, 4)
