@@ -187,8 +187,10 @@ def _check_hf_values(options: Mapping[str, Any], setting: str) -> None:
     from chatgym.trainer.engines.hf_rows import check_batching
     from chatgym.trainer.models.cuda import is_fp8
 
+    from chatgym.trainer.engines.hf_fp8 import QUANTIZATIONS
+
     quantization = options.get("quantization")  # the engine's own refusal came after the learner loaded
-    if quantization is not None and str(quantization).lower() != "fp8":
+    if quantization is not None and str(quantization).lower() not in QUANTIZATIONS:
         raise ConfigError(f"{setting}: quantization must be None or 'fp8' on the hf engine, got {quantization!r}")
     decode, cuda = str(options.get("decode", "auto")), has_cuda()
     # The engine's auto is static only on CUDA (hf.TransformersEngine._choose_decode).

@@ -45,7 +45,8 @@ and 0.092 / 0.226 with both logs ``lg2.approx`` (``benchmarks/results/fp8_row_qu
 sampler_ab.txt``). That last form was not kept: near ``u = 1`` ``-lg2.approx(u)`` (absolute error
 ~2^-22) is off by up to most of its value, and those entries are the likely winners. The kept form, the
 inner log in full precision, compiles to 1,606 PTX instructions for sm_90a (2,145 with both logs in
-full precision, 1,068 with both ``lg2.approx``: ``benchmarks/kernels_sm90.py``) and has not run on a GPU.
+full precision, 1,068 with both ``lg2.approx``: ``benchmarks/kernels_sm90.py``); its ``-m gpu`` test passed
+on an H100 (``benchmarks/results/fp8_attention_values_h100_2026-12-07``), its time not yet measured.
 
 The ids differ from the default sampler's (another random stream) but follow the same distribution;
 rows with top-k / top-p filters are drawn by the default path (the engine falls back for such a step).

@@ -46,7 +46,9 @@ def fits(width: int) -> bool:
 def launch(width: int) -> tuple[int, int]:
     """The kernel's ``(BLOCK, warps)`` for rows of ``width`` columns: the power of two that covers the row,
     one warp a 512 columns (4 to 16)."""
-    block = 1 << (width - 1).bit_length()
+    import triton
+
+    block = triton.next_power_of_2(width)
     return block, max(4, min(16, block // 512))
 
 

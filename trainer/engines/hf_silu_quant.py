@@ -153,8 +153,10 @@ def _one_pass(gate_up: Any, a: Any, s: Any, out_dtype: Any) -> tuple[Any, Any]:
 def one_pass_launch(inner: int) -> tuple[int, int, int]:
     """The one-pass kernel's ``(HEAD, TAIL, warps)`` for rows of ``inner`` outputs: the largest power of two
     <= ``inner``, the power of two that covers the rest (0 for none), 4-16 warps by the first."""
-    head = 1 << (inner.bit_length() - 1)
-    tail = 1 << (inner - head - 1).bit_length() if inner > head else 0
+    import triton
+
+    head = 1 << (inner.bit_length() - 1)  # the largest power of two <= inner
+    tail = triton.next_power_of_2(inner - head) if inner > head else 0
     return head, tail, max(4, min(16, head // 1024))
 
 
