@@ -184,10 +184,9 @@ def _check_hf_values(options: Mapping[str, Any], setting: str) -> None:
     """The hf engine's values this machine's decode path cannot take, before any model loads."""
     from chatgym.trainer.engines import hf_options
     from chatgym.trainer.engines.auto import has_cuda
+    from chatgym.trainer.engines.hf_fp8 import QUANTIZATIONS
     from chatgym.trainer.engines.hf_rows import check_batching
     from chatgym.trainer.models.cuda import is_fp8
-
-    from chatgym.trainer.engines.hf_fp8 import QUANTIZATIONS
 
     quantization = options.get("quantization")  # the engine's own refusal came after the learner loaded
     if quantization is not None and str(quantization).lower() not in QUANTIZATIONS:
