@@ -557,3 +557,29 @@ def test_overrides_given_as_one_string_are_refused_by_name():
     assert str(err.value) == ("overrides must be a list of 'key.sub=value' strings, got one str: "
                               "['train.max_steps=2'] is meant")
     assert chatgym.load_config(CONFIG, ["train.max_steps=2"]).train.max_steps == 2
+
+
+def test_the_run_is_named_before_anything_loads(tmp_path, capsys, monkeypatch):
+    """Fresh-user walk: the main job printed ~25 lines of loaders' and vLLM's output, then ~90 s of
+    silence, before anything named the model, env or steps. The first line now does (a Trainer that
+    records when it is built stands in for the real one: nothing loads)."""
+    import chatgym.trainer.train as train_module
+
+    seen = []
+
+    class Recording:
+        def __init__(self, config, resume):
+            seen.append(capsys.readouterr().err)  # what was printed before the Trainer was built
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_module, "Trainer", Recording)
+    out = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        main([CONFIG, "--output-dir", str(out), "train.max_steps=3"])
+    assert seen == [f"chatgym: smollm2 on Math-v0, up to step 3 from step 0, vllm engine; writing {out} (loading and "
+                    "compiling can take minutes)\n"]
+    ckpt = fake_checkpoint(out, 2)
+    with pytest.raises(KeyboardInterrupt):
+        main([CONFIG, "--output-dir", str(out), "--resume", "train.max_steps=3"])
+    assert seen[1] == f"chatgym: smollm2 on Math-v0, up to step 3 from {ckpt}, vllm engine; writing {out} (loading and " \
+        "compiling can take minutes)\n"

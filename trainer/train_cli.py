@@ -292,6 +292,11 @@ def _train(config: Any, ckpt: Path | None) -> int:
 
     out = Path(config.train.output_dir)
     made_out = not out.exists()
+    # What runs, before the engine's and the model loaders' own lines (a new user saw ~25 of them, and
+    # then ~90 s of compiling, before anything named the model, env or steps).
+    start = f"from {ckpt}" if ckpt else "from step 0"
+    print(f"chatgym: {config.model.path} on {config.env.id}, up to step {config.train.max_steps} {start}, "
+          f"{config.engine.backend} engine; writing {out} (loading and compiling can take minutes)", file=sys.stderr)
     try:
         trainer = Trainer(config, resume=ckpt or False)  # already found and checked above
     except Exception as exc:
