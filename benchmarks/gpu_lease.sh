@@ -9,7 +9,7 @@
 # Then the device calls, back to back (the machine goes back 30 s after a call), each from the
 # project root, with the carry named:
 #
-#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan7|plan8|plan9|plan10|plan11|plan12|plan13|plan14|plan15|plan18|plan19|plan20|plan21|plan22|plan23|plan24|plan25|plan26|plan27|plan28]   (starts `plan` in the background)
+#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan7|plan8|plan9|plan10|plan11|plan12|plan13|plan14|plan15|plan18|plan19|plan20|plan21|plan22|plan23|plan24|plan25|plan26|plan27|plan28|plan29]   (starts `plan` in the background)
 #   2  [.gpukit/smol/a1]              cp .gpukit/smol/a1/* /tmp/kit/smol/
 #   3  [.gpukit/smol/a2]              cp .gpukit/smol/a2/* /tmp/kit/smol/
 #   4  [.gpukit/smol/b]               bash benchmarks/gpu_lease.sh smol
@@ -21,7 +21,7 @@
 #
 # `plan` runs the new GPU tests, then by priority the SmolLM2 step, ours on SmolLM2 (seed 0), the 7B step, ours
 # (seed 1), the update's profile, TRL + vLLM, the 7B engine, the GPU tests, the SmolLM2 engine, each waiting for
-# its part of the kit (the other plans, `plan2` to `plan28`: their own comments); a poll must follow a poll within 30 s, or the
+# its part of the kit (the other plans, `plan2` to `plan29`: their own comments); a poll must follow a poll within 30 s, or the
 # machine goes back with the plan unfinished (2026-12-06: lost that way, twice: keep nothing between polls
 # but a short look at what came back); `plan`'s vs-TRL run lists are environment variables (RUNS_SMOL_0,
 # RUNS_SMOL_1, RUNS_TRL). `.whl` (ignored) holds the test plugins the machine lacks, and py-spy (plan4, plan5, plan7, plan9, plan10,
@@ -746,6 +746,31 @@ plan28() {  # vLLM's CUTLASS FP8 GEMM (its GPU tests, the GEMMs alone, the step,
   engine_7b decode_7b_cutlass "static all" "static fp8+head all cutlass kv8" "static fp8+head all kv8"
   step_7b step_7b_cutlass fused_c fp8_c_cutlass_head_kv8 fp8_c_head_kv8
   gpu_test_files tests/test_engines_hf_attention.py
+  mark "done"
+}
+
+plan29() {  # the e4m3 cache's values read as 16-bit pairs (ldmatrix.trans): GPU tests, launches of both forms, the target (default, tuned, bytes), the step
+  begin "$1"
+  wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
+  gpu_test_files tests/test_engines_hf_attention.py
+  mark "the decode attention kernel on an e4m3 cache, values as pairs, every launch, qwen2.5-7b, positions 145-248"
+  timeout 300 python3 benchmarks/attention_gpu.py --shape qwen2.5-7b --rows 64 256 --caches fp8 \
+    --write $O/attention_config > $O/attention_7b.txt 2>&1
+  grep -a "best\|CHATGYM\|Error" $O/attention_7b.txt | cut -c1-200
+  engine_7b decode_7b "static all" "static fp8+head all kv8"
+  mark "the same kernel, values as bytes (the form before), every launch"
+  CHATGYM_PAIRS=0 timeout 300 python3 benchmarks/attention_gpu.py --shape qwen2.5-7b --rows 64 256 --caches fp8 \
+    > $O/attention_7b_bytes.txt 2>&1
+  grep -a "best\|Error" $O/attention_7b_bytes.txt | cut -c1-200
+  export CHATGYM_DECODE_ATTENTION_CONFIG; CHATGYM_DECODE_ATTENTION_CONFIG=$(cat $O/attention_config 2>/dev/null)
+  engine_7b decode_7b_tuned "static all" "static fp8+head all kv8"
+  unset CHATGYM_DECODE_ATTENTION_CONFIG
+  step_7b step_7b fused_c fp8_c_head_kv8
+  export CHATGYM_PAIRS=0
+  engine_7b decode_7b_bytes "static all" "static fp8+head all kv8"
+  unset CHATGYM_PAIRS
+  engine_7b decode_7b_again "static all" "static fp8+head all kv8"
+  gpu_test_files tests/test_fp8_gpu.py tests/test_engines_hf_fused.py tests/test_engines_hf_static.py
   mark "done"
 }
 

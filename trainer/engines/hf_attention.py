@@ -64,6 +64,7 @@ MAX_BLOCK, MAX_STAGES = 128, 3
 # summed over 64 and 256 rows at the Qwen2.5-7B shape in both H100 sweeps (45.2 / 41.6 us a layer against
 # (64, 4, 3)'s 46.0 / 43.4; 103 registers a thread against 137, 4 programs a multiprocessor against 3).
 LAUNCH = {"model": (BLOCK, 4, 3), "fp8": (32, 4, 3)}
+PAIRS = os.environ.get("CHATGYM_PAIRS", "1") == "1"
 
 
 def supports(head_dim: int) -> bool:
@@ -213,7 +214,8 @@ def _launch(q: Any, k: Any, v: Any, k_cache: Any, v_cache: Any, positions: Any, 
         a, s, unused if bias is None else bias, heads * d, (heads + kv_heads) * d, cos, sin, cos.stride(0),
         GROUP=group, GROUP_ROWS=group_rows, D=d, BLOCK=block, PRECISION=precision,
         FP8=fp8, FP8_MAX=FP8_MAX, SCALED=scales is not None, BIAS=bias is not None, ROPE=rope is not None,
-        HALF=q.dtype != torch.float32, num_warps=warps, num_stages=stages,
+        HALF=q.dtype != torch.float32, PAIRS=fp8 and q.dtype != torch.float32 and PAIRS, num_warps=warps,
+        num_stages=stages,
     )
     return out
 
@@ -230,7 +232,8 @@ def _kernel() -> Any:
                          a, s, b, k_col, v_col, cos, sin, cs_row,
                          GROUP: tl.constexpr, GROUP_ROWS: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
                          PRECISION: tl.constexpr, FP8: tl.constexpr, FP8_MAX: tl.constexpr, SCALED: tl.constexpr,
-                         BIAS: tl.constexpr, ROPE: tl.constexpr, HALF: tl.constexpr):
+                         BIAS: tl.constexpr, ROPE: tl.constexpr, HALF: tl.constexpr,
+                         PAIRS: tl.constexpr):
         r = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1)
         pos = tl.load(positions + r)
@@ -281,20 +284,36 @@ def _kernel() -> Any:
         if FP8 and HALF:  # e4m3 widens to fp16 exactly; q times the factor in fp16 too (|q| < 65504 / factor)
             qd, factor = (qs.to(tl.float32) * scale).to(tl.float16), 1.0
         offs = tl.arange(0, BLOCK)
+        if PAIRS:
+            v_even, v_odd = tl.split(tl.reshape(v_new.to(tl.float32), (D // 2, 2)))
+            acc_even = tl.zeros([GROUP_ROWS, D // 2], tl.float32) + v_even[None, :]
+            acc_odd = tl.zeros([GROUP_ROWS, D // 2], tl.float32) + v_odd[None, :]
+            pairs = v_cache.to(tl.pointer_type(tl.uint16))
+            half = tl.arange(0, D // 2)
         for start in range(0, pos, BLOCK):
             cols = start + offs
             earlier = cols < pos
             at = base + cols[:, None] * c_col + dim[None, :]
             ks = tl.load(k_cache + at, mask=earlier[:, None], other=0.0).to(qd.dtype)  # (BLOCK, D)
-            vs = tl.load(v_cache + at, mask=earlier[:, None], other=0.0).to(qd.dtype)
             score = tl.dot(qd, tl.trans(ks), input_precision=PRECISION) * factor  # (GROUP_ROWS, BLOCK) float32
             score = tl.where(earlier[None, :], score, float("-inf"))
             top = tl.maximum(m, tl.max(score, 1))
             p = tl.exp(score - top[:, None])
             alpha = tl.exp(m - top)
             total = total * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(qd.dtype), vs, input_precision=PRECISION)
+            if PAIRS:
+                vp = tl.load(pairs + (base + cols[:, None] * c_col) // 2 + half[None, :], mask=earlier[:, None], other=0)
+                even = (vp & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+                odd = (vp >> 8).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+                pq = p.to(tl.float16)
+                acc_even = acc_even * alpha[:, None] + tl.dot(pq, even, input_precision=PRECISION)
+                acc_odd = acc_odd * alpha[:, None] + tl.dot(pq, odd, input_precision=PRECISION)
+            else:
+                vs = tl.load(v_cache + at, mask=earlier[:, None], other=0.0).to(qd.dtype)
+                acc = acc * alpha[:, None] + tl.dot(p.to(qd.dtype), vs, input_precision=PRECISION)
             m = top
+        if PAIRS:
+            acc = tl.reshape(tl.join(acc_even, acc_odd), (GROUP_ROWS, D))
         tl.store(out + r * o_row + heads[:, None] * o_head + dim[None, :],
                  (acc / total[:, None]).to(out.dtype.element_ty), mask=real[:, None])
 
