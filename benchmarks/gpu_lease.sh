@@ -9,7 +9,7 @@
 # Then the device calls, back to back (the machine goes back 30 s after a call), each from the
 # project root, with the carry named:
 #
-#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan7|plan8|plan9|plan10|plan11|plan12|plan13|plan14|plan15|plan18|plan19|plan20|plan21|plan22|plan23|plan24|plan25|plan26|plan27|plan28|plan29]   (starts `plan` in the background)
+#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan7|plan8|plan9|plan10|plan11|plan12|plan13|plan14|plan15|plan18|plan19|plan20|plan21|plan22|plan23|plan24|plan25|plan26|plan27|plan28|plan29|plan30]   (starts `plan` in the background)
 #   2  [.gpukit/smol/a1]              cp .gpukit/smol/a1/* /tmp/kit/smol/
 #   3  [.gpukit/smol/a2]              cp .gpukit/smol/a2/* /tmp/kit/smol/
 #   4  [.gpukit/smol/b]               bash benchmarks/gpu_lease.sh smol
@@ -21,7 +21,7 @@
 #
 # `plan` runs the new GPU tests, then by priority the SmolLM2 step, ours on SmolLM2 (seed 0), the 7B step, ours
 # (seed 1), the update's profile, TRL + vLLM, the 7B engine, the GPU tests, the SmolLM2 engine, each waiting for
-# its part of the kit (the other plans, `plan2` to `plan29`: their own comments); a poll must follow a poll within 30 s, or the
+# its part of the kit (the other plans, `plan2` to `plan30`: their own comments); a poll must follow a poll within 30 s, or the
 # machine goes back with the plan unfinished (2026-12-06: lost that way, twice: keep nothing between polls
 # but a short look at what came back); `plan`'s vs-TRL run lists are environment variables (RUNS_SMOL_0,
 # RUNS_SMOL_1, RUNS_TRL). `.whl` (ignored) holds the test plugins the machine lacks, and py-spy (plan4, plan5, plan7, plan9, plan10,
@@ -771,6 +771,27 @@ plan29() {  # the e4m3 cache's values read as 16-bit pairs (ldmatrix.trans): GPU
   unset CHATGYM_PAIRS
   engine_7b decode_7b_again "static all" "static fp8+head all kv8"
   gpu_test_files tests/test_fp8_gpu.py tests/test_engines_hf_fused.py tests/test_engines_hf_static.py
+  mark "done"
+}
+
+plan30() {  # the e4m3 values as pairs, kept: its GPU tests, decode tokens/s with the modes interleaved round by round, the engine's steps on the device, the step
+  begin "$1"
+  wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
+  gpu_test_files tests/test_engines_hf_attention.py
+  mark "engine decode tokens/s, qwen2.5-7b, bf16 and FP8 interleaved round by round, 9 rounds"
+  timeout 500 python3 benchmarks/hf_decode_gpu.py --shape qwen2.5-7b --batch 256 64 --skip-generate --repeats 9 \
+    --decode-only --interleave --modes "static all" "static fp8+head all kv8" > $O/decode_7b_interleaved.txt 2>&1
+  grep -E "x[0-9]|rounds|Error" $O/decode_7b_interleaved.txt | cut -c1-190
+  mark "the engine's decode steps on the device, qwen2.5-7b, 256 and 64 rows"
+  timeout 400 python3 benchmarks/engine_gaps_gpu.py --shape qwen2.5-7b --rows 256 64 \
+    --modes "static all" "static fp8+head all kv8" > $O/gaps_7b.txt 2>&1
+  grep -a "rows\|window\|Error" $O/gaps_7b.txt | cut -c1-220
+  engine_7b decode_7b "static all" "static fp8+head all kv8"
+  step_7b step_7b fused_c fp8_c_head_kv8
+  mark "engine decode tokens/s, interleaved, again"
+  timeout 500 python3 benchmarks/hf_decode_gpu.py --shape qwen2.5-7b --batch 256 64 --skip-generate --repeats 9 \
+    --decode-only --interleave --modes "static all" "static fp8+head all kv8" > $O/decode_7b_interleaved2.txt 2>&1
+  grep -E "x[0-9]|rounds|Error" $O/decode_7b_interleaved2.txt | cut -c1-190
   mark "done"
 }
 

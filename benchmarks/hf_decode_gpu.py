@@ -411,6 +411,9 @@ def parse_args():
                     f"rows x {NEW_TOKENS - SHORT_TOKENS} over the difference is the rate of decode steps "
                     f"{SHORT_TOKENS + 1}-{NEW_TOKENS} alone (no prefill); for the engine modes and chatgym's vLLM "
                     "engine, not model.generate or LLM.generate")
+    ap.add_argument("--interleave", action="store_true", help="build every engine mode first, then run each "
+                    "round through every mode in turn (the device's drift cancels in their ratios; all the modes' "
+                    "engines held at once)")
     ap.add_argument("--vllm-variants", nargs="+", metavar="NAME=JSON", type=vllm_variant,
                     help="vLLM alone, a process a variant: NAME=a JSON object of engine options")
     ap.add_argument("--vllm-ratios", nargs="+", metavar="A/B", default=[],
@@ -488,6 +491,45 @@ def time_engine(model, tokenizer, mode: str, prompts, params, repeats: int, deco
     return statistics.median(t for t, _ in runs), runs[-1][1], first, (statistics.median(diffs) if diffs else None)
 
 
+def time_engines_interleaved(model, tokenizer, modes: list[str], prompts, params, repeats: int,
+                             decode_only: bool = False) -> dict:
+    """:func:`time_engine`'s tuple for every mode, ``"engine <mode>"`` -> tuple, with every mode's engine
+    built (and warmed up) first and each round running every mode in turn (``--interleave``): a drift of
+    the device's speed over the minutes a mode's rounds take then reaches every mode alike, so it cancels
+    in their ratios where one mode's rounds after another's do not. Prints each mode's rounds' decode
+    seconds (``decode_only``), the spread a ratio is read against."""
+    import dataclasses
+
+    from chatgym.trainer.engines.hf import TransformersEngine
+
+    short = [dataclasses.replace(p, max_tokens=SHORT_TOKENS) for p in params]
+    engines, firsts, runs, diffs = {}, {}, {m: [] for m in modes}, {m: [] for m in modes}
+
+    def timed(mode, requests):
+        with mock.patch.dict(os.environ, mode_env(mode)):
+            return asyncio.run(run_engine(engines[mode], prompts, requests))
+
+    for m in modes:
+        with mock.patch.dict(os.environ, mode_env(m)):
+            engines[m] = TransformersEngine(model, tokenizer, max_batch_size=len(prompts), eos_token_ids=[],
+                                            max_model_len=512, **ENGINE_MODES[m])
+        firsts[m] = timed(m, params)[0]
+        if decode_only:
+            timed(m, short)  # its warm-up
+    for _ in range(repeats):
+        for m in modes:
+            runs[m].append(timed(m, params))
+            if decode_only:
+                diffs[m].append(runs[m][-1][0] - timed(m, short)[0])
+    for m in modes:
+        asyncio.run(engines[m].close())
+        if decode_only:
+            print(f"decode rounds, {len(prompts)} rows, engine {m}: "
+                  + " ".join(f"{1000 * d:.1f}" for d in diffs[m]) + " ms", flush=True)
+    return {f"engine {m}": (statistics.median(t for t, _ in runs[m]), runs[m][-1][1], firsts[m],
+                            statistics.median(diffs[m]) if decode_only else None) for m in modes}
+
+
 def bench_shape(args, shape: str) -> list[str]:
     """Every mode at every batch size for one model shape; returns the printed rows."""
     import torch
@@ -506,8 +548,12 @@ def bench_shape(args, shape: str) -> list[str]:
         prompts = make_prompts(batch, model.config.vocab_size, batch)
         params = [SamplingParams(max_tokens=NEW_TOKENS, temperature=1.0, seed=i if args.seeded else None)
                   for i in range(batch)]
-        results = {f"engine {m}": time_engine(model, tokenizer, m, prompts, params, args.repeats, args.decode_only)
-                   for m in args.modes}
+        if args.interleave:
+            results = time_engines_interleaved(model, tokenizer, args.modes, prompts, params, args.repeats,
+                                               args.decode_only)
+        else:
+            results = {f"engine {m}": time_engine(model, tokenizer, m, prompts, params, args.repeats, args.decode_only)
+                       for m in args.modes}
         if not args.skip_generate:
             first, _ = run_generate(model, prompts, 0)
             times = [run_generate(model, prompts, 0) for _ in range(args.repeats)]

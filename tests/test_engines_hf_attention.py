@@ -122,6 +122,16 @@ def test_decode_qkv_refuses_half_the_scales_and_a_wrong_width():
         hf_attention.decode_qkv(torch.zeros(2, 80), 2, k_cache, k_cache, pos, 0.25, cos, cos)
 
 
+def test_an_e4m3_value_cache_of_odd_strides_is_refused():
+    # bf16 queries read an e4m3 value cache in 16-bit pairs: a column stride of 17 bytes would split pairs
+    # across columns, so it is refused before any launch (here a CPU, where no kernel could run).
+    cache = torch.zeros(2, 2, 8, 17, dtype=torch.float8_e4m3fn)[..., :16]
+    q, k = torch.zeros(2, 4, 16, dtype=torch.bfloat16), torch.zeros(2, 2, 16, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"^decode attention: an e4m3 value cache is read in 16-bit pairs: its "
+                       r"start and strides must be even \(bytes\), got strides \(272, 136, 17, 1\)$"):
+        hf_attention.decode(q, k, k, cache, cache, torch.zeros(2, dtype=torch.long), 0.25)
+
+
 @pytest.fixture
 def launch_override(monkeypatch):
     """Set CHATGYM_DECODE_ATTENTION_CONFIG for a test (read once a process: the cache is cleared around it)."""

@@ -180,3 +180,43 @@ def test_a_vllm_variants_options_reach_its_own_vllm_process(decode_bench, capsys
     assert steps == {"one": 256, "one raw": 256, "two": 128, "two raw": 128}
     assert set(per_batch[2]) == {"vllm one", "vllm one LLM.gen", "vllm two", "vllm two LLM.gen"}
     assert all(tokens == 2 * decode_bench.NEW_TOKENS for _, tokens, *_ in per_batch[2].values())
+
+
+def test_interleave_runs_every_mode_each_round_after_building_them_all(decode_bench, monkeypatch, capsys):
+    # --interleave: both engines built and warmed up first, then each round runs bf16 (full, cut) and FP8
+    # (full, cut) in turn. A stand-in engine per mode: 0.01 s a token for bf16, 0.00625 for FP8, each
+    # round 1 ms slower than the one before (a device's drift); the decode seconds are the medians of
+    # (128-token - 64-token) rounds, 0.64 s and 0.4 s: the drift cancels within each round.
+    from types import SimpleNamespace
+
+    order, built_env = [], []
+
+    class Engine:
+        def __init__(self, model, tokenizer, **kwargs):
+            self.name = "fp8" if kwargs.get("quantization") else "bf16"
+            built_env.append(os.environ.get("CHATGYM_FP8_GEMM"))
+
+        async def close(self):
+            order.append((self.name, "close"))
+
+    async def run_engine(engine, prompts, params):
+        order.append((engine.name, params[0].max_tokens))
+        rounds = sum(1 for name, n in order if name == engine.name and n == 128)
+        per_token = 0.01 if engine.name == "bf16" else 0.00625
+        return per_token * params[0].max_tokens + 0.001 * rounds, len(prompts) * params[0].max_tokens
+
+    monkeypatch.setattr(decode_bench, "run_engine", run_engine)
+    monkeypatch.setitem(sys.modules, "chatgym.trainer.engines.hf", SimpleNamespace(TransformersEngine=Engine))
+    monkeypatch.delenv("CHATGYM_FP8_GEMM", raising=False)
+    from chatgym.trainer.engines import SamplingParams
+
+    modes = ["static all", "static fp8+head all cutlass"]
+    got = decode_bench.time_engines_interleaved(None, None, modes, [[1, 2]], [SamplingParams(max_tokens=128)], 2, True)
+    assert order == [("bf16", 128), ("bf16", 64), ("fp8", 128), ("fp8", 64),  # built and warmed up
+                     ("bf16", 128), ("bf16", 64), ("fp8", 128), ("fp8", 64),  # round 1
+                     ("bf16", 128), ("bf16", 64), ("fp8", 128), ("fp8", 64),  # round 2
+                     ("bf16", "close"), ("fp8", "close")]
+    assert built_env == [None, "cutlass"] and "CHATGYM_FP8_GEMM" not in os.environ
+    assert got["engine static all"][3] == pytest.approx(0.64) and got["engine static fp8+head all cutlass"][3] == pytest.approx(0.4)
+    assert got["engine static all"][2] == pytest.approx(1.281)  # the first round's seconds (round 1 of 128)
+    assert "decode rounds, 1 rows, engine static all: 640.0 640.0 ms" in capsys.readouterr().out

@@ -39,7 +39,15 @@ key and value at +-448 (e4m3fn's largest), stores them in e4m3 and attends to th
 columns are read in e4m3 and widened before the products: to fp16 with bf16 / fp16 queries (every e4m3
 value is an fp16 one; the queries, times the score's factor, rounded to fp16, which keeps 3 more bits
 than bf16; widened to bf16 the 7B step's attention took 0.632 ms at 256 rows on an H100, to fp16 0.599
-on another), to float32 with float32 queries. It halves the bytes a
+on another), to float32 with float32 queries. With fp16 products the values are read as 16-bit pairs
+(each two neighbouring dimensions of a column), ``p @ v`` taken over the even and the odd dimensions
+apart and the two interleaved at the end (the same fp16 products and float32 sums): ``p @ v`` sums over the cache's columns, the strided
+dimension, and Hopper's ``ldmatrix`` transposes only 16-bit elements, so e4m3 values were staged in
+shared memory and read back a byte at a time (40 ``ld.shared.b8`` a thread a block at 32 columns);
+as pairs a block is two ``ldmatrix.trans`` (``benchmarks/kernels_sm90.py``: 80 registers against 103,
+6 programs a multiprocessor against 4). On an H100 at the
+7B shape, 256 rows: the kernel 29.6 against 29.9 us a layer at (32, 4, 3) (best launches 26.5 / 28.4),
+the engine's decode step 5.914 against 5.996 ms (``benchmarks/results/fp8_value_pairs_h100_2026-12-07``). It halves the bytes a
 step's attention reads (57,344 -> 28,672 a token at the Qwen2.5-7B shape); keys and values carry e4m3's
 rounding (2^-4 relative), one more source of the engine/learner mismatch (``rollout/mismatch/*``).
 """
@@ -64,7 +72,6 @@ MAX_BLOCK, MAX_STAGES = 128, 3
 # summed over 64 and 256 rows at the Qwen2.5-7B shape in both H100 sweeps (45.2 / 41.6 us a layer against
 # (64, 4, 3)'s 46.0 / 43.4; 103 registers a thread against 137, 4 programs a multiprocessor against 3).
 LAUNCH = {"model": (BLOCK, 4, 3), "fp8": (32, 4, 3)}
-PAIRS = os.environ.get("CHATGYM_PAIRS", "1") == "1"
 
 
 def supports(head_dim: int) -> bool:
@@ -206,6 +213,9 @@ def _launch(q: Any, k: Any, v: Any, k_cache: Any, v_cache: Any, positions: Any, 
     a, s = scales if scales is not None else (unused, unused)
     cos, sin = rope if rope is not None else (unused, unused)
     fp8 = k_cache.dtype == torch.float8_e4m3fn
+    if fp8 and q.dtype != torch.float32 and (v_cache.data_ptr() % 2 or any(st % 2 for st in v_cache.stride()[:3])):
+        raise ValueError("decode attention: an e4m3 value cache is read in 16-bit pairs: its start and strides "
+                         f"must be even (bytes), got strides {v_cache.stride()}")
     block, warps, stages = launch_config(fp8)
     _kernel()[(n, kv_heads)](
         q, k, v, k_cache, v_cache, positions, out, float(scale),
@@ -214,8 +224,7 @@ def _launch(q: Any, k: Any, v: Any, k_cache: Any, v_cache: Any, positions: Any, 
         a, s, unused if bias is None else bias, heads * d, (heads + kv_heads) * d, cos, sin, cos.stride(0),
         GROUP=group, GROUP_ROWS=group_rows, D=d, BLOCK=block, PRECISION=precision,
         FP8=fp8, FP8_MAX=FP8_MAX, SCALED=scales is not None, BIAS=bias is not None, ROPE=rope is not None,
-        HALF=q.dtype != torch.float32, PAIRS=fp8 and q.dtype != torch.float32 and PAIRS, num_warps=warps,
-        num_stages=stages,
+        HALF=q.dtype != torch.float32, num_warps=warps, num_stages=stages,
     )
     return out
 
@@ -232,8 +241,7 @@ def _kernel() -> Any:
                          a, s, b, k_col, v_col, cos, sin, cs_row,
                          GROUP: tl.constexpr, GROUP_ROWS: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
                          PRECISION: tl.constexpr, FP8: tl.constexpr, FP8_MAX: tl.constexpr, SCALED: tl.constexpr,
-                         BIAS: tl.constexpr, ROPE: tl.constexpr, HALF: tl.constexpr,
-                         PAIRS: tl.constexpr):
+                         BIAS: tl.constexpr, ROPE: tl.constexpr, HALF: tl.constexpr):
         r = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1)
         pos = tl.load(positions + r)
@@ -284,7 +292,7 @@ def _kernel() -> Any:
         if FP8 and HALF:  # e4m3 widens to fp16 exactly; q times the factor in fp16 too (|q| < 65504 / factor)
             qd, factor = (qs.to(tl.float32) * scale).to(tl.float16), 1.0
         offs = tl.arange(0, BLOCK)
-        if PAIRS:
+        if FP8 and HALF:  # the values in 16-bit pairs (module doc): the even and the odd dimensions apart
             v_even, v_odd = tl.split(tl.reshape(v_new.to(tl.float32), (D // 2, 2)))
             acc_even = tl.zeros([GROUP_ROWS, D // 2], tl.float32) + v_even[None, :]
             acc_odd = tl.zeros([GROUP_ROWS, D // 2], tl.float32) + v_odd[None, :]
@@ -301,7 +309,7 @@ def _kernel() -> Any:
             p = tl.exp(score - top[:, None])
             alpha = tl.exp(m - top)
             total = total * alpha + tl.sum(p, 1)
-            if PAIRS:
+            if FP8 and HALF:
                 vp = tl.load(pairs + (base + cols[:, None] * c_col) // 2 + half[None, :], mask=earlier[:, None], other=0)
                 even = (vp & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
                 odd = (vp >> 8).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
@@ -312,7 +320,7 @@ def _kernel() -> Any:
                 vs = tl.load(v_cache + at, mask=earlier[:, None], other=0.0).to(qd.dtype)
                 acc = acc * alpha[:, None] + tl.dot(p.to(qd.dtype), vs, input_precision=PRECISION)
             m = top
-        if PAIRS:
+        if FP8 and HALF:
             acc = tl.reshape(tl.join(acc_even, acc_odd), (GROUP_ROWS, D))
         tl.store(out + r * o_row + heads[:, None] * o_head + dim[None, :],
                  (acc / total[:, None]).to(out.dtype.element_ty), mask=real[:, None])
