@@ -774,25 +774,26 @@ plan29() {  # the e4m3 cache's values read as 16-bit pairs (ldmatrix.trans): GPU
   mark "done"
 }
 
-plan30() {  # the e4m3 values as pairs, kept: its GPU tests, decode tokens/s with the modes interleaved round by round, the engine's steps on the device, the step
+plan30() {  # the e4m3 values as pairs, kept: decode tokens/s with the modes interleaved round by round, the engine's steps on the device, its GPU tests, the step
   begin "$1"
   wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
-  gpu_test_files tests/test_engines_hf_attention.py
-  mark "engine decode tokens/s, qwen2.5-7b, bf16 and FP8 interleaved round by round, 9 rounds"
-  timeout 500 python3 benchmarks/hf_decode_gpu.py --shape qwen2.5-7b --batch 256 64 --skip-generate --repeats 9 \
-    --decode-only --interleave --modes "static all" "static fp8+head all kv8" > $O/decode_7b_interleaved.txt 2>&1
-  grep -E "x[0-9]|rounds|Error" $O/decode_7b_interleaved.txt | cut -c1-190
+  interleaved_7b decode_7b_interleaved
   mark "the engine's decode steps on the device, qwen2.5-7b, 256 and 64 rows"
   timeout 400 python3 benchmarks/engine_gaps_gpu.py --shape qwen2.5-7b --rows 256 64 \
     --modes "static all" "static fp8+head all kv8" > $O/gaps_7b.txt 2>&1
   grep -a "rows\|window\|Error" $O/gaps_7b.txt | cut -c1-220
+  gpu_test_files tests/test_engines_hf_attention.py
   engine_7b decode_7b "static all" "static fp8+head all kv8"
   step_7b step_7b fused_c fp8_c_head_kv8
-  mark "engine decode tokens/s, interleaved, again"
-  timeout 500 python3 benchmarks/hf_decode_gpu.py --shape qwen2.5-7b --batch 256 64 --skip-generate --repeats 9 \
-    --decode-only --interleave --modes "static all" "static fp8+head all kv8" > $O/decode_7b_interleaved2.txt 2>&1
-  grep -E "x[0-9]|rounds|Error" $O/decode_7b_interleaved2.txt | cut -c1-190
+  interleaved_7b decode_7b_interleaved2
   mark "done"
+}
+
+interleaved_7b() {  # bf16 and FP8 + LM head + e4m3 cache decode tokens/s at 7B, round by round, 9 rounds, into $O/$1.txt
+  mark "engine decode tokens/s, qwen2.5-7b, bf16 and FP8 interleaved round by round, 9 rounds"
+  timeout 500 python3 benchmarks/hf_decode_gpu.py --shape qwen2.5-7b --batch 256 64 --skip-generate --repeats 9 \
+    --decode-only --interleave --modes "static all" "static fp8+head all kv8" > "$O/$1.txt" 2>&1
+  grep -E "x[0-9]|rounds|Error" "$O/$1.txt" | cut -c1-190
 }
 
 decode_shape() {  # tokens/s at $1: the hf engine, chatgym's vLLM engine and vLLM's own LLM.generate
