@@ -39,6 +39,9 @@ weights unless ``--real-weights``, SmolLM2 only): ``smollm2`` (135M), ``qwen2.5-
 64 new tokens, and ``rows x 64`` over the median of the rounds' time differences (128 tokens less 64) is
 the tokens/s of decode steps 65-128 alone (prefill, admission and hand-back cancel), for the engine
 modes and chatgym's vLLM engine alike; FP8/bf16 rows then give the decode ratio too (``decode x``).
+``--interleave`` builds every engine mode first and runs each round through every mode in turn, so that a
+drift of the device's speed reaches the modes alike, and prints every round's decode seconds (on an H100
+at the 7B shape and 256 rows the rounds spread 5%: ``benchmarks/results/fp8_value_pairs_h100_2026-12-07``).
 
 ``--vllm-variants NAME=JSON ...`` runs vLLM alone (no ``hf`` mode, no ``model.generate``), one process
 a variant with the JSON object's engine options (``quantization``, ``kv_cache_dtype``,
@@ -636,10 +639,15 @@ def main() -> None:
         return
     if not torch.cuda.is_available():
         raise SystemExit("hf_decode_gpu.py needs CUDA")
-    rows = []
-    for shape in args.shape:
-        rows += bench_vllm_variants(args, shape) if args.vllm_variants else bench_shape(args, shape)
-    print("\n".join(rows))
+    summary(args.shape, [bench_vllm_variants(args, shape) if args.vllm_variants else bench_shape(args, shape)
+                         for shape in args.shape])
+
+
+def summary(shapes: list[str], rows: list[list[str]]) -> None:
+    """Every shape's rows again at the end, after a ``summary`` line, where several shapes ran (each
+    batch's rows are printed as they come, :func:`report`; one shape's would only repeat them)."""
+    if len(shapes) > 1:
+        print("summary:\n" + "\n".join(row for shape_rows in rows for row in shape_rows), flush=True)
 
 
 if __name__ == "__main__":

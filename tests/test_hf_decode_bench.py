@@ -220,3 +220,12 @@ def test_interleave_runs_every_mode_each_round_after_building_them_all(decode_be
     assert got["engine static all"][3] == pytest.approx(0.64) and got["engine static fp8+head all cutlass"][3] == pytest.approx(0.4)
     assert got["engine static all"][2] == pytest.approx(1.281)  # the first round's seconds (round 1 of 128)
     assert "decode rounds, 1 rows, engine static all: 640.0 640.0 ms" in capsys.readouterr().out
+
+
+def test_the_rows_are_printed_again_only_after_several_shapes(decode_bench, capsys):
+    # report() prints each batch's rows as they come; one shape's rows were printed a second time at the
+    # end (stop 64's note). Now only several shapes' rows come again, after a summary line.
+    decode_bench.summary(["smollm2"], [["a", "b"]])
+    assert capsys.readouterr().out == ""
+    decode_bench.summary(["smollm2", "qwen2.5-7b"], [["a"], ["b", "c"]])
+    assert capsys.readouterr().out == "summary:\na\nb\nc\n"

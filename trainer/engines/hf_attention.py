@@ -46,7 +46,7 @@ dimension, and Hopper's ``ldmatrix`` transposes only 16-bit elements, so e4m3 va
 shared memory and read back a byte at a time (40 ``ld.shared.b8`` a thread a block at 32 columns);
 as pairs a block is two ``ldmatrix.trans`` (``benchmarks/kernels_sm90.py``: 80 registers against 103,
 6 programs a multiprocessor against 4). On an H100 at the
-7B shape, 256 rows: the kernel 29.6 against 29.9 us a layer at (32, 4, 3) (best launches 26.5 / 28.4),
+7B shape, 256 rows: the kernel 29.6 against 30.5 us a layer at (32, 4, 3) (best launches 26.5 / 28.4),
 the engine's decode step 5.914 against 5.996 ms (``benchmarks/results/fp8_value_pairs_h100_2026-12-07``). It halves the bytes a
 step's attention reads (57,344 -> 28,672 a token at the Qwen2.5-7B shape); keys and values carry e4m3's
 rounding (2^-4 relative), one more source of the engine/learner mismatch (``rollout/mismatch/*``).
