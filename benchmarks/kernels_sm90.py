@@ -97,7 +97,8 @@ def engine_kernels() -> list[Compiled]:
                  s="*fp32", b="*bf16", k_col=heads * d, v_col=(heads + kv_heads) * d, cos="*bf16", sin="*bf16",
                  cs_row=d),
             dict(GROUP=heads // kv_heads, GROUP_ROWS=16, D=d, BLOCK=block, PRECISION="tf32",
-                 FP8=cache == "*fp8e4nv", FP8_MAX=448.0, SCALED=True, BIAS=True, ROPE=True, HALF=True),
+                 FP8=cache == "*fp8e4nv", FP8_MAX=448.0, SCALED=True, BIAS=True, ROPE=True, HALF=True,
+                 RAW=hf_attention._raw_value()),
             warps, stages))
     out.append(compile_sm90(
         "philox_chunk (sampler)", hf_draw._chunk_kernel(),

@@ -40,14 +40,15 @@ columns are read in e4m3 and widened before the products: to fp16 with bf16 / fp
 value is an fp16 one; the queries, times the score's factor, rounded to fp16, which keeps 3 more bits
 than bf16; widened to bf16 the 7B step's attention took 0.632 ms at 256 rows on an H100, to fp16 0.599
 on another), to float32 with float32 queries. With fp16 products the values are read as 16-bit pairs
-(each two neighbouring dimensions of a column), ``p @ v`` taken over the even and the odd dimensions
-apart and the two interleaved at the end (the same fp16 products and float32 sums): ``p @ v`` sums over the cache's columns, the strided
-dimension, and Hopper's ``ldmatrix`` transposes only 16-bit elements, so e4m3 values were staged in
-shared memory and read back a byte at a time (40 ``ld.shared.b8`` a thread a block at 32 columns);
-as pairs a block is two ``ldmatrix.trans`` (``benchmarks/kernels_sm90.py``: 80 registers against 103,
-6 programs a multiprocessor against 4). On an H100 at the
-7B shape, 256 rows: the kernel 29.6 against 30.5 us a layer at (32, 4, 3) (best launches 26.5 / 28.4),
-the engine's decode step 5.914 against 5.996 ms (``benchmarks/results/fp8_value_pairs_h100_2026-12-07``). It halves the bytes a
+(each two neighbouring dimensions of a column; the low byte the even one, as CUDA is little-endian),
+``p @ v`` taken over the even and the odd dimensions apart and the two interleaved at the end (the same
+fp16 products and float32 sums): ``p @ v`` sums over the cache's columns, the strided dimension, and
+Hopper's ``ldmatrix`` transposes only 16-bit elements, so e4m3 values were staged in shared memory and
+read back a byte at a time (40 ``ld.shared.b8`` a thread a block at 32 columns); as pairs a block is
+two ``ldmatrix.trans`` (``benchmarks/kernels_sm90.py``: 80 registers against 103, 6 programs a
+multiprocessor against 4). On an H100 at the 7B shape, 256 rows: the kernel 29.6 against 30.5 us a
+layer at (32, 4, 3) (best launches 26.5 / 28.4), the engine's decode step 5.914 against 5.996 ms
+(``benchmarks/results/fp8_value_pairs_h100_2026-12-07``). It halves the bytes a
 step's attention reads (57,344 -> 28,672 a token at the Qwen2.5-7B shape); keys and values carry e4m3's
 rounding (2^-4 relative), one more source of the engine/learner mismatch (``rollout/mismatch/*``).
 """
@@ -224,9 +225,30 @@ def _launch(q: Any, k: Any, v: Any, k_cache: Any, v_cache: Any, positions: Any, 
         a, s, unused if bias is None else bias, heads * d, (heads + kv_heads) * d, cos, sin, cos.stride(0),
         GROUP=group, GROUP_ROWS=group_rows, D=d, BLOCK=block, PRECISION=precision,
         FP8=fp8, FP8_MAX=FP8_MAX, SCALED=scales is not None, BIAS=bias is not None, ROPE=rope is not None,
-        HALF=q.dtype != torch.float32, num_warps=warps, num_stages=stages,
+        HALF=q.dtype != torch.float32, RAW=_raw_value(), num_warps=warps, num_stages=stages,
     )
     return out
+
+
+@functools.cache
+def _raw_value() -> Any:
+    """The kernel's step from the q/k/v product's raw output to a value, a Triton function it takes as
+    ``RAW`` (a helper of a kernel must come as an argument: Triton's interpreter does not see closures):
+    ``x`` times the ``"unit"`` GEMM's row scale and channel scales ``s[cols]``, then plus the bias
+    ``b[cols]``, each in float32 and rounded to ``x``'s dtype (as :func:`.hf_fp8.dequantize_out` and the
+    bias add round); ``mask`` and ``other`` the loads' (None, None: every column)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def raw_value(x, row_scale, s, b, cols, mask, other, SCALED: tl.constexpr, BIAS: tl.constexpr):
+        if SCALED:
+            x = (x.to(tl.float32) * row_scale * tl.load(s + cols, mask=mask, other=other)).to(x.dtype)
+        if BIAS:
+            x = (x.to(tl.float32) + tl.load(b + cols, mask=mask, other=other).to(tl.float32)).to(x.dtype)
+        return x
+
+    return raw_value
 
 
 @functools.cache
@@ -241,41 +263,28 @@ def _kernel() -> Any:
                          a, s, b, k_col, v_col, cos, sin, cs_row,
                          GROUP: tl.constexpr, GROUP_ROWS: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
                          PRECISION: tl.constexpr, FP8: tl.constexpr, FP8_MAX: tl.constexpr, SCALED: tl.constexpr,
-                         BIAS: tl.constexpr, ROPE: tl.constexpr, HALF: tl.constexpr):
-        r = tl.program_id(0).to(tl.int64)
-        h = tl.program_id(1)
+                         BIAS: tl.constexpr, ROPE: tl.constexpr, HALF: tl.constexpr, RAW: tl.constexpr):
+        r, h = tl.program_id(0).to(tl.int64), tl.program_id(1)
         pos = tl.load(positions + r)
         dim = tl.arange(0, D)
         heads = h * GROUP + tl.arange(0, GROUP_ROWS)
         real = heads < h * GROUP + GROUP
         q_cols = heads[:, None] * D + dim[None, :]  # in the scales and bias (k's from k_col, v's from v_col)
-        qs = tl.load(q + r * q_row + heads[:, None] * q_head + dim[None, :], mask=real[:, None], other=0.0)
-        k_new = tl.load(k + r * k_row + h * k_head + dim)
-        v_new = tl.load(v + r * v_row + h * v_head + dim)
+        row_scale = tl.load(a + r) if SCALED else 1.0
+        qs = RAW(tl.load(q + r * q_row + heads[:, None] * q_head + dim[None, :], mask=real[:, None], other=0.0),
+                 row_scale, s, b, q_cols, real[:, None], 0.0, SCALED, BIAS)
+        k_new = RAW(tl.load(k + r * k_row + h * k_head + dim), row_scale, s, b, k_col + h * D + dim, None, None, SCALED,
+                    BIAS)
+        v_new = RAW(tl.load(v + r * v_row + h * v_head + dim), row_scale, s, b, v_col + h * D + dim, None, None, SCALED,
+                    BIAS)
         dtype = qs.dtype
-        if ROPE:  # the rotated halves: roll(x, D/2)[j] = x[(j + D/2) % D]
-            turned = (dim + D // 2) % D
-            q_turned = heads[:, None] * D + turned[None, :]
-            qt = tl.load(q + r * q_row + heads[:, None] * q_head + turned[None, :], mask=real[:, None], other=0.0)
-            kt = tl.load(k + r * k_row + h * k_head + turned)
-        if SCALED:  # the unit GEMM's row and channel scales: (raw.float() * a * s) rounded to the dtype
-            row_scale = tl.load(a + r)
-            qs = (qs.to(tl.float32) * row_scale * tl.load(s + q_cols, mask=real[:, None], other=0.0)).to(dtype)
-            k_new = (k_new.to(tl.float32) * row_scale * tl.load(s + k_col + h * D + dim)).to(dtype)
-            v_new = (v_new.to(tl.float32) * row_scale * tl.load(s + v_col + h * D + dim)).to(dtype)
-            if ROPE:
-                qt = (qt.to(tl.float32) * row_scale * tl.load(s + q_turned, mask=real[:, None], other=0.0)).to(dtype)
-                kt = (kt.to(tl.float32) * row_scale * tl.load(s + k_col + h * D + turned)).to(dtype)
-        if BIAS:
-            qs = (qs.to(tl.float32) + tl.load(b + q_cols, mask=real[:, None], other=0.0).to(tl.float32)).to(dtype)
-            k_new = (k_new.to(tl.float32) + tl.load(b + k_col + h * D + dim).to(tl.float32)).to(dtype)
-            v_new = (v_new.to(tl.float32) + tl.load(b + v_col + h * D + dim).to(tl.float32)).to(dtype)
-            if ROPE:
-                qt = (qt.to(tl.float32) + tl.load(b + q_turned, mask=real[:, None], other=0.0).to(tl.float32)).to(dtype)
-                kt = (kt.to(tl.float32) + tl.load(b + k_col + h * D + turned).to(tl.float32)).to(dtype)
         if ROPE:  # x * cos + roll(x) * sin', in float32, rounded once (as the compiled piece)
-            c = tl.load(cos + r * cs_row + dim).to(tl.float32)
-            sn = tl.load(sin + r * cs_row + dim).to(tl.float32)
+            turned = (dim + D // 2) % D  # the rotated halves: roll(x, D/2)[j] = x[(j + D/2) % D]
+            qt = RAW(tl.load(q + r * q_row + heads[:, None] * q_head + turned[None, :], mask=real[:, None], other=0.0),
+                     row_scale, s, b, heads[:, None] * D + turned[None, :], real[:, None], 0.0, SCALED, BIAS)
+            kt = RAW(tl.load(k + r * k_row + h * k_head + turned), row_scale, s, b, k_col + h * D + turned, None,
+                     None, SCALED, BIAS)
+            c, sn = tl.load(cos + r * cs_row + dim).to(tl.float32), tl.load(sin + r * cs_row + dim).to(tl.float32)
             qs = (qs.to(tl.float32) * c[None, :] + qt.to(tl.float32) * sn[None, :]).to(dtype)
             k_new = (k_new.to(tl.float32) * c + kt.to(tl.float32) * sn).to(dtype)
         if FP8:  # saturated and stored in e4m3; the new column is attended to as stored
@@ -288,16 +297,14 @@ def _kernel() -> Any:
         m = tl.sum(qs.to(tl.float32) * k_new.to(tl.float32)[None, :], 1) * scale  # (GROUP_ROWS,)
         total = tl.full([GROUP_ROWS], 1.0, tl.float32)
         acc = tl.zeros([GROUP_ROWS, D], tl.float32) + v_new.to(tl.float32)[None, :]
-        qd, factor = qs, scale
+        qd, factor, offs = qs, scale, tl.arange(0, BLOCK)
         if FP8 and HALF:  # e4m3 widens to fp16 exactly; q times the factor in fp16 too (|q| < 65504 / factor)
             qd, factor = (qs.to(tl.float32) * scale).to(tl.float16), 1.0
-        offs = tl.arange(0, BLOCK)
-        if FP8 and HALF:  # the values in 16-bit pairs (module doc): the even and the odd dimensions apart
+            # the values in 16-bit pairs (module doc): the even and the odd dimensions apart
             v_even, v_odd = tl.split(tl.reshape(v_new.to(tl.float32), (D // 2, 2)))
             acc_even = tl.zeros([GROUP_ROWS, D // 2], tl.float32) + v_even[None, :]
             acc_odd = tl.zeros([GROUP_ROWS, D // 2], tl.float32) + v_odd[None, :]
-            pairs = v_cache.to(tl.pointer_type(tl.uint16))
-            half = tl.arange(0, D // 2)
+            pairs, half = v_cache.to(tl.pointer_type(tl.uint16)), tl.arange(0, D // 2)
         for start in range(0, pos, BLOCK):
             cols = start + offs
             earlier = cols < pos
@@ -313,9 +320,8 @@ def _kernel() -> Any:
                 vp = tl.load(pairs + (base + cols[:, None] * c_col) // 2 + half[None, :], mask=earlier[:, None], other=0)
                 even = (vp & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
                 odd = (vp >> 8).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
-                pq = p.to(tl.float16)
-                acc_even = acc_even * alpha[:, None] + tl.dot(pq, even, input_precision=PRECISION)
-                acc_odd = acc_odd * alpha[:, None] + tl.dot(pq, odd, input_precision=PRECISION)
+                acc_even = acc_even * alpha[:, None] + tl.dot(p.to(tl.float16), even, input_precision=PRECISION)
+                acc_odd = acc_odd * alpha[:, None] + tl.dot(p.to(tl.float16), odd, input_precision=PRECISION)
             else:
                 vs = tl.load(v_cache + at, mask=earlier[:, None], other=0.0).to(qd.dtype)
                 acc = acc * alpha[:, None] + tl.dot(p.to(qd.dtype), vs, input_precision=PRECISION)
