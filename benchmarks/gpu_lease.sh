@@ -551,6 +551,13 @@ plan14() {
   mark "done"
 }
 
+attention_sweep() {  # the decode attention kernel on an e4m3 cache, every launch, 64 / 256 rows, into $O/$1.txt; $2 names the form, the rest go to attention_gpu.py
+  local out=$1 form=$2; shift 2
+  mark "the decode attention kernel on an e4m3 cache, $form, every launch, qwen2.5-7b, positions 145-248"
+  timeout 300 python3 benchmarks/attention_gpu.py --shape qwen2.5-7b --rows 64 256 --caches fp8 "$@" > "$O/$out.txt" 2>&1
+  grep -a "best\|CHATGYM\|Error" "$O/$out.txt" | cut -c1-200
+}
+
 step_7b() {  # the 7B decode step of each mode given (decode_step_gpu.py, profiled), into $O/$1.txt
   local out=$1; shift
   mark "decode step, qwen2.5-7b: $*"
@@ -703,10 +710,7 @@ plan26() {  # the e4m3 cache's values read a block ahead: the kernel's GPU tests
   begin "$1"
   wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
   gpu_test_files tests/test_engines_hf_attention.py
-  mark "the decode attention kernel on an e4m3 cache, both forms, every launch, qwen2.5-7b, positions 145-248"
-  timeout 300 python3 benchmarks/attention_gpu.py --shape qwen2.5-7b --rows 64 256 --caches fp8 \
-    --write $O/attention_config > $O/attention_7b.txt 2>&1
-  grep -a "best\|CHATGYM\|Error" $O/attention_7b.txt | cut -c1-200
+  attention_sweep attention_7b "both forms" --write $O/attention_config
   engine_7b decode_7b "static all" "static fp8+head all kv8"
   export CHATGYM_DECODE_ATTENTION_CONFIG; CHATGYM_DECODE_ATTENTION_CONFIG=$(cat $O/attention_config 2>/dev/null)
   engine_7b decode_7b_tuned "static all" "static fp8+head all kv8"
@@ -749,19 +753,14 @@ plan28() {  # vLLM's CUTLASS FP8 GEMM (its GPU tests, the GEMMs alone, the step,
   mark "done"
 }
 
+# plan29 ran on 7e990b2, where CHATGYM_PAIRS=0 chose the byte form (gone since: the pairs form is the only one).
 plan29() {  # the e4m3 cache's values read as 16-bit pairs (ldmatrix.trans): GPU tests, launches of both forms, the target (default, tuned, bytes), the step
   begin "$1"
   wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
   gpu_test_files tests/test_engines_hf_attention.py
-  mark "the decode attention kernel on an e4m3 cache, values as pairs, every launch, qwen2.5-7b, positions 145-248"
-  timeout 300 python3 benchmarks/attention_gpu.py --shape qwen2.5-7b --rows 64 256 --caches fp8 \
-    --write $O/attention_config > $O/attention_7b.txt 2>&1
-  grep -a "best\|CHATGYM\|Error" $O/attention_7b.txt | cut -c1-200
+  attention_sweep attention_7b "values as pairs" --write $O/attention_config
   engine_7b decode_7b "static all" "static fp8+head all kv8"
-  mark "the same kernel, values as bytes (the form before), every launch"
-  CHATGYM_PAIRS=0 timeout 300 python3 benchmarks/attention_gpu.py --shape qwen2.5-7b --rows 64 256 --caches fp8 \
-    > $O/attention_7b_bytes.txt 2>&1
-  grep -a "best\|Error" $O/attention_7b_bytes.txt | cut -c1-200
+  CHATGYM_PAIRS=0 attention_sweep attention_7b_bytes "values as bytes (the form before)"
   export CHATGYM_DECODE_ATTENTION_CONFIG; CHATGYM_DECODE_ATTENTION_CONFIG=$(cat $O/attention_config 2>/dev/null)
   engine_7b decode_7b_tuned "static all" "static fp8+head all kv8"
   unset CHATGYM_DECODE_ATTENTION_CONFIG
