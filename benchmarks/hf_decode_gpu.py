@@ -39,9 +39,10 @@ weights unless ``--real-weights``, SmolLM2 only): ``smollm2`` (135M), ``qwen2.5-
 64 new tokens, and ``rows x 64`` over the median of the rounds' time differences (128 tokens less 64) is
 the tokens/s of decode steps 65-128 alone (prefill, admission and hand-back cancel), for the engine
 modes and chatgym's vLLM engine alike; FP8/bf16 rows then give the decode ratio too (``decode x``).
-``--interleave`` builds every engine mode first and runs each round through every mode in turn, so that a
-drift of the device's speed reaches the modes alike, and prints every round's decode seconds (on an H100
-at the 7B shape and 256 rows the rounds spread 5%: ``benchmarks/results/fp8_value_pairs_h100_2026-12-07``).
+``--interleave`` builds every engine mode first and runs each round through every mode in turn (in the
+order given), so that a drift of the device's speed reaches the modes alike, and with ``--decode-only``
+prints every round's decode seconds (on an H100 at the 7B shape and 256 rows the rounds spread 5-7%:
+``benchmarks/results/fp8_value_pairs_h100_2026-12-07``); the engine modes only (not ``--vllm-variants``).
 
 ``--vllm-variants NAME=JSON ...`` runs vLLM alone (no ``hf`` mode, no ``model.generate``), one process
 a variant with the JSON object's engine options (``quantization``, ``kv_cache_dtype``,
@@ -431,6 +432,8 @@ def parse_args():
             ap.error(f"--vllm-ratios: {ratio!r} is not A/B of two --vllm-variants names {names}")
     if min(args.batch) < 1 or args.repeats < 1:
         ap.error(f"--batch and --repeats must be >= 1, got {args.batch} and {args.repeats}")
+    if args.interleave and args.vllm_variants:
+        ap.error("--interleave runs the engine modes round by round; --vllm-variants runs vLLM alone, a process a variant")
     if args.real_weights and args.shape != ["smollm2"]:
         ap.error("--real-weights: only SmolLM2's weights are packaged (--shape smollm2)")
     if args.modes is None:  # modes given are run as given (--fp8 added three more to them: lease time)
@@ -512,25 +515,37 @@ def time_engines_interleaved(model, tokenizer, modes: list[str], prompts, params
         with mock.patch.dict(os.environ, mode_env(mode)):
             return asyncio.run(run_engine(engines[mode], prompts, requests))
 
-    for m in modes:
-        with mock.patch.dict(os.environ, mode_env(m)):
-            engines[m] = TransformersEngine(model, tokenizer, max_batch_size=len(prompts), eos_token_ids=[],
-                                            max_model_len=512, **ENGINE_MODES[m])
-        firsts[m] = timed(m, params)[0]
-        if decode_only:
-            timed(m, short)  # its warm-up
-    for _ in range(repeats):
+    try:
         for m in modes:
-            runs[m].append(timed(m, params))
+            with mock.patch.dict(os.environ, mode_env(m)):
+                engines[m] = TransformersEngine(model, tokenizer, max_batch_size=len(prompts), eos_token_ids=[],
+                                                max_model_len=512, **ENGINE_MODES[m])
+            firsts[m] = timed(m, params)[0]
             if decode_only:
-                diffs[m].append(runs[m][-1][0] - timed(m, short)[0])
+                timed(m, short)  # its warm-up
+        for _ in range(repeats):
+            for m in modes:
+                runs[m].append(timed(m, params))
+                if decode_only:
+                    diffs[m].append(runs[m][-1][0] - timed(m, short)[0])
+    finally:  # the engines built so far, also when a later one fails to build
+        for eng in engines.values():
+            asyncio.run(eng.close())
+        engines.clear()
+        _empty_cache()
     for m in modes:
-        asyncio.run(engines[m].close())
         if decode_only:
             print(f"decode rounds, {len(prompts)} rows, engine {m}: "
                   + " ".join(f"{1000 * d:.1f}" for d in diffs[m]) + " ms", flush=True)
     return {f"engine {m}": (statistics.median(t for t, _ in runs[m]), runs[m][-1][1], firsts[m],
                             statistics.median(diffs[m]) if decode_only else None) for m in modes}
+
+
+def _empty_cache() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def bench_shape(args, shape: str) -> list[str]:
@@ -645,7 +660,7 @@ def main() -> None:
 
 def summary(shapes: list[str], rows: list[list[str]]) -> None:
     """Every shape's rows again at the end, after a ``summary`` line, where several shapes ran (each
-    batch's rows are printed as they come, :func:`report`; one shape's would only repeat them)."""
+    shape's rows are printed as it finishes, :func:`report`; one shape's would only repeat them)."""
     if len(shapes) > 1:
         print("summary:\n" + "\n".join(row for shape_rows in rows for row in shape_rows), flush=True)
 

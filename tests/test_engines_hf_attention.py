@@ -125,11 +125,17 @@ def test_decode_qkv_refuses_half_the_scales_and_a_wrong_width():
 def test_an_e4m3_value_cache_of_odd_strides_is_refused():
     # bf16 queries read an e4m3 value cache in 16-bit pairs: a column stride of 17 bytes would split pairs
     # across columns, so it is refused before any launch (here a CPU, where no kernel could run).
+    # An odd start (walk: the message then named only even strides) is refused too, and names its offset.
     cache = torch.zeros(2, 2, 8, 17, dtype=torch.float8_e4m3fn)[..., :16]
     q, k = torch.zeros(2, 4, 16, dtype=torch.bfloat16), torch.zeros(2, 2, 16, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match=r"^decode attention: an e4m3 value cache is read in 16-bit pairs: its "
-                       r"start and strides must be even \(bytes\), got strides \(272, 136, 17, 1\)$"):
-        hf_attention.decode(q, k, k, cache, cache, torch.zeros(2, dtype=torch.long), 0.25)
+    pos = torch.zeros(2, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"^decode attention: an e4m3 value cache is read in 16-bit pairs: its start "
+                       r"and its slot, head and column strides must be even \(bytes\), got start offset 0 and "
+                       r"strides \(272, 136, 17\)$"):
+        hf_attention.decode(q, k, k, cache, cache, pos, 0.25)
+    shifted = torch.zeros(2 * 2 * 8 * 16 + 1, dtype=torch.float8_e4m3fn)[1:].view(2, 2, 8, 16)
+    with pytest.raises(ValueError, match=r"got start offset 1 and strides \(256, 128, 16\)$"):
+        hf_attention.decode(q, k, k, shifted, shifted, pos, 0.25)
 
 
 @pytest.fixture

@@ -81,7 +81,10 @@ def test_bad_sizes_and_weights_are_refused_before_cuda_is_asked_for(decode_bench
                           (["--real-weights", "--shape", "qwen2.5-7b"],
                            "--real-weights: only SmolLM2's weights are packaged (--shape smollm2)"),
                           # Regression (second walk): argparse read --seed as --seeded, then "-1" as stray
-                          (["--seed", "-1"], "unrecognized arguments: --seed -1")):  # fmt: skip
+                          (["--seed", "-1"], "unrecognized arguments: --seed -1"),
+                          # Regression (walk): --interleave was taken beside --vllm-variants and did nothing
+                          (["--interleave", "--vllm-variants", "a={}"], "--interleave runs the engine modes round "
+                           "by round; --vllm-variants runs vLLM alone, a process a variant")):  # fmt: skip
         with pytest.raises(SystemExit):
             modes(decode_bench, monkeypatch, *argv)
         assert capsys.readouterr().err.splitlines()[-1] == f"hf_decode_gpu.py: error: {message}"
@@ -184,9 +187,9 @@ def test_a_vllm_variants_options_reach_its_own_vllm_process(decode_bench, capsys
 
 def test_interleave_runs_every_mode_each_round_after_building_them_all(decode_bench, monkeypatch, capsys):
     # --interleave: both engines built and warmed up first, then each round runs bf16 (full, cut) and FP8
-    # (full, cut) in turn. A stand-in engine per mode: 0.01 s a token for bf16, 0.00625 for FP8, each
-    # round 1 ms slower than the one before (a device's drift); the decode seconds are the medians of
-    # (128-token - 64-token) rounds, 0.64 s and 0.4 s: the drift cancels within each round.
+    # (full, cut) in turn (the call order below is what it is for). A stand-in engine per mode: 0.01 s a
+    # token for bf16, 0.00625 for FP8, plus 1 ms for each full round the mode has run; the decode seconds
+    # are the medians of (128-token - 64-token) rounds, 0.64 s and 0.4 s.
     from types import SimpleNamespace
 
     order, built_env = [], []
@@ -229,3 +232,30 @@ def test_the_rows_are_printed_again_only_after_several_shapes(decode_bench, caps
     assert capsys.readouterr().out == ""
     decode_bench.summary(["smollm2", "qwen2.5-7b"], [["a"], ["b", "c"]])
     assert capsys.readouterr().out == "summary:\na\nb\nc\n"
+
+
+def test_interleave_closes_the_engines_built_when_a_later_one_fails(decode_bench, monkeypatch):
+    # Regression (walk): a second mode whose engine failed to build left the first engine open.
+    from types import SimpleNamespace
+
+    closed = []
+
+    class Engine:
+        def __init__(self, model, tokenizer, **kwargs):
+            if kwargs.get("quantization"):
+                raise RuntimeError("no FP8 here")
+
+        async def close(self):
+            closed.append(self)
+
+    async def run_engine(engine, prompts, params):
+        return 1.0, len(prompts) * params[0].max_tokens
+
+    monkeypatch.setattr(decode_bench, "run_engine", run_engine)
+    monkeypatch.setitem(sys.modules, "chatgym.trainer.engines.hf", SimpleNamespace(TransformersEngine=Engine))
+    from chatgym.trainer.engines import SamplingParams
+
+    with pytest.raises(RuntimeError, match=r"^no FP8 here$"):
+        decode_bench.time_engines_interleaved(None, None, ["static all", "static fp8+head all kv8"], [[1, 2]],
+                                              [SamplingParams(max_tokens=8)], 1)
+    assert len(closed) == 1

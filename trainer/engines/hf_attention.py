@@ -71,7 +71,9 @@ MAX_BLOCK, MAX_STAGES = 128, 3
 # (benchmarks/attention_gpu.py measures the choices): "BLOCK,WARPS,STAGES" for both, or
 # "model=BLOCK,WARPS,STAGES;fp8=BLOCK,WARPS,STAGES". On an e4m3 cache 32 columns a block: the least time
 # summed over 64 and 256 rows at the Qwen2.5-7B shape in both H100 sweeps (45.2 / 41.6 us a layer against
-# (64, 4, 3)'s 46.0 / 43.4; 103 registers a thread against 137, 4 programs a multiprocessor against 3).
+# (64, 4, 3)'s 46.0 / 43.4; 103 registers a thread against 137, 4 programs a multiprocessor against 3, in the
+# byte form of the values before the pairs: 80 and 6 now), and with the pairs the engine's step was slower at
+# the pairs sweep's least summed launch (64, 4, 2): 5.938 ms against 5.914 at 256 rows.
 LAUNCH = {"model": (BLOCK, 4, 3), "fp8": (32, 4, 3)}
 
 
@@ -152,7 +154,9 @@ def decode(q: Any, k: Any, v: Any, k_cache: Any, v_cache: Any, positions: Any, s
         ``(n, heads, d)`` in ``q``'s dtype, contiguous: each query head's attention output.
 
     Raises:
-        ValueError: caches of other strides, or a last dimension that is not dense.
+        ValueError: caches of other strides, a last dimension that is not dense, or with bf16 / fp16 queries an
+            e4m3 value cache whose start or slot, head or column stride is odd in bytes (it is read in 16-bit
+            pairs).
     """
     return _launch(q, k, v, k_cache, v_cache, positions, scale)
 
@@ -215,8 +219,9 @@ def _launch(q: Any, k: Any, v: Any, k_cache: Any, v_cache: Any, positions: Any, 
     cos, sin = rope if rope is not None else (unused, unused)
     fp8 = k_cache.dtype == torch.float8_e4m3fn
     if fp8 and q.dtype != torch.float32 and (v_cache.data_ptr() % 2 or any(st % 2 for st in v_cache.stride()[:3])):
-        raise ValueError("decode attention: an e4m3 value cache is read in 16-bit pairs: its start and strides "
-                         f"must be even (bytes), got strides {v_cache.stride()}")
+        raise ValueError("decode attention: an e4m3 value cache is read in 16-bit pairs: its start and its slot, "
+                         f"head and column strides must be even (bytes), got start offset {v_cache.storage_offset()} "
+                         f"and strides {v_cache.stride()[:3]}")
     block, warps, stages = launch_config(fp8)
     _kernel()[(n, kv_heads)](
         q, k, v, k_cache, v_cache, positions, out, float(scale),
