@@ -23,7 +23,16 @@ import os
 from collections import defaultdict
 from unittest import mock
 
-from hf_decode_gpu import ENGINE_MODES, NEW_TOKENS, SHAPES, build_model, make_prompts, mode_env, run_engine
+from hf_decode_gpu import (
+    ENGINE_MODES,
+    NEW_TOKENS,
+    SHAPES,
+    build_model,
+    make_engine,
+    make_prompts,
+    mode_env,
+    run_engine,
+)
 
 
 def kernel_intervals(prof) -> list[tuple[float, float, str]]:
@@ -92,13 +101,10 @@ def profile_mode(model, tokenizer, mode: str, rows: int, with_host: bool) -> lis
     from torch.profiler import ProfilerActivity, profile
 
     from chatgym.trainer.engines import SamplingParams
-    from chatgym.trainer.engines.hf import TransformersEngine
-
     prompts = make_prompts(rows, model.config.vocab_size, rows)
     params = [SamplingParams(max_tokens=NEW_TOKENS, temperature=1.0) for _ in range(rows)]
+    eng = make_engine(model, tokenizer, mode, rows)
     with mock.patch.dict(os.environ, mode_env(mode)):
-        eng = TransformersEngine(model, tokenizer, max_batch_size=rows, eos_token_ids=[], max_model_len=512,
-                                 **ENGINE_MODES[mode])
         asyncio.run(run_engine(eng, prompts, params))  # warm-up: captures, compiles
         activities = [ProfilerActivity.CUDA] + [ProfilerActivity.CPU] * with_host  # the host's ops cost time
         with profile(activities=activities) as prof:

@@ -468,45 +468,32 @@ def bench_vllm_variants(args, shape: str) -> list[str]:
     return rows
 
 
+def make_engine(model, tokenizer, mode: str, rows: int):
+    """``mode``'s engine (:data:`ENGINE_MODES`) for ``rows`` rows at once, built in the mode's environment
+    (:func:`mode_env`), as every benchmark here builds it (no EOS: every row runs to its token limit)."""
+    from chatgym.trainer.engines.hf import TransformersEngine
+
+    with mock.patch.dict(os.environ, mode_env(mode)):
+        return TransformersEngine(model, tokenizer, max_batch_size=rows, eos_token_ids=[], max_model_len=512,
+                                  **ENGINE_MODES[mode])
+
+
 def time_engine(model, tokenizer, mode: str, prompts, params, repeats: int, decode_only: bool = False) -> tuple:
     """``(median seconds, tokens, first round's seconds, decode seconds)`` of ``mode``'s engine; decode
     seconds (``decode_only``: each round also runs the requests cut to :data:`SHORT_TOKENS`) the median
     over rounds of the full requests' time less the cut ones', else None."""
-    import dataclasses
-
-    import torch
-
-    from chatgym.trainer.engines.hf import TransformersEngine
-
-    with mock.patch.dict(os.environ, mode_env(mode)):  # restored after the mode's engine
-        eng = TransformersEngine(
-            model, tokenizer, max_batch_size=len(prompts), eos_token_ids=[], max_model_len=512, **ENGINE_MODES[mode]
-        )
-        short = [dataclasses.replace(p, max_tokens=SHORT_TOKENS) for p in params]
-        first, _ = asyncio.run(run_engine(eng, prompts, params))
-        if decode_only:
-            asyncio.run(run_engine(eng, prompts, short))  # its warm-up
-        runs, diffs = [], []
-        for _ in range(repeats):
-            runs.append(asyncio.run(run_engine(eng, prompts, params)))
-            if decode_only:
-                diffs.append(runs[-1][0] - asyncio.run(run_engine(eng, prompts, short))[0])
-        asyncio.run(eng.close())
-    del eng
-    torch.cuda.empty_cache()
-    return statistics.median(t for t, _ in runs), runs[-1][1], first, (statistics.median(diffs) if diffs else None)
+    return time_engines_interleaved(model, tokenizer, [mode], prompts, params, repeats, decode_only,
+                                    show_rounds=False)[f"engine {mode}"]
 
 
 def time_engines_interleaved(model, tokenizer, modes: list[str], prompts, params, repeats: int,
-                             decode_only: bool = False) -> dict:
+                             decode_only: bool = False, show_rounds: bool = True) -> dict:
     """:func:`time_engine`'s tuple for every mode, ``"engine <mode>"`` -> tuple, with every mode's engine
     built (and warmed up) first and each round running every mode in turn (``--interleave``): a drift of
     the device's speed over the minutes a mode's rounds take then reaches every mode alike, so it cancels
     in their ratios where one mode's rounds after another's do not. Prints each mode's rounds' decode
-    seconds (``decode_only``), the spread a ratio is read against."""
+    seconds (``decode_only`` and ``show_rounds``), the spread a ratio is read against."""
     import dataclasses
-
-    from chatgym.trainer.engines.hf import TransformersEngine
 
     short = [dataclasses.replace(p, max_tokens=SHORT_TOKENS) for p in params]
     engines, firsts, runs, diffs = {}, {}, {m: [] for m in modes}, {m: [] for m in modes}
@@ -517,9 +504,7 @@ def time_engines_interleaved(model, tokenizer, modes: list[str], prompts, params
 
     try:
         for m in modes:
-            with mock.patch.dict(os.environ, mode_env(m)):
-                engines[m] = TransformersEngine(model, tokenizer, max_batch_size=len(prompts), eos_token_ids=[],
-                                                max_model_len=512, **ENGINE_MODES[m])
+            engines[m] = make_engine(model, tokenizer, m, len(prompts))
             firsts[m] = timed(m, params)[0]
             if decode_only:
                 timed(m, short)  # its warm-up
@@ -534,7 +519,7 @@ def time_engines_interleaved(model, tokenizer, modes: list[str], prompts, params
         engines.clear()
         _empty_cache()
     for m in modes:
-        if decode_only:
+        if decode_only and show_rounds:
             print(f"decode rounds, {len(prompts)} rows, engine {m}: "
                   + " ".join(f"{1000 * d:.1f}" for d in diffs[m]) + " ms", flush=True)
     return {f"engine {m}": (statistics.median(t for t, _ in runs[m]), runs[m][-1][1], firsts[m],

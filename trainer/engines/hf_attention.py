@@ -213,12 +213,13 @@ def _launch(q: Any, k: Any, v: Any, k_cache: Any, v_cache: Any, positions: Any, 
         raise ValueError("decode attention: cos and sin must share strides, their last dimension dense")
     out = torch.empty((n, heads, d), dtype=q.dtype, device=q.device)
     group_rows = max(MIN_DOT, 1 << (group - 1).bit_length())
-    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    half = q.dtype != torch.float32  # products in fp16 / bf16 (the kernel's HALF)
+    precision = "tf32" if half else "ieee"
     unused = q  # a pointer a disabled part never reads
     a, s = scales if scales is not None else (unused, unused)
     cos, sin = rope if rope is not None else (unused, unused)
     fp8 = k_cache.dtype == torch.float8_e4m3fn
-    if fp8 and q.dtype != torch.float32 and (v_cache.data_ptr() % 2 or any(st % 2 for st in v_cache.stride()[:3])):
+    if fp8 and half and (v_cache.data_ptr() % 2 or any(st % 2 for st in v_cache.stride()[:3])):
         raise ValueError("decode attention: an e4m3 value cache is read in 16-bit pairs: its start and its slot, "
                          f"head and column strides must be even (bytes), got start offset {v_cache.storage_offset()} "
                          f"and strides {v_cache.stride()[:3]}")
@@ -230,7 +231,7 @@ def _launch(q: Any, k: Any, v: Any, k_cache: Any, v_cache: Any, positions: Any, 
         a, s, unused if bias is None else bias, heads * d, (heads + kv_heads) * d, cos, sin, cos.stride(0),
         GROUP=group, GROUP_ROWS=group_rows, D=d, BLOCK=block, PRECISION=precision,
         FP8=fp8, FP8_MAX=FP8_MAX, SCALED=scales is not None, BIAS=bias is not None, ROPE=rope is not None,
-        HALF=q.dtype != torch.float32, RAW=_raw_value(), num_warps=warps, num_stages=stages,
+        HALF=half, RAW=_raw_value(), num_warps=warps, num_stages=stages,
     )
     return out
 
@@ -301,7 +302,7 @@ def _kernel() -> Any:
         # The new column opens the online softmax: its score is the running max, its weight 1.
         m = tl.sum(qs.to(tl.float32) * k_new.to(tl.float32)[None, :], 1) * scale  # (GROUP_ROWS,)
         total = tl.full([GROUP_ROWS], 1.0, tl.float32)
-        acc = tl.zeros([GROUP_ROWS, D], tl.float32) + v_new.to(tl.float32)[None, :]
+        acc = tl.zeros([GROUP_ROWS, D], tl.float32) + v_new.to(tl.float32)[None, :]  # the pairs form: acc_even, acc_odd
         qd, factor, offs = qs, scale, tl.arange(0, BLOCK)
         if FP8 and HALF:  # e4m3 widens to fp16 exactly; q times the factor in fp16 too (|q| < 65504 / factor)
             qd, factor = (qs.to(tl.float32) * scale).to(tl.float16), 1.0
