@@ -104,11 +104,13 @@ def profile_mode(model, tokenizer, mode: str, rows: int, with_host: bool) -> lis
     prompts = make_prompts(rows, model.config.vocab_size, rows)
     params = [SamplingParams(max_tokens=NEW_TOKENS, temperature=1.0) for _ in range(rows)]
     eng = make_engine(model, tokenizer, mode, rows)
-    with mock.patch.dict(os.environ, mode_env(mode)):
-        asyncio.run(run_engine(eng, prompts, params))  # warm-up: captures, compiles
-        activities = [ProfilerActivity.CUDA] + [ProfilerActivity.CPU] * with_host  # the host's ops cost time
-        with profile(activities=activities) as prof:
-            seconds, tokens = asyncio.run(run_engine(eng, prompts, params))
+    try:
+        with mock.patch.dict(os.environ, mode_env(mode)):
+            asyncio.run(run_engine(eng, prompts, params))  # warm-up: captures, compiles
+            activities = [ProfilerActivity.CUDA] + [ProfilerActivity.CPU] * with_host  # the host's ops cost time
+            with profile(activities=activities) as prof:
+                seconds, tokens = asyncio.run(run_engine(eng, prompts, params))
+    finally:
         asyncio.run(eng.close())
     del eng
     torch.cuda.empty_cache()
@@ -134,6 +136,8 @@ def main() -> None:
     ap.add_argument("--host", action="store_true", help="profile the host's ops too (names what ran at each gap; "
                                                          "slows the host)")
     args = ap.parse_args()
+    if min(args.rows) < 1:
+        ap.error(f"--rows must be >= 1, got {args.rows}")
     if not torch.cuda.is_available():
         raise SystemExit("engine_gaps_gpu.py needs CUDA")
     model = build_model(args.shape, False)

@@ -432,6 +432,8 @@ def parse_args():
             ap.error(f"--vllm-ratios: {ratio!r} is not A/B of two --vllm-variants names {names}")
     if min(args.batch) < 1 or args.repeats < 1:
         ap.error(f"--batch and --repeats must be >= 1, got {args.batch} and {args.repeats}")
+    if args.modes is not None and len(set(args.modes)) < len(args.modes):
+        ap.error(f"--modes: a mode given twice in {args.modes}")
     if args.interleave and args.vllm_variants:
         ap.error("--interleave runs the engine modes round by round; --vllm-variants runs vLLM alone, a process a variant")
     if args.real_weights and args.shape != ["smollm2"]:
@@ -513,10 +515,9 @@ def time_engines_interleaved(model, tokenizer, modes: list[str], prompts, params
                 runs[m].append(timed(m, params))
                 if decode_only:
                     diffs[m].append(runs[m][-1][0] - timed(m, short)[0])
-    finally:  # the engines built so far, also when a later one fails to build
-        for eng in engines.values():
-            asyncio.run(eng.close())
-        engines.clear()
+    finally:  # the engines built so far, also when a later one fails to build; none referenced by the empty
+        while engines:  # in the order built
+            asyncio.run(engines.pop(next(iter(engines))).close())
         _empty_cache()
     for m in modes:
         if decode_only and show_rounds:

@@ -72,3 +72,13 @@ def test_intervals_in_any_order_give_the_same_window(gaps):
     assert gaps.step_starts(shuffled, layers=2) == [0.0, 100.0, 200.0, 300.0, 400.0]
     assert gaps.summarize(shuffled, [0.0, 100.0, 200.0, 300.0, 400.0], [], 1, 4) == \
         gaps.summarize(timeline(), [0.0, 100.0, 200.0, 300.0, 400.0], [], 1, 4)
+
+
+def test_rows_below_one_are_refused_before_cuda_is_asked_for(gaps, monkeypatch, capsys):
+    # Regression (second walk): --rows 0 and -1 were taken (hf_decode_gpu refuses --batch 0).
+    import sys
+
+    monkeypatch.setattr(sys, "argv", ["engine_gaps_gpu.py", "--rows", "256", "0"])
+    with pytest.raises(SystemExit):
+        gaps.main()
+    assert capsys.readouterr().err.splitlines()[-1] == "engine_gaps_gpu.py: error: --rows must be >= 1, got [256, 0]"

@@ -138,6 +138,16 @@ def test_an_e4m3_value_cache_of_odd_strides_is_refused():
         hf_attention.decode(q, k, k, shifted, shifted, pos, 0.25)
 
 
+def test_caches_of_two_dtypes_are_refused():
+    # Regression (second walk): an e4m3 key cache beside a bf16 value cache was read as e4m3 pairs, its
+    # values wrong by up to 91 against the reference, with no error.
+    k_cache = torch.zeros(2, 2, 8, 16, dtype=torch.float8_e4m3fn)
+    q, k = torch.zeros(2, 4, 16, dtype=torch.bfloat16), torch.zeros(2, 2, 16, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"^decode attention: the caches must share a dtype, got "
+                       r"torch.float8_e4m3fn and torch.bfloat16$"):
+        hf_attention.decode(q, k, k, k_cache, k_cache.to(torch.bfloat16), torch.zeros(2, dtype=torch.long), 0.25)
+
+
 @pytest.fixture
 def launch_override(monkeypatch):
     """Set CHATGYM_DECODE_ATTENTION_CONFIG for a test (read once a process: the cache is cleared around it)."""

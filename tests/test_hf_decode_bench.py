@@ -82,6 +82,8 @@ def test_bad_sizes_and_weights_are_refused_before_cuda_is_asked_for(decode_bench
                            "--real-weights: only SmolLM2's weights are packaged (--shape smollm2)"),
                           # Regression (second walk): argparse read --seed as --seeded, then "-1" as stray
                           (["--seed", "-1"], "unrecognized arguments: --seed -1"),
+                          # Regression (second walk): a mode given twice built two engines and leaked one
+                          (["--modes", "static", "static"], "--modes: a mode given twice in ['static', 'static']"),
                           # Regression (walk): --interleave was taken beside --vllm-variants and did nothing
                           (["--interleave", "--vllm-variants", "a={}"], "--interleave runs the engine modes round "
                            "by round; --vllm-variants runs vLLM alone, a process a variant")):  # fmt: skip
@@ -259,3 +261,33 @@ def test_interleave_closes_the_engines_built_when_a_later_one_fails(decode_bench
         decode_bench.time_engines_interleaved(None, None, ["static all", "static fp8+head all kv8"], [[1, 2]],
                                               [SamplingParams(max_tokens=8)], 1)
     assert len(closed) == 1
+
+
+def test_no_engine_is_referenced_when_the_cache_is_emptied(decode_bench, monkeypatch):
+    # Regression (second walk): the closing loop's variable kept the last engine (its KV cache and graphs)
+    # alive through torch.cuda.empty_cache(); the old time_engine deleted it first.
+    import weakref
+    from types import SimpleNamespace
+
+    alive = weakref.WeakSet()
+    seen = []
+
+    class Engine:
+        def __init__(self, model, tokenizer, **kwargs):
+            alive.add(self)
+
+        async def close(self):
+            pass
+
+    async def run_engine(engine, prompts, params):
+        return 1.0, len(prompts) * params[0].max_tokens
+
+    monkeypatch.setattr(decode_bench, "run_engine", run_engine)
+    monkeypatch.setattr(decode_bench, "_empty_cache", lambda: seen.append(len(alive)))
+    monkeypatch.setitem(sys.modules, "chatgym.trainer.engines.hf", SimpleNamespace(TransformersEngine=Engine))
+    from chatgym.trainer.engines import SamplingParams
+
+    decode_bench.time_engine(None, None, "static all", [[1, 2]], [SamplingParams(max_tokens=8)], 1)
+    decode_bench.time_engines_interleaved(None, None, ["static all", "static fp8+head all kv8"], [[1, 2]],
+                                          [SamplingParams(max_tokens=8)], 1)
+    assert seen == [0, 0]

@@ -154,7 +154,7 @@ def decode(q: Any, k: Any, v: Any, k_cache: Any, v_cache: Any, positions: Any, s
         ``(n, heads, d)`` in ``q``'s dtype, contiguous: each query head's attention output.
 
     Raises:
-        ValueError: caches of other strides, a last dimension that is not dense, or with bf16 / fp16 queries an
+        ValueError: caches of other strides or dtypes, a last dimension that is not dense, or with bf16 / fp16 queries an
             e4m3 value cache whose start or slot, head or column stride is odd in bytes (it is read in 16-bit
             pairs).
     """
@@ -209,6 +209,8 @@ def _launch(q: Any, k: Any, v: Any, k_cache: Any, v_cache: Any, positions: Any, 
     group = heads // kv_heads
     if k_cache.stride() != v_cache.stride() or any(t.stride(-1) != 1 for t in (q, k, v, k_cache)):
         raise ValueError("decode attention: the caches must share strides, and every last dimension be dense")
+    if k_cache.dtype != v_cache.dtype:  # the kernel reads both as k_cache's (an e4m3 one as pairs: wrong values)
+        raise ValueError(f"decode attention: the caches must share a dtype, got {k_cache.dtype} and {v_cache.dtype}")
     if rope is not None and any(t.stride(-1) != 1 or t.stride(0) != rope[0].stride(0) for t in rope):
         raise ValueError("decode attention: cos and sin must share strides, their last dimension dense")
     out = torch.empty((n, heads, d), dtype=q.dtype, device=q.device)
@@ -302,7 +304,7 @@ def _kernel() -> Any:
         # The new column opens the online softmax: its score is the running max, its weight 1.
         m = tl.sum(qs.to(tl.float32) * k_new.to(tl.float32)[None, :], 1) * scale  # (GROUP_ROWS,)
         total = tl.full([GROUP_ROWS], 1.0, tl.float32)
-        acc = tl.zeros([GROUP_ROWS, D], tl.float32) + v_new.to(tl.float32)[None, :]  # the pairs form: acc_even, acc_odd
+        acc = tl.zeros([GROUP_ROWS, D], tl.float32) + v_new.to(tl.float32)[None, :]  # (the pairs form: two halves)
         qd, factor, offs = qs, scale, tl.arange(0, BLOCK)
         if FP8 and HALF:  # e4m3 widens to fp16 exactly; q times the factor in fp16 too (|q| < 65504 / factor)
             qd, factor = (qs.to(tl.float32) * scale).to(tl.float16), 1.0
@@ -310,7 +312,7 @@ def _kernel() -> Any:
             v_even, v_odd = tl.split(tl.reshape(v_new.to(tl.float32), (D // 2, 2)))
             acc_even = tl.zeros([GROUP_ROWS, D // 2], tl.float32) + v_even[None, :]
             acc_odd = tl.zeros([GROUP_ROWS, D // 2], tl.float32) + v_odd[None, :]
-            pairs, half = v_cache.to(tl.pointer_type(tl.uint16)), tl.arange(0, D // 2)
+            pairs, pair = v_cache.to(tl.pointer_type(tl.uint16)), tl.arange(0, D // 2)
         for start in range(0, pos, BLOCK):
             cols = start + offs
             earlier = cols < pos
@@ -323,7 +325,7 @@ def _kernel() -> Any:
             alpha = tl.exp(m - top)
             total = total * alpha + tl.sum(p, 1)
             if FP8 and HALF:
-                vp = tl.load(pairs + (base + cols[:, None] * c_col) // 2 + half[None, :], mask=earlier[:, None], other=0)
+                vp = tl.load(pairs + (base + cols[:, None] * c_col) // 2 + pair[None, :], mask=earlier[:, None], other=0)
                 even = (vp & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
                 odd = (vp >> 8).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
                 acc_even = acc_even * alpha[:, None] + tl.dot(p.to(tl.float16), even, input_precision=PRECISION)
