@@ -16,15 +16,21 @@ that time, for:
 * ``unit_t`` / ``unit_fast_t``: the unit product transposed, ``Q · X^T`` (cuBLASLt picks its kernel for
   the swapped sizes; a consumer would read the ``(N, M)`` output by its strides), exact and fast accumulation;
 * ``autotune`` (``--autotune``): the unit product through ``torch.compile(mode="max-autotune-no-cudagraphs")``,
-  Inductor's GEMM templates benchmarked against cuBLASLt for each size (slow to tune).
+  Inductor's GEMM templates benchmarked against cuBLASLt for each size (slow to tune);
+* ``split_k``: chatgym's split-K Triton kernel (:mod:`chatgym.trainer.engines.hf_split_k`) at its launch
+  for the size; ``--sweep`` times it at each launch of :func:`sweep_launches` against ``unit`` and prints
+  the fastest, ``--write FILE`` writes those as ``CHATGYM_FP8_SPLIT_K_CONFIG`` takes them (``"cublas"``
+  where ``unit`` was faster).
 
     python benchmarks/fp8_gemm_gpu.py --shape qwen2.5-7b --rows 64 256
+    python benchmarks/fp8_gemm_gpu.py --shape qwen2.5-7b --rows 64 256 --sweep --write split_k.json
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 
 from decode_step_gpu import replay_ms
 
@@ -83,6 +89,53 @@ def variants(m: int, n: int, k: int, layers: int, autotune: bool) -> dict:
     return out
 
 
+def sweep_launches(m: int, n: int, k: int, processors: int) -> list:
+    """The split-K kernel's launches a sweep times for an ``(m, k) x (k, n)`` product: tiles of 64 to 256
+    rows and 64 to 256 outputs, 128 inner columns a step, and each slice count from 1 to 8 that keeps the
+    grid within two programs a multiprocessor and each slice at least 2 steps."""
+    from chatgym.trainer.engines.hf_split_k import Launch
+
+    tiles = [(256, 128, 8, 3), (256, 128, 8, 4), (128, 128, 8, 4), (128, 128, 8, 5), (256, 64, 8, 4),
+             (128, 256, 8, 3), (64, 128, 4, 4), (64, 128, 4, 5), (64, 64, 4, 5), (64, 256, 8, 3)]
+    out = []
+    for bm, bn, warps, stages in tiles:
+        if bm > max(64, 2 * m):  # a tile of more than twice the rows computes mostly padding
+            continue
+        grid = -(-m // bm) * -(-n // bn)
+        for split in (1, 2, 3, 4, 6, 8):
+            if (split == 1 or grid * split <= 2 * processors) and k // 128 >= 2 * split:
+                out.append(Launch(bm, bn, 128, split, warps, stages))
+    return out
+
+
+def sweep(m: int, name: str, n: int, k: int, layers: int, iters: int) -> tuple[str, object]:
+    """Time the unit GEMM and each :func:`sweep_launches` launch of the split-K kernel on ``layers`` weights;
+    print the five fastest; return ``("m,n,k", the fastest launch's list or "cublas")``."""
+    import torch
+
+    from chatgym.trainer.engines import hf_fp8, hf_split_k
+
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    fp8 = [hf_fp8.quantize_rowwise(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5) for _ in range(layers)]
+    xq, _ = hf_fp8.quantize_rows(x)
+    unit = time_graph(lambda: [hf_fp8.scaled_mm(xq, None, q, None, torch.bfloat16, "unit") for q, _ in fp8], iters)
+    times = {}
+    for chosen in sweep_launches(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count):
+        try:
+            times[chosen] = time_graph(lambda c=chosen: [hf_split_k.mm(xq, q, torch.bfloat16, c) for q, _ in fp8], iters)
+        except Exception as e:  # a launch that does not fit (shared memory): named, not fatal
+            print(f"rows {m:3d} {name:7} {chosen}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+    ranked = sorted(times, key=times.get)
+    for chosen in ranked[:5]:
+        c = chosen
+        print(f"rows {m:3d} {name:7} BM {c.bm:3d} BN {c.bn:3d} BK {c.bk} split {c.split} warps {c.warps} stages "
+              f"{c.stages}: {times[c] * 1e3 / layers:6.1f} us ({unit / times[c]:.3f}x unit's {unit * 1e3 / layers:.1f})",
+              flush=True)
+    best = ranked[0] if ranked and times[ranked[0]] < unit else None
+    key = f"{m},{n},{k}"
+    return key, "cublas" if best is None else [best.bm, best.bn, best.bk, best.split, best.warps, best.stages]
+
+
 def main() -> None:
     import torch
     from hf_decode_gpu import SHAPES, shape_config
@@ -93,11 +146,23 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=None, help="distinct weights a projection (default: the shape's layers)")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--autotune", action="store_true", help="add Inductor's max-autotune unit GEMM")
+    ap.add_argument("--sweep", action="store_true", help="time the split-K kernel's launches against the unit GEMM")
+    ap.add_argument("--write", help="with --sweep: write the fastest launches here as CHATGYM_FP8_SPLIT_K_CONFIG takes them")
     args = ap.parse_args()
+    if args.write and not args.sweep:
+        ap.error("--write needs --sweep")
     config = shape_config(args.shape)
     layers = args.layers or config.num_hidden_layers
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}, {args.shape}, {layers} weights a projection; "
           "us a GEMM (TB/s of weights)", flush=True)
+    if args.sweep:
+        table = dict(sweep(m, name, n, k, layers, args.iters) for m in args.rows
+                     for name, (n, k) in projections(config).items())
+        print("CHATGYM_FP8_SPLIT_K_CONFIG=" + json.dumps(table), flush=True)
+        if args.write:
+            with open(args.write, "w") as f:
+                json.dump(table, f)
+        return
     for m in args.rows:
         totals: dict[str, float] = {}
         for name, (n, k) in projections(config).items():

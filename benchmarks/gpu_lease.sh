@@ -9,7 +9,7 @@
 # Then the device calls, back to back (the machine goes back 30 s after a call), each from the
 # project root, with the carry named:
 #
-#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan7|plan8|plan9|plan10|plan11|plan12|plan13|plan14|plan15|plan18|plan19|plan20|plan21|plan22|plan23|plan24|plan25|plan26|plan27|plan28|plan29|plan30]   (starts `plan` in the background)
+#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan7|plan8|plan9|plan10|plan11|plan12|plan13|plan14|plan15|plan18|plan19|plan20|plan21|plan22|plan23|plan24|plan25|plan26|plan27|plan28|plan29|plan30|plan31]   (starts `plan` in the background)
 #   2  [.gpukit/smol/a1]              cp .gpukit/smol/a1/* /tmp/kit/smol/
 #   3  [.gpukit/smol/a2]              cp .gpukit/smol/a2/* /tmp/kit/smol/
 #   4  [.gpukit/smol/b]               bash benchmarks/gpu_lease.sh smol
@@ -786,6 +786,30 @@ plan30() {  # the e4m3 values as pairs, kept: decode tokens/s with the modes int
   step_7b step_7b fused_c fp8_c_head_kv8
   interleaved_7b decode_7b_interleaved2
   mark "done"
+}
+
+plan31() {  # the split-K FP8 GEMM (hf_split_k): its GPU tests, its launches against cuBLASLt's unit GEMM, the engine with it
+  begin "$1"
+  gpu_test_files tests/test_engines_hf_split_k.py
+  mark "split-K launches against the unit GEMM, qwen2.5-7b, 256 and 64 rows"
+  timeout 480 python3 benchmarks/fp8_gemm_gpu.py --shape qwen2.5-7b --rows 256 64 --sweep --write $O/split_k.json \
+    > $O/sweep_7b.txt 2>&1
+  grep -a "CHATGYM\|Error" $O/sweep_7b.txt | cut -c1-400
+  wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
+  export CHATGYM_FP8_SPLIT_K_CONFIG; CHATGYM_FP8_SPLIT_K_CONFIG=$(cat $O/split_k.json 2>/dev/null)
+  gaps_7b gaps_7b "static all" "static fp8+head all kv8"
+  CHATGYM_FP8_GEMM=split_k gaps_7b gaps_7b_split_k "static fp8+head all kv8"
+  CHATGYM_FP8_GEMM=split_k interleaved_7b decode_7b_interleaved
+  CHATGYM_FP8_GEMM=split_k gpu_test_files tests/test_fp8_gpu.py
+  CHATGYM_FP8_GEMM=split_k step_7b step_7b_split_k fp8_c_head_kv8
+  mark "done"
+}
+
+gaps_7b() {  # the engine's decode steps 65-127 on the device (engine_gaps_gpu.py), 256 and 64 rows, each mode given, into $O/$1.txt
+  local out=$1; shift
+  mark "the engine's decode steps on the device, qwen2.5-7b, 256 and 64 rows: $* (CHATGYM_FP8_GEMM=${CHATGYM_FP8_GEMM:-})"
+  timeout 400 python3 benchmarks/engine_gaps_gpu.py --shape qwen2.5-7b --rows 256 64 --modes "$@" > "$O/$out.txt" 2>&1
+  grep -a "rows\|window\|split_k\|Error" "$O/$out.txt" | cut -c1-220
 }
 
 interleaved_7b() {  # bf16 and FP8 + LM head + e4m3 cache decode tokens/s at 7B, round by round, 9 rounds, into $O/$1.txt

@@ -22,6 +22,7 @@ from chatgym.trainer.engines.hf import TransformersEngine
 from chatgym.trainer.engines.hf_fp8 import (
     FP8_MAX,
     GEMMS,
+    UNSCALED,
     Fp8Linear,
     dequantize,
     fp8_matmul,
@@ -118,13 +119,13 @@ def test_each_fp8_gemm_is_the_dequantized_product(gemm):
     expected = (xq.float() * a) @ dequantize(*quantize_rowwise(w)).t()
     torch.testing.assert_close(linear.mm(xq, a, torch.float32), expected, atol=1e-4, rtol=1e-5)
     out, pa, ps = linear.project(xq, a, torch.float32)
-    assert (pa is None, ps is None) == ((gemm not in ("unit", "unit_fast")),) * 2
-    if gemm in ("unit", "unit_fast"):  # the raw product of the e4m3 codes, by hand: no scale in it yet
+    assert (pa is None, ps is None) == ((gemm not in UNSCALED),) * 2
+    if gemm in UNSCALED:  # the raw product of the e4m3 codes, by hand: no scale in it yet
         torch.testing.assert_close(out, xq.float() @ linear.weight.float().t(), atol=1e-3, rtol=1e-5)
 
 
 def test_an_unknown_fp8_gemm_is_refused():
-    with pytest.raises(ValueError, match=r"fp8 gemm must be one of \('rowwise', 'unit', 'cutlass', 'unit_fast'\), got 'fast'"):
+    with pytest.raises(ValueError, match=r"fp8 gemm must be one of \('rowwise', 'unit', 'cutlass', 'unit_fast', 'split_k'\), got 'fast'"):
         Fp8Linear([torch.randn(16, 16)], "fast")
 
 

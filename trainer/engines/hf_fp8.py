@@ -55,8 +55,10 @@ _MIN_SCALE = 1e-12
 # more part of rollout/mismatch/*. On an H100 at the 7B shape it took the 256-row step from 5.580 to 5.479 ms,
 # with a largest error at K = 18,944 of 1.18% of the largest product against the exact path's 0.21%: not the
 # default (benchmarks/results/fp8_sampler_rope_h100_2026-12-07/lease3).
-GEMMS = ("rowwise", "unit", "cutlass", "unit_fast")
-UNSCALED = ("unit", "unit_fast")  # the GEMMs whose output the caller still scales (dequantize_out)
+# "split_k": the "unit" product in chatgym's own Triton kernel (:mod:`.hf_split_k`): a tile of up to all
+# the rows, the inner dimension split over the multiprocessors, the partial sums added in a fixed order.
+GEMMS = ("rowwise", "unit", "cutlass", "unit_fast", "split_k")
+UNSCALED = ("unit", "unit_fast", "split_k")  # the GEMMs whose output the caller still scales (dequantize_out)
 
 
 def default_gemm(compiled: bool) -> str:
@@ -122,7 +124,7 @@ def scaled_mm(xq: Any, a: Any, q: Any, s: Any, out_dtype: Any, gemm: str = "roww
     """:func:`fp8_matmul` of activations already quantized by :func:`quantize_rows` (``xq`` ``(M, K)``
     float8_e4m3fn, ``a`` ``(M, 1)`` float32), as the GEMM ``gemm`` of :data:`GEMMS` computes it.
 
-    ``"unit"`` (and ``"unit_fast"``) returns the product *unscaled* (``X · Q^T``, rounded to ``out_dtype``): the caller
+    ``"unit"`` (and ``"unit_fast"``, ``"split_k"``) returns the product *unscaled* (``X · Q^T``, rounded to ``out_dtype``): the caller
     multiplies by ``a · s`` (:func:`dequantize_out`), which :mod:`.hf_elementwise`'s compiled pieces
     fold into the kernel after the GEMM. ``bias`` (``(N,)`` in ``out_dtype``, bf16 or fp16) is added in
     ``"cutlass"``'s epilogue; the other GEMMs take none (:attr:`Fp8Linear.takes_bias`).
@@ -136,6 +138,10 @@ def scaled_mm(xq: Any, a: Any, q: Any, s: Any, out_dtype: Any, gemm: str = "roww
         raise ValueError(f"fp8 gemm {gemm!r} takes no bias (only 'cutlass' adds it in the GEMM)")
     if gemm == "rowwise":
         return torch._scaled_mm(xq, q.t(), scale_a=a, scale_b=s, out_dtype=out_dtype)
+    if gemm == "split_k":
+        from chatgym.trainer.engines import hf_split_k
+
+        return hf_split_k.mm(xq, q, out_dtype)
     if gemm in UNSCALED:
         one = _unit_scale(xq.device)
         return torch._scaled_mm(xq, q.t(), scale_a=one, scale_b=one, out_dtype=out_dtype,

@@ -1,0 +1,157 @@
+"""The FP8 unit GEMM's split-K Triton kernel (trainer/engines/hf_split_k.py): in Triton's interpreter on the
+CPU against the float64 product of the same e4m3 codes, and against the kernel's own slices added in slice
+order (the fixed order the last program sums in, so the same bits every run); its launches; ``-m gpu``
+against ``torch._scaled_mm`` at the Qwen2.5-7B shape, and inside a CUDA-graph capture."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from triton_helpers import run_interpreted
+
+from chatgym.trainer.engines import hf_fp8, hf_split_k
+from chatgym.trainer.engines.hf_split_k import Launch
+
+INTERPRETED_TESTS = 6  # the tests whose names hold "interpreted" (4 parametrized + 2)
+
+
+def test_the_kernel_tests_pass_in_tritons_interpreter():
+    run_interpreted(__file__, INTERPRETED_TESTS)
+
+
+def codes(m, n, k, device="cpu", seed=0):
+    """e4m3 activations ``(m, k)`` and weights ``(n, k)``, quantized from normal draws."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    xq, _ = hf_fp8.quantize_rows(torch.randn(m, k, generator=g, device=device))
+    q, _ = hf_fp8.quantize_rowwise(torch.randn(n, k, generator=g, device=device))
+    return xq, q
+
+
+# rows not a multiple of BM, outputs not of BN, K not of BK (a ragged last slice), one slice and several
+LAUNCHES = [(5, 48, 96, Launch(16, 16, 32, 3, 4, 2)), (33, 40, 160, Launch(32, 32, 32, 2, 4, 2)),
+            (16, 32, 64, Launch(16, 32, 32, 1, 4, 2)), (20, 64, 112, Launch(16, 32, 32, 4, 4, 2))]
+
+
+@pytest.mark.parametrize("m,n,k,chosen", LAUNCHES)
+def test_interpreted_kernel_is_the_product_and_its_slices_added_in_order(interpreted, m, n, k, chosen):
+    xq, q = codes(m, n, k)
+    got = hf_split_k.mm(xq, q, torch.float32, chosen)
+    exact = xq.double() @ q.double().t()
+    bound = k * 2.0**-24 * (xq.double().abs() @ q.double().abs().t())  # float32 sums' error
+    assert got.shape == (m, n) and ((got.double() - exact).abs() <= bound).all()
+    # the slices as the kernel cuts them (per_split inner columns each), each as a one-slice call
+    steps = -(-k // chosen.bk)
+    per = -(-steps // min(chosen.split, steps)) * chosen.bk
+    one = Launch(chosen.bm, chosen.bn, chosen.bk, 1, chosen.warps, chosen.stages)
+    parts = [hf_split_k.mm(xq[:, lo:lo + per], q[:, lo:lo + per], torch.float32, one) for lo in range(0, k, per)]
+    total = torch.zeros(m, n)
+    for part in parts:
+        total = total + part
+    assert torch.equal(got, total)  # bit for bit: the slice order, not the order the programs finished in
+    assert torch.equal(hf_split_k.mm(xq, q, torch.float32, chosen), got)
+
+
+def test_interpreted_counters_return_to_zero_and_the_workspace_is_reused(interpreted):
+    """A call leaves every tile counter at zero (the next call counts from it) and a smaller call keeps the
+    larger workspace."""
+    xq, q = codes(20, 64, 128)
+    hf_split_k.mm(xq, q, torch.float32, Launch(16, 16, 32, 4, 4, 2))
+    workspace, counters = hf_split_k._WORKSPACES[("cpu", 0)]
+    assert workspace.numel() == 4 * 20 * 64 and not counters.any()
+    small = hf_split_k.mm(xq[:3, :64], q[:16, :64], torch.float32, Launch(16, 16, 32, 2, 4, 2))
+    assert hf_split_k._WORKSPACES[("cpu", 0)][0] is workspace and not counters.any()
+    assert torch.equal(small.double(), xq[:3, :64].double() @ q[:16, :64].double().t())  # exact: 64 products
+    hf_split_k.mm(codes(40, 64, 128)[0], q, torch.float32, Launch(16, 16, 32, 4, 4, 2))  # grows it
+    grown, again = hf_split_k._WORKSPACES[("cpu", 0)]
+    assert grown.numel() == 4 * 40 * 64 and again is counters and hf_split_k._OUTGROWN[-1] is workspace
+
+
+def test_interpreted_kernel_rounds_its_sum_once_to_the_output_dtype(interpreted):
+    """float16 output: the float32 sum rounded once (the interpreter's cast to fp16 rounds to nearest)."""
+    xq, q = codes(8, 32, 64, seed=3)
+    got = hf_split_k.mm(xq, q, torch.float16, Launch(16, 16, 32, 2, 4, 2))
+    want = hf_split_k.mm(xq, q, torch.float32, Launch(16, 16, 32, 2, 4, 2)).half()
+    assert got.dtype == torch.float16 and torch.equal(got, want)
+
+
+def test_default_launches_at_the_7b_shape():
+    """All rows up to 256 in a tile, 128 outputs, and slices of K while the grid fits the 132
+    multiprocessors: down (K 18,944: 148 steps) 28 tiles x 4 slices, q/k/v 36 x 3, gate/up 296 tiles: no
+    split; 64 rows a tile of 64."""
+    assert hf_split_k.default_launch(256, 3584, 18944) == Launch(256, 128, 128, 4, 8, 4)
+    assert hf_split_k.default_launch(256, 3584, 3584) == Launch(256, 128, 128, 4, 8, 4)  # 28 steps, 4 slices of 7
+    assert hf_split_k.default_launch(256, 4608, 3584) == Launch(256, 128, 128, 3, 8, 4)
+    assert hf_split_k.default_launch(256, 37888, 3584) == Launch(256, 128, 128, 1, 8, 4)
+    assert hf_split_k.default_launch(64, 3584, 18944) == Launch(64, 128, 128, 4, 4, 5)
+    assert hf_split_k.default_launch(3, 3584, 64) == Launch(64, 128, 128, 1, 4, 5)  # 1 step: no slices
+
+
+def test_the_launch_table_from_the_environment(monkeypatch):
+    hf_split_k._configs.cache_clear()
+    monkeypatch.setenv("CHATGYM_FP8_SPLIT_K_CONFIG", '{"256,3584,18944": [128, 128, 128, 2, 8, 3], "64,3584,3584": "cublas"}')
+    try:
+        assert hf_split_k.launch(256, 3584, 18944) == Launch(128, 128, 128, 2, 8, 3)
+        assert hf_split_k.launch(64, 3584, 3584) is None
+        assert hf_split_k.launch(64, 3584, 18944) == hf_split_k.default_launch(64, 3584, 18944)
+        assert hf_split_k.launch(257, 3584, 18944) is None  # more rows than a decode step's: cuBLASLt
+        for bad in ('[1, 2]', '{"256,3584": [128, 128, 128, 2, 8, 3]}', '{"1,2,3": [128, 128, 128, 2, 8]}', "nope"):
+            hf_split_k._configs.cache_clear()
+            monkeypatch.setenv("CHATGYM_FP8_SPLIT_K_CONFIG", bad)
+            with pytest.raises(ValueError, match=r"^CHATGYM_FP8_SPLIT_K_CONFIG must be a JSON object of"):
+                hf_split_k.launch(1, 2, 3)
+        hf_split_k._configs.cache_clear()
+        monkeypatch.setenv("CHATGYM_FP8_SPLIT_K_CONFIG", '{"1,2,3": [128, 96, 128, 2, 8, 3]}')
+        with pytest.raises(ValueError, match=r"^CHATGYM_FP8_SPLIT_K_CONFIG 1,2,3: Launch\(bm=128, bn=96, .* must have"):
+            hf_split_k.launch(1, 2, 3)
+    finally:
+        hf_split_k._configs.cache_clear()
+
+
+def test_on_the_cpu_without_the_interpreter_torchs_scaled_mm_runs_it():
+    """No Triton driver on the CPU: the unit GEMM (``torch._scaled_mm``'s CPU kernel) gives the product."""
+    if hf_split_k.os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("the interpreter's process runs the kernel")
+    xq, q = codes(4, 32, 64)
+    assert torch.equal(hf_split_k.mm(xq, q, torch.float32), hf_fp8.scaled_mm(xq, None, q, None, torch.float32, "unit"))
+
+
+@pytest.mark.gpu
+def test_split_k_at_the_7b_down_projection_against_cublas_and_float64():
+    """256 rows x K 18,944 (Qwen2.5-7B's down projection) at the default launch (4 slices): within bf16's
+    rounding of the float64 product (as the unit GEMM, 2^-8 of the largest product), the same bits on
+    every call, and within 2^-8 of cuBLASLt's unit GEMM; 64 rows too."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    for m in (256, 64):
+        xq, q = codes(m, 3584, 18944, device="cuda")
+        exact = xq.double() @ q.double().t()
+        size = exact.abs().max().item()
+        got = hf_split_k.mm(xq, q, torch.bfloat16)
+        unit = hf_fp8.scaled_mm(xq, None, q, None, torch.bfloat16, "unit")
+        assert (got.double() - exact).abs().max().item() < 2**-8 * size
+        assert (got.double() - unit.double()).abs().max().item() < 2**-8 * size
+        assert all(torch.equal(hf_split_k.mm(xq, q, torch.bfloat16), got) for _ in range(3))
+
+
+@pytest.mark.gpu
+def test_split_k_in_a_captured_graph():
+    """A size first seen inside a capture runs cuBLASLt's unit GEMM (no workspace may be made there); once
+    made outside, the captured kernel replays the eager call's bits."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    hf_split_k._WORKSPACES.clear()
+    xq, q = codes(256, 3584, 3584, device="cuda", seed=1)
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        first = hf_split_k.mm(xq, q, torch.bfloat16)
+    graph.replay()
+    assert torch.equal(first, hf_fp8.scaled_mm(xq, None, q, None, torch.bfloat16, "unit"))
+    with torch.cuda.stream(stream):
+        eager = hf_split_k.mm(xq, q, torch.bfloat16)  # makes the stream's workspace
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            captured = hf_split_k.mm(xq, q, torch.bfloat16)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
