@@ -121,6 +121,9 @@ def sweep(m: int, name: str, n: int, k: int, layers: int, iters: int) -> tuple[s
     unit = time_graph(lambda: [hf_fp8.scaled_mm(xq, None, q, None, torch.bfloat16, "unit") for q, _ in fp8], iters)
     times = {}
     for chosen in sweep_launches(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count):
+        if hf_split_k.mm(xq, fp8[0][0], torch.bfloat16, chosen) is None:  # declined: nothing to time
+            print(f"rows {m:3d} {name:7} {chosen}: the kernel declined it", flush=True)
+            continue
         try:
             times[chosen] = time_graph(lambda c=chosen: [hf_split_k.mm(xq, q, torch.bfloat16, c) for q, _ in fp8], iters)
         except Exception as e:  # a launch that does not fit (shared memory): named, not fatal

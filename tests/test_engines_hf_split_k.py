@@ -52,23 +52,25 @@ def test_interpreted_kernel_is_the_product_and_its_slices_added_in_order(interpr
 
 
 def test_interpreted_counters_return_to_zero_and_the_workspace_is_reused(interpreted):
-    """A call leaves every tile counter at zero (the next call counts from it) and a smaller call keeps the
-    larger workspace."""
+    """A call leaves every tile counter at zero (the next call counts from it), a smaller call keeps the
+    larger workspace, a larger one grows it and keeps the one it outgrew (a captured graph writes there)."""
     xq, q = codes(20, 64, 128)
-    hf_split_k.mm(xq, q, torch.float32, Launch(16, 16, 32, 4, 4, 2))
-    workspace, counters = hf_split_k._WORKSPACES[("cpu", 0)]
+    space = hf_split_k.Workspace()
+    hf_split_k.mm(xq, q, torch.float32, Launch(16, 16, 32, 4, 4, 2), space)
+    workspace, counters = space.partials, space.counters
     assert workspace.numel() == 4 * 20 * 64 and not counters.any()
-    small = hf_split_k.mm(xq[:3, :64], q[:16, :64], torch.float32, Launch(16, 16, 32, 2, 4, 2))
-    assert hf_split_k._WORKSPACES[("cpu", 0)][0] is workspace and not counters.any()
+    small = hf_split_k.mm(xq[:3, :64], q[:16, :64], torch.float32, Launch(16, 16, 32, 2, 4, 2), space)
+    assert space.partials is workspace and not counters.any()
     assert torch.equal(small.double(), xq[:3, :64].double() @ q[:16, :64].double().t())  # exact: 64 products
-    hf_split_k.mm(codes(40, 64, 128)[0], q, torch.float32, Launch(16, 16, 32, 4, 4, 2))  # grows it
-    grown, again = hf_split_k._WORKSPACES[("cpu", 0)]
-    assert grown.numel() == 4 * 40 * 64 and again is counters and hf_split_k._OUTGROWN[-1] is workspace
+    hf_split_k.mm(codes(40, 64, 128)[0], q, torch.float32, Launch(16, 16, 32, 4, 4, 2), space)  # grows it
+    assert space.partials.numel() == 4 * 40 * 64 and space.counters is counters and space.outgrown == [workspace]
 
 
 def test_interpreted_kernel_rounds_its_sum_once_to_the_output_dtype(interpreted):
-    """float16 output: the float32 sum rounded once (the interpreter's cast to fp16 rounds to nearest)."""
-    xq, q = codes(8, 32, 64, seed=3)
+    """float16 output: the float32 sum rounded once (the interpreter's cast to fp16 rounds to nearest);
+    e4m3 codes of normal draws, not scaled to 448, so the sums stay in fp16's range."""
+    g = torch.Generator().manual_seed(3)
+    xq, q = (torch.randn(rows, 64, generator=g).to(torch.float8_e4m3fn) for rows in (8, 32))
     got = hf_split_k.mm(xq, q, torch.float16, Launch(16, 16, 32, 2, 4, 2))
     want = hf_split_k.mm(xq, q, torch.float32, Launch(16, 16, 32, 2, 4, 2)).half()
     assert got.dtype == torch.float16 and torch.equal(got, want)
@@ -108,11 +110,14 @@ def test_the_launch_table_from_the_environment(monkeypatch):
 
 
 def test_on_the_cpu_without_the_interpreter_torchs_scaled_mm_runs_it():
-    """No Triton driver on the CPU: the unit GEMM (``torch._scaled_mm``'s CPU kernel) gives the product."""
+    """No Triton driver on the CPU: the kernel declines and ``scaled_mm`` runs the unit GEMM
+    (``torch._scaled_mm``'s CPU kernel)."""
     if hf_split_k.os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("the interpreter's process runs the kernel")
     xq, q = codes(4, 32, 64)
-    assert torch.equal(hf_split_k.mm(xq, q, torch.float32), hf_fp8.scaled_mm(xq, None, q, None, torch.float32, "unit"))
+    assert hf_split_k.mm(xq, q, torch.float32) is None
+    assert torch.equal(hf_fp8.scaled_mm(xq, None, q, None, torch.float32, "split_k"),
+                       hf_fp8.scaled_mm(xq, None, q, None, torch.float32, "unit"))
 
 
 @pytest.mark.gpu
@@ -135,23 +140,25 @@ def test_split_k_at_the_7b_down_projection_against_cublas_and_float64():
 
 @pytest.mark.gpu
 def test_split_k_in_a_captured_graph():
-    """A size first seen inside a capture runs cuBLASLt's unit GEMM (no workspace may be made there); once
-    made outside, the captured kernel replays the eager call's bits."""
+    """A size first seen inside a capture: the kernel declines (no workspace may be made there) and
+    ``scaled_mm`` runs cuBLASLt's unit GEMM; once made outside, the captured kernel replays the eager
+    call's bits."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    hf_split_k._WORKSPACES.clear()
+    space = hf_split_k.Workspace()
     xq, q = codes(256, 3584, 3584, device="cuda", seed=1)
     stream = torch.cuda.Stream()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        first = hf_split_k.mm(xq, q, torch.bfloat16)
+        assert hf_split_k.mm(xq, q, torch.bfloat16, workspace=space) is None
+        first = hf_fp8.scaled_mm(xq, None, q, None, torch.bfloat16, "split_k", workspace=space)
     graph.replay()
     assert torch.equal(first, hf_fp8.scaled_mm(xq, None, q, None, torch.bfloat16, "unit"))
     with torch.cuda.stream(stream):
-        eager = hf_split_k.mm(xq, q, torch.bfloat16)  # makes the stream's workspace
+        eager = hf_split_k.mm(xq, q, torch.bfloat16, workspace=space)  # makes the workspace
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=stream):
-            captured = hf_split_k.mm(xq, q, torch.bfloat16)
+            captured = hf_split_k.mm(xq, q, torch.bfloat16, workspace=space)
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured, eager)

@@ -120,14 +120,16 @@ def fp8_matmul(x: Any, q: Any, s: Any, out_dtype: Any) -> Any:
     return scaled_mm(*quantize_rows(x), q, s, out_dtype)
 
 
-def scaled_mm(xq: Any, a: Any, q: Any, s: Any, out_dtype: Any, gemm: str = "rowwise", bias: Any = None) -> Any:
+def scaled_mm(xq: Any, a: Any, q: Any, s: Any, out_dtype: Any, gemm: str = "rowwise", bias: Any = None,
+              workspace: Any = None) -> Any:
     """:func:`fp8_matmul` of activations already quantized by :func:`quantize_rows` (``xq`` ``(M, K)``
     float8_e4m3fn, ``a`` ``(M, 1)`` float32), as the GEMM ``gemm`` of :data:`GEMMS` computes it.
 
     ``"unit"`` (and ``"unit_fast"``, ``"split_k"``) returns the product *unscaled* (``X · Q^T``, rounded to ``out_dtype``): the caller
     multiplies by ``a · s`` (:func:`dequantize_out`), which :mod:`.hf_elementwise`'s compiled pieces
     fold into the kernel after the GEMM. ``bias`` (``(N,)`` in ``out_dtype``, bf16 or fp16) is added in
-    ``"cutlass"``'s epilogue; the other GEMMs take none (:attr:`Fp8Linear.takes_bias`).
+    ``"cutlass"``'s epilogue; the other GEMMs take none (:attr:`Fp8Linear.takes_bias`). ``workspace``: the
+    ``"split_k"`` kernel's (:class:`.hf_split_k.Workspace`; default its process-wide one).
 
     Raises:
         ValueError: an unknown ``gemm``, or ``bias`` with a GEMM that takes none.
@@ -141,8 +143,10 @@ def scaled_mm(xq: Any, a: Any, q: Any, s: Any, out_dtype: Any, gemm: str = "roww
     if gemm == "split_k":
         from chatgym.trainer.engines import hf_split_k
 
-        return hf_split_k.mm(xq, q, out_dtype)
-    if gemm in UNSCALED:
+        out = hf_split_k.mm(xq, q, out_dtype, workspace=workspace)
+        if out is not None:
+            return out
+    if gemm in UNSCALED:  # "split_k" where its kernel does not run: the same product
         one = _unit_scale(xq.device)
         return torch._scaled_mm(xq, q.t(), scale_a=one, scale_b=one, out_dtype=out_dtype,
                                 use_fast_accum=gemm == "unit_fast")
@@ -204,12 +208,15 @@ class Fp8Linear:
     Args:
         sources: the source weights, each ``(N_i, K)``, concatenated along the outputs (q/k/v,
             gate/up) — the quantization is per output row, so it is the same as quantizing each alone.
+        gemm: one of :data:`GEMMS`.
+        workspace: the ``"split_k"`` GEMM's :class:`.hf_split_k.Workspace`, shared by the layers of one
+            step (default: the process-wide one).
     """
 
-    def __init__(self, sources: Sequence[Any], gemm: str = "rowwise") -> None:
+    def __init__(self, sources: Sequence[Any], gemm: str = "rowwise", workspace: Any = None) -> None:
         import torch
 
-        self.gemm = gemm
+        self.gemm, self.workspace = gemm, workspace
         if self.gemm not in GEMMS:
             raise ValueError(f"fp8 gemm must be one of {GEMMS}, got {self.gemm!r}")
         self.weight, self.scale = quantize_rowwise(torch.cat([w.detach() for w in sources]))
@@ -235,7 +242,7 @@ class Fp8Linear:
         :attr:`takes_bias`), or for the ``"unit"`` GEMM ``(raw, a, s)``: the unscaled product and the
         scales still to apply (:func:`dequantize_out`), so that a compiled piece after it applies them in
         its own kernel."""
-        out = scaled_mm(xq, a, self.weight, self.scale, out_dtype, self.gemm, bias)
+        out = scaled_mm(xq, a, self.weight, self.scale, out_dtype, self.gemm, bias, self.workspace)
         return (out, a, self.scale) if self.gemm in UNSCALED else (out, None, None)
 
 

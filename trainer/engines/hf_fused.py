@@ -145,7 +145,14 @@ class FusedDecoder:
     def __init__(self, model: Any, *, fp8: bool = False, fp8_lm_head: bool = False,
                  compile_elementwise: bool = False, fp8_gemm: str | None = None,
                  attention: str | None = None) -> None:
-        from chatgym.trainer.engines import hf_attention, hf_elementwise, hf_fp8, hf_norm_quant, hf_silu_quant
+        from chatgym.trainer.engines import (
+            hf_attention,
+            hf_elementwise,
+            hf_fp8,
+            hf_norm_quant,
+            hf_silu_quant,
+            hf_split_k,
+        )
 
         ok, why = fusable(model)
         if not ok:
@@ -156,6 +163,7 @@ class FusedDecoder:
         self.kv_heads = int(config.num_key_value_heads)
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
         self.fp8, self.fp8_gemm = bool(fp8), fp8_gemm or hf_fp8.default_gemm(compile_elementwise)
+        self._workspace = hf_split_k.Workspace()  # the split-K GEMM's partial sums, this step's projections' own
         self.ops = hf_elementwise.compiled() if compile_elementwise else hf_elementwise.EAGER
         cuda = next(model.parameters()).device.type == "cuda"
         if compile_elementwise and cuda and self.fp8:  # Inductor's one program a row left most of the GPU idle
@@ -215,7 +223,7 @@ class FusedDecoder:
         for w in sources:
             if not hf_fp8.fp8_shape_ok(w):
                 raise ValueError(f"fp8: a weight of shape {tuple(w.shape)} is not a multiple of 16 (torch._scaled_mm)")
-        linear = hf_fp8.Fp8Linear(sources, gemm or self.fp8_gemm)
+        linear = hf_fp8.Fp8Linear(sources, gemm or self.fp8_gemm, self._workspace)
         self._copies.append((linear.requantize, sources))
         return linear
 

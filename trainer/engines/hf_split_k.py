@@ -20,10 +20,10 @@ The product is :func:`.hf_fp8.scaled_mm`'s ``"unit"`` one (``X · Q^T``, the sca
 after it), up to float32's summation order: ``tests/test_engines_hf_split_k.py`` against a float64
 product in Triton's interpreter on the CPU, ``-m gpu`` against ``torch._scaled_mm``.
 
-The workspace and counters are kept per (device, stream), made outside any CUDA-graph capture: a call
-captured before they exist for its size runs ``torch._scaled_mm`` instead (the same product), as does a
-size the kernel does not take (:func:`fits`). Two graphs captured on one stream must not replay at once
-on two streams (the engine's graphs replay on its one stream).
+The workspace and counters (:class:`Workspace`) belong to the caller whose GEMMs run one after another:
+each fused step has its own (:class:`.hf_fp8.Fp8Linear`'s ``workspace``). They are made outside any
+CUDA-graph capture: a call captured before they exist for its size runs ``torch._scaled_mm`` instead (the
+same product, :func:`.hf_fp8.scaled_mm`), as does a size the kernel does not take (:func:`fits`).
 """
 
 from __future__ import annotations
@@ -125,22 +125,24 @@ def fits(xq: Any, q: Any) -> bool:
             and xq.stride(1) == 1 and q.stride(1) == 1 and xq.shape[1] % 16 == 0 and xq.shape[0] > 0)
 
 
-def mm(xq: Any, q: Any, out_dtype: Any, chosen: Launch | None = None) -> Any:
+def mm(xq: Any, q: Any, out_dtype: Any, chosen: Launch | None = None, workspace: Workspace | None = None) -> Any:
     """``X · Q^T`` of ``xq`` ``(M, K)`` and ``q`` ``(N, K)`` (float8_e4m3fn), summed in float32, rounded
-    once to ``out_dtype`` (bf16 / fp16 / fp32): ``(M, N)``. ``chosen`` overrides :func:`launch`
-    (benchmarks). Sizes the kernel does not take (:func:`fits`), a launch of ``"cublas"``, or a first
-    call of a size inside a CUDA-graph capture run ``torch._scaled_mm`` with unit scales instead, as
-    does the CPU unless Triton runs in its interpreter (``TRITON_INTERPRET=1``, the tests)."""
+    once to ``out_dtype`` (bf16 / fp16 / fp32): ``(M, N)``; None where the kernel does not run it (the
+    caller runs ``torch._scaled_mm`` with unit scales, :func:`.hf_fp8.scaled_mm`): sizes it does not take
+    (:func:`fits`), a launch of ``"cublas"``, a first call of a size inside a CUDA-graph capture, the CPU
+    unless Triton runs in its interpreter (``TRITON_INTERPRET=1``, the tests). ``chosen`` overrides
+    :func:`launch` (benchmarks); ``workspace`` (default :data:`SHARED`) holds the partial sums.
+    """
     import torch
 
     m, k = xq.shape
     n = q.shape[0]
     if not fits(xq, q) or (xq.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1"):
-        return _cublas(xq, q, out_dtype)
+        return None
     if chosen is None:
         chosen = launch(m, n, k, _processors(xq.device))
         if chosen is None:
-            return _cublas(xq, q, out_dtype)
+            return None
     tiles_m, tiles_n = -(-m // chosen.bm), -(-n // chosen.bn)
     steps = -(-k // chosen.bk)
     split = min(chosen.split, steps)
@@ -150,21 +152,15 @@ def mm(xq: Any, q: Any, out_dtype: Any, chosen: Launch | None = None) -> Any:
     if split == 1:
         partials = counters = out  # not read
     else:
-        buffers = _buffers(xq.device, split * m * n, tiles_m * tiles_n)
+        buffers = (workspace or SHARED).buffers(xq.device, split * m * n, tiles_m * tiles_n)
         if buffers is None:
-            return _cublas(xq, q, out_dtype)
+            return None
         partials, counters = buffers
     _kernel()[(tiles_n, tiles_m, split)](
         xq, q, out, partials, counters, m, n, k, xq.stride(0), q.stride(0), out.stride(0), per_split, split,
         BM=chosen.bm, BN=chosen.bn, BK=chosen.bk, SLICED=split > 1, EVEN_K=k % chosen.bk == 0, SUM_ROWS=min(chosen.bm, 32),
         num_warps=chosen.warps, num_stages=chosen.stages)
     return out
-
-
-def _cublas(xq: Any, q: Any, out_dtype: Any) -> Any:
-    from chatgym.trainer.engines import hf_fp8
-
-    return hf_fp8.scaled_mm(xq, None, q, None, out_dtype, "unit")
 
 
 @functools.cache
@@ -176,30 +172,37 @@ def _processors(device: Any) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-_WORKSPACES: dict[tuple[str, int], tuple[Any, Any]] = {}
-_OUTGROWN: list[Any] = []  # workspaces a larger one replaced: graphs captured with them still write there
+class Workspace:
+    """A float32 workspace for the partial sums and int32 tile counters (zeros between calls), shared by
+    the GEMMs that run one after another: one fused step's projections (each engine its own, so two
+    engines' steps may run at once on two streams). It grows outside a CUDA-graph capture only, and keeps
+    what it outgrew (a graph captured before replays into it)."""
+
+    def __init__(self) -> None:
+        self.partials: Any = None
+        self.counters: Any = None
+        self.outgrown: list[Any] = []
+
+    def buffers(self, device: Any, numel: int, tiles: int) -> tuple[Any, Any] | None:
+        """``(partials, counters)`` on ``device`` with at least ``numel`` floats; None where they would have
+        to be made inside a capture, or ``tiles`` exceeds :data:`MAX_TILES`."""
+        import torch
+
+        if tiles > MAX_TILES:
+            return None
+        if self.partials is not None and self.partials.numel() >= numel and self.partials.device == device:
+            return self.partials, self.counters
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        if self.counters is None or self.counters.device != device:
+            self.counters = torch.zeros(MAX_TILES, dtype=torch.int32, device=device)
+        if self.partials is not None:
+            self.outgrown.append(self.partials)
+        self.partials = torch.empty(numel, dtype=torch.float32, device=device)
+        return self.partials, self.counters
 
 
-def _buffers(device: Any, numel: int, tiles: int) -> tuple[Any, Any] | None:
-    """The float32 workspace (at least ``numel``) and int32 tile counters (zeros) of ``device``'s current
-    stream, grown outside a capture (the one grown out of is kept: a graph captured before replays into
-    it); None where they would have to grow inside one, or ``tiles`` exceeds :data:`MAX_TILES`."""
-    import torch
-
-    if tiles > MAX_TILES:
-        return None
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (str(device), stream)
-    held = _WORKSPACES.get(key)
-    if held is not None and held[0].numel() >= numel:
-        return held
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return None
-    counters = held[1] if held is not None else torch.zeros(MAX_TILES, dtype=torch.int32, device=device)
-    if held is not None:
-        _OUTGROWN.append(held[0])
-    _WORKSPACES[key] = (torch.empty(numel, dtype=torch.float32, device=device), counters)
-    return _WORKSPACES[key]
+SHARED = Workspace()  # callers that bring none (benchmarks, tests): one process-wide, one stream at a time
 
 
 @functools.cache
