@@ -119,10 +119,13 @@ def sweep(m: int, name: str, n: int, k: int, layers: int, iters: int) -> tuple[s
     fp8 = [hf_fp8.quantize_rowwise(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5) for _ in range(layers)]
     xq, _ = hf_fp8.quantize_rows(x)
     unit = time_graph(lambda: [hf_fp8.scaled_mm(xq, None, q, None, torch.bfloat16, "unit") for q, _ in fp8], iters)
+    want = hf_fp8.scaled_mm(xq, None, fp8[0][0], None, torch.bfloat16, "unit").float()
     times = {}
     for chosen in sweep_launches(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count):
-        if hf_split_k.mm(xq, fp8[0][0], torch.bfloat16, chosen) is None:  # declined: nothing to time
-            print(f"rows {m:3d} {name:7} {chosen}: the kernel declined it", flush=True)
+        got = hf_split_k.mm(xq, fp8[0][0], torch.bfloat16, chosen)
+        if got is None or (got.float() - want).abs().max() > 2**-7 * want.abs().max():  # declined, or wrong
+            print(f"rows {m:3d} {name:7} {chosen}: " + ("the kernel declined it" if got is None else
+                  f"WRONG, off by {(got.float() - want).abs().max().item():.4g}"), flush=True)
             continue
         try:
             times[chosen] = time_graph(lambda c=chosen: [hf_split_k.mm(xq, q, torch.bfloat16, c) for q, _ in fp8], iters)
