@@ -128,7 +128,7 @@ def engine_kernels() -> list[Compiled]:
         steps = -(-k // chosen.bk)
         per_split = -(-steps // chosen.split) * chosen.bk
         out.append(compile_sm90(
-            f"split_k_gemm ({name}: {chosen.bm}x{chosen.bn}, {chosen.split} slices)", hf_split_k._kernel(),
+            f"split_k_gemm/{name} (FP8 GEMM, {chosen.bm}x{chosen.bn}, {chosen.split} slices)", hf_split_k._kernel(),
             dict(x="*fp8e4nv", w="*fp8e4nv", out="*bf16", partials="*fp32", counters="*i32", M=rows, N=n, K=k,
                  stride_x=k, stride_w=k, stride_out=n, per_split=per_split, split=chosen.split),
             dict(BM=chosen.bm, BN=chosen.bn, BK=chosen.bk, SLICED=chosen.split > 1, EVEN_K=k % chosen.bk == 0,

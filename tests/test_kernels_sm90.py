@@ -49,5 +49,6 @@ def test_the_one_pass_mlp_quantization_holds_the_row_in_64_registers(kernels):
 
 
 def test_no_kernel_of_the_step_spills(kernels):
-    assert set(kernels) == {"decode_attention e4m3", "decode_attention", "philox_chunk", "silu_mul_row", "row_quant"}
+    assert set(kernels) == {"decode_attention e4m3", "decode_attention", "philox_chunk", "silu_mul_row", "row_quant",
+                            "split_k_gemm/down", "split_k_gemm/o"}
     assert {name: k.spill_bytes for name, k in kernels.items()} == dict.fromkeys(kernels, 0)
