@@ -790,6 +790,7 @@ plan30() {  # the e4m3 values as pairs, kept: decode tokens/s with the modes int
 
 plan31() {  # the split-K FP8 GEMM (hf_split_k): its GPU tests, its launches against cuBLASLt's unit GEMM, the engine with it
   begin "$1"
+  local sk="static fp8+head all kv8 split_k"
   gpu_test_files tests/test_engines_hf_split_k.py
   mark "split-K launches against the unit GEMM, qwen2.5-7b, 256 and 64 rows"
   timeout 480 python3 benchmarks/fp8_gemm_gpu.py --shape qwen2.5-7b --rows 256 64 --sweep --write $O/split_k.json \
@@ -797,9 +798,11 @@ plan31() {  # the split-K FP8 GEMM (hf_split_k): its GPU tests, its launches aga
   grep -a "CHATGYM\|Error" $O/sweep_7b.txt | cut -c1-400
   wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
   export CHATGYM_FP8_SPLIT_K_CONFIG; CHATGYM_FP8_SPLIT_K_CONFIG=$(cat $O/split_k.json 2>/dev/null)
-  gaps_7b gaps_7b "static all" "static fp8+head all kv8"
-  CHATGYM_FP8_GEMM=split_k gaps_7b gaps_7b_split_k "static fp8+head all kv8"
-  CHATGYM_FP8_GEMM=split_k interleaved_7b decode_7b_interleaved
+  gaps_7b gaps_7b "static all" "static fp8+head all kv8" "$sk"
+  mark "engine decode tokens/s, qwen2.5-7b, bf16, FP8 (unit GEMM) and FP8 (split-K) interleaved round by round, 9 rounds"
+  timeout 560 python3 benchmarks/hf_decode_gpu.py --shape qwen2.5-7b --batch 256 64 --skip-generate --repeats 9 \
+    --decode-only --interleave --modes "static all" "static fp8+head all kv8" "$sk" > $O/decode_7b_interleaved.txt 2>&1
+  grep -E "x[0-9]|rounds|Error" $O/decode_7b_interleaved.txt | cut -c1-190
   CHATGYM_FP8_GEMM=split_k gpu_test_files tests/test_fp8_gpu.py
   CHATGYM_FP8_GEMM=split_k step_7b step_7b_split_k fp8_c_head_kv8
   mark "done"

@@ -150,9 +150,16 @@ ENGINE_MODES.update({f"{m} kv8": {**ENGINE_MODES[m], "kv_cache_dtype": "fp8"}
                                "static fp8+head all ms4")})
 
 
+# The FP8 + LM head + e4m3 cache mode on chatgym's split-K FP8 GEMM (CHATGYM_FP8_GEMM=split_k: mode_env), to
+# run interleaved beside the unit GEMM's mode in one process.
+ENGINE_MODES["static fp8+head all kv8 split_k"] = ENGINE_MODES["static fp8+head all kv8"]
+GEMM_MODES = ("cutlass", "split_k")  # a mode's last word naming its FP8 GEMM
+
+
 def mode_env(mode: str) -> dict[str, str]:
     """The environment a mode's engine runs in (the fused step reads CHATGYM_FP8_GEMM as it is built)."""
-    return {"CHATGYM_FP8_GEMM": "cutlass"} if "cutlass" in mode.split() else {}
+    gemm = next((g for g in GEMM_MODES if g in mode.split()), None)
+    return {"CHATGYM_FP8_GEMM": gemm} if gemm else {}
 
 
 async def run_engine(engine, prompts, params) -> tuple[float, int]:
