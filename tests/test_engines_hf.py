@@ -448,3 +448,15 @@ async def test_stop_ids_outside_the_vocabulary_are_refused(padless):
         assert len(out.token_ids) >= 1
     finally:
         await eng.close()
+
+
+async def test_a_temperature_below_greedy_below_takes_the_argmax(engine):
+    """Regression: temperature 1e-40 (> 0, so it sampled) divided the logits to inf and the draw failed on
+    NaN; below GREEDY_BELOW (vLLM's _SAMPLING_EPS, 1e-5) a row is greedy: the argmax ids of a temperature
+    0 row ("The answer is 4." and EOS, the ids above), with the same raw logprobs."""
+    prompt = chat_ids(engine, "What is 2+2?")
+    tiny, zero = await asyncio.gather(engine.generate(prompt, SamplingParams(max_tokens=8, temperature=1e-40)),
+                                      engine.generate(prompt, SamplingParams(max_tokens=8, temperature=0)))
+    assert tiny.token_ids == zero.token_ids == [504, 2988, 314, 216, 36, 30, 2]
+    assert tiny.logprobs == pytest.approx(zero.logprobs, abs=LOGPROB_ATOL)
+    assert SamplingParams(temperature=0.99e-5).greedy and not SamplingParams(temperature=1e-5).greedy

@@ -118,6 +118,13 @@ def test_a_plan_of_other_rows_and_logits_not_2d_are_refused():
         hf_draw.draw(torch.zeros(1, 8, dtype=torch.int32), plan)
 
 
+def test_a_temperature_below_greedy_below_is_a_greedy_row_of_the_plan():
+    """Regression: 1 / 1e-40 is inf in float32 (the kernel's scores inf and NaN); below GREEDY_BELOW (1e-5)
+    the row is greedy (0), at it 1e5."""
+    plan = hf_draw.build_plan([1, 2, 3, 4], [0] * 4, [1e-40, 0.0, 1e-5, 0.5], "cpu")
+    assert plan.inv_temps.tolist() == [0.0, 0.0, torch.tensor(1e5).item(), 2.0]
+
+
 def test_a_chunk_that_is_not_a_power_of_two_is_refused():
     plan = hf_draw.build_plan([1], [0], [1.0], "cpu")
     with pytest.raises(ValueError, match=r"^chunk must be a power of two >= 64, got 1000$"):

@@ -14,13 +14,18 @@ from typing import Any, Literal, Protocol, runtime_checkable
 FinishReason = Literal["stop", "length", "abort"]
 
 
+GREEDY_BELOW = 1e-5  # temperatures below this take the argmax (SamplingParams.greedy)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Sampling settings of one request.
 
     Attributes:
         max_tokens: most new tokens to generate (per turn), > 0.
-        temperature: 0 means greedy.
+        temperature: 0 means greedy, and so does any below :data:`GREEDY_BELOW` (vLLM's
+            ``_SAMPLING_EPS``: logits over a tiny temperature overflow float32 to inf, and a draw from
+            them is the argmax anyway).
         top_p, top_k: nucleus / top-k filtering (top_k = -1 disables it).
         stop_token_ids: generation ends after any of these ids (they are kept in ``token_ids``);
             the model's EOS ids are added by the engine. Ints >= 0 (``ValueError`` otherwise); an
@@ -44,6 +49,11 @@ class SamplingParams:
     seed: int | None = None
     logprobs: bool = True
     stop: tuple[str, ...] = ()
+
+    @property
+    def greedy(self) -> bool:
+        """Whether the engine takes the argmax (``temperature`` below :data:`GREEDY_BELOW`)."""
+        return self.temperature < GREEDY_BELOW
 
     def __post_init__(self) -> None:
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)

@@ -62,6 +62,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from chatgym.trainer.engines.base import GREEDY_BELOW
+
 CHUNK = 8192  # vocabulary entries a program of the first kernel takes (Qwen2.5's 152,064: 19 chunks)
 BLOCK = 2048  # of which it reads at a time (512 Philox calls)
 
@@ -73,7 +75,8 @@ class PhiloxPlan:
     Attributes:
         seeds: ``(rows,)`` int64 Philox keys.
         counts: ``(rows,)`` int64 tokens each row drew before the next draw; each draw adds one.
-        inv_temps: ``(rows,)`` float32 ``1 / temperature``, 0 for greedy rows.
+        inv_temps: ``(rows,)`` float32 ``1 / temperature``, 0 for greedy rows (temperatures below
+            :data:`~.base.GREEDY_BELOW`).
     """
 
     seeds: Any
@@ -88,7 +91,7 @@ def build_plan(seeds: Sequence[int], counts: Sequence[int], temperatures: Sequen
     return PhiloxPlan(  # Python ints and floats: int64 and float32 tensors
         seeds=device_tensor([s % (1 << 63) for s in seeds], device),
         counts=device_tensor([int(c) for c in counts], device),
-        inv_temps=device_tensor([1.0 / t if t > 0 else 0.0 for t in temperatures], device),
+        inv_temps=device_tensor([1.0 / t if t >= GREEDY_BELOW else 0.0 for t in temperatures], device),
     )
 
 

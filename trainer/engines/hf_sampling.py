@@ -29,7 +29,7 @@ class SamplingPlan:
 
     Attributes:
         rows: number of rows.
-        sampled: rows with temperature > 0 (the others take the argmax).
+        sampled: rows not :attr:`~.base.SamplingParams.greedy` (the others take the argmax).
         index: ``(len(sampled),)`` int64 device tensor of ``sampled``; None when every row samples (or
             none does).
         temperature: ``(len(sampled), 1)`` float32; None when every sampled row has temperature 1
@@ -62,7 +62,7 @@ def build_plan(
     device: Any,
 ) -> SamplingPlan:
     """The :class:`SamplingPlan` of rows with these settings (``generators[r]`` is row ``r``'s)."""
-    sampled = [r for r, sp in enumerate(params) if sp.temperature > 0]
+    sampled = [r for r, sp in enumerate(params) if not sp.greedy]
     n = len(sampled)
     temps = [params[r].temperature for r in sampled]
     top_k = [params[r].top_k if 0 < params[r].top_k < vocab else vocab for r in sampled]
