@@ -195,6 +195,13 @@ def test_a_bad_fp8_gemm_override_is_refused_before_any_model_loads(monkeypatch):
     check_engine_options("hf", {"decode": "static", "fused_step": False}, "engine.options")  # no fused step
     monkeypatch.setenv("CHATGYM_FP8_GEMM", "unit")
     check_engine_options("hf", {"quantization": "fp8", "decode": "static"}, "engine.options")
+    # Regression (noticed in stop 64): the variable was case-sensitive where quantization is not
+    from chatgym.trainer.engines import hf_fp8
+
+    monkeypatch.setenv("CHATGYM_FP8_GEMM", " Split_K ")
+    assert hf_fp8.default_gemm(True) == "split_k"
+    monkeypatch.setenv("CHATGYM_FP8_GEMM", "")
+    assert (hf_fp8.default_gemm(True), hf_fp8.default_gemm(False)) == ("unit", "rowwise")
 
 
 def test_config_load_refuses_the_philox_sampler_on_a_machine_without_cuda(monkeypatch):

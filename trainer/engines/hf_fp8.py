@@ -68,7 +68,8 @@ def default_gemm(compiled: bool) -> str:
         ValueError: ``CHATGYM_FP8_GEMM`` set to a value not in :data:`GEMMS`, or to ``"cutlass"`` where vLLM
             is not installed (the engine's option check calls this before any model loads).
     """
-    gemm = os.environ.get("CHATGYM_FP8_GEMM") or ("unit" if compiled else "rowwise")
+    # in any case and spacing, as engine.options.quantization is read ("Unit" is "unit")
+    gemm = os.environ.get("CHATGYM_FP8_GEMM", "").strip().lower() or ("unit" if compiled else "rowwise")
     if gemm not in GEMMS:
         raise ValueError(f"CHATGYM_FP8_GEMM must be one of {GEMMS}, got {gemm!r}")
     if gemm == "cutlass" and importlib.util.find_spec("vllm") is None:
