@@ -138,6 +138,10 @@ def main() -> None:
     args = ap.parse_args()
     if min(args.rows) < 1:
         ap.error(f"--rows must be >= 1, got {args.rows}")
+    # Regression (noticed in stop 65): a mode without the compiled step ran the whole GPU run to say "no window"
+    uncompiled = [m for m in args.modes if ENGINE_MODES[m].get("fused_step") != "compiled"]
+    if uncompiled:
+        ap.error(f"--modes: {uncompiled} run no compiled step, whose kernels mark the decode steps here")
     if not torch.cuda.is_available():
         raise SystemExit("engine_gaps_gpu.py needs CUDA")
     model = build_model(args.shape, False)

@@ -400,10 +400,16 @@ async def _gather(engine, prompts, params):
         await engine.close()
 
 
+class DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
+    """Each option's default in its help, but none for a default of None (its help says what it is)."""
+
+    def _get_help_string(self, action):
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
 def parse_args():
     # allow_abbrev=False: "--seed -1" read as --seeded with a stray "-1" (fresh-user walk).
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-                                 allow_abbrev=False)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=DefaultsHelp, allow_abbrev=False)
     ap.add_argument("--batch", type=int, nargs="+", default=[64, 256], help="rows decoded at once, each a run")
     ap.add_argument("--repeats", type=int, default=3, help="timed rounds a mode (median), after a warm-up round")
     ap.add_argument("--real-weights", action="store_true", help="SmolLM2's packaged weights (--shape smollm2 only)")
@@ -435,8 +441,13 @@ def parse_args():
     if len(set(names)) < len(names):
         ap.error(f"--vllm-variants: a name given twice in {names}")
     for ratio in args.vllm_ratios:
-        if ratio.count("/") != 1 or not set(ratio.split("/")) <= set(names):
+        if ratio.count("/") != 1 or not set(ratio.split("/")) <= set(names) or len(set(ratio.split("/"))) < 2:
             ap.error(f"--vllm-ratios: {ratio!r} is not A/B of two --vllm-variants names {names}")
+    if args.vllm_variants:  # they run vLLM alone, a process a variant: the engine's options would do nothing
+        ignored = [f"--{o.replace('_', '-')}" for o in ("modes", "fp8", "seeded", "skip_generate", "vllm")
+                   if getattr(args, o) not in (None, False)]
+        if ignored:
+            ap.error(f"--vllm-variants runs vLLM alone, a process a variant; {', '.join(ignored)} would do nothing there")
     if min(args.batch) < 1 or args.repeats < 1:
         ap.error(f"--batch and --repeats must be >= 1, got {args.batch} and {args.repeats}")
     if args.modes is not None and len(set(args.modes)) < len(args.modes):

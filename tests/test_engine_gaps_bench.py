@@ -82,3 +82,15 @@ def test_rows_below_one_are_refused_before_cuda_is_asked_for(gaps, monkeypatch, 
     with pytest.raises(SystemExit):
         gaps.main()
     assert capsys.readouterr().err.splitlines()[-1] == "engine_gaps_gpu.py: error: --rows must be >= 1, got [256, 0]"
+
+
+def test_modes_without_the_compiled_step_are_refused_before_cuda_is_asked_for(gaps, monkeypatch, capsys):
+    # Regression (noticed in stop 65): 'static' (no compiled step, so no decode_attention kernel to mark the
+    # steps) ran the whole GPU run to print "no window".
+    import sys
+
+    monkeypatch.setattr(sys, "argv", ["engine_gaps_gpu.py", "--modes", "static all", "static", "layers"])
+    with pytest.raises(SystemExit):
+        gaps.main()
+    assert capsys.readouterr().err.splitlines()[-1] == ("engine_gaps_gpu.py: error: --modes: ['static', 'layers'] run "
+                                                        "no compiled step, whose kernels mark the decode steps here")

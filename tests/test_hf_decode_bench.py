@@ -106,7 +106,15 @@ def test_vllm_variants_parse_to_names_and_options_and_bad_ones_are_refused(decod
                           (["--vllm-variants", "x=[1]"], "x: the options must be a JSON object, got '[1]'"),
                           (["--vllm-variants", "x={}", "x={}"], "--vllm-variants: a name given twice in ['x', 'x']"),
                           (["--vllm-variants", "x={}", "--vllm-ratios", "x/y"],
-                           "--vllm-ratios: 'x/y' is not A/B of two --vllm-variants names ['x']")):  # fmt: skip
+                           "--vllm-ratios: 'x/y' is not A/B of two --vllm-variants names ['x']"),
+                          # Regression (noticed in stop 65): a variant over itself was taken
+                          (["--vllm-variants", "x={}", "--vllm-ratios", "x/x"],
+                           "--vllm-ratios: 'x/x' is not A/B of two --vllm-variants names ['x']"),
+                          # Regression (noticed in stop 65): the engine's options were taken and did nothing
+                          (["--vllm-variants", "x={}", "--modes", "static", "--fp8", "--skip-generate"],
+                           "--vllm-variants runs vLLM alone, a process a variant; --modes, --fp8, --skip-generate "
+                           "would do nothing there"),
+                          (["--vllm-variants", "x={}", "--seeded"], "--seeded would do nothing there")):  # fmt: skip
         monkeypatch.setattr(sys, "argv", ["hf_decode_gpu.py", *argv])
         with pytest.raises(SystemExit):
             decode_bench.parse_args()
@@ -293,3 +301,13 @@ def test_no_engine_is_referenced_when_the_cache_is_emptied(decode_bench, monkeyp
     decode_bench.time_engines_interleaved(None, None, ["static all", "static fp8+head all kv8"], [[1, 2]],
                                           [SamplingParams(max_tokens=8)], 1)
     assert seen == [0, 0]
+
+
+def test_help_names_no_default_of_none(decode_bench, monkeypatch, capsys):
+    """Regression (noticed in stop 65): --modes' help, which names its default, ended "(default: None)"."""
+    monkeypatch.setattr(sys, "argv", ["hf_decode_gpu.py", "--help"])
+    with pytest.raises(SystemExit):
+        decode_bench.parse_args()
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(default: None)" not in out and "(default: 3)" in out and "default: static, static compiled, static all" in out
+
