@@ -184,7 +184,7 @@ class EngineConfig:
             with native bf16 (AVX-512 BF16 / AMX), else ``float32`` (emulated bf16 was 5.7x slower than fp32
             on an AVX2-only CPU; :func:`chatgym.trainer.engines.engine_dtype`).
         options: backend-specific keyword arguments (e.g. ``enforce_eager``, ``kv_cache_gib``; on a GPU, docs/gpu.md:
-            ``quantization: fp8``: FP8 rollout weights, ``kv_cache_dtype: fp8``: an e4m3 KV cache (vLLM's values; hf: fp8 / auto),
+            ``quantization: fp8``: FP8 rollout weights, ``kv_cache_dtype: fp8``: an e4m3 KV cache (vLLM's values, vLLM-CPU's too; hf: fp8 / auto, GPU only),
             ``sleep_level: 1|2``: vLLM's sleep mode in the update;
             the ``hf`` engine's ``max_batch_size`` 64, ``batch_window_s`` 0.05 and ``batch_quiet_s`` 0.005: an
             idle engine waits for a burst, ``multi_step`` 1: steps a read-back, >1 and ``precapture`` with ``decode: static``).
