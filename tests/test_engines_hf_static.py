@@ -374,6 +374,10 @@ async def test_a_nan_row_is_flagged_and_the_engine_says_so(tokenizer):
     try:
         with pytest.raises(RuntimeError, match="not a distribution"):
             await engine.generate([1, 5, 9], SamplingParams(max_tokens=3, seed=1))
+        # Regression (noticed in stop 64): a greedy row was not checked: the argmax of its nan logits gave
+        # an id (7, the nan's) and a nan logprob, passed on to the trainer
+        with pytest.raises(RuntimeError, match=r"sampling: the next-token probabilities of 1 row\(s\) are not a distribution"):
+            await engine.generate([1, 5, 9], SamplingParams(max_tokens=3, temperature=0))
     finally:
         await engine.close()
 

@@ -430,7 +430,9 @@ class TransformersEngine:
             ahead(tokens)
         keep: list[int] = []
         for ids, lps, bad in wait():
-            bad = [r for r in (bad if plan.philox is not None else [plan.sampled[i] for i in bad]) if not rows[r].done]
+            bad = set(bad if plan.philox is not None else [plan.sampled[i] for i in bad])
+            bad |= {r for r, lp in enumerate(lps) if lp != lp}  # a NaN raw logprob: nan/inf logits, greedy rows too
+            bad = [r for r in sorted(bad) if not rows[r].done]
             if bad:
                 raise RuntimeError(
                     f"sampling: the next-token probabilities of {len(bad)} row(s) are not a distribution "
