@@ -442,6 +442,9 @@ def test_the_summary_counts_one_step_in_the_singular(capsys):
     assert capsys.readouterr().out.splitlines()[0] == "done: 1 step (resumed at step 3), now at step 4, in 12 s"
     _print_summary({**summary, "steps_run": 4})
     assert capsys.readouterr().out.splitlines()[0] == "done: 4 steps, now at step 4, in 12 s"
+    # Regression (noticed in stop 63): the time left out the start-up (the model's loading and conversion)
+    _print_summary({**summary, "steps_run": 4}, 47.6)
+    assert capsys.readouterr().out.splitlines()[0] == "done: 4 steps, now at step 4, in 12 s (48 s with start-up)"
     # Fresh user: failed held-out episodes are misses in both figures; the summary says how many.
     evaluation = {"eval/score": 0.25, "eval/accuracy": 0.25, "eval/failed": 21, "eval/tasks": 32}
     _print_summary({**summary, "eval_before": evaluation, "eval_after": {**evaluation, "eval/failed": 0}})

@@ -15,6 +15,7 @@ import re
 import shutil
 import signal
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -75,9 +76,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     steps in a row), 2 a bad config, output dir or checkpoint — reported before any model loads —,
     130 interrupted (Ctrl-C), 143 terminated (SIGTERM; the engines are closed first).
     """
+    started = time.perf_counter()
     try:
         run = _prepare(list(sys.argv[1:] if argv is None else argv))
-        return 0 if run is None else _train(*run)
+        return 0 if run is None else _train(*run, started=started)
     except _Refused as exc:
         print(f"chatgym train: {exc}", file=sys.stderr)
         return 2
@@ -282,8 +284,9 @@ def startup_refusal(exc: BaseException) -> str | None:
     return None
 
 
-def _train(config: Any, ckpt: Path | None) -> int:
-    """Build the trainer and run it; the exit status (see :func:`main`)."""
+def _train(config: Any, ckpt: Path | None, started: float | None = None) -> int:
+    """Build the trainer and run it; the exit status (see :func:`main`). ``started``: the command's start
+    (``time.perf_counter``), for the summary's time with start-up."""
     from chatgym.trainer.distributed.learner import LearnerFailed  # imports no Ray
 
     # torch and transformers load only once the config is good
@@ -325,11 +328,13 @@ def _train(config: Any, ckpt: Path | None) -> int:
         return status
     finally:
         trainer.close()
-    _print_summary(summary)
+    _print_summary(summary, None if started is None else time.perf_counter() - started)
     return 0
 
 
-def _print_summary(summary: dict[str, Any]) -> None:
+def _print_summary(summary: dict[str, Any], total_s: float | None = None) -> None:
+    """The run's summary; ``total_s``: the command's seconds from its start (the model's loading and
+    conversion, the engine's start), beside the training loop's ``wall_s``."""
     def pick(m: dict[str, Any] | None, *keys: str) -> str:
         if not m:
             return "-"
@@ -346,7 +351,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
     start = summary["steps"] - summary["steps_run"]
     resumed = f" (resumed at step {start})" if start else ""
     steps = f"{summary['steps_run']} step{'' if summary['steps_run'] == 1 else 's'}"
-    print(f"done: {steps}{resumed}, now at step {summary['steps']}, in {summary['wall_s']:.0f} s")
+    with_startup = "" if total_s is None else f" ({total_s:.0f} s with start-up)"
+    print(f"done: {steps}{resumed}, now at step {summary['steps']}, in {summary['wall_s']:.0f} s{with_startup}")
     print(f"  first step: {pick(summary['first_step'], *keys)}")
     print(f"  last step:  {pick(summary['last_step'], *keys)}")
     # A resume with other evaluation settings (env.eval_tasks, env.eval_split, ...) scores other tasks
