@@ -798,13 +798,14 @@ plan31() {  # the split-K FP8 GEMM (hf_split_k): its GPU tests, its launches aga
   grep -a "CHATGYM\|Error" $O/sweep_7b.txt | cut -c1-400
   wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
   export CHATGYM_FP8_SPLIT_K_CONFIG; CHATGYM_FP8_SPLIT_K_CONFIG=$(cat $O/split_k.json 2>/dev/null)
-  gaps_7b gaps_7b "static all" "static fp8+head all kv8" "$sk"
-  mark "engine decode tokens/s, qwen2.5-7b, bf16, FP8 (unit GEMM) and FP8 (split-K) interleaved round by round, 9 rounds"
+  gaps_7b gaps_7b "static all" "static fp8+head all kv8" "$sk" "$sk""_rowwise"
+  mark "engine decode tokens/s, qwen2.5-7b, bf16 and FP8 on the split-K GEMM (scales after it, in it) interleaved, 9 rounds"
   timeout 560 python3 benchmarks/hf_decode_gpu.py --shape qwen2.5-7b --batch 256 64 --skip-generate --repeats 9 \
-    --decode-only --interleave --modes "static all" "static fp8+head all kv8" "$sk" > $O/decode_7b_interleaved.txt 2>&1
+    --decode-only --interleave --modes "static all" "$sk" "$sk""_rowwise" > $O/decode_7b_interleaved.txt 2>&1
   grep -E "x[0-9]|rounds|Error" $O/decode_7b_interleaved.txt | cut -c1-190
-  CHATGYM_FP8_GEMM=split_k gpu_test_files tests/test_fp8_gpu.py
+  gpu_test_files tests/test_fp8_gpu.py
   CHATGYM_FP8_GEMM=split_k step_7b step_7b_split_k fp8_c_head_kv8
+  CHATGYM_FP8_GEMM=split_k_rowwise step_7b step_7b_split_k_rowwise fp8_c_head_kv8
   mark "done"
 }
 

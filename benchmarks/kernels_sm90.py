@@ -128,11 +128,12 @@ def engine_kernels() -> list[Compiled]:
         steps = -(-k // chosen.bk)
         per_split = -(-steps // chosen.split) * chosen.bk
         out.append(compile_sm90(
-            f"split_k_gemm/{name} (FP8 GEMM, {chosen.bm}x{chosen.bn}, {chosen.split} slices)", hf_split_k._kernel(),
-            dict(x="*fp8e4nv", w="*fp8e4nv", out="*bf16", partials="*fp32", counters="*i32", M=rows, N=n, K=k,
-                 stride_x=k, stride_w=k, stride_out=n, per_split=per_split, split=chosen.split),
+            f"split_k_gemm/{name} (FP8 GEMM, {chosen.bm}x{chosen.bn}, {chosen.split} slices{', scaled' * (name == 'down')})", hf_split_k._kernel(),
+            dict(x="*fp8e4nv", w="*fp8e4nv", out="*bf16", partials="*fp32", counters="*i32", row_scales="*fp32",
+                 col_scales="*fp32", M=rows, N=n, K=k, stride_x=k, stride_w=k, stride_out=n, per_split=per_split,
+                 split=chosen.split),
             dict(BM=chosen.bm, BN=chosen.bn, BK=chosen.bk, SLICED=chosen.split > 1, EVEN_K=k % chosen.bk == 0,
-                 SUM_ROWS=min(chosen.bm, 32)),
+                 SUM_ROWS=min(chosen.bm, 32), SCALED=name == "down"),  # down: split_k_rowwise's epilogue
             chosen.warps, chosen.stages))
     return out
 

@@ -188,7 +188,7 @@ def test_a_bad_fp8_gemm_override_is_refused_before_any_model_loads(monkeypatch):
 
     monkeypatch.setenv("CHATGYM_FP8_GEMM", "bogus")
     # Second walk: the message names the variable alone, not engine.options (an option the user did not set).
-    with pytest.raises(ConfigError, match=r"^CHATGYM_FP8_GEMM must be one of \('rowwise', 'unit', 'cutlass', 'unit_fast', 'split_k'\), got 'bogus'$"):
+    with pytest.raises(ConfigError, match=r"^CHATGYM_FP8_GEMM must be one of \('rowwise', 'unit', 'cutlass', 'unit_fast', 'split_k', 'split_k_rowwise'\), got 'bogus'$"):
         check_engine_options("hf", {"quantization": "fp8", "decode": "static"}, "engine.options")
     with pytest.raises(ConfigError, match=r"^CHATGYM_FP8_GEMM must be one of"):
         check_engine_options("hf", {"decode": "static"}, "engine.options")

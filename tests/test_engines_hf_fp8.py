@@ -125,7 +125,7 @@ def test_each_fp8_gemm_is_the_dequantized_product(gemm):
 
 
 def test_an_unknown_fp8_gemm_is_refused():
-    with pytest.raises(ValueError, match=r"fp8 gemm must be one of \('rowwise', 'unit', 'cutlass', 'unit_fast', 'split_k'\), got 'fast'"):
+    with pytest.raises(ValueError, match=r"fp8 gemm must be one of \('rowwise', 'unit', 'cutlass', 'unit_fast', 'split_k', 'split_k_rowwise'\), got 'fast'"):
         Fp8Linear([torch.randn(16, 16)], "fast")
 
 

@@ -12,7 +12,7 @@ from triton_helpers import run_interpreted
 from chatgym.trainer.engines import hf_fp8, hf_split_k
 from chatgym.trainer.engines.hf_split_k import Launch
 
-INTERPRETED_TESTS = 6  # the tests whose names hold "interpreted" (4 parametrized + 2)
+INTERPRETED_TESTS = 8  # the tests whose names hold "interpreted" (4 + 2 parametrized, 2)
 
 
 def test_the_kernel_tests_pass_in_tritons_interpreter():
@@ -49,6 +49,19 @@ def test_interpreted_kernel_is_the_product_and_its_slices_added_in_order(interpr
         total = total + part
     assert torch.equal(got, total)  # bit for bit: the slice order, not the order the programs finished in
     assert torch.equal(hf_split_k.mm(xq, q, torch.float32, chosen), got)
+
+
+@pytest.mark.parametrize("chosen", [Launch(16, 16, 32, 1, 4, 2), Launch(16, 16, 32, 3, 4, 2)])
+def test_interpreted_scales_multiply_the_float32_sum_before_its_rounding(interpreted, chosen):
+    """``split_k_rowwise``'s epilogue: ``(sum · a) · s`` in float32, then one rounding: bit for bit the unscaled
+    float32 product times the scales in that order, rows and outputs past a tile's edge included."""
+    xq, q = codes(21, 40, 96, seed=5)
+    g = torch.Generator().manual_seed(6)
+    a, s = torch.rand(21, 1, generator=g) + 0.5, torch.rand(1, 40, generator=g) / 100
+    got = hf_split_k.mm(xq, q, torch.float32, chosen, hf_split_k.Workspace(), a, s)
+    assert torch.equal(got, hf_split_k.mm(xq, q, torch.float32, chosen, hf_split_k.Workspace()) * a * s)
+    with pytest.raises(ValueError, match=r"^split_k: the row scales a and the channel scales s come together$"):
+        hf_split_k.mm(xq, q, torch.float32, chosen, None, a)
 
 
 def test_interpreted_counters_return_to_zero_and_the_workspace_is_reused(interpreted):
@@ -118,6 +131,11 @@ def test_on_the_cpu_without_the_interpreter_torchs_scaled_mm_runs_it():
     assert hf_split_k.mm(xq, q, torch.float32) is None
     assert torch.equal(hf_fp8.scaled_mm(xq, None, q, None, torch.float32, "split_k"),
                        hf_fp8.scaled_mm(xq, None, q, None, torch.float32, "unit"))
+    a, s = torch.rand(4, 1) + 0.5, torch.rand(1, 32)
+    assert torch.equal(hf_fp8.scaled_mm(xq, a, q, s, torch.float32, "split_k_rowwise"),
+                       hf_fp8.scaled_mm(xq, a, q, s, torch.float32, "rowwise"))
+    with pytest.raises(ValueError, match=r"^split_k_rowwise: a must be dense \(4, 1\), got \(1, 4\)"):
+        hf_fp8.scaled_mm(xq, a.t(), q, s, torch.float32, "split_k_rowwise")
 
 
 @pytest.mark.gpu

@@ -57,7 +57,10 @@ _MIN_SCALE = 1e-12
 # default (benchmarks/results/fp8_sampler_rope_h100_2026-12-07/lease3).
 # "split_k": the "unit" product in chatgym's own Triton kernel (:mod:`.hf_split_k`): a tile of up to all
 # the rows, the inner dimension split over the multiprocessors, the partial sums added in a fixed order.
-GEMMS = ("rowwise", "unit", "cutlass", "unit_fast", "split_k")
+# "split_k_rowwise": the same kernel with the row and channel scales applied before its one rounding (the
+# "rowwise" product): the kernels after the GEMM then read no scales (the MLP's quantization read the
+# gate/up channel scales, 152 KB, once a row from L2).
+GEMMS = ("rowwise", "unit", "cutlass", "unit_fast", "split_k", "split_k_rowwise")
 UNSCALED = ("unit", "unit_fast", "split_k")  # the GEMMs whose output the caller still scales (dequantize_out)
 
 
@@ -141,12 +144,17 @@ def scaled_mm(xq: Any, a: Any, q: Any, s: Any, out_dtype: Any, gemm: str = "roww
         raise ValueError(f"fp8 gemm {gemm!r} takes no bias (only 'cutlass' adds it in the GEMM)")
     if gemm == "rowwise":
         return torch._scaled_mm(xq, q.t(), scale_a=a, scale_b=s, out_dtype=out_dtype)
-    if gemm == "split_k":
+    if gemm in ("split_k", "split_k_rowwise"):
         from chatgym.trainer.engines import hf_split_k
 
-        out = hf_split_k.mm(xq, q, out_dtype, workspace=workspace)
+        scaled = gemm == "split_k_rowwise"
+        if scaled:
+            check_unit_scales(a, s, xq.shape[0], q.shape[0], "split_k_rowwise")
+        out = hf_split_k.mm(xq, q, out_dtype, workspace=workspace, a=a if scaled else None, s=s if scaled else None)
         if out is not None:
             return out
+        if scaled:  # where its kernel does not run: the same product
+            return torch._scaled_mm(xq, q.t(), scale_a=a, scale_b=s, out_dtype=out_dtype)
     if gemm in UNSCALED:  # "split_k" where its kernel does not run: the same product
         one = _unit_scale(xq.device)
         return torch._scaled_mm(xq, q.t(), scale_a=one, scale_b=one, out_dtype=out_dtype,

@@ -125,18 +125,29 @@ def fits(xq: Any, q: Any) -> bool:
             and xq.stride(1) == 1 and q.stride(1) == 1 and xq.shape[1] % 16 == 0 and xq.shape[0] > 0)
 
 
-def mm(xq: Any, q: Any, out_dtype: Any, chosen: Launch | None = None, workspace: Workspace | None = None) -> Any:
-    """``X · Q^T`` of ``xq`` ``(M, K)`` and ``q`` ``(N, K)`` (float8_e4m3fn), summed in float32, rounded
-    once to ``out_dtype`` (bf16 / fp16 / fp32): ``(M, N)``; None where the kernel does not run it (the
-    caller runs ``torch._scaled_mm`` with unit scales, :func:`.hf_fp8.scaled_mm`): sizes it does not take
+def mm(xq: Any, q: Any, out_dtype: Any, chosen: Launch | None = None, workspace: Workspace | None = None,
+       a: Any = None, s: Any = None) -> Any:
+    """``X · Q^T`` of ``xq`` ``(M, K)`` and ``q`` ``(N, K)`` (float8_e4m3fn), summed in float32, with
+    ``a`` ``(M, 1)`` and ``s`` ``(1, N)`` (dense float32, both or neither) times ``a · s`` in float32 (the
+    ``"rowwise"`` GEMM's product, :func:`.hf_fp8.scaled_mm`), rounded once to ``out_dtype`` (bf16 / fp16 /
+    fp32): ``(M, N)``; None where the kernel does not run it (the caller runs ``torch._scaled_mm`` with
+    the same scales, :func:`.hf_fp8.scaled_mm`): sizes it does not take
     (:func:`fits`), a launch of ``"cublas"``, a first call of a size inside a CUDA-graph capture, the CPU
     unless Triton runs in its interpreter (``TRITON_INTERPRET=1``, the tests). ``chosen`` overrides
     :func:`launch` (benchmarks); ``workspace`` (default :data:`SHARED`) holds the partial sums.
+
+    The scales are read as dense (``a + row``, ``s + column``): :func:`.hf_fp8.scaled_mm` checks them
+    (:func:`.hf_fp8.check_unit_scales`) before it calls this.
+
+    Raises:
+        ValueError: one scale without the other.
     """
     import torch
 
     m, k = xq.shape
     n = q.shape[0]
+    if (a is None) != (s is None):
+        raise ValueError("split_k: the row scales a and the channel scales s come together")
     if not fits(xq, q) or (xq.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1"):
         return None
     if chosen is None:
@@ -157,8 +168,9 @@ def mm(xq: Any, q: Any, out_dtype: Any, chosen: Launch | None = None, workspace:
             return None
         partials, counters = buffers
     _kernel()[(tiles_n, tiles_m, split)](
-        xq, q, out, partials, counters, m, n, k, xq.stride(0), q.stride(0), out.stride(0), per_split, split,
-        BM=chosen.bm, BN=chosen.bn, BK=chosen.bk, SLICED=split > 1, EVEN_K=k % chosen.bk == 0, SUM_ROWS=min(chosen.bm, 32),
+        xq, q, out, partials, counters, out if a is None else a, out if s is None else s, m, n, k, xq.stride(0),
+        q.stride(0), out.stride(0), per_split, split, BM=chosen.bm, BN=chosen.bn, BK=chosen.bk, SLICED=split > 1,
+        EVEN_K=k % chosen.bk == 0, SUM_ROWS=min(chosen.bm, 32), SCALED=a is not None,
         num_warps=chosen.warps, num_stages=chosen.stages)
     return out
 
@@ -211,9 +223,9 @@ def _kernel() -> Any:
     import triton.language as tl
 
     @triton.jit
-    def split_k_gemm(x, w, out, partials, counters, M, N, K, stride_x, stride_w, stride_out, per_split, split,
-                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SLICED: tl.constexpr, EVEN_K: tl.constexpr,
-                     SUM_ROWS: tl.constexpr):
+    def split_k_gemm(x, w, out, partials, counters, row_scales, col_scales, M, N, K, stride_x, stride_w,
+                     stride_out, per_split, split, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                     SLICED: tl.constexpr, EVEN_K: tl.constexpr, SUM_ROWS: tl.constexpr, SCALED: tl.constexpr):
         pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         rows = pid_m * BM + tl.arange(0, BM)
         cols = pid_n * BN + tl.arange(0, BN)
@@ -237,7 +249,11 @@ def _kernel() -> Any:
             wp += BK
         both = row_ok[:, None] & col_ok[None, :]
         where = rows[:, None].to(tl.int64) * stride_out + cols[None, :]
+        if SCALED:
+            channel = tl.load(col_scales + cols, mask=col_ok, other=0.0)
         if not SLICED:
+            if SCALED:
+                acc = acc * tl.load(row_scales + rows, mask=row_ok, other=0.0)[:, None] * channel[None, :]
             tl.store(out + where, acc.to(out.dtype.element_ty), mask=both)
         else:
             dense = rows[:, None].to(tl.int64) * N + cols[None, :]
@@ -252,6 +268,8 @@ def _kernel() -> Any:
                     for s in range(split):  # slice order, whichever program came last
                         total += tl.load(partials + s * M * N + part[:, None].to(tl.int64) * N + cols[None, :],
                                          mask=ok, other=0.0, cache_modifier=".cg")
+                    if SCALED:
+                        total = total * tl.load(row_scales + part, mask=part < M, other=0.0)[:, None] * channel[None, :]
                     tl.store(out + part[:, None].to(tl.int64) * stride_out + cols[None, :],
                              total.to(out.dtype.element_ty), mask=ok)
                 tl.atomic_xchg(counters + tile, 0, sem="relaxed", scope="gpu")
