@@ -180,3 +180,19 @@ def test_split_k_in_a_captured_graph():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured, eager)
+
+
+def test_a_bad_launch_table_is_refused_at_config_load(monkeypatch):
+    """CHATGYM_FP8_SPLIT_K_CONFIG is read as the first GEMM runs, in the engine's worker: the config-load
+    option check reads it first wherever there is a fused step, and names it."""
+    from chatgym.trainer.config.loader import ConfigError
+    from chatgym.trainer.engines import check_engine_options
+
+    hf_split_k._configs.cache_clear()
+    monkeypatch.setenv("CHATGYM_FP8_SPLIT_K_CONFIG", '{"256,3584,18944": [256, 128, 128, 4, 8]}')
+    try:
+        with pytest.raises(ConfigError, match=r"^CHATGYM_FP8_SPLIT_K_CONFIG must be a JSON object of"):
+            check_engine_options("hf", {"quantization": "fp8", "decode": "static"}, "engine.options")
+        check_engine_options("hf", {"decode": "static", "fused_step": False}, "engine.options")  # no fused step
+    finally:
+        hf_split_k._configs.cache_clear()

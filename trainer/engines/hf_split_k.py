@@ -17,13 +17,18 @@ order does not depend on which program finishes last, so the result is the same 
 atomic float add into the output would not be).
 
 The product is :func:`.hf_fp8.scaled_mm`'s ``"unit"`` one (``X · Q^T``, the scales applied by the kernel
-after it), up to float32's summation order: ``tests/test_engines_hf_split_k.py`` against a float64
-product in Triton's interpreter on the CPU, ``-m gpu`` against ``torch._scaled_mm``.
+after it: ``CHATGYM_FP8_GEMM=split_k``) or, given the row and channel scales, its ``"rowwise"`` one (the
+sum times ``a · s`` before its one rounding: ``split_k_rowwise``), up to float32's summation order:
+``tests/test_engines_hf_split_k.py`` against a float64 product in Triton's interpreter on the CPU, ``-m
+gpu`` against ``torch._scaled_mm``. Launches: ``CHATGYM_FP8_SPLIT_K_CONFIG`` (:func:`launch`), which
+``benchmarks/fp8_gemm_gpu.py --sweep --write`` writes, else :func:`default_launch`. Not yet run on a GPU
+(docs/gpu.md).
 
 The workspace and counters (:class:`Workspace`) belong to the caller whose GEMMs run one after another:
 each fused step has its own (:class:`.hf_fp8.Fp8Linear`'s ``workspace``). They are made outside any
 CUDA-graph capture: a call captured before they exist for its size runs ``torch._scaled_mm`` instead (the
-same product, :func:`.hf_fp8.scaled_mm`), as does a size the kernel does not take (:func:`fits`).
+same product, :func:`.hf_fp8.scaled_mm`), as does a size the kernel does not take (:func:`fits`) or a
+launch given as ``"cublas"``.
 """
 
 from __future__ import annotations
