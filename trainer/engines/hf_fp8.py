@@ -129,21 +129,22 @@ def scaled_mm(xq: Any, a: Any, q: Any, s: Any, out_dtype: Any, gemm: str = "roww
     """:func:`fp8_matmul` of activations already quantized by :func:`quantize_rows` (``xq`` ``(M, K)``
     float8_e4m3fn, ``a`` ``(M, 1)`` float32), as the GEMM ``gemm`` of :data:`GEMMS` computes it.
 
-    ``"unit"`` (and ``"unit_fast"``, ``"split_k"``) returns the product *unscaled* (``X · Q^T``, rounded to ``out_dtype``): the caller
-    multiplies by ``a · s`` (:func:`dequantize_out`), which :mod:`.hf_elementwise`'s compiled pieces
-    fold into the kernel after the GEMM. ``bias`` (``(N,)`` in ``out_dtype``, bf16 or fp16) is added in
-    ``"cutlass"``'s epilogue; the other GEMMs take none (:attr:`Fp8Linear.takes_bias`). ``workspace``: the
-    ``"split_k"`` kernel's (:class:`.hf_split_k.Workspace`; default its process-wide one).
+    ``"unit"`` (and ``"unit_fast"``, ``"split_k"``) returns the product *unscaled* (``X · Q^T``, rounded to
+    ``out_dtype``): the caller multiplies by ``a · s`` (:func:`dequantize_out`), which
+    :mod:`.hf_elementwise`'s compiled pieces fold into the kernel after the GEMM. ``"split_k"`` and
+    ``"split_k_rowwise"`` (scaled, as ``"rowwise"``) run :mod:`.hf_split_k`'s kernel, or cuBLASLt's GEMM
+    where it declines. ``bias`` (``(N,)`` in ``out_dtype``, bf16 or fp16) is added in ``"cutlass"``'s
+    epilogue; the other GEMMs take none (:attr:`Fp8Linear.takes_bias`). ``workspace``: the split-K
+    kernel's (:class:`.hf_split_k.Workspace`; default its process-wide one).
 
     Raises:
-        ValueError: an unknown ``gemm``, or ``bias`` with a GEMM that takes none.
+        ValueError: an unknown ``gemm``, ``bias`` with a GEMM that takes none, ``"split_k_rowwise"``'s
+            scales not dense float32 ``(M, 1)`` and ``(1, N)`` (:func:`check_unit_scales`).
     """
     import torch
 
     if bias is not None and gemm != "cutlass":
         raise ValueError(f"fp8 gemm {gemm!r} takes no bias (only 'cutlass' adds it in the GEMM)")
-    if gemm == "rowwise":
-        return torch._scaled_mm(xq, q.t(), scale_a=a, scale_b=s, out_dtype=out_dtype)
     if gemm in ("split_k", "split_k_rowwise"):
         from chatgym.trainer.engines import hf_split_k
 
@@ -153,9 +154,10 @@ def scaled_mm(xq: Any, a: Any, q: Any, s: Any, out_dtype: Any, gemm: str = "roww
         out = hf_split_k.mm(xq, q, out_dtype, workspace=workspace, a=a if scaled else None, s=s if scaled else None)
         if out is not None:
             return out
-        if scaled:  # where its kernel does not run: the same product
-            return torch._scaled_mm(xq, q.t(), scale_a=a, scale_b=s, out_dtype=out_dtype)
-    if gemm in UNSCALED:  # "split_k" where its kernel does not run: the same product
+        gemm = "rowwise" if scaled else "unit"  # where its kernel does not run: cuBLASLt's, the same product
+    if gemm == "rowwise":
+        return torch._scaled_mm(xq, q.t(), scale_a=a, scale_b=s, out_dtype=out_dtype)
+    if gemm in UNSCALED:
         one = _unit_scale(xq.device)
         return torch._scaled_mm(xq, q.t(), scale_a=one, scale_b=one, out_dtype=out_dtype,
                                 use_fast_accum=gemm == "unit_fast")
