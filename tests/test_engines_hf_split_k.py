@@ -142,7 +142,7 @@ def test_on_the_cpu_without_the_interpreter_torchs_scaled_mm_runs_it():
 def test_split_k_at_the_7b_down_projection_against_cublas_and_float64():
     """256 rows x K 18,944 (Qwen2.5-7B's down projection) at the default launch (4 slices): within bf16's
     rounding of the float64 product (as the unit GEMM, 2^-8 of the largest product), the same bits on
-    every call, and within 2^-8 of cuBLASLt's unit GEMM; 64 rows too."""
+    every call of 50, and within 2^-8 of cuBLASLt's unit GEMM; 64 rows too."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     for m in (256, 64):
@@ -153,7 +153,8 @@ def test_split_k_at_the_7b_down_projection_against_cublas_and_float64():
         unit = hf_fp8.scaled_mm(xq, None, q, None, torch.bfloat16, "unit")
         assert (got.double() - exact).abs().max().item() < 2**-8 * size
         assert (got.double() - unit.double()).abs().max().item() < 2**-8 * size
-        assert all(torch.equal(hf_split_k.mm(xq, q, torch.bfloat16), got) for _ in range(3))
+        # a tile summed before all its slices were written would differ now and then: 50 calls
+        assert all(torch.equal(hf_split_k.mm(xq, q, torch.bfloat16), got) for _ in range(50))
 
 
 @pytest.mark.gpu
