@@ -18,9 +18,10 @@ that time, for:
 * ``autotune`` (``--autotune``): the unit product through ``torch.compile(mode="max-autotune-no-cudagraphs")``,
   Inductor's GEMM templates benchmarked against cuBLASLt for each size (slow to tune);
 * ``split_k``: chatgym's split-K Triton kernel (:mod:`chatgym.trainer.engines.hf_split_k`) at its launch
-  for the size; ``--sweep`` times it at each launch of :func:`sweep_launches` against ``unit`` and prints
-  the fastest, ``--write FILE`` writes those as ``CHATGYM_FP8_SPLIT_K_CONFIG`` takes them (``"cublas"``
-  where ``unit`` was faster).
+  for the size; ``--sweep`` times it at each launch of :func:`sweep_launches` against ``unit`` (and, scaled,
+  against ``rowwise`` at the LM head's size, which ``split_k_rowwise`` runs on it) and prints the fastest,
+  ``--write FILE`` writes those as ``CHATGYM_FP8_SPLIT_K_CONFIG`` takes them (``"cublas"`` where cuBLASLt
+  was faster).
 
     python benchmarks/fp8_gemm_gpu.py --shape qwen2.5-7b --rows 64 256
     python benchmarks/fp8_gemm_gpu.py --shape qwen2.5-7b --rows 64 256 --sweep --write split_k.json
@@ -108,38 +109,43 @@ def sweep_launches(m: int, n: int, k: int, processors: int) -> list:
     return out
 
 
-def sweep(m: int, name: str, n: int, k: int, layers: int, iters: int) -> tuple[str, object]:
-    """Time the unit GEMM and each :func:`sweep_launches` launch of the split-K kernel on ``layers`` weights;
-    print the five fastest; return ``("m,n,k", the fastest launch's list or "cublas")``."""
+def sweep(m: int, name: str, n: int, k: int, layers: int, iters: int, scaled: bool = False) -> tuple[str, object]:
+    """Time cuBLASLt's GEMM and each :func:`sweep_launches` launch of the split-K kernel on ``layers``
+    weights: the unit product, or with ``scaled`` the row-wise one (the LM head's: scales in the GEMM, as
+    ``split_k_rowwise`` runs it); print the five fastest; return ``("m,n,k", the fastest launch's list or
+    "cublas")``."""
     import torch
 
     from chatgym.trainer.engines import hf_fp8, hf_split_k
 
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     fp8 = [hf_fp8.quantize_rowwise(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5) for _ in range(layers)]
-    xq, _ = hf_fp8.quantize_rows(x)
-    unit = time_graph(lambda: [hf_fp8.scaled_mm(xq, None, q, None, torch.bfloat16, "unit") for q, _ in fp8], iters)
-    want = hf_fp8.scaled_mm(xq, None, fp8[0][0], None, torch.bfloat16, "unit").float()
+    xq, a = hf_fp8.quantize_rows(x)
+    base = "rowwise" if scaled else "unit"
+    cublas = time_graph(lambda: [hf_fp8.scaled_mm(xq, a, q, s, torch.bfloat16, base) for q, s in fp8], iters)
+    want = hf_fp8.scaled_mm(xq, a, fp8[0][0], fp8[0][1], torch.bfloat16, base).float()
+
+    def run(c, q, s):
+        return hf_split_k.mm(xq, q, torch.bfloat16, c, None, *((a, s) if scaled else (None, None)))
+
     times = {}
     for chosen in sweep_launches(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count):
-        got = hf_split_k.mm(xq, fp8[0][0], torch.bfloat16, chosen)
+        got = run(chosen, *fp8[0])
         if got is None or (got.float() - want).abs().max() > 2**-7 * want.abs().max():  # declined, or wrong
             print(f"rows {m:3d} {name:7} {chosen}: " + ("the kernel declined it" if got is None else
                   f"WRONG, off by {(got.float() - want).abs().max().item():.4g}"), flush=True)
             continue
         try:
-            times[chosen] = time_graph(lambda c=chosen: [hf_split_k.mm(xq, q, torch.bfloat16, c) for q, _ in fp8], iters)
+            times[chosen] = time_graph(lambda c=chosen: [run(c, q, s) for q, s in fp8], iters)
         except Exception as e:  # a launch that does not fit (shared memory): named, not fatal
             print(f"rows {m:3d} {name:7} {chosen}: {type(e).__name__}: {str(e)[:120]}", flush=True)
     ranked = sorted(times, key=times.get)
-    for chosen in ranked[:5]:
-        c = chosen
+    for c in ranked[:5]:
         print(f"rows {m:3d} {name:7} BM {c.bm:3d} BN {c.bn:3d} BK {c.bk} split {c.split} warps {c.warps} stages "
-              f"{c.stages}: {times[c] * 1e3 / layers:6.1f} us ({unit / times[c]:.3f}x unit's {unit * 1e3 / layers:.1f})",
-              flush=True)
-    best = ranked[0] if ranked and times[ranked[0]] < unit else None
-    key = f"{m},{n},{k}"
-    return key, "cublas" if best is None else [best.bm, best.bn, best.bk, best.split, best.warps, best.stages]
+              f"{c.stages}: {times[c] * 1e3 / layers:6.1f} us ({cublas / times[c]:.3f}x {base}'s "
+              f"{cublas * 1e3 / layers:.1f})", flush=True)
+    best = ranked[0] if ranked and times[ranked[0]] < cublas else None
+    return f"{m},{n},{k}", "cublas" if best is None else [best.bm, best.bn, best.bk, best.split, best.warps, best.stages]
 
 
 def main() -> None:
@@ -162,8 +168,11 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}, {args.shape}, {layers} weights a projection; "
           "us a GEMM (TB/s of weights)", flush=True)
     if args.sweep:
-        table = dict(sweep(m, name, n, k, layers, args.iters) for m in args.rows
-                     for name, (n, k) in projections(config).items())
+        table = {}
+        for m in args.rows:
+            table.update(sweep(m, name, n, k, layers, args.iters) for name, (n, k) in projections(config).items())
+            # the LM head (split_k_rowwise's): two weights of 0.5 GB already leave L2 between calls
+            table.update([sweep(m, "lm_head", config.vocab_size, config.hidden_size, 2, args.iters, scaled=True)])
         print("CHATGYM_FP8_SPLIT_K_CONFIG=" + json.dumps(table), flush=True)
         if args.write:
             with open(args.write, "w") as f:

@@ -202,8 +202,9 @@ class FusedDecoder:
                 float(getattr(attn, "scaling", self.head_dim**-0.5)), fp8_parts,
             ))
         # The head's GEMM applies its scales itself (row-wise): a unit product would need a pass of its own
-        # over the (rows, vocab) logits.
-        self.lm_head_fp8 = self._fp8([model.lm_head.weight], "rowwise") if self.fp8 and fp8_lm_head else None
+        # over the (rows, vocab) logits. With the split-K GEMM, that kernel's row-wise form.
+        head_gemm = "split_k_rowwise" if self.fp8_gemm.startswith("split_k") else "rowwise"
+        self.lm_head_fp8 = self._fp8([model.lm_head.weight], head_gemm) if self.fp8 and fp8_lm_head else None
         self._seen = self._stamps()
         self.refreshes = 0
 
