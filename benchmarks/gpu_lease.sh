@@ -788,31 +788,34 @@ plan30() {  # the e4m3 values as pairs, kept: decode tokens/s with the modes int
   mark "done"
 }
 
-plan31() {  # the split-K FP8 GEMM (hf_split_k): its GPU tests, its launches against cuBLASLt's unit GEMM, the engine with it
+plan31() {  # the split-K FP8 GEMM (hf_split_k): its GPU tests, its launches against cuBLASLt, the engine with it (~15 min)
   begin "$1"
   local sk="static fp8+head all kv8 split_k"
   gpu_test_files tests/test_engines_hf_split_k.py
-  mark "split-K launches against the unit GEMM, qwen2.5-7b, 256 and 64 rows"
+  mark "split-K launches against cuBLASLt, qwen2.5-7b, 256 and 64 rows"
   timeout 480 python3 benchmarks/fp8_gemm_gpu.py --shape qwen2.5-7b --rows 256 64 --sweep --write $O/split_k.json \
     > $O/sweep_7b.txt 2>&1
   grep -a "CHATGYM\|Error" $O/sweep_7b.txt | cut -c1-400
   wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
   export CHATGYM_FP8_SPLIT_K_CONFIG; CHATGYM_FP8_SPLIT_K_CONFIG=$(cat $O/split_k.json 2>/dev/null)
-  gaps_7b gaps_7b "static all" "static fp8+head all kv8" "$sk" "$sk""_rowwise"
+  ROWS=256 gaps_7b gaps_7b "static all" "static fp8+head all kv8" "$sk" "$sk""_rowwise"
   mark "engine decode tokens/s, qwen2.5-7b, bf16 and FP8 on the split-K GEMM (scales after it, in it) interleaved, 9 rounds"
   timeout 560 python3 benchmarks/hf_decode_gpu.py --shape qwen2.5-7b --batch 256 64 --skip-generate --repeats 9 \
     --decode-only --interleave --modes "static all" "$sk" "$sk""_rowwise" > $O/decode_7b_interleaved.txt 2>&1
   grep -E "x[0-9]|rounds|Error" $O/decode_7b_interleaved.txt | cut -c1-190
-  gpu_test_files tests/test_fp8_gpu.py
-  CHATGYM_FP8_GEMM=split_k step_7b step_7b_split_k fp8_c_head_kv8
+  mark "GPU tests: tests/test_fp8_gpu.py -k split"
+  (cd /tmp/t && timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu -k split tests/test_fp8_gpu.py > $O/gpu_test_fp8_gpu.txt 2>&1)
+  echo "rc=$? $(tail -n 1 $O/gpu_test_fp8_gpu.txt)"
+  ROWS=64 gaps_7b gaps_7b_64 "static all" "static fp8+head all kv8" "$sk" "$sk""_rowwise"
   CHATGYM_FP8_GEMM=split_k_rowwise step_7b step_7b_split_k_rowwise fp8_c_head_kv8
   mark "done"
 }
 
-gaps_7b() {  # the engine's decode steps 65-127 on the device (engine_gaps_gpu.py), 256 and 64 rows, each mode given, into $O/$1.txt
+gaps_7b() {  # the engine's decode steps 65-127 on the device (engine_gaps_gpu.py), $ROWS (256 and 64) rows, each mode given, into $O/$1.txt
   local out=$1; shift
-  mark "the engine's decode steps on the device, qwen2.5-7b, 256 and 64 rows: $* (CHATGYM_FP8_GEMM=${CHATGYM_FP8_GEMM:-})"
-  timeout 400 python3 benchmarks/engine_gaps_gpu.py --shape qwen2.5-7b --rows 256 64 --modes "$@" > "$O/$out.txt" 2>&1
+  mark "the engine's decode steps on the device, qwen2.5-7b, ${ROWS:-256 64} rows: $* (CHATGYM_FP8_GEMM=${CHATGYM_FP8_GEMM:-})"
+  # shellcheck disable=SC2086  # ROWS: one or more row counts
+  timeout 400 python3 benchmarks/engine_gaps_gpu.py --shape qwen2.5-7b --rows ${ROWS:-256 64} --modes "$@" > "$O/$out.txt" 2>&1
   grep -a "rows\|window\|split_k\|Error" "$O/$out.txt" | cut -c1-220
 }
 
