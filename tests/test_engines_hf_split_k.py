@@ -12,7 +12,7 @@ from triton_helpers import run_interpreted
 from chatgym.trainer.engines import hf_fp8, hf_split_k
 from chatgym.trainer.engines.hf_split_k import Launch
 
-INTERPRETED_TESTS = 8  # the tests whose names hold "interpreted" (4 + 2 parametrized, 2)
+INTERPRETED_TESTS = 9  # the tests whose names hold "interpreted" (4 + 2 parametrized, 3)
 
 
 def test_the_kernel_tests_pass_in_tritons_interpreter():
@@ -79,6 +79,23 @@ def test_interpreted_counters_return_to_zero_and_the_workspace_is_reused(interpr
     assert space.partials.numel() == 4 * 40 * 64 and space.counters is counters and space.outgrown == [workspace]
 
 
+def test_interpreted_sizes_of_zero_bad_scales_and_dtypes(interpreted):
+    """Regression (fresh-user walk): K or N of 0 divided by zero before the launch; the kernel now declines
+    them (cuBLASLt's GEMM gives the empty or zero product). Scales of the wrong size were read past their
+    end, an integer output truncated: refused."""
+    xq, q = codes(4, 8, 64)
+    empty = torch.zeros(4, 0).to(torch.float8_e4m3fn)
+    assert hf_split_k.mm(empty, torch.zeros(8, 0).to(torch.float8_e4m3fn), torch.float32) is None
+    assert hf_split_k.mm(xq, q[:0], torch.float32) is None
+    with pytest.raises(ValueError, match=r"^split_k: the scales must be dense float32, a of 4 rows and s of 8 "
+                                         r"columns, got a torch.float32 \(1, 1\) and s torch.float32 \(1, 8\)$"):
+        hf_split_k.mm(xq, q, torch.float32, None, None, torch.ones(1, 1), torch.ones(1, 8))
+    with pytest.raises(ValueError, match=r"^split_k: the scales must be dense float32"):
+        hf_split_k.mm(xq, q, torch.float32, None, None, torch.ones(4, 1, dtype=torch.float16), torch.ones(1, 8))
+    with pytest.raises(ValueError, match=r"^split_k: out_dtype must be bfloat16, float16 or float32, got torch.int32$"):
+        hf_split_k.mm(xq, q, torch.int32)
+
+
 def test_interpreted_kernel_rounds_its_sum_once_to_the_output_dtype(interpreted):
     """float16 output: the float32 sum rounded once (the interpreter's cast to fp16 rounds to nearest);
     e4m3 codes of normal draws, not scaled to 448, so the sums stay in fp16's range."""
@@ -109,11 +126,18 @@ def test_the_launch_table_from_the_environment(monkeypatch):
         assert hf_split_k.launch(64, 3584, 3584) is None
         assert hf_split_k.launch(64, 3584, 18944) == hf_split_k.default_launch(64, 3584, 18944)
         assert hf_split_k.launch(257, 3584, 18944) is None  # more rows than a decode step's: cuBLASLt
-        for bad in ('[1, 2]', '{"256,3584": [128, 128, 128, 2, 8, 3]}', '{"1,2,3": [128, 128, 128, 2, 8]}', "nope"):
+        # Regression (fresh-user walk): a bool taken as an int, sizes of 0 or below, a key given twice (the
+        # last was kept)
+        for bad in ('[1, 2]', '{"256,3584": [128, 128, 128, 2, 8, 3]}', '{"1,2,3": [128, 128, 128, 2, 8]}', "nope",
+                    '{"1,2,3": [128, 128, 128, 2, 8, true]}', '{"0,2,3": "cublas"}', '{"-1,2,3": "cublas"}',
+                    '{"1,2,3": "cublas", "1,2,3": [128, 128, 128, 2, 8, 3]}'):
             hf_split_k._configs.cache_clear()
             monkeypatch.setenv("CHATGYM_FP8_SPLIT_K_CONFIG", bad)
             with pytest.raises(ValueError, match=r"^CHATGYM_FP8_SPLIT_K_CONFIG must be a JSON object of"):
                 hf_split_k.launch(1, 2, 3)
+        hf_split_k._configs.cache_clear()
+        monkeypatch.setenv("CHATGYM_FP8_SPLIT_K_CONFIG", '{"1,2,3": "CUBLAS"}')  # in any case, as CHATGYM_FP8_GEMM
+        assert hf_split_k.launch(1, 2, 3) is None
         hf_split_k._configs.cache_clear()
         monkeypatch.setenv("CHATGYM_FP8_SPLIT_K_CONFIG", '{"1,2,3": [128, 96, 128, 2, 8, 3]}')
         with pytest.raises(ValueError, match=r"^CHATGYM_FP8_SPLIT_K_CONFIG 1,2,3: Launch\(bm=128, bn=96, .* must have"):
@@ -136,6 +160,10 @@ def test_on_the_cpu_without_the_interpreter_torchs_scaled_mm_runs_it():
                        hf_fp8.scaled_mm(xq, a, q, s, torch.float32, "rowwise"))
     with pytest.raises(ValueError, match=r"^split_k_rowwise: a must be dense \(4, 1\), got \(1, 4\)"):
         hf_fp8.scaled_mm(xq, a.t(), q, s, torch.float32, "split_k_rowwise")
+    # Regression (fresh-user walk): no scales gave "'NoneType' object has no attribute 'dtype'"
+    with pytest.raises(ValueError, match=r"^split_k_rowwise: needs the row scales a and the channel scales s, "
+                                         r"got a NoneType and s NoneType$"):
+        hf_fp8.scaled_mm(xq, None, q, None, torch.float32, "split_k_rowwise")
 
 
 @pytest.mark.gpu

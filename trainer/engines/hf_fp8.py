@@ -188,10 +188,13 @@ def check_unit_scales(a: Any, s: Any, rows: int, cols: int, who: str) -> None:
     strides).
 
     Raises:
-        ValueError: other shapes, strides or dtypes, naming ``who``.
+        ValueError: a scale missing (None), or other shapes, strides or dtypes, naming ``who``.
     """
     import torch
 
+    if a is None or s is None:
+        raise ValueError(f"{who}: needs the row scales a and the channel scales s, got a {type(a).__name__} "
+                         f"and s {type(s).__name__}")
     if a.dtype != torch.float32 or s.dtype != torch.float32:
         raise ValueError(f"{who}: the scales must be float32, got a {a.dtype} and s {s.dtype}")
     if tuple(a.shape) != (rows, 1) or (rows > 1 and a.stride(0) != 1):

@@ -93,6 +93,10 @@ def launch(m: int, n: int, k: int, processors: int = 132) -> Launch | None:
     return chosen
 
 
+class _Pairs(list):
+    """A JSON object's (key, value) pairs in order (json's ``object_pairs_hook``)."""
+
+
 @functools.cache
 def _configs() -> dict[tuple[int, int, int], Launch | None]:
     name = "CHATGYM_FP8_SPLIT_K_CONFIG"
@@ -100,16 +104,19 @@ def _configs() -> dict[tuple[int, int, int], Launch | None]:
     if not text:
         return {}
     try:
-        raw = json.loads(text)
-        if not isinstance(raw, dict):
+        parsed = json.loads(text, object_pairs_hook=_Pairs)  # a key given twice is refused, not the last kept
+        if not isinstance(parsed, _Pairs) or len({key for key, _ in parsed}) < len(parsed):
             raise ValueError
+        pairs = list(parsed)
         out: dict[tuple[int, int, int], Launch | None] = {}
-        for key, value in raw.items():
+        for key, value in pairs:
             m, n, k = (int(v) for v in key.split(","))
-            if value == "cublas":
+            if min(m, n, k) < 1:
+                raise ValueError
+            if isinstance(value, str) and value.lower() == "cublas":
                 out[(m, n, k)] = None
                 continue
-            if not isinstance(value, list) or len(value) != 6 or not all(isinstance(v, int) for v in value):
+            if not isinstance(value, list) or len(value) != 6 or not all(type(v) is int for v in value):  # no bools
                 raise ValueError
             out[(m, n, k)] = Launch(*value)
     except ValueError:
@@ -123,11 +130,11 @@ def _configs() -> dict[tuple[int, int, int], Launch | None]:
 
 def fits(xq: Any, q: Any) -> bool:
     """Whether the kernel takes ``xq`` ``(M, K)`` and ``q`` ``(N, K)``: both float8_e4m3fn, their last
-    stride 1, K a multiple of 16 (16-byte rows for the loads)."""
+    stride 1, K a multiple of 16 (16-byte rows for the loads), no size 0 (cuBLASLt's GEMM takes those)."""
     import torch
 
     return (xq.dtype == q.dtype == torch.float8_e4m3fn and xq.dim() == q.dim() == 2 and xq.shape[1] == q.shape[1]
-            and xq.stride(1) == 1 and q.stride(1) == 1 and xq.shape[1] % 16 == 0 and xq.shape[0] > 0)
+            and xq.stride(1) == 1 and q.stride(1) == 1 and xq.shape[1] % 16 == 0 and min(*xq.shape, q.shape[0]) > 0)
 
 
 def mm(xq: Any, q: Any, out_dtype: Any, chosen: Launch | None = None, workspace: Workspace | None = None,
@@ -141,11 +148,9 @@ def mm(xq: Any, q: Any, out_dtype: Any, chosen: Launch | None = None, workspace:
     unless Triton runs in its interpreter (``TRITON_INTERPRET=1``, the tests). ``chosen`` overrides
     :func:`launch` (benchmarks); ``workspace`` (default :data:`SHARED`) holds the partial sums.
 
-    The scales are read as dense (``a + row``, ``s + column``): :func:`.hf_fp8.scaled_mm` checks them
-    (:func:`.hf_fp8.check_unit_scales`) before it calls this.
-
     Raises:
-        ValueError: one scale without the other.
+        ValueError: one scale without the other, scales not dense float32 of ``M`` and ``N`` entries, an
+            ``out_dtype`` not bf16 / fp16 / fp32.
     """
     import torch
 
@@ -153,6 +158,12 @@ def mm(xq: Any, q: Any, out_dtype: Any, chosen: Launch | None = None, workspace:
     n = q.shape[0]
     if (a is None) != (s is None):
         raise ValueError("split_k: the row scales a and the channel scales s come together")
+    if out_dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"split_k: out_dtype must be bfloat16, float16 or float32, got {out_dtype}")
+    if a is not None and (a.dtype != torch.float32 or s.dtype != torch.float32 or a.numel() != m or s.numel() != n
+                          or not a.is_contiguous() or not s.is_contiguous()):
+        raise ValueError(f"split_k: the scales must be dense float32, a of {m} rows and s of {n} columns, got a "
+                         f"{a.dtype} {tuple(a.shape)} and s {s.dtype} {tuple(s.shape)}")
     if not fits(xq, q) or (xq.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1"):
         return None
     if chosen is None:
