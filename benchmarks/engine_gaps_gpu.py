@@ -138,6 +138,8 @@ def main() -> None:
     args = ap.parse_args()
     if min(args.rows) < 1:
         ap.error(f"--rows must be >= 1, got {args.rows}")
+    if len(set(args.modes)) < len(args.modes):  # regression (fresh-user walk): hf_decode_gpu refuses it too
+        ap.error(f"--modes: a mode given twice in {args.modes}")
     # Regression (noticed in stop 65): a mode without the compiled step ran the whole GPU run to say "no window"
     uncompiled = [m for m in args.modes if ENGINE_MODES[m].get("fused_step") != "compiled"]
     if uncompiled:

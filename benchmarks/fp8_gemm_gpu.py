@@ -161,8 +161,21 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="time the split-K kernel's launches against the unit GEMM")
     ap.add_argument("--write", help="with --sweep: write the fastest launches here as CHATGYM_FP8_SPLIT_K_CONFIG takes them")
     args = ap.parse_args()
+    # Regression (fresh-user walk): bad sizes, --autotune beside --sweep and an unwritable --write were found
+    # only after CUDA was asked for, or after the whole sweep
     if args.write and not args.sweep:
         ap.error("--write needs --sweep")
+    if args.sweep and args.autotune:
+        ap.error("--sweep times the split-K kernel's launches; --autotune belongs to the GEMMs' comparison")
+    if min(args.rows) < 1 or (args.layers is not None and args.layers < 1) or args.iters < 1:
+        ap.error(f"--rows, --layers and --iters must be >= 1, got {args.rows}, {args.layers} and {args.iters}")
+    if args.write:
+        try:
+            open(args.write, "a").close()
+        except OSError as e:
+            ap.error(f"--write: cannot write {args.write}: {e.strerror}")
+    if not torch.cuda.is_available():
+        raise SystemExit("fp8_gemm_gpu.py needs CUDA")
     config = shape_config(args.shape)
     layers = args.layers or config.num_hidden_layers
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}, {args.shape}, {layers} weights a projection; "

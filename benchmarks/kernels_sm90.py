@@ -139,6 +139,9 @@ def engine_kernels() -> list[Compiled]:
 
 
 def main() -> None:
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # --help; no options
     print("the decode step's Triton kernels at the Qwen2.5-7B shape, 256 rows, compiled for sm_90a; programs a "
           "multiprocessor: how many its registers and shared memory let run at once", flush=True)
     for k in engine_kernels():

@@ -94,3 +94,13 @@ def test_modes_without_the_compiled_step_are_refused_before_cuda_is_asked_for(ga
         gaps.main()
     assert capsys.readouterr().err.splitlines()[-1] == ("engine_gaps_gpu.py: error: --modes: ['static', 'layers'] run "
                                                         "no compiled step, whose kernels mark the decode steps here")
+
+
+def test_a_mode_given_twice_is_refused(gaps, monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setattr(sys, "argv", ["engine_gaps_gpu.py", "--modes", "static all", "static all"])
+    with pytest.raises(SystemExit):
+        gaps.main()
+    assert capsys.readouterr().err.splitlines()[-1] == ("engine_gaps_gpu.py: error: --modes: a mode given twice in "
+                                                        "['static all', 'static all']")
