@@ -459,3 +459,23 @@ def test_an_engine_decodes_the_same_greedy_ids_with_either_attention(monkeypatch
             await engine.close()
 
     assert asyncio.run(ids("triton")) == asyncio.run(ids("sdpa"))
+
+
+def test_vllm_cpus_fp8_kv_cache_is_refused_at_config_load_without_avx512_or_amx(monkeypatch):
+    """Regression (fresh-user walk): on an AVX2-only CPU ``engine.backend=vllm`` with ``kv_cache_dtype: fp8``
+    loaded the model, then failed in an 87-line traceback ("FP8 KV cache on CPU requires x86 with AVX-512
+    or AMX"); load_config refuses it in one line, and takes it where the CPU lists avx512f or amx_tile."""
+    from chatgym.trainer.config.run import ConfigError, load_config
+    from chatgym.trainer.models import cuda, dtype
+
+    avx2 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n"
+    assert cuda.vllm_cpu_fp8_cache_refusal(avx2) == ("vLLM's CPU backend keeps an FP8 KV cache only on x86 with "
+                                                      "AVX-512 or AMX, and this CPU has neither")
+    assert cuda.vllm_cpu_fp8_cache_refusal(avx2.replace("avx2", "avx2 avx512f")) is None
+    assert cuda.vllm_cpu_fp8_cache_refusal(avx2.replace("avx2", "avx2 amx_tile")) is None
+    monkeypatch.setattr(dtype, "cpu_flags", lambda cpuinfo=None: frozenset({"avx2"}))
+    with pytest.raises(ConfigError, match=r"^engine.options.kv_cache_dtype: 'fp8' is refused: vLLM's CPU backend "):
+        load_config(None, ["engine.backend=vllm", "engine.options={kv_cache_dtype: fp8}"])
+    load_config(None, ["engine.backend=vllm", "engine.options={kv_cache_dtype: auto}"])
+    monkeypatch.setattr(dtype, "cpu_flags", lambda cpuinfo=None: frozenset({"avx2", "avx512f"}))
+    load_config(None, ["engine.backend=vllm", "engine.options={kv_cache_dtype: fp8}"])

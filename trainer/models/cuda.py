@@ -112,6 +112,22 @@ def fp8_config_refusal(options: Any, backend: str, worker_num_gpus: float) -> st
     return fp8_hardware_refusal(options.get("device"), backend, worker_num_gpus)
 
 
+def vllm_cpu_fp8_cache_refusal(cpuinfo: str | None = None) -> str | None:
+    """Why vLLM's CPU backend cannot keep an FP8 KV cache on this machine (it asks for x86 with AVX-512 or
+    AMX, and fails after the model loads, in an 87-line traceback: a fresh-user walk's finding), or None
+    when it can or a CUDA GPU runs vLLM here. ``cpuinfo``: ``/proc/cpuinfo``'s text (tests)."""
+    import torch
+
+    from chatgym.trainer.models.dtype import cpu_flags
+
+    if torch.cuda.is_available():
+        return None
+    flags = cpu_flags(cpuinfo)
+    if "avx512f" in flags or "amx_tile" in flags:
+        return None
+    return "vLLM's CPU backend keeps an FP8 KV cache only on x86 with AVX-512 or AMX, and this CPU has neither"
+
+
 def fp8_hardware_refusal(device: Any, backend: str, worker_num_gpus: float) -> str | None:
     """Why an engine on ``device`` cannot run anything in FP8 (weights, the hf engine's e4m3 KV cache),
     as :func:`fp8_config_refusal` judges it at config load; None when it can or cannot be known here."""
