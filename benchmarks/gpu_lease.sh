@@ -793,7 +793,7 @@ plan31() {  # the split-K FP8 GEMM (hf_split_k): its GPU tests, its launches aga
   local sk="static fp8+head all kv8 split_k"
   gpu_test_files tests/test_engines_hf_split_k.py
   mark "split-K launches against cuBLASLt, qwen2.5-7b, 256 and 64 rows"
-  timeout 480 python3 benchmarks/fp8_gemm_gpu.py --shape qwen2.5-7b --rows 256 64 --sweep --write $O/split_k.json \
+  timeout 480 python3 benchmarks/fp8_gemm_gpu.py --shape qwen2.5-7b --rows 256 64 --iters 30 --sweep --write $O/split_k.json \
     > $O/sweep_7b.txt 2>&1
   grep -a "CHATGYM\|Error" $O/sweep_7b.txt | cut -c1-400
   wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
