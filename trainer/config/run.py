@@ -485,25 +485,16 @@ class Config:
     def _check_engine(self) -> None:
         """Engine options refused before any model loads: FP8 (weights, hf's e4m3 KV cache) without FP8 hardware, sleep mode where it cannot work."""
         from chatgym.trainer.engines.vllm_sleep import sleep_config_refusal
-        from chatgym.trainer.models.cuda import (
-            fp8_config_refusal,
-            fp8_hardware_refusal,
-            vllm_cpu_fp8_cache_refusal,
-        )
+        from chatgym.trainer.models.cuda import fp8_config_refusal, kv_cache_refusal
 
         why = fp8_config_refusal(self.engine.options, self.trainer.backend, self.trainer.ray.worker_num_gpus)
         if why is not None:
             raise ValueError(
                 f"engine.options.quantization: {self.engine.options['quantization']!r} is refused: {why}"
             )
-        options, ray_gpus = self.engine.options, self.trainer.ray.worker_num_gpus  # hf's e4m3 cache needs FP8 too
-        if self.engine.backend == "hf" and options.get("kv_cache_dtype") == "fp8" and (why := (
-                fp8_hardware_refusal(options.get("device"), self.trainer.backend, ray_gpus))):
-            raise ValueError(f"engine.options.kv_cache_dtype: 'fp8' is refused: {why}")
-        kv = options.get("kv_cache_dtype")
-        if (self.engine.backend == "vllm" and self.trainer.backend == "local" and isinstance(kv, str)
-                and kv.startswith("fp8") and (why := vllm_cpu_fp8_cache_refusal())):
-            raise ValueError(f"engine.options.kv_cache_dtype: {kv!r} is refused: {why}")
+        if why := kv_cache_refusal(self.engine.backend, self.engine.options, self.trainer.backend,
+                                   self.trainer.ray.worker_num_gpus):
+            raise ValueError(why)
         if (why := sleep_config_refusal(self)) is not None:
             raise ValueError(why)
 

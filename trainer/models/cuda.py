@@ -128,6 +128,20 @@ def vllm_cpu_fp8_cache_refusal(cpuinfo: str | None = None) -> str | None:
     return "vLLM's CPU backend keeps an FP8 KV cache only on x86 with AVX-512 or AMX, and this CPU has neither"
 
 
+def kv_cache_refusal(engine: str, options: dict, backend: str, worker_num_gpus: float) -> str | None:
+    """The config-load refusal of ``engine.options.kv_cache_dtype`` (the whole message), or None: the ``hf``
+    engine's e4m3 cache needs FP8 hardware (:func:`fp8_hardware_refusal`), vLLM's CPU backend an FP8 cache
+    AVX-512 or AMX (:func:`vllm_cpu_fp8_cache_refusal`; with ``trainer.backend: local``, the engine here)."""
+    kv = options.get("kv_cache_dtype")
+    if engine == "hf" and kv == "fp8":
+        why = fp8_hardware_refusal(options.get("device"), backend, worker_num_gpus)
+    elif engine == "vllm" and backend == "local" and isinstance(kv, str) and kv.startswith("fp8"):
+        why = vllm_cpu_fp8_cache_refusal()
+    else:
+        return None
+    return None if why is None else f"engine.options.kv_cache_dtype: {kv!r} is refused: {why}"
+
+
 def fp8_hardware_refusal(device: Any, backend: str, worker_num_gpus: float) -> str | None:
     """Why an engine on ``device`` cannot run anything in FP8 (weights, the hf engine's e4m3 KV cache),
     as :func:`fp8_config_refusal` judges it at config load; None when it can or cannot be known here."""
