@@ -9,7 +9,7 @@
 # Then the device calls, back to back (the machine goes back 30 s after a call), each from the
 # project root, with the carry named:
 #
-#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan7|plan8|plan9|plan10|plan11|plan12|plan13|plan14|plan15|plan18|plan19|plan20|plan21|plan22|plan23|plan24|plan25|plan26|plan27|plan28|plan29|plan30|plan31]   (starts `plan` in the background)
+#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan7|plan8|plan9|plan10|plan11|plan12|plan13|plan14|plan15|plan18|plan19|plan20|plan21|plan22|plan23|plan24|plan25|plan26|plan27|plan28|plan29|plan30|plan31|plan32]   (starts `plan` in the background)
 #   2  [.gpukit/smol/a1]              cp .gpukit/smol/a1/* /tmp/kit/smol/
 #   3  [.gpukit/smol/a2]              cp .gpukit/smol/a2/* /tmp/kit/smol/
 #   4  [.gpukit/smol/b]               bash benchmarks/gpu_lease.sh smol
@@ -808,6 +808,19 @@ plan31() {  # the split-K FP8 GEMM (hf_split_k): its GPU tests, its launches aga
   echo "rc=$? $(tail -n 1 $O/gpu_test_fp8_gpu.txt)"
   ROWS=64 gaps_7b gaps_7b_64 "static all" "static fp8+head all kv8" "$sk" "$sk""_rowwise"
   CHATGYM_FP8_GEMM=split_k_rowwise step_7b step_7b_split_k_rowwise fp8_c_head_kv8
+  mark "done"
+}
+
+plan32() {  # plan31's first half, for a short lease: the split-K GPU tests and its launches against cuBLASLt (~6 min)
+  begin "$1"
+  gpu_test_files tests/test_engines_hf_split_k.py
+  mark "split-K launches against cuBLASLt, qwen2.5-7b, 256 then 64 rows"
+  timeout 300 python3 benchmarks/fp8_gemm_gpu.py --shape qwen2.5-7b --rows 256 --iters 30 --sweep \
+    --write $O/split_k_256.json > $O/sweep_7b_256.txt 2>&1
+  grep -a "CHATGYM\|Error" $O/sweep_7b_256.txt | cut -c1-400
+  timeout 300 python3 benchmarks/fp8_gemm_gpu.py --shape qwen2.5-7b --rows 64 --iters 30 --sweep \
+    --write $O/split_k_64.json > $O/sweep_7b_64.txt 2>&1
+  grep -a "CHATGYM\|Error" $O/sweep_7b_64.txt | cut -c1-400
   mark "done"
 }
 
