@@ -792,10 +792,7 @@ plan31() {  # the split-K FP8 GEMM (hf_split_k): its GPU tests, its launches aga
   begin "$1"
   local sk="static fp8+head all kv8 split_k"
   gpu_test_files tests/test_engines_hf_split_k.py
-  mark "split-K launches against cuBLASLt, qwen2.5-7b, 256 and 64 rows"
-  timeout 480 python3 benchmarks/fp8_gemm_gpu.py --shape qwen2.5-7b --rows 256 64 --iters 30 --sweep --write $O/split_k.json \
-    > $O/sweep_7b.txt 2>&1
-  grep -a "CHATGYM\|Error" $O/sweep_7b.txt | cut -c1-400
+  sweep_7b split_k 256 64
   wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
   export CHATGYM_FP8_SPLIT_K_CONFIG; CHATGYM_FP8_SPLIT_K_CONFIG=$(cat $O/split_k.json 2>/dev/null)
   ROWS=256 gaps_7b gaps_7b "static all" "static fp8+head all kv8" "$sk" "$sk""_rowwise"
@@ -814,14 +811,17 @@ plan31() {  # the split-K FP8 GEMM (hf_split_k): its GPU tests, its launches aga
 plan32() {  # plan31's first half, for a short lease: the split-K GPU tests and its launches against cuBLASLt (~6 min)
   begin "$1"
   gpu_test_files tests/test_engines_hf_split_k.py
-  mark "split-K launches against cuBLASLt, qwen2.5-7b, 256 then 64 rows"
-  timeout 300 python3 benchmarks/fp8_gemm_gpu.py --shape qwen2.5-7b --rows 256 --iters 30 --sweep \
-    --write $O/split_k_256.json > $O/sweep_7b_256.txt 2>&1
-  grep -a "CHATGYM\|Error" $O/sweep_7b_256.txt | cut -c1-400
-  timeout 300 python3 benchmarks/fp8_gemm_gpu.py --shape qwen2.5-7b --rows 64 --iters 30 --sweep \
-    --write $O/split_k_64.json > $O/sweep_7b_64.txt 2>&1
-  grep -a "CHATGYM\|Error" $O/sweep_7b_64.txt | cut -c1-400
+  sweep_7b split_k_256 256
+  sweep_7b split_k_64 64
   mark "done"
+}
+
+sweep_7b() {  # the split-K kernel's launches against cuBLASLt at 7B, the rows given: table $O/$1.json, log $O/$1_sweep.txt
+  local out=$1; shift
+  mark "split-K launches against cuBLASLt, qwen2.5-7b, rows $*"
+  timeout 480 python3 benchmarks/fp8_gemm_gpu.py --shape qwen2.5-7b --rows "$@" --iters 30 --sweep --write "$O/$out.json" \
+    > "$O/${out}_sweep.txt" 2>&1
+  grep -a "CHATGYM\|Error" "$O/${out}_sweep.txt" | cut -c1-400
 }
 
 gaps_7b() {  # the engine's decode steps 65-127 on the device (engine_gaps_gpu.py), $ROWS (256 and 64) rows, each mode given, into $O/$1.txt

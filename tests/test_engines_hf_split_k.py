@@ -119,7 +119,7 @@ def test_default_launches_at_the_7b_shape():
 
 
 def test_the_launch_table_from_the_environment(monkeypatch):
-    hf_split_k._configs.cache_clear()
+    hf_split_k.launch_table.cache_clear()
     monkeypatch.setenv("CHATGYM_FP8_SPLIT_K_CONFIG", '{"256,3584,18944": [128, 128, 128, 2, 8, 3], "64,3584,3584": "cublas"}')
     try:
         assert hf_split_k.launch(256, 3584, 18944) == Launch(128, 128, 128, 2, 8, 3)
@@ -131,19 +131,19 @@ def test_the_launch_table_from_the_environment(monkeypatch):
         for bad in ('[1, 2]', '{"256,3584": [128, 128, 128, 2, 8, 3]}', '{"1,2,3": [128, 128, 128, 2, 8]}', "nope",
                     '{"1,2,3": [128, 128, 128, 2, 8, true]}', '{"0,2,3": "cublas"}', '{"-1,2,3": "cublas"}',
                     '{"1,2,3": "cublas", "1,2,3": [128, 128, 128, 2, 8, 3]}'):
-            hf_split_k._configs.cache_clear()
+            hf_split_k.launch_table.cache_clear()
             monkeypatch.setenv("CHATGYM_FP8_SPLIT_K_CONFIG", bad)
             with pytest.raises(ValueError, match=r"^CHATGYM_FP8_SPLIT_K_CONFIG must be a JSON object of"):
                 hf_split_k.launch(1, 2, 3)
-        hf_split_k._configs.cache_clear()
+        hf_split_k.launch_table.cache_clear()
         monkeypatch.setenv("CHATGYM_FP8_SPLIT_K_CONFIG", '{"1,2,3": "CUBLAS"}')  # in any case, as CHATGYM_FP8_GEMM
         assert hf_split_k.launch(1, 2, 3) is None
-        hf_split_k._configs.cache_clear()
+        hf_split_k.launch_table.cache_clear()
         monkeypatch.setenv("CHATGYM_FP8_SPLIT_K_CONFIG", '{"1,2,3": [128, 96, 128, 2, 8, 3]}')
         with pytest.raises(ValueError, match=r"^CHATGYM_FP8_SPLIT_K_CONFIG 1,2,3: Launch\(bm=128, bn=96, .* must have"):
             hf_split_k.launch(1, 2, 3)
     finally:
-        hf_split_k._configs.cache_clear()
+        hf_split_k.launch_table.cache_clear()
 
 
 def test_on_the_cpu_without_the_interpreter_torchs_scaled_mm_runs_it():
@@ -217,11 +217,11 @@ def test_a_bad_launch_table_is_refused_at_config_load(monkeypatch):
     from chatgym.trainer.config.loader import ConfigError
     from chatgym.trainer.engines import check_engine_options
 
-    hf_split_k._configs.cache_clear()
+    hf_split_k.launch_table.cache_clear()
     monkeypatch.setenv("CHATGYM_FP8_SPLIT_K_CONFIG", '{"256,3584,18944": [256, 128, 128, 4, 8]}')
     try:
         with pytest.raises(ConfigError, match=r"^CHATGYM_FP8_SPLIT_K_CONFIG must be a JSON object of"):
             check_engine_options("hf", {"quantization": "fp8", "decode": "static"}, "engine.options")
         check_engine_options("hf", {"decode": "static", "fused_step": False}, "engine.options")  # no fused step
     finally:
-        hf_split_k._configs.cache_clear()
+        hf_split_k.launch_table.cache_clear()

@@ -13,7 +13,6 @@ FP8 step's quantizations; the sampler's lanes and base-2 log").
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 from pathlib import Path
 
@@ -27,21 +26,20 @@ def kernels():
     pytest.importorskip("triton")
     from chatgym.trainer.engines import hf_split_k
 
-    # the split-K GEMM's launches as the engine takes them by default (regression, fresh-user walk: a table in
-    # CHATGYM_FP8_SPLIT_K_CONFIG changed what compiled, or failed the fixture)
-    saved = os.environ.pop("CHATGYM_FP8_SPLIT_K_CONFIG", None)
-    hf_split_k._configs.cache_clear()
     spec = importlib.util.spec_from_file_location("kernels_sm90", BENCHMARKS / "kernels_sm90.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules["kernels_sm90"] = module  # its dataclass looks its module up there
-    try:
-        spec.loader.exec_module(module)
-        return {k.name.split(" ")[0] + (" e4m3" if "e4m3" in k.name else ""): k for k in module.engine_kernels()}
-    finally:
-        sys.modules.pop("kernels_sm90", None)
-        if saved is not None:
-            os.environ["CHATGYM_FP8_SPLIT_K_CONFIG"] = saved
-        hf_split_k._configs.cache_clear()
+    # the split-K GEMM's launches as the engine takes them by default (regression, fresh-user walk: a table in
+    # CHATGYM_FP8_SPLIT_K_CONFIG changed what compiled, or failed the fixture)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("CHATGYM_FP8_SPLIT_K_CONFIG", raising=False)
+        hf_split_k.launch_table.cache_clear()
+        try:
+            spec.loader.exec_module(module)
+            return {k.name.split(" ")[0] + (" e4m3" if "e4m3" in k.name else ""): k for k in module.engine_kernels()}
+        finally:
+            sys.modules.pop("kernels_sm90", None)
+            hf_split_k.launch_table.cache_clear()
 
 
 def test_the_sampler_takes_one_full_precision_log_and_one_approximate(kernels):

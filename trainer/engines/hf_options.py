@@ -85,14 +85,14 @@ def check_overrides(fused_step: Any, cuda: bool) -> None:
     checked here, before any model loads; nothing without a fused step.
 
     Raises:
-        ValueError: naming the variable (:func:`.hf_fp8.default_gemm`, :func:`.hf_split_k.launch`,
+        ValueError: naming the variable (:func:`.hf_fp8.default_gemm`, :func:`.hf_split_k.launch_table`,
             :func:`.hf_attention.default_attention`, :func:`.hf_attention.launch_config`).
     """
     if fused_step:
         from chatgym.trainer.engines import hf_attention, hf_fp8, hf_split_k
 
         hf_fp8.default_gemm(fused_step == "compiled")
-        hf_split_k.launch(1, 1, 1)  # reads and checks the whole table
+        hf_split_k.launch_table()
         hf_attention.default_attention(fused_step == "compiled", cuda)
         hf_attention.launch_config(False)
 

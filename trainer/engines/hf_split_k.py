@@ -87,7 +87,7 @@ def launch(m: int, n: int, k: int, processors: int = 132) -> Launch | None:
         ValueError: the variable is not a JSON object of ``"m,n,k"`` to ``[BM, BN, BK, SPLIT, WARPS,
             STAGES]`` or ``"cublas"``, or a launch is out of range (:meth:`Launch.check`).
     """
-    chosen = _configs().get((m, n, k), "default")
+    chosen = launch_table().get((m, n, k), "default")
     if chosen == "default":
         return default_launch(m, n, k, processors) if m <= MAX_ROWS else None
     return chosen
@@ -98,7 +98,9 @@ class _Pairs(list):
 
 
 @functools.cache
-def _configs() -> dict[tuple[int, int, int], Launch | None]:
+def launch_table() -> dict[tuple[int, int, int], Launch | None]:
+    """``CHATGYM_FP8_SPLIT_K_CONFIG`` read and checked (once a process): ``(m, n, k)`` -> a launch, or None
+    for ``"cublas"``; empty where the variable is unset. Raises ValueError as :func:`launch` says."""
     name = "CHATGYM_FP8_SPLIT_K_CONFIG"
     text = os.environ.get(name, "").strip()
     if not text:
@@ -107,9 +109,8 @@ def _configs() -> dict[tuple[int, int, int], Launch | None]:
         parsed = json.loads(text, object_pairs_hook=_Pairs)  # a key given twice is refused, not the last kept
         if not isinstance(parsed, _Pairs) or len({key for key, _ in parsed}) < len(parsed):
             raise ValueError
-        pairs = list(parsed)
         out: dict[tuple[int, int, int], Launch | None] = {}
-        for key, value in pairs:
+        for key, value in parsed:
             m, n, k = (int(v) for v in key.split(","))
             if min(m, n, k) < 1:
                 raise ValueError
