@@ -153,6 +153,46 @@ def test_the_cutlass_gemm_is_refused_where_vllm_is_not_installed(monkeypatch):
     assert hf_fp8.default_gemm(True) == "cutlass"  # vllm (the CPU build) is installed in this suite's venv
 
 
+def test_the_unscaled_product_overflows_float16_at_the_7b_size_and_is_refused_for_it(monkeypatch):
+    """The reason: at K = 3,584 (Qwen2.5-7B's hidden size) the unit GEMM's product of e4m3 codes passes
+    float16's 65,504 (inf), while the row-wise product is the dequantized one."""
+    from chatgym.trainer.engines import hf_fp8
+
+    generator = torch.Generator().manual_seed(0)
+    w, x = torch.randn(64, 3584, generator=generator) * 0.02, torch.randn(4, 3584, generator=generator)
+    (q, s), (xq, a) = quantize_rowwise(w), quantize_rows(x)
+    assert bool(hf_fp8.scaled_mm(xq, a, q, s, torch.float16, "unit").isinf().any())
+    exact = (xq.double() * a.double()) @ (q.double() * s.double().view(-1, 1)).t()
+    rowwise = hf_fp8.scaled_mm(xq, a, q, s, torch.float16, "rowwise")
+    assert bool(rowwise.isfinite().all())
+    assert ((rowwise.double() - exact).abs() <= 2**-11 * exact.abs() + 1e-4).all()  # one fp16 rounding
+    for gemm in UNSCALED:
+        with pytest.raises(ValueError, match=rf"^fp8 gemm='{gemm}' with a float16 model: .* overflows float16"):
+            hf_fp8.check_gemm_dtype(gemm, torch.float16)
+        hf_fp8.check_gemm_dtype(gemm, torch.bfloat16)
+    for gemm in set(GEMMS) - set(UNSCALED):
+        hf_fp8.check_gemm_dtype(gemm, torch.float16)
+    # The default with compiled pieces: "unit" for bf16 (and a dtype not known yet), "rowwise" for fp16.
+    monkeypatch.delenv("CHATGYM_FP8_GEMM", raising=False)
+    assert [hf_fp8.default_gemm(True, d) for d in (None, torch.bfloat16, torch.float16)] == ["unit", "unit", "rowwise"]
+    monkeypatch.setenv("CHATGYM_FP8_GEMM", "split_k")
+    with pytest.raises(ValueError, match=r"^CHATGYM_FP8_GEMM='split_k' with a float16 model"):
+        hf_fp8.default_gemm(True, torch.float16)
+
+
+def test_a_float16_model_gets_the_rowwise_fp8_gemm_and_an_unscaled_one_is_refused(monkeypatch):
+    from chatgym.trainer.engines.hf_fused import FusedDecoder
+
+    monkeypatch.delenv("CHATGYM_FP8_GEMM", raising=False)
+    model = tiny(LlamaConfig).half()
+    # torch.compile wraps the pieces lazily: nothing compiles before a step runs
+    assert FusedDecoder(model, fp8=True, compile_elementwise=True).fp8_gemm == "rowwise"
+    assert FusedDecoder(tiny(LlamaConfig).bfloat16(), fp8=True, compile_elementwise=True).fp8_gemm == "unit"
+    with pytest.raises(ValueError, match=r"^fp8 gemm='unit' with a float16 model"):
+        FusedDecoder(model, fp8=True, fp8_gemm="unit")
+    assert FusedDecoder(model, fp8_gemm="unit").fp8_gemm == "unit"  # no FP8 weights: nothing to refuse
+
+
 def test_the_fp8_step_adds_the_down_projection_in_the_next_norms_kernel(monkeypatch):
     """On FP8 weights the residual add after each down projection is folded into the next layer's
     add_norm_quant (and the last one added before the final norm): per layer one add_norm_quant after o,

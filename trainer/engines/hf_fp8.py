@@ -64,20 +64,45 @@ GEMMS = ("rowwise", "unit", "cutlass", "unit_fast", "split_k", "split_k_rowwise"
 UNSCALED = ("unit", "unit_fast", "split_k")  # the GEMMs whose output the caller still scales (dequantize_out)
 
 
-def default_gemm(compiled: bool) -> str:
-    """The FP8 GEMM of a fused step with (``compiled``) or without compiled element-wise pieces.
+def default_gemm(compiled: bool, dtype: Any = None) -> str:
+    """The FP8 GEMM of a fused step with (``compiled``) or without compiled element-wise pieces, for a model
+    whose weights are ``dtype`` (``None``: not known yet; ``torch.float16``: never an unscaled GEMM, see
+    :func:`check_gemm_dtype`).
 
     Raises:
-        ValueError: ``CHATGYM_FP8_GEMM`` set to a value not in :data:`GEMMS`, or to ``"cutlass"`` where vLLM
-            is not installed (the engine's option check calls this before any model loads).
+        ValueError: ``CHATGYM_FP8_GEMM`` set to a value not in :data:`GEMMS`, to ``"cutlass"`` where vLLM
+            is not installed (the engine's option check calls this before any model loads), or to a GEMM
+            of :data:`UNSCALED` with a float16 ``dtype``.
     """
+    import torch
+
     # in any case and spacing, as engine.options.quantization is read ("Unit" is "unit")
-    gemm = os.environ.get("CHATGYM_FP8_GEMM", "").strip().lower() or ("unit" if compiled else "rowwise")
+    gemm = os.environ.get("CHATGYM_FP8_GEMM", "").strip().lower()
+    if not gemm:
+        return "unit" if compiled and dtype != torch.float16 else "rowwise"
     if gemm not in GEMMS:
         raise ValueError(f"CHATGYM_FP8_GEMM must be one of {GEMMS}, got {gemm!r}")
     if gemm == "cutlass" and importlib.util.find_spec("vllm") is None:
         raise ValueError("CHATGYM_FP8_GEMM=cutlass runs vLLM's CUTLASS kernel, and vllm is not installed here")
+    check_gemm_dtype(gemm, dtype, "CHATGYM_FP8_GEMM")
     return gemm
+
+
+def check_gemm_dtype(gemm: str, dtype: Any, who: str = "fp8 gemm") -> None:
+    """Refuse an unscaled GEMM (:data:`UNSCALED`) whose output would be float16.
+
+    Its output is the product of the e4m3 codes (each up to 448 in magnitude) before the scales: at K =
+    3,584 with Gaussian weights and activations most such sums pass float16's largest value, 65,504, and
+    round to inf (bf16 reaches 3.4e38). The scaled GEMMs apply ``a · s`` before their one rounding.
+
+    Raises:
+        ValueError: ``gemm`` in :data:`UNSCALED` and ``dtype`` ``torch.float16``, naming ``who``.
+    """
+    import torch
+
+    if gemm in UNSCALED and dtype == torch.float16:
+        raise ValueError(f"{who}={gemm!r} with a float16 model: its unscaled product of e4m3 codes overflows "
+                         "float16 (65,504); take 'rowwise', 'split_k_rowwise' or 'cutlass', or a bfloat16 model")
 
 
 def quantize_rowwise(weight: Any) -> tuple[Any, Any]:

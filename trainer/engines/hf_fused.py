@@ -131,14 +131,16 @@ class FusedDecoder:
             ``fp8`` the MLP's quantization is :mod:`.hf_silu_quant`'s Triton kernels instead, and
             the other quantizations (with their residual add and norm) :mod:`.hf_norm_quant`'s kernel.
         fp8_gemm: with ``fp8``, how the projections multiply (:data:`.hf_fp8.GEMMS`; default
-            :func:`.hf_fp8.default_gemm`: ``"unit"`` with compiled pieces, else ``"rowwise"``).
+            :func:`.hf_fp8.default_gemm`: ``"unit"`` with compiled pieces and a bf16 model, else
+            ``"rowwise"``; an unscaled GEMM with a float16 model is refused, :func:`.hf_fp8.check_gemm_dtype`).
         attention: the decode step's attention (:data:`.hf_attention.ATTENTIONS`; default
             :func:`.hf_attention.default_attention`: the Triton kernel with compiled pieces on CUDA).
             ``"triton"`` is taken on any device (the CPU tests run it in Triton's interpreter).
 
     Raises:
         ValueError: the model is not :func:`fusable` (the reason is in the message), with ``fp8`` a
-            projection whose sizes ``torch._scaled_mm`` cannot take on this device, ``"triton"``
+            projection whose sizes ``torch._scaled_mm`` cannot take on this device, or an unscaled
+            ``fp8_gemm`` with a float16 model (:func:`.hf_fp8.check_gemm_dtype`), ``"triton"``
             attention for a head size the kernel does not take (:func:`.hf_attention.supports`).
     """
 
@@ -162,7 +164,10 @@ class FusedDecoder:
         self.heads = int(config.num_attention_heads)
         self.kv_heads = int(config.num_key_value_heads)
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
-        self.fp8, self.fp8_gemm = bool(fp8), fp8_gemm or hf_fp8.default_gemm(compile_elementwise)
+        dtype = next(model.parameters()).dtype
+        self.fp8, self.fp8_gemm = bool(fp8), fp8_gemm or hf_fp8.default_gemm(compile_elementwise, dtype)
+        if self.fp8:
+            hf_fp8.check_gemm_dtype(self.fp8_gemm, dtype)
         self._workspace = hf_split_k.Workspace()  # the split-K GEMM's partial sums, this step's projections' own
         self.ops = hf_elementwise.compiled() if compile_elementwise else hf_elementwise.EAGER
         cuda = next(model.parameters()).device.type == "cuda"
