@@ -16,22 +16,15 @@ that time, for:
 * ``unit_t`` / ``unit_fast_t``: the unit product transposed, ``Q · X^T`` (cuBLASLt picks its kernel for
   the swapped sizes; a consumer would read the ``(N, M)`` output by its strides), exact and fast accumulation;
 * ``autotune`` (``--autotune``): the unit product through ``torch.compile(mode="max-autotune-no-cudagraphs")``,
-  Inductor's GEMM templates benchmarked against cuBLASLt for each size (slow to tune);
-* ``split_k``: chatgym's split-K Triton kernel (:mod:`chatgym.trainer.engines.hf_split_k`) at its launch
-  for the size; ``--sweep`` times it at each launch of :func:`sweep_launches` against ``unit`` (and, scaled,
-  against ``rowwise`` at the LM head's size, which ``split_k_rowwise`` runs on it) and prints the fastest,
-  ``--write FILE`` writes those as ``CHATGYM_FP8_SPLIT_K_CONFIG`` takes them (``"cublas"`` where cuBLASLt
-  was faster).
+  Inductor's GEMM templates benchmarked against cuBLASLt for each size (slow to tune).
 
     python benchmarks/fp8_gemm_gpu.py --shape qwen2.5-7b --rows 64 256
-    python benchmarks/fp8_gemm_gpu.py --shape qwen2.5-7b --rows 64 256 --sweep --write split_k.json
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 
 from decode_step_gpu import replay_ms
 
@@ -90,64 +83,6 @@ def variants(m: int, n: int, k: int, layers: int, autotune: bool) -> dict:
     return out
 
 
-def sweep_launches(m: int, n: int, k: int, processors: int) -> list:
-    """The split-K kernel's launches a sweep times for an ``(m, k) x (k, n)`` product: tiles of 64 to 256
-    rows and 64 to 256 outputs, 128 inner columns a step, and each slice count from 1 to 8 that keeps the
-    grid within two programs a multiprocessor and each slice at least 2 steps."""
-    from chatgym.trainer.engines.hf_split_k import Launch
-
-    tiles = [(256, 128, 8, 3), (256, 128, 8, 4), (128, 128, 8, 4), (128, 128, 8, 5), (256, 64, 8, 4),
-             (128, 256, 8, 3), (64, 128, 4, 4), (64, 128, 4, 5), (64, 64, 4, 5), (64, 256, 8, 3)]
-    out = []
-    for bm, bn, warps, stages in tiles:
-        if bm > max(64, 2 * m):  # a tile of more than twice the rows computes mostly padding
-            continue
-        grid = -(-m // bm) * -(-n // bn)
-        for split in (1, 2, 3, 4, 6, 8):
-            if (split == 1 or grid * split <= 2 * processors) and k // 128 >= 2 * split:
-                out.append(Launch(bm, bn, 128, split, warps, stages))
-    return out
-
-
-def sweep(m: int, name: str, n: int, k: int, layers: int, iters: int, scaled: bool = False) -> tuple[str, object]:
-    """Time cuBLASLt's GEMM and each :func:`sweep_launches` launch of the split-K kernel on ``layers``
-    weights: the unit product, or with ``scaled`` the row-wise one (the LM head's: scales in the GEMM, as
-    ``split_k_rowwise`` runs it); print the five fastest; return ``("m,n,k", the fastest launch's list or
-    "cublas")``."""
-    import torch
-
-    from chatgym.trainer.engines import hf_fp8, hf_split_k
-
-    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    fp8 = [hf_fp8.quantize_rowwise(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5) for _ in range(layers)]
-    xq, a = hf_fp8.quantize_rows(x)
-    base = "rowwise" if scaled else "unit"
-    cublas = time_graph(lambda: [hf_fp8.scaled_mm(xq, a, q, s, torch.bfloat16, base) for q, s in fp8], iters)
-    want = hf_fp8.scaled_mm(xq, a, fp8[0][0], fp8[0][1], torch.bfloat16, base).float()
-
-    def run(c, q, s):
-        return hf_split_k.mm(xq, q, torch.bfloat16, c, None, *((a, s) if scaled else (None, None)))
-
-    times = {}
-    for chosen in sweep_launches(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count):
-        got = run(chosen, *fp8[0])
-        if got is None or (got.float() - want).abs().max() > 2**-7 * want.abs().max():  # declined, or wrong
-            print(f"rows {m:3d} {name:7} {chosen}: " + ("the kernel declined it" if got is None else
-                  f"WRONG, off by {(got.float() - want).abs().max().item():.4g}"), flush=True)
-            continue
-        try:
-            times[chosen] = time_graph(lambda c=chosen: [run(c, q, s) for q, s in fp8], iters)
-        except Exception as e:  # a launch that does not fit (shared memory): named, not fatal
-            print(f"rows {m:3d} {name:7} {chosen}: {type(e).__name__}: {str(e)[:120]}", flush=True)
-    ranked = sorted(times, key=times.get)
-    for c in ranked[:5]:
-        print(f"rows {m:3d} {name:7} BM {c.bm:3d} BN {c.bn:3d} BK {c.bk} split {c.split} warps {c.warps} stages "
-              f"{c.stages}: {times[c] * 1e3 / layers:6.1f} us ({cublas / times[c]:.3f}x {base}'s "
-              f"{cublas * 1e3 / layers:.1f})", flush=True)
-    best = ranked[0] if ranked and times[ranked[0]] < cublas else None
-    return f"{m},{n},{k}", "cublas" if best is None else [best.bm, best.bn, best.bk, best.split, best.warps, best.stages]
-
-
 def main() -> None:
     import torch
     from hf_decode_gpu import SHAPES, shape_config
@@ -158,39 +93,16 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=None, help="distinct weights a projection (default: the shape's layers)")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--autotune", action="store_true", help="add Inductor's max-autotune unit GEMM")
-    ap.add_argument("--sweep", action="store_true", help="time the split-K kernel's launches against the unit GEMM")
-    ap.add_argument("--write", help="with --sweep: write the fastest launches here as CHATGYM_FP8_SPLIT_K_CONFIG takes them")
     args = ap.parse_args()
-    # Regression (fresh-user walk): bad sizes, --autotune beside --sweep and an unwritable --write were found
-    # only after CUDA was asked for, or after the whole sweep
-    if args.write and not args.sweep:
-        ap.error("--write needs --sweep")
-    if args.sweep and args.autotune:
-        ap.error("--sweep times the split-K kernel's launches; --autotune belongs to the GEMMs' comparison")
+    # Regression (fresh-user walk): bad sizes were found only after CUDA was asked for
     if min(args.rows) < 1 or (args.layers is not None and args.layers < 1) or args.iters < 1:
         ap.error(f"--rows, --layers and --iters must be >= 1, got {args.rows}, {args.layers} and {args.iters}")
-    if args.write:
-        try:
-            open(args.write, "a").close()
-        except OSError as e:
-            ap.error(f"--write: cannot write {args.write}: {e.strerror}")
     if not torch.cuda.is_available():
         raise SystemExit("fp8_gemm_gpu.py needs CUDA")
     config = shape_config(args.shape)
     layers = args.layers or config.num_hidden_layers
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}, {args.shape}, {layers} weights a projection; "
           "us a GEMM (TB/s of weights)", flush=True)
-    if args.sweep:
-        table = {}
-        for m in args.rows:
-            table.update(sweep(m, name, n, k, layers, args.iters) for name, (n, k) in projections(config).items())
-            # the LM head (split_k_rowwise's): two weights of 0.5 GB already leave L2 between calls
-            table.update([sweep(m, "lm_head", config.vocab_size, config.hidden_size, 2, args.iters, scaled=True)])
-        print("CHATGYM_FP8_SPLIT_K_CONFIG=" + json.dumps(table), flush=True)
-        if args.write:
-            with open(args.write, "w") as f:
-                json.dump(table, f)
-        return
     for m in args.rows:
         totals: dict[str, float] = {}
         for name, (n, k) in projections(config).items():

@@ -9,7 +9,7 @@
 # Then the device calls, back to back (the machine goes back 30 s after a call), each from the
 # project root, with the carry named:
 #
-#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan7|plan8|plan9|plan10|plan11|plan12|plan13|plan14|plan15|plan18|plan19|plan20|plan21|plan22|plan23|plan24|plan25|plan26|plan27|plan28|plan29|plan30|plan31|plan32|plan33]   (starts `plan` in the background)
+#   1  [.gpukit/base, .whl]           bash benchmarks/gpu_lease.sh setup [plan2|plan4|plan5|plan7|plan8|plan9|plan10|plan11|plan12|plan13|plan14|plan15|plan18|plan19|plan20|plan21|plan22|plan23|plan24|plan25|plan26|plan27|plan28|plan29|plan30|plan34]   (starts `plan` in the background)
 #   2  [.gpukit/smol/a1]              cp .gpukit/smol/a1/* /tmp/kit/smol/
 #   3  [.gpukit/smol/a2]              cp .gpukit/smol/a2/* /tmp/kit/smol/
 #   4  [.gpukit/smol/b]               bash benchmarks/gpu_lease.sh smol
@@ -788,62 +788,12 @@ plan30() {  # the e4m3 values as pairs, kept: decode tokens/s with the modes int
   mark "done"
 }
 
-plan31() {  # the split-K FP8 GEMM (hf_split_k): its GPU tests, its launches against cuBLASLt, the engine with it (~15 min)
+plan34() {  # the target again (an H200 where one comes): decode tokens/s, bf16 and FP8 interleaved, 9 rounds; the engine's 256-row steps (~5 min)
   begin "$1"
-  local sk="static fp8+head all kv8 split_k"
-  gpu_test_files tests/test_engines_hf_split_k.py
-  sweep_7b split_k 256 64
   wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
-  export CHATGYM_FP8_SPLIT_K_CONFIG; CHATGYM_FP8_SPLIT_K_CONFIG=$(cat $O/split_k.json 2>/dev/null)
-  ROWS=256 gaps_7b gaps_7b "static all" "static fp8+head all kv8" "$sk" "$sk""_rowwise"
-  mark "engine decode tokens/s, qwen2.5-7b, bf16 and FP8 on the split-K GEMM (scales after it, in it) interleaved, 9 rounds"
-  timeout 560 python3 benchmarks/hf_decode_gpu.py --shape qwen2.5-7b --batch 256 64 --skip-generate --repeats 9 \
-    --decode-only --interleave --modes "static all" "$sk" "$sk""_rowwise" > $O/decode_7b_interleaved.txt 2>&1
-  grep -E "x[0-9]|rounds|Error" $O/decode_7b_interleaved.txt | cut -c1-190
-  mark "GPU tests: tests/test_fp8_gpu.py -k split"
-  (cd /tmp/t && timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu -k split tests/test_fp8_gpu.py > $O/gpu_test_fp8_gpu.txt 2>&1)
-  echo "rc=$? $(tail -n 1 $O/gpu_test_fp8_gpu.txt)"
-  ROWS=64 gaps_7b gaps_7b_64 "static all" "static fp8+head all kv8" "$sk" "$sk""_rowwise"
-  CHATGYM_FP8_GEMM=split_k_rowwise step_7b step_7b_split_k_rowwise fp8_c_head_kv8
+  interleaved_7b decode_7b_interleaved
+  ROWS=256 gaps_7b gaps_7b "static all" "static fp8+head all kv8"
   mark "done"
-}
-
-plan32() {  # plan31's first half, for a short lease: the split-K GPU tests and its launches against cuBLASLt (~6 min)
-  begin "$1"
-  gpu_test_files tests/test_engines_hf_split_k.py
-  sweep_7b split_k_256 256
-  sweep_7b split_k_64 64
-  mark "done"
-}
-
-plan33() {  # plan31 in the order of what issue 31 needs, for ~10 device minutes: the kernel's tests, its 256-row launches, the engine at 256 rows
-  begin "$1"
-  local sk="static fp8+head all kv8 split_k"
-  gpu_test_files tests/test_engines_hf_split_k.py
-  sweep_7b split_k 256
-  wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
-  export CHATGYM_FP8_SPLIT_K_CONFIG; CHATGYM_FP8_SPLIT_K_CONFIG=$(cat $O/split_k.json 2>/dev/null)
-  ROWS=256 gaps_7b gaps_7b "static all" "static fp8+head all kv8" "$sk" "$sk""_rowwise"
-  local modes=("static all" "static fp8+head all kv8" "$sk" "$sk""_rowwise")  # four engines of 7B: an H200's memory
-  if [ "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1)" -lt 100000 ]; then
-    modes=("static all" "$sk" "$sk""_rowwise")  # an H100: three, as plan31
-  fi
-  mark "engine decode tokens/s, qwen2.5-7b, interleaved, 5 rounds: ${modes[*]}"
-  timeout 400 python3 benchmarks/hf_decode_gpu.py --shape qwen2.5-7b --batch 256 64 --skip-generate --repeats 5 \
-    --decode-only --interleave --modes "${modes[@]}" > $O/decode_7b_interleaved.txt 2>&1
-  grep -E "x[0-9]|rounds|Error" $O/decode_7b_interleaved.txt | cut -c1-190
-  mark "GPU tests: tests/test_fp8_gpu.py -k split"
-  (cd /tmp/t && timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu -k split tests/test_fp8_gpu.py > $O/gpu_test_fp8_gpu.txt 2>&1)
-  echo "rc=$? $(tail -n 1 $O/gpu_test_fp8_gpu.txt)"
-  mark "done"
-}
-
-sweep_7b() {  # the split-K kernel's launches against cuBLASLt at 7B, the rows given: table $O/$1.json, log $O/$1_sweep.txt
-  local out=$1; shift
-  mark "split-K launches against cuBLASLt, qwen2.5-7b, rows $*"
-  timeout 480 python3 benchmarks/fp8_gemm_gpu.py --shape qwen2.5-7b --rows "$@" --iters 30 --sweep --write "$O/$out.json" \
-    > "$O/${out}_sweep.txt" 2>&1
-  grep -a "CHATGYM\|Error" "$O/${out}_sweep.txt" | cut -c1-400
 }
 
 gaps_7b() {  # the engine's decode steps 65-127 on the device (engine_gaps_gpu.py), $ROWS (256 and 64) rows, each mode given, into $O/$1.txt
@@ -851,7 +801,7 @@ gaps_7b() {  # the engine's decode steps 65-127 on the device (engine_gaps_gpu.p
   mark "the engine's decode steps on the device, qwen2.5-7b, ${ROWS:-256 64} rows: $* (CHATGYM_FP8_GEMM=${CHATGYM_FP8_GEMM:-})"
   # shellcheck disable=SC2086  # ROWS: one or more row counts
   timeout 400 python3 benchmarks/engine_gaps_gpu.py --shape qwen2.5-7b --rows ${ROWS:-256 64} --modes "$@" > "$O/$out.txt" 2>&1
-  grep -a "rows\|window\|split_k\|Error" "$O/$out.txt" | cut -c1-220
+  grep -a "rows\|window\|Error" "$O/$out.txt" | cut -c1-220
 }
 
 interleaved_7b() {  # bf16 and FP8 + LM head + e4m3 cache decode tokens/s at 7B, round by round, 9 rounds, into $O/$1.txt

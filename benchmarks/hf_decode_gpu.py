@@ -150,11 +150,7 @@ ENGINE_MODES.update({f"{m} kv8": {**ENGINE_MODES[m], "kv_cache_dtype": "fp8"}
                                "static fp8+head all ms4")})
 
 
-# The FP8 + LM head + e4m3 cache mode on chatgym's split-K FP8 GEMM (CHATGYM_FP8_GEMM=split_k or split_k_rowwise:
-# mode_env), to run interleaved beside the unit GEMM's mode in one process.
-ENGINE_MODES.update({f"static fp8+head all kv8 {g}": ENGINE_MODES["static fp8+head all kv8"]
-                     for g in ("split_k", "split_k_rowwise")})
-GEMM_MODES = ("cutlass", "split_k", "split_k_rowwise")  # a mode's word naming its FP8 GEMM
+GEMM_MODES = ("cutlass",)  # a mode's word naming its FP8 GEMM (CHATGYM_FP8_GEMM: mode_env)
 
 
 def mode_env(mode: str) -> dict[str, str]:

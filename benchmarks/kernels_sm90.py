@@ -85,7 +85,7 @@ def compile_sm90(name: str, fn, values: dict, constexprs: dict, warps: int, stag
 
 def engine_kernels() -> list[Compiled]:
     """The decode step's kernels at the Qwen2.5-7B shape, 256 rows, as the engine launches them."""
-    from chatgym.trainer.engines import hf_attention, hf_draw, hf_norm_quant, hf_silu_quant, hf_split_k
+    from chatgym.trainer.engines import hf_attention, hf_draw, hf_norm_quant, hf_silu_quant
 
     rows, hidden, inner, vocab, heads, kv_heads, d = 256, 3584, 18944, 152064, 28, 4, 128
     out = []
@@ -121,20 +121,6 @@ def engine_kernels() -> list[Compiled]:
              hidden="*bf16", hidden_row=hidden, q="*fp8e4nv", scales="*fp32", width=hidden, eps=1e-6,
              fp8_max=448.0, min_scale=1e-12),
         dict(ADD=True, SCALED=True, NORM=True, BLOCK=block), warps))
-    for name, n, k in (("down", hidden, inner), ("o", hidden, hidden)):
-        chosen = hf_split_k.launch(rows, n, k)  # CHATGYM_FP8_SPLIT_K_CONFIG too
-        if chosen is None:
-            continue
-        steps = -(-k // chosen.bk)
-        per_split = -(-steps // chosen.split) * chosen.bk
-        out.append(compile_sm90(
-            f"split_k_gemm/{name} (FP8 GEMM, {chosen.bm}x{chosen.bn}, {chosen.split} slices{', scaled' * (name == 'down')})", hf_split_k._kernel(),
-            dict(x="*fp8e4nv", w="*fp8e4nv", out="*bf16", partials="*fp32", counters="*i32", row_scales="*fp32",
-                 col_scales="*fp32", M=rows, N=n, K=k, stride_x=k, stride_w=k, stride_out=n, per_split=per_split,
-                 split=chosen.split),
-            dict(BM=chosen.bm, BN=chosen.bn, BK=chosen.bk, SLICED=chosen.split > 1, EVEN_K=k % chosen.bk == 0,
-                 SUM_ROWS=min(chosen.bm, 32), SCALED=name == "down"),  # down: split_k_rowwise's epilogue
-            chosen.warps, chosen.stages))
     return out
 
 

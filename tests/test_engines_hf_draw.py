@@ -188,7 +188,7 @@ def test_a_bad_fp8_gemm_override_is_refused_before_any_model_loads(monkeypatch):
 
     monkeypatch.setenv("CHATGYM_FP8_GEMM", "bogus")
     # Second walk: the message names the variable alone, not engine.options (an option the user did not set).
-    with pytest.raises(ConfigError, match=r"^CHATGYM_FP8_GEMM must be one of \('rowwise', 'unit', 'cutlass', 'unit_fast', 'split_k', 'split_k_rowwise'\), got 'bogus'$"):
+    with pytest.raises(ConfigError, match=r"^CHATGYM_FP8_GEMM must be one of \('rowwise', 'unit', 'cutlass', 'unit_fast'\), got 'bogus'$"):
         check_engine_options("hf", {"quantization": "fp8", "decode": "static"}, "engine.options")
     with pytest.raises(ConfigError, match=r"^CHATGYM_FP8_GEMM must be one of"):
         check_engine_options("hf", {"decode": "static"}, "engine.options")
@@ -198,8 +198,8 @@ def test_a_bad_fp8_gemm_override_is_refused_before_any_model_loads(monkeypatch):
     # Regression (noticed in stop 64): the variable was case-sensitive where quantization is not
     from chatgym.trainer.engines import hf_fp8
 
-    monkeypatch.setenv("CHATGYM_FP8_GEMM", " Split_K ")
-    assert hf_fp8.default_gemm(True) == "split_k"
+    monkeypatch.setenv("CHATGYM_FP8_GEMM", " Unit_Fast ")
+    assert hf_fp8.default_gemm(True) == "unit_fast"
     monkeypatch.setenv("CHATGYM_FP8_GEMM", "")
     assert (hf_fp8.default_gemm(True), hf_fp8.default_gemm(False)) == ("unit", "rowwise")
 

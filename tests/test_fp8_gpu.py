@@ -163,11 +163,10 @@ def test_vllm_fp8_generates_and_update_weights_changes_what_it_samples(kv_cache_
     assert [c.token_ids for c in back] == [c.token_ids for c in first]  # and back: the same FP8 weights
 
 
-@pytest.mark.parametrize("gemm", ["cutlass", "unit_fast", "split_k", "split_k_rowwise"])
+@pytest.mark.parametrize("gemm", ["cutlass", "unit_fast"])
 def test_another_fp8_gemm_gives_the_unit_gemms_step(monkeypatch, gemm):
     """``CHATGYM_FP8_GEMM=cutlass`` (vLLM's CUTLASS kernel: scales and the q/k/v bias in the epilogue) or
-    ``unit_fast`` (the unit GEMM with the tensor cores' own accumulation) or ``split_k`` / ``split_k_rowwise`` (chatgym's
-    split-K Triton kernel, the scales after it or in its epilogue) against the default ``unit``
+    ``unit_fast`` (the unit GEMM with the tensor cores' own accumulation) against the default ``unit``
     GEMM, both with compiled pieces and captured graphs, on a Qwen2 shape (q/k/v bias) in bf16: the
     prefill's and a decode step's logits agree up to bf16 rounding (the two round the product and add
     the bias in another order, or accumulate in other precision), relative to the logits' size."""

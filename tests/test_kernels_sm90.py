@@ -24,22 +24,14 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 @pytest.fixture(scope="module")
 def kernels():
     pytest.importorskip("triton")
-    from chatgym.trainer.engines import hf_split_k
-
     spec = importlib.util.spec_from_file_location("kernels_sm90", BENCHMARKS / "kernels_sm90.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules["kernels_sm90"] = module  # its dataclass looks its module up there
-    # the split-K GEMM's launches as the engine takes them by default (regression, fresh-user walk: a table in
-    # CHATGYM_FP8_SPLIT_K_CONFIG changed what compiled, or failed the fixture)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.delenv("CHATGYM_FP8_SPLIT_K_CONFIG", raising=False)
-        hf_split_k.launch_table.cache_clear()
-        try:
-            spec.loader.exec_module(module)
-            return {k.name.split(" ")[0] + (" e4m3" if "e4m3" in k.name else ""): k for k in module.engine_kernels()}
-        finally:
-            sys.modules.pop("kernels_sm90", None)
-            hf_split_k.launch_table.cache_clear()
+    try:
+        spec.loader.exec_module(module)
+        return {k.name.split(" ")[0] + (" e4m3" if "e4m3" in k.name else ""): k for k in module.engine_kernels()}
+    finally:
+        sys.modules.pop("kernels_sm90", None)
 
 
 def test_the_sampler_takes_one_full_precision_log_and_one_approximate(kernels):
@@ -57,6 +49,5 @@ def test_the_one_pass_mlp_quantization_holds_the_row_in_64_registers(kernels):
 
 
 def test_no_kernel_of_the_step_spills(kernels):
-    assert set(kernels) == {"decode_attention e4m3", "decode_attention", "philox_chunk", "silu_mul_row", "row_quant",
-                            "split_k_gemm/down", "split_k_gemm/o"}
+    assert set(kernels) == {"decode_attention e4m3", "decode_attention", "philox_chunk", "silu_mul_row", "row_quant"}
     assert {name: k.spill_bytes for name, k in kernels.items()} == dict.fromkeys(kernels, 0)

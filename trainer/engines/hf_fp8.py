@@ -55,13 +55,10 @@ _MIN_SCALE = 1e-12
 # more part of rollout/mismatch/*. On an H100 at the 7B shape it took the 256-row step from 5.580 to 5.479 ms,
 # with a largest error at K = 18,944 of 1.18% of the largest product against the exact path's 0.21%: not the
 # default (benchmarks/results/fp8_sampler_rope_h100_2026-12-07/lease3).
-# "split_k": the "unit" product in chatgym's own Triton kernel (:mod:`.hf_split_k`): a tile of up to all
-# the rows, the inner dimension split over the multiprocessors, the partial sums added in a fixed order.
-# "split_k_rowwise": the same kernel with the row and channel scales applied before its one rounding (the
-# "rowwise" product): the kernels after the GEMM then read no scales (the MLP's quantization read the
-# gate/up channel scales, 152 KB, once a row from L2).
-GEMMS = ("rowwise", "unit", "cutlass", "unit_fast", "split_k", "split_k_rowwise")
-UNSCALED = ("unit", "unit_fast", "split_k")  # the GEMMs whose output the caller still scales (dequantize_out)
+# A split-K Triton GEMM of chatgym's own (all the rows a tile, K sliced over the multiprocessors) was
+# slower than cuBLASLt's at every projection on an H100 (docs/gpu.md): removed.
+GEMMS = ("rowwise", "unit", "cutlass", "unit_fast")
+UNSCALED = ("unit", "unit_fast")  # the GEMMs whose output the caller still scales (dequantize_out)
 
 
 def default_gemm(compiled: bool, dtype: Any = None) -> str:
@@ -102,7 +99,7 @@ def check_gemm_dtype(gemm: str, dtype: Any, who: str = "fp8 gemm") -> None:
 
     if gemm in UNSCALED and dtype == torch.float16:
         raise ValueError(f"{who}={gemm!r} with a float16 model: its unscaled product of e4m3 codes overflows "
-                         "float16 (65,504); take 'rowwise', 'split_k_rowwise' or 'cutlass', or a bfloat16 model")
+                         "float16 (65,504); take 'rowwise' or 'cutlass', or a bfloat16 model")
 
 
 def quantize_rowwise(weight: Any) -> tuple[Any, Any]:
@@ -149,37 +146,22 @@ def fp8_matmul(x: Any, q: Any, s: Any, out_dtype: Any) -> Any:
     return scaled_mm(*quantize_rows(x), q, s, out_dtype)
 
 
-def scaled_mm(xq: Any, a: Any, q: Any, s: Any, out_dtype: Any, gemm: str = "rowwise", bias: Any = None,
-              workspace: Any = None) -> Any:
+def scaled_mm(xq: Any, a: Any, q: Any, s: Any, out_dtype: Any, gemm: str = "rowwise", bias: Any = None) -> Any:
     """:func:`fp8_matmul` of activations already quantized by :func:`quantize_rows` (``xq`` ``(M, K)``
     float8_e4m3fn, ``a`` ``(M, 1)`` float32), as the GEMM ``gemm`` of :data:`GEMMS` computes it.
 
-    ``"unit"`` (and ``"unit_fast"``, ``"split_k"``) returns the product *unscaled* (``X · Q^T``, rounded to
-    ``out_dtype``): the caller multiplies by ``a · s`` (:func:`dequantize_out`), which
-    :mod:`.hf_elementwise`'s compiled pieces fold into the kernel after the GEMM. ``"split_k"`` and
-    ``"split_k_rowwise"`` (scaled, as ``"rowwise"``) run :mod:`.hf_split_k`'s kernel, or cuBLASLt's GEMM
-    where it declines. ``bias`` (``(N,)`` in ``out_dtype``, bf16 or fp16) is added in ``"cutlass"``'s
-    epilogue; the other GEMMs take none (:attr:`Fp8Linear.takes_bias`). ``workspace``: the split-K
-    kernel's (:class:`.hf_split_k.Workspace`; default its process-wide one).
+    ``"unit"`` (and ``"unit_fast"``) returns the product *unscaled* (``X · Q^T``, rounded to ``out_dtype``): the caller
+    multiplies by ``a · s`` (:func:`dequantize_out`), which :mod:`.hf_elementwise`'s compiled pieces
+    fold into the kernel after the GEMM. ``bias`` (``(N,)`` in ``out_dtype``, bf16 or fp16) is added in
+    ``"cutlass"``'s epilogue; the other GEMMs take none (:attr:`Fp8Linear.takes_bias`).
 
     Raises:
-        ValueError: an unknown ``gemm``, ``bias`` with a GEMM that takes none, ``"split_k_rowwise"``'s
-            scales not dense float32 ``(M, 1)`` and ``(1, N)`` (:func:`check_unit_scales`).
+        ValueError: an unknown ``gemm``, or ``bias`` with a GEMM that takes none.
     """
     import torch
 
     if bias is not None and gemm != "cutlass":
         raise ValueError(f"fp8 gemm {gemm!r} takes no bias (only 'cutlass' adds it in the GEMM)")
-    if gemm in ("split_k", "split_k_rowwise"):
-        from chatgym.trainer.engines import hf_split_k
-
-        scaled = gemm == "split_k_rowwise"
-        if scaled:
-            check_unit_scales(a, s, xq.shape[0], q.shape[0], "split_k_rowwise")
-        out = hf_split_k.mm(xq, q, out_dtype, workspace=workspace, a=a if scaled else None, s=s if scaled else None)
-        if out is not None:
-            return out
-        gemm = "rowwise" if scaled else "unit"  # where its kernel does not run: cuBLASLt's, the same product
     if gemm == "rowwise":
         return torch._scaled_mm(xq, q.t(), scale_a=a, scale_b=s, out_dtype=out_dtype)
     if gemm in UNSCALED:
@@ -248,14 +230,12 @@ class Fp8Linear:
         sources: the source weights, each ``(N_i, K)``, concatenated along the outputs (q/k/v,
             gate/up) — the quantization is per output row, so it is the same as quantizing each alone.
         gemm: one of :data:`GEMMS`.
-        workspace: the ``"split_k"`` GEMM's :class:`.hf_split_k.Workspace`, shared by the layers of one
-            step (default: the process-wide one).
     """
 
-    def __init__(self, sources: Sequence[Any], gemm: str = "rowwise", workspace: Any = None) -> None:
+    def __init__(self, sources: Sequence[Any], gemm: str = "rowwise") -> None:
         import torch
 
-        self.gemm, self.workspace = gemm, workspace
+        self.gemm = gemm
         if self.gemm not in GEMMS:
             raise ValueError(f"fp8 gemm must be one of {GEMMS}, got {self.gemm!r}")
         self.weight, self.scale = quantize_rowwise(torch.cat([w.detach() for w in sources]))
@@ -281,7 +261,7 @@ class Fp8Linear:
         :attr:`takes_bias`), or for the ``"unit"`` GEMM ``(raw, a, s)``: the unscaled product and the
         scales still to apply (:func:`dequantize_out`), so that a compiled piece after it applies them in
         its own kernel."""
-        out = scaled_mm(xq, a, self.weight, self.scale, out_dtype, self.gemm, bias, self.workspace)
+        out = scaled_mm(xq, a, self.weight, self.scale, out_dtype, self.gemm, bias)
         return (out, a, self.scale) if self.gemm in UNSCALED else (out, None, None)
 
 

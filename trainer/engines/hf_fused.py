@@ -147,14 +147,7 @@ class FusedDecoder:
     def __init__(self, model: Any, *, fp8: bool = False, fp8_lm_head: bool = False,
                  compile_elementwise: bool = False, fp8_gemm: str | None = None,
                  attention: str | None = None) -> None:
-        from chatgym.trainer.engines import (
-            hf_attention,
-            hf_elementwise,
-            hf_fp8,
-            hf_norm_quant,
-            hf_silu_quant,
-            hf_split_k,
-        )
+        from chatgym.trainer.engines import hf_attention, hf_elementwise, hf_fp8, hf_norm_quant, hf_silu_quant
 
         ok, why = fusable(model)
         if not ok:
@@ -168,7 +161,6 @@ class FusedDecoder:
         self.fp8, self.fp8_gemm = bool(fp8), fp8_gemm or hf_fp8.default_gemm(compile_elementwise, dtype)
         if self.fp8:
             hf_fp8.check_gemm_dtype(self.fp8_gemm, dtype)
-        self._workspace = hf_split_k.Workspace()  # the split-K GEMM's partial sums, this step's projections' own
         self.ops = hf_elementwise.compiled() if compile_elementwise else hf_elementwise.EAGER
         cuda = next(model.parameters()).device.type == "cuda"
         if compile_elementwise and cuda and self.fp8:  # Inductor's one program a row left most of the GPU idle
@@ -207,9 +199,8 @@ class FusedDecoder:
                 float(getattr(attn, "scaling", self.head_dim**-0.5)), fp8_parts,
             ))
         # The head's GEMM applies its scales itself (row-wise): a unit product would need a pass of its own
-        # over the (rows, vocab) logits. With the split-K GEMM, that kernel's row-wise form.
-        head_gemm = "split_k_rowwise" if self.fp8_gemm.startswith("split_k") else "rowwise"
-        self.lm_head_fp8 = self._fp8([model.lm_head.weight], head_gemm) if self.fp8 and fp8_lm_head else None
+        # over the (rows, vocab) logits.
+        self.lm_head_fp8 = self._fp8([model.lm_head.weight], "rowwise") if self.fp8 and fp8_lm_head else None
         self._seen = self._stamps()
         self.refreshes = 0
 
@@ -229,7 +220,7 @@ class FusedDecoder:
         for w in sources:
             if not hf_fp8.fp8_shape_ok(w):
                 raise ValueError(f"fp8: a weight of shape {tuple(w.shape)} is not a multiple of 16 (torch._scaled_mm)")
-        linear = hf_fp8.Fp8Linear(sources, gemm or self.fp8_gemm, self._workspace)
+        linear = hf_fp8.Fp8Linear(sources, gemm or self.fp8_gemm)
         self._copies.append((linear.requantize, sources))
         return linear
 
