@@ -788,10 +788,13 @@ plan30() {  # the e4m3 values as pairs, kept: decode tokens/s with the modes int
   mark "done"
 }
 
-plan34() {  # the target again (an H200 where one comes): decode tokens/s, bf16 and FP8 interleaved, 9 rounds; the engine's 256-row steps (~5 min)
+plan34() {  # the target at 256 rows again (an H200 where one comes): decode tokens/s, bf16 and FP8 interleaved, 9 rounds; the engine's steps (~3 min)
   begin "$1"
   wait_for /tmp/site/.smol_ok || mark "no SmolLM2"
-  interleaved_7b decode_7b_interleaved
+  mark "engine decode tokens/s, qwen2.5-7b, 256 rows, bf16 and FP8 interleaved round by round, 9 rounds"
+  timeout 300 python3 benchmarks/hf_decode_gpu.py --shape qwen2.5-7b --batch 256 --skip-generate --repeats 9 \
+    --decode-only --interleave --modes "static all" "static fp8+head all kv8" > $O/decode_7b_256.txt 2>&1
+  grep -E "x[0-9]|rounds|Error" $O/decode_7b_256.txt | cut -c1-190
   ROWS=256 gaps_7b gaps_7b "static all" "static fp8+head all kv8"
   mark "done"
 }
