@@ -191,6 +191,30 @@ def test_a_float16_model_gets_the_rowwise_fp8_gemm_and_an_unscaled_one_is_refuse
     with pytest.raises(ValueError, match=r"^fp8 gemm='unit' with a float16 model"):
         FusedDecoder(model, fp8=True, fp8_gemm="unit")
     assert FusedDecoder(model, fp8_gemm="unit").fp8_gemm == "unit"  # no FP8 weights: nothing to refuse
+    # Regression (fresh-user walk): the variable failed a float16 step without FP8 weights too
+    monkeypatch.setenv("CHATGYM_FP8_GEMM", "unit")
+    assert FusedDecoder(model, compile_elementwise=True).fp8_gemm == "unit"
+    with pytest.raises(ValueError, match=r"^CHATGYM_FP8_GEMM='unit' with a float16 model"):
+        FusedDecoder(model, fp8=True)
+
+
+def test_an_unscaled_fp8_gemm_with_float16_is_refused_at_start_and_at_config_load(monkeypatch, fp8_allowed):
+    """Regression (fresh-user walk): CHATGYM_FP8_GEMM=unit with a float16 model was refused only as the
+    worker built the fused step, so every episode failed and the run went on to exit 0."""
+    from chatgym.trainer.config.loader import ConfigError
+    from chatgym.trainer.config.run import EngineConfig
+    from chatgym.trainer.engines import check_engine_options, check_options
+
+    monkeypatch.setenv("CHATGYM_FP8_GEMM", "unit")
+    fp8 = {"quantization": "fp8", "decode": "static"}
+    with pytest.raises(ConfigError, match=r"^CHATGYM_FP8_GEMM='unit' with a float16 model: .* overflows float16"):
+        check_options(EngineConfig(backend="hf", dtype="float16", options=fp8))
+    check_options(EngineConfig(backend="hf", dtype="bfloat16", options=fp8))
+    check_options(EngineConfig(backend="hf", dtype="float16", options={"decode": "static"}))  # no FP8 weights
+    check_engine_options("hf", fp8, "--engine-arg")  # the dtype not known: nothing to refuse yet
+    with pytest.raises(ValueError, match=r"^CHATGYM_FP8_GEMM='unit' with a float16 model"):
+        TransformersEngine(tiny(LlamaConfig).half(), decode="static", quantization="fp8")
+    assert TransformersEngine(tiny(LlamaConfig).half(), decode="static").fp8 is False
 
 
 def test_the_fp8_step_adds_the_down_projection_in_the_next_norms_kernel(monkeypatch):

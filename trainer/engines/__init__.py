@@ -85,15 +85,18 @@ def check_options(cfg: Any) -> None:
         ModuleNotFoundError: the backend's package is missing.
         ConfigError: (a ValueError) an ``engine.options`` key the backend does not take.
     """
-    check_engine_options(cfg.backend, cfg.options, "engine.options")
+    # engine.dtype auto is bf16 or fp32, never the float16 the FP8 GEMM check is about: left unresolved
+    check_engine_options(cfg.backend, cfg.options, "engine.options", None if cfg.dtype == "auto" else cfg.dtype)
 
 
-def check_engine_options(backend: str, options: Mapping[str, Any], setting: str) -> None:
+def check_engine_options(backend: str, options: Mapping[str, Any], setting: str, dtype: str | None = None) -> None:
     """Check an engine's keyword arguments ``options`` against what ``backend``'s class takes — its
     keyword arguments, and for an engine that passes ``**kwargs`` on, its ``option_names()`` (vLLM: the
     fields of ``EngineArgs``; imports vLLM); with ``auto``, against every engine
     :func:`chatgym.trainer.engines.auto.candidates` may pick here. ``chatgym rollout`` and ``chatgym
-    eval`` check their ``--engine-arg`` keywords with it (``setting``), before any model loads.
+    eval`` check their ``--engine-arg`` keywords with it (``setting``), before any model loads. ``dtype``:
+    the engine's dtype (``"float16"``, ...; None: not known), against which an FP8 run's
+    ``CHATGYM_FP8_GEMM`` is checked (:func:`.hf_fp8.check_gemm_dtype`).
 
     Raises:
         ModuleNotFoundError: the backend's package is missing.
@@ -107,7 +110,7 @@ def check_engine_options(backend: str, options: Mapping[str, Any], setting: str)
         picks = candidates()
         for name in picks:
             try:
-                check_engine_options(name, options, setting)
+                check_engine_options(name, options, setting, dtype)
             except ConfigError as exc:
                 may = f"picks {picks[0]!r}" if len(picks) == 1 else f"may pick any of {picks}, and every option must suit them all"
                 raise ConfigError(f"{exc} — engine.backend auto {may} on this machine; or set engine.backend") from None
@@ -147,7 +150,7 @@ def check_engine_options(backend: str, options: Mapping[str, Any], setting: str)
     if backend == "vllm":
         _check_vllm_values(options, setting)
     if backend == "hf":  # values this machine's decode path cannot take, refused before any model loads
-        _check_hf_values(options, setting)
+        _check_hf_values(options, setting, dtype)
 
 
 def _check_vllm_values(options: Mapping[str, Any], setting: str) -> None:
@@ -180,7 +183,7 @@ def _check_vllm_values(options: Mapping[str, Any], setting: str) -> None:
                           f"the NUMA node's) vLLM may take, in (0, 1], got {share!r}")
 
 
-def _check_hf_values(options: Mapping[str, Any], setting: str) -> None:
+def _check_hf_values(options: Mapping[str, Any], setting: str, dtype: str | None = None) -> None:
     """The hf engine's values this machine's decode path cannot take, before any model loads."""
     from chatgym.trainer.engines import hf_options
     from chatgym.trainer.engines.auto import has_cuda
@@ -200,7 +203,7 @@ def _check_hf_values(options: Mapping[str, Any], setting: str) -> None:
                   multi_step=options.get("multi_step", 1), precapture=options.get("precapture", False),
                   kv_cache_dtype=options.get("kv_cache_dtype", "auto"))
     try:  # the environment's overrides first: their message names the variable, not an option
-        hf_options.check_overrides(values["fused_step"], cuda)
+        hf_options.check_overrides(values["fused_step"], cuda, dtype if values["fp8"] else None)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     try:

@@ -203,7 +203,7 @@ class TransformersEngine:
         self.fused_step = check_options(
             self.decode, fp8=self.fp8, async_scheduling=async_scheduling, fused_step=fused_step,
             sampler=sampler, cuda=self.device.type == "cuda", multi_step=multi_step, precapture=precapture,
-            kv_cache_dtype=kv_cache_dtype)
+            kv_cache_dtype=kv_cache_dtype, dtype=next(model.parameters()).dtype)
         self._ahead: Any = None  # async_scheduling: logits of the decode step queued for the running rows
         self._plan: tuple[list[Row], Any] = ([], None)  # the running rows' hf_sampling plan
         self.batches_run = self.rows_run = self.decode_steps = 0

@@ -131,8 +131,9 @@ class FusedDecoder:
             ``fp8`` the MLP's quantization is :mod:`.hf_silu_quant`'s Triton kernels instead, and
             the other quantizations (with their residual add and norm) :mod:`.hf_norm_quant`'s kernel.
         fp8_gemm: with ``fp8``, how the projections multiply (:data:`.hf_fp8.GEMMS`; default
-            :func:`.hf_fp8.default_gemm`: ``"unit"`` with compiled pieces and a bf16 model, else
-            ``"rowwise"``; an unscaled GEMM with a float16 model is refused, :func:`.hf_fp8.check_gemm_dtype`).
+            :func:`.hf_fp8.default_gemm`: ``"unit"`` with compiled pieces, but ``"rowwise"`` for a float16
+            model, and ``"rowwise"`` without them; an unscaled GEMM with FP8 weights in float16 is refused,
+            :func:`.hf_fp8.check_gemm_dtype`).
         attention: the decode step's attention (:data:`.hf_attention.ATTENTIONS`; default
             :func:`.hf_attention.default_attention`: the Triton kernel with compiled pieces on CUDA).
             ``"triton"`` is taken on any device (the CPU tests run it in Triton's interpreter).
@@ -157,10 +158,10 @@ class FusedDecoder:
         self.heads = int(config.num_attention_heads)
         self.kv_heads = int(config.num_key_value_heads)
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
-        dtype = next(model.parameters()).dtype
+        # Without FP8 weights CHATGYM_FP8_GEMM is read but unused: a float16 model with 'unit' set is no error then.
+        dtype = next(model.parameters()).dtype if fp8 else None
         self.fp8, self.fp8_gemm = bool(fp8), fp8_gemm or hf_fp8.default_gemm(compile_elementwise, dtype)
-        if self.fp8:
-            hf_fp8.check_gemm_dtype(self.fp8_gemm, dtype)
+        hf_fp8.check_gemm_dtype(self.fp8_gemm, dtype)
         self.ops = hf_elementwise.compiled() if compile_elementwise else hf_elementwise.EAGER
         cuda = next(model.parameters()).device.type == "cuda"
         if compile_elementwise and cuda and self.fp8:  # Inductor's one program a row left most of the GPU idle

@@ -13,13 +13,15 @@ DECODES = ("auto", "static", "dynamic")
 
 def check_options(decode: str, *, fp8: bool = False, async_scheduling: bool = False,
                   fused_step: Any = True, sampler: str = "generators", cuda: bool = True,
-                  multi_step: Any = 1, precapture: Any = False, kv_cache_dtype: Any = "auto") -> bool | str:
+                  multi_step: Any = 1, precapture: Any = False, kv_cache_dtype: Any = "auto",
+                  dtype: Any = None) -> bool | str:
     """The transformers engine's options that need this path, checked together; returns
     ``fused_step`` as the engine keeps it (``True``, ``False`` or ``"compiled"``).
 
     Args:
         decode: the engine's decode path (``"static"`` / ``"dynamic"``), or ``"auto"`` when checked at
             config load, before the path is known (then only what no path allows is refused).
+        dtype: the model's dtype (``torch.dtype`` or its name; None: not known), read with ``fp8`` only.
 
     Raises:
         ValueError: ``decode`` not in :data:`DECODES`, ``async_scheduling`` or ``precapture`` not a bool,
@@ -29,8 +31,8 @@ def check_options(decode: str, *, fp8: bool = False, async_scheduling: bool = Fa
             in :data:`KV_CACHE_DTYPES` or ``"fp8"`` off the compiled fused step on CUDA (its reader is
             :mod:`.hf_attention`'s kernel), a
             ``sampler`` not in :data:`SAMPLERS`, ``"philox"`` (a Triton kernel) without ``cuda``, with
-            a fused step a bad ``CHATGYM_FP8_GEMM``, ``CHATGYM_DECODE_ATTENTION`` or
-            ``CHATGYM_DECODE_ATTENTION_CONFIG`` (:func:`check_overrides`).
+            a fused step a bad ``CHATGYM_FP8_GEMM`` (an unscaled one with ``fp8`` and a float16 ``dtype``),
+            ``CHATGYM_DECODE_ATTENTION`` or ``CHATGYM_DECODE_ATTENTION_CONFIG`` (:func:`check_overrides`).
     """
     if decode not in DECODES:  # the engine's own check comes after the model loads
         raise ValueError(f"decode must be 'auto', 'static' or 'dynamic', got {decode!r}")
@@ -55,7 +57,7 @@ def check_options(decode: str, *, fp8: bool = False, async_scheduling: bool = Fa
                          "decode 'static' and fused_step 'compiled'")
     if isinstance(multi_step, bool) or not isinstance(multi_step, int) or multi_step < 1:
         raise ValueError(f"multi_step must be an int >= 1, got {multi_step!r}")
-    check_overrides(fused_step, cuda)
+    check_overrides(fused_step, cuda, dtype if fp8 else None)
     for name, on in (("async_scheduling", async_scheduling), ("fused_step 'compiled'", fused_step == "compiled"),
                      (f"multi_step {multi_step}", multi_step > 1), ("precapture", precapture)):
         if on and decode == "dynamic":
@@ -79,19 +81,24 @@ def check_kv_cache(kv_cache_dtype: Any, device: Any) -> Any:
     return kv_cache_dtype
 
 
-def check_overrides(fused_step: Any, cuda: bool) -> None:
+def check_overrides(fused_step: Any, cuda: bool, fp8_dtype: Any = None) -> None:
     """The environment's overrides a fused step reads as the worker builds it (``CHATGYM_FP8_GEMM``,
     ``CHATGYM_DECODE_ATTENTION``, ``CHATGYM_DECODE_ATTENTION_CONFIG``), checked here, before any model
-    loads; nothing without a fused step.
+    loads; nothing without a fused step. ``fp8_dtype``: with FP8 weights, the model's dtype
+    (``torch.dtype`` or its name), against which ``CHATGYM_FP8_GEMM`` is checked (:func:`.hf_fp8.check_gemm_dtype`).
 
     Raises:
         ValueError: naming the variable (:func:`.hf_fp8.default_gemm`, :func:`.hf_attention.default_attention`,
             :func:`.hf_attention.launch_config`).
     """
     if fused_step:
+        import torch
+
         from chatgym.trainer.engines import hf_attention, hf_fp8
 
-        hf_fp8.default_gemm(fused_step == "compiled")
+        if isinstance(fp8_dtype, str):  # "float16" (a name torch lacks, as "auto": not known)
+            fp8_dtype = getattr(torch, fp8_dtype, None)
+        hf_fp8.default_gemm(fused_step == "compiled", fp8_dtype)
         hf_attention.default_attention(fused_step == "compiled", cuda)
         hf_attention.launch_config(False)
 
