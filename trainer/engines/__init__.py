@@ -85,8 +85,7 @@ def check_options(cfg: Any) -> None:
         ModuleNotFoundError: the backend's package is missing.
         ConfigError: (a ValueError) an ``engine.options`` key the backend does not take.
     """
-    # engine.dtype auto is bf16 or fp32, never the float16 the FP8 GEMM check is about: left unresolved
-    check_engine_options(cfg.backend, cfg.options, "engine.options", None if cfg.dtype == "auto" else cfg.dtype)
+    check_engine_options(cfg.backend, cfg.options, "engine.options", cfg.dtype)
 
 
 def check_engine_options(backend: str, options: Mapping[str, Any], setting: str, dtype: str | None = None) -> None:

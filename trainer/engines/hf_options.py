@@ -96,7 +96,8 @@ def check_overrides(fused_step: Any, cuda: bool, fp8_dtype: Any = None) -> None:
 
         from chatgym.trainer.engines import hf_attention, hf_fp8
 
-        if isinstance(fp8_dtype, str):  # "float16" (a name torch lacks, as "auto": not known)
+        # "float16" -> torch.float16; engine.dtype's "auto" (bf16 or fp32, never float16): not known
+        if isinstance(fp8_dtype, str):
             fp8_dtype = getattr(torch, fp8_dtype, None)
         hf_fp8.default_gemm(fused_step == "compiled", fp8_dtype)
         hf_attention.default_attention(fused_step == "compiled", cuda)
