@@ -175,6 +175,10 @@ def test_the_unscaled_product_overflows_float16_at_the_7b_size_and_is_refused_fo
     # The default with compiled pieces: "unit" for bf16 (and a dtype not known yet), "rowwise" for fp16.
     monkeypatch.delenv("CHATGYM_FP8_GEMM", raising=False)
     assert [hf_fp8.default_gemm(True, d) for d in (None, torch.bfloat16, torch.float16)] == ["unit", "unit", "rowwise"]
+    # Regression (fresh-user walk): a dtype's name ("float16", as configs write it) was taken as not float16
+    assert hf_fp8.default_gemm(True, "float16") == "rowwise" and hf_fp8.default_gemm(True, "auto") == "unit"
+    with pytest.raises(ValueError, match=r"^fp8 gemm='unit' with a float16 model"):
+        hf_fp8.check_gemm_dtype("unit", "float16")
     monkeypatch.setenv("CHATGYM_FP8_GEMM", "unit_fast")
     with pytest.raises(ValueError, match=r"^CHATGYM_FP8_GEMM='unit_fast' with a float16 model"):
         hf_fp8.default_gemm(True, torch.float16)
@@ -212,6 +216,12 @@ def test_an_unscaled_fp8_gemm_with_float16_is_refused_at_start_and_at_config_loa
     check_options(EngineConfig(backend="hf", dtype="bfloat16", options=fp8))
     check_options(EngineConfig(backend="hf", dtype="float16", options={"decode": "static"}))  # no FP8 weights
     check_engine_options("hf", fp8, "--engine-arg")  # the dtype not known: nothing to refuse yet
+    # Regression (fresh-user walk): engine.options' dtype is the one the engine gets (build_engine: the
+    # options win over engine.dtype); the check read engine.dtype
+    with pytest.raises(ConfigError, match=r"^CHATGYM_FP8_GEMM='unit' with a float16 model"):
+        check_options(EngineConfig(backend="hf", dtype="bfloat16", options={**fp8, "dtype": "float16"}))
+    check_options(EngineConfig(backend="hf", dtype="float16", options={**fp8, "dtype": "bfloat16"}))
+    check_options(EngineConfig(backend="hf", dtype="auto", options=fp8))  # auto: bf16 or fp32
     with pytest.raises(ValueError, match=r"^CHATGYM_FP8_GEMM='unit' with a float16 model"):
         TransformersEngine(tiny(LlamaConfig).half(), decode="static", quantization="fp8")
     assert TransformersEngine(tiny(LlamaConfig).half(), decode="static").fp8 is False

@@ -85,7 +85,7 @@ def check_options(cfg: Any) -> None:
         ModuleNotFoundError: the backend's package is missing.
         ConfigError: (a ValueError) an ``engine.options`` key the backend does not take.
     """
-    check_engine_options(cfg.backend, cfg.options, "engine.options", cfg.dtype)
+    check_engine_options(cfg.backend, cfg.options, "engine.options", cfg.options.get("dtype", cfg.dtype))
 
 
 def check_engine_options(backend: str, options: Mapping[str, Any], setting: str, dtype: str | None = None) -> None:

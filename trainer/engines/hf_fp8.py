@@ -63,20 +63,18 @@ UNSCALED = ("unit", "unit_fast")  # the GEMMs whose output the caller still scal
 
 def default_gemm(compiled: bool, dtype: Any = None) -> str:
     """The FP8 GEMM of a fused step with (``compiled``) or without compiled element-wise pieces, for a model
-    whose weights are ``dtype`` (``None``: not known yet; ``torch.float16``: never an unscaled GEMM, see
-    :func:`check_gemm_dtype`).
+    whose weights are ``dtype`` (a ``torch.dtype`` or its name; ``None`` or another name, such as
+    ``"auto"``: not known yet; float16: never an unscaled GEMM, see :func:`check_gemm_dtype`).
 
     Raises:
         ValueError: ``CHATGYM_FP8_GEMM`` set to a value not in :data:`GEMMS`, to ``"cutlass"`` where vLLM
             is not installed (the engine's option check calls this before any model loads), or to a GEMM
             of :data:`UNSCALED` with a float16 ``dtype``.
     """
-    import torch
-
     # in any case and spacing, as engine.options.quantization is read ("Unit" is "unit")
     gemm = os.environ.get("CHATGYM_FP8_GEMM", "").strip().lower()
     if not gemm:
-        return "unit" if compiled and dtype != torch.float16 else "rowwise"
+        return "unit" if compiled and not _float16(dtype) else "rowwise"
     if gemm not in GEMMS:
         raise ValueError(f"CHATGYM_FP8_GEMM must be one of {GEMMS}, got {gemm!r}")
     if gemm == "cutlass" and importlib.util.find_spec("vllm") is None:
@@ -93,13 +91,18 @@ def check_gemm_dtype(gemm: str, dtype: Any, who: str = "fp8 gemm") -> None:
     round to inf (bf16 reaches 3.4e38). The scaled GEMMs apply ``a · s`` before their one rounding.
 
     Raises:
-        ValueError: ``gemm`` in :data:`UNSCALED` and ``dtype`` ``torch.float16``, naming ``who``.
+        ValueError: ``gemm`` in :data:`UNSCALED` and ``dtype`` float16 (``torch.float16`` or
+            ``"float16"``), naming ``who``.
     """
-    import torch
-
-    if gemm in UNSCALED and dtype == torch.float16:
+    if gemm in UNSCALED and _float16(dtype):
         raise ValueError(f"{who}={gemm!r} with a float16 model: its unscaled product of e4m3 codes overflows "
                          "float16 (65,504); take 'rowwise' or 'cutlass', or a bfloat16 model")
+
+
+def _float16(dtype: Any) -> bool:
+    import torch
+
+    return dtype == torch.float16 or dtype == "float16"  # a config's name (engine.dtype, options' dtype) too
 
 
 def quantize_rowwise(weight: Any) -> tuple[Any, Any]:

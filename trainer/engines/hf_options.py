@@ -92,13 +92,8 @@ def check_overrides(fused_step: Any, cuda: bool, fp8_dtype: Any = None) -> None:
             :func:`.hf_attention.launch_config`).
     """
     if fused_step:
-        import torch
-
         from chatgym.trainer.engines import hf_attention, hf_fp8
 
-        # "float16" -> torch.float16; engine.dtype's "auto" (bf16 or fp32, never float16): not known
-        if isinstance(fp8_dtype, str):
-            fp8_dtype = getattr(torch, fp8_dtype, None)
         hf_fp8.default_gemm(fused_step == "compiled", fp8_dtype)
         hf_attention.default_attention(fused_step == "compiled", cuda)
         hf_attention.launch_config(False)

@@ -145,7 +145,7 @@ class _Backend:
         from chatgym.trainer.rollout.cli import checked_tokenizer
 
         if not self.token_level:
-            check_engine_options(cfg.engine, cfg.engine_kwargs, "--engine-arg")
+            check_engine_options(cfg.engine, cfg.engine_kwargs, "--engine-arg", cfg.engine_kwargs.get("dtype"))
             return
         if cfg.engine in LOCAL_WEIGHT_ENGINES:
             from chatgym.trainer.models.packaged import load_model_path

@@ -232,7 +232,7 @@ def checked_tokenizer(
         why = fp8_config_refusal(engine_kwargs, "local", 0)
         if why is not None:
             raise ConfigError(f"--engine-arg: quantization {engine_kwargs['quantization']!r} is refused: {why}")
-    check_engine_options(engine, engine_kwargs, "--engine-arg")
+    check_engine_options(engine, engine_kwargs, "--engine-arg", engine_kwargs.get("dtype"))
     source = model if tokenizer_source is None else tokenizer_source
     try:
         tokenizer = get_tokenizer(source, chat_template)
